@@ -1,0 +1,37 @@
+# Set-up and build entry points. `make test` and `make demo` work on a fresh Debian 12 machine.
+BUILD_DIR ?= build
+JOBS ?= 2
+DEB_PACKAGES := cmake g++ make pkg-config ccache libabsl-dev libprotobuf-dev protobuf-compiler \
+  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgloo-dev libgtest-dev \
+  libbenchmark-dev
+
+.PHONY: deps build test demo bench clean
+
+# Installs only the packages that are missing; as root directly, otherwise through sudo.
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "deps: all packages present"; fi
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+
+build: $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+
+test: deps build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 300
+
+demo: deps build
+	$(BUILD_DIR)/bin/pathways demo
+
+bench: deps build
+	$(BUILD_DIR)/bin/opbyop_bench
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,60 @@
+#include "array/sharding.h"
+
+#include <numeric>
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+TEST(MeshTest, ValidatesShapeAndNames) {
+  EXPECT_TRUE(Mesh::Create({2, 4}).ok());
+  EXPECT_EQ(Mesh::Create({2, 4})->axis_names, (std::vector<std::string>{"x", "y"}));
+  EXPECT_FALSE(Mesh::Create({}).ok());
+  EXPECT_FALSE(Mesh::Create({2, 0}).ok());
+  EXPECT_FALSE(Mesh::Create({2, 2}, {"a", "a"}).ok());
+  EXPECT_FALSE(Mesh::Create({1000, 1000, 1000}).ok());  // a billion devices
+}
+
+TEST(ShardingTest, SplitsRowsAndReplicatesAlongUnusedAxis) {
+  Mesh mesh = *Mesh::Create({2, 4}, {"a", "b"});
+  auto s = Sharding::Create(mesh, {"b", ""}, {8, 6});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->local_shape(), (Shape{2, 6}));
+  // Device 5 has coordinates (1, 1): rows 2..3, replicated along a.
+  EXPECT_EQ(s->ShardRegion(5), (Region{{2, 0}, {2, 6}}));
+  EXPECT_EQ(s->ShardRegion(1), s->ShardRegion(5));
+}
+
+TEST(ShardingTest, RejectsBadSpecs) {
+  Mesh mesh = *Mesh::Create({4});
+  EXPECT_FALSE(Sharding::Create(mesh, {"x"}, {6}).ok());        // 6 % 4 != 0
+  EXPECT_FALSE(Sharding::Create(mesh, {"q"}, {8}).ok());        // unknown axis
+  EXPECT_FALSE(Sharding::Create(mesh, {"x", "x"}, {8, 8}).ok()); // axis used twice
+  EXPECT_FALSE(Sharding::Create(mesh, {"x"}, {8, 8}).ok());      // rank mismatch
+  EXPECT_TRUE(Sharding::Create(mesh, {}, {8, 8}).ok());          // replicated
+}
+
+TEST(RegionTest, IntersectAndCopy) {
+  auto r = Intersect({{0, 0}, {4, 4}}, {{2, 3}, {4, 4}});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(*r, (Region{{2, 3}, {2, 1}}));
+  EXPECT_FALSE(Intersect({{0}, {2}}, {{2}, {2}}).has_value());
+
+  // Copy the 2x2 block at (1,1) of a 3x4 array into the top-right of a 2x3 array.
+  std::vector<int32_t> src(12);
+  std::iota(src.begin(), src.end(), 0);
+  std::vector<int32_t> dst(6, -1);
+  CopyRegion(reinterpret_cast<const char*>(src.data()), {3, 4}, {1, 1}, {2, 2}, 4,
+             reinterpret_cast<char*>(dst.data()), {2, 3}, {0, 1});
+  EXPECT_EQ(dst, (std::vector<int32_t>{-1, 5, 6, -1, 9, 10}));
+}
+
+TEST(RegionTest, CheckInside) {
+  EXPECT_TRUE(CheckRegionInside({{1}, {2}}, {3}).ok());
+  EXPECT_FALSE(CheckRegionInside({{2}, {2}}, {3}).ok());
+  EXPECT_FALSE(CheckRegionInside({{0}, {1}}, {3, 3}).ok());
+}
+
+}  // namespace
+}  // namespace pathways

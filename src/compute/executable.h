@@ -1,0 +1,63 @@
+// The compute layer's interface: compiled function bodies that run on one device's buffers.
+// Only this layer's .cc files include torch headers; everything here is backend-neutral.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "device/device.h"
+
+namespace pathways {
+
+// What a compiled function's body is. A client sends this to workers; the content hash of it
+// (FunctionKey) names the compiled result everywhere.
+struct FunctionBody {
+  enum class Kind { kTorchScript = 0, kBuiltin = 1 };
+  Kind kind = Kind::kBuiltin;
+  std::string name;    // the function's name; for TorchScript, the `def` to call
+  std::string source;  // TorchScript source; empty for built-ins
+};
+
+// Stable content hash of a body, as hex. Equal bodies get equal keys in every process.
+std::string FunctionKey(const FunctionBody& body);
+
+// A compiled body, ready to run on local shards. Thread-safe: devices run it concurrently.
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  virtual const std::string& name() const = 0;
+  // Runs the body on `inputs` and writes its results into `outputs`, which the caller allocated
+  // with the signature's local output specs. Any failure, including a result whose shape or dtype
+  // differs from its output buffer, is returned as a Status naming the function.
+  virtual absl::Status Run(absl::Span<const DeviceBuffer* const> inputs,
+                           absl::Span<DeviceBuffer* const> outputs) const = 0;
+};
+
+// Names of the built-in C++ kernels, for error messages and `pathways status`.
+std::vector<std::string> BuiltinKernelNames();
+
+// Compiles bodies once per content hash and keeps the results. Thread-safe.
+class FunctionCache {
+ public:
+  FunctionCache();
+  // Compiles `body` unless a body with the same key is cached. Errors name the function, and for
+  // TorchScript include the compiler's message with the offending line.
+  absl::StatusOr<std::shared_ptr<const Executable>> Compile(const FunctionBody& body);
+  // nullptr when nothing with that key has been compiled here.
+  std::shared_ptr<const Executable> Lookup(const std::string& key) const;
+  size_t size() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const Executable>> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+// Sets libtorch's intra-op threads (default 1: devices are the parallelism) and OpenBLAS's.
+void ConfigureComputeThreads(int intra_op_threads);
+
+}  // namespace pathways

@@ -1,0 +1,34 @@
+// Minimal leveled logging to stderr. Thread-safe: each line is written with one call.
+#pragma once
+
+#include <sstream>
+#include <string>
+
+namespace pathways {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+
+// Lines below this level are dropped. Defaults to kInfo, or PATHWAYS_LOG_LEVEL (0-3).
+LogLevel MinLogLevel();
+void SetMinLogLevel(LogLevel level);
+void EmitLogLine(LogLevel level, const char* file, int line, const std::string& message);
+
+class LogMessage {
+ public:
+  LogMessage(LogLevel level, const char* file, int line) : level_(level), file_(file), line_(line) {}
+  ~LogMessage() { EmitLogLine(level_, file_, line_, stream_.str()); }
+  std::ostream& stream() { return stream_; }
+
+ private:
+  LogLevel level_;
+  const char* file_;
+  int line_;
+  std::ostringstream stream_;
+};
+
+}  // namespace pathways
+
+#define PW_LOG(level)                                                                 \
+  if (::pathways::LogLevel::k##level < ::pathways::MinLogLevel()) {                   \
+  } else                                                                              \
+    ::pathways::LogMessage(::pathways::LogLevel::k##level, __FILE__, __LINE__).stream()

@@ -1,0 +1,125 @@
+#include "device/cpu_device.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace pathways {
+
+absl::Status MemoryBudget::Charge(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (bytes > capacity_ - used_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device ", device_name_, ": cannot allocate ", bytes, " bytes; ", used_, " of ",
+        capacity_, " bytes in use, ", capacity_ - used_, " free"));
+  }
+  used_ += bytes;
+  return absl::OkStatus();
+}
+
+void MemoryBudget::Release(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  used_ -= bytes;
+}
+
+int64_t MemoryBudget::used() const {
+  absl::MutexLock lock(&mu_);
+  return used_;
+}
+
+DeviceBuffer::DeviceBuffer(std::shared_ptr<MemoryBudget> budget, int device_index, DType dtype,
+                           Shape shape, int64_t byte_size)
+    : budget_(std::move(budget)),
+      device_index_(device_index),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      byte_size_(byte_size) {
+  // 64-byte alignment, as kernels expect; at least one byte so data() is never null.
+  size_t rounded = (static_cast<size_t>(byte_size_) + 63) / 64 * 64;
+  data_ = static_cast<char*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+  if (data_ == nullptr) throw std::bad_alloc();
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  std::free(data_);
+  budget_->Release(byte_size_);
+}
+
+CpuDevice::CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name)
+    : local_index_(local_index),
+      name_(absl::StrCat(host_name, "/cpu:", local_index)),
+      budget_(std::make_shared<MemoryBudget>(name_, memory_capacity_bytes)) {
+  stream_ = std::thread([this] {
+    std::string thread_name = absl::StrCat("cpu-dev-", local_index_);
+    pthread_setname_np(pthread_self(), thread_name.c_str());
+    StreamLoop();
+  });
+}
+
+CpuDevice::~CpuDevice() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  stream_.join();
+}
+
+absl::StatusOr<BufferPtr> CpuDevice::Allocate(DType dtype, const Shape& shape) {
+  auto size = ByteSize(dtype, shape);
+  if (!size.ok()) return size.status();
+  if (*size > budget_->capacity()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("device ", name_, ": buffer ", DTypeName(dtype), ShapeToString(shape), " of ",
+                     *size, " bytes exceeds the device's whole budget of ", budget_->capacity(),
+                     " bytes"));
+  }
+  auto charged = budget_->Charge(*size);
+  if (!charged.ok()) return charged;
+  return std::make_shared<DeviceBuffer>(budget_, local_index_, dtype, shape, *size);
+}
+
+void CpuDevice::Enqueue(absl::AnyInvocable<void() &&> work) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(work));
+}
+
+DeviceStats CpuDevice::stats() const {
+  DeviceStats s;
+  s.memory_capacity = budget_->capacity();
+  s.memory_used = budget_->used();
+  absl::MutexLock lock(&mu_);
+  s.executed = executed_;
+  s.busy_micros = busy_micros_;
+  return s;
+}
+
+void CpuDevice::StreamLoop() {
+  while (true) {
+    absl::AnyInvocable<void() &&> work;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](CpuDevice* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+            return d->stopping_ || !d->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    auto start = std::chrono::steady_clock::now();
+    std::move(work)();
+    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+    absl::MutexLock lock(&mu_);
+    ++executed_;
+    busy_micros_ += micros;
+  }
+}
+
+}  // namespace pathways

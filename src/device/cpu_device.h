@@ -1,0 +1,40 @@
+// A CPU device that behaves like one accelerator core: one in-order execution thread and a
+// memory budget of its own.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <thread>
+
+#include "device/device.h"
+
+namespace pathways {
+
+// Thread-safe. The destructor finishes the work already enqueued, then stops the stream.
+class CpuDevice : public Device {
+ public:
+  CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name = "host");
+  ~CpuDevice() override;
+
+  int local_index() const override { return local_index_; }
+  std::string kind() const override { return "cpu"; }
+  std::string name() const override { return name_; }
+  absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) override;
+  void Enqueue(absl::AnyInvocable<void() &&> work) override;
+  DeviceStats stats() const override;
+
+ private:
+  void StreamLoop();
+
+  const int local_index_;
+  const std::string name_;
+  std::shared_ptr<MemoryBudget> budget_;
+  mutable absl::Mutex mu_;
+  std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t busy_micros_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread stream_;
+};
+
+}  // namespace pathways

@@ -1,0 +1,62 @@
+#include "device/cpu_device.h"
+
+#include <vector>
+
+#include "core/future.h"
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+TEST(CpuDeviceTest, RunsWorkInOrderOnOneThread) {
+  CpuDevice device(0, 1 << 20);
+  std::vector<int> order;
+  std::vector<std::thread::id> threads;
+  Promise<Unit> done;
+  Future<Unit> finished = done.future();
+  for (int i = 0; i < 100; ++i) {
+    device.Enqueue([&, i] {
+      order.push_back(i);
+      threads.push_back(std::this_thread::get_id());
+    });
+  }
+  device.Enqueue([done = std::move(done)]() mutable { done.Set(Unit{}); });
+  ASSERT_TRUE(finished.Await().ok());
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  for (auto& t : threads) EXPECT_EQ(t, threads[0]);
+  EXPECT_EQ(device.stats().executed, 101);
+}
+
+TEST(CpuDeviceTest, ChargesAndReleasesMemory) {
+  CpuDevice device(3, 1000);
+  auto a = device.Allocate(DType::kF32, {100});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(device.stats().memory_used, 400);
+  auto b = device.Allocate(DType::kF32, {200});  // 800 more: does not fit now
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("cpu:3"), std::string::npos) << b.status();
+  a->reset();
+  EXPECT_EQ(device.stats().memory_used, 0);
+  EXPECT_TRUE(device.Allocate(DType::kF32, {200}).ok());
+}
+
+TEST(CpuDeviceTest, AllocationLargerThanBudgetNamesSizes) {
+  CpuDevice device(0, 1000);
+  auto a = device.Allocate(DType::kF64, {1000});
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(a.status().message().find("8000 bytes exceeds the device's whole budget of 1000"),
+            std::string::npos)
+      << a.status();
+}
+
+TEST(CpuDeviceTest, BufferOutlivingDeviceReleasesSafely) {
+  BufferPtr keep;
+  {
+    CpuDevice device(0, 1000);
+    keep = *device.Allocate(DType::kI32, {10});
+  }
+  keep.reset();  // must not touch the destroyed device
+}
+
+}  // namespace
+}  // namespace pathways

@@ -1,0 +1,84 @@
+// Devices: the execution units that compiled functions run on, each with its own memory budget.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/types.h"
+
+namespace pathways {
+
+// Bytes charged against one device. Thread-safe. Shared by the device and its live buffers, so a
+// buffer that outlives its device still releases its charge safely.
+class MemoryBudget {
+ public:
+  MemoryBudget(std::string device_name, int64_t capacity_bytes)
+      : device_name_(std::move(device_name)), capacity_(capacity_bytes) {}
+  // ResourceExhausted, naming the device and the sizes, when `bytes` does not fit now.
+  absl::Status Charge(int64_t bytes);
+  void Release(int64_t bytes);
+  int64_t capacity() const { return capacity_; }
+  int64_t used() const;
+
+ private:
+  const std::string device_name_;
+  const int64_t capacity_;
+  mutable absl::Mutex mu_;
+  int64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A dense row-major array in one device's memory. Owns its storage and its charge against the
+// device's budget, which it releases when destroyed. The contents are written once, by whoever
+// allocated it, before the buffer is shared; after that it is read-only and thread-safe.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(std::shared_ptr<MemoryBudget> budget, int device_index, DType dtype, Shape shape,
+               int64_t byte_size);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  int device_index() const { return device_index_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t byte_size() const { return byte_size_; }
+  char* data() { return data_; }
+  const char* data() const { return data_; }
+
+ private:
+  std::shared_ptr<MemoryBudget> budget_;
+  const int device_index_;
+  const DType dtype_;
+  const Shape shape_;
+  const int64_t byte_size_;
+  char* data_;
+};
+
+using BufferPtr = std::shared_ptr<DeviceBuffer>;
+
+struct DeviceStats {
+  int64_t memory_capacity = 0;
+  int64_t memory_used = 0;
+  int64_t executed = 0;     // work items run on the stream
+  int64_t busy_micros = 0;  // time spent running them
+};
+
+// One physical device. Work runs on one in-order stream: items run one at a time, in the order
+// they were enqueued, each to completion (non-preemptible). Thread-safe.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual int local_index() const = 0;
+  virtual std::string kind() const = 0;
+  virtual std::string name() const = 0;
+  // Allocates and charges a buffer; fails at once with ResourceExhausted when it does not fit.
+  virtual absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) = 0;
+  virtual void Enqueue(absl::AnyInvocable<void() &&> work) = 0;
+  virtual DeviceStats stats() const = 0;
+};
+
+}  // namespace pathways
