@@ -10,21 +10,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "compute/function_body.h"
 #include "device/device.h"
 
 namespace pathways {
-
-// What a compiled function's body is. A client sends this to workers; the content hash of it
-// (FunctionKey) names the compiled result everywhere.
-struct FunctionBody {
-  enum class Kind { kTorchScript = 0, kBuiltin = 1 };
-  Kind kind = Kind::kBuiltin;
-  std::string name;    // the function's name; for TorchScript, the `def` to call
-  std::string source;  // TorchScript source; empty for built-ins
-};
-
-// Stable content hash of a body, as hex. Equal bodies get equal keys in every process.
-std::string FunctionKey(const FunctionBody& body);
 
 // A compiled body, ready to run on local shards. Thread-safe: devices run it concurrently.
 class Executable {

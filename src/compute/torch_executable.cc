@@ -195,19 +195,6 @@ absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody
 
 }  // namespace
 
-std::string FunctionKey(const FunctionBody& body) {
-  // Two independent 64-bit hashes of the canonical encoding; absl's hash is seeded per
-  // process, so a fixed FNV-1a over the bytes is used instead.
-  std::string encoded = absl::StrCat(static_cast<int>(body.kind), ":", body.name.size(), ":",
-                                     body.name, ":", body.source);
-  uint64_t h1 = 0xcbf29ce484222325ull, h2 = 0x84222325cbf29ce4ull;
-  for (unsigned char c : encoded) {
-    h1 = (h1 ^ c) * 0x100000001b3ull;
-    h2 = (h2 ^ c) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
-  }
-  return absl::StrFormat("%016x%016x", h1, h2);
-}
-
 std::vector<std::string> BuiltinKernelNames() {
   std::vector<std::string> names;
   for (const auto& [name, kernel] : Builtins()) names.push_back(name);

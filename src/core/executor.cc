@@ -14,16 +14,28 @@ ThreadPool::ThreadPool(std::string name, int num_threads) : name_(std::move(name
   }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { Shutdown(); }
+
+void ThreadPool::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) return;
     stopping_ = true;
   }
   for (auto& t : threads_) t.join();
+  std::deque<absl::AnyInvocable<void() &&>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    dropped.swap(queue_);
+  }
+  // Destroyed outside the lock: dropping a task may cancel futures whose continuations schedule
+  // more work here.
 }
 
 void ThreadPool::Schedule(absl::AnyInvocable<void() &&> task) {
   absl::MutexLock lock(&mu_);
+  if (closed_) return;
   queue_.push_back(std::move(task));
 }
 

@@ -18,8 +18,9 @@ class Executor {
   virtual void Schedule(absl::AnyInvocable<void() &&> task) = 0;
 };
 
-// A fixed pool of named threads draining one FIFO queue. Thread-safe. The destructor runs every
-// task already scheduled, then joins the threads.
+// A fixed pool of named threads draining one FIFO queue. Thread-safe. Shutdown (or the
+// destructor) runs every task already scheduled, then joins the threads; tasks scheduled after
+// that are dropped.
 class ThreadPool : public Executor {
  public:
   ThreadPool(std::string name, int num_threads);
@@ -28,6 +29,7 @@ class ThreadPool : public Executor {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Schedule(absl::AnyInvocable<void() &&> task) override;
+  void Shutdown();
 
  private:
   void WorkLoop();
@@ -36,6 +38,7 @@ class ThreadPool : public Executor {
   absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -107,7 +107,9 @@ class Promise {
   ~Promise() { Abandon(); }
 
   Future<T> future() const;
+  // Fulfils the future. Later calls do nothing: the first result stands.
   void Set(absl::StatusOr<T> result) {
+    if (!state_) return;
     state_->Set(std::move(result));
     state_.reset();
   }

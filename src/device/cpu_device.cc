@@ -60,12 +60,23 @@ CpuDevice::CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string
   });
 }
 
-CpuDevice::~CpuDevice() {
+CpuDevice::~CpuDevice() { Shutdown(); }
+
+void CpuDevice::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) return;
     stopping_ = true;
   }
   stream_.join();
+  std::deque<absl::AnyInvocable<void() &&>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    dropped.swap(queue_);
+  }
+  // Destroyed outside the lock: dropping a task may cancel futures whose continuations schedule
+  // more work here.
 }
 
 absl::StatusOr<BufferPtr> CpuDevice::Allocate(DType dtype, const Shape& shape) {
@@ -84,6 +95,7 @@ absl::StatusOr<BufferPtr> CpuDevice::Allocate(DType dtype, const Shape& shape) {
 
 void CpuDevice::Enqueue(absl::AnyInvocable<void() &&> work) {
   absl::MutexLock lock(&mu_);
+  if (closed_) return;
   queue_.push_back(std::move(work));
 }
 

@@ -10,7 +10,8 @@
 
 namespace pathways {
 
-// Thread-safe. The destructor finishes the work already enqueued, then stops the stream.
+// Thread-safe. Shutdown (or the destructor) finishes the work already enqueued, then stops the
+// stream.
 class CpuDevice : public Device {
  public:
   CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name = "host");
@@ -22,6 +23,7 @@ class CpuDevice : public Device {
   absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) override;
   void Enqueue(absl::AnyInvocable<void() &&> work) override;
   DeviceStats stats() const override;
+  void Shutdown() override;
 
  private:
   void StreamLoop();
@@ -32,6 +34,7 @@ class CpuDevice : public Device {
   mutable absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t busy_micros_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread stream_;

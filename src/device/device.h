@@ -77,8 +77,11 @@ class Device {
   virtual std::string name() const = 0;
   // Allocates and charges a buffer; fails at once with ResourceExhausted when it does not fit.
   virtual absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) = 0;
+  // Work enqueued after Shutdown is dropped, never run.
   virtual void Enqueue(absl::AnyInvocable<void() &&> work) = 0;
   virtual DeviceStats stats() const = 0;
+  // Finishes the work already enqueued and stops the stream. Idempotent.
+  virtual void Shutdown() = 0;
 };
 
 }  // namespace pathways

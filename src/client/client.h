@@ -1,0 +1,145 @@
+// The client library: what a user program links to drive a Pathways cluster from one controller.
+//
+// Every call returns at once. Arrays returned by Put and Call are futures: they can feed the next
+// Call before they are computed, and Fetch/Ready wait for their values. Errors of asynchronous
+// work travel to whoever waits on the result.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "array/sharding.h"
+#include "compute/function_body.h"
+#include "core/future.h"
+#include "core/ids.h"
+#include "core/types.h"
+
+namespace pathways {
+
+class ClientCore;
+
+// A request for devices: a 1-, 2- or 3-D mesh, optionally pinned to one island.
+struct SliceSpec {
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> axis_names;  // default "x", "y", "z"
+  std::optional<int> island;
+};
+
+struct PhysicalDeviceInfo {
+  DeviceId device_id;
+  HostId host_id;
+  std::string host_address;
+  int local_index;
+  int island;
+};
+
+// A client's virtual slice of devices, mapped by the controller to physical devices. Immutable
+// and cheap to copy.
+class VirtualSlice {
+ public:
+  int64_t id() const { return data_->id; }
+  const Mesh& mesh() const { return data_->mesh; }
+  int64_t num_devices() const { return static_cast<int64_t>(data_->devices.size()); }
+  // Row-major over the mesh: device i holds shard i of every array laid on this slice.
+  const std::vector<PhysicalDeviceInfo>& devices() const { return data_->devices; }
+  std::vector<std::string> host_addresses() const;  // distinct, in device order
+  std::string ToString() const;
+
+ private:
+  friend class Client;
+  friend class ClientCore;
+  struct Data {
+    int64_t id;
+    Mesh mesh;
+    std::vector<PhysicalDeviceInfo> devices;
+    const ClientCore* owner;
+  };
+  std::shared_ptr<const Data> data_;
+};
+
+// A compiled function's static signature and body. Input and output specs are global shapes; the
+// body runs on every device of a slice on local shards, laid out by the in/out shardings.
+struct FunctionSpec {
+  FunctionBody body;
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+  std::vector<PartitionSpec> in_shardings;   // one per input; empty: all replicated
+  std::vector<PartitionSpec> out_shardings;  // one per output; empty: all replicated
+
+  static FunctionSpec Builtin(std::string kernel, std::vector<TensorSpec> inputs,
+                              std::vector<TensorSpec> outputs,
+                              std::vector<PartitionSpec> in_shardings = {},
+                              std::vector<PartitionSpec> out_shardings = {});
+  static FunctionSpec Script(std::string name, std::string source, std::vector<TensorSpec> inputs,
+                             std::vector<TensorSpec> outputs,
+                             std::vector<PartitionSpec> in_shardings = {},
+                             std::vector<PartitionSpec> out_shardings = {});
+};
+
+// A function compiled on the cluster's workers. Cheap to copy; thread-safe.
+class CompiledFunction {
+ public:
+  const std::string& name() const;
+  const FunctionSpec& spec() const;
+
+ private:
+  friend class Client;
+  friend class ClientCore;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// One logical array whose shards live in the workers. The client holds one handle per logical
+// array; when the last copy of a handle goes, the shards are freed on every host. Thread-safe.
+class ShardedArray {
+ public:
+  ArrayId id() const;
+  const TensorSpec& spec() const;
+  const Sharding& sharding() const;
+  const VirtualSlice& slice() const;
+  std::string ToString() const;
+
+ private:
+  friend class Client;
+  friend class ClientCore;
+  struct State;
+  std::shared_ptr<const State> state_;
+};
+
+// A connection to one cluster. Thread-safe.
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& controller_address);
+  ~Client();
+
+  const std::string& id() const;
+  // A readable table of islands, hosts and devices.
+  absl::StatusOr<std::string> DescribeCluster();
+
+  absl::StatusOr<VirtualSlice> CreateSlice(const SliceSpec& spec);
+  // Compiles the body on every live worker (once per content hash on each), so a syntax or type
+  // error comes back here, naming the function and line.
+  absl::StatusOr<CompiledFunction> Compile(const FunctionSpec& spec);
+  // Copies host data onto a slice, laid out by `partition`. The copy is taken before returning.
+  absl::StatusOr<ShardedArray> Put(const HostArray& data, const VirtualSlice& slice,
+                                   const PartitionSpec& partition = {});
+  // Runs `function` on every device of `slice` and returns its outputs at once. Inputs that live
+  // elsewhere or are laid out differently are moved host to host as the function needs them.
+  absl::StatusOr<std::vector<ShardedArray>> Call(const CompiledFunction& function,
+                                                 const VirtualSlice& slice,
+                                                 absl::Span<const ShardedArray> inputs);
+  // The whole array, once computed; or the error that prevented it.
+  Future<HostArray> Fetch(const ShardedArray& array);
+  // Completes when every shard is computed (or with the error).
+  Future<Unit> Ready(const ShardedArray& array);
+
+ private:
+  explicit Client(std::shared_ptr<ClientCore> core);
+  std::shared_ptr<ClientCore> core_;
+};
+
+}  // namespace pathways

@@ -1,0 +1,216 @@
+#include "client/client.h"
+
+#include <numeric>
+
+#include "client/local_cluster.h"
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+HostArray Iota(Shape shape, float scale = 1.0f) {
+  HostArray a = *HostArray::Create(DType::kF32, std::move(shape));
+  for (int64_t i = 0; i < a.num_elements(); ++i) a.mutable_data<float>()[i] = scale * static_cast<float>(i % 13) - 3.0f;
+  return a;
+}
+
+std::vector<float> Values(const HostArray& a) {
+  return std::vector<float>(a.data<float>(), a.data<float>() + a.num_elements());
+}
+
+class ClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Two islands of one host with four devices each: small, but every path (same device, same
+    // host, another host, another island) is exercised.
+    cluster_ = LocalCluster::Start({.num_islands = 2, .hosts_per_island = 1, .devices_per_host = 4,
+                                    .device_memory_bytes = 64 << 20})
+                   ->release();
+  }
+  static void TearDownTestSuite() { delete cluster_; }
+
+  void SetUp() override {
+    auto client = cluster_->Connect();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    slice8_ = *client_->CreateSlice({.mesh_shape = {2, 4}});
+    island0_ = *client_->CreateSlice({.mesh_shape = {4}, .island = 0});
+    island1_ = *client_->CreateSlice({.mesh_shape = {4}, .island = 1});
+  }
+
+  static LocalCluster* cluster_;
+  std::unique_ptr<Client> client_;
+  VirtualSlice slice8_, island0_, island1_;
+};
+LocalCluster* ClientTest::cluster_ = nullptr;
+
+TEST_F(ClientTest, SliceOfEightSpansBothHosts) {
+  EXPECT_EQ(slice8_.num_devices(), 8);
+  EXPECT_EQ(slice8_.host_addresses().size(), 2u);
+}
+
+TEST_F(ClientTest, PutFetchRoundTripsEverySharding) {
+  HostArray data = Iota({8, 12});
+  for (PartitionSpec spec : {PartitionSpec{"x", "y"}, PartitionSpec{"y", ""}, PartitionSpec{"", "x"},
+                             PartitionSpec{}}) {
+    auto array = client_->Put(data, slice8_, spec);
+    ASSERT_TRUE(array.ok()) << array.status();
+    auto back = client_->Fetch(*array).Await();
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(Values(*back), Values(data)) << PartitionSpecToString(spec);
+  }
+}
+
+TEST_F(ClientTest, ShardedMatmulThenChainedFunction) {
+  const int64_t m = 16, k = 8, n = 12;
+  HostArray a = Iota({m, k}, 0.5f), b = Iota({k, n}, 0.25f);
+  auto fa = client_->Put(a, slice8_, {"x", ""});  // rows over x, replicated over y
+  auto fb = client_->Put(b, slice8_, {"", "y"});  // columns over y
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  auto matmul = client_->Compile(FunctionSpec::Builtin(
+      "matmul", {{DType::kF32, {m, k}}, {DType::kF32, {k, n}}}, {{DType::kF32, {m, n}}},
+      {{"x", ""}, {"", "y"}}, {{"x", "y"}}));
+  ASSERT_TRUE(matmul.ok()) << matmul.status();
+  auto relu_plus = client_->Compile(FunctionSpec::Script(
+      "relu_plus", "def relu_plus(x):\n    return torch.relu(x) + 1.0\n", {{DType::kF32, {m, n}}},
+      {{DType::kF32, {m, n}}}, {{"x", "y"}}, {{"x", "y"}}));
+  ASSERT_TRUE(relu_plus.ok()) << relu_plus.status();
+  auto c = client_->Call(*matmul, slice8_, {*fa, *fb});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto d = client_->Call(*relu_plus, slice8_, {(*c)[0]});  // consumes c before it is computed
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto result = client_->Fetch((*d)[0]).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0;
+      for (int64_t t = 0; t < k; ++t) acc += a.data<float>()[i * k + t] * b.data<float>()[t * n + j];
+      EXPECT_NEAR(result->data<float>()[i * n + j], std::max(acc, 0.0f) + 1.0f, 1e-3);
+    }
+  }
+}
+
+TEST_F(ClientTest, InputsMoveBetweenIslandsAndReshard) {
+  HostArray data = Iota({8, 4});
+  auto on0 = client_->Put(data, island0_, {"x", ""});
+  ASSERT_TRUE(on0.ok());
+  // Same function on island 1, wanting the array split by columns: every block crosses hosts.
+  auto negate = client_->Compile(FunctionSpec::Builtin("negate", {{DType::kF32, {8, 4}}},
+                                                       {{DType::kF32, {8, 4}}}, {{"", "x"}}, {{"", "x"}}));
+  ASSERT_TRUE(negate.ok());
+  auto out = client_->Call(*negate, island1_, {*on0});
+  ASSERT_TRUE(out.ok()) << out.status();
+  // And back to a replicated layout on island 0.
+  auto back = client_->Compile(FunctionSpec::Builtin("negate", {{DType::kF32, {8, 4}}},
+                                                     {{DType::kF32, {8, 4}}}, {{}}, {{}}));
+  auto twice = client_->Call(*back, island0_, {(*out)[0]});
+  ASSERT_TRUE(twice.ok()) << twice.status();
+  auto result = client_->Fetch((*twice)[0]).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(Values(*result), Values(data));
+}
+
+TEST_F(ClientTest, LongChainOfFutures) {
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {{DType::kF32, {8}}},
+                                                     {{DType::kF32, {8}}}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), slice8_, {"x"});
+  for (int i = 0; i < 50; ++i) x = (*client_->Call(inc, slice8_, {x}))[0];
+  auto result = client_->Fetch(x).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (float v : Values(*result)) EXPECT_EQ(v, 50.0f);
+}
+
+TEST_F(ClientTest, BadInputsAreClearErrorsAndTheClusterKeepsServing) {
+  auto mm = *client_->Compile(FunctionSpec::Builtin(
+      "matmul", {{DType::kF32, {4, 4}}, {DType::kF32, {4, 4}}}, {{DType::kF32, {4, 4}}}));
+  auto square = *client_->Put(Iota({4, 4}), island0_);
+  auto wrong_shape = *client_->Put(Iota({4, 2}), island0_);
+  auto wrong_dtype = *client_->Put(*HostArray::Create(DType::kF64, {4, 4}), island0_);
+
+  auto r = client_->Call(mm, island0_, {square, wrong_shape});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'matmul' input 1 must be f32[4,4], got f32[4,2]"),
+            std::string::npos) << r.status();
+  r = client_->Call(mm, island0_, {wrong_dtype, square});
+  EXPECT_NE(r.status().message().find("got f64[4,4]"), std::string::npos) << r.status();
+  r = client_->Call(mm, island0_, {square});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto unknown = client_->Compile(FunctionSpec::Builtin("no_such_kernel", {}, {}));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("no_such_kernel"), std::string::npos);
+
+  auto syntax = client_->Compile(FunctionSpec::Script(
+      "bad_syntax", "def bad_syntax(x):\n    return x +* 2\n", {{DType::kF32, {4}}}, {{DType::kF32, {4}}}));
+  EXPECT_EQ(syntax.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(syntax.status().message().find("'bad_syntax'"), std::string::npos) << syntax.status();
+  EXPECT_NE(syntax.status().message().find("line 2"), std::string::npos) << syntax.status();
+
+  auto too_big = client_->CreateSlice({.mesh_shape = {64}});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(client_->CreateSlice({.mesh_shape = {0}}).ok());
+
+  auto huge = HostArray::Create(DType::kF32, {int64_t{1} << 30, int64_t{1} << 30});
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A function that fails at run time fails its run, naming itself; the next run works.
+  auto boom = *client_->Compile(FunctionSpec::Script(
+      "boom", "def boom(x):\n    assert bool(x.sum() < -1000.0), 'kaboom'\n    return x\n",
+      {{DType::kF32, {4, 4}}}, {{DType::kF32, {4, 4}}}));
+  auto failed = client_->Call(boom, island0_, {square});
+  ASSERT_TRUE(failed.ok());
+  auto fetched = client_->Fetch((*failed)[0]).Await();
+  EXPECT_FALSE(fetched.ok());
+  EXPECT_NE(fetched.status().message().find("'boom'"), std::string::npos) << fetched.status();
+  EXPECT_NE(fetched.status().message().find("kaboom"), std::string::npos) << fetched.status();
+  // Errors propagate to consumers of the failed output.
+  auto after = client_->Call(mm, island0_, {(*failed)[0], square});
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(client_->Fetch((*after)[0]).Await().ok());
+
+  auto good = client_->Call(mm, island0_, {square, square});
+  ASSERT_TRUE(good.ok());
+  EXPECT_TRUE(client_->Fetch((*good)[0]).Await().ok());
+}
+
+TEST_F(ClientTest, OutputSignatureMismatchIsReported) {
+  // The body returns a sum (a scalar); the signature promises a vector.
+  auto lying = *client_->Compile(FunctionSpec::Builtin("sum", {{DType::kF32, {4}}}, {{DType::kF32, {4}}}));
+  auto x = *client_->Put(Iota({4}), island0_);
+  auto out = *client_->Call(lying, island0_, {x});
+  auto r = client_->Fetch(out[0]).Await();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'sum' output 0"), std::string::npos) << r.status();
+}
+
+TEST_F(ClientTest, DroppingAnArrayFreesItsShards) {
+  Worker& w = cluster_->worker(0);
+  auto used = [&] {
+    int64_t total = 0;
+    for (int i = 0; i < w.runtime().num_devices(); ++i) total += w.runtime().device(i).stats().memory_used;
+    return total;
+  };
+  const int64_t before = used();
+  {
+    auto big = *client_->Put(*HostArray::Create(DType::kF32, {4, 1024}), island0_, {"x", ""});
+    ASSERT_TRUE(client_->Ready(big).Await().ok());
+    EXPECT_EQ(used() - before, 4 * 1024 * 4);
+  }
+  // The free travels in order on the same queue as this later put, so once that is ready the
+  // big array's shards are gone.
+  auto small = *client_->Put(*HostArray::Create(DType::kF32, {4}), island0_, {"x"});
+  ASSERT_TRUE(client_->Ready(small).Await().ok());
+  EXPECT_EQ(used() - before, 16);
+}
+
+TEST_F(ClientTest, ClientsCannotUseEachOthersHandles) {
+  auto other = *cluster_->Connect();
+  auto mine = *client_->Put(Iota({4}), island0_);
+  auto fn = *other->Compile(FunctionSpec::Builtin("negate", {{DType::kF32, {4}}}, {{DType::kF32, {4}}}));
+  auto their_slice = *other->CreateSlice({.mesh_shape = {4}});
+  EXPECT_EQ(other->Call(fn, their_slice, {mine}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other->Put(Iota({4}), island0_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pathways

@@ -1,0 +1,38 @@
+// A whole cluster inside one process: a controller and workers on loopback, over the same code
+// paths (gRPC included) as separate processes. For the demo, tests and benchmarks.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "client/client.h"
+#include "controller/controller.h"
+#include "worker/worker.h"
+
+namespace pathways {
+
+struct LocalClusterOptions {
+  int num_islands = 2;
+  int hosts_per_island = 2;
+  int devices_per_host = 4;
+  int64_t device_memory_bytes = int64_t{256} << 20;
+};
+
+// Not copyable. The destructor stops the workers, then the controller.
+class LocalCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  const std::string& controller_address() const { return controller_->address(); }
+  absl::StatusOr<std::unique_ptr<Client>> Connect() const { return Client::Connect(controller_address()); }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  Worker& worker(int i) { return *workers_[i]; }
+
+ private:
+  LocalCluster() = default;
+  std::unique_ptr<Controller> controller_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace pathways

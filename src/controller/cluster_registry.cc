@@ -1,0 +1,134 @@
+#include "controller/cluster_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/types.h"
+
+namespace pathways {
+namespace {
+constexpr int kMaxDevicesPerHost = 4096;
+constexpr int64_t kMaxSliceDevices = 1 << 20;
+}  // namespace
+
+absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
+    const rpc::RegisterWorkerRequest& r, absl::Time now) {
+  if (r.address().empty()) return absl::InvalidArgumentError("worker registered without an address");
+  if (r.devices_size() == 0 || r.devices_size() > kMaxDevicesPerHost) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker must have 1 to ", kMaxDevicesPerHost, " devices, has ", r.devices_size()));
+  }
+  if (r.island() < 0) return absl::InvalidArgumentError("island must be non-negative");
+  absl::MutexLock lock(&mu_);
+  int32_t host_id = -1;
+  for (const auto& [id, h] : hosts_) {
+    if (h.address == r.address()) host_id = id;
+  }
+  if (host_id < 0) host_id = next_host_id_++;
+  Host& host = hosts_[host_id];
+  host.host_id = host_id;
+  host.island = r.island();
+  host.address = r.address();
+  host.last_heartbeat = now;
+  std::vector<Device> old = std::move(host.devices);
+  host.devices.clear();
+  rpc::RegisterWorkerResponse response;
+  response.set_host_id(host_id);
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_timeout_) / 4);
+  for (int i = 0; i < r.devices_size(); ++i) {
+    Device d;
+    d.info = r.devices(i);
+    d.info.set_local_index(i);
+    // Keep device ids stable across a re-registration of the same host.
+    d.info.set_device_id(i < static_cast<int>(old.size()) ? old[i].info.device_id() : next_device_id_++);
+    response.add_device_ids(d.info.device_id());
+    host.devices.push_back(std::move(d));
+  }
+  return response;
+}
+
+bool ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = hosts_.find(r.host_id());
+  if (it == hosts_.end()) return false;
+  Host& host = it->second;
+  host.last_heartbeat = now;
+  for (const rpc::DeviceInfo& d : r.devices()) {
+    if (d.local_index() < 0 || d.local_index() >= static_cast<int>(host.devices.size())) continue;
+    rpc::DeviceInfo& info = host.devices[d.local_index()].info;
+    info.set_memory_used(d.memory_used());
+    info.set_executed(d.executed());
+    info.set_busy_micros(d.busy_micros());
+  }
+  return true;
+}
+
+rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  rpc::ClusterStatus status;
+  for (const auto& [id, h] : hosts_) {
+    rpc::HostStatus* hs = status.add_hosts();
+    hs->set_host_id(id);
+    hs->set_island(h.island);
+    hs->set_address(h.address);
+    hs->set_alive(AliveLocked(h, now));
+    hs->set_millis_since_heartbeat(absl::ToInt64Milliseconds(now - h.last_heartbeat));
+    for (const Device& d : h.devices) *hs->add_devices() = d.info;
+  }
+  return status;
+}
+
+absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(
+    const rpc::AllocateSliceRequest& r, absl::Time now) {
+  if (r.mesh_shape_size() < 1 || r.mesh_shape_size() > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a slice's mesh has 1 to 3 axes, got ", r.mesh_shape_size()));
+  }
+  int64_t wanted = 1;
+  for (int64_t d : r.mesh_shape()) {
+    if (d <= 0 || wanted > kMaxSliceDevices / d) {
+      return absl::InvalidArgumentError(absl::StrCat("mesh shape ", ShapeToString(Shape(r.mesh_shape().begin(), r.mesh_shape().end())),
+                                                     " is not a positive shape of at most ",
+                                                     kMaxSliceDevices, " devices"));
+    }
+    wanted *= d;
+  }
+  absl::MutexLock lock(&mu_);
+  struct Candidate {
+    Host* host;
+    Device* device;
+  };
+  std::vector<Candidate> candidates;
+  for (auto& [id, h] : hosts_) {
+    if (!AliveLocked(h, now)) continue;
+    if (r.has_island() && h.island != r.island()) continue;
+    for (Device& d : h.devices) candidates.push_back({&h, &d});
+  }
+  if (static_cast<int64_t>(candidates.size()) < wanted) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a slice of ", wanted, " devices was requested but only ", candidates.size(),
+        " live devices are available", r.has_island() ? absl::StrCat(" in island ", r.island()) : ""));
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.device->slices < b.device->slices;
+  });
+  candidates.resize(wanted);
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return std::make_pair(a.host->host_id, a.device->info.local_index()) <
+           std::make_pair(b.host->host_id, b.device->info.local_index());
+  });
+  rpc::AllocateSliceResponse response;
+  response.set_slice_id(next_slice_id_++);
+  for (const Candidate& c : candidates) {
+    ++c.device->slices;
+    rpc::PhysicalDevice* p = response.add_devices();
+    p->set_device_id(c.device->info.device_id());
+    p->set_host_id(c.host->host_id);
+    p->set_host_address(c.host->address);
+    p->set_local_index(c.device->info.local_index());
+    p->set_island(c.host->island);
+  }
+  return response;
+}
+
+}  // namespace pathways

@@ -1,0 +1,37 @@
+// The controller process's parts: the cluster registry behind a gRPC service.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "controller/cluster_registry.h"
+#include "grpcpp/server.h"
+#include "proto/pathways.grpc.pb.h"
+
+namespace pathways {
+
+struct ControllerOptions {
+  std::string listen_address = "127.0.0.1:0";  // port 0: pick a free port
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+};
+
+// Thread-safe.
+class Controller {
+ public:
+  explicit Controller(ControllerOptions options);
+  ~Controller();
+  absl::Status Start();
+  void Shutdown();
+  const std::string& address() const { return address_; }
+  ClusterRegistry& registry() { return registry_; }
+
+ private:
+  class Service;
+  const ControllerOptions options_;
+  ClusterRegistry registry_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+}  // namespace pathways

@@ -1,0 +1,83 @@
+#include "tools/flags.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pathways {
+
+absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, const std::vector<std::string>& known) {
+  Flags flags;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    std::string name = arg.substr(2), value;
+    size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+    }
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "; known: --",
+                                                     absl::StrJoin(known, ", --")));
+    }
+    flags.values_[name] = value;
+  }
+  return flags;
+}
+
+std::string Flags::Get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+absl::StatusOr<int64_t> Flags::GetInt(const std::string& name, int64_t fallback) const {
+  if (!Has(name)) return fallback;
+  int64_t v;
+  if (!absl::SimpleAtoi(Get(name), &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be an integer, got '", Get(name), "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<int64_t> Flags::GetBytes(const std::string& name, int64_t fallback) const {
+  if (!Has(name)) return fallback;
+  auto v = ParseBytes(Get(name));
+  if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", v.status().message()));
+  return v;
+}
+
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+  std::string t = absl::AsciiStrToLower(text);
+  struct Suffix {
+    const char* name;
+    int shift;
+  };
+  static const Suffix kSuffixes[] = {{"kib", 10}, {"mib", 20}, {"gib", 30}, {"kb", 10}, {"mb", 20},
+                                     {"gb", 30},  {"k", 10},   {"m", 20},   {"g", 30},  {"b", 0}};
+  int shift = 0;
+  for (const Suffix& s : kSuffixes) {
+    if (absl::EndsWith(t, s.name)) {
+      shift = s.shift;
+      t = t.substr(0, t.size() - strlen(s.name));
+      break;
+    }
+  }
+  int64_t v;
+  if (!absl::SimpleAtoi(t, &v) || v < 0 || v > (int64_t{1} << (62 - shift))) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size such as 1GiB or 512MiB"));
+  }
+  return v << shift;
+}
+
+}  // namespace pathways

@@ -1,0 +1,28 @@
+// A small command-line parser for the `pathways` subcommands: `--name value` or `--name=value`.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pathways {
+
+class Flags {
+ public:
+  // Fails on a positional argument, a flag not in `known`, or a flag without a value.
+  static absl::StatusOr<Flags> Parse(int argc, char** argv, const std::vector<std::string>& known);
+  bool Has(const std::string& name) const { return values_.contains(name); }
+  std::string Get(const std::string& name, const std::string& fallback = "") const;
+  absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
+  // Accepts plain bytes or a suffix: KiB, MiB, GiB (and K, M, G, KB, MB, GB as powers of 1024).
+  absl::StatusOr<int64_t> GetBytes(const std::string& name, int64_t fallback) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+absl::StatusOr<int64_t> ParseBytes(const std::string& text);
+
+}  // namespace pathways

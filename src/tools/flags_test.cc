@@ -1,0 +1,31 @@
+#include "tools/flags.h"
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+TEST(FlagsTest, ParsesBothFormsAndRejectsUnknown) {
+  const char* argv[] = {"--island", "1", "--devices=4"};
+  auto f = Flags::Parse(3, const_cast<char**>(argv), {"island", "devices"});
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*f->GetInt("island", 0), 1);
+  EXPECT_EQ(*f->GetInt("devices", 0), 4);
+  EXPECT_EQ(*f->GetInt("absent", 9), 9);
+  const char* bad[] = {"--nope", "1"};
+  EXPECT_FALSE(Flags::Parse(2, const_cast<char**>(bad), {"island"}).ok());
+  const char* dangling[] = {"--island"};
+  EXPECT_FALSE(Flags::Parse(1, const_cast<char**>(dangling), {"island"}).ok());
+}
+
+TEST(FlagsTest, ParsesSizes) {
+  EXPECT_EQ(*ParseBytes("1GiB"), int64_t{1} << 30);
+  EXPECT_EQ(*ParseBytes("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseBytes("4096"), 4096);
+  EXPECT_FALSE(ParseBytes("lots").ok());
+  EXPECT_FALSE(ParseBytes("-1GiB").ok());
+  EXPECT_FALSE(ParseBytes("99999999999GiB").ok());
+}
+
+}  // namespace
+}  // namespace pathways

@@ -1,0 +1,145 @@
+// `pathways`: one binary, with subcommands for the controller, a worker, cluster status and the
+// demo.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "controller/controller.h"
+#include "core/status_macros.h"
+#include "tools/demo.h"
+#include "tools/flags.h"
+#include "transport/controller_client.h"
+#include "worker/worker.h"
+
+namespace pathways {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: pathways <command> [flags]\n"
+    "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
+    "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
+    "         [--listen HOST:PORT] [--intra-op-threads N]\n"
+    "  status --controller HOST:PORT\n"
+    "  demo [--islands N] [--hosts N] [--devices N]\n";
+
+// Blocks until SIGINT or SIGTERM. The signals are blocked in every thread (threads inherit the
+// mask from main), so only this sigwait sees them.
+void WaitForTerminationSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "pathways: received signal %d, shutting down\n", sig);
+}
+
+absl::Status RunController(const Flags& flags) {
+  ControllerOptions options;
+  options.listen_address = flags.Get("listen", "127.0.0.1:7000");
+  PW_ASSIGN_OR_RETURN(int64_t timeout_ms, flags.GetInt("heartbeat-timeout-ms", 3000));
+  if (timeout_ms < 40) return absl::InvalidArgumentError("--heartbeat-timeout-ms must be at least 40");
+  options.heartbeat_timeout = absl::Milliseconds(timeout_ms);
+  Controller controller(options);
+  PW_RETURN_IF_ERROR(controller.Start());
+  std::printf("controller listening on %s\n", controller.address().c_str());
+  std::fflush(stdout);
+  if (flags.Has("port-file")) {
+    // Written to a temporary name and renamed, so a reader never sees a partial file.
+    std::string tmp = flags.Get("port-file") + ".tmp";
+    std::ofstream(tmp) << controller.address() << "\n";
+    std::rename(tmp.c_str(), flags.Get("port-file").c_str());
+  }
+  WaitForTerminationSignal();
+  return absl::OkStatus();
+}
+
+absl::Status RunWorker(const Flags& flags) {
+  WorkerOptions options;
+  if (!flags.Has("controller")) return absl::InvalidArgumentError("worker needs --controller HOST:PORT");
+  options.controller_address = flags.Get("controller");
+  options.listen_address = flags.Get("listen", "127.0.0.1:0");
+  PW_ASSIGN_OR_RETURN(int64_t island, flags.GetInt("island", 0));
+  PW_ASSIGN_OR_RETURN(int64_t devices, flags.GetInt("devices", 4));
+  PW_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("intra-op-threads", 1));
+  PW_ASSIGN_OR_RETURN(options.device_memory_bytes, flags.GetBytes("device-memory", int64_t{1} << 30));
+  if (island < 0 || island > 1 << 20) return absl::InvalidArgumentError("--island must be non-negative");
+  if (threads < 1 || threads > 256) return absl::InvalidArgumentError("--intra-op-threads must be 1..256");
+  options.island = static_cast<int>(island);
+  options.num_devices = static_cast<int>(std::min<int64_t>(devices, 1 << 20));
+  options.intra_op_threads = static_cast<int>(threads);
+  Worker worker(options);
+  PW_RETURN_IF_ERROR(worker.Start());
+  std::printf("worker %s serving %d devices for island %d, host %d\n", worker.address().c_str(),
+              options.num_devices, options.island, worker.host_id());
+  std::fflush(stdout);
+  WaitForTerminationSignal();
+  return absl::OkStatus();
+}
+
+absl::Status RunStatus(const Flags& flags) {
+  if (!flags.Has("controller")) return absl::InvalidArgumentError("status needs --controller HOST:PORT");
+  ControllerClient controller(flags.Get("controller"));
+  PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, controller.GetStatus());
+  std::map<int, std::vector<const rpc::HostStatus*>> islands;
+  for (const auto& h : status.hosts()) islands[h.island()].push_back(&h);
+  std::printf("cluster at %s: %d islands, %d hosts\n", controller.address().c_str(),
+              static_cast<int>(islands.size()), status.hosts_size());
+  for (const auto& [island, hosts] : islands) {
+    std::printf("island %d\n", island);
+    for (const rpc::HostStatus* h : hosts) {
+      std::printf("  host %d  %-21s %-5s heartbeat %lld ms ago\n", h->host_id(), h->address().c_str(),
+                  h->alive() ? "alive" : "DEAD", static_cast<long long>(h->millis_since_heartbeat()));
+      for (const auto& d : h->devices()) {
+        std::printf("    device %-4d %s:%d  memory %lld / %lld bytes used  ran %lld  busy %lld us\n",
+                    d.device_id(), d.kind().c_str(), d.local_index(),
+                    static_cast<long long>(d.memory_used()), static_cast<long long>(d.memory_capacity()),
+                    static_cast<long long>(d.executed()), static_cast<long long>(d.busy_micros()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pathways
+
+int main(int argc, char** argv) {
+  using namespace pathways;
+  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  const std::string command = argv[1];
+  struct Command {
+    const char* name;
+    std::vector<std::string> flags;
+    absl::Status (*run)(const Flags&);
+  };
+  const Command commands[] = {
+      {"controller", {"listen", "heartbeat-timeout-ms", "port-file"}, RunController},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads"}, RunWorker},
+      {"status", {"controller"}, RunStatus},
+      {"demo", {"islands", "hosts", "devices"}, RunDemo},
+  };
+  for (const Command& c : commands) {
+    if (command != c.name) continue;
+    auto flags = Flags::Parse(argc - 2, argv + 2, c.flags);
+    absl::Status status = flags.ok() ? c.run(*flags) : flags.status();
+    if (!status.ok()) {
+      std::fprintf(stderr, "pathways %s: %s\n", c.name, std::string(status.message()).c_str());
+      return 1;
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "pathways: unknown command '%s'\n%s", command.c_str(), kUsage);
+  return 2;
+}

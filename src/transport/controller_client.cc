@@ -1,0 +1,63 @@
+#include "transport/controller_client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "transport/rpc_util.h"
+
+namespace pathways {
+namespace {
+
+template <typename Response, typename Fn>
+absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char* what, Fn fn) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Response response;
+  grpc::Status status = fn(&context, &response);
+  if (!status.ok()) return FromGrpc(status, absl::StrCat(what, " on controller ", address));
+  return response;
+}
+
+}  // namespace
+
+ControllerClient::ControllerClient(std::string address)
+    : address_(std::move(address)),
+      stub_(rpc::Controller::NewStub(
+          grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
+
+absl::StatusOr<rpc::RegisterWorkerResponse> ControllerClient::RegisterWorker(
+    const rpc::RegisterWorkerRequest& r) {
+  return CallWithDeadline<rpc::RegisterWorkerResponse>(
+      address_, "RegisterWorker",
+      [&](grpc::ClientContext* c, rpc::RegisterWorkerResponse* resp) {
+        return stub_->RegisterWorker(c, r, resp);
+      });
+}
+
+absl::StatusOr<rpc::HeartbeatResponse> ControllerClient::Heartbeat(const rpc::HeartbeatRequest& r) {
+  return CallWithDeadline<rpc::HeartbeatResponse>(
+      address_, "Heartbeat",
+      [&](grpc::ClientContext* c, rpc::HeartbeatResponse* resp) {
+        return stub_->Heartbeat(c, r, resp);
+      });
+}
+
+absl::StatusOr<rpc::ClusterStatus> ControllerClient::GetStatus() {
+  return CallWithDeadline<rpc::ClusterStatus>(
+      address_, "GetStatus", [&](grpc::ClientContext* c, rpc::ClusterStatus* resp) {
+        return stub_->GetStatus(c, rpc::GetStatusRequest(), resp);
+      });
+}
+
+absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::AllocateSlice(
+    const rpc::AllocateSliceRequest& r) {
+  return CallWithDeadline<rpc::AllocateSliceResponse>(
+      address_, "AllocateSlice",
+      [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) {
+        return stub_->AllocateSlice(c, r, resp);
+      });
+}
+
+}  // namespace pathways

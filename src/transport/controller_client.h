@@ -1,0 +1,27 @@
+// Blocking calls to the controller. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/pathways.grpc.pb.h"
+
+namespace pathways {
+
+class ControllerClient {
+ public:
+  explicit ControllerClient(std::string address);
+  const std::string& address() const { return address_; }
+
+  absl::StatusOr<rpc::RegisterWorkerResponse> RegisterWorker(const rpc::RegisterWorkerRequest& r);
+  absl::StatusOr<rpc::HeartbeatResponse> Heartbeat(const rpc::HeartbeatRequest& r);
+  absl::StatusOr<rpc::ClusterStatus> GetStatus();
+  absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r);
+
+ private:
+  const std::string address_;
+  std::unique_ptr<rpc::Controller::Stub> stub_;
+};
+
+}  // namespace pathways

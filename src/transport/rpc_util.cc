@@ -1,0 +1,52 @@
+#include "transport/rpc_util.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pathways {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+rpc::TensorSpecProto ToProto(const TensorSpec& spec) {
+  rpc::TensorSpecProto p;
+  p.set_dtype(static_cast<int32_t>(spec.dtype));
+  for (int64_t d : spec.shape) p.add_shape(d);
+  return p;
+}
+
+absl::StatusOr<TensorSpec> FromProto(const rpc::TensorSpecProto& proto) {
+  if (!IsValidDType(proto.dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid dtype code ", proto.dtype()));
+  }
+  TensorSpec spec{static_cast<DType>(proto.dtype()), Shape(proto.shape().begin(), proto.shape().end())};
+  auto size = ByteSize(spec.dtype, spec.shape);
+  if (!size.ok()) return size.status();
+  return spec;
+}
+
+rpc::RegionProto ToProto(const Region& region) {
+  rpc::RegionProto p;
+  for (int64_t s : region.start) p.add_start(s);
+  for (int64_t s : region.size) p.add_size(s);
+  return p;
+}
+
+Region FromProto(const rpc::RegionProto& proto) {
+  return Region{Shape(proto.start().begin(), proto.start().end()),
+                Shape(proto.size().begin(), proto.size().end())};
+}
+
+}  // namespace pathways

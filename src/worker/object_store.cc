@@ -1,0 +1,78 @@
+#include "worker/object_store.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pathways {
+
+void ObjectStore::Put(const std::string& client, ShardKey key, Future<BufferPtr> buffer) {
+  absl::MutexLock lock(&mu_);
+  buffers_[client][key] = std::move(buffer);
+}
+
+Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) const {
+  {
+    absl::MutexLock lock(&mu_);
+    auto c = buffers_.find(client);
+    if (c != buffers_.end()) {
+      auto it = c->second.find(key);
+      if (it != c->second.end()) return it->second;
+    }
+  }
+  return Future<BufferPtr>::Ready(absl::NotFoundError(
+      absl::StrCat("no shard ", key.shard, " of array ", key.array_id, " on this host")));
+}
+
+int ObjectStore::FreeArray(const std::string& client, ArrayId array_id) {
+  absl::MutexLock lock(&mu_);
+  auto c = buffers_.find(client);
+  if (c == buffers_.end()) return 0;
+  int dropped = 0;
+  absl::erase_if(c->second, [&](const auto& entry) {
+    if (entry.first.array_id != array_id) return false;
+    ++dropped;
+    return true;
+  });
+  if (c->second.empty()) buffers_.erase(c);
+  return dropped;
+}
+
+Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, TransferKey key) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = transfers_.try_emplace({client, key});
+  Transfer& t = it->second;
+  if (inserted) t.future = t.promise.future();
+  Future<BufferPtr> f = t.future;
+  t.expected = true;
+  if (t.delivered) transfers_.erase(it);
+  return f;
+}
+
+void ObjectStore::DeliverTransfer(const std::string& client, TransferKey key,
+                                  absl::StatusOr<BufferPtr> data) {
+  Promise<BufferPtr> promise;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = transfers_.try_emplace({client, key});
+    Transfer& t = it->second;
+    if (inserted) t.future = t.promise.future();
+    if (t.delivered) return;  // duplicate delivery: the first one stands
+    t.delivered = true;
+    promise = std::move(t.promise);
+    if (t.expected) transfers_.erase(it);
+  }
+  promise.Set(std::move(data));  // outside the lock: continuations may run inline
+}
+
+size_t ObjectStore::num_buffers() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [client, buffers] : buffers_) n += buffers.size();
+  return n;
+}
+
+size_t ObjectStore::num_pending_transfers() const {
+  absl::MutexLock lock(&mu_);
+  return transfers_.size();
+}
+
+}  // namespace pathways

@@ -1,0 +1,59 @@
+// The host's object store: every shard buffer on this host, by owner and handle.
+#pragma once
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "core/future.h"
+#include "core/ids.h"
+#include "device/device.h"
+
+namespace pathways {
+
+// Buffers are futures: an entry exists from the moment the op that produces it is enqueued, so
+// later ops can consume it before it is computed. Each client's buffers are kept apart: a handle
+// only resolves within the client that created it. Thread-safe.
+class ObjectStore {
+ public:
+  struct ShardKey {
+    ArrayId array_id;
+    int32_t shard;
+    bool operator==(const ShardKey&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const ShardKey& k) {
+      return H::combine(std::move(h), k.array_id, k.shard);
+    }
+  };
+
+  // Registers the buffer of shard `key`. Replaces an earlier entry under the same key.
+  void Put(const std::string& client, ShardKey key, Future<BufferPtr> buffer);
+  // A ready NotFound future when the client has no such shard here.
+  Future<BufferPtr> Get(const std::string& client, ShardKey key) const;
+  // Drops the store's reference to every shard of the array; buffers still needed by queued work
+  // stay alive until that work is done. Returns the number of shards dropped.
+  int FreeArray(const std::string& client, ArrayId array_id);
+
+  // Rendezvous for host-to-host transfers: the consumer's side (Expect) and the producer's side
+  // (Deliver) meet under (client, key) in either order, and the entry goes away once both came.
+  Future<BufferPtr> ExpectTransfer(const std::string& client, TransferKey key);
+  void DeliverTransfer(const std::string& client, TransferKey key, absl::StatusOr<BufferPtr> data);
+
+  size_t num_buffers() const;
+  size_t num_pending_transfers() const;
+
+ private:
+  struct Transfer {
+    Promise<BufferPtr> promise;
+    Future<BufferPtr> future;
+    bool expected = false;
+    bool delivered = false;
+  };
+  using ClientBuffers = absl::flat_hash_map<ShardKey, Future<BufferPtr>>;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, ClientBuffers> buffers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<std::string, TransferKey>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pathways

@@ -1,0 +1,51 @@
+#include "worker/object_store.h"
+
+#include "device/cpu_device.h"
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+TEST(ObjectStoreTest, HandlesResolveOnlyWithinTheirClient) {
+  CpuDevice device(0, 1 << 20);
+  ObjectStore store;
+  store.Put("alice", {1, 0}, Future<BufferPtr>::Ready(*device.Allocate(DType::kF32, {4})));
+  EXPECT_TRUE(store.Get("alice", {1, 0}).Await().ok());
+  EXPECT_EQ(store.Get("bob", {1, 0}).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Get("alice", {1, 1}).Await().status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ObjectStoreTest, FreeDropsBuffersButNotWhatQueuedWorkHolds) {
+  CpuDevice device(0, 1 << 20);
+  ObjectStore store;
+  for (int s = 0; s < 3; ++s) {
+    store.Put("c", {7, s}, Future<BufferPtr>::Ready(*device.Allocate(DType::kF32, {256})));
+  }
+  Future<BufferPtr> held = store.Get("c", {7, 1});
+  EXPECT_EQ(device.stats().memory_used, 3 * 1024);
+  EXPECT_EQ(store.FreeArray("c", 7), 3);
+  EXPECT_EQ(store.num_buffers(), 0u);
+  EXPECT_EQ(device.stats().memory_used, 1024);  // the held shard is still alive
+  held = Future<BufferPtr>();
+  EXPECT_EQ(device.stats().memory_used, 0);
+}
+
+TEST(ObjectStoreTest, TransferRendezvousInEitherOrder) {
+  CpuDevice device(0, 1 << 20);
+  ObjectStore store;
+  // Consumer first.
+  Future<BufferPtr> f = store.ExpectTransfer("c", 5);
+  EXPECT_FALSE(f.IsReady());
+  store.DeliverTransfer("c", 5, *device.Allocate(DType::kI32, {2}));
+  EXPECT_TRUE(f.Await().ok());
+  // Producer first.
+  store.DeliverTransfer("c", 6, absl::UnavailableError("source host lost"));
+  EXPECT_EQ(store.ExpectTransfer("c", 6).Await().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store.num_pending_transfers(), 0u);
+  // Same key, another client: a separate transfer.
+  Future<BufferPtr> other = store.ExpectTransfer("d", 5);
+  EXPECT_FALSE(other.IsReady());
+}
+
+}  // namespace
+}  // namespace pathways

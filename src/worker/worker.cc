@@ -1,0 +1,117 @@
+#include "worker/worker.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace pathways {
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+
+Worker::~Worker() { Shutdown(); }
+
+absl::Status Worker::Start() {
+  if (options_.num_devices <= 0 || options_.num_devices > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--devices must be between 1 and 4096, got ", options_.num_devices));
+  }
+  if (options_.device_memory_bytes <= 0) {
+    return absl::InvalidArgumentError("--device-memory must be positive");
+  }
+  service_ = std::make_unique<WorkerService>();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(1 << 30);
+  builder.SetMaxSendMessageSize(1 << 30);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("worker cannot listen on ", options_.listen_address));
+  }
+  std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
+  address_ = absl::StrCat(host, ":", port);
+  runtime_ = std::make_unique<HostRuntime>(
+      HostRuntimeOptions{options_.num_devices, options_.device_memory_bytes, address_,
+                         options_.intra_op_threads});
+  runtime_->set_address(address_);
+  service_->AttachRuntime(runtime_.get());
+  controller_ = std::make_unique<ControllerClient>(options_.controller_address);
+  absl::Time deadline = absl::Now() + options_.register_timeout;
+  absl::Status registered;
+  while (!(registered = Register()).ok()) {
+    if (absl::Now() > deadline) {
+      return absl::UnavailableError(absl::StrCat("worker could not register with controller ",
+                                                 options_.controller_address, ": ",
+                                                 registered.message()));
+    }
+    if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+      return absl::CancelledError("worker shut down while registering");
+    }
+  }
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
+  rpc::RegisterWorkerRequest request;
+  request.set_address(address_);
+  request.set_island(options_.island);
+  for (int i = 0; i < runtime_->num_devices(); ++i) {
+    DeviceStats s = runtime_->device(i).stats();
+    rpc::DeviceInfo* d = request.add_devices();
+    d->set_local_index(i);
+    d->set_kind(runtime_->device(i).kind());
+    d->set_memory_capacity(s.memory_capacity);
+    d->set_memory_used(s.memory_used);
+  }
+  return request;
+}
+
+absl::Status Worker::Register() {
+  auto response = controller_->RegisterWorker(RegistrationRequest());
+  if (!response.ok()) return response.status();
+  host_id_ = response->host_id();
+  heartbeat_ms_ = std::max<int64_t>(10, response->heartbeat_interval_ms());
+  PW_LOG(Info) << "worker " << address_ << " registered as host " << host_id_.load()
+               << " in island " << options_.island;
+  return absl::OkStatus();
+}
+
+void Worker::HeartbeatLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(heartbeat_ms_.load()))) {
+    rpc::HeartbeatRequest request;
+    request.set_host_id(host_id_);
+    for (int i = 0; i < runtime_->num_devices(); ++i) {
+      DeviceStats s = runtime_->device(i).stats();
+      rpc::DeviceInfo* d = request.add_devices();
+      d->set_local_index(i);
+      d->set_kind(runtime_->device(i).kind());
+      d->set_memory_capacity(s.memory_capacity);
+      d->set_memory_used(s.memory_used);
+      d->set_executed(s.executed);
+      d->set_busy_micros(s.busy_micros);
+    }
+    auto response = controller_->Heartbeat(request);
+    if (!response.ok()) {
+      PW_LOG(Warning) << "heartbeat to " << controller_->address() << " failed: " << response.status();
+      continue;
+    }
+    if (!response->registered()) {
+      absl::Status s = Register();  // the controller restarted or dropped us
+      if (!s.ok()) PW_LOG(Warning) << "re-registration failed: " << s;
+    }
+  }
+}
+
+void Worker::Shutdown() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    server_.reset();
+  }
+}
+
+}  // namespace pathways

@@ -1,0 +1,58 @@
+// A worker process's parts put together: the host runtime, its gRPC server, and its registration
+// and heartbeats with the controller.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "grpcpp/server.h"
+#include "transport/controller_client.h"
+#include "worker/host_runtime.h"
+#include "worker/worker_service.h"
+
+namespace pathways {
+
+struct WorkerOptions {
+  std::string controller_address;
+  std::string listen_address = "127.0.0.1:0";  // port 0: pick a free port
+  int island = 0;
+  int num_devices = 4;
+  int64_t device_memory_bytes = int64_t{1} << 30;
+  int intra_op_threads = 1;
+  absl::Duration register_timeout = absl::Seconds(30);
+};
+
+// Start() serves and registers; the destructor stops heartbeats and the server. Thread-safe.
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();
+
+  // Serves on the listen address, then registers with the controller, retrying until
+  // register_timeout passes.
+  absl::Status Start();
+  void Shutdown();
+  const std::string& address() const { return address_; }
+  int32_t host_id() const { return host_id_.load(); }
+  HostRuntime& runtime() { return *runtime_; }
+
+ private:
+  absl::Status Register();
+  void HeartbeatLoop();
+  rpc::RegisterWorkerRequest RegistrationRequest();
+
+  const WorkerOptions options_;
+  std::unique_ptr<HostRuntime> runtime_;
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ControllerClient> controller_;
+  std::string address_;
+  std::atomic<int32_t> host_id_{-1};
+  std::atomic<int64_t> heartbeat_ms_{500};
+  absl::Notification stop_;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace pathways

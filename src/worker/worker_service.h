@@ -1,0 +1,36 @@
+// The gRPC face of a HostRuntime. Handlers never block: long waits (Fetch) finish from
+// continuations.
+#pragma once
+
+#include <atomic>
+
+#include "proto/pathways.grpc.pb.h"
+#include "worker/host_runtime.h"
+
+namespace pathways {
+
+class WorkerService final : public rpc::Worker::CallbackService {
+ public:
+  // The runtime is attached once the server's port, and so the host's name, is known; calls
+  // that arrive before then are refused with Unavailable.
+  void AttachRuntime(HostRuntime* runtime) { runtime_.store(runtime); }
+
+  grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
+                                    const rpc::CompileRequest* request,
+                                    rpc::CompileResponse* response) override;
+  grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context,
+                                    const rpc::EnqueueRequest* request,
+                                    rpc::EnqueueResponse* response) override;
+  grpc::ServerUnaryReactor* Transfer(grpc::CallbackServerContext* context,
+                                     const rpc::TransferRequest* request,
+                                     rpc::TransferResponse* response) override;
+  grpc::ServerUnaryReactor* Fetch(grpc::CallbackServerContext* context,
+                                  const rpc::FetchRequest* request,
+                                  rpc::FetchResponse* response) override;
+
+ private:
+  HostRuntime* runtime();
+  std::atomic<HostRuntime*> runtime_{nullptr};  // not owned
+};
+
+}  // namespace pathways
