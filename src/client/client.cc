@@ -24,12 +24,14 @@ class ClientCore {
 
   const std::string& id() const { return id_; }
   ControllerClient& controller() { return controller_; }
-  std::shared_ptr<WorkerClient> worker(const std::string& address) { return workers_.Get(address); }
+  std::shared_ptr<WorkerClient> worker(const std::string& address) {
+    return WorkerClientCache::Global().Get(address);
+  }
 
   std::shared_ptr<HostOpQueue> queue(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& q = queues_[address];
-    if (!q) q = std::make_shared<HostOpQueue>(workers_.Get(address), id_);
+    if (!q) q = std::make_shared<HostOpQueue>(worker(address), id_);
     return q;
   }
 
@@ -42,7 +44,6 @@ class ClientCore {
  private:
   const std::string id_;
   ControllerClient controller_;
-  WorkerClientCache workers_;
   IdGenerator array_ids_;
   IdGenerator transfer_keys_;
   absl::Mutex mu_;

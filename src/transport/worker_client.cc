@@ -89,6 +89,11 @@ Future<rpc::FetchResponse> WorkerClient::Fetch(const rpc::FetchRequest& request)
       absl::InfiniteDuration());
 }
 
+WorkerClientCache& WorkerClientCache::Global() {
+  static auto* cache = new WorkerClientCache;  // never destroyed; see the class comment
+  return *cache;
+}
+
 std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& slot = clients_[address];

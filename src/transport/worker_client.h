@@ -40,8 +40,15 @@ class WorkerClient {
 };
 
 // Shares one WorkerClient (and so one channel) per address. Thread-safe.
+//
+// The process-wide cache keeps every channel for the life of the process. That is deliberate:
+// the last reference to a channel can otherwise be dropped inside one of its own completion
+// callbacks (an op queue or array freed when its final call completes), and destroying a channel
+// on gRPC's callback thread crashes Debian's gRPC 1.51 (seen as a SIGSEGV in
+// grpc_completion_queue_next on "nexting_thread"). Channels are few: one per worker address.
 class WorkerClientCache {
  public:
+  static WorkerClientCache& Global();
   std::shared_ptr<WorkerClient> Get(const std::string& address);
 
  private:

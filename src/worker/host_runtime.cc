@@ -257,7 +257,7 @@ void HostRuntime::Send(const std::string& client, const rpc::SendOp& op) {
           ReceiveTransfer(request);
           return;
         }
-        peers_.Get(dest)->Transfer(request).OnReady(
+        WorkerClientCache::Global().Get(dest)->Transfer(request).OnReady(
             [dest, key](const absl::StatusOr<rpc::TransferResponse>& r) {
               if (!r.ok()) PW_LOG(Warning) << "transfer " << key << " to " << dest << " failed: " << r.status();
             });

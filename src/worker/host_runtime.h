@@ -58,7 +58,6 @@ class HostRuntime {
   std::vector<std::unique_ptr<Device>> devices_;
   ObjectStore store_;
   FunctionCache functions_;
-  WorkerClientCache peers_;
   ThreadPool io_pool_;  // serialises transfers and fetch responses off device threads
 };
 

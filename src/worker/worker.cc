@@ -4,6 +4,7 @@
 #include "core/logging.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "transport/rpc_util.h"
 
 namespace pathways {
 

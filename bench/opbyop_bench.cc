@@ -1,0 +1,130 @@
+// Per-call time of a trivial compiled function (add_one on f32[1]) called OpByOp: one client call
+// per computation, on an embedded cluster and on real processes over loopback. Prints a markdown
+// table; see docs/benchmarks.md for results.
+//
+//   build/bin/opbyop_bench [--calls N] [--repeats R] [--devices D]
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+
+#include "client/local_cluster.h"
+#include "compute/executable.h"
+#include "device/cpu_device.h"
+#include "testing/subprocess.h"
+#include "tools/flags.h"
+
+namespace pathways {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double MicrosPer(int64_t n, const std::function<void()>& body) {
+  auto start = std::chrono::steady_clock::now();
+  body();
+  auto end = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(end - start).count() / static_cast<double>(n);
+}
+
+struct Figures {
+  double pipelined_us;  // N dependent calls issued back to back, one fetch at the end
+  double round_trip_us; // call, then wait for the result, N times
+};
+
+Figures Measure(Client& client, int devices, int64_t calls, int repeats) {
+  VirtualSlice slice = *client.CreateSlice({.mesh_shape = {devices}});
+  CompiledFunction inc = *client.Compile(FunctionSpec::Builtin(
+      "add_one", {{DType::kF32, {devices}}}, {{DType::kF32, {devices}}}, {{"x"}}, {{"x"}}));
+  std::vector<double> pipelined, round_trip;
+  for (int r = 0; r < repeats; ++r) {
+    ShardedArray x = *client.Put(*HostArray::Create(DType::kF32, {devices}), slice, {"x"});
+    pipelined.push_back(MicrosPer(calls, [&] {
+      for (int64_t i = 0; i < calls; ++i) x = (*client.Call(inc, slice, {x}))[0];
+      HostArray out = *client.Fetch(x).Await();
+      if (out.data<float>()[0] != static_cast<float>(calls)) std::fprintf(stderr, "wrong result\n");
+    }));
+    const int64_t sync_calls = std::max<int64_t>(1, calls / 10);
+    round_trip.push_back(MicrosPer(sync_calls, [&] {
+      for (int64_t i = 0; i < sync_calls; ++i) {
+        x = (*client.Call(inc, slice, {x}))[0];
+        (void)client.Ready(x).Await();
+      }
+    }));
+  }
+  return {Median(pipelined), Median(round_trip)};
+}
+
+// The same kernel on a local device with no runtime around it: the floor.
+double MeasureKernelOnly(int64_t calls, int repeats) {
+  FunctionCache cache;
+  CpuDevice device(0, 1 << 20);
+  auto exe = *cache.Compile({FunctionBody::Kind::kBuiltin, "add_one", ""});
+  BufferPtr a = *device.Allocate(DType::kF32, {1}), b = *device.Allocate(DType::kF32, {1});
+  std::memset(a->data(), 0, 4);
+  std::vector<double> runs;
+  for (int r = 0; r < repeats; ++r) {
+    runs.push_back(MicrosPer(calls, [&] {
+      for (int64_t i = 0; i < calls; ++i) {
+        const DeviceBuffer* in[] = {a.get()};
+        DeviceBuffer* out[] = {b.get()};
+        (void)exe->Run(in, out);
+        std::swap(a, b);
+      }
+    }));
+  }
+  return Median(runs);
+}
+
+int Main(int argc, char** argv) {
+  auto flags = Flags::Parse(argc - 1, argv + 1, {"calls", "repeats", "devices"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
+    return 2;
+  }
+  const int64_t calls = *flags->GetInt("calls", 2000);
+  const int repeats = static_cast<int>(*flags->GetInt("repeats", 5));
+  const int devices = static_cast<int>(*flags->GetInt("devices", 1));
+  if (calls < 10 || repeats < 1 || devices < 1 || devices > 64) {
+    std::fprintf(stderr, "need --calls >= 10, --repeats >= 1, 1 <= --devices <= 64\n");
+    return 2;
+  }
+
+  const double kernel = MeasureKernelOnly(calls, repeats);
+
+  auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = 1, .devices_per_host = devices});
+  Figures embedded = Measure(**cluster->Connect(), devices, calls, repeats);
+  cluster.reset();
+
+  Subprocess controller, worker;
+  (void)controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
+  std::string line = *controller.WaitForLine("listening on", absl::Seconds(60));
+  std::string address = line.substr(line.rfind(' ') + 1);
+  (void)worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices",
+                      std::to_string(devices), "--device-memory", "64MiB"});
+  (void)worker.WaitForLine("serving", absl::Seconds(60));
+  Figures multi = Measure(**Client::Connect(address), devices, calls, repeats);
+  worker.Stop(SIGTERM);
+  controller.Stop(SIGTERM);
+
+  std::printf("OpByOp add_one on f32[%d] over %d device(s); median of %d runs of %lld calls\n\n",
+              devices, devices, repeats, static_cast<long long>(calls));
+  std::printf("| mode | pipelined us/call | round trip us/call | pipelined / kernel only |\n");
+  std::printf("|---|---|---|---|\n");
+  std::printf("| kernel only (no runtime) | %.2f | - | 1.0 |\n", kernel);
+  std::printf("| embedded (LocalCluster) | %.1f | %.1f | %.0fx |\n", embedded.pipelined_us,
+              embedded.round_trip_us, embedded.pipelined_us / kernel);
+  std::printf("| multi-process (loopback) | %.1f | %.1f | %.0fx |\n", multi.pipelined_us,
+              multi.round_trip_us, multi.pipelined_us / kernel);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pathways
+
+int main(int argc, char** argv) { return pathways::Main(argc, argv); }

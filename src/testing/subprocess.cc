@@ -1,0 +1,104 @@
+#include "testing/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace pathways {
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0) Stop(SIGKILL);
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    // The parent may block SIGINT/SIGTERM; the child must not inherit that.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  pid_ = pid;
+  stdout_fd_ = fds[0];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    size_t nl = buffer_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return absl::DeadlineExceededError("no line from child process in time");
+    pollfd p{stdout_fd_, POLLIN, 0};
+    int r = poll(&p, 1, static_cast<int>(ms));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    char chunk[4096];
+    ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError("child process closed its output");
+    buffer_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+absl::StatusOr<std::string> Subprocess::WaitForLine(const std::string& needle, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto line = ReadLine(deadline - absl::Now());
+    if (!line.ok()) return line.status();
+    if (line->find(needle) != std::string::npos) return line;
+  }
+}
+
+int Subprocess::Stop(int signal) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, signal);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+  return status;
+}
+
+absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
+  Subprocess p;
+  if (absl::Status s = p.Start(argv); !s.ok()) return s;
+  std::string out;
+  absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto line = p.ReadLine(deadline - absl::Now());
+    if (line.ok()) {
+      absl::StrAppend(&out, *line, "\n");
+      continue;
+    }
+    if (absl::IsUnavailable(line.status())) break;  // the command finished its output
+    return line.status();
+  }
+  p.Stop(SIGKILL);  // already exited; reaps it
+  return out;
+}
+
+}  // namespace pathways

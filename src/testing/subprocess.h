@@ -1,0 +1,42 @@
+// Child processes for multi-process tests and benchmarks: start a command, read its stdout line
+// by line with a deadline, stop it. Not thread-safe; one owner.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pathways {
+
+class Subprocess {
+ public:
+  Subprocess() = default;
+  ~Subprocess();  // kills the child (SIGKILL) if it still runs
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  // Starts argv[0] with stdout piped to us; stderr is inherited.
+  absl::Status Start(const std::vector<std::string>& argv);
+  // The next line of the child's stdout, without the newline. DeadlineExceeded when none comes in
+  // time; Unavailable when the child closed its stdout.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
+  // Reads lines until one contains `needle`; returns that line.
+  absl::StatusOr<std::string> WaitForLine(const std::string& needle, absl::Duration timeout);
+  // Sends `signal` and waits for the exit; returns the exit status as waitpid reports it.
+  int Stop(int signal);
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string buffer_;
+};
+
+// Runs a command to completion and returns its stdout (bounded by `timeout`).
+absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
+
+}  // namespace pathways

@@ -1,0 +1,150 @@
+// The cluster as real processes on loopback: a controller and two workers started from the
+// `pathways` binary, driven by a client in this process.
+#include <signal.h>
+
+#include <cstring>
+
+#include "client/client.h"
+#include "compute/executable.h"
+#include "device/cpu_device.h"
+#include "gtest/gtest.h"
+#include "testing/subprocess.h"
+
+namespace pathways {
+namespace {
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(60);
+
+HostArray Pattern(Shape shape, float scale) {
+  HostArray a = *HostArray::Create(DType::kF32, std::move(shape));
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    a.mutable_data<float>()[i] = scale * static_cast<float>((i * 31) % 17 - 8);
+  }
+  return a;
+}
+
+// libtorch on one local device: the reference the cluster's result is compared with.
+HostArray Reference(const FunctionBody& body, const std::vector<const HostArray*>& inputs,
+                    const TensorSpec& output) {
+  FunctionCache cache;
+  CpuDevice device(0, int64_t{1} << 30, "reference");
+  auto exe = *cache.Compile(body);
+  std::vector<BufferPtr> in;
+  std::vector<const DeviceBuffer*> ptrs;
+  for (const HostArray* h : inputs) {
+    BufferPtr b = *device.Allocate(h->dtype(), h->shape());
+    std::memcpy(b->data(), h->bytes().data(), h->bytes().size());
+    ptrs.push_back(b.get());
+    in.push_back(std::move(b));
+  }
+  BufferPtr out = *device.Allocate(output.dtype, output.shape);
+  DeviceBuffer* out_ptr = out.get();
+  EXPECT_TRUE(exe->Run(ptrs, {&out_ptr, 1}).ok());
+  return *HostArray::FromBytes(output.dtype, output.shape, std::string(out->data(), out->byte_size()));
+}
+
+class MultiProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}).ok());
+    auto line = controller_.WaitForLine("listening on", kStartTimeout);
+    ASSERT_TRUE(line.ok()) << line.status();
+    address_ = line->substr(line->rfind(' ') + 1);
+    for (auto* w : {&worker_a_, &worker_b_}) {
+      ASSERT_TRUE(w->Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--island", "0",
+                            "--devices", "4", "--device-memory", "256MiB"})
+                      .ok());
+      auto ready = w->WaitForLine("serving", kStartTimeout);
+      ASSERT_TRUE(ready.ok()) << ready.status();
+    }
+    auto client = Client::Connect(address_);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+
+  void TearDown() override {
+    client_.reset();
+    for (auto* p : {&worker_a_, &worker_b_, &controller_}) {
+      if (p->pid() > 0) {
+        int status = p->Stop(SIGTERM);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
+      }
+    }
+  }
+
+  Subprocess controller_, worker_a_, worker_b_;
+  std::string address_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(MultiProcessTest, StatusListsIslandsHostsAndDevices) {
+  auto out = RunCommand({PATHWAYS_BINARY, "status", "--controller", address_}, absl::Seconds(30));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_NE(out->find("1 islands, 2 hosts"), std::string::npos) << *out;
+  EXPECT_NE(out->find("island 0"), std::string::npos) << *out;
+  EXPECT_NE(out->find("device 7"), std::string::npos) << *out;
+  EXPECT_NE(out->find("/ 268435456 bytes"), std::string::npos) << *out;
+}
+
+TEST_F(MultiProcessTest, ShardedMatmulOverTwoHostsThenChainMatchesLibtorch) {
+  auto slice = client_->CreateSlice({.mesh_shape = {8}});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  ASSERT_EQ(slice->host_addresses().size(), 2u);
+  const TensorSpec a_spec{DType::kF32, {64, 32}}, b_spec{DType::kF32, {32, 24}}, c_spec{DType::kF32, {64, 24}};
+  HostArray a = Pattern(a_spec.shape, 0.25f), b = Pattern(b_spec.shape, 0.5f);
+  auto fa = client_->Put(a, *slice, {"x", ""});
+  auto fb = client_->Put(b, *slice, {});
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  auto matmul = client_->Compile(FunctionSpec::Builtin("matmul", {a_spec, b_spec}, {c_spec},
+                                                       {{"x", ""}, {}}, {{"x", ""}}));
+  ASSERT_TRUE(matmul.ok()) << matmul.status();
+  const char* kSource = "def scaled_tanh(c):\n    return torch.tanh(c * 0.05) * 3.0\n";
+  // Split by columns: every shard of the chained call needs rows from both hosts.
+  auto chain = client_->Compile(FunctionSpec::Script("scaled_tanh", kSource, {c_spec}, {c_spec},
+                                                     {{"", "x"}}, {{"", "x"}}));
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  auto c = client_->Call(*matmul, *slice, {*fa, *fb});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto d = client_->Call(*chain, *slice, {(*c)[0]});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto result = client_->Fetch((*d)[0]).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  HostArray ref_c = Reference({FunctionBody::Kind::kBuiltin, "matmul", ""}, {&a, &b}, c_spec);
+  HostArray ref_d = Reference({FunctionBody::Kind::kTorchScript, "scaled_tanh", kSource}, {&ref_c}, c_spec);
+  for (int64_t i = 0; i < result->num_elements(); ++i) {
+    ASSERT_NEAR(result->data<float>()[i], ref_d.data<float>()[i], 1e-5) << "element " << i;
+  }
+}
+
+TEST_F(MultiProcessTest, BadRequestsFailClearlyAndProcessesKeepServing) {
+  auto slice = *client_->CreateSlice({.mesh_shape = {8}});
+  auto fn = *client_->Compile(FunctionSpec::Builtin("add", {{DType::kF32, {8}}, {DType::kF32, {8}}},
+                                                    {{DType::kF32, {8}}}, {{"x"}, {"x"}}, {{"x"}}));
+  auto good = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  auto wrong_shape = *client_->Put(Pattern({16}, 1.0f), slice, {"x"});
+  auto wrong_dtype = *client_->Put(*HostArray::Create(DType::kI32, {8}), slice, {"x"});
+
+  EXPECT_EQ(client_->Call(fn, slice, {good, wrong_shape}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Call(fn, slice, {wrong_dtype, good}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto unknown = client_->Compile(FunctionSpec::Builtin("not_a_kernel", {}, {}));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  auto syntax = client_->Compile(FunctionSpec::Script("oops", "def oops(x):\n    return (x\n",
+                                                      {{DType::kF32, {8}}}, {{DType::kF32, {8}}}));
+  EXPECT_EQ(syntax.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(syntax.status().message().find("'oops'"), std::string::npos) << syntax.status();
+  EXPECT_NE(syntax.status().message().find("line"), std::string::npos) << syntax.status();
+  auto too_big = client_->CreateSlice({.mesh_shape = {4, 4}});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted) << too_big.status();
+
+  // Still serving: a correct call on both hosts.
+  auto sum = client_->Call(fn, slice, {good, good});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  auto result = client_->Fetch((*sum)[0]).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+  HostArray expected = Pattern({8}, 1.0f);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(result->data<float>()[i], 2 * expected.data<float>()[i]);
+}
+
+}  // namespace
+}  // namespace pathways
