@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include <atomic>
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/program.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "transport/controller_client.h"
@@ -39,15 +41,45 @@ class ClientCore {
   absl::Status CompileOn(CompiledFunction::State& fn, const std::vector<std::string>& hosts);
 
   ArrayId NextArrayId() { return array_ids_.Next(); }
-  TransferKey NextTransferKey() { return transfer_keys_.Next(); }
+  // A contiguous block of `n` array ids (a run's outputs are named base + offset on the hosts).
+  ArrayId ReserveArrayIds(int64_t n) { return array_ids_.Reserve(n); }
+  int64_t NextRunId() { return run_ids_.Next(); }
+
+  // Every op the client sends goes through here, so the stats see all of them.
+  void Push(const std::string& host, rpc::Op op) {
+    const int64_t bytes = static_cast<int64_t>(op.ByteSizeLong());
+    ops_sent_.fetch_add(1, std::memory_order_relaxed);
+    op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+    if (op.has_run()) {
+      run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
+      run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    queue(host)->Push(std::move(op));
+  }
+  // OpByOp calls run as one-node programs, traced once per (function, slice).
+  absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
+
+  ClientStats stats() const {
+    return {ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
+            lowerings_.load()};
+  }
+  void CountLowering() { lowerings_.fetch_add(1); }
+
+  // Lowered programs by program id and argument placement.
+  struct Lowering;
+  absl::StatusOr<std::shared_ptr<Lowering>> Lower(const Program& program,
+                                                  absl::Span<const ShardedArray> args);
 
  private:
   const std::string id_;
   ControllerClient controller_;
   IdGenerator array_ids_;
-  IdGenerator transfer_keys_;
+  IdGenerator run_ids_;
+  std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<const void*, int64_t>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
 };
 
 struct CompiledFunction::State {
@@ -64,15 +96,33 @@ struct ShardedArray::State {
   TensorSpec spec;
   Sharding sharding;
   VirtualSlice slice;
+  // Ready once the op producing the array has been pushed to its hosts' queues. Immediate except
+  // under sequential dispatch, where a run's later nodes are pushed as earlier ones are enqueued.
+  Future<Unit> dispatched = Future<Unit>::Ready(Unit{});
 
   // Freeing goes through each host's ordered queue, behind every op that still reads the array.
   ~State() {
-    for (const std::string& host : slice.host_addresses()) {
-      rpc::Op op;
-      op.mutable_free()->set_array_id(id);
-      core->queue(host)->Push(std::move(op));
-    }
+    auto free = [core = core, id = id, hosts = slice.host_addresses()](const absl::StatusOr<Unit>&) {
+      for (const std::string& host : hosts) {
+        rpc::Op op;
+        op.mutable_free()->set_array_id(id);
+        core->Push(host, std::move(op));
+      }
+    };
+    dispatched.OnReady(std::move(free));
   }
+};
+
+struct ClientCore::Lowering {
+  int64_t id;                      // the program id hosts know this lowering by
+  rpc::ProgramProto proto;
+  std::vector<std::string> hosts;  // every host that runs, holds or sends anything in it
+  std::vector<std::vector<std::string>> node_hosts;  // per node: its slice's and its inputs' hosts
+  int64_t num_outputs = 0;
+  std::vector<int64_t> output_offsets;              // per node
+  std::vector<std::vector<Sharding>> out_shardings;  // per node and output
+  absl::Mutex mu;
+  absl::flat_hash_set<std::string> registered_on ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -304,15 +354,326 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
     bytes->resize(static_cast<size_t>(*ByteSize(data.dtype(), sharding.local_shape())));
     CopyRegion(data.bytes().data(), data.shape(), region.start, region.size, element, bytes->data(),
                sharding.local_shape(), Shape(region.size.size(), 0));
-    core_->queue(dev.host_address)->Push(std::move(op));
+    core_->Push(dev.host_address, std::move(op));
   }
   ShardedArray array;
   array.state_ = std::move(state);
   return array;
 }
 
-absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& function,
-                                                       const VirtualSlice& slice,
+namespace {
+
+PartitionSpec OrReplicated(const std::vector<PartitionSpec>& specs, size_t i, const Shape& shape) {
+  return specs.empty() ? PartitionSpec(shape.size(), "") : specs[i];
+}
+
+rpc::PartitionSpecProto ToProto(const PartitionSpec& spec, size_t rank) {
+  rpc::PartitionSpecProto p;
+  for (size_t d = 0; d < rank; ++d) p.add_dims(spec.empty() ? "" : spec[d]);
+  return p;
+}
+
+void AddHosts(const VirtualSlice& slice, std::vector<std::string>& hosts) {
+  for (const std::string& h : slice.host_addresses()) {
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Program& program,
+                                                                        absl::Span<const ShardedArray> args) {
+  std::string key = absl::StrCat(program.id());
+  for (const ShardedArray& a : args) {
+    absl::StrAppend(&key, "|", a.slice().id(), PartitionSpecToString(a.sharding().spec()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = lowerings_cache_.find(key);
+    if (it != lowerings_cache_.end()) return it->second;
+  }
+  auto lowering = std::make_shared<Lowering>();
+  lowering->id = run_ids_.Next();
+  rpc::ProgramProto& proto = lowering->proto;
+  proto.set_program_id(lowering->id);
+  proto.set_name(program.name());
+  std::map<int64_t, VirtualSlice> slices;
+  for (const ShardedArray& a : args) slices.emplace(a.slice().id(), a.slice());
+  for (const Program::Call& c : program.calls()) {
+    if (c.slice.data_->owner != this) {
+      return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
+                                                     "' on a slice that this client did not create"));
+    }
+    if (c.function.state_->owner != this) {
+      return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
+                                                     "', which this client did not compile"));
+    }
+    slices.emplace(c.slice.id(), c.slice);
+  }
+  for (const auto& [id, slice] : slices) {
+    rpc::SliceProto* sp = proto.add_slices();
+    sp->set_slice_id(id);
+    for (int64_t d : slice.mesh().dims) sp->add_mesh_dims(d);
+    for (const std::string& n : slice.mesh().axis_names) sp->add_axis_names(n);
+    for (const PhysicalDeviceInfo& d : slice.devices()) {
+      rpc::SliceDevice* sd = sp->add_devices();
+      sd->set_device_id(d.device_id);
+      sd->set_host_address(d.host_address);
+      sd->set_local_index(d.local_index);
+    }
+    AddHosts(slice, lowering->hosts);
+  }
+  for (const ShardedArray& a : args) {
+    rpc::ProgramArg* pa = proto.add_args();
+    *pa->mutable_spec() = pathways::ToProto(a.spec());
+    pa->set_slice_id(a.slice().id());
+    *pa->mutable_sharding() = ToProto(a.sharding().spec(), a.spec().shape.size());
+  }
+  auto value_slice = [&](const Program::Value& v) -> const VirtualSlice& {
+    return v.is_arg ? args[v.index].slice() : program.calls()[v.index].slice;
+  };
+  for (const Program::Call& c : program.calls()) {
+    const FunctionSpec& spec = c.function.spec();
+    const std::string& name = spec.body.name;
+    rpc::ProgramNode* node = proto.add_nodes();
+    node->set_function_key(c.function.state_->key);
+    node->set_function_name(name);
+    node->set_slice_id(c.slice.id());
+    std::vector<std::string> hosts;
+    AddHosts(c.slice, hosts);
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
+      rpc::ValueRef* v = node->add_inputs();
+      v->set_is_arg(c.inputs[i].is_arg);
+      v->set_index(c.inputs[i].index);
+      v->set_output(c.inputs[i].output);
+      *node->add_input_specs() = pathways::ToProto(spec.inputs[i]);
+      PartitionSpec in = OrReplicated(spec.in_shardings, i, spec.inputs[i].shape);
+      auto sharding = Sharding::Create(c.slice.mesh(), in, spec.inputs[i].shape);
+      if (!sharding.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("function '", name, "' input ", i, ": ", sharding.status().message()));
+      }
+      *node->add_in_shardings() = ToProto(in, spec.inputs[i].shape.size());
+      AddHosts(value_slice(c.inputs[i]), hosts);
+    }
+    std::vector<Sharding> outs;
+    for (size_t j = 0; j < spec.outputs.size(); ++j) {
+      *node->add_output_specs() = pathways::ToProto(spec.outputs[j]);
+      PartitionSpec out = OrReplicated(spec.out_shardings, j, spec.outputs[j].shape);
+      auto sharding = Sharding::Create(c.slice.mesh(), out, spec.outputs[j].shape);
+      if (!sharding.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("function '", name, "' output ", j, ": ", sharding.status().message()));
+      }
+      *node->add_out_shardings() = ToProto(out, spec.outputs[j].shape.size());
+      outs.push_back(*std::move(sharding));
+    }
+    lowering->out_shardings.push_back(std::move(outs));
+    lowering->output_offsets.push_back(lowering->num_outputs);
+    lowering->num_outputs += static_cast<int64_t>(spec.outputs.size());
+    lowering->node_hosts.push_back(std::move(hosts));
+  }
+  CountLowering();
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = lowerings_cache_.emplace(key, lowering);
+  return it->second;
+}
+
+namespace {
+
+// Completes when every shard of the array is computed. Assumes the producing op was pushed.
+Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
+                         const std::shared_ptr<const ShardedArray::State>& state);
+
+struct Segment {
+  int first;
+  int last;
+  bool wait_until_computed;  // the last node declares data-dependent shapes
+  std::vector<std::string> hosts;
+};
+
+// Pushes a run's segments one after another: each once the previous one is enqueued on all its
+// hosts (or computed, after a data-dependent node). Holds the run's outputs until the end.
+struct SegmentedDispatch {
+  std::shared_ptr<ClientCore> core;
+  rpc::RunProgramOp op;
+  std::vector<Segment> segments;
+  std::vector<std::vector<std::shared_ptr<const ShardedArray::State>>> node_outputs;
+  Promise<Unit> done;
+
+  static void Next(std::shared_ptr<SegmentedDispatch> d, size_t k) {
+    const Segment& seg = d->segments[k];
+    for (const std::string& host : seg.hosts) {
+      rpc::Op op;
+      *op.mutable_run() = d->op;
+      op.mutable_run()->set_first_node(seg.first);
+      op.mutable_run()->set_last_node(seg.last);
+      d->core->Push(host, std::move(op));
+    }
+    if (k + 1 == d->segments.size()) {
+      d->done.Set(Unit{});
+      return;
+    }
+    std::vector<Future<Unit>> waits;
+    if (seg.wait_until_computed) {
+      for (const auto& out : d->node_outputs[seg.last]) waits.push_back(ShardsReady(d->core, out));
+    } else {
+      for (const std::string& host : seg.hosts) waits.push_back(d->core->queue(host)->Flushed());
+    }
+    JoinAll(waits).OnReady([d, k](const absl::StatusOr<std::vector<Unit>>& r) {
+      if (!r.ok()) {
+        d->done.Set(r.status());
+        return;
+      }
+      Next(d, k + 1);
+    });
+  }
+};
+
+}  // namespace
+
+absl::Status Client::CheckArrays(const std::string& what, const char* noun,
+                                 const std::vector<TensorSpec>& specs,
+                                 absl::Span<const ShardedArray> arrays) const {
+  if (arrays.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " takes ", specs.size(), " ", noun, "s, got ", arrays.size()));
+  }
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    if (!arrays[i].state_ || arrays[i].state_->core.get() != core_.get()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", noun, " ", i, " is not an array of this client"));
+    }
+    if (arrays[i].spec() != specs[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", noun, " ", i, " must be ", specs[i].ToString(),
+                                                     ", got ", arrays[i].spec().ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, absl::Span<const ShardedArray> args,
+                                                      const RunOptions& options) {
+  PW_RETURN_IF_ERROR(CheckArrays(absl::StrCat("program '", program.name(), "'"), "argument",
+                                 program.arg_specs(), args));
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<ClientCore::Lowering> lowering, core_->Lower(program, args));
+
+  // Hosts that joined after Compile get the bodies now; hosts new to this lowering get it once.
+  for (const Program::Call& c : program.calls()) {
+    std::vector<std::string> missing;
+    {
+      absl::MutexLock lock(&c.function.state_->mu);
+      for (const std::string& host : c.slice.host_addresses()) {
+        if (!c.function.state_->compiled_on.contains(host)) missing.push_back(host);
+      }
+    }
+    if (!missing.empty()) PW_RETURN_IF_ERROR(core_->CompileOn(*c.function.state_, missing));
+  }
+  // An argument still being dispatched by a sequential run: wait until its op is pushed, so
+  // this run's ops follow it in every host's queue.
+  for (const ShardedArray& a : args) {
+    if (!a.state_->dispatched.IsReady()) PW_RETURN_IF_ERROR(a.state_->dispatched.Await().status());
+  }
+  {
+    absl::MutexLock lock(&lowering->mu);
+    for (const std::string& host : lowering->hosts) {
+      if (!lowering->registered_on.insert(host).second) continue;
+      rpc::Op op;
+      *op.mutable_register_program()->mutable_program() = lowering->proto;
+      core_->Push(host, std::move(op));
+    }
+  }
+
+  const int num_nodes = static_cast<int>(program.calls().size());
+  std::vector<Segment> segments;
+  if (options.dispatch == RunOptions::Dispatch::kSequential) {
+    for (int n = 0; n < num_nodes; ++n) {
+      segments.push_back({n, n, program.calls()[n].data_dependent_shapes, lowering->node_hosts[n]});
+    }
+  } else {
+    int first = 0;
+    for (int n = 0; n < num_nodes; ++n) {
+      if (n + 1 == num_nodes || program.calls()[n].data_dependent_shapes) {
+        Segment seg{first, n, program.calls()[n].data_dependent_shapes, {}};
+        for (int m = first; m <= n; ++m) {
+          for (const std::string& h : lowering->node_hosts[m]) {
+            if (std::find(seg.hosts.begin(), seg.hosts.end(), h) == seg.hosts.end()) seg.hosts.push_back(h);
+          }
+        }
+        segments.push_back(std::move(seg));
+        first = n + 1;
+      }
+    }
+  }
+
+  auto dispatch = std::make_shared<SegmentedDispatch>();
+  dispatch->core = core_;
+  rpc::RunProgramOp& op = dispatch->op;
+  op.set_program_id(lowering->id);
+  op.set_run_id(core_->NextRunId());
+  for (const ShardedArray& a : args) op.add_arg_array_ids(a.id());
+  const ArrayId base = core_->ReserveArrayIds(lowering->num_outputs);
+  op.set_output_array_base(base);
+  dispatch->segments = std::move(segments);
+  // With one segment (parallel dispatch, no data-dependent node) this is ready when Run returns.
+  Future<Unit> dispatched = dispatch->done.future();
+  for (int n = 0; n < num_nodes; ++n) {
+    const Program::Call& c = program.calls()[n];
+    std::vector<std::shared_ptr<const ShardedArray::State>> outs;
+    for (size_t j = 0; j < c.function.spec().outputs.size(); ++j) {
+      auto state = std::make_shared<ShardedArray::State>(ShardedArray::State{
+          core_, base + lowering->output_offsets[n] + static_cast<int64_t>(j), c.function.spec().outputs[j],
+          lowering->out_shardings[n][j], c.slice});
+      state->dispatched = dispatched;
+      outs.push_back(std::move(state));
+    }
+    dispatch->node_outputs.push_back(std::move(outs));
+  }
+  std::vector<ShardedArray> results;
+  for (const Program::Value& v : program.results()) {
+    ShardedArray r;
+    r.state_ = dispatch->node_outputs[v.index][v.output];
+    results.push_back(std::move(r));
+  }
+  SegmentedDispatch::Next(std::move(dispatch), 0);
+  return results;
+}
+
+absl::StatusOr<std::string> Client::DescribeLowering(const Program& program, absl::Span<const ShardedArray> args) {
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<ClientCore::Lowering> lowering, core_->Lower(program, args));
+  const rpc::ProgramProto& p = lowering->proto;
+  std::string out = absl::StrCat("lowered program ", p.name(), " (id ", p.program_id(), ") on ",
+                                 lowering->hosts.size(), " hosts\n");
+  for (const rpc::SliceProto& s : p.slices()) {
+    std::map<std::string, std::vector<int64_t>> by_host;
+    for (int64_t i = 0; i < s.devices_size(); ++i) by_host[s.devices(i).host_address()].push_back(i);
+    absl::StrAppend(&out, "  slice ", s.slice_id(), ": ", s.devices_size(), " devices\n");
+    for (const auto& [host, shards] : by_host) {
+      absl::StrAppend(&out, "    ", host, ": shards ", shards.front(), "..", shards.back(), " (", shards.size(), ")\n");
+    }
+  }
+  for (int n = 0; n < p.nodes_size(); ++n) {
+    absl::StrAppend(&out, "  node ", n, " ", p.nodes(n).function_name(), " on slice ", p.nodes(n).slice_id(),
+                    ", set up by ", absl::StrJoin(lowering->node_hosts[n], " "), "\n");
+  }
+  return out;
+}
+
+ClientStats Client::stats() const { return core_->stats(); }
+
+absl::StatusOr<Program> ClientCore::OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice) {
+  std::pair<const void*, int64_t> key{function.state_.get(), slice.id()};
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = one_node_programs_.find(key);
+    if (it != one_node_programs_.end()) return it->second;
+  }
+  ProgramBuilder builder(function.name());
+  std::vector<TracedValue> args;
+  for (const TensorSpec& spec : function.spec().inputs) args.push_back(builder.Arg(spec));
+  PW_ASSIGN_OR_RETURN(std::vector<TracedValue> outputs, builder.Call(function, slice, args));
+  PW_ASSIGN_OR_RETURN(Program program, builder.Build(outputs));
+  absl::MutexLock lock(&mu_);
+  return one_node_programs_.emplace(key, program).first->second;
+}
+
+absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& function, const VirtualSlice& slice,
                                                        absl::Span<const ShardedArray> inputs) {
   if (!function.state_ || function.state_->owner != core_.get()) {
     return absl::InvalidArgumentError("Call of a function that this client did not compile");
@@ -320,125 +681,12 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& f
   if (!slice.data_ || slice.data_->owner != core_.get()) {
     return absl::InvalidArgumentError("Call on a slice that this client did not create");
   }
-  const FunctionSpec& spec = function.spec();
-  const std::string& name = spec.body.name;
-  if (inputs.size() != spec.inputs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("function '", name, "' takes ", spec.inputs.size(),
-                                                   " inputs, got ", inputs.size()));
-  }
-  std::vector<Sharding> in_shardings, out_shardings;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].state_ || inputs[i].state_->core.get() != core_.get()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("function '", name, "' input ", i, " is not an array of this client"));
-    }
-    if (inputs[i].spec() != spec.inputs[i]) {
-      return absl::InvalidArgumentError(absl::StrCat("function '", name, "' input ", i, " must be ",
-                                                     spec.inputs[i].ToString(), ", got ",
-                                                     inputs[i].spec().ToString()));
-    }
-    auto s = Sharding::Create(slice.mesh(), spec.in_shardings.empty() ? PartitionSpec{} : spec.in_shardings[i],
-                              spec.inputs[i].shape);
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("function '", name, "' input ", i, ": ", s.status().message()));
-    }
-    in_shardings.push_back(*std::move(s));
-  }
-  for (size_t j = 0; j < spec.outputs.size(); ++j) {
-    auto s = Sharding::Create(slice.mesh(), spec.out_shardings.empty() ? PartitionSpec{} : spec.out_shardings[j],
-                              spec.outputs[j].shape);
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("function '", name, "' output ", j, ": ", s.status().message()));
-    }
-    out_shardings.push_back(*std::move(s));
-  }
-
-  // Hosts that joined after Compile get the body now.
-  std::vector<std::string> missing;
-  {
-    absl::MutexLock lock(&function.state_->mu);
-    for (const std::string& host : slice.host_addresses()) {
-      if (!function.state_->compiled_on.contains(host)) missing.push_back(host);
-    }
-  }
-  if (!missing.empty()) PW_RETURN_IF_ERROR(core_->CompileOn(*function.state_, missing));
-
-  std::vector<ShardedArray> outputs;
-  for (size_t j = 0; j < spec.outputs.size(); ++j) {
-    ShardedArray out;
-    out.state_ = std::make_shared<ShardedArray::State>(
-        ShardedArray::State{core_, core_->NextArrayId(), spec.outputs[j], out_shardings[j], slice});
-    outputs.push_back(std::move(out));
-  }
-
-  std::map<std::string, rpc::Op> per_host;  // one ExecuteOp per host, covering its shards
-  for (int64_t d = 0; d < slice.num_devices(); ++d) {
-    const PhysicalDeviceInfo& dev = slice.devices()[d];
-    auto [it, inserted] = per_host.try_emplace(dev.host_address);
-    rpc::ExecuteOp* op = it->second.mutable_execute();
-    if (inserted) {
-      op->set_function_key(function.state_->key);
-      op->set_function_name(name);
-      for (size_t j = 0; j < outputs.size(); ++j) {
-        op->add_output_array_ids(outputs[j].id());
-        *op->add_output_specs() = ToProto(TensorSpec{spec.outputs[j].dtype, out_shardings[j].local_shape()});
-      }
-    }
-    rpc::ShardExecution* shard = op->add_shards();
-    shard->set_shard(static_cast<int32_t>(d));
-    shard->set_local_device(dev.local_index);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const ShardedArray::State& src = *inputs[i].state_;
-      rpc::ShardInput* input = shard->add_inputs();
-      *input->mutable_spec() = ToProto(TensorSpec{spec.inputs[i].dtype, in_shardings[i].local_shape()});
-      const Region target = in_shardings[i].ShardRegion(d);
-      // Each distinct source region that overlaps the target, read from its closest replica.
-      struct Source {
-        Region region;
-        int64_t shard;
-        int score;  // 2: same device, 1: same host, 0: another host
-      };
-      std::vector<Source> sources;
-      for (int64_t s = 0; s < src.sharding.num_shards(); ++s) {
-        Region r = src.sharding.ShardRegion(s);
-        if (!Intersect(r, target).has_value()) continue;
-        const PhysicalDeviceInfo& sdev = src.slice.devices()[s];
-        int score = sdev.device_id == dev.device_id ? 2 : sdev.host_address == dev.host_address ? 1 : 0;
-        auto same = std::find_if(sources.begin(), sources.end(),
-                                 [&](const Source& x) { return x.region == r; });
-        if (same == sources.end()) {
-          sources.push_back({r, s, score});
-        } else if (score > same->score) {
-          *same = {r, s, score};
-        }
-      }
-      for (const Source& source : sources) {
-        Region overlap = *Intersect(source.region, target);
-        Shape src_start = Sub(overlap.start, source.region.start);
-        rpc::InputPiece* piece = input->add_pieces();
-        for (int64_t v : Sub(overlap.start, target.start)) piece->add_dst_start(v);
-        const std::string& src_host = src.slice.devices()[source.shard].host_address;
-        if (src_host == dev.host_address) {
-          piece->mutable_local()->set_array_id(src.id);
-          piece->mutable_local()->set_shard(static_cast<int32_t>(source.shard));
-          SetRegion(src_start, overlap.size, piece->mutable_src_region());
-        } else {
-          TransferKey key = core_->NextTransferKey();
-          rpc::Op send;
-          send.mutable_send()->mutable_source()->set_array_id(src.id);
-          send.mutable_send()->mutable_source()->set_shard(static_cast<int32_t>(source.shard));
-          SetRegion(src_start, overlap.size, send.mutable_send()->mutable_region());
-          send.mutable_send()->set_dest_address(dev.host_address);
-          send.mutable_send()->set_transfer_key(key);
-          core_->queue(src_host)->Push(std::move(send));
-          piece->set_transfer_key(key);
-          SetRegion(Shape(overlap.size.size(), 0), overlap.size, piece->mutable_src_region());
-        }
-      }
-    }
-  }
-  for (auto& [host, op] : per_host) core_->queue(host)->Push(std::move(op));
-  return outputs;
+  PW_RETURN_IF_ERROR(CheckArrays(absl::StrCat("function '", function.name(), "'"), "input",
+                                 function.spec().inputs, inputs));
+  // OpByOp is a one-node program, traced once per (function, slice) and then reused, so its
+  // lowering is cached like any program's.
+  PW_ASSIGN_OR_RETURN(Program program, core_->OneNodeProgram(function, slice));
+  return Run(program, inputs);
 }
 
 namespace {
@@ -449,7 +697,8 @@ Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& ho
   Promise<rpc::FetchResponse> promise;
   Future<rpc::FetchResponse> result = promise.future();
   std::shared_ptr<WorkerClient> worker = core.worker(host);
-  core.queue(host)->Flushed().OnReady(
+  std::shared_ptr<HostOpQueue> queue = core.queue(host);
+  queue->Flushed().OnReady(
       [worker, request = std::move(request), promise = std::move(promise)](
           const absl::StatusOr<Unit>& flushed) mutable {
         if (!flushed.ok()) {
@@ -464,67 +713,104 @@ Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& ho
   return result;
 }
 
-std::map<std::string, std::vector<int32_t>> ShardsByHost(const ShardedArray& array,
-                                                         const std::vector<int64_t>& shards) {
+
+}  // namespace
+
+namespace {
+
+// The distinct shards of an array that a full read needs, fetched from their hosts.
+Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<ClientCore>& core,
+                                                    const ShardedArray::State& state,
+                                                    const std::vector<int64_t>& shards, bool status_only) {
   std::map<std::string, std::vector<int32_t>> by_host;
-  for (int64_t s : shards) {
-    by_host[array.slice().devices()[s].host_address].push_back(static_cast<int32_t>(s));
+  for (int64_t s : shards) by_host[state.slice.devices()[s].host_address].push_back(static_cast<int32_t>(s));
+  std::vector<Future<rpc::FetchResponse>> responses;
+  for (auto& [host, host_shards] : by_host) {
+    rpc::FetchRequest request;
+    request.set_client_id(core->id());
+    request.set_array_id(state.id);
+    request.set_status_only(status_only);
+    for (int32_t s : host_shards) request.add_shards(s);
+    responses.push_back(FetchFromHost(*core, host, std::move(request)));
   }
-  return by_host;
+  return JoinAll(responses);
+}
+
+std::vector<int64_t> AllShards(const Sharding& sharding) {
+  std::vector<int64_t> all(static_cast<size_t>(sharding.num_shards()));
+  for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int64_t>(s);
+  return all;
+}
+
+Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
+                         const std::shared_ptr<const ShardedArray::State>& state) {
+  // Holding the state keeps the shards alive until the answer is in.
+  return FetchShards(core, *state, AllShards(state->sharding), /*status_only=*/true)
+      .Then([state](const std::vector<rpc::FetchResponse>&) { return Unit{}; });
+}
+
+absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::vector<rpc::FetchResponse>& all) {
+  PW_ASSIGN_OR_RETURN(HostArray out, HostArray::Create(state.spec.dtype, state.spec.shape));
+  const Shape& local = state.sharding.local_shape();
+  const TensorSpec expected{state.spec.dtype, local};
+  for (const rpc::FetchResponse& response : all) {
+    for (const rpc::ShardData& shard : response.shards()) {
+      if (shard.shard() < 0 || shard.shard() >= state.sharding.num_shards()) {
+        return absl::InternalError(absl::StrCat("worker returned unknown shard ", shard.shard()));
+      }
+      PW_ASSIGN_OR_RETURN(TensorSpec got, FromProto(shard.spec()));
+      if (got != expected || static_cast<int64_t>(shard.data().size()) != *ByteSize(got.dtype, got.shape)) {
+        return absl::InternalError(absl::StrCat("worker returned shard ", shard.shard(), " as ", got.ToString(),
+                                                ", expected ", expected.ToString()));
+      }
+      Region region = state.sharding.ShardRegion(shard.shard());
+      CopyRegion(shard.data().data(), local, Shape(local.size(), 0), local, DTypeSize(got.dtype),
+                 out.mutable_bytes().data(), out.shape(), region.start);
+    }
+  }
+  return out;
 }
 
 }  // namespace
 
 Future<HostArray> Client::Fetch(const ShardedArray& array) {
-  std::vector<Future<rpc::FetchResponse>> responses;
-  for (auto& [host, shards] : ShardsByHost(array, DistinctShards(array.sharding()))) {
-    rpc::FetchRequest request;
-    request.set_client_id(core_->id());
-    request.set_array_id(array.id());
-    for (int32_t s : shards) request.add_shards(s);
-    responses.push_back(FetchFromHost(*core_, host, std::move(request)));
-  }
-  // Holding the array's state keeps its shards alive until the fetch is done.
+  auto core = core_;
   auto state = array.state_;
-  return JoinAll(responses).Then(
-      [state](const std::vector<rpc::FetchResponse>& all) -> absl::StatusOr<HostArray> {
-        PW_ASSIGN_OR_RETURN(HostArray out, HostArray::Create(state->spec.dtype, state->spec.shape));
-        const Shape& local = state->sharding.local_shape();
-        for (const rpc::FetchResponse& response : all) {
-          for (const rpc::ShardData& shard : response.shards()) {
-            if (shard.shard() < 0 || shard.shard() >= state->sharding.num_shards()) {
-              return absl::InternalError(absl::StrCat("worker returned unknown shard ", shard.shard()));
-            }
-            PW_ASSIGN_OR_RETURN(TensorSpec got, FromProto(shard.spec()));
-            if (got != TensorSpec{state->spec.dtype, local} ||
-                static_cast<int64_t>(shard.data().size()) != *ByteSize(got.dtype, got.shape)) {
-              return absl::InternalError(absl::StrCat("worker returned shard ", shard.shard(), " as ",
-                                                      got.ToString(), ", expected ",
-                                                      TensorSpec{state->spec.dtype, local}.ToString()));
-            }
-            Region region = state->sharding.ShardRegion(shard.shard());
-            CopyRegion(shard.data().data(), local, Shape(local.size(), 0), local,
-                       DTypeSize(got.dtype), out.mutable_bytes().data(), out.shape(), region.start);
+  Promise<HostArray> promise;
+  Future<HostArray> result = promise.future();
+  state->dispatched.OnReady([core, state, promise = std::move(promise)](const absl::StatusOr<Unit>& d) mutable {
+    if (!d.ok()) {
+      promise.Set(d.status());
+      return;
+    }
+    FetchShards(core, *state, DistinctShards(state->sharding), /*status_only=*/false)
+        .OnReady([state, promise = std::move(promise)](
+                     const absl::StatusOr<std::vector<rpc::FetchResponse>>& r) mutable {
+          if (!r.ok()) {
+            promise.Set(r.status());
+          } else {
+            promise.Set(Assemble(*state, *r));
           }
-        }
-        return out;
-      });
+        });
+  });
+  return result;
 }
 
 Future<Unit> Client::Ready(const ShardedArray& array) {
-  std::vector<int64_t> all(static_cast<size_t>(array.sharding().num_shards()));
-  for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int64_t>(s);
-  std::vector<Future<rpc::FetchResponse>> responses;
-  for (auto& [host, shards] : ShardsByHost(array, all)) {
-    rpc::FetchRequest request;
-    request.set_client_id(core_->id());
-    request.set_array_id(array.id());
-    request.set_status_only(true);
-    for (int32_t s : shards) request.add_shards(s);
-    responses.push_back(FetchFromHost(*core_, host, std::move(request)));
-  }
+  auto core = core_;
   auto state = array.state_;
-  return JoinAll(responses).Then([state](const std::vector<rpc::FetchResponse>&) { return Unit{}; });
+  Promise<Unit> promise;
+  Future<Unit> result = promise.future();
+  state->dispatched.OnReady([core, state, promise = std::move(promise)](const absl::StatusOr<Unit>& d) mutable {
+    if (!d.ok()) {
+      promise.Set(d.status());
+      return;
+    }
+    ShardsReady(core, state).OnReady([promise = std::move(promise)](const absl::StatusOr<Unit>& r) mutable {
+      promise.Set(r);
+    });
+  });
+  return result;
 }
 
 }  // namespace pathways

@@ -21,6 +21,27 @@
 namespace pathways {
 
 class ClientCore;
+class Program;
+
+struct RunOptions {
+  enum class Dispatch {
+    // Every host sets up all of a run's nodes as soon as the run arrives (paper Figure 4b).
+    kParallel,
+    // Node k's host-side work starts only once node k-1 is enqueued on every host (Figure 4a),
+    // for comparison.
+    kSequential,
+  };
+  Dispatch dispatch = Dispatch::kParallel;
+};
+
+// What the client has sent, for tests and benchmarks that check per-run costs.
+struct ClientStats {
+  int64_t ops_sent = 0;  // every op: puts, program registrations, runs, frees
+  int64_t op_bytes_sent = 0;
+  int64_t run_ops_sent = 0;  // the ops that start runs
+  int64_t run_op_bytes_sent = 0;
+  int64_t lowerings = 0;  // programs lowered (not found in the lowering cache)
+};
 
 // A request for devices: a 1-, 2- or 3-D mesh, optionally pinned to one island.
 struct SliceSpec {
@@ -69,6 +90,9 @@ struct FunctionSpec {
   std::vector<TensorSpec> outputs;
   std::vector<PartitionSpec> in_shardings;   // one per input; empty: all replicated
   std::vector<PartitionSpec> out_shardings;  // one per output; empty: all replicated
+  // Declares that what the function's successors need depends on its computed values. Hosts
+  // then set up the successors only after it has run (sequential dispatch), instead of at once.
+  bool data_dependent_shapes = false;
 
   static FunctionSpec Builtin(std::string kernel, std::vector<TensorSpec> inputs,
                               std::vector<TensorSpec> outputs,
@@ -86,10 +110,11 @@ class CompiledFunction {
   const std::string& name() const;
   const FunctionSpec& spec() const;
 
+  struct State;  // opaque: defined inside the client library
+
  private:
   friend class Client;
   friend class ClientCore;
-  struct State;
   std::shared_ptr<State> state_;
 };
 
@@ -103,10 +128,11 @@ class ShardedArray {
   const VirtualSlice& slice() const;
   std::string ToString() const;
 
+  struct State;  // opaque: defined inside the client library
+
  private:
   friend class Client;
   friend class ClientCore;
-  struct State;
   std::shared_ptr<const State> state_;
 };
 
@@ -132,6 +158,18 @@ class Client {
   absl::StatusOr<std::vector<ShardedArray>> Call(const CompiledFunction& function,
                                                  const VirtualSlice& slice,
                                                  absl::Span<const ShardedArray> inputs);
+  // Runs a traced program with one client call. Returns the program's results at once, as
+  // futures. Lowering (virtual to physical devices, transfers between differently laid out
+  // values) is cached per program and argument placement; each run sends one small message per
+  // host, whatever the number of shards.
+  absl::StatusOr<std::vector<ShardedArray>> Run(const Program& program,
+                                                absl::Span<const ShardedArray> args,
+                                                const RunOptions& options = {});
+  // The lowered form of `program` for these arguments: physical devices per slice, hosts per node.
+  absl::StatusOr<std::string> DescribeLowering(const Program& program,
+                                               absl::Span<const ShardedArray> args);
+  ClientStats stats() const;
+
   // The whole array, once computed; or the error that prevented it.
   Future<HostArray> Fetch(const ShardedArray& array);
   // Completes when every shard is computed (or with the error).
@@ -139,6 +177,9 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<ClientCore> core);
+  // Arrays given to a function or program: right number, right specs, this client's.
+  absl::Status CheckArrays(const std::string& what, const char* noun, const std::vector<TensorSpec>& specs,
+                           absl::Span<const ShardedArray> arrays) const;
   std::shared_ptr<ClientCore> core_;
 };
 

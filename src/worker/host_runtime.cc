@@ -92,34 +92,17 @@ absl::StatusOr<std::string> HostRuntime::Compile(const rpc::FunctionBodyProto& p
 }
 
 absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
-  auto check_device = [&](int32_t d) -> absl::Status {
-    if (d < 0 || d >= num_devices()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device ", d, " does not exist on ", name(), " (", num_devices(), " devices)"));
-    }
-    return absl::OkStatus();
-  };
   switch (op.kind_case()) {
-    case rpc::Op::kExecute: {
-      const auto& e = op.execute();
-      if (e.output_array_ids_size() != e.output_specs_size()) {
-        return absl::InvalidArgumentError("execute op: output ids and specs differ in number");
-      }
-      for (const auto& spec : e.output_specs()) PW_RETURN_IF_ERROR(FromProto(spec).status());
-      for (const auto& shard : e.shards()) {
-        PW_RETURN_IF_ERROR(check_device(shard.local_device()));
-        for (const auto& input : shard.inputs()) PW_RETURN_IF_ERROR(FromProto(input.spec()).status());
-      }
-      return absl::OkStatus();
-    }
-    case rpc::Op::kSend:
-      if (op.send().dest_address().empty()) return absl::InvalidArgumentError("send op without a destination");
-      return absl::OkStatus();
-    case rpc::Op::kPut:
-      PW_RETURN_IF_ERROR(check_device(op.put().local_device()));
-      return FromProto(op.put().spec()).status();
+    case rpc::Op::kRegisterProgram:
+    case rpc::Op::kRun:
     case rpc::Op::kFree:
-      return absl::OkStatus();
+      return absl::OkStatus();  // checked against the registered programs when applied
+    case rpc::Op::kPut:
+      if (op.put().local_device() < 0 || op.put().local_device() >= num_devices()) {
+        return absl::InvalidArgumentError(absl::StrCat("device ", op.put().local_device(), " does not exist on ",
+                                                       name(), " (", num_devices(), " devices)"));
+      }
+      return FromProto(op.put().spec()).status();
     default:
       return absl::InvalidArgumentError("op of unknown kind");
   }
@@ -127,119 +110,191 @@ absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
 
 absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
   if (request.client_id().empty()) return absl::InvalidArgumentError("request has no client id");
-  // Validate the whole batch first, so a malformed batch is rejected without being half-applied.
   for (int i = 0; i < request.ops_size(); ++i) {
     absl::Status s = ValidateOp(request.ops(i));
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("op ", i, ": ", s.message()));
   }
   const std::string& client = request.client_id();
-  for (const rpc::Op& op : request.ops()) {
+  for (int i = 0; i < request.ops_size(); ++i) {
+    const rpc::Op& op = request.ops(i);
+    absl::Status s;
     switch (op.kind_case()) {
-      case rpc::Op::kExecute: Execute(client, op.execute()); break;
-      case rpc::Op::kSend: Send(client, op.send()); break;
+      case rpc::Op::kRegisterProgram: s = RegisterProgram(client, op.register_program().program()); break;
+      case rpc::Op::kRun: s = RunProgram(client, op.run()); break;
       case rpc::Op::kPut: Put(client, op.put()); break;
       case rpc::Op::kFree: store_.FreeArray(client, op.free().array_id()); break;
       default: break;
     }
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("op ", i, ": ", s.message()));
   }
   return absl::OkStatus();
 }
 
-void HostRuntime::Execute(const std::string& client, const rpc::ExecuteOp& op) {
-  std::shared_ptr<const Executable> exe = functions_.Lookup(op.function_key());
-  std::vector<TensorSpec> out_specs;
-  for (const auto& spec : op.output_specs()) out_specs.push_back(*FromProto(spec));
+absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::ProgramProto& proto) {
+  PW_ASSIGN_OR_RETURN(auto program, LoweredProgram::Create(proto, address_, num_devices()));
+  absl::MutexLock lock(&programs_mu_);
+  programs_[{client, program->id()}] = std::move(program);
+  return absl::OkStatus();
+}
 
-  for (const rpc::ShardExecution& shard : op.shards()) {
-    // Output entries exist from now on, so later ops can consume them before they are computed.
-    auto outputs = std::make_shared<std::vector<Promise<BufferPtr>>>(out_specs.size());
-    for (size_t j = 0; j < out_specs.size(); ++j) {
-      store_.Put(client, {op.output_array_ids(j), shard.shard()}, (*outputs)[j].future());
-    }
-    auto fail = [outputs](const absl::Status& s) {
-      for (auto& p : *outputs) p.Set(s);
-    };
-    if (exe == nullptr) {
-      fail(absl::NotFoundError(absl::StrCat("function '", op.function_name(),
-                                            "' is not compiled on host ", name())));
-      continue;
-    }
-    auto plans = std::make_shared<std::vector<InputPlan>>();
-    std::vector<Future<BufferPtr>> piece_futures;
-    for (const rpc::ShardInput& input : shard.inputs()) {
-      InputPlan plan;
-      plan.spec = *FromProto(input.spec());
-      plan.first_piece = piece_futures.size();
-      for (const rpc::InputPiece& piece : input.pieces()) {
-        if (piece.has_local()) {
-          piece_futures.push_back(
-              store_.Get(client, {piece.local().array_id(), piece.local().shard()}));
-        } else {
-          piece_futures.push_back(store_.ExpectTransfer(client, piece.transfer_key()));
-        }
-        plan.src_regions.push_back(FromProto(piece.src_region()));
-        plan.dst_starts.emplace_back(piece.dst_start().begin(), piece.dst_start().end());
+absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunProgramOp& run) {
+  std::shared_ptr<const LoweredProgram> program;
+  {
+    absl::MutexLock lock(&programs_mu_);
+    auto it = programs_.find({client, run.program_id()});
+    if (it != programs_.end()) program = it->second;
+  }
+  if (program == nullptr) {
+    return absl::NotFoundError(absl::StrCat("program ", run.program_id(), " is not registered on ", name()));
+  }
+  if (run.arg_array_ids_size() != static_cast<int>(program->args().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("program '", program->name(), "' takes ", program->args().size(),
+                                                   " arguments, run gave ", run.arg_array_ids_size()));
+  }
+  const int num_nodes = static_cast<int>(program->nodes().size());
+  if (run.first_node() < 0 || run.last_node() >= num_nodes || run.first_node() > run.last_node()) {
+    return absl::InvalidArgumentError(absl::StrCat("nodes ", run.first_node(), "..", run.last_node(),
+                                                   " are not in program '", program->name(), "' of ", num_nodes, " nodes"));
+  }
+  // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
+  // now, before any of them has run.
+  for (int n = run.first_node(); n <= run.last_node(); ++n) {
+    SendInputs(client, *program, n, run);
+    for (int64_t shard : program->nodes()[n].slice->local_shards) ExecuteShard(client, *program, n, shard, run);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+ArrayId ValueArrayId(const LoweredProgram& program, const LoweredValue& v, const rpc::RunProgramOp& run) {
+  if (v.is_arg) return run.arg_array_ids(v.index);
+  return run.output_array_base() + program.nodes()[v.index].output_offset + v.output;
+}
+
+}  // namespace
+
+void HostRuntime::SendInputs(const std::string& client, const LoweredProgram& program, int node_index,
+                             const rpc::RunProgramOp& run) {
+  const LoweredNode& node = program.nodes()[node_index];
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    Placement src = program.PlacementOf(node.inputs[i]);
+    bool holds_any = false;
+    for (const DeviceLocation& d : *src.devices) holds_any |= d.host == address_;
+    if (!holds_any) continue;
+    Placement dst{&node.in_shardings[i], &node.slice->devices};
+    const ArrayId array = ValueArrayId(program, node.inputs[i], run);
+    for (int64_t d = 0; d < static_cast<int64_t>(node.slice->devices.size()); ++d) {
+      const std::string& dest = node.slice->devices[d].host;
+      if (dest == address_) continue;
+      for (const Piece& p : PlanShard(src, dst, d)) {
+        if ((*src.devices)[p.src_shard].host != address_) continue;
+        Send(client, {array, static_cast<int32_t>(p.src_shard)}, p.src_region, dest,
+             {run.run_id(), node_index, static_cast<int32_t>(i), static_cast<int32_t>(d), p.src_shard});
       }
-      plans->push_back(std::move(plan));
     }
-    Device* device = devices_[shard.local_device()].get();
-    std::string function_name = op.function_name();
-    int32_t shard_index = shard.shard();
-    JoinAll(piece_futures)
-        .OnReady([device, exe, plans, outputs, out_specs, function_name, shard_index,
-                  fail](const absl::StatusOr<std::vector<BufferPtr>>& pieces) {
-          if (!pieces.ok()) {
-            fail(absl::Status(pieces.status().code(),
-                              absl::StrCat("input of '", function_name, "' (shard ", shard_index,
-                                           "): ", pieces.status().message())));
-            return;
-          }
-          device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard_index,
-                           fail, pieces = *pieces]() {
-            auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
-              std::vector<BufferPtr> inputs;
-              for (size_t i = 0; i < plans->size(); ++i) {
-                auto in = AssembleInput(*device, (*plans)[i], pieces);
-                if (!in.ok()) {
-                  return absl::Status(in.status().code(),
-                                      absl::StrCat("function '", function_name, "' input ", i,
-                                                   " (shard ", shard_index, "): ",
-                                                   in.status().message()));
-                }
-                inputs.push_back(*std::move(in));
-              }
-              std::vector<BufferPtr> results;
-              for (const TensorSpec& spec : out_specs) {
-                PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape));
-                results.push_back(std::move(out));
-              }
-              std::vector<const DeviceBuffer*> in_ptrs;
-              for (auto& b : inputs) in_ptrs.push_back(b.get());
-              std::vector<DeviceBuffer*> out_ptrs;
-              for (auto& b : results) out_ptrs.push_back(b.get());
-              PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
-              return results;
-            };
-            auto results = run();
-            if (!results.ok()) {
-              fail(results.status());
-              return;
-            }
-            for (size_t j = 0; j < results->size(); ++j) (*outputs)[j].Set((*results)[j]);
-          });
-        });
   }
 }
 
-void HostRuntime::Send(const std::string& client, const rpc::SendOp& op) {
-  Region region = FromProto(op.region());
-  std::string dest = op.dest_address();
-  TransferKey key = op.transfer_key();
-  store_.Get(client, {op.source().array_id(), op.source().shard()})
-      .OnReady(io_pool_, [this, client, region, dest, key](const absl::StatusOr<BufferPtr>& src) {
+void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& program, int node_index,
+                               int64_t shard, const rpc::RunProgramOp& run) {
+  const LoweredNode& node = program.nodes()[node_index];
+  const int32_t shard32 = static_cast<int32_t>(shard);
+  // Output entries exist from now on, so later nodes and runs can consume them before they are
+  // computed.
+  auto outputs = std::make_shared<std::vector<Promise<BufferPtr>>>(node.output_specs.size());
+  std::vector<TensorSpec> out_specs;
+  for (size_t j = 0; j < node.output_specs.size(); ++j) {
+    store_.Put(client, {run.output_array_base() + node.output_offset + static_cast<int64_t>(j), shard32},
+               (*outputs)[j].future());
+    out_specs.push_back({node.output_specs[j].dtype, node.out_shardings[j].local_shape()});
+  }
+  auto fail = [outputs](const absl::Status& s) {
+    for (auto& p : *outputs) p.Set(s);
+  };
+  std::shared_ptr<const Executable> exe = functions_.Lookup(node.function_key);
+  if (exe == nullptr) {
+    fail(absl::NotFoundError(absl::StrCat("function '", node.function_name, "' is not compiled on host ", name())));
+    return;
+  }
+  auto plans = std::make_shared<std::vector<InputPlan>>();
+  std::vector<Future<BufferPtr>> piece_futures;
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    Placement src = program.PlacementOf(node.inputs[i]);
+    Placement dst{&node.in_shardings[i], &node.slice->devices};
+    const ArrayId array = ValueArrayId(program, node.inputs[i], run);
+    InputPlan plan;
+    plan.spec = {node.input_specs[i].dtype, node.in_shardings[i].local_shape()};
+    plan.first_piece = piece_futures.size();
+    for (const Piece& p : PlanShard(src, dst, shard)) {
+      if ((*src.devices)[p.src_shard].host == address_) {
+        piece_futures.push_back(store_.Get(client, {array, static_cast<int32_t>(p.src_shard)}));
+        plan.src_regions.push_back(p.src_region);
+      } else {
+        piece_futures.push_back(store_.ExpectTransfer(
+            client, {run.run_id(), node_index, static_cast<int32_t>(i), shard32, p.src_shard}));
+        plan.src_regions.push_back({Shape(p.src_region.size.size(), 0), p.src_region.size});
+      }
+      plan.dst_starts.push_back(p.dst_start);
+    }
+    plans->push_back(std::move(plan));
+  }
+  Device* device = devices_[node.slice->local_devices[shard]].get();
+  std::string function_name = node.function_name;
+  JoinAll(piece_futures)
+      .OnReady([device, exe, plans, outputs, out_specs, function_name, shard,
+                fail](const absl::StatusOr<std::vector<BufferPtr>>& pieces) {
+        if (!pieces.ok()) {
+          fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
+                                                                 "): ", pieces.status().message())));
+          return;
+        }
+        device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail,
+                         pieces = *pieces]() {
+          auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
+            std::vector<BufferPtr> inputs;
+            for (size_t i = 0; i < plans->size(); ++i) {
+              auto in = AssembleInput(*device, (*plans)[i], pieces);
+              if (!in.ok()) {
+                return absl::Status(in.status().code(), absl::StrCat("function '", function_name, "' input ", i,
+                                                                     " (shard ", shard, "): ", in.status().message()));
+              }
+              inputs.push_back(*std::move(in));
+            }
+            std::vector<BufferPtr> results;
+            for (const TensorSpec& spec : out_specs) {
+              PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape));
+              results.push_back(std::move(out));
+            }
+            std::vector<const DeviceBuffer*> in_ptrs;
+            for (auto& b : inputs) in_ptrs.push_back(b.get());
+            std::vector<DeviceBuffer*> out_ptrs;
+            for (auto& b : results) out_ptrs.push_back(b.get());
+            PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
+            return results;
+          };
+          auto results = run();
+          if (!results.ok()) {
+            fail(results.status());
+            return;
+          }
+          for (size_t j = 0; j < results->size(); ++j) (*outputs)[j].Set((*results)[j]);
+        });
+      });
+}
+
+void HostRuntime::Send(const std::string& client, ObjectStore::ShardKey source, const Region& region,
+                       const std::string& dest, const ObjectStore::TransferId& id) {
+  store_.Get(client, source)
+      .OnReady(io_pool_, [this, client, region, dest, id](const absl::StatusOr<BufferPtr>& src) {
         rpc::TransferRequest request;
         request.set_client_id(client);
-        request.set_transfer_key(key);
+        rpc::TransferId* t = request.mutable_transfer();
+        t->set_run_id(id.run_id);
+        t->set_node(id.node);
+        t->set_input(id.input);
+        t->set_dst_shard(id.dst_shard);
+        t->set_src_shard(id.src_shard);
         absl::Status status = src.status();
         if (status.ok()) status = CheckRegionInside(region, (*src)->shape());
         if (status.ok()) {
@@ -247,26 +302,24 @@ void HostRuntime::Send(const std::string& client, const rpc::SendOp& op) {
           *request.mutable_spec() = ToProto(TensorSpec{b.dtype(), region.size});
           std::string* data = request.mutable_data();
           data->resize(static_cast<size_t>(*ByteSize(b.dtype(), region.size)));
-          CopyRegion(b.data(), b.shape(), region.start, region.size, DTypeSize(b.dtype()),
-                     data->data(), region.size, Shape(region.size.size(), 0));
+          CopyRegion(b.data(), b.shape(), region.start, region.size, DTypeSize(b.dtype()), data->data(),
+                     region.size, Shape(region.size.size(), 0));
         } else {
           request.set_error_code(static_cast<int>(status.code()));
           request.set_error_message(absl::StrCat("from host ", name(), ": ", status.message()));
         }
-        if (dest == address_) {
-          ReceiveTransfer(request);
-          return;
-        }
         WorkerClientCache::Global().Get(dest)->Transfer(request).OnReady(
-            [dest, key](const absl::StatusOr<rpc::TransferResponse>& r) {
-              if (!r.ok()) PW_LOG(Warning) << "transfer " << key << " to " << dest << " failed: " << r.status();
+            [dest](const absl::StatusOr<rpc::TransferResponse>& r) {
+              if (!r.ok()) PW_LOG(Warning) << "transfer to " << dest << " failed: " << r.status();
             });
       });
 }
 
 void HostRuntime::ReceiveTransfer(const rpc::TransferRequest& request) {
+  const rpc::TransferId& t = request.transfer();
   auto deliver = [&](absl::StatusOr<BufferPtr> data) {
-    store_.DeliverTransfer(request.client_id(), request.transfer_key(), std::move(data));
+    store_.DeliverTransfer(request.client_id(), {t.run_id(), t.node(), t.input(), t.dst_shard(), t.src_shard()},
+                           std::move(data));
   };
   if (request.error_code() != 0) {
     deliver(absl::Status(static_cast<absl::StatusCode>(request.error_code()), request.error_message()));
@@ -281,7 +334,7 @@ void HostRuntime::ReceiveTransfer(const rpc::TransferRequest& request) {
   // consuming computation assembles its input there.
   auto size = ByteSize(spec->dtype, spec->shape);
   if (static_cast<int64_t>(request.data().size()) != *size) {
-    deliver(absl::InvalidArgumentError(absl::StrCat("transfer ", request.transfer_key(), " carries ",
+    deliver(absl::InvalidArgumentError(absl::StrCat("transfer of run ", t.run_id(), " carries ",
                                                     request.data().size(), " bytes for ",
                                                     spec->ToString())));
     return;

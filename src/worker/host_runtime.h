@@ -11,6 +11,7 @@
 #include "device/device.h"
 #include "proto/pathways.pb.h"
 #include "transport/worker_client.h"
+#include "worker/lowered_program.h"
 #include "worker/object_store.h"
 
 namespace pathways {
@@ -49,8 +50,16 @@ class HostRuntime {
 
  private:
   absl::Status ValidateOp(const rpc::Op& op) const;
-  void Execute(const std::string& client, const rpc::ExecuteOp& op);
-  void Send(const std::string& client, const rpc::SendOp& op);
+  absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
+  absl::Status RunProgram(const std::string& client, const rpc::RunProgramOp& op);
+  // Sends every block that this host holds and another host's shards of `node` need.
+  void SendInputs(const std::string& client, const LoweredProgram& program, int node_index,
+                  const rpc::RunProgramOp& run);
+  // Wires one local shard of `node` to its inputs and enqueues it on its device.
+  void ExecuteShard(const std::string& client, const LoweredProgram& program, int node_index,
+                    int64_t shard, const rpc::RunProgramOp& run);
+  void Send(const std::string& client, ObjectStore::ShardKey source, const Region& region,
+            const std::string& dest, const ObjectStore::TransferId& id);
   void Put(const std::string& client, const rpc::PutOp& op);
 
   const HostRuntimeOptions options_;
@@ -58,6 +67,9 @@ class HostRuntime {
   std::vector<std::unique_ptr<Device>> devices_;
   ObjectStore store_;
   FunctionCache functions_;
+  absl::Mutex programs_mu_;
+  absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<const LoweredProgram>> programs_
+      ABSL_GUARDED_BY(programs_mu_);
   ThreadPool io_pool_;  // serialises transfers and fetch responses off device threads
 };
 

@@ -36,9 +36,9 @@ int ObjectStore::FreeArray(const std::string& client, ArrayId array_id) {
   return dropped;
 }
 
-Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, TransferKey key) {
+Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const TransferId& id) {
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = transfers_.try_emplace({client, key});
+  auto [it, inserted] = transfers_.try_emplace({client, id});
   Transfer& t = it->second;
   if (inserted) t.future = t.promise.future();
   Future<BufferPtr> f = t.future;
@@ -47,12 +47,12 @@ Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, Transfe
   return f;
 }
 
-void ObjectStore::DeliverTransfer(const std::string& client, TransferKey key,
+void ObjectStore::DeliverTransfer(const std::string& client, const TransferId& id,
                                   absl::StatusOr<BufferPtr> data) {
   Promise<BufferPtr> promise;
   {
     absl::MutexLock lock(&mu_);
-    auto [it, inserted] = transfers_.try_emplace({client, key});
+    auto [it, inserted] = transfers_.try_emplace({client, id});
     Transfer& t = it->second;
     if (inserted) t.future = t.promise.future();
     if (t.delivered) return;  // duplicate delivery: the first one stands

@@ -34,10 +34,25 @@ class ObjectStore {
   // stay alive until that work is done. Returns the number of shards dropped.
   int FreeArray(const std::string& client, ArrayId array_id);
 
+  // Names one block moving host to host: run, consuming node and input, destination shard and
+  // source shard. Sender and receiver derive it independently from the program.
+  struct TransferId {
+    int64_t run_id;
+    int32_t node;
+    int32_t input;
+    int32_t dst_shard;
+    int64_t src_shard;
+    bool operator==(const TransferId&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const TransferId& t) {
+      return H::combine(std::move(h), t.run_id, t.node, t.input, t.dst_shard, t.src_shard);
+    }
+  };
+
   // Rendezvous for host-to-host transfers: the consumer's side (Expect) and the producer's side
-  // (Deliver) meet under (client, key) in either order, and the entry goes away once both came.
-  Future<BufferPtr> ExpectTransfer(const std::string& client, TransferKey key);
-  void DeliverTransfer(const std::string& client, TransferKey key, absl::StatusOr<BufferPtr> data);
+  // (Deliver) meet under (client, id) in either order, and the entry goes away once both came.
+  Future<BufferPtr> ExpectTransfer(const std::string& client, const TransferId& id);
+  void DeliverTransfer(const std::string& client, const TransferId& id, absl::StatusOr<BufferPtr> data);
 
   size_t num_buffers() const;
   size_t num_pending_transfers() const;
@@ -53,7 +68,7 @@ class ObjectStore {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, ClientBuffers> buffers_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::pair<std::string, TransferKey>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<std::string, TransferId>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

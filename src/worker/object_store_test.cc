@@ -34,16 +34,16 @@ TEST(ObjectStoreTest, TransferRendezvousInEitherOrder) {
   CpuDevice device(0, 1 << 20);
   ObjectStore store;
   // Consumer first.
-  Future<BufferPtr> f = store.ExpectTransfer("c", 5);
+  Future<BufferPtr> f = store.ExpectTransfer("c", {1, 0, 0, 0, 5});
   EXPECT_FALSE(f.IsReady());
-  store.DeliverTransfer("c", 5, *device.Allocate(DType::kI32, {2}));
+  store.DeliverTransfer("c", {1, 0, 0, 0, 5}, *device.Allocate(DType::kI32, {2}));
   EXPECT_TRUE(f.Await().ok());
   // Producer first.
-  store.DeliverTransfer("c", 6, absl::UnavailableError("source host lost"));
-  EXPECT_EQ(store.ExpectTransfer("c", 6).Await().status().code(), absl::StatusCode::kUnavailable);
+  store.DeliverTransfer("c", {1, 0, 0, 0, 6}, absl::UnavailableError("source host lost"));
+  EXPECT_EQ(store.ExpectTransfer("c", {1, 0, 0, 0, 6}).Await().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(store.num_pending_transfers(), 0u);
   // Same key, another client: a separate transfer.
-  Future<BufferPtr> other = store.ExpectTransfer("d", 5);
+  Future<BufferPtr> other = store.ExpectTransfer("d", {1, 0, 0, 0, 5});
   EXPECT_FALSE(other.IsReady());
 }
 

@@ -1,0 +1,134 @@
+#include "worker/lowered_program.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "transport/rpc_util.h"
+
+namespace pathways {
+namespace {
+
+constexpr int kMaxNodes = 1 << 20;
+constexpr int kMaxSliceDevices = 1 << 20;
+
+PartitionSpec ToSpec(const rpc::PartitionSpecProto& p) { return PartitionSpec(p.dims().begin(), p.dims().end()); }
+
+absl::StatusOr<Sharding> MakeSharding(const Mesh& mesh, const rpc::PartitionSpecProto& p, const TensorSpec& spec,
+                                      const std::string& what) {
+  auto s = Sharding::Create(mesh, ToSpec(p), spec.shape);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.status().message()));
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
+    const rpc::ProgramProto& proto, const std::string& host, int num_local_devices) {
+  auto program = std::make_shared<LoweredProgram>();
+  program->id_ = proto.program_id();
+  program->name_ = proto.name();
+  if (proto.nodes_size() > kMaxNodes) return absl::InvalidArgumentError("program has too many nodes");
+
+  for (const rpc::SliceProto& sp : proto.slices()) {
+    LoweredSlice slice;
+    PW_ASSIGN_OR_RETURN(slice.mesh, Mesh::Create(std::vector<int64_t>(sp.mesh_dims().begin(), sp.mesh_dims().end()),
+                                                 std::vector<std::string>(sp.axis_names().begin(), sp.axis_names().end()),
+                                                 kMaxSliceDevices));
+    if (slice.mesh.num_devices() != sp.devices_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("slice ", sp.slice_id(), " has ", sp.devices_size(),
+                                                     " devices for mesh ", slice.mesh.ToString()));
+    }
+    for (int64_t i = 0; i < sp.devices_size(); ++i) {
+      const rpc::SliceDevice& d = sp.devices(i);
+      slice.devices.push_back({d.device_id(), d.host_address()});
+      if (std::find(slice.hosts.begin(), slice.hosts.end(), d.host_address()) == slice.hosts.end()) {
+        slice.hosts.push_back(d.host_address());
+      }
+      if (d.host_address() == host) {
+        if (d.local_index() < 0 || d.local_index() >= num_local_devices) {
+          return absl::InvalidArgumentError(absl::StrCat("slice ", sp.slice_id(), " places shard ", i,
+                                                         " on device ", d.local_index(), " of ", host,
+                                                         ", which has ", num_local_devices, " devices"));
+        }
+        slice.local_devices.push_back(d.local_index());
+        slice.local_shards.push_back(i);
+      } else {
+        slice.local_devices.push_back(-1);
+      }
+    }
+    if (!program->slices_.emplace(sp.slice_id(), std::move(slice)).second) {
+      return absl::InvalidArgumentError(absl::StrCat("slice ", sp.slice_id(), " is listed twice"));
+    }
+  }
+  auto find_slice = [&](int64_t id) -> absl::StatusOr<const LoweredSlice*> {
+    auto it = program->slices_.find(id);
+    if (it == program->slices_.end()) return absl::InvalidArgumentError(absl::StrCat("unknown slice ", id));
+    return &it->second;
+  };
+
+  for (int i = 0; i < proto.args_size(); ++i) {
+    const rpc::ProgramArg& a = proto.args(i);
+    LoweredArg arg;
+    PW_ASSIGN_OR_RETURN(arg.spec, FromProto(a.spec()));
+    PW_ASSIGN_OR_RETURN(arg.slice, find_slice(a.slice_id()));
+    PW_ASSIGN_OR_RETURN(arg.sharding, MakeSharding(arg.slice->mesh, a.sharding(), arg.spec, absl::StrCat("argument ", i)));
+    program->args_.push_back(std::move(arg));
+  }
+
+  int64_t offset = 0;
+  for (int n = 0; n < proto.nodes_size(); ++n) {
+    const rpc::ProgramNode& pn = proto.nodes(n);
+    const std::string what = absl::StrCat("node ", n, " ('", pn.function_name(), "')");
+    LoweredNode node;
+    node.function_key = pn.function_key();
+    node.function_name = pn.function_name();
+    PW_ASSIGN_OR_RETURN(node.slice, find_slice(pn.slice_id()));
+    if (pn.inputs_size() != pn.input_specs_size() || pn.inputs_size() != pn.in_shardings_size() ||
+        pn.output_specs_size() != pn.out_shardings_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": inputs, outputs and their shardings differ in number"));
+    }
+    for (int i = 0; i < pn.inputs_size(); ++i) {
+      const rpc::ValueRef& v = pn.inputs(i);
+      PW_ASSIGN_OR_RETURN(TensorSpec spec, FromProto(pn.input_specs(i)));
+      TensorSpec produced;
+      if (v.is_arg()) {
+        if (v.index() < 0 || v.index() >= static_cast<int>(program->args_.size())) {
+          return absl::InvalidArgumentError(absl::StrCat(what, " input ", i, " names argument ", v.index()));
+        }
+        produced = program->args_[v.index()].spec;
+      } else {
+        if (v.index() < 0 || v.index() >= n || v.output() < 0 ||
+            v.output() >= static_cast<int>(program->nodes_[v.index()].output_specs.size())) {
+          return absl::InvalidArgumentError(absl::StrCat(what, " input ", i, " names output ", v.output(),
+                                                         " of node ", v.index(), ", which is not an earlier node's output"));
+        }
+        produced = program->nodes_[v.index()].output_specs[v.output()];
+      }
+      if (produced != spec) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " input ", i, " expects ", spec.ToString(),
+                                                       " but is given ", produced.ToString()));
+      }
+      node.inputs.push_back({v.is_arg(), v.index(), v.output()});
+      node.input_specs.push_back(spec);
+      PW_ASSIGN_OR_RETURN(Sharding s, MakeSharding(node.slice->mesh, pn.in_shardings(i), spec, absl::StrCat(what, " input ", i)));
+      node.in_shardings.push_back(std::move(s));
+    }
+    for (int j = 0; j < pn.output_specs_size(); ++j) {
+      PW_ASSIGN_OR_RETURN(TensorSpec spec, FromProto(pn.output_specs(j)));
+      PW_ASSIGN_OR_RETURN(Sharding s, MakeSharding(node.slice->mesh, pn.out_shardings(j), spec, absl::StrCat(what, " output ", j)));
+      node.output_specs.push_back(spec);
+      node.out_shardings.push_back(std::move(s));
+    }
+    node.output_offset = offset;
+    offset += pn.output_specs_size();
+    program->nodes_.push_back(std::move(node));
+  }
+  return std::shared_ptr<const LoweredProgram>(std::move(program));
+}
+
+Placement LoweredProgram::PlacementOf(const LoweredValue& v) const {
+  if (v.is_arg) return {&args_[v.index].sharding, &args_[v.index].slice->devices};
+  const LoweredNode& p = nodes_[v.index];
+  return {&p.out_shardings[v.output], &p.slice->devices};
+}
+
+}  // namespace pathways
