@@ -1,0 +1,150 @@
+// Dispatch throughput (the paper's Figure 5 set-up) and parallel against sequential dispatch in
+// a pipeline (Figure 7), on embedded clusters. Prints markdown tables; see docs/benchmarks.md.
+//
+//   build/bin/dispatch_bench [--repeats R] [--max-hosts H] [--max-stages K]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+
+#include "client/local_cluster.h"
+#include "client/program.h"
+#include "tools/flags.h"
+
+namespace pathways {
+namespace {
+
+constexpr int kChain = 128;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Seconds(const std::function<void()>& body) {
+  auto start = std::chrono::steady_clock::now();
+  body();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void Check(const HostArray& a, float expected) {
+  if (a.data<float>()[0] != expected) {
+    std::fprintf(stderr, "wrong result %f, expected %f\n", a.data<float>()[0], expected);
+    std::exit(1);
+  }
+}
+
+// Computations per second of a tiny gang computation (add one to an f32[H] split over one
+// device on each of H hosts), dispatched three ways.
+void ThroughputTable(int max_hosts, int repeats) {
+  std::printf("### Dispatch throughput: computations per second (median of %d)\n\n", repeats);
+  std::printf("| hosts | OpByOp | Chained (%d-node program) | Fused (%d-iteration loop) | Chained / OpByOp |\n", kChain, kChain);
+  std::printf("|---|---|---|---|---|\n");
+  for (int hosts = 1; hosts <= max_hosts; hosts *= 2) {
+    auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = hosts, .devices_per_host = 1,
+                                         .device_memory_bytes = 16 << 20});
+    auto client = *cluster->Connect();
+    VirtualSlice slice = *client->CreateSlice({.mesh_shape = {hosts}});
+    const TensorSpec spec{DType::kF32, {hosts}};
+    CompiledFunction inc = *client->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+    CompiledFunction fused = *client->Compile(FunctionSpec::Script(
+        "fused", "def fused(x):\n    for _ in range(128):\n        x = x + 1.0\n    return x\n", {spec}, {spec},
+        {{"x"}}, {{"x"}}));
+    ProgramBuilder builder("chain128");
+    TracedValue v = builder.Arg(spec);
+    for (int i = 0; i < kChain; ++i) v = (*builder.Call(inc, slice, {v}))[0];
+    Program chain = *builder.Build({v});
+
+    std::vector<double> opbyop, chained, fused_rate;
+    for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up and is dropped
+      ShardedArray x = *client->Put(*HostArray::Create(DType::kF32, {hosts}), slice, {"x"});
+      double t1 = Seconds([&] {
+        for (int i = 0; i < kChain; ++i) x = (*client->Call(inc, slice, {x}))[0];
+        Check(*client->Fetch(x).Await(), kChain);
+      });
+      double t2 = Seconds([&] {
+        x = (*client->Run(chain, {x}))[0];
+        Check(*client->Fetch(x).Await(), 2 * kChain);
+      });
+      double t3 = Seconds([&] {
+        x = (*client->Call(fused, slice, {x}))[0];
+        Check(*client->Fetch(x).Await(), 3 * kChain);
+      });
+      if (r == 0) continue;
+      opbyop.push_back(kChain / t1);
+      chained.push_back(kChain / t2);
+      fused_rate.push_back(kChain / t3);
+    }
+    std::printf("| %d | %.0f | %.0f | %.0f | %.1fx |\n", hosts, Median(opbyop), Median(chained), Median(fused_rate),
+                Median(chained) / Median(opbyop));
+    std::fflush(stdout);
+  }
+  std::printf("\n");
+}
+
+// A K-stage pipeline, stage k on host k, each stage a ~0.1 ms matmul: time to run it once,
+// parallel against sequential dispatch.
+void PipelineTable(int max_stages, int repeats) {
+  const int64_t n = 96;  // a 96x96 f32 matmul: about 0.1 ms on one core here
+  const TensorSpec spec{DType::kF32, {n, n}};
+  auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = max_stages, .devices_per_host = 1,
+                                       .device_memory_bytes = 16 << 20});
+  auto client = *cluster->Connect();
+  std::vector<VirtualSlice> stages;
+  for (int k = 0; k < max_stages; ++k) {
+    // One device each; the controller spreads slices over the least used devices, so stage k
+    // lands on its own host.
+    stages.push_back(*client->CreateSlice({.mesh_shape = {1}}));
+  }
+  CompiledFunction stage_fn = *client->Compile(FunctionSpec::Script(
+      "stage", "def stage(x):\n    return torch.tanh(x @ x) * 0.1\n", {spec}, {spec}));
+  std::printf("### Pipeline of K stages, one host each, ~0.1 ms per stage: ms per run (median of %d)\n\n", repeats);
+  std::printf("| stages | parallel dispatch | sequential dispatch | sequential / parallel |\n|---|---|---|---|\n");
+  HostArray input = *HostArray::Create(DType::kF32, {n, n});
+  for (int64_t i = 0; i < n * n; ++i) input.mutable_data<float>()[i] = static_cast<float>(i % 7) * 0.01f;
+  for (int k : {1, 2, 4, 8, 16}) {
+    if (k > max_stages) break;
+    ProgramBuilder builder("pipeline");
+    TracedValue v = builder.Arg(spec);
+    for (int s = 0; s < k; ++s) v = (*builder.Call(stage_fn, stages[s], {v}))[0];
+    Program program = *builder.Build({v});
+    ShardedArray x = *client->Put(input, stages[0]);
+    std::vector<double> parallel, sequential;
+    for (int r = 0; r < repeats + 1; ++r) {
+      for (auto mode : {RunOptions::Dispatch::kParallel, RunOptions::Dispatch::kSequential}) {
+        double t = Seconds([&] {
+          auto out = *client->Run(program, {x}, {.dispatch = mode});
+          (void)*client->Ready(out[0]).Await();
+        });
+        if (r == 0) continue;
+        (mode == RunOptions::Dispatch::kParallel ? parallel : sequential).push_back(t * 1e3);
+      }
+    }
+    std::printf("| %d | %.2f | %.2f | %.2fx |\n", k, Median(parallel), Median(sequential),
+                Median(sequential) / Median(parallel));
+    std::fflush(stdout);
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+}  // namespace pathways
+
+int main(int argc, char** argv) {
+  using namespace pathways;
+  auto flags = Flags::Parse(argc - 1, argv + 1, {"repeats", "max-hosts", "max-stages"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
+    return 2;
+  }
+  const int repeats = static_cast<int>(*flags->GetInt("repeats", 5));
+  const int max_hosts = static_cast<int>(*flags->GetInt("max-hosts", 8));
+  const int max_stages = static_cast<int>(*flags->GetInt("max-stages", 16));
+  if (repeats < 1 || max_hosts < 1 || max_hosts > 64 || max_stages < 1 || max_stages > 64) {
+    std::fprintf(stderr, "need --repeats >= 1, 1 <= --max-hosts <= 64, 1 <= --max-stages <= 64\n");
+    return 2;
+  }
+  ThroughputTable(max_hosts, repeats);
+  PipelineTable(max_stages, repeats);
+  return 0;
+}
