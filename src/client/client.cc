@@ -127,17 +127,6 @@ struct ClientCore::Lowering {
 
 namespace {
 
-std::vector<int64_t> Sub(const Shape& a, const Shape& b) {
-  std::vector<int64_t> r(a.size());
-  for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - b[i];
-  return r;
-}
-
-void SetRegion(const Shape& start, const Shape& size, rpc::RegionProto* p) {
-  for (int64_t s : start) p->add_start(s);
-  for (int64_t s : size) p->add_size(s);
-}
-
 // One replica per distinct region of a sharding: the shards a full read needs.
 std::vector<int64_t> DistinctShards(const Sharding& sharding) {
   std::vector<int64_t> shards;

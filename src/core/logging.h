@@ -26,9 +26,17 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
+// Turns a stream expression into void for PW_LOG's conditional.
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
 }  // namespace pathways
 
-#define PW_LOG(level)                                                                 \
-  if (::pathways::LogLevel::k##level < ::pathways::MinLogLevel()) {                   \
-  } else                                                                              \
-    ::pathways::LogMessage(::pathways::LogLevel::k##level, __FILE__, __LINE__).stream()
+// An expression, not an if statement, so it is safe after an unbraced `if`. `&` binds looser
+// than `<<`, so the whole message is streamed before it is discarded.
+#define PW_LOG(level)                                                            \
+  (::pathways::LogLevel::k##level < ::pathways::MinLogLevel())                   \
+      ? (void)0                                                                  \
+      : ::pathways::LogVoidify() &                                               \
+            ::pathways::LogMessage(::pathways::LogLevel::k##level, __FILE__, __LINE__).stream()

@@ -16,11 +16,32 @@ namespace pathways {
 Subprocess::~Subprocess() {
   if (pid_ > 0) Stop(SIGKILL);
   if (stdout_fd_ >= 0) close(stdout_fd_);
+  CloseStdin();
+}
+
+absl::Status Subprocess::WriteLine(const std::string& line) {
+  std::string data = line + "\n";
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = write(stdin_fd_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("write to child: ", strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+void Subprocess::CloseStdin() {
+  if (stdin_fd_ >= 0) close(stdin_fd_);
+  stdin_fd_ = -1;
 }
 
 absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  signal(SIGPIPE, SIG_IGN);  // a child that exits early must fail a write, not kill us
+  int fds[2], in_fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0 || pipe2(in_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -28,6 +49,7 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
+    dup2(in_fds[0], STDIN_FILENO);
     // The parent may block SIGINT/SIGTERM; the child must not inherit that.
     sigset_t none;
     sigemptyset(&none);
@@ -36,8 +58,10 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
     _exit(127);
   }
   close(fds[1]);
+  close(in_fds[0]);
   pid_ = pid;
   stdout_fd_ = fds[0];
+  stdin_fd_ = in_fds[1];
   return absl::OkStatus();
 }
 

@@ -19,8 +19,12 @@ class Subprocess {
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
 
-  // Starts argv[0] with stdout piped to us; stderr is inherited.
+  // Starts argv[0] with stdin and stdout piped to us; stderr is inherited.
   absl::Status Start(const std::vector<std::string>& argv);
+  // Writes one line to the child's stdin.
+  absl::Status WriteLine(const std::string& line);
+  // The child sees end of input.
+  void CloseStdin();
   // The next line of the child's stdout, without the newline. DeadlineExceeded when none comes in
   // time; Unavailable when the child closed its stdout.
   absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
@@ -33,6 +37,7 @@ class Subprocess {
  private:
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
+  int stdin_fd_ = -1;
   std::string buffer_;
 };
 

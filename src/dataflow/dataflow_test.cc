@@ -1,0 +1,189 @@
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
+#include "dataflow/engine.h"
+#include "dataflow/grpc_transport.h"
+#include "dataflow/sparse_sum_graph.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "testing/subprocess.h"
+
+namespace pathways::dataflow {
+namespace {
+
+constexpr int kEpochs = 5;
+constexpr uint32_t kSeed = 11;
+
+// 6 bucket counts and 2 sink totals per epoch; buckets 3..5 never get a message but finish.
+void CheckResults(SparseSumResults& results, const std::map<int64_t, std::pair<int64_t, int64_t>>& expected) {
+  for (const auto& [e, sinks] : expected) {
+    for (int b = 3; b < 6; ++b) EXPECT_EQ(results.Get(absl::StrCat("bucket", b, "/e", e, "/count")), 0);
+    EXPECT_EQ(results.Get(absl::StrCat("sink0/e", e)), sinks.first) << "epoch " << e;
+    EXPECT_EQ(results.Get(absl::StrCat("sink1/e", e)), sinks.second) << "epoch " << e;
+    if (e % 2 == 0) {  // even epochs carry only multiples of 3: only bucket 0 hears anything
+      EXPECT_EQ(results.Get(absl::StrCat("bucket1/e", e, "/count")), 0);
+      EXPECT_EQ(results.Get(absl::StrCat("bucket2/e", e, "/count")), 0);
+    }
+  }
+}
+
+TEST(DataflowTest, ThreeHostsAsThreadsWithOverlappingEpochs) {
+  std::vector<std::string> hosts = {"h0", "h1", "h2"};
+  auto graph = MakeSparseSumGraph(hosts);
+  SparseSumResults results;
+  LocalTransport transport;
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (const auto& h : hosts) {
+    pools.push_back(std::make_unique<ThreadPool>(h, 2));
+    engines.push_back(std::make_unique<Engine>(h, graph, SparseSumOperators(results), transport, *pools.back()));
+    transport.Register(engines.back().get());
+  }
+  std::map<int64_t, std::pair<int64_t, int64_t>> expected;
+  for (auto& e : engines) expected = DriveSparseSum(*e, kEpochs, kSeed);
+  ASSERT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30))) << results.size();
+  CheckResults(results, expected);
+  int64_t envelopes = 0, batches = 0;
+  for (auto& e : engines) {
+    envelopes += e->envelopes_sent();
+    batches += e->batches_sent();
+  }
+  EXPECT_GT(envelopes, batches);  // envelopes to a host travel together
+  for (auto& p : pools) p->Shutdown();
+}
+
+TEST(DataflowTest, AllShardsOnOneHostStayInMemory) {
+  auto graph = MakeSparseSumGraph({"h", "h", "h"});
+  SparseSumResults results;
+  LocalTransport transport;
+  ThreadPool pool("h", 2);
+  Engine engine("h", graph, SparseSumOperators(results), transport, pool);
+  transport.Register(&engine);
+  auto expected = DriveSparseSum(engine, kEpochs, kSeed);
+  ASSERT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30)));
+  CheckResults(results, expected);
+  EXPECT_EQ(engine.batches_sent(), 0);
+  pool.Shutdown();
+}
+
+TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcess) {
+  struct Host {
+    DataflowService service;
+    std::unique_ptr<grpc::Server> server;
+    std::string address;
+  };
+  std::vector<std::unique_ptr<Host>> servers;
+  for (int i = 0; i < 3; ++i) {
+    auto h = std::make_unique<Host>();
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&h->service);
+    h->server = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    h->address = absl::StrCat("127.0.0.1:", port);
+    servers.push_back(std::move(h));
+  }
+  std::vector<std::string> hosts = {servers[0]->address, servers[1]->address, servers[2]->address};
+  auto graph = MakeSparseSumGraph(hosts);
+  SparseSumResults results;
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  std::vector<std::unique_ptr<GrpcTransport>> transports;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int i = 0; i < 3; ++i) {
+    pools.push_back(std::make_unique<ThreadPool>("h", 2));
+    transports.push_back(std::make_unique<GrpcTransport>("sparse_sum", hosts[i]));
+    engines.push_back(std::make_unique<Engine>(hosts[i], graph, SparseSumOperators(results), *transports[i], *pools[i]));
+    servers[i]->service.AddEngine(engines[i].get());
+  }
+  std::map<int64_t, std::pair<int64_t, int64_t>> expected;
+  for (auto& e : engines) expected = DriveSparseSum(*e, kEpochs, kSeed);
+  ASSERT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30))) << results.size();
+  CheckResults(results, expected);
+  transports.clear();  // finish the streams before the servers go
+  for (auto& s : servers) s->server->Shutdown();
+  for (auto& p : pools) p->Shutdown();
+}
+
+TEST(DataflowTest, ThreeHostsAsRealProcesses) {
+  // This process is host 0; two dataflow_peer processes are hosts 1 and 2.
+  DataflowService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  std::vector<std::string> hosts = {absl::StrCat("127.0.0.1:", port)};
+  Subprocess peers[2];
+  for (auto& p : peers) {
+    ASSERT_TRUE(p.Start({DATAFLOW_PEER, std::to_string(kEpochs)}).ok());
+    auto line = p.WaitForLine("address ", absl::Seconds(30));
+    ASSERT_TRUE(line.ok()) << line.status();
+    hosts.push_back(line->substr(8));
+  }
+  SparseSumResults results;
+  ThreadPool pool("h0", 2);
+  auto transport = std::make_unique<GrpcTransport>("sparse_sum", hosts[0]);
+  Engine engine(hosts[0], MakeSparseSumGraph(hosts), SparseSumOperators(results), *transport, pool);
+  service.AddEngine(&engine);
+  const std::string host_line = absl::StrCat(hosts[0], " ", hosts[1], " ", hosts[2]);
+  for (auto& p : peers) {
+    ASSERT_TRUE(p.WriteLine(host_line).ok());
+    ASSERT_TRUE(p.WaitForLine("ready", absl::Seconds(30)).ok());
+  }
+  for (auto& p : peers) ASSERT_TRUE(p.WriteLine("go").ok());
+  auto expected = DriveSparseSum(engine, kEpochs, kSeed);
+  // Buckets 0 and 3 report here; the peers print the rest.
+  ASSERT_TRUE(results.WaitFor(2 * kEpochs, absl::Seconds(30)));
+  // Each peer hosts two buckets and one sink: three results per epoch, printed as it gets them.
+  for (auto& p : peers) {
+    for (int i = 0; i < 3 * kEpochs; ++i) {
+      auto line = p.WaitForLine("result ", absl::Seconds(30));
+      ASSERT_TRUE(line.ok()) << line.status();
+      std::vector<std::string> parts = absl::StrSplit(*line, ' ');
+      int64_t value = 0;
+      ASSERT_TRUE(parts.size() == 3 && absl::SimpleAtoi(parts[2], &value)) << *line;
+      results.Record(parts[1], value);
+    }
+  }
+  CheckResults(results, expected);
+  for (auto& p : peers) p.CloseStdin();  // the peers exit at end of input
+  for (auto& p : peers) p.Stop(SIGTERM);
+  transport.reset();
+  server->Shutdown();
+  pool.Shutdown();
+}
+
+TEST(GraphDefTest, RejectsBadEdges) {
+  GraphDef g("g");
+  int a = *g.AddNode("a", {"h", "h"});
+  int b = *g.AddNode("b", {"h", "h", "h"});
+  EXPECT_FALSE(g.AddEdge(a, b, EdgeKind::kOneToOne).ok());  // shard counts differ
+  EXPECT_FALSE(g.AddEdge(b, a, EdgeKind::kAllToAll).ok());  // backwards
+  EXPECT_FALSE(g.AddEdge(a, 7, EdgeKind::kSparse).ok());
+  EXPECT_FALSE(g.AddNode("empty", {}).ok());
+  EXPECT_TRUE(g.AddEdge(a, b, EdgeKind::kSparse).ok());
+}
+
+TEST(EngineTest, InjectOnlyAtLocalSources) {
+  auto g = std::make_shared<GraphDef>("g");
+  int a = *g->AddNode("a", {"h"});
+  int b = *g->AddNode("b", {"other"});
+  ASSERT_TRUE(g->AddEdge(a, b, EdgeKind::kOneToOne).ok());
+  LocalTransport transport;
+  ThreadPool pool("h", 1);
+  struct Nop : Operator {
+    void OnMessage(ShardContext&, int, int, const std::string&) override {}
+    void OnEpochDone(ShardContext&) override {}
+  };
+  Engine engine("h", g, [](int, int) { return std::make_unique<Nop>(); }, transport, pool);
+  EXPECT_EQ(engine.Inject(b, 0, 1, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine.Inject(a, 3, 1, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(engine.Inject(a, 0, 1, "x").ok());
+  pool.Shutdown();
+}
+
+}  // namespace
+}  // namespace pathways::dataflow

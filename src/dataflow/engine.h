@@ -1,0 +1,151 @@
+// One host's part of a sharded dataflow: the shards placed here, their operators, and progress
+// tracking per run (epoch).
+//
+// Progress tracking uses counted punctuations, as in MillWheel and Naiad's per-edge counts: when a
+// producer shard finishes an epoch it sends every consumer shard it could have fed a punctuation
+// carrying how many messages it sent that shard on that edge (possibly zero). A consumer shard
+// has finished receiving an epoch once it holds a punctuation from every producer shard that
+// feeds it and as many messages as those punctuations add up to. Messages and punctuations may
+// arrive in any order, over any path. A shard that receives nothing in an epoch still learns that
+// the epoch is over, which is what sparse exchange needs. Sources finish an epoch when their
+// input for it is closed.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "core/executor.h"
+#include "dataflow/graph.h"
+
+namespace pathways::dataflow {
+
+struct Envelope {
+  int64_t epoch = 0;
+  int32_t edge = 0;
+  int32_t src_shard = 0;
+  int32_t dst_shard = 0;
+  bool punctuation = false;
+  int64_t count = 0;  // punctuations only
+  std::string payload;
+};
+
+// Moves batches of envelopes to the engine on another host. Implementations must not block for
+// long: they queue and return.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual void Send(const std::string& host, std::vector<Envelope> batch) = 0;
+};
+
+class Engine;
+
+// What an operator callback can do. Valid only during the callback.
+class ShardContext {
+ public:
+  int node() const { return node_; }
+  int shard() const { return shard_; }
+  int64_t epoch() const { return epoch_; }
+  // Sends `payload` on outgoing edge `edge` to consumer shard `dst_shard` in this epoch.
+  void Send(int edge, int dst_shard, std::string payload);
+
+ private:
+  friend class Engine;
+  ShardContext(Engine& engine, int node, int shard, int64_t epoch, std::map<std::pair<int, int>, int64_t>* sent)
+      : engine_(engine), node_(node), shard_(shard), epoch_(epoch), sent_(sent) {}
+  Engine& engine_;
+  int node_, shard_;
+  int64_t epoch_;
+  std::map<std::pair<int, int>, int64_t>* sent_;  // the epoch's per (edge, dst shard) counts
+};
+
+// The code of one shard of a node. Callbacks of one shard never run concurrently.
+class Operator {
+ public:
+  virtual ~Operator() = default;
+  // Source input injected with Engine::Inject (edge is -1), or a message on incoming `edge`.
+  virtual void OnMessage(ShardContext& ctx, int edge, int src_shard, const std::string& payload) = 0;
+  // Everything this shard will receive in the epoch has arrived. After this returns, its output
+  // for the epoch is complete.
+  virtual void OnEpochDone(ShardContext& ctx) = 0;
+};
+
+using OperatorFactory = std::function<std::unique_ptr<Operator>(int node, int shard)>;
+
+// Thread-safe. Work runs on `executor`; the engine never blocks in it.
+class Engine {
+ public:
+  Engine(std::string host, std::shared_ptr<const GraphDef> graph, OperatorFactory factory,
+         Transport& transport, Executor& executor);
+
+  const std::string& host() const { return host_; }
+  const GraphDef& graph() const { return *graph_; }
+
+  // Source input for a shard of a node without incoming edges, hosted here.
+  absl::Status Inject(int node, int shard, int64_t epoch, std::string payload);
+  // No more source input for the epoch at this source shard.
+  absl::Status CloseInput(int node, int shard, int64_t epoch);
+  // A batch from another host (or this one). Processed in order on the executor.
+  void Deliver(std::vector<Envelope> batch);
+
+  // Envelopes sent to other hosts and batches they travelled in: batching shows as the ratio.
+  int64_t envelopes_sent() const;
+  int64_t batches_sent() const;
+
+ private:
+  friend class ShardContext;
+  struct EpochState {
+    std::vector<int> punctuations;    // per incoming edge (index into in_edges)
+    std::vector<int64_t> promised;    // messages the punctuations announced
+    std::vector<int64_t> received;    // messages that came
+    bool input_closed = false;        // sources
+    std::map<std::pair<int, int>, int64_t> sent;  // (edge, dst shard) -> messages sent
+  };
+  struct Shard {
+    int node;
+    int shard;
+    absl::Mutex mu;
+    std::unique_ptr<Operator> op ABSL_GUARDED_BY(mu);
+    std::map<int64_t, EpochState> epochs ABSL_GUARDED_BY(mu);
+    // Epochs this shard has finished; a message for one of them is a protocol error. Grows by
+    // one id per epoch: a long-lived engine should keep a low watermark instead (noted in docs).
+    absl::flat_hash_set<int64_t> finished ABSL_GUARDED_BY(mu);
+  };
+
+  Shard* FindShard(int node, int shard);
+  EpochState& EpochOf(Shard& s, int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void Handle(const Envelope& e);
+  // Finishes the epoch if everything has arrived: OnEpochDone, then punctuations downstream.
+  void MaybeFinish(Shard& s, int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void Emit(int from_node, int src_shard, int64_t epoch, int edge, int dst_shard, bool punctuation, int64_t count,
+            std::string payload);
+  void Flush();
+
+  const std::string host_;
+  const std::shared_ptr<const GraphDef> graph_;
+  Transport& transport_;
+  Executor& executor_;
+  absl::flat_hash_map<int64_t, std::unique_ptr<Shard>> shards_;  // key node << 32 | shard; fixed after construction
+
+  mutable absl::Mutex out_mu_;
+  std::map<std::string, std::vector<Envelope>> outbox_ ABSL_GUARDED_BY(out_mu_);
+  int64_t envelopes_sent_ ABSL_GUARDED_BY(out_mu_) = 0;
+  int64_t batches_sent_ ABSL_GUARDED_BY(out_mu_) = 0;
+};
+
+// Delivers batches between engines in one process by direct call: no network, no serialisation.
+// Thread-safe once every engine is registered.
+class LocalTransport : public Transport {
+ public:
+  void Register(Engine* engine) { engines_[engine->host()] = engine; }
+  void Send(const std::string& host, std::vector<Envelope> batch) override;
+
+ private:
+  std::map<std::string, Engine*> engines_;
+};
+
+}  // namespace pathways::dataflow

@@ -1,0 +1,55 @@
+// The shape of a sharded dataflow: nodes are sharded operators (one node whatever the number of
+// shards, each shard placed on a host) and edges say which producer shards feed which consumer
+// shards.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pathways::dataflow {
+
+enum class EdgeKind {
+  kOneToOne,  // producer shard i feeds consumer shard i only
+  kAllToAll,  // every producer shard feeds every consumer shard
+  kSparse,    // a producer shard sends to any subset of consumer shards, chosen at run time
+};
+
+struct NodeDef {
+  std::string name;
+  std::vector<std::string> shard_hosts;  // host of each shard
+};
+
+struct EdgeDef {
+  int from;
+  int to;
+  EdgeKind kind;
+};
+
+// Immutable once built and shared by every host's engine. Not thread-safe while being built.
+class GraphDef {
+ public:
+  explicit GraphDef(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
+
+  absl::StatusOr<int> AddNode(std::string name, std::vector<std::string> shard_hosts);
+  // Edges go from earlier to later nodes, so the graph is acyclic by construction.
+  absl::StatusOr<int> AddEdge(int from, int to, EdgeKind kind);
+
+  const std::vector<NodeDef>& nodes() const { return nodes_; }
+  const std::vector<EdgeDef>& edges() const { return edges_; }
+  int num_shards(int node) const { return static_cast<int>(nodes_[node].shard_hosts.size()); }
+  const std::vector<int>& in_edges(int node) const { return in_edges_[node]; }
+  const std::vector<int>& out_edges(int node) const { return out_edges_[node]; }
+  // How many producer shards feed each consumer shard over `edge`.
+  int producers_per_consumer(int edge) const;
+
+ private:
+  std::string name_;
+  std::vector<NodeDef> nodes_;
+  std::vector<EdgeDef> edges_;
+  std::vector<std::vector<int>> in_edges_, out_edges_;
+};
+
+}  // namespace pathways::dataflow
