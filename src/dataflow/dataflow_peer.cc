@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   });
   ThreadPool pool("peer", 2);
-  GrpcTransport transport("sparse_sum", self);
+  GrpcTransport transport(self);
   Engine engine(self, MakeSparseSumGraph(hosts), SparseSumOperators(results), transport, pool);
   service.AddEngine(&engine);
   {

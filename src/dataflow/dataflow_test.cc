@@ -93,7 +93,7 @@ TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcess) {
   std::vector<std::unique_ptr<Engine>> engines;
   for (int i = 0; i < 3; ++i) {
     pools.push_back(std::make_unique<ThreadPool>("h", 2));
-    transports.push_back(std::make_unique<GrpcTransport>("sparse_sum", hosts[i]));
+    transports.push_back(std::make_unique<GrpcTransport>(hosts[i]));
     engines.push_back(std::make_unique<Engine>(hosts[i], graph, SparseSumOperators(results), *transports[i], *pools[i]));
     servers[i]->service.AddEngine(engines[i].get());
   }
@@ -125,7 +125,7 @@ TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   }
   SparseSumResults results;
   ThreadPool pool("h0", 2);
-  auto transport = std::make_unique<GrpcTransport>("sparse_sum", hosts[0]);
+  auto transport = std::make_unique<GrpcTransport>(hosts[0]);
   Engine engine(hosts[0], MakeSparseSumGraph(hosts), SparseSumOperators(results), *transport, pool);
   service.AddEngine(&engine);
   const std::string host_line = absl::StrCat(hosts[0], " ", hosts[1], " ", hosts[2]);

@@ -174,7 +174,7 @@ void Engine::Flush() {
     if (host == host_) {
       Deliver(std::move(batch));  // stays in memory: no transport, no serialisation
     } else {
-      transport_.Send(host, std::move(batch));
+      transport_.Send(host, graph_->name(), std::move(batch));
     }
   }
 }
@@ -189,10 +189,10 @@ int64_t Engine::batches_sent() const {
   return batches_sent_;
 }
 
-void LocalTransport::Send(const std::string& host, std::vector<Envelope> batch) {
-  auto it = engines_.find(host);
+void LocalTransport::Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) {
+  auto it = engines_.find({host, graph});
   if (it == engines_.end()) {
-    PW_LOG(Error) << "dataflow: no engine for host " << host;
+    PW_LOG(Error) << "dataflow: no engine for graph " << graph << " on host " << host;
     return;
   }
   it->second->Deliver(std::move(batch));

@@ -34,12 +34,12 @@ struct Envelope {
   std::string payload;
 };
 
-// Moves batches of envelopes to the engine on another host. Implementations must not block for
-// long: they queue and return.
+// Moves batches of envelopes to the engine of graph `graph` on another host. One transport may
+// serve many graphs. Implementations must not block for long: they queue and return.
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual void Send(const std::string& host, std::vector<Envelope> batch) = 0;
+  virtual void Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) = 0;
 };
 
 class Engine;
@@ -141,11 +141,11 @@ class Engine {
 // Thread-safe once every engine is registered.
 class LocalTransport : public Transport {
  public:
-  void Register(Engine* engine) { engines_[engine->host()] = engine; }
-  void Send(const std::string& host, std::vector<Envelope> batch) override;
+  void Register(Engine* engine) { engines_[{engine->host(), engine->graph().name()}] = engine; }
+  void Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) override;
 
  private:
-  std::map<std::string, Engine*> engines_;
+  std::map<std::pair<std::string, std::string>, Engine*> engines_;
 };
 
 }  // namespace pathways::dataflow

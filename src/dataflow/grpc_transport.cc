@@ -1,6 +1,6 @@
 #include "dataflow/grpc_transport.h"
 
-#include <deque>
+#include <map>
 #include <thread>
 
 #include "core/logging.h"
@@ -28,9 +28,7 @@ Envelope FromProto(const rpc::DataflowEnvelope& p) {
 
 class GrpcTransport::PeerStream {
  public:
-  PeerStream(const std::string& graph, const std::string& self, const std::string& peer) : peer_(peer) {
-    header_.set_graph(graph);
-    header_.set_src_host(self);
+  PeerStream(const std::string& self, const std::string& peer) : self_(self), peer_(peer) {
     thread_ = std::thread([this] { Run(); });
   }
   ~PeerStream() {
@@ -40,9 +38,9 @@ class GrpcTransport::PeerStream {
     }
     thread_.join();
   }
-  void Enqueue(std::vector<Envelope> batch) {
+  void Enqueue(const std::string& graph, std::vector<Envelope> batch) {
     absl::MutexLock lock(&mu_);
-    for (auto& e : batch) pending_.push_back(std::move(e));
+    pending_.push_back({graph, std::move(batch)});
   }
   int64_t written() {
     absl::MutexLock lock(&mu_);
@@ -53,27 +51,35 @@ class GrpcTransport::PeerStream {
   void Run() {
     auto channel = grpc::CreateChannel(peer_, grpc::InsecureChannelCredentials());
     auto stub = rpc::Dataflow::NewStub(channel);
+    // Not wait-for-ready: a peer that cannot be reached fails the stream at once (its messages
+    // are dropped and logged) instead of blocking this thread, and shutdown, forever.
     grpc::ClientContext context;
-    context.set_wait_for_ready(true);
     rpc::DataflowAck ack;
     std::unique_ptr<grpc::ClientWriter<rpc::DataflowBatch>> writer = stub->Stream(&context, &ack);
     bool broken = false;
     while (true) {
-      rpc::DataflowBatch message = header_;
+      // Everything queued since the last write goes out together: one message per graph.
+      std::map<std::string, rpc::DataflowBatch> messages;
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
             +[](PeerStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->closing_ || !s->pending_.empty(); },
             this));
         if (pending_.empty()) break;  // closing, and everything was sent
-        // Everything queued since the last write goes in one message.
-        for (const Envelope& e : pending_) ToProto(e, message.add_envelopes());
+        for (const auto& [graph, batch] : pending_) {
+          rpc::DataflowBatch& m = messages[graph];
+          m.set_graph(graph);
+          m.set_src_host(self_);
+          for (const Envelope& e : batch) ToProto(e, m.add_envelopes());
+        }
         pending_.clear();
-        ++written_;
+        written_ += static_cast<int64_t>(messages.size());
       }
-      if (!broken && !writer->Write(message)) {
-        PW_LOG(Warning) << "dataflow stream to " << peer_ << " broke; its messages are dropped";
-        broken = true;  // failure handling (re-routing, failing runs) belongs to the runtime
+      for (const auto& [graph, message] : messages) {
+        if (!broken && !writer->Write(message)) {
+          PW_LOG(Warning) << "dataflow stream to " << peer_ << " broke; its messages are dropped";
+          broken = true;  // failure handling (re-routing, failing runs) belongs to the runtime
+        }
       }
     }
     writer->WritesDone();
@@ -81,28 +87,27 @@ class GrpcTransport::PeerStream {
     if (!status.ok() && !broken) PW_LOG(Warning) << "dataflow stream to " << peer_ << " ended: " << status.error_message();
   }
 
+  const std::string self_;
   const std::string peer_;
-  rpc::DataflowBatch header_;
   absl::Mutex mu_;
-  std::deque<Envelope> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::vector<Envelope>>> pending_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 
-GrpcTransport::GrpcTransport(std::string graph, std::string self_host)
-    : graph_(std::move(graph)), self_host_(std::move(self_host)) {}
+GrpcTransport::GrpcTransport(std::string self_host) : self_host_(std::move(self_host)) {}
 
 GrpcTransport::~GrpcTransport() {
   absl::MutexLock lock(&mu_);
   peers_.clear();
 }
 
-void GrpcTransport::Send(const std::string& host, std::vector<Envelope> batch) {
+void GrpcTransport::Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) {
   absl::MutexLock lock(&mu_);
   auto& peer = peers_[host];
-  if (!peer) peer = std::make_unique<PeerStream>(graph_, self_host_, host);
-  peer->Enqueue(std::move(batch));
+  if (!peer) peer = std::make_unique<PeerStream>(self_host_, host);
+  peer->Enqueue(graph, std::move(batch));
 }
 
 int64_t GrpcTransport::messages_written() const {
@@ -113,26 +118,48 @@ int64_t GrpcTransport::messages_written() const {
 }
 
 void DataflowService::AddEngine(Engine* engine) {
+  std::vector<std::vector<Envelope>> held;
+  {
+    absl::MutexLock lock(&mu_);
+    engines_[engine->graph().name()] = engine;
+    auto it = held_.find(engine->graph().name());
+    if (it != held_.end()) {
+      held = std::move(it->second);
+      held_.erase(it);
+    }
+  }
+  for (auto& batch : held) engine->Deliver(std::move(batch));
+}
+
+size_t DataflowService::num_held_batches() {
   absl::MutexLock lock(&mu_);
-  engines_[engine->graph().name()] = engine;
+  size_t n = 0;
+  for (const auto& [graph, batches] : held_) n += batches.size();
+  return n;
+}
+
+void DataflowService::RemoveEngine(const std::string& graph) {
+  absl::MutexLock lock(&mu_);
+  engines_.erase(graph);
 }
 
 grpc::Status DataflowService::Stream(grpc::ServerContext*, grpc::ServerReader<rpc::DataflowBatch>* reader,
                                      rpc::DataflowAck*) {
   rpc::DataflowBatch batch;
   while (reader->Read(&batch)) {
+    std::vector<Envelope> envelopes;
+    envelopes.reserve(batch.envelopes_size());
+    for (const auto& e : batch.envelopes()) envelopes.push_back(FromProto(e));
     Engine* engine = nullptr;
     {
       absl::MutexLock lock(&mu_);
       auto it = engines_.find(batch.graph());
-      if (it != engines_.end()) engine = it->second;
+      if (it == engines_.end()) {
+        held_[batch.graph()].push_back(std::move(envelopes));
+        continue;
+      }
+      engine = it->second;
     }
-    if (engine == nullptr) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no dataflow graph named '" + batch.graph() + "' here");
-    }
-    std::vector<Envelope> envelopes;
-    envelopes.reserve(batch.envelopes_size());
-    for (const auto& e : batch.envelopes()) envelopes.push_back(FromProto(e));
     engine->Deliver(std::move(envelopes));
   }
   return grpc::Status::OK;

@@ -12,35 +12,39 @@
 
 namespace pathways::dataflow {
 
-// Sends batches to other hosts' DataflowService. Thread-safe. Each peer gets one stream and one
-// sender thread; batches queued while a write is in progress go out merged into one message.
+// Sends batches to other hosts' DataflowService, for any number of graphs. Thread-safe. Each
+// peer gets one stream and one sender thread; batches queued while a write is in progress go out
+// merged, one message per graph.
 class GrpcTransport : public Transport {
  public:
-  GrpcTransport(std::string graph, std::string self_host);
+  explicit GrpcTransport(std::string self_host);
   ~GrpcTransport() override;  // finishes every stream
-  void Send(const std::string& host, std::vector<Envelope> batch) override;
+  void Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) override;
   // Batches written to the network; fewer than Send calls when batches merged.
   int64_t messages_written() const;
 
  private:
   class PeerStream;
-  const std::string graph_;
   const std::string self_host_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<PeerStream>> peers_ ABSL_GUARDED_BY(mu_);
 };
 
 // Receives batches for the engines registered with it (by graph name) and hands them over.
-// Thread-safe once the engines are added.
+// Batches for a graph not registered yet are held until it is: hosts set up a graph
+// independently, and a fast peer may send before this host has its engine. Thread-safe.
 class DataflowService final : public rpc::Dataflow::Service {
  public:
   void AddEngine(Engine* engine);
+  void RemoveEngine(const std::string& graph);
+  size_t num_held_batches();
   grpc::Status Stream(grpc::ServerContext* context, grpc::ServerReader<rpc::DataflowBatch>* reader,
                       rpc::DataflowAck* ack) override;
 
  private:
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::vector<Envelope>>> held_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways::dataflow

@@ -71,15 +71,6 @@ Future<rpc::EnqueueResponse> WorkerClient::Enqueue(const rpc::EnqueueRequest& re
       absl::Seconds(60));
 }
 
-Future<rpc::TransferResponse> WorkerClient::Transfer(const rpc::TransferRequest& request) {
-  return Call<rpc::TransferRequest, rpc::TransferResponse>(
-      "Transfer", request, 
-      [](auto* async, auto* ctx, auto* req, auto* resp, auto cb) {
-        async->Transfer(ctx, req, resp, std::move(cb));
-      },
-      absl::Seconds(60));
-}
-
 Future<rpc::FetchResponse> WorkerClient::Fetch(const rpc::FetchRequest& request) {
   return Call<rpc::FetchRequest, rpc::FetchResponse>(
       "Fetch", request, 

@@ -1,7 +1,6 @@
-// The one module through which hosts and clients talk to workers. Every cross-host message of the
-// runtime goes through WorkerClient (asynchronous, one per worker address) and HostOpQueue
-// (ordered, batched op delivery from one client to one host). The sharded dataflow engine will
-// take over behind these interfaces.
+// How clients talk to workers: WorkerClient (asynchronous calls, one per worker address) and
+// HostOpQueue (ordered, batched op delivery from one client to one host). Worker-to-worker data
+// moves through the sharded dataflow engine (src/dataflow).
 #pragma once
 
 #include <memory>
@@ -25,7 +24,6 @@ class WorkerClient {
 
   Future<rpc::CompileResponse> Compile(const rpc::CompileRequest& request);
   Future<rpc::EnqueueResponse> Enqueue(const rpc::EnqueueRequest& request);
-  Future<rpc::TransferResponse> Transfer(const rpc::TransferRequest& request);
   // No deadline: a fetch waits for the computation that produces the data.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
 

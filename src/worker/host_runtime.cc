@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"
+#include "dataflow/graph.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -64,8 +65,43 @@ absl::StatusOr<BufferPtr> AssembleInput(Device& device, const InputPlan& plan,
 
 }  // namespace
 
+// The two operators of a program's block-exchange graph. The sender routes an injected block to
+// the receiving host named in its first four bytes; the receiver hands blocks to the object store
+// and, when its epoch is complete, fails whatever never came.
+namespace {
+
+class BlockSender : public dataflow::Operator {
+ public:
+  void OnMessage(dataflow::ShardContext& ctx, int, int, const std::string& payload) override {
+    int32_t dest = 0;
+    std::memcpy(&dest, payload.data(), sizeof(dest));
+    ctx.Send(0, dest, payload.substr(sizeof(dest)));
+  }
+  void OnEpochDone(dataflow::ShardContext&) override {}
+};
+
+}  // namespace
+
+class HostRuntime::BlockReceiver : public dataflow::Operator {
+ public:
+  BlockReceiver(HostRuntime& runtime, std::string client) : runtime_(runtime), client_(std::move(client)) {}
+  void OnMessage(dataflow::ShardContext&, int, int, const std::string& payload) override {
+    rpc::TransferRequest request;
+    if (!request.ParseFromString(payload)) {
+      PW_LOG(Error) << "dataflow block that does not parse, dropped";
+      return;
+    }
+    runtime_.ReceiveTransfer(client_, request);
+  }
+  void OnEpochDone(dataflow::ShardContext& ctx) override { runtime_.FinishEpoch(client_, ctx.epoch()); }
+
+ private:
+  HostRuntime& runtime_;
+  const std::string client_;
+};
+
 HostRuntime::HostRuntime(HostRuntimeOptions options)
-    : options_(std::move(options)), io_pool_(options_.name + "-io", 2) {
+    : options_(std::move(options)), io_pool_(options_.name + "-io", 2), dataflow_transport_(options_.name) {
   ConfigureComputeThreads(options_.intra_op_threads);
   for (int i = 0; i < options_.num_devices; ++i) {
     devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name));
@@ -76,6 +112,10 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
 // stopped (draining what is queued) before either is destroyed; work that arrives later is
 // dropped, which cancels its futures.
 HostRuntime::~HostRuntime() {
+  if (options_.dataflow_service != nullptr) {
+    absl::MutexLock lock(&programs_mu_);
+    for (const auto& [key, program] : programs_) options_.dataflow_service->RemoveEngine(program->engine->graph().name());
+  }
   io_pool_.Shutdown();
   for (auto& d : devices_) d->Shutdown();
 }
@@ -131,22 +171,49 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
 }
 
 absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::ProgramProto& proto) {
-  PW_ASSIGN_OR_RETURN(auto program, LoweredProgram::Create(proto, address_, num_devices()));
+  if (options_.dataflow_service == nullptr) return absl::FailedPreconditionError("host has no dataflow service");
+  auto program = std::make_shared<Program>();
+  PW_ASSIGN_OR_RETURN(program->lowered, LoweredProgram::Create(proto, name(), num_devices()));
+  program->client = client;
+  const std::vector<std::string>& hosts = program->lowered->hosts();
+  program->host_index = -1;
+  for (int i = 0; i < static_cast<int>(hosts.size()); ++i) {
+    program->host_indices[hosts[i]] = i;
+    if (hosts[i] == name()) program->host_index = i;
+  }
+  if (program->host_index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("program ", proto.program_id(), " has no device on ", name()));
+  }
+  auto graph = std::make_shared<dataflow::GraphDef>(absl::StrCat(client, "/", proto.program_id()));
+  int senders = *graph->AddNode("send", hosts);
+  int receivers = *graph->AddNode("receive", hosts);
+  (void)*graph->AddEdge(senders, receivers, dataflow::EdgeKind::kSparse);
+  program->engine = std::make_unique<dataflow::Engine>(
+      name(), std::move(graph),
+      [this, client](int node, int) -> std::unique_ptr<dataflow::Operator> {
+        if (node == 0) return std::make_unique<BlockSender>();
+        return std::make_unique<BlockReceiver>(*this, client);
+      },
+      dataflow_transport_, io_pool_);
+  options_.dataflow_service->AddEngine(program->engine.get());
   absl::MutexLock lock(&programs_mu_);
-  programs_[{client, program->id()}] = std::move(program);
+  auto& slot = programs_[{client, proto.program_id()}];
+  if (slot != nullptr) return absl::AlreadyExistsError(absl::StrCat("program ", proto.program_id(), " is already registered"));
+  slot = std::move(program);
   return absl::OkStatus();
 }
 
 absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunProgramOp& run) {
-  std::shared_ptr<const LoweredProgram> program;
+  std::shared_ptr<Program> entry;
   {
     absl::MutexLock lock(&programs_mu_);
     auto it = programs_.find({client, run.program_id()});
-    if (it != programs_.end()) program = it->second;
+    if (it != programs_.end()) entry = it->second;
   }
-  if (program == nullptr) {
+  if (entry == nullptr) {
     return absl::NotFoundError(absl::StrCat("program ", run.program_id(), " is not registered on ", name()));
   }
+  const LoweredProgram* program = entry->lowered.get();
   if (run.arg_array_ids_size() != static_cast<int>(program->args().size())) {
     return absl::InvalidArgumentError(absl::StrCat("program '", program->name(), "' takes ", program->args().size(),
                                                    " arguments, run gave ", run.arg_array_ids_size()));
@@ -156,13 +223,40 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     return absl::InvalidArgumentError(absl::StrCat("nodes ", run.first_node(), "..", run.last_node(),
                                                    " are not in program '", program->name(), "' of ", num_nodes, " nodes"));
   }
+  {
+    absl::MutexLock lock(&programs_mu_);
+    if (!epochs_.try_emplace({client, run.epoch()}, EpochRange{run.run_id(), run.first_node(), run.last_node()}).second) {
+      return absl::InvalidArgumentError(absl::StrCat("epoch ", run.epoch(), " was already run"));
+    }
+  }
   // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
   // now, before any of them has run.
+  std::vector<Future<Unit>> sends;
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
-    SendInputs(client, *program, n, run);
+    for (Future<Unit>& f : SendInputs(entry, n, run)) sends.push_back(std::move(f));
     for (int64_t shard : program->nodes()[n].slice->local_shards) ExecuteShard(client, *program, n, shard, run);
   }
+  // This host's part of the epoch ends once every block it owes is handed to the engine.
+  JoinAll(sends).OnReady([entry, epoch = run.epoch()](const absl::StatusOr<std::vector<Unit>>&) {
+    (void)entry->engine->CloseInput(0, entry->host_index, epoch);
+  });
   return absl::OkStatus();
+}
+
+void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch) {
+  EpochRange range;
+  {
+    absl::MutexLock lock(&programs_mu_);
+    auto it = epochs_.find({client, epoch});
+    if (it == epochs_.end()) return;
+    range = it->second;
+    epochs_.erase(it);
+  }
+  int failed = store_.FailUndeliveredTransfers(
+      client, range.run_id, range.first_node, range.last_node,
+      absl::InternalError(absl::StrCat("run ", range.run_id, ": a block every sender has accounted for never reached ",
+                                       name())));
+  if (failed > 0) PW_LOG(Error) << failed << " blocks of run " << range.run_id << " never reached " << name();
 }
 
 namespace {
@@ -174,26 +268,30 @@ ArrayId ValueArrayId(const LoweredProgram& program, const LoweredValue& v, const
 
 }  // namespace
 
-void HostRuntime::SendInputs(const std::string& client, const LoweredProgram& program, int node_index,
-                             const rpc::RunProgramOp& run) {
+std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<Program>& entry, int node_index,
+                                                   const rpc::RunProgramOp& run) {
+  const LoweredProgram& program = *entry->lowered;
   const LoweredNode& node = program.nodes()[node_index];
+  std::vector<Future<Unit>> sends;
   for (size_t i = 0; i < node.inputs.size(); ++i) {
     Placement src = program.PlacementOf(node.inputs[i]);
     bool holds_any = false;
-    for (const DeviceLocation& d : *src.devices) holds_any |= d.host == address_;
+    for (const DeviceLocation& d : *src.devices) holds_any |= d.host == name();
     if (!holds_any) continue;
     Placement dst{&node.in_shardings[i], &node.slice->devices};
     const ArrayId array = ValueArrayId(program, node.inputs[i], run);
     for (int64_t d = 0; d < static_cast<int64_t>(node.slice->devices.size()); ++d) {
       const std::string& dest = node.slice->devices[d].host;
-      if (dest == address_) continue;
+      if (dest == name()) continue;
       for (const Piece& p : PlanShard(src, dst, d)) {
-        if ((*src.devices)[p.src_shard].host != address_) continue;
-        Send(client, {array, static_cast<int32_t>(p.src_shard)}, p.src_region, dest,
-             {run.run_id(), node_index, static_cast<int32_t>(i), static_cast<int32_t>(d), p.src_shard});
+        if ((*src.devices)[p.src_shard].host != name()) continue;
+        sends.push_back(Send(entry, run.epoch(), {array, static_cast<int32_t>(p.src_shard)}, p.src_region,
+                             entry->host_indices.at(dest),
+                             {run.run_id(), node_index, static_cast<int32_t>(i), static_cast<int32_t>(d), p.src_shard}));
       }
     }
   }
+  return sends;
 }
 
 void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& program, int node_index,
@@ -227,7 +325,7 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
     plan.spec = {node.input_specs[i].dtype, node.in_shardings[i].local_shape()};
     plan.first_piece = piece_futures.size();
     for (const Piece& p : PlanShard(src, dst, shard)) {
-      if ((*src.devices)[p.src_shard].host == address_) {
+      if ((*src.devices)[p.src_shard].host == name()) {
         piece_futures.push_back(store_.Get(client, {array, static_cast<int32_t>(p.src_shard)}));
         plan.src_regions.push_back(p.src_region);
       } else {
@@ -283,12 +381,15 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
       });
 }
 
-void HostRuntime::Send(const std::string& client, ObjectStore::ShardKey source, const Region& region,
-                       const std::string& dest, const ObjectStore::TransferId& id) {
-  store_.Get(client, source)
-      .OnReady(io_pool_, [this, client, region, dest, id](const absl::StatusOr<BufferPtr>& src) {
+Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, int64_t epoch, ObjectStore::ShardKey source,
+                               const Region& region, int dest_host, const ObjectStore::TransferId& id) {
+  Promise<Unit> handed;
+  Future<Unit> result = handed.future();
+  store_.Get(entry->client, source)
+      .OnReady(io_pool_, [this, entry, epoch, region, dest_host, id, handed = std::move(handed)](
+                             const absl::StatusOr<BufferPtr>& src) mutable {
         rpc::TransferRequest request;
-        request.set_client_id(client);
+        request.set_client_id(entry->client);
         rpc::TransferId* t = request.mutable_transfer();
         t->set_run_id(id.run_id);
         t->set_node(id.node);
@@ -305,21 +406,25 @@ void HostRuntime::Send(const std::string& client, ObjectStore::ShardKey source, 
           CopyRegion(b.data(), b.shape(), region.start, region.size, DTypeSize(b.dtype()), data->data(),
                      region.size, Shape(region.size.size(), 0));
         } else {
+          // The consumer fails with the producer's error instead of waiting for data.
           request.set_error_code(static_cast<int>(status.code()));
           request.set_error_message(absl::StrCat("from host ", name(), ": ", status.message()));
         }
-        WorkerClientCache::Global().Get(dest)->Transfer(request).OnReady(
-            [dest](const absl::StatusOr<rpc::TransferResponse>& r) {
-              if (!r.ok()) PW_LOG(Warning) << "transfer to " << dest << " failed: " << r.status();
-            });
+        std::string payload(sizeof(int32_t), '\0');
+        const int32_t dest = dest_host;
+        std::memcpy(payload.data(), &dest, sizeof(dest));
+        request.AppendToString(&payload);
+        absl::Status injected = entry->engine->Inject(0, entry->host_index, epoch, std::move(payload));
+        if (!injected.ok()) PW_LOG(Error) << "block of run " << id.run_id << " not sent: " << injected;
+        handed.Set(Unit{});
       });
+  return result;
 }
 
-void HostRuntime::ReceiveTransfer(const rpc::TransferRequest& request) {
+void HostRuntime::ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request) {
   const rpc::TransferId& t = request.transfer();
   auto deliver = [&](absl::StatusOr<BufferPtr> data) {
-    store_.DeliverTransfer(request.client_id(), {t.run_id(), t.node(), t.input(), t.dst_shard(), t.src_shard()},
-                           std::move(data));
+    store_.DeliverTransfer(client, {t.run_id(), t.node(), t.input(), t.dst_shard(), t.src_shard()}, std::move(data));
   };
   if (request.error_code() != 0) {
     deliver(absl::Status(static_cast<absl::StatusCode>(request.error_code()), request.error_message()));

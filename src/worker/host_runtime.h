@@ -2,6 +2,7 @@
 // ops that clients enqueue on it.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "device/device.h"
 #include "proto/pathways.pb.h"
 #include "transport/worker_client.h"
+#include "dataflow/engine.h"
+#include "dataflow/grpc_transport.h"
 #include "worker/lowered_program.h"
 #include "worker/object_store.h"
 
@@ -19,7 +22,11 @@ namespace pathways {
 struct HostRuntimeOptions {
   int num_devices = 4;
   int64_t device_memory_bytes = int64_t{1} << 30;
-  std::string name = "host";  // used in device names and error messages
+  // The address this host serves at: its name in programs, device names and error messages.
+  std::string name = "host";
+  // Where batches of the dataflow engine arrive for this host (not owned; served by the worker's
+  // gRPC server). Programs register their dataflow graphs with it.
+  dataflow::DataflowService* dataflow_service = nullptr;
   // libtorch's intra-op threads. Process-wide: the last runtime created sets it. One thread per
   // device by default, because the devices are the parallelism.
   int intra_op_threads = 1;
@@ -34,8 +41,6 @@ class HostRuntime {
   ~HostRuntime();
 
   const std::string& name() const { return options_.name; }
-  // Where this host serves; SendOps addressed here are delivered without the network.
-  void set_address(std::string address) { address_ = std::move(address); }
   int num_devices() const { return static_cast<int>(devices_.size()); }
   Device& device(int i) { return *devices_[i]; }
   ObjectStore& store() { return store_; }
@@ -44,7 +49,6 @@ class HostRuntime {
   // Applies a batch of one client's ops in order. Errors of individual ops fail the futures of
   // what they produce; only a malformed request is returned here.
   absl::Status Enqueue(const rpc::EnqueueRequest& request);
-  void ReceiveTransfer(const rpc::TransferRequest& request);
   // Completes once the requested shards are computed.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
 
@@ -52,25 +56,47 @@ class HostRuntime {
   absl::Status ValidateOp(const rpc::Op& op) const;
   absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
   absl::Status RunProgram(const std::string& client, const rpc::RunProgramOp& op);
-  // Sends every block that this host holds and another host's shards of `node` need.
-  void SendInputs(const std::string& client, const LoweredProgram& program, int node_index,
-                  const rpc::RunProgramOp& run);
+
+  // A registered program and the dataflow graph its runs exchange blocks over: node 0 has one
+  // sending shard per host of the program, node 1 one receiving shard per host, joined by a
+  // sparse edge. Each RunProgramOp is an epoch: a host closes it once it has sent every block
+  // the op's nodes need from it, so a receiver learns when all its blocks are in.
+  struct Program {
+    std::shared_ptr<const LoweredProgram> lowered;
+    std::string client;
+    int host_index;  // this host's shard in the graph
+    std::map<std::string, int> host_indices;
+    std::unique_ptr<dataflow::Engine> engine;
+  };
+  class BlockReceiver;
+  // Sends every block that this host holds and another host's shards of `node` need. Returns
+  // one future per block, ready once it is handed to the dataflow engine.
+  std::vector<Future<Unit>> SendInputs(const std::shared_ptr<Program>& program, int node_index,
+                                       const rpc::RunProgramOp& run);
   // Wires one local shard of `node` to its inputs and enqueues it on its device.
   void ExecuteShard(const std::string& client, const LoweredProgram& program, int node_index,
                     int64_t shard, const rpc::RunProgramOp& run);
-  void Send(const std::string& client, ObjectStore::ShardKey source, const Region& region,
-            const std::string& dest, const ObjectStore::TransferId& id);
+  Future<Unit> Send(const std::shared_ptr<Program>& program, int64_t epoch, ObjectStore::ShardKey source,
+                    const Region& region, int dest_host, const ObjectStore::TransferId& id);
+  void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);
+  // Every block of the epoch's op has arrived: fails any this host still waits for.
+  void FinishEpoch(const std::string& client, int64_t epoch);
   void Put(const std::string& client, const rpc::PutOp& op);
 
   const HostRuntimeOptions options_;
-  std::string address_;
   std::vector<std::unique_ptr<Device>> devices_;
   ObjectStore store_;
   FunctionCache functions_;
+  ThreadPool io_pool_;  // transfers, dataflow work and fetch responses, off device threads
+  dataflow::GrpcTransport dataflow_transport_;
   absl::Mutex programs_mu_;
-  absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<const LoweredProgram>> programs_
+  absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
       ABSL_GUARDED_BY(programs_mu_);
-  ThreadPool io_pool_;  // serialises transfers and fetch responses off device threads
+  struct EpochRange {
+    int64_t run_id;
+    int first_node, last_node;
+  };
+  absl::flat_hash_map<std::pair<std::string, int64_t>, EpochRange> epochs_ ABSL_GUARDED_BY(programs_mu_);
 };
 
 }  // namespace pathways

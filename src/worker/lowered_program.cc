@@ -55,6 +55,11 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
         slice.local_devices.push_back(-1);
       }
     }
+    for (const std::string& h : slice.hosts) {
+      if (std::find(program->hosts_.begin(), program->hosts_.end(), h) == program->hosts_.end()) {
+        program->hosts_.push_back(h);
+      }
+    }
     if (!program->slices_.emplace(sp.slice_id(), std::move(slice)).second) {
       return absl::InvalidArgumentError(absl::StrCat("slice ", sp.slice_id(), " is listed twice"));
     }

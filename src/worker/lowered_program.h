@@ -59,6 +59,8 @@ class LoweredProgram {
   const std::string& name() const { return name_; }
   const std::vector<LoweredArg>& args() const { return args_; }
   const std::vector<LoweredNode>& nodes() const { return nodes_; }
+  // Every host of every slice, in the order the program lists them: the same on every host.
+  const std::vector<std::string>& hosts() const { return hosts_; }
   // The placement of a value: its sharding and the devices holding its shards.
   Placement PlacementOf(const LoweredValue& v) const;
 
@@ -68,6 +70,7 @@ class LoweredProgram {
   std::map<int64_t, LoweredSlice> slices_;
   std::vector<LoweredArg> args_;
   std::vector<LoweredNode> nodes_;
+  std::vector<std::string> hosts_;
 };
 
 }  // namespace pathways

@@ -63,6 +63,25 @@ void ObjectStore::DeliverTransfer(const std::string& client, const TransferId& i
   promise.Set(std::move(data));  // outside the lock: continuations may run inline
 }
 
+int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t run_id, int first_node, int last_node,
+                                          const absl::Status& status) {
+  std::vector<Promise<BufferPtr>> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::erase_if(transfers_, [&](auto& entry) {
+      const auto& [key, t] = entry;
+      if (key.first != client || key.second.run_id != run_id || key.second.node < first_node ||
+          key.second.node > last_node) {
+        return false;
+      }
+      if (t.expected && !t.delivered) failed.push_back(std::move(entry.second.promise));
+      return true;
+    });
+  }
+  for (auto& p : failed) p.Set(status);  // outside the lock: continuations may run inline
+  return static_cast<int>(failed.size());
+}
+
 size_t ObjectStore::num_buffers() const {
   absl::MutexLock lock(&mu_);
   size_t n = 0;

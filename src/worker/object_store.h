@@ -54,6 +54,11 @@ class ObjectStore {
   Future<BufferPtr> ExpectTransfer(const std::string& client, const TransferId& id);
   void DeliverTransfer(const std::string& client, const TransferId& id, absl::StatusOr<BufferPtr> data);
 
+  // Fails the transfers of `run_id` into nodes first..last that were expected here and never
+  // delivered, and drops those delivered but never expected. Returns how many were failed.
+  int FailUndeliveredTransfers(const std::string& client, int64_t run_id, int first_node, int last_node,
+                               const absl::Status& status);
+
   size_t num_buffers() const;
   size_t num_pending_transfers() const;
 

@@ -49,3 +49,24 @@ TEST(ObjectStoreTest, TransferRendezvousInEitherOrder) {
 
 }  // namespace
 }  // namespace pathways
+
+namespace pathways {
+namespace {
+
+TEST(ObjectStoreTest, UndeliveredTransfersOfAFinishedEpochFail) {
+  CpuDevice device(0, 1 << 20);
+  ObjectStore store;
+  Future<BufferPtr> arrives = store.ExpectTransfer("c", {7, 0, 0, 1, 0});
+  Future<BufferPtr> never = store.ExpectTransfer("c", {7, 1, 0, 1, 0});
+  Future<BufferPtr> later_node = store.ExpectTransfer("c", {7, 2, 0, 1, 0});
+  Future<BufferPtr> other_run = store.ExpectTransfer("c", {8, 1, 0, 1, 0});
+  store.DeliverTransfer("c", {7, 0, 0, 1, 0}, *device.Allocate(DType::kF32, {1}));
+  EXPECT_EQ(store.FailUndeliveredTransfers("c", 7, 0, 1, absl::InternalError("lost")), 1);
+  EXPECT_TRUE(arrives.Await().ok());
+  EXPECT_EQ(never.Await().status().code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(later_node.IsReady());  // node 2 is outside the finished range
+  EXPECT_FALSE(other_run.IsReady());
+}
+
+}  // namespace
+}  // namespace pathways

@@ -27,16 +27,16 @@ absl::Status Worker::Start() {
   builder.SetMaxReceiveMessageSize(1 << 30);
   builder.SetMaxSendMessageSize(1 << 30);
   builder.RegisterService(service_.get());
+  builder.RegisterService(&dataflow_service_);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("worker cannot listen on ", options_.listen_address));
   }
   std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
   address_ = absl::StrCat(host, ":", port);
-  runtime_ = std::make_unique<HostRuntime>(
-      HostRuntimeOptions{options_.num_devices, options_.device_memory_bytes, address_,
-                         options_.intra_op_threads});
-  runtime_->set_address(address_);
+  runtime_ = std::make_unique<HostRuntime>(HostRuntimeOptions{options_.num_devices, options_.device_memory_bytes,
+                                                               address_, &dataflow_service_,
+                                                               options_.intra_op_threads});
   service_->AttachRuntime(runtime_.get());
   controller_ = std::make_unique<ControllerClient>(options_.controller_address);
   absl::Time deadline = absl::Now() + options_.register_timeout;

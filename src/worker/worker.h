@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "grpcpp/server.h"
+#include "dataflow/grpc_transport.h"
 #include "transport/controller_client.h"
 #include "worker/host_runtime.h"
 #include "worker/worker_service.h"
@@ -44,6 +45,8 @@ class Worker {
   rpc::RegisterWorkerRequest RegistrationRequest();
 
   const WorkerOptions options_;
+  // Declared before the runtime, which unregisters its graphs from it when destroyed.
+  dataflow::DataflowService dataflow_service_;  // batches of the dataflow engine from other hosts
   std::unique_ptr<HostRuntime> runtime_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -37,24 +37,6 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
   return reactor;
 }
 
-grpc::ServerUnaryReactor* WorkerService::Transfer(grpc::CallbackServerContext* context,
-                                                  const rpc::TransferRequest* request,
-                                                  rpc::TransferResponse*) {
-  auto* reactor = context->DefaultReactor();
-  HostRuntime* rt = runtime();
-  if (rt == nullptr) {
-    reactor->Finish(kNotReady);
-    return reactor;
-  }
-  if (request->client_id().empty()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "transfer has no client id"));
-    return reactor;
-  }
-  rt->ReceiveTransfer(*request);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
-}
-
 grpc::ServerUnaryReactor* WorkerService::Fetch(grpc::CallbackServerContext* context,
                                                const rpc::FetchRequest* request,
                                                rpc::FetchResponse* response) {

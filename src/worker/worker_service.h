@@ -21,9 +21,6 @@ class WorkerService final : public rpc::Worker::CallbackService {
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context,
                                     const rpc::EnqueueRequest* request,
                                     rpc::EnqueueResponse* response) override;
-  grpc::ServerUnaryReactor* Transfer(grpc::CallbackServerContext* context,
-                                     const rpc::TransferRequest* request,
-                                     rpc::TransferResponse* response) override;
   grpc::ServerUnaryReactor* Fetch(grpc::CallbackServerContext* context,
                                   const rpc::FetchRequest* request,
                                   rpc::FetchResponse* response) override;
