@@ -476,6 +476,7 @@ struct Segment {
   int first;
   int last;
   bool wait_until_computed;  // the last node declares data-dependent shapes
+  std::vector<std::string> hosts;  // hosts that run, hold or send anything for its nodes
 };
 
 // Pushes a run's segments one after another: each once the previous one is enqueued on all its
@@ -483,17 +484,15 @@ struct Segment {
 struct SegmentedDispatch {
   std::shared_ptr<ClientCore> core;
   rpc::RunProgramOp op;
-  std::vector<std::string> hosts;  // every host of the program
   std::vector<Segment> segments;
   std::vector<std::vector<std::shared_ptr<const ShardedArray::State>>> node_outputs;
   Promise<Unit> done;
 
   static void Next(std::shared_ptr<SegmentedDispatch> d, size_t k) {
     const Segment& seg = d->segments[k];
-    // Every host of the program gets every segment: each is a sender in the segment's dataflow
-    // epoch, and receivers finish an epoch only once all senders have closed it.
+    // Each op is one epoch of the program's dataflow: blocks its nodes exchange are tracked in it.
     const int64_t epoch = d->core->NextRunId();
-    for (const std::string& host : d->hosts) {
+    for (const std::string& host : seg.hosts) {
       rpc::Op op;
       *op.mutable_run() = d->op;
       op.mutable_run()->set_first_node(seg.first);
@@ -509,7 +508,7 @@ struct SegmentedDispatch {
     if (seg.wait_until_computed) {
       for (const auto& out : d->node_outputs[seg.last]) waits.push_back(ShardsReady(d->core, out));
     } else {
-      for (const std::string& host : d->hosts) waits.push_back(d->core->queue(host)->Flushed());
+      for (const std::string& host : seg.hosts) waits.push_back(d->core->queue(host)->Flushed());
     }
     JoinAll(waits).OnReady([d, k](const absl::StatusOr<std::vector<Unit>>& r) {
       if (!r.ok()) {
@@ -580,7 +579,13 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, ab
   for (int n = 0; n < num_nodes; ++n) {
     const bool data_dependent = program.calls()[n].data_dependent_shapes;
     if (sequential || data_dependent || n + 1 == num_nodes) {
-      segments.push_back({first, n, data_dependent});
+      Segment seg{first, n, data_dependent, {}};
+      for (int m = first; m <= n; ++m) {
+        for (const std::string& h : lowering->node_hosts[m]) {
+          if (std::find(seg.hosts.begin(), seg.hosts.end(), h) == seg.hosts.end()) seg.hosts.push_back(h);
+        }
+      }
+      segments.push_back(std::move(seg));
       first = n + 1;
     }
   }
@@ -594,7 +599,6 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, ab
   const ArrayId base = core_->ReserveArrayIds(lowering->num_outputs);
   op.set_output_array_base(base);
   dispatch->segments = std::move(segments);
-  dispatch->hosts = lowering->hosts;
   // With one segment (parallel dispatch, no data-dependent node) this is ready when Run returns.
   Future<Unit> dispatched = dispatch->done.future();
   for (int n = 0; n < num_nodes; ++n) {

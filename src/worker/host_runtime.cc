@@ -1,6 +1,7 @@
 #include "worker/host_runtime.h"
 
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "array/sharding.h"
@@ -65,26 +66,31 @@ absl::StatusOr<BufferPtr> AssembleInput(Device& device, const InputPlan& plan,
 
 }  // namespace
 
-// The two operators of a program's block-exchange graph. The sender routes an injected block to
-// the receiving host named in its first four bytes; the receiver hands blocks to the object store
-// and, when its epoch is complete, fails whatever never came.
+// The two operators of a program node's block exchange. The sender routes an injected block to
+// the receiving shard named in its first four bytes; the receiver hands blocks to the object
+// store and, when its epoch is complete, fails whatever never came.
 namespace {
 
 class BlockSender : public dataflow::Operator {
  public:
+  explicit BlockSender(int edge) : edge_(edge) {}
   void OnMessage(dataflow::ShardContext& ctx, int, int, const std::string& payload) override {
     int32_t dest = 0;
     std::memcpy(&dest, payload.data(), sizeof(dest));
-    ctx.Send(0, dest, payload.substr(sizeof(dest)));
+    ctx.Send(edge_, dest, payload.substr(sizeof(dest)));
   }
   void OnEpochDone(dataflow::ShardContext&) override {}
+
+ private:
+  const int edge_;
 };
 
 }  // namespace
 
 class HostRuntime::BlockReceiver : public dataflow::Operator {
  public:
-  BlockReceiver(HostRuntime& runtime, std::string client) : runtime_(runtime), client_(std::move(client)) {}
+  BlockReceiver(HostRuntime& runtime, std::string client, int program_node)
+      : runtime_(runtime), client_(std::move(client)), program_node_(program_node) {}
   void OnMessage(dataflow::ShardContext&, int, int, const std::string& payload) override {
     rpc::TransferRequest request;
     if (!request.ParseFromString(payload)) {
@@ -93,11 +99,12 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
     }
     runtime_.ReceiveTransfer(client_, request);
   }
-  void OnEpochDone(dataflow::ShardContext& ctx) override { runtime_.FinishEpoch(client_, ctx.epoch()); }
+  void OnEpochDone(dataflow::ShardContext& ctx) override { runtime_.FinishEpoch(client_, ctx.epoch(), program_node_); }
 
  private:
   HostRuntime& runtime_;
   const std::string client_;
+  const int program_node_;
 };
 
 HostRuntime::HostRuntime(HostRuntimeOptions options)
@@ -175,30 +182,59 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
   auto program = std::make_shared<Program>();
   PW_ASSIGN_OR_RETURN(program->lowered, LoweredProgram::Create(proto, name(), num_devices()));
   program->client = client;
-  const std::vector<std::string>& hosts = program->lowered->hosts();
-  program->host_index = -1;
-  for (int i = 0; i < static_cast<int>(hosts.size()); ++i) {
-    program->host_indices[hosts[i]] = i;
-    if (hosts[i] == name()) program->host_index = i;
-  }
-  if (program->host_index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("program ", proto.program_id(), " has no device on ", name()));
-  }
+  const LoweredProgram& lowered = *program->lowered;
+  // Every host derives the same graph: the same plans over the same hosts in the same order.
   auto graph = std::make_shared<dataflow::GraphDef>(absl::StrCat(client, "/", proto.program_id()));
-  int senders = *graph->AddNode("send", hosts);
-  int receivers = *graph->AddNode("receive", hosts);
-  (void)*graph->AddEdge(senders, receivers, dataflow::EdgeKind::kSparse);
+  std::vector<std::pair<int, int>> receivers_of;  // graph node -> (program node) for the factory
+  for (int n = 0; n < static_cast<int>(lowered.nodes().size()); ++n) {
+    const LoweredNode& node = lowered.nodes()[n];
+    std::set<std::string> senders, receivers;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      Placement src = lowered.PlacementOf(node.inputs[i]);
+      Placement dst{&node.in_shardings[i], &node.slice->devices};
+      for (int64_t d = 0; d < static_cast<int64_t>(node.slice->devices.size()); ++d) {
+        const std::string& dest = node.slice->devices[d].host;
+        for (const Piece& p : PlanShard(src, dst, d)) {
+          const std::string& from = (*src.devices)[p.src_shard].host;
+          if (from == dest) continue;
+          senders.insert(from);
+          receivers.insert(dest);
+        }
+      }
+    }
+    Exchange exchange;
+    if (!senders.empty()) {
+      std::vector<std::string> send_hosts(senders.begin(), senders.end());
+      std::vector<std::string> recv_hosts(receivers.begin(), receivers.end());
+      for (int i = 0; i < static_cast<int>(send_hosts.size()); ++i) exchange.sender_index[send_hosts[i]] = i;
+      for (int i = 0; i < static_cast<int>(recv_hosts.size()); ++i) exchange.receiver_index[recv_hosts[i]] = i;
+      exchange.send_node = *graph->AddNode(absl::StrCat("send", n), std::move(send_hosts));
+      exchange.recv_node = *graph->AddNode(absl::StrCat("recv", n), std::move(recv_hosts));
+      exchange.edge = *graph->AddEdge(exchange.send_node, exchange.recv_node, dataflow::EdgeKind::kSparse);
+    }
+    program->exchanges.push_back(std::move(exchange));
+  }
+  // Graph node -> the program node whose blocks it carries, and whether it sends.
+  std::map<int, std::pair<int, bool>> roles;
+  for (int n = 0; n < static_cast<int>(program->exchanges.size()); ++n) {
+    const Exchange& e = program->exchanges[n];
+    if (e.send_node >= 0) {
+      roles[e.send_node] = {e.edge, true};
+      roles[e.recv_node] = {n, false};
+    }
+  }
   program->engine = std::make_unique<dataflow::Engine>(
       name(), std::move(graph),
-      [this, client](int node, int) -> std::unique_ptr<dataflow::Operator> {
-        if (node == 0) return std::make_unique<BlockSender>();
-        return std::make_unique<BlockReceiver>(*this, client);
+      [this, client, roles](int node, int) -> std::unique_ptr<dataflow::Operator> {
+        auto [value, sends] = roles.at(node);
+        if (sends) return std::make_unique<BlockSender>(value);
+        return std::make_unique<BlockReceiver>(*this, client, value);
       },
       dataflow_transport_, io_pool_);
-  options_.dataflow_service->AddEngine(program->engine.get());
   absl::MutexLock lock(&programs_mu_);
   auto& slot = programs_[{client, proto.program_id()}];
   if (slot != nullptr) return absl::AlreadyExistsError(absl::StrCat("program ", proto.program_id(), " is already registered"));
+  options_.dataflow_service->AddEngine(program->engine.get());
   slot = std::move(program);
   return absl::OkStatus();
 }
@@ -207,6 +243,11 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   std::shared_ptr<Program> entry;
   {
     absl::MutexLock lock(&programs_mu_);
+    int64_t& last = last_epoch_[client];
+    if (run.epoch() <= last) {
+      return absl::InvalidArgumentError(absl::StrCat("run epoch ", run.epoch(), " is not after epoch ", last));
+    }
+    last = run.epoch();
     auto it = programs_.find({client, run.program_id()});
     if (it != programs_.end()) entry = it->second;
   }
@@ -223,40 +264,29 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     return absl::InvalidArgumentError(absl::StrCat("nodes ", run.first_node(), "..", run.last_node(),
                                                    " are not in program '", program->name(), "' of ", num_nodes, " nodes"));
   }
-  {
-    absl::MutexLock lock(&programs_mu_);
-    if (!epochs_.try_emplace({client, run.epoch()}, EpochRange{run.run_id(), run.first_node(), run.last_node()}).second) {
-      return absl::InvalidArgumentError(absl::StrCat("epoch ", run.epoch(), " was already run"));
-    }
-  }
   // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
   // now, before any of them has run.
-  std::vector<Future<Unit>> sends;
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
-    for (Future<Unit>& f : SendInputs(entry, n, run)) sends.push_back(std::move(f));
+    std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
     for (int64_t shard : program->nodes()[n].slice->local_shards) ExecuteShard(client, *program, n, shard, run);
+    const Exchange& exchange = entry->exchanges[n];
+    auto sender = exchange.sender_index.find(name());
+    if (sender == exchange.sender_index.end()) continue;
+    // This host's part of the node's exchange ends once every block it owes is handed over.
+    JoinAll(sends).OnReady([entry, node = exchange.send_node, shard = sender->second,
+                            epoch = run.epoch()](const absl::StatusOr<std::vector<Unit>>&) {
+      (void)entry->engine->CloseInput(node, shard, epoch);
+    });
   }
-  // This host's part of the epoch ends once every block it owes is handed to the engine.
-  JoinAll(sends).OnReady([entry, epoch = run.epoch()](const absl::StatusOr<std::vector<Unit>>&) {
-    (void)entry->engine->CloseInput(0, entry->host_index, epoch);
-  });
   return absl::OkStatus();
 }
 
-void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch) {
-  EpochRange range;
-  {
-    absl::MutexLock lock(&programs_mu_);
-    auto it = epochs_.find({client, epoch});
-    if (it == epochs_.end()) return;
-    range = it->second;
-    epochs_.erase(it);
-  }
+void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch, int node) {
   int failed = store_.FailUndeliveredTransfers(
-      client, range.run_id, range.first_node, range.last_node,
-      absl::InternalError(absl::StrCat("run ", range.run_id, ": a block every sender has accounted for never reached ",
-                                       name())));
-  if (failed > 0) PW_LOG(Error) << failed << " blocks of run " << range.run_id << " never reached " << name();
+      client, epoch, node, node,
+      absl::InternalError(absl::StrCat("epoch ", epoch, ": a block of node ", node,
+                                       " that every sender has accounted for never reached ", name())));
+  if (failed > 0) PW_LOG(Error) << failed << " blocks of epoch " << epoch << " never reached " << name();
 }
 
 namespace {
@@ -285,9 +315,8 @@ std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<Program>
       if (dest == name()) continue;
       for (const Piece& p : PlanShard(src, dst, d)) {
         if ((*src.devices)[p.src_shard].host != name()) continue;
-        sends.push_back(Send(entry, run.epoch(), {array, static_cast<int32_t>(p.src_shard)}, p.src_region,
-                             entry->host_indices.at(dest),
-                             {run.run_id(), node_index, static_cast<int32_t>(i), static_cast<int32_t>(d), p.src_shard}));
+        sends.push_back(Send(entry, {array, static_cast<int32_t>(p.src_shard)}, p.src_region, dest,
+                             {run.epoch(), node_index, static_cast<int32_t>(i), static_cast<int32_t>(d), p.src_shard}));
       }
     }
   }
@@ -330,7 +359,7 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
         plan.src_regions.push_back(p.src_region);
       } else {
         piece_futures.push_back(store_.ExpectTransfer(
-            client, {run.run_id(), node_index, static_cast<int32_t>(i), shard32, p.src_shard}));
+            client, {run.epoch(), node_index, static_cast<int32_t>(i), shard32, p.src_shard}));
         plan.src_regions.push_back({Shape(p.src_region.size.size(), 0), p.src_region.size});
       }
       plan.dst_starts.push_back(p.dst_start);
@@ -381,17 +410,20 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
       });
 }
 
-Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, int64_t epoch, ObjectStore::ShardKey source,
-                               const Region& region, int dest_host, const ObjectStore::TransferId& id) {
+Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, ObjectStore::ShardKey source,
+                               const Region& region, const std::string& dest, const ObjectStore::TransferId& id) {
+  const Exchange& exchange = entry->exchanges[id.node];
+  const int32_t dest_shard = exchange.receiver_index.at(dest);
+  const int sender_shard = exchange.sender_index.at(name());
   Promise<Unit> handed;
   Future<Unit> result = handed.future();
   store_.Get(entry->client, source)
-      .OnReady(io_pool_, [this, entry, epoch, region, dest_host, id, handed = std::move(handed)](
+      .OnReady(io_pool_, [this, entry, region, dest_shard, sender_shard, id, handed = std::move(handed)](
                              const absl::StatusOr<BufferPtr>& src) mutable {
         rpc::TransferRequest request;
         request.set_client_id(entry->client);
         rpc::TransferId* t = request.mutable_transfer();
-        t->set_run_id(id.run_id);
+        t->set_epoch(id.epoch);
         t->set_node(id.node);
         t->set_input(id.input);
         t->set_dst_shard(id.dst_shard);
@@ -411,11 +443,11 @@ Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, int64_t ep
           request.set_error_message(absl::StrCat("from host ", name(), ": ", status.message()));
         }
         std::string payload(sizeof(int32_t), '\0');
-        const int32_t dest = dest_host;
-        std::memcpy(payload.data(), &dest, sizeof(dest));
+        std::memcpy(payload.data(), &dest_shard, sizeof(dest_shard));
         request.AppendToString(&payload);
-        absl::Status injected = entry->engine->Inject(0, entry->host_index, epoch, std::move(payload));
-        if (!injected.ok()) PW_LOG(Error) << "block of run " << id.run_id << " not sent: " << injected;
+        absl::Status injected = entry->engine->Inject(entry->exchanges[id.node].send_node, sender_shard, id.epoch,
+                                                      std::move(payload));
+        if (!injected.ok()) PW_LOG(Error) << "block of epoch " << id.epoch << " not sent: " << injected;
         handed.Set(Unit{});
       });
   return result;
@@ -424,7 +456,7 @@ Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, int64_t ep
 void HostRuntime::ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request) {
   const rpc::TransferId& t = request.transfer();
   auto deliver = [&](absl::StatusOr<BufferPtr> data) {
-    store_.DeliverTransfer(client, {t.run_id(), t.node(), t.input(), t.dst_shard(), t.src_shard()}, std::move(data));
+    store_.DeliverTransfer(client, {t.epoch(), t.node(), t.input(), t.dst_shard(), t.src_shard()}, std::move(data));
   };
   if (request.error_code() != 0) {
     deliver(absl::Status(static_cast<absl::StatusCode>(request.error_code()), request.error_message()));
@@ -439,7 +471,7 @@ void HostRuntime::ReceiveTransfer(const std::string& client, const rpc::Transfer
   // consuming computation assembles its input there.
   auto size = ByteSize(spec->dtype, spec->shape);
   if (static_cast<int64_t>(request.data().size()) != *size) {
-    deliver(absl::InvalidArgumentError(absl::StrCat("transfer of run ", t.run_id(), " carries ",
+    deliver(absl::InvalidArgumentError(absl::StrCat("transfer of epoch ", t.epoch(), " carries ",
                                                     request.data().size(), " bytes for ",
                                                     spec->ToString())));
     return;

@@ -57,15 +57,23 @@ class HostRuntime {
   absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
   absl::Status RunProgram(const std::string& client, const rpc::RunProgramOp& op);
 
-  // A registered program and the dataflow graph its runs exchange blocks over: node 0 has one
-  // sending shard per host of the program, node 1 one receiving shard per host, joined by a
-  // sparse edge. Each RunProgramOp is an epoch: a host closes it once it has sent every block
-  // the op's nodes need from it, so a receiver learns when all its blocks are in.
+  // Which hosts send blocks to which for one program node, known statically from the shardings.
+  // In the program's dataflow graph it is a sending node (a shard per sending host) joined by a
+  // sparse edge to a receiving node (a shard per receiving host). A node whose inputs never
+  // cross hosts has no exchange and costs no dataflow traffic.
+  struct Exchange {
+    int send_node = -1;  // graph node ids; -1 when the program node moves nothing between hosts
+    int recv_node = -1;
+    int edge = -1;
+    std::map<std::string, int> sender_index, receiver_index;
+  };
+  // A registered program. Each RunProgramOp is one epoch of its dataflow graph: a host closes
+  // its sending shards once it has handed over every block it owes, so receivers learn when all
+  // their blocks are in.
   struct Program {
     std::shared_ptr<const LoweredProgram> lowered;
     std::string client;
-    int host_index;  // this host's shard in the graph
-    std::map<std::string, int> host_indices;
+    std::vector<Exchange> exchanges;  // per program node
     std::unique_ptr<dataflow::Engine> engine;
   };
   class BlockReceiver;
@@ -76,11 +84,11 @@ class HostRuntime {
   // Wires one local shard of `node` to its inputs and enqueues it on its device.
   void ExecuteShard(const std::string& client, const LoweredProgram& program, int node_index,
                     int64_t shard, const rpc::RunProgramOp& run);
-  Future<Unit> Send(const std::shared_ptr<Program>& program, int64_t epoch, ObjectStore::ShardKey source,
-                    const Region& region, int dest_host, const ObjectStore::TransferId& id);
+  Future<Unit> Send(const std::shared_ptr<Program>& program, ObjectStore::ShardKey source, const Region& region,
+                    const std::string& dest, const ObjectStore::TransferId& id);
   void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);
-  // Every block of the epoch's op has arrived: fails any this host still waits for.
-  void FinishEpoch(const std::string& client, int64_t epoch);
+  // Every block of `node` in the epoch has arrived: fails any this host still waits for.
+  void FinishEpoch(const std::string& client, int64_t epoch, int node);
   void Put(const std::string& client, const rpc::PutOp& op);
 
   const HostRuntimeOptions options_;
@@ -92,11 +100,9 @@ class HostRuntime {
   absl::Mutex programs_mu_;
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
       ABSL_GUARDED_BY(programs_mu_);
-  struct EpochRange {
-    int64_t run_id;
-    int first_node, last_node;
-  };
-  absl::flat_hash_map<std::pair<std::string, int64_t>, EpochRange> epochs_ ABSL_GUARDED_BY(programs_mu_);
+  // Per client, the last epoch run here: a client's epochs reach a host in increasing order.
+  absl::flat_hash_map<std::string, int64_t> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
+
 };
 
 }  // namespace pathways

@@ -63,14 +63,14 @@ void ObjectStore::DeliverTransfer(const std::string& client, const TransferId& i
   promise.Set(std::move(data));  // outside the lock: continuations may run inline
 }
 
-int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t run_id, int first_node, int last_node,
+int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t epoch, int first_node, int last_node,
                                           const absl::Status& status) {
   std::vector<Promise<BufferPtr>> failed;
   {
     absl::MutexLock lock(&mu_);
     absl::erase_if(transfers_, [&](auto& entry) {
       const auto& [key, t] = entry;
-      if (key.first != client || key.second.run_id != run_id || key.second.node < first_node ||
+      if (key.first != client || key.second.epoch != epoch || key.second.node < first_node ||
           key.second.node > last_node) {
         return false;
       }

@@ -34,10 +34,10 @@ class ObjectStore {
   // stay alive until that work is done. Returns the number of shards dropped.
   int FreeArray(const std::string& client, ArrayId array_id);
 
-  // Names one block moving host to host: run, consuming node and input, destination shard and
-  // source shard. Sender and receiver derive it independently from the program.
+  // Names one block moving host to host: the run op's epoch, consuming node and input,
+  // destination shard and source shard. Sender and receiver derive it independently.
   struct TransferId {
-    int64_t run_id;
+    int64_t epoch;
     int32_t node;
     int32_t input;
     int32_t dst_shard;
@@ -45,7 +45,7 @@ class ObjectStore {
     bool operator==(const TransferId&) const = default;
     template <typename H>
     friend H AbslHashValue(H h, const TransferId& t) {
-      return H::combine(std::move(h), t.run_id, t.node, t.input, t.dst_shard, t.src_shard);
+      return H::combine(std::move(h), t.epoch, t.node, t.input, t.dst_shard, t.src_shard);
     }
   };
 
@@ -54,9 +54,9 @@ class ObjectStore {
   Future<BufferPtr> ExpectTransfer(const std::string& client, const TransferId& id);
   void DeliverTransfer(const std::string& client, const TransferId& id, absl::StatusOr<BufferPtr> data);
 
-  // Fails the transfers of `run_id` into nodes first..last that were expected here and never
+  // Fails the transfers of `epoch` into nodes first..last that were expected here and never
   // delivered, and drops those delivered but never expected. Returns how many were failed.
-  int FailUndeliveredTransfers(const std::string& client, int64_t run_id, int first_node, int last_node,
+  int FailUndeliveredTransfers(const std::string& client, int64_t epoch, int first_node, int last_node,
                                const absl::Status& status);
 
   size_t num_buffers() const;
