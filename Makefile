@@ -28,7 +28,7 @@ test: deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 300
 
 demo: deps build
-	$(BUILD_DIR)/bin/pathways demo
+	$(BUILD_DIR)/bin/pathways demo --print-ir
 
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench

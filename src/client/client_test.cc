@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "client/local_cluster.h"
+#include "client/program.h"
 #include "gtest/gtest.h"
 
 namespace pathways {
@@ -201,6 +202,29 @@ TEST_F(ClientTest, DroppingAnArrayFreesItsShards) {
   auto small = *client_->Put(*HostArray::Create(DType::kF32, {4}), island0_, {"x"});
   ASSERT_TRUE(client_->Ready(small).Await().ok());
   EXPECT_EQ(used() - before, 16);
+}
+
+// Stages alternate between the two hosts, so every node's input crosses hosts. One host sets up
+// its run ops late, so blocks reach it before it expects them; the other host sees the reverse.
+TEST_F(ClientTest, PingPongProgramAcrossHostsManyRuns) {
+  cluster_->worker(1).runtime().TEST_DelayRunOps(absl::Milliseconds(2));
+  const TensorSpec spec{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+  ProgramBuilder builder("ping_pong");
+  TracedValue v = builder.Arg(spec);
+  for (int s = 0; s < 6; ++s) v = (*builder.Call(inc, s % 2 == 0 ? island1_ : island0_, {v}))[0];
+  Program program = *builder.Build({v});
+  ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), island0_, {"x"});
+  for (int run = 0; run < 30; ++run) {
+    RunOptions options{run % 3 == 0 ? RunOptions::Dispatch::kSequential : RunOptions::Dispatch::kParallel};
+    auto out = client_->Run(program, {x}, options);
+    ASSERT_TRUE(out.ok()) << out.status();
+    x = (*out)[0];
+  }
+  auto result = client_->Fetch(x).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (float f : Values(*result)) EXPECT_EQ(f, 180.0f);
+  cluster_->worker(1).runtime().TEST_DelayRunOps(absl::ZeroDuration());
 }
 
 TEST_F(ClientTest, ClientsCannotUseEachOthersHandles) {

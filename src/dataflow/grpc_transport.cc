@@ -3,6 +3,8 @@
 #include <map>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
+
 #include "core/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -26,15 +28,24 @@ Envelope FromProto(const rpc::DataflowEnvelope& p) {
 
 }  // namespace
 
+// One long-lived client stream to one peer, written by its own thread. A stream that breaks is
+// opened again and the message whose write failed is written again, a bounded number of times.
 class GrpcTransport::PeerStream {
  public:
-  PeerStream(const std::string& self, const std::string& peer) : self_(self), peer_(peer) {
+  PeerStream(const std::string& self, const std::string& peer)
+      : self_(self), peer_(peer), stub_(rpc::Dataflow::NewStub(grpc::CreateChannel(peer, grpc::InsecureChannelCredentials()))) {
     thread_ = std::thread([this] { Run(); });
   }
   ~PeerStream() {
     {
       absl::MutexLock lock(&mu_);
       closing_ = true;
+    }
+    // Give queued messages a moment to go out, then cut the stream: a peer that went away must
+    // not hold up shutdown.
+    if (!done_.WaitForNotificationWithTimeout(absl::Seconds(2))) {
+      absl::MutexLock lock(&mu_);
+      if (context_ != nullptr) context_->TryCancel();
     }
     thread_.join();
   }
@@ -48,15 +59,39 @@ class GrpcTransport::PeerStream {
   }
 
  private:
-  void Run() {
-    auto channel = grpc::CreateChannel(peer_, grpc::InsecureChannelCredentials());
-    auto stub = rpc::Dataflow::NewStub(channel);
-    // Not wait-for-ready: a peer that cannot be reached fails the stream at once (its messages
-    // are dropped and logged) instead of blocking this thread, and shutdown, forever.
-    grpc::ClientContext context;
+  struct Stream {
+    std::unique_ptr<grpc::ClientContext> context;
     rpc::DataflowAck ack;
-    std::unique_ptr<grpc::ClientWriter<rpc::DataflowBatch>> writer = stub->Stream(&context, &ack);
-    bool broken = false;
+    std::unique_ptr<grpc::ClientWriter<rpc::DataflowBatch>> writer;
+  };
+
+  std::unique_ptr<Stream> Open() {
+    auto stream = std::make_unique<Stream>();
+    stream->context = std::make_unique<grpc::ClientContext>();
+    stream->context->set_wait_for_ready(true);  // a peer still starting is waited for
+    {
+      absl::MutexLock lock(&mu_);
+      context_ = stream->context.get();
+    }
+    stream->writer = stub_->Stream(stream->context.get(), &stream->ack);
+    return stream;
+  }
+
+  void Close(std::unique_ptr<Stream> stream, bool broken) {
+    if (!broken) stream->writer->WritesDone();
+    grpc::Status status = stream->writer->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      context_ = nullptr;
+    }
+    if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+      PW_LOG(Info) << "dataflow stream to " << peer_ << " ended: " << status.error_message();
+    }
+  }
+
+  void Run() {
+    constexpr int kAttempts = 3;
+    std::unique_ptr<Stream> stream = Open();
     while (true) {
       // Everything queued since the last write goes out together: one message per graph.
       std::map<std::string, rpc::DataflowBatch> messages;
@@ -76,23 +111,37 @@ class GrpcTransport::PeerStream {
         written_ += static_cast<int64_t>(messages.size());
       }
       for (const auto& [graph, message] : messages) {
-        if (!broken && !writer->Write(message)) {
-          PW_LOG(Warning) << "dataflow stream to " << peer_ << " broke; its messages are dropped";
-          broken = true;  // failure handling (re-routing, failing runs) belongs to the runtime
+        int attempt = 0;
+        while (!stream->writer->Write(message)) {
+          Close(std::move(stream), /*broken=*/true);
+          bool closing;
+          {
+            absl::MutexLock lock(&mu_);
+            closing = closing_;
+          }
+          if (closing || ++attempt == kAttempts) {
+            PW_LOG(Error) << "dataflow: " << message.envelopes_size() << " envelopes for " << peer_
+                          << " dropped after " << attempt << " broken streams";
+            stream = Open();
+            break;
+          }
+          stream = Open();
         }
       }
     }
-    writer->WritesDone();
-    grpc::Status status = writer->Finish();
-    if (!status.ok() && !broken) PW_LOG(Warning) << "dataflow stream to " << peer_ << " ended: " << status.error_message();
+    Close(std::move(stream), /*broken=*/false);
+    done_.Notify();
   }
 
   const std::string self_;
   const std::string peer_;
+  std::unique_ptr<rpc::Dataflow::Stub> stub_;
   absl::Mutex mu_;
   std::vector<std::pair<std::string, std::vector<Envelope>>> pending_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;  // of the open stream, to cancel it
+  absl::Notification done_;
   std::thread thread_;
 };
 

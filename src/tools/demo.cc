@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/local_cluster.h"
+#include "client/program.h"
 #include "compute/executable.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"
@@ -94,9 +95,21 @@ absl::Status RunDemo(const Flags& flags) {
   HostArray x = Pattern(x_spec.shape, 0.1f), w = Pattern(w_spec.shape, 0.05f);
   PW_ASSIGN_OR_RETURN(ShardedArray fx, client->Put(x, stage1, {"x", ""}));
   PW_ASSIGN_OR_RETURN(ShardedArray fw, client->Put(w, stage1, {"", "y"}));
-  PW_ASSIGN_OR_RETURN(auto h, client->Call(matmul, stage1, {fx, fw}));
-  // Consumes h before it is computed; its blocks move from island 0's hosts to island 1's.
-  PW_ASSIGN_OR_RETURN(auto y, client->Call(activation, stage2, {h[0]}));
+
+  // Both calls traced into one program, submitted with one client call. The activation consumes
+  // h before it is computed; h's blocks move from island 0's hosts to island 1's.
+  ProgramBuilder builder("two_stage");
+  TracedValue tx = builder.Arg(x_spec), tw = builder.Arg(w_spec);
+  PW_ASSIGN_OR_RETURN(auto th, builder.Call(matmul, stage1, {tx, tw}));
+  PW_ASSIGN_OR_RETURN(auto ty, builder.Call(activation, stage2, {th[0]}));
+  PW_ASSIGN_OR_RETURN(Program program, builder.Build({ty[0], th[0]}));
+  if (flags.Has("print-ir")) {
+    std::printf("High-level IR (virtual slices and shardings only):\n%s\n", program.ToString().c_str());
+    PW_ASSIGN_OR_RETURN(std::string lowered, client->DescribeLowering(program, {fx, fw}));
+    std::printf("Lowered onto physical devices:\n%s\n", lowered.c_str());
+  }
+  PW_ASSIGN_OR_RETURN(auto outputs, client->Run(program, {fx, fw}));
+  std::vector<ShardedArray> y = {outputs[0]}, h = {outputs[1]};
   std::printf("What ran where:\n");
   std::printf(" matmul (built-in kernel) on island 0:\n");
   PrintPlacement("output h", h[0]);

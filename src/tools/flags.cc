@@ -10,7 +10,8 @@
 
 namespace pathways {
 
-absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, const std::vector<std::string>& known) {
+absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, const std::vector<std::string>& known,
+                                   const std::vector<std::string>& switches) {
   Flags flags;
   for (int i = 0; i < argc; ++i) {
     std::string arg = argv[i];
@@ -18,6 +19,10 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, const std::vector<std:
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
     }
     std::string name = arg.substr(2), value;
+    if (std::find(switches.begin(), switches.end(), name) != switches.end()) {
+      flags.values_[name] = "true";
+      continue;
+    }
     size_t eq = name.find('=');
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);

@@ -11,8 +11,10 @@ namespace pathways {
 
 class Flags {
  public:
-  // Fails on a positional argument, a flag not in `known`, or a flag without a value.
-  static absl::StatusOr<Flags> Parse(int argc, char** argv, const std::vector<std::string>& known);
+  // Fails on a positional argument, a flag not in `known` or `switches`, or a flag in `known`
+  // without a value. Switches take no value: `--print-ir` sets it.
+  static absl::StatusOr<Flags> Parse(int argc, char** argv, const std::vector<std::string>& known,
+                                     const std::vector<std::string>& switches = {});
   bool Has(const std::string& name) const { return values_.contains(name); }
   std::string Get(const std::string& name, const std::string& fallback = "") const;
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;

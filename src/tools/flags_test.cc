@@ -18,6 +18,14 @@ TEST(FlagsTest, ParsesBothFormsAndRejectsUnknown) {
   EXPECT_FALSE(Flags::Parse(1, const_cast<char**>(dangling), {"island"}).ok());
 }
 
+TEST(FlagsTest, SwitchesTakeNoValue) {
+  const char* argv[] = {"--print-ir", "--hosts", "2"};
+  auto f = Flags::Parse(3, const_cast<char**>(argv), {"hosts"}, {"print-ir"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->Has("print-ir"));
+  EXPECT_EQ(*f->GetInt("hosts", 0), 2);
+}
+
 TEST(FlagsTest, ParsesSizes) {
   EXPECT_EQ(*ParseBytes("1GiB"), int64_t{1} << 30);
   EXPECT_EQ(*ParseBytes("512MiB"), int64_t{512} << 20);

@@ -22,7 +22,7 @@ constexpr char kUsage[] =
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N]\n"
     "  status --controller HOST:PORT\n"
-    "  demo [--islands N] [--hosts N] [--devices N]\n";
+    "  demo [--islands N] [--hosts N] [--devices N] [--print-ir]\n";
 
 // Blocks until SIGINT or SIGTERM. The signals are blocked in every thread (threads inherit the
 // mask from main), so only this sigwait sees them.
@@ -122,17 +122,18 @@ int main(int argc, char** argv) {
   struct Command {
     const char* name;
     std::vector<std::string> flags;
+    std::vector<std::string> switches;
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "port-file"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads"}, RunWorker},
-      {"status", {"controller"}, RunStatus},
-      {"demo", {"islands", "hosts", "devices"}, RunDemo},
+      {"controller", {"listen", "heartbeat-timeout-ms", "port-file"}, {}, RunController},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads"}, {}, RunWorker},
+      {"status", {"controller"}, {}, RunStatus},
+      {"demo", {"islands", "hosts", "devices"}, {"print-ir"}, RunDemo},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;
-    auto flags = Flags::Parse(argc - 2, argv + 2, c.flags);
+    auto flags = Flags::Parse(argc - 2, argv + 2, c.flags, c.switches);
     absl::Status status = flags.ok() ? c.run(*flags) : flags.status();
     if (!status.ok()) {
       std::fprintf(stderr, "pathways %s: %s\n", c.name, std::string(status.message()).c_str());

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "array/sharding.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
@@ -70,6 +71,13 @@ absl::StatusOr<BufferPtr> AssembleInput(Device& device, const InputPlan& plan,
 // the receiving shard named in its first four bytes; the receiver hands blocks to the object
 // store and, when its epoch is complete, fails whatever never came.
 namespace {
+
+// Carries nothing: its shard's epoch is closed by the receiving host once it is set up.
+class ArmingSource : public dataflow::Operator {
+ public:
+  void OnMessage(dataflow::ShardContext&, int, int, const std::string&) override {}
+  void OnEpochDone(dataflow::ShardContext&) override {}
+};
 
 class BlockSender : public dataflow::Operator {
  public:
@@ -209,25 +217,33 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
       for (int i = 0; i < static_cast<int>(send_hosts.size()); ++i) exchange.sender_index[send_hosts[i]] = i;
       for (int i = 0; i < static_cast<int>(recv_hosts.size()); ++i) exchange.receiver_index[recv_hosts[i]] = i;
       exchange.send_node = *graph->AddNode(absl::StrCat("send", n), std::move(send_hosts));
+      exchange.arm_node = *graph->AddNode(absl::StrCat("arm", n), recv_hosts);
       exchange.recv_node = *graph->AddNode(absl::StrCat("recv", n), std::move(recv_hosts));
       exchange.edge = *graph->AddEdge(exchange.send_node, exchange.recv_node, dataflow::EdgeKind::kSparse);
+      (void)*graph->AddEdge(exchange.arm_node, exchange.recv_node, dataflow::EdgeKind::kOneToOne);
     }
     program->exchanges.push_back(std::move(exchange));
   }
-  // Graph node -> the program node whose blocks it carries, and whether it sends.
-  std::map<int, std::pair<int, bool>> roles;
+  // Graph node -> its operator: a sender (with its edge), an arming source, or a receiver (with
+  // the program node whose blocks it takes).
+  enum class Role { kSend, kArm, kReceive };
+  std::map<int, std::pair<Role, int>> roles;
   for (int n = 0; n < static_cast<int>(program->exchanges.size()); ++n) {
     const Exchange& e = program->exchanges[n];
-    if (e.send_node >= 0) {
-      roles[e.send_node] = {e.edge, true};
-      roles[e.recv_node] = {n, false};
-    }
+    if (e.send_node < 0) continue;
+    roles[e.send_node] = {Role::kSend, e.edge};
+    roles[e.arm_node] = {Role::kArm, 0};
+    roles[e.recv_node] = {Role::kReceive, n};
   }
   program->engine = std::make_unique<dataflow::Engine>(
       name(), std::move(graph),
       [this, client, roles](int node, int) -> std::unique_ptr<dataflow::Operator> {
-        auto [value, sends] = roles.at(node);
-        if (sends) return std::make_unique<BlockSender>(value);
+        auto [role, value] = roles.at(node);
+        switch (role) {
+          case Role::kSend: return std::make_unique<BlockSender>(value);
+          case Role::kArm: return std::make_unique<ArmingSource>();
+          case Role::kReceive: break;
+        }
         return std::make_unique<BlockReceiver>(*this, client, value);
       },
       dataflow_transport_, io_pool_);
@@ -240,6 +256,7 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
 }
 
 absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunProgramOp& run) {
+  if (int64_t delay = test_run_delay_us_.load(); delay > 0) absl::SleepFor(absl::Microseconds(delay));
   std::shared_ptr<Program> entry;
   {
     absl::MutexLock lock(&programs_mu_);
@@ -270,6 +287,9 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
     for (int64_t shard : program->nodes()[n].slice->local_shards) ExecuteShard(client, *program, n, shard, run);
     const Exchange& exchange = entry->exchanges[n];
+    if (auto receiver = exchange.receiver_index.find(name()); receiver != exchange.receiver_index.end()) {
+      (void)entry->engine->CloseInput(exchange.arm_node, receiver->second, run.epoch());  // expecting all blocks now
+    }
     auto sender = exchange.sender_index.find(name());
     if (sender == exchange.sender_index.end()) continue;
     // This host's part of the node's exchange ends once every block it owes is handed over.

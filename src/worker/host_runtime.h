@@ -2,6 +2,7 @@
 // ops that clients enqueue on it.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,6 +53,10 @@ class HostRuntime {
   // Completes once the requested shards are computed.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
 
+  // Fault injection for tests: this host sets up each run op `delay` late, so blocks from other
+  // hosts arrive before it expects them.
+  void TEST_DelayRunOps(absl::Duration delay) { test_run_delay_us_ = absl::ToInt64Microseconds(delay); }
+
  private:
   absl::Status ValidateOp(const rpc::Op& op) const;
   absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
@@ -59,12 +64,16 @@ class HostRuntime {
 
   // Which hosts send blocks to which for one program node, known statically from the shardings.
   // In the program's dataflow graph it is a sending node (a shard per sending host) joined by a
-  // sparse edge to a receiving node (a shard per receiving host). A node whose inputs never
+  // sparse edge to a receiving node (a shard per receiving host), which also has a one-to-one
+  // edge from an arming node on the receiving hosts: a receiving host closes its arming shard
+  // once it has set up the node's shards, so a receiver's epoch ends only when every sender is
+  // done and the host is waiting for exactly the blocks it will get. A node whose inputs never
   // cross hosts has no exchange and costs no dataflow traffic.
   struct Exchange {
     int send_node = -1;  // graph node ids; -1 when the program node moves nothing between hosts
+    int arm_node = -1;
     int recv_node = -1;
-    int edge = -1;
+    int edge = -1;  // send -> recv
     std::map<std::string, int> sender_index, receiver_index;
   };
   // A registered program. Each RunProgramOp is one epoch of its dataflow graph: a host closes
@@ -100,6 +109,7 @@ class HostRuntime {
   absl::Mutex programs_mu_;
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
       ABSL_GUARDED_BY(programs_mu_);
+  std::atomic<int64_t> test_run_delay_us_{0};
   // Per client, the last epoch run here: a client's epochs reach a host in increasing order.
   absl::flat_hash_map<std::string, int64_t> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
 
