@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -91,6 +92,12 @@ struct CompiledFunction::State {
 };
 
 struct ShardedArray::State {
+  State(std::shared_ptr<ClientCore> core, ArrayId id, TensorSpec spec, Sharding sharding, VirtualSlice slice)
+      : core(std::move(core)), id(id), spec(std::move(spec)), sharding(std::move(sharding)), slice(std::move(slice)) {}
+  // One State per logical array: a copy would free the array twice.
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
   std::shared_ptr<ClientCore> core;
   ArrayId id;
   TensorSpec spec;
@@ -99,9 +106,12 @@ struct ShardedArray::State {
   // Ready once the op producing the array has been pushed to its hosts' queues. Immediate except
   // under sequential dispatch, where a run's later nodes are pushed as earlier ones are enqueued.
   Future<Unit> dispatched = Future<Unit>::Ready(Unit{});
+  // False for a run's intermediates, which the hosts free themselves.
+  bool owned = true;
 
   // Freeing goes through each host's ordered queue, behind every op that still reads the array.
   ~State() {
+    if (!owned) return;
     auto free = [core = core, id = id, hosts = slice.host_addresses()](const absl::StatusOr<Unit>&) {
       for (const std::string& host : hosts) {
         rpc::Op op;
@@ -123,6 +133,7 @@ struct ClientCore::Lowering {
   std::vector<std::vector<Sharding>> out_shardings;  // per node and output
   absl::Mutex mu;
   absl::flat_hash_set<std::string> registered_on ABSL_GUARDED_BY(mu);
+  std::atomic<bool> ready{false};  // compiled and registered on every host
 };
 
 namespace {
@@ -327,8 +338,7 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
   }
   PW_RETURN_IF_ERROR(CheckSpec(data.spec(), "Put"));
   PW_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(slice.mesh(), partition, data.shape()));
-  auto state = std::make_shared<ShardedArray::State>(
-      ShardedArray::State{core_, core_->NextArrayId(), data.spec(), sharding, slice});
+  auto state = std::make_shared<ShardedArray::State>(core_, core_->NextArrayId(), data.spec(), sharding, slice);
   const size_t element = DTypeSize(data.dtype());
   for (int64_t s = 0; s < slice.num_devices(); ++s) {
     const PhysicalDeviceInfo& dev = slice.devices()[s];
@@ -455,10 +465,16 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
       *node->add_out_shardings() = ToProto(out, spec.outputs[j].shape.size());
       outs.push_back(*std::move(sharding));
     }
+    node->set_data_dependent(c.data_dependent_shapes);
     lowering->out_shardings.push_back(std::move(outs));
     lowering->output_offsets.push_back(lowering->num_outputs);
     lowering->num_outputs += static_cast<int64_t>(spec.outputs.size());
     lowering->node_hosts.push_back(std::move(hosts));
+  }
+  for (const Program::Value& r : program.results()) {
+    rpc::ValueRef* v = proto.add_results();
+    v->set_index(r.index);
+    v->set_output(r.output);
   }
   CountLowering();
   absl::MutexLock lock(&mu_);
@@ -546,23 +562,24 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, ab
                                  program.arg_specs(), args));
   PW_ASSIGN_OR_RETURN(std::shared_ptr<ClientCore::Lowering> lowering, core_->Lower(program, args));
 
-  // Hosts that joined after Compile get the bodies now; hosts new to this lowering get it once.
-  for (const Program::Call& c : program.calls()) {
-    std::vector<std::string> missing;
-    {
-      absl::MutexLock lock(&c.function.state_->mu);
-      for (const std::string& host : c.slice.host_addresses()) {
-        if (!c.function.state_->compiled_on.contains(host)) missing.push_back(host);
-      }
-    }
-    if (!missing.empty()) PW_RETURN_IF_ERROR(core_->CompileOn(*c.function.state_, missing));
-  }
   // An argument still being dispatched by a sequential run: wait until its op is pushed, so
   // this run's ops follow it in every host's queue.
   for (const ShardedArray& a : args) {
     if (!a.state_->dispatched.IsReady()) PW_RETURN_IF_ERROR(a.state_->dispatched.Await().status());
   }
-  {
+  // The first run of a lowering compiles what hosts that joined after Compile lack and registers
+  // the program on every host; later runs skip straight to dispatch.
+  if (!lowering->ready.load(std::memory_order_acquire)) {
+    for (const Program::Call& c : program.calls()) {
+      std::vector<std::string> missing;
+      {
+        absl::MutexLock lock(&c.function.state_->mu);
+        for (const std::string& host : c.slice.host_addresses()) {
+          if (!c.function.state_->compiled_on.contains(host)) missing.push_back(host);
+        }
+      }
+      if (!missing.empty()) PW_RETURN_IF_ERROR(core_->CompileOn(*c.function.state_, missing));
+    }
     absl::MutexLock lock(&lowering->mu);
     for (const std::string& host : lowering->hosts) {
       if (!lowering->registered_on.insert(host).second) continue;
@@ -570,6 +587,7 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, ab
       *op.mutable_register_program()->mutable_program() = lowering->proto;
       core_->Push(host, std::move(op));
     }
+    lowering->ready.store(true, std::memory_order_release);
   }
 
   const int num_nodes = static_cast<int>(program.calls().size());
@@ -601,22 +619,31 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, ab
   dispatch->segments = std::move(segments);
   // With one segment (parallel dispatch, no data-dependent node) this is ready when Run returns.
   Future<Unit> dispatched = dispatch->done.future();
+  // Handles only for what someone waits on: the results, and data-dependent nodes' outputs that
+  // the dispatch waits for. Intermediates have none; the hosts drop them once the run is done
+  // with them.
+  std::set<std::pair<int, int>> result_values;
+  for (const Program::Value& v : program.results()) result_values.insert({v.index, v.output});
+  dispatch->node_outputs.resize(num_nodes);
   for (int n = 0; n < num_nodes; ++n) {
     const Program::Call& c = program.calls()[n];
-    std::vector<std::shared_ptr<const ShardedArray::State>> outs;
     for (size_t j = 0; j < c.function.spec().outputs.size(); ++j) {
-      auto state = std::make_shared<ShardedArray::State>(ShardedArray::State{
+      const bool result = result_values.contains({n, static_cast<int>(j)});
+      if (!result && !c.data_dependent_shapes) continue;
+      auto state = std::make_shared<ShardedArray::State>(
           core_, base + lowering->output_offsets[n] + static_cast<int64_t>(j), c.function.spec().outputs[j],
-          lowering->out_shardings[n][j], c.slice});
+          lowering->out_shardings[n][j], c.slice);
       state->dispatched = dispatched;
-      outs.push_back(std::move(state));
+      state->owned = result;
+      dispatch->node_outputs[n].push_back(std::move(state));
     }
-    dispatch->node_outputs.push_back(std::move(outs));
   }
   std::vector<ShardedArray> results;
   for (const Program::Value& v : program.results()) {
     ShardedArray r;
-    r.state_ = dispatch->node_outputs[v.index][v.output];
+    for (const auto& state : dispatch->node_outputs[v.index]) {
+      if (state->id == base + lowering->output_offsets[v.index] + v.output) r.state_ = state;
+    }
     results.push_back(std::move(r));
   }
   SegmentedDispatch::Next(std::move(dispatch), 0);
@@ -682,29 +709,10 @@ namespace {
 // Flushes the client's queue to `host`, then fetches the given shards from it.
 Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host,
                                          rpc::FetchRequest request) {
-  Promise<rpc::FetchResponse> promise;
-  Future<rpc::FetchResponse> result = promise.future();
   std::shared_ptr<WorkerClient> worker = core.worker(host);
-  std::shared_ptr<HostOpQueue> queue = core.queue(host);
-  queue->Flushed().OnReady(
-      [worker, request = std::move(request), promise = std::move(promise)](
-          const absl::StatusOr<Unit>& flushed) mutable {
-        if (!flushed.ok()) {
-          promise.Set(flushed.status());
-          return;
-        }
-        worker->Fetch(request).OnReady(
-            [promise = std::move(promise)](const absl::StatusOr<rpc::FetchResponse>& r) mutable {
-              promise.Set(r);
-            });
-      });
-  return result;
+  return core.queue(host)->Flushed().FlatThen(
+      [worker, request = std::move(request)](const Unit&) { return worker->Fetch(request); });
 }
-
-
-}  // namespace
-
-namespace {
 
 // The distinct shards of an array that a full read needs, fetched from their hosts.
 Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<ClientCore>& core,
@@ -761,44 +769,21 @@ absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::
 
 }  // namespace
 
+// Both wait until the array's producing op has been pushed (sequential runs push late).
 Future<HostArray> Client::Fetch(const ShardedArray& array) {
   auto core = core_;
   auto state = array.state_;
-  Promise<HostArray> promise;
-  Future<HostArray> result = promise.future();
-  state->dispatched.OnReady([core, state, promise = std::move(promise)](const absl::StatusOr<Unit>& d) mutable {
-    if (!d.ok()) {
-      promise.Set(d.status());
-      return;
-    }
-    FetchShards(core, *state, DistinctShards(state->sharding), /*status_only=*/false)
-        .OnReady([state, promise = std::move(promise)](
-                     const absl::StatusOr<std::vector<rpc::FetchResponse>>& r) mutable {
-          if (!r.ok()) {
-            promise.Set(r.status());
-          } else {
-            promise.Set(Assemble(*state, *r));
-          }
-        });
-  });
-  return result;
+  return state->dispatched
+      .FlatThen([core, state](const Unit&) {
+        return FetchShards(core, *state, DistinctShards(state->sharding), /*status_only=*/false);
+      })
+      .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
 }
 
 Future<Unit> Client::Ready(const ShardedArray& array) {
   auto core = core_;
   auto state = array.state_;
-  Promise<Unit> promise;
-  Future<Unit> result = promise.future();
-  state->dispatched.OnReady([core, state, promise = std::move(promise)](const absl::StatusOr<Unit>& d) mutable {
-    if (!d.ok()) {
-      promise.Set(d.status());
-      return;
-    }
-    ShardsReady(core, state).OnReady([promise = std::move(promise)](const absl::StatusOr<Unit>& r) mutable {
-      promise.Set(r);
-    });
-  });
-  return result;
+  return state->dispatched.FlatThen([core, state](const Unit&) { return ShardsReady(core, state); });
 }
 
 }  // namespace pathways

@@ -156,6 +156,33 @@ TEST_F(ProgramTest, TracingErrorsAreClear) {
   EXPECT_NE(run.status().message().find("takes 2 arguments"), std::string::npos) << run.status();
 }
 
+TEST_F(ProgramTest, HostsDropIntermediatesAndKeepResults) {
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {4}});
+  ProgramBuilder b("long_chain");
+  TracedValue v = b.Arg({DType::kF32, {8}});
+  auto inc = Elementwise("add_one", 8, {"x"}, {"x"});
+  for (int i = 0; i < 10; ++i) v = (*b.Call(inc, slice, {v}))[0];
+  Program p = *b.Build({v});
+  ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), slice, {"x"});
+  ASSERT_TRUE(client_->Ready(x).Await().ok());
+  auto buffers = [&] {
+    size_t n = 0;
+    for (int w = 0; w < cluster_->num_workers(); ++w) n += cluster_->worker(w).runtime().store().num_buffers();
+    return n;
+  };
+  const size_t before = buffers();
+  const int64_t ops_before = client_->stats().ops_sent;
+  std::vector<ShardedArray> out = *client_->Run(p, {x});
+  ASSERT_TRUE(client_->Ready(out[0]).Await().ok());
+  EXPECT_EQ(buffers() - before, 4u);  // the result's four shards; none of the nine intermediates
+  // Registration and one run op per host; no per-intermediate messages.
+  EXPECT_LE(client_->stats().ops_sent - ops_before, 2 * static_cast<int64_t>(slice.host_addresses().size()))
+      << "run ops " << client_->stats().run_ops_sent << " hosts " << slice.host_addresses().size();
+  auto result = client_->Fetch(out[0]).Await();
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->data<float>()[7], 10.0f);
+}
+
 TEST_F(ProgramTest, LoweringIsCachedPerArgumentPlacement) {
   VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {4}});
   Program p = Chain(slice, 8);

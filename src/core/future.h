@@ -125,6 +125,7 @@ class Promise {
 template <typename T>
 class [[nodiscard]] Future {
  public:
+  using ValueType = T;
   using Callback = typename internal::FutureState<T>::Callback;
 
   Future() = default;  // an invalid future; only assign to it
@@ -162,6 +163,23 @@ class [[nodiscard]] Future {
       } else {
         promise.Set(f(*r));
       }
+    });
+    return result;
+  }
+
+  // Returns a future of the future that f(value) returns: for chaining asynchronous steps.
+  // Errors pass through without calling f.
+  template <typename F, typename R = std::invoke_result_t<F, const T&>>
+  R FlatThen(F f) const {
+    using U = typename R::ValueType;
+    Promise<U> promise;
+    R result = promise.future();
+    OnReady([promise = std::move(promise), f = std::move(f)](const absl::StatusOr<T>& r) mutable {
+      if (!r.ok()) {
+        promise.Set(r.status());
+        return;
+      }
+      f(*r).OnReady([promise = std::move(promise)](const absl::StatusOr<U>& u) mutable { promise.Set(u); });
     });
     return result;
   }

@@ -44,6 +44,28 @@ TEST(FutureTest, ThenMayReturnStatusOr) {
   EXPECT_EQ(g.Await().status().code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST(FutureTest, FlatThenChainsAsynchronousSteps) {
+  Promise<int> first;
+  Promise<std::string> second;
+  Future<std::string> second_future = second.future();
+  Future<std::string> chained = first.future().FlatThen([&](const int& v) {
+    EXPECT_EQ(v, 4);
+    return second_future;
+  });
+  first.Set(4);
+  EXPECT_FALSE(chained.IsReady());
+  second.Set("done");
+  EXPECT_EQ(*chained.Await(), "done");
+
+  Promise<int> failing;
+  Future<int> skipped = failing.future().FlatThen([](const int&) -> Future<int> {
+    ADD_FAILURE() << "must not run";
+    return Future<int>::Ready(0);
+  });
+  failing.Set(absl::NotFoundError("gone"));
+  EXPECT_EQ(skipped.Await().status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(FutureTest, DroppedPromiseCancels) {
   Future<int> f;
   {

@@ -298,6 +298,16 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
       (void)entry->engine->CloseInput(node, shard, epoch);
     });
   }
+  // Intermediates whose last consumer is now set up leave the store; their consumers and sends
+  // hold their own references until they are done with them.
+  for (int n = 0; n <= run.last_node(); ++n) {
+    const LoweredNode& node = program->nodes()[n];
+    for (size_t j = 0; j < node.drop_after.size(); ++j) {
+      if (node.drop_after[j] >= run.first_node() && node.drop_after[j] <= run.last_node()) {
+        store_.FreeArray(client, run.output_array_base() + node.output_offset + static_cast<int64_t>(j));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -125,7 +125,24 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
     }
     node.output_offset = offset;
     offset += pn.output_specs_size();
+    // An intermediate lives until the op holding its last consumer is set up: consumers take
+    // their own references then. A data-dependent node's outputs stay until the run's last op,
+    // because the client waits on them between ops.
+    node.drop_after.assign(pn.output_specs_size(), pn.data_dependent() ? proto.nodes_size() - 1 : n);
     program->nodes_.push_back(std::move(node));
+    for (const LoweredValue& v : program->nodes_.back().inputs) {
+      if (!v.is_arg) {
+        int& drop = program->nodes_[v.index].drop_after[v.output];
+        drop = std::max(drop, n);
+      }
+    }
+  }
+  for (const rpc::ValueRef& r : proto.results()) {
+    if (r.is_arg() || r.index() < 0 || r.index() >= proto.nodes_size() || r.output() < 0 ||
+        r.output() >= static_cast<int>(program->nodes_[r.index()].drop_after.size())) {
+      return absl::InvalidArgumentError("a program result must name an output of one of its nodes");
+    }
+    program->nodes_[r.index()].drop_after[r.output()] = -1;
   }
   return std::shared_ptr<const LoweredProgram>(std::move(program));
 }

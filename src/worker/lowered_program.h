@@ -39,6 +39,9 @@ struct LoweredNode {
   std::vector<TensorSpec> output_specs; // global
   std::vector<Sharding> out_shardings;  // on the node's slice
   int64_t output_offset;                // outputs of the nodes before this one
+  // Per output: the node whose run op ends this output's life on a host (see ProgramProto), or
+  // -1 for a result, which the client frees.
+  std::vector<int> drop_after;
 };
 
 struct LoweredArg {

@@ -55,18 +55,24 @@ absl::Status Worker::Start() {
   return absl::OkStatus();
 }
 
-rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
-  rpc::RegisterWorkerRequest request;
-  request.set_address(address_);
-  request.set_island(options_.island);
+void Worker::DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices) {
   for (int i = 0; i < runtime_->num_devices(); ++i) {
     DeviceStats s = runtime_->device(i).stats();
-    rpc::DeviceInfo* d = request.add_devices();
+    rpc::DeviceInfo* d = devices->Add();
     d->set_local_index(i);
     d->set_kind(runtime_->device(i).kind());
     d->set_memory_capacity(s.memory_capacity);
     d->set_memory_used(s.memory_used);
+    d->set_executed(s.executed);
+    d->set_busy_micros(s.busy_micros);
   }
+}
+
+rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
+  rpc::RegisterWorkerRequest request;
+  request.set_address(address_);
+  request.set_island(options_.island);
+  DescribeDevices(request.mutable_devices());
   return request;
 }
 
@@ -84,16 +90,7 @@ void Worker::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(heartbeat_ms_.load()))) {
     rpc::HeartbeatRequest request;
     request.set_host_id(host_id_);
-    for (int i = 0; i < runtime_->num_devices(); ++i) {
-      DeviceStats s = runtime_->device(i).stats();
-      rpc::DeviceInfo* d = request.add_devices();
-      d->set_local_index(i);
-      d->set_kind(runtime_->device(i).kind());
-      d->set_memory_capacity(s.memory_capacity);
-      d->set_memory_used(s.memory_used);
-      d->set_executed(s.executed);
-      d->set_busy_micros(s.busy_micros);
-    }
+    DescribeDevices(request.mutable_devices());
     auto response = controller_->Heartbeat(request);
     if (!response.ok()) {
       PW_LOG(Warning) << "heartbeat to " << controller_->address() << " failed: " << response.status();

@@ -43,6 +43,7 @@ class Worker {
   absl::Status Register();
   void HeartbeatLoop();
   rpc::RegisterWorkerRequest RegistrationRequest();
+  void DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices);
 
   const WorkerOptions options_;
   // Declared before the runtime, which unregisters its graphs from it when destroyed.
