@@ -42,6 +42,7 @@ class ClientCore {
   absl::Status CompileOn(CompiledFunction::State& fn, const std::vector<std::string>& hosts);
 
   ArrayId NextArrayId() { return array_ids_.Next(); }
+  absl::Mutex& epoch_mu() { return epoch_mu_; }
   // A contiguous block of `n` array ids (a run's outputs are named base + offset on the hosts).
   ArrayId ReserveArrayIds(int64_t n) { return array_ids_.Reserve(n); }
   int64_t NextRunId() { return run_ids_.Next(); }
@@ -76,6 +77,7 @@ class ClientCore {
   ControllerClient controller_;
   IdGenerator array_ids_;
   IdGenerator run_ids_;
+  absl::Mutex epoch_mu_;
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
@@ -506,15 +508,19 @@ struct SegmentedDispatch {
 
   static void Next(std::shared_ptr<SegmentedDispatch> d, size_t k) {
     const Segment& seg = d->segments[k];
-    // Each op is one epoch of the program's dataflow: blocks its nodes exchange are tracked in it.
-    const int64_t epoch = d->core->NextRunId();
-    for (const std::string& host : seg.hosts) {
-      rpc::Op op;
-      *op.mutable_run() = d->op;
-      op.mutable_run()->set_first_node(seg.first);
-      op.mutable_run()->set_last_node(seg.last);
-      op.mutable_run()->set_epoch(epoch);
-      d->core->Push(host, std::move(op));
+    {
+      // Each op is one epoch of the program's dataflow. Hosts require a client's epochs to arrive
+      // in increasing order, so numbering and pushing happen together.
+      absl::MutexLock lock(&d->core->epoch_mu());
+      const int64_t epoch = d->core->NextRunId();
+      for (const std::string& host : seg.hosts) {
+        rpc::Op op;
+        *op.mutable_run() = d->op;
+        op.mutable_run()->set_first_node(seg.first);
+        op.mutable_run()->set_last_node(seg.last);
+        op.mutable_run()->set_epoch(epoch);
+        d->core->Push(host, std::move(op));
+      }
     }
     if (k + 1 == d->segments.size()) {
       d->done.Set(Unit{});

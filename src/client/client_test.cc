@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <numeric>
+#include <thread>
 
 #include "client/local_cluster.h"
 #include "client/program.h"
@@ -225,6 +226,33 @@ TEST_F(ClientTest, PingPongProgramAcrossHostsManyRuns) {
   ASSERT_TRUE(result.ok()) << result.status();
   for (float f : Values(*result)) EXPECT_EQ(f, 180.0f);
   cluster_->worker(1).runtime().TEST_DelayRunOps(absl::ZeroDuration());
+}
+
+// The client is thread-safe: runs submitted from several threads at once, crossing hosts, each
+// get their own correct results.
+TEST_F(ClientTest, ConcurrentRunsFromSeveralThreads) {
+  const TensorSpec spec{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+  ProgramBuilder builder("hop");
+  TracedValue v = builder.Arg(spec);
+  v = (*builder.Call(inc, island1_, {v}))[0];
+  v = (*builder.Call(inc, island0_, {v}))[0];
+  Program program = *builder.Build({v});
+  std::vector<std::thread> threads;
+  std::vector<float> results(4, -1);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), island0_, {"x"});
+      for (int run = 0; run < 15; ++run) {
+        RunOptions options{(run + t) % 4 == 0 ? RunOptions::Dispatch::kSequential : RunOptions::Dispatch::kParallel};
+        x = (*client_->Run(program, {x}, options))[0];
+      }
+      auto r = client_->Fetch(x).AwaitFor(absl::Seconds(60));
+      if (r.ok()) results[t] = r->data<float>()[3];
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (float r : results) EXPECT_EQ(r, 30.0f);
 }
 
 TEST_F(ClientTest, ClientsCannotUseEachOthersHandles) {
