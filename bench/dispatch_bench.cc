@@ -4,6 +4,7 @@
 //   build/bin/dispatch_bench [--repeats R] [--max-hosts H] [--max-stages K]
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <functional>
 
@@ -134,6 +135,56 @@ void PipelineTable(int max_stages, int repeats) {
   std::printf("\n");
 }
 
+// CPU time of the calling thread: the client's own work, whatever the hosts in this process do.
+double ThreadCpuMicros(const std::function<void()>& body) {
+  timespec a, b;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  body();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+  return (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
+}
+
+// Client work per run as shards grow: a two-node chain over slices of 1..512 devices on two hosts.
+void ShardScalingTable(int repeats) {
+  auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = 2, .devices_per_host = 256,
+                                       .device_memory_bytes = 1 << 20});
+  auto client = *cluster->Connect();
+  std::printf("### Client work per run of a 2-node chain as shards grow (median of %d)\n\n", repeats);
+  std::printf("Client CPU time of the Run call (thread CPU time, so the hosts sharing the process do not count).\n\n");
+  std::printf("| shards | graph nodes | graph edges | first run (lowers, registers) us | later run us | run op bytes per host |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (int64_t shards : {1, 8, 64, 512}) {
+    VirtualSlice slice = *client->CreateSlice({.mesh_shape = {shards}});
+    const TensorSpec spec{DType::kF32, {1024}};
+    auto inc = *client->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+    auto neg = *client->Compile(FunctionSpec::Builtin("negate", {spec}, {spec}, {{"x"}}, {{"x"}}));
+    ProgramBuilder builder("chain2");
+    TracedValue v = builder.Arg(spec);
+    v = (*builder.Call(inc, slice, {v}))[0];
+    v = (*builder.Call(neg, slice, {v}))[0];
+    Program program = *builder.Build({v});
+    ShardedArray x = *client->Put(*HostArray::Create(DType::kF32, {1024}), slice, {"x"});
+    std::vector<ShardedArray> out;
+    const double first = ThreadCpuMicros([&] { out = *client->Run(program, {x}); });
+    (void)*client->Ready(out[0]).Await();
+    std::vector<double> submit, bytes;
+    for (int r = 0; r < repeats; ++r) {
+      ClientStats before = client->stats();
+      out.clear();  // the previous result is freed outside the measured call
+      submit.push_back(ThreadCpuMicros([&] { out = *client->Run(program, {x}); }));
+      ClientStats after = client->stats();
+      bytes.push_back(static_cast<double>(after.run_op_bytes_sent - before.run_op_bytes_sent) /
+                      static_cast<double>(after.run_ops_sent - before.run_ops_sent));
+      (void)*client->Ready(out[0]).Await();
+    }
+    std::printf("| %lld | %lld | %lld | %.0f | %.1f | %.0f |\n", static_cast<long long>(shards),
+                static_cast<long long>(program.num_graph_nodes()), static_cast<long long>(program.num_graph_edges()),
+                first, Median(submit), Median(bytes));
+    std::fflush(stdout);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 }  // namespace pathways
 
@@ -153,5 +204,6 @@ int main(int argc, char** argv) {
   }
   ThroughputTable(max_hosts, repeats);
   PipelineTable(max_stages, repeats);
+  ShardScalingTable(repeats);
   return 0;
 }

@@ -163,16 +163,6 @@ absl::Status CheckSpec(const TensorSpec& spec, const std::string& what) {
 
 // ---- VirtualSlice, CompiledFunction, ShardedArray ----
 
-std::vector<std::string> VirtualSlice::host_addresses() const {
-  std::vector<std::string> hosts;
-  for (const auto& d : data_->devices) {
-    if (std::find(hosts.begin(), hosts.end(), d.host_address) == hosts.end()) {
-      hosts.push_back(d.host_address);
-    }
-  }
-  return hosts;
-}
-
 std::string VirtualSlice::ToString() const {
   std::vector<std::string> devices;
   for (const auto& d : data_->devices) {
@@ -261,6 +251,9 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
   for (const auto& d : response.devices()) {
     data->devices.push_back(
         {d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island()});
+    if (std::find(data->hosts.begin(), data->hosts.end(), d.host_address()) == data->hosts.end()) {
+      data->hosts.push_back(d.host_address());
+    }
   }
   VirtualSlice slice;
   slice.data_ = std::move(data);

@@ -67,7 +67,7 @@ class VirtualSlice {
   int64_t num_devices() const { return static_cast<int64_t>(data_->devices.size()); }
   // Row-major over the mesh: device i holds shard i of every array laid on this slice.
   const std::vector<PhysicalDeviceInfo>& devices() const { return data_->devices; }
-  std::vector<std::string> host_addresses() const;  // distinct, in device order
+  const std::vector<std::string>& host_addresses() const { return data_->hosts; }  // distinct, in device order
   std::string ToString() const;
 
  private:
@@ -77,6 +77,7 @@ class VirtualSlice {
     int64_t id;
     Mesh mesh;
     std::vector<PhysicalDeviceInfo> devices;
+    std::vector<std::string> hosts;  // distinct host addresses, in device order
     const ClientCore* owner;
   };
   std::shared_ptr<const Data> data_;
