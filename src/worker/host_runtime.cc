@@ -15,8 +15,6 @@
 namespace pathways {
 namespace {
 
-constexpr int kMaxDevices = 4096;
-
 // One input of one shard: its local spec and the futures of the blocks it is assembled from.
 struct InputPlan {
   TensorSpec spec;
@@ -65,12 +63,9 @@ absl::StatusOr<BufferPtr> AssembleInput(Device& device, const InputPlan& plan,
   return out;
 }
 
-}  // namespace
-
-// The two operators of a program node's block exchange. The sender routes an injected block to
-// the receiving shard named in its first four bytes; the receiver hands blocks to the object
-// store and, when its epoch is complete, fails whatever never came.
-namespace {
+// The operators of a program node's block exchange (see HostRuntime::Exchange). The sender
+// routes an injected block to the receiving shard named in its first four bytes; the receiver
+// hands blocks to the object store and, when its epoch is complete, fails whatever never came.
 
 // Carries nothing: its shard's epoch is closed by the receiving host once it is set up.
 class ArmingSource : public dataflow::Operator {

@@ -1,0 +1,127 @@
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "transport/rpc_util.h"
+#include "transport/worker_client.h"
+
+namespace pathways {
+namespace {
+
+TEST(RpcUtilTest, StatusRoundTripsThroughGrpc) {
+  absl::Status s = absl::ResourceExhaustedError("device full");
+  EXPECT_EQ(FromGrpc(ToGrpc(s)), s);
+  EXPECT_TRUE(FromGrpc(ToGrpc(absl::OkStatus())).ok());
+  absl::Status wrapped = FromGrpc(ToGrpc(absl::UnavailableError("gone")), "Enqueue on worker h:1");
+  EXPECT_EQ(wrapped.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(wrapped.message(), "Enqueue on worker h:1: gone");
+}
+
+TEST(RpcUtilTest, TensorSpecFromWireIsValidated) {
+  EXPECT_EQ(*FromProto(ToProto(TensorSpec{DType::kI64, {3, 4}})), (TensorSpec{DType::kI64, {3, 4}}));
+  rpc::TensorSpecProto bad_dtype;
+  bad_dtype.set_dtype(99);
+  EXPECT_EQ(FromProto(bad_dtype).status().code(), absl::StatusCode::kInvalidArgument);
+  rpc::TensorSpecProto huge;
+  huge.set_dtype(static_cast<int>(DType::kF32));
+  huge.add_shape(int64_t{1} << 40);
+  huge.add_shape(int64_t{1} << 20);
+  EXPECT_EQ(FromProto(huge).status().code(), absl::StatusCode::kInvalidArgument);
+  rpc::TensorSpecProto negative;
+  negative.set_dtype(static_cast<int>(DType::kF32));
+  negative.add_shape(-2);
+  EXPECT_EQ(FromProto(negative).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A worker that only records the order of the ops it is sent, and can be told to refuse.
+class RecordingWorker final : public rpc::Worker::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context, const rpc::EnqueueRequest* request,
+                                    rpc::EnqueueResponse*) override {
+    auto* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    ++batches_;
+    for (const auto& op : request->ops()) order_.push_back(op.free().array_id());
+    reactor->Finish(refuse_ ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "refused") : grpc::Status::OK);
+    return reactor;
+  }
+  std::vector<int64_t> order() {
+    absl::MutexLock lock(&mu_);
+    return order_;
+  }
+  int batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+  void Refuse() {
+    absl::MutexLock lock(&mu_);
+    refuse_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int64_t> order_ ABSL_GUARDED_BY(mu_);
+  int batches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool refuse_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class HostOpQueueTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&worker_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  static rpc::Op Free(int64_t id) {
+    rpc::Op op;
+    op.mutable_free()->set_array_id(id);
+    return op;
+  }
+
+  RecordingWorker worker_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+TEST_F(HostOpQueueTest, DeliversInOrderInFewerBatchesThanOps) {
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), "client");
+  constexpr int kOps = 500;
+  for (int i = 0; i < kOps; ++i) queue->Push(Free(i));
+  ASSERT_TRUE(queue->Flushed().AwaitFor(absl::Seconds(30)).ok());
+  std::vector<int64_t> order = worker_.order();
+  ASSERT_EQ(order.size(), static_cast<size_t>(kOps));
+  for (int i = 0; i < kOps; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_LT(worker_.batches(), kOps);  // ops pushed while a batch was in flight went together
+}
+
+TEST_F(HostOpQueueTest, ARefusedBatchFailsEveryLaterFlush) {
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), "client");
+  worker_.Refuse();
+  queue->Push(Free(1));
+  absl::StatusOr<Unit> first = queue->Flushed().AwaitFor(absl::Seconds(30));
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kInvalidArgument) << first.status();
+  queue->Push(Free(2));
+  EXPECT_EQ(queue->Flushed().AwaitFor(absl::Seconds(30)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostOpQueueUnreachableTest, AMissingHostIsReportedNotAwaitedForever) {
+  // Port 1 on loopback: nothing listens there.
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get("127.0.0.1:1"), "client");
+  rpc::Op op;
+  op.mutable_free()->set_array_id(1);
+  queue->Push(op);
+  absl::StatusOr<Unit> flushed = queue->Flushed().AwaitFor(absl::Seconds(60));
+  EXPECT_EQ(flushed.status().code(), absl::StatusCode::kUnavailable) << flushed.status();
+  EXPECT_NE(flushed.status().message().find("127.0.0.1:1"), std::string::npos) << flushed.status();
+}
+
+}  // namespace
+}  // namespace pathways
