@@ -1,9 +1,11 @@
 # Set-up and build entry points. `make test` and `make demo` work on a fresh Debian 12 machine.
 BUILD_DIR ?= build
 JOBS ?= 2
-DEB_PACKAGES := cmake g++ make pkg-config ccache libabsl-dev libprotobuf-dev protobuf-compiler \
-  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgloo-dev libgtest-dev \
-  libbenchmark-dev
+# Exactly what the build uses: compilers and CMake, ccache, Abseil, protobuf and gRPC (with their
+# code generators), libtorch with OpenBLAS (without it libtorch falls back to a slow reference
+# BLAS), and GoogleTest.
+DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
+  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev
 
 .PHONY: deps build test demo bench clean
 
