@@ -1,6 +1,7 @@
 # Set-up and build entry points. `make test` and `make demo` work on a fresh Debian 12 machine.
 BUILD_DIR ?= build
 JOBS ?= 2
+MAKEFLAGS += --no-print-directory
 # Exactly what the build uses: compilers and CMake, ccache, Abseil, protobuf and gRPC (with their
 # code generators), libtorch with OpenBLAS (without it libtorch falls back to a slow reference
 # BLAS), and GoogleTest.
