@@ -149,6 +149,11 @@ void Engine::MaybeFinish(Shard& s, int64_t epoch) {
   }
   s.epochs.erase(epoch);
   s.finished.insert(epoch);
+  s.finished_order.push_back(epoch);
+  if (s.finished_order.size() > kRememberedEpochs) {
+    s.finished.erase(s.finished_order.front());
+    s.finished_order.pop_front();
+  }
 }
 
 void Engine::Emit(int from_node, int src_shard, int64_t epoch, int edge, int dst_shard, bool punctuation,

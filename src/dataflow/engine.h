@@ -11,6 +11,7 @@
 // input for it is closed.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,8 @@ using OperatorFactory = std::function<std::unique_ptr<Operator>(int node, int sh
 // Thread-safe. Work runs on `executor`; the engine never blocks in it.
 class Engine {
  public:
+  static constexpr size_t kRememberedEpochs = 4096;
+
   Engine(std::string host, std::shared_ptr<const GraphDef> graph, OperatorFactory factory,
          Transport& transport, Executor& executor);
 
@@ -111,9 +114,11 @@ class Engine {
     absl::Mutex mu;
     std::unique_ptr<Operator> op ABSL_GUARDED_BY(mu);
     std::map<int64_t, EpochState> epochs ABSL_GUARDED_BY(mu);
-    // Epochs this shard has finished; a message for one of them is a protocol error. Grows by
-    // one id per epoch: a long-lived engine should keep a low watermark instead (noted in docs).
+    // The most recent epochs this shard finished (at most kRememberedEpochs): a message for one
+    // of them is a protocol error. With counted punctuations no message can follow an epoch's
+    // end in a correct run, so this only catches bugs and needs no unbounded history.
     absl::flat_hash_set<int64_t> finished ABSL_GUARDED_BY(mu);
+    std::deque<int64_t> finished_order ABSL_GUARDED_BY(mu);
   };
 
   Shard* FindShard(int node, int shard);

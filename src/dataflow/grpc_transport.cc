@@ -174,6 +174,7 @@ void DataflowService::AddEngine(Engine* engine) {
     auto it = held_.find(engine->graph().name());
     if (it != held_.end()) {
       held = std::move(it->second);
+      num_held_ -= held.size();
       held_.erase(it);
     }
   }
@@ -182,9 +183,7 @@ void DataflowService::AddEngine(Engine* engine) {
 
 size_t DataflowService::num_held_batches() {
   absl::MutexLock lock(&mu_);
-  size_t n = 0;
-  for (const auto& [graph, batches] : held_) n += batches.size();
-  return n;
+  return num_held_;
 }
 
 void DataflowService::RemoveEngine(const std::string& graph) {
@@ -204,7 +203,13 @@ grpc::Status DataflowService::Stream(grpc::ServerContext*, grpc::ServerReader<rp
       absl::MutexLock lock(&mu_);
       auto it = engines_.find(batch.graph());
       if (it == engines_.end()) {
+        if (num_held_ >= kMaxHeldBatches) {
+          PW_LOG(Error) << "dataflow: graph '" << batch.graph() << "' unknown here and " << num_held_
+                        << " batches already held; batch dropped";
+          continue;
+        }
         held_[batch.graph()].push_back(std::move(envelopes));
+        ++num_held_;
         continue;
       }
       engine = it->second;

@@ -31,10 +31,13 @@ class GrpcTransport : public Transport {
 };
 
 // Receives batches for the engines registered with it (by graph name) and hands them over.
-// Batches for a graph not registered yet are held until it is: hosts set up a graph
-// independently, and a fast peer may send before this host has its engine. Thread-safe.
+// Batches for a graph not registered yet are held until it is (up to kMaxHeldBatches): hosts set
+// up a graph independently, and a fast peer may send before this host has its engine.
+// Thread-safe.
 class DataflowService final : public rpc::Dataflow::Service {
  public:
+  static constexpr size_t kMaxHeldBatches = 100000;
+
   void AddEngine(Engine* engine);
   void RemoveEngine(const std::string& graph);
   size_t num_held_batches();
@@ -45,6 +48,7 @@ class DataflowService final : public rpc::Dataflow::Service {
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::vector<Envelope>>> held_ ABSL_GUARDED_BY(mu_);
+  size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pathways::dataflow
