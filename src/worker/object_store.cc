@@ -6,7 +6,7 @@ namespace pathways {
 
 void ObjectStore::Put(const std::string& client, ShardKey key, Future<BufferPtr> buffer) {
   absl::MutexLock lock(&mu_);
-  buffers_[client][key] = std::move(buffer);
+  buffers_[client][key.array_id][key.shard] = std::move(buffer);
 }
 
 Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) const {
@@ -14,8 +14,11 @@ Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) cons
     absl::MutexLock lock(&mu_);
     auto c = buffers_.find(client);
     if (c != buffers_.end()) {
-      auto it = c->second.find(key);
-      if (it != c->second.end()) return it->second;
+      auto a = c->second.find(key.array_id);
+      if (a != c->second.end()) {
+        auto it = a->second.find(key.shard);
+        if (it != a->second.end()) return it->second;
+      }
     }
   }
   return Future<BufferPtr>::Ready(absl::NotFoundError(
@@ -26,12 +29,10 @@ int ObjectStore::FreeArray(const std::string& client, ArrayId array_id) {
   absl::MutexLock lock(&mu_);
   auto c = buffers_.find(client);
   if (c == buffers_.end()) return 0;
-  int dropped = 0;
-  absl::erase_if(c->second, [&](const auto& entry) {
-    if (entry.first.array_id != array_id) return false;
-    ++dropped;
-    return true;
-  });
+  auto a = c->second.find(array_id);
+  if (a == c->second.end()) return 0;
+  const int dropped = static_cast<int>(a->second.size());
+  c->second.erase(a);
   if (c->second.empty()) buffers_.erase(c);
   return dropped;
 }
@@ -85,7 +86,9 @@ int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t epo
 size_t ObjectStore::num_buffers() const {
   absl::MutexLock lock(&mu_);
   size_t n = 0;
-  for (const auto& [client, buffers] : buffers_) n += buffers.size();
+  for (const auto& [client, arrays] : buffers_) {
+    for (const auto& [id, shards] : arrays) n += shards.size();
+  }
   return n;
 }
 

@@ -69,7 +69,9 @@ class ObjectStore {
     bool expected = false;
     bool delivered = false;
   };
-  using ClientBuffers = absl::flat_hash_map<ShardKey, Future<BufferPtr>>;
+  // A client's arrays by id, each with its shards on this host: freeing an array touches only
+  // its own shards.
+  using ClientBuffers = absl::flat_hash_map<ArrayId, absl::flat_hash_map<int32_t, Future<BufferPtr>>>;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, ClientBuffers> buffers_ ABSL_GUARDED_BY(mu_);
