@@ -8,22 +8,15 @@
 #include "absl/strings/numbers.h"
 #include "dataflow/grpc_transport.h"
 #include "dataflow/sparse_sum_graph.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
 
 using namespace pathways;
 using namespace pathways::dataflow;
 
 int main(int argc, char** argv) {
   int epochs = argc > 1 ? std::atoi(argv[1]) : 5;
-  DataflowService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  if (!server || port == 0) return 1;
-  const std::string self = "127.0.0.1:" + std::to_string(port);
+  auto host = StartLoopbackDataflowHost();
+  if (!host.ok()) return 1;
+  const std::string self = (*host)->address;
   std::printf("address %s\n", self.c_str());
   std::fflush(stdout);
 
@@ -41,7 +34,7 @@ int main(int argc, char** argv) {
   ThreadPool pool("peer", 2);
   GrpcTransport transport(self);
   Engine engine(self, MakeSparseSumGraph(hosts), SparseSumOperators(results), transport, pool);
-  service.AddEngine(&engine);
+  (*host)->service.AddEngine(&engine);
   {
     absl::MutexLock lock(&print_mu);
     std::printf("ready\n");
@@ -51,7 +44,7 @@ int main(int argc, char** argv) {
   DriveSparseSum(engine, epochs, /*seed=*/11);
   while (std::getline(std::cin, line)) {
   }
-  server->Shutdown();
+  host->reset();
   pool.Shutdown();
   return 0;
 }

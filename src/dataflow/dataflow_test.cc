@@ -4,8 +4,6 @@
 #include "dataflow/engine.h"
 #include "dataflow/grpc_transport.h"
 #include "dataflow/sparse_sum_graph.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "testing/subprocess.h"
 
@@ -68,22 +66,11 @@ TEST(DataflowTest, AllShardsOnOneHostStayInMemory) {
 }
 
 TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcessOneJoiningLate) {
-  struct Host {
-    DataflowService service;
-    std::unique_ptr<grpc::Server> server;
-    std::string address;
-  };
-  std::vector<std::unique_ptr<Host>> servers;
+  std::vector<std::unique_ptr<LoopbackDataflowHost>> servers;
   for (int i = 0; i < 3; ++i) {
-    auto h = std::make_unique<Host>();
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&h->service);
-    h->server = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    h->address = absl::StrCat("127.0.0.1:", port);
-    servers.push_back(std::move(h));
+    auto h = StartLoopbackDataflowHost();
+    ASSERT_TRUE(h.ok()) << h.status();
+    servers.push_back(*std::move(h));
   }
   std::vector<std::string> hosts = {servers[0]->address, servers[1]->address, servers[2]->address};
   auto graph = MakeSparseSumGraph(hosts);
@@ -108,20 +95,15 @@ TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcessOneJoiningLate) {
   ASSERT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30))) << results.size();
   CheckResults(results, expected);
   transports.clear();  // finish the streams before the servers go
-  for (auto& s : servers) s->server->Shutdown();
+  servers.clear();
   for (auto& p : pools) p->Shutdown();
 }
 
 TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   // This process is host 0; two dataflow_peer processes are hosts 1 and 2.
-  DataflowService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
-  std::vector<std::string> hosts = {absl::StrCat("127.0.0.1:", port)};
+  auto self = StartLoopbackDataflowHost();
+  ASSERT_TRUE(self.ok()) << self.status();
+  std::vector<std::string> hosts = {(*self)->address};
   Subprocess peers[2];
   for (auto& p : peers) {
     ASSERT_TRUE(p.Start({DATAFLOW_PEER, std::to_string(kEpochs)}).ok());
@@ -133,7 +115,7 @@ TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   ThreadPool pool("h0", 2);
   auto transport = std::make_unique<GrpcTransport>(hosts[0]);
   Engine engine(hosts[0], MakeSparseSumGraph(hosts), SparseSumOperators(results), *transport, pool);
-  service.AddEngine(&engine);
+  (*self)->service.AddEngine(&engine);
   const std::string host_line = absl::StrCat(hosts[0], " ", hosts[1], " ", hosts[2]);
   for (auto& p : peers) {
     ASSERT_TRUE(p.WriteLine(host_line).ok());
@@ -158,7 +140,7 @@ TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   for (auto& p : peers) p.CloseStdin();  // the peers exit at end of input
   for (auto& p : peers) p.Stop(SIGTERM);
   transport.reset();
-  server->Shutdown();
+  self->reset();
   pool.Shutdown();
 }
 

@@ -6,6 +6,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 
 namespace pathways::dataflow {
 namespace {
@@ -121,6 +123,22 @@ std::map<int64_t, std::pair<int64_t, int64_t>> DriveSparseSum(Engine& engine, in
   std::map<int64_t, std::pair<int64_t, int64_t>> expected;
   for (const auto& [e, r] : by_residue) expected[e] = {r[0] + r[2], r[1]};
   return expected;
+}
+
+LoopbackDataflowHost::~LoopbackDataflowHost() {
+  if (server) server->Shutdown();
+}
+
+absl::StatusOr<std::unique_ptr<LoopbackDataflowHost>> StartLoopbackDataflowHost() {
+  auto host = std::make_unique<LoopbackDataflowHost>();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&host->service);
+  host->server = builder.BuildAndStart();
+  if (host->server == nullptr || port == 0) return absl::UnavailableError("cannot listen on loopback");
+  host->address = absl::StrCat("127.0.0.1:", port);
+  return host;
 }
 
 }  // namespace pathways::dataflow

@@ -12,6 +12,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "dataflow/engine.h"
+#include "dataflow/grpc_transport.h"
+#include "grpcpp/server.h"
 
 namespace pathways::dataflow {
 
@@ -40,5 +42,14 @@ OperatorFactory SparseSumOperators(SparseSumResults& results);
 // of every epoch interleaved, then closes the inputs in a shuffled order. Returns, per epoch, the
 // expected totals of sink 0 and sink 1 for all sources (every driver must use the same seed).
 std::map<int64_t, std::pair<int64_t, int64_t>> DriveSparseSum(Engine& engine, int epochs, uint32_t seed);
+
+// A DataflowService served on a free loopback port, as a host of the tests' dataflows.
+struct LoopbackDataflowHost {
+  DataflowService service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  ~LoopbackDataflowHost();
+};
+absl::StatusOr<std::unique_ptr<LoopbackDataflowHost>> StartLoopbackDataflowHost();
 
 }  // namespace pathways::dataflow
