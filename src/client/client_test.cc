@@ -193,16 +193,22 @@ TEST_F(ClientTest, DroppingAnArrayFreesItsShards) {
     return total;
   };
   const int64_t before = used();
+  const size_t buffers_before = w.runtime().store().num_buffers();
+  std::vector<int64_t> used_before;
+  for (int i = 0; i < w.runtime().num_devices(); ++i) used_before.push_back(w.runtime().device(i).stats().memory_used);
   {
     auto big = *client_->Put(*HostArray::Create(DType::kF32, {4, 1024}), island0_, {"x", ""});
     ASSERT_TRUE(client_->Ready(big).Await().ok());
     EXPECT_EQ(used() - before, 4 * 1024 * 4);
   }
   // The free travels in order on the same queue as this later put, so once that is ready the
-  // big array's shards are gone.
+  // store has dropped the big array; its buffers go when the last in-flight user lets go.
   auto small = *client_->Put(*HostArray::Create(DType::kF32, {4}), island0_, {"x"});
   ASSERT_TRUE(client_->Ready(small).Await().ok());
-  EXPECT_EQ(used() - before, 16);
+  EXPECT_EQ(w.runtime().store().num_buffers(), buffers_before + 4);
+  for (int i = 0; i < w.runtime().num_devices(); ++i) {
+    EXPECT_TRUE(w.runtime().device(i).WaitForMemoryUsedAtMost(used_before[i] + 4, absl::Seconds(30))) << i;
+  }
 }
 
 // Stages alternate between the two hosts, so every node's input crosses hosts. One host sets up

@@ -31,6 +31,12 @@ int64_t MemoryBudget::used() const {
   return used_;
 }
 
+bool MemoryBudget::WaitForUsedAtMost(int64_t bytes, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto low_enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return used_ <= bytes; };
+  return mu_.AwaitWithTimeout(absl::Condition(&low_enough), timeout);
+}
+
 DeviceBuffer::DeviceBuffer(std::shared_ptr<MemoryBudget> budget, int device_index, DType dtype,
                            Shape shape, int64_t byte_size)
     : budget_(std::move(budget)),

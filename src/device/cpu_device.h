@@ -23,6 +23,9 @@ class CpuDevice : public Device {
   absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) override;
   void Enqueue(absl::AnyInvocable<void() &&> work) override;
   DeviceStats stats() const override;
+  bool WaitForMemoryUsedAtMost(int64_t bytes, absl::Duration timeout) const override {
+    return budget_->WaitForUsedAtMost(bytes, timeout);
+  }
   void Shutdown() override;
 
  private:

@@ -40,6 +40,15 @@ TEST(CpuDeviceTest, ChargesAndReleasesMemory) {
   EXPECT_TRUE(device.Allocate(DType::kF32, {200}).ok());
 }
 
+TEST(CpuDeviceTest, WaitsForMemoryToComeBack) {
+  CpuDevice device(0, 1000);
+  BufferPtr held = *device.Allocate(DType::kF32, {100});
+  EXPECT_FALSE(device.WaitForMemoryUsedAtMost(0, absl::Milliseconds(1)));
+  std::thread releaser([&] { held.reset(); });
+  EXPECT_TRUE(device.WaitForMemoryUsedAtMost(0, absl::Seconds(30)));
+  releaser.join();
+}
+
 TEST(CpuDeviceTest, AllocationLargerThanBudgetNamesSizes) {
   CpuDevice device(0, 1000);
   auto a = device.Allocate(DType::kF64, {1000});

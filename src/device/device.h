@@ -8,6 +8,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "core/types.h"
 
 namespace pathways {
@@ -23,6 +24,8 @@ class MemoryBudget {
   void Release(int64_t bytes);
   int64_t capacity() const { return capacity_; }
   int64_t used() const;
+  // Blocks until at most `bytes` are in use; false if that has not happened within `timeout`.
+  bool WaitForUsedAtMost(int64_t bytes, absl::Duration timeout) const;
 
  private:
   const std::string device_name_;
@@ -80,6 +83,10 @@ class Device {
   // Work enqueued after Shutdown is dropped, never run.
   virtual void Enqueue(absl::AnyInvocable<void() &&> work) = 0;
   virtual DeviceStats stats() const = 0;
+  // Blocks until at most `bytes` of the device's memory are in use, or `timeout` passes (false).
+  // Buffers are freed asynchronously (when the last work item or transfer using them is done),
+  // so this is how a caller waits for memory to come back without polling.
+  virtual bool WaitForMemoryUsedAtMost(int64_t bytes, absl::Duration timeout) const = 0;
   // Finishes the work already enqueued and stops the stream. Idempotent.
   virtual void Shutdown() = 0;
 };
