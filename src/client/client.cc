@@ -1,143 +1,16 @@
 #include "client/client.h"
 
-#include <atomic>
 #include <map>
 #include <set>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/program.h"
-#include "core/logging.h"
+#include "client/client_core.h"
 #include "core/status_macros.h"
-#include "transport/controller_client.h"
 #include "transport/rpc_util.h"
-#include "transport/worker_client.h"
 
 namespace pathways {
-
-// Shared by the Client and every handle it gave out, so handles can free their shards even after
-// the Client object is gone. Thread-safe.
-class ClientCore {
- public:
-  explicit ClientCore(std::string controller_address)
-      : id_(RandomIdString()), controller_(std::move(controller_address)) {}
-
-  const std::string& id() const { return id_; }
-  ControllerClient& controller() { return controller_; }
-  std::shared_ptr<WorkerClient> worker(const std::string& address) {
-    return WorkerClientCache::Global().Get(address);
-  }
-
-  std::shared_ptr<HostOpQueue> queue(const std::string& address) {
-    absl::MutexLock lock(&mu_);
-    auto& q = queues_[address];
-    if (!q) q = std::make_shared<HostOpQueue>(worker(address), id_);
-    return q;
-  }
-
-  // Compiles the function on each host in parallel and waits for all; the first error wins.
-  absl::Status CompileOn(CompiledFunction::State& fn, const std::vector<std::string>& hosts);
-
-  ArrayId NextArrayId() { return array_ids_.Next(); }
-  absl::Mutex& epoch_mu() { return epoch_mu_; }
-  // A contiguous block of `n` array ids (a run's outputs are named base + offset on the hosts).
-  ArrayId ReserveArrayIds(int64_t n) { return array_ids_.Reserve(n); }
-  int64_t NextRunId() { return run_ids_.Next(); }
-
-  // Every op the client sends goes through here, so the stats see all of them.
-  void Push(const std::string& host, rpc::Op op) {
-    const int64_t bytes = static_cast<int64_t>(op.ByteSizeLong());
-    ops_sent_.fetch_add(1, std::memory_order_relaxed);
-    op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
-    if (op.has_run()) {
-      run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
-      run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
-    }
-    queue(host)->Push(std::move(op));
-  }
-  // OpByOp calls run as one-node programs, traced once per (function, slice).
-  absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
-
-  ClientStats stats() const {
-    return {ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
-            lowerings_.load()};
-  }
-  void CountLowering() { lowerings_.fetch_add(1); }
-
-  // Lowered programs by program id and argument placement.
-  struct Lowering;
-  absl::StatusOr<std::shared_ptr<Lowering>> Lower(const Program& program,
-                                                  absl::Span<const ShardedArray> args);
-
- private:
-  const std::string id_;
-  ControllerClient controller_;
-  IdGenerator array_ids_;
-  IdGenerator run_ids_;
-  absl::Mutex epoch_mu_;
-  std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::pair<const void*, int64_t>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
-};
-
-struct CompiledFunction::State {
-  FunctionSpec spec;
-  std::string key;
-  const ClientCore* owner;
-  absl::Mutex mu;
-  absl::flat_hash_set<std::string> compiled_on ABSL_GUARDED_BY(mu);  // host addresses
-};
-
-struct ShardedArray::State {
-  State(std::shared_ptr<ClientCore> core, ArrayId id, TensorSpec spec, Sharding sharding, VirtualSlice slice)
-      : core(std::move(core)), id(id), spec(std::move(spec)), sharding(std::move(sharding)), slice(std::move(slice)) {}
-  // One State per logical array: a copy would free the array twice.
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-
-  std::shared_ptr<ClientCore> core;
-  ArrayId id;
-  TensorSpec spec;
-  Sharding sharding;
-  VirtualSlice slice;
-  // Ready once the op producing the array has been pushed to its hosts' queues. Immediate except
-  // under sequential dispatch, where a run's later nodes are pushed as earlier ones are enqueued.
-  Future<Unit> dispatched = Future<Unit>::Ready(Unit{});
-  // False for a run's intermediates, which the hosts free themselves.
-  bool owned = true;
-
-  // Freeing goes through each host's ordered queue, behind every op that still reads the array.
-  ~State() {
-    if (!owned) return;
-    auto free = [core = core, id = id, hosts = slice.host_addresses()](const absl::StatusOr<Unit>&) {
-      for (const std::string& host : hosts) {
-        rpc::Op op;
-        op.mutable_free()->set_array_id(id);
-        core->Push(host, std::move(op));
-      }
-    };
-    dispatched.OnReady(std::move(free));
-  }
-};
-
-struct ClientCore::Lowering {
-  int64_t id;                      // the program id hosts know this lowering by
-  rpc::ProgramProto proto;
-  std::vector<std::string> hosts;  // every host that runs, holds or sends anything in it
-  std::vector<std::vector<std::string>> node_hosts;  // per node: its slice's and its inputs' hosts
-  int64_t num_outputs = 0;
-  std::vector<int64_t> output_offsets;              // per node
-  std::vector<std::vector<Sharding>> out_shardings;  // per node and output
-  absl::Mutex mu;
-  absl::flat_hash_set<std::string> registered_on ABSL_GUARDED_BY(mu);
-  std::atomic<bool> ready{false};  // compiled and registered on every host
-};
-
 namespace {
 
 // One replica per distinct region of a sharding: the shards a full read needs.
@@ -357,128 +230,6 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
 
 namespace {
 
-PartitionSpec OrReplicated(const std::vector<PartitionSpec>& specs, size_t i, const Shape& shape) {
-  return specs.empty() ? PartitionSpec(shape.size(), "") : specs[i];
-}
-
-rpc::PartitionSpecProto ToProto(const PartitionSpec& spec, size_t rank) {
-  rpc::PartitionSpecProto p;
-  for (size_t d = 0; d < rank; ++d) p.add_dims(spec.empty() ? "" : spec[d]);
-  return p;
-}
-
-void AddHosts(const VirtualSlice& slice, std::vector<std::string>& hosts) {
-  for (const std::string& h : slice.host_addresses()) {
-    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
-  }
-}
-
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Program& program,
-                                                                        absl::Span<const ShardedArray> args) {
-  std::string key = absl::StrCat(program.id());
-  for (const ShardedArray& a : args) {
-    absl::StrAppend(&key, "|", a.slice().id(), PartitionSpecToString(a.sharding().spec()));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = lowerings_cache_.find(key);
-    if (it != lowerings_cache_.end()) return it->second;
-  }
-  auto lowering = std::make_shared<Lowering>();
-  lowering->id = run_ids_.Next();
-  rpc::ProgramProto& proto = lowering->proto;
-  proto.set_program_id(lowering->id);
-  proto.set_name(program.name());
-  std::map<int64_t, VirtualSlice> slices;
-  for (const ShardedArray& a : args) slices.emplace(a.slice().id(), a.slice());
-  for (const Program::Call& c : program.calls()) {
-    if (c.slice.data_->owner != this) {
-      return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
-                                                     "' on a slice that this client did not create"));
-    }
-    if (c.function.state_->owner != this) {
-      return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
-                                                     "', which this client did not compile"));
-    }
-    slices.emplace(c.slice.id(), c.slice);
-  }
-  for (const auto& [id, slice] : slices) {
-    rpc::SliceProto* sp = proto.add_slices();
-    sp->set_slice_id(id);
-    for (int64_t d : slice.mesh().dims) sp->add_mesh_dims(d);
-    for (const std::string& n : slice.mesh().axis_names) sp->add_axis_names(n);
-    for (const PhysicalDeviceInfo& d : slice.devices()) {
-      rpc::SliceDevice* sd = sp->add_devices();
-      sd->set_device_id(d.device_id);
-      sd->set_host_address(d.host_address);
-      sd->set_local_index(d.local_index);
-    }
-    AddHosts(slice, lowering->hosts);
-  }
-  for (const ShardedArray& a : args) {
-    rpc::ProgramArg* pa = proto.add_args();
-    *pa->mutable_spec() = pathways::ToProto(a.spec());
-    pa->set_slice_id(a.slice().id());
-    *pa->mutable_sharding() = ToProto(a.sharding().spec(), a.spec().shape.size());
-  }
-  auto value_slice = [&](const Program::Value& v) -> const VirtualSlice& {
-    return v.is_arg ? args[v.index].slice() : program.calls()[v.index].slice;
-  };
-  for (const Program::Call& c : program.calls()) {
-    const FunctionSpec& spec = c.function.spec();
-    const std::string& name = spec.body.name;
-    rpc::ProgramNode* node = proto.add_nodes();
-    node->set_function_key(c.function.state_->key);
-    node->set_function_name(name);
-    node->set_slice_id(c.slice.id());
-    std::vector<std::string> hosts;
-    AddHosts(c.slice, hosts);
-    for (size_t i = 0; i < c.inputs.size(); ++i) {
-      rpc::ValueRef* v = node->add_inputs();
-      v->set_is_arg(c.inputs[i].is_arg);
-      v->set_index(c.inputs[i].index);
-      v->set_output(c.inputs[i].output);
-      *node->add_input_specs() = pathways::ToProto(spec.inputs[i]);
-      PartitionSpec in = OrReplicated(spec.in_shardings, i, spec.inputs[i].shape);
-      auto sharding = Sharding::Create(c.slice.mesh(), in, spec.inputs[i].shape);
-      if (!sharding.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("function '", name, "' input ", i, ": ", sharding.status().message()));
-      }
-      *node->add_in_shardings() = ToProto(in, spec.inputs[i].shape.size());
-      AddHosts(value_slice(c.inputs[i]), hosts);
-    }
-    std::vector<Sharding> outs;
-    for (size_t j = 0; j < spec.outputs.size(); ++j) {
-      *node->add_output_specs() = pathways::ToProto(spec.outputs[j]);
-      PartitionSpec out = OrReplicated(spec.out_shardings, j, spec.outputs[j].shape);
-      auto sharding = Sharding::Create(c.slice.mesh(), out, spec.outputs[j].shape);
-      if (!sharding.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("function '", name, "' output ", j, ": ", sharding.status().message()));
-      }
-      *node->add_out_shardings() = ToProto(out, spec.outputs[j].shape.size());
-      outs.push_back(*std::move(sharding));
-    }
-    node->set_data_dependent(c.data_dependent_shapes);
-    lowering->out_shardings.push_back(std::move(outs));
-    lowering->output_offsets.push_back(lowering->num_outputs);
-    lowering->num_outputs += static_cast<int64_t>(spec.outputs.size());
-    lowering->node_hosts.push_back(std::move(hosts));
-  }
-  for (const Program::Value& r : program.results()) {
-    rpc::ValueRef* v = proto.add_results();
-    v->set_index(r.index);
-    v->set_output(r.output);
-  }
-  CountLowering();
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = lowerings_cache_.emplace(key, lowering);
-  return it->second;
-}
-
-namespace {
-
 // Completes when every shard of the array is computed. Assumes the producing op was pushed.
 Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
                          const std::shared_ptr<const ShardedArray::State>& state);
@@ -649,43 +400,7 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, ab
   return results;
 }
 
-absl::StatusOr<std::string> Client::DescribeLowering(const Program& program, absl::Span<const ShardedArray> args) {
-  PW_ASSIGN_OR_RETURN(std::shared_ptr<ClientCore::Lowering> lowering, core_->Lower(program, args));
-  const rpc::ProgramProto& p = lowering->proto;
-  std::string out = absl::StrCat("lowered program ", p.name(), " (id ", p.program_id(), ") on ",
-                                 lowering->hosts.size(), " hosts\n");
-  for (const rpc::SliceProto& s : p.slices()) {
-    std::map<std::string, std::vector<int64_t>> by_host;
-    for (int64_t i = 0; i < s.devices_size(); ++i) by_host[s.devices(i).host_address()].push_back(i);
-    absl::StrAppend(&out, "  slice ", s.slice_id(), ": ", s.devices_size(), " devices\n");
-    for (const auto& [host, shards] : by_host) {
-      absl::StrAppend(&out, "    ", host, ": shards ", shards.front(), "..", shards.back(), " (", shards.size(), ")\n");
-    }
-  }
-  for (int n = 0; n < p.nodes_size(); ++n) {
-    absl::StrAppend(&out, "  node ", n, " ", p.nodes(n).function_name(), " on slice ", p.nodes(n).slice_id(),
-                    ", set up by ", absl::StrJoin(lowering->node_hosts[n], " "), "\n");
-  }
-  return out;
-}
-
 ClientStats Client::stats() const { return core_->stats(); }
-
-absl::StatusOr<Program> ClientCore::OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice) {
-  std::pair<const void*, int64_t> key{function.state_.get(), slice.id()};
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = one_node_programs_.find(key);
-    if (it != one_node_programs_.end()) return it->second;
-  }
-  ProgramBuilder builder(function.name());
-  std::vector<TracedValue> args;
-  for (const TensorSpec& spec : function.spec().inputs) args.push_back(builder.Arg(spec));
-  PW_ASSIGN_OR_RETURN(std::vector<TracedValue> outputs, builder.Call(function, slice, args));
-  PW_ASSIGN_OR_RETURN(Program program, builder.Build(outputs));
-  absl::MutexLock lock(&mu_);
-  return one_node_programs_.emplace(key, program).first->second;
-}
 
 absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& function, const VirtualSlice& slice,
                                                        absl::Span<const ShardedArray> inputs) {

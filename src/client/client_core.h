@@ -1,0 +1,140 @@
+// Internals of the client library shared by its source files: the state behind Client and
+// behind every handle it gives out. Not part of the public API.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "client/client.h"
+#include "client/program.h"
+#include "transport/controller_client.h"
+#include "transport/worker_client.h"
+
+namespace pathways {
+
+// Shared by the Client and every handle it gave out, so handles can free their shards even after
+// the Client object is gone. Thread-safe.
+class ClientCore {
+ public:
+  explicit ClientCore(std::string controller_address)
+      : id_(RandomIdString()), controller_(std::move(controller_address)) {}
+
+  const std::string& id() const { return id_; }
+  ControllerClient& controller() { return controller_; }
+  std::shared_ptr<WorkerClient> worker(const std::string& address) {
+    return WorkerClientCache::Global().Get(address);
+  }
+
+  std::shared_ptr<HostOpQueue> queue(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& q = queues_[address];
+    if (!q) q = std::make_shared<HostOpQueue>(worker(address), id_);
+    return q;
+  }
+
+  // Compiles the function on each host in parallel and waits for all; the first error wins.
+  absl::Status CompileOn(CompiledFunction::State& fn, const std::vector<std::string>& hosts);
+
+  ArrayId NextArrayId() { return array_ids_.Next(); }
+  absl::Mutex& epoch_mu() { return epoch_mu_; }
+  // A contiguous block of `n` array ids (a run's outputs are named base + offset on the hosts).
+  ArrayId ReserveArrayIds(int64_t n) { return array_ids_.Reserve(n); }
+  int64_t NextRunId() { return run_ids_.Next(); }
+
+  // Every op the client sends goes through here, so the stats see all of them.
+  void Push(const std::string& host, rpc::Op op) {
+    const int64_t bytes = static_cast<int64_t>(op.ByteSizeLong());
+    ops_sent_.fetch_add(1, std::memory_order_relaxed);
+    op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+    if (op.has_run()) {
+      run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
+      run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    queue(host)->Push(std::move(op));
+  }
+  // OpByOp calls run as one-node programs, traced once per (function, slice).
+  absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
+
+  ClientStats stats() const {
+    return {ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
+            lowerings_.load()};
+  }
+  void CountLowering() { lowerings_.fetch_add(1); }
+
+  // Lowered programs by program id and argument placement.
+  struct Lowering;
+  absl::StatusOr<std::shared_ptr<Lowering>> Lower(const Program& program,
+                                                  absl::Span<const ShardedArray> args);
+
+ private:
+  const std::string id_;
+  ControllerClient controller_;
+  IdGenerator array_ids_;
+  IdGenerator run_ids_;
+  absl::Mutex epoch_mu_;
+  std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<const void*, int64_t>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
+};
+
+struct CompiledFunction::State {
+  FunctionSpec spec;
+  std::string key;
+  const ClientCore* owner;
+  absl::Mutex mu;
+  absl::flat_hash_set<std::string> compiled_on ABSL_GUARDED_BY(mu);  // host addresses
+};
+
+struct ShardedArray::State {
+  State(std::shared_ptr<ClientCore> core, ArrayId id, TensorSpec spec, Sharding sharding, VirtualSlice slice)
+      : core(std::move(core)), id(id), spec(std::move(spec)), sharding(std::move(sharding)), slice(std::move(slice)) {}
+  // One State per logical array: a copy would free the array twice.
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  std::shared_ptr<ClientCore> core;
+  ArrayId id;
+  TensorSpec spec;
+  Sharding sharding;
+  VirtualSlice slice;
+  // Ready once the op producing the array has been pushed to its hosts' queues. Immediate except
+  // under sequential dispatch, where a run's later nodes are pushed as earlier ones are enqueued.
+  Future<Unit> dispatched = Future<Unit>::Ready(Unit{});
+  // False for a run's intermediates, which the hosts free themselves.
+  bool owned = true;
+
+  // Freeing goes through each host's ordered queue, behind every op that still reads the array.
+  ~State() {
+    if (!owned) return;
+    auto free = [core = core, id = id, hosts = slice.host_addresses()](const absl::StatusOr<Unit>&) {
+      for (const std::string& host : hosts) {
+        rpc::Op op;
+        op.mutable_free()->set_array_id(id);
+        core->Push(host, std::move(op));
+      }
+    };
+    dispatched.OnReady(std::move(free));
+  }
+};
+
+struct ClientCore::Lowering {
+  int64_t id;                      // the program id hosts know this lowering by
+  rpc::ProgramProto proto;
+  std::vector<std::string> hosts;  // every host that runs, holds or sends anything in it
+  std::vector<std::vector<std::string>> node_hosts;  // per node: its slice's and its inputs' hosts
+  int64_t num_outputs = 0;
+  std::vector<int64_t> output_offsets;              // per node
+  std::vector<std::vector<Sharding>> out_shardings;  // per node and output
+  absl::Mutex mu;
+  absl::flat_hash_set<std::string> registered_on ABSL_GUARDED_BY(mu);
+  std::atomic<bool> ready{false};  // compiled and registered on every host
+};
+
+}  // namespace pathways
