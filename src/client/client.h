@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "array/sharding.h"
 #include "compute/function_body.h"
@@ -170,6 +171,12 @@ class Client {
   absl::StatusOr<std::string> DescribeLowering(const Program& program,
                                                absl::Span<const ShardedArray> args);
   ClientStats stats() const;
+
+  // What the cluster's devices ran for this client since `since`, as Chrome trace-event JSON
+  // (open it in Perfetto or chrome://tracing): one process per host, one thread per device, one
+  // slice per shard of a computation. Other clients' work is not included.
+  absl::StatusOr<std::string> TraceJson(absl::Time since = absl::InfinitePast());
+  absl::Status WriteTrace(const std::string& path, absl::Time since = absl::InfinitePast());
 
   // The whole array, once computed; or the error that prevented it.
   Future<HostArray> Fetch(const ShardedArray& array);

@@ -261,6 +261,30 @@ TEST_F(ClientTest, ConcurrentRunsFromSeveralThreads) {
   for (float r : results) EXPECT_EQ(r, 30.0f);
 }
 
+int Count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(ClientTest, TraceShowsEachShardOfEachComputationForItsClientOnly) {
+  const absl::Time start = absl::Now();
+  const TensorSpec spec{DType::kF32, {8}};
+  auto traced_fn = *client_->Compile(FunctionSpec::Builtin("negate", {spec}, {spec}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), slice8_, {"x"});
+  for (int i = 0; i < 3; ++i) x = (*client_->Call(traced_fn, slice8_, {x}))[0];
+  ASSERT_TRUE(client_->Ready(x).Await().ok());
+  auto json = client_->TraceJson(start);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(Count(*json, R"("ph":"X","name":"negate")"), 3 * 8) << *json;  // 3 calls x 8 shards
+  EXPECT_NE(json->find(R"("name":"process_name")"), std::string::npos);
+  EXPECT_NE(json->find(client_->id()), std::string::npos);
+  auto other = *cluster_->Connect();
+  auto theirs = other->TraceJson(start);
+  ASSERT_TRUE(theirs.ok());
+  EXPECT_EQ(Count(*theirs, R"("ph":"X")"), 0);  // another tenant sees none of it
+}
+
 TEST_F(ClientTest, ClientsCannotUseEachOthersHandles) {
   auto other = *cluster_->Connect();
   auto mine = *client_->Put(Iota({4}), island0_);

@@ -2,11 +2,11 @@
 
 #include <pthread.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace pathways {
 
@@ -105,6 +105,21 @@ void CpuDevice::Enqueue(absl::AnyInvocable<void() &&> work) {
   queue_.push_back(std::move(work));
 }
 
+void CpuDevice::RecordTrace(TraceEvent event) {
+  absl::MutexLock lock(&mu_);
+  trace_.push_back(std::move(event));
+  if (trace_.size() > kTraceCapacity) trace_.pop_front();
+}
+
+std::vector<TraceEvent> CpuDevice::Trace(int64_t since_us) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<TraceEvent> events;
+  for (const TraceEvent& e : trace_) {
+    if (e.end_us >= since_us) events.push_back(e);
+  }
+  return events;
+}
+
 DeviceStats CpuDevice::stats() const {
   DeviceStats s;
   s.memory_capacity = budget_->capacity();
@@ -129,11 +144,9 @@ void CpuDevice::StreamLoop() {
       work = std::move(queue_.front());
       queue_.pop_front();
     }
-    auto start = std::chrono::steady_clock::now();
+    const absl::Time start = absl::Now();
     std::move(work)();
-    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
+    const int64_t micros = absl::ToInt64Microseconds(absl::Now() - start);
     absl::MutexLock lock(&mu_);
     ++executed_;
     busy_micros_ += micros;

@@ -22,6 +22,9 @@ class CpuDevice : public Device {
   std::string name() const override { return name_; }
   absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) override;
   void Enqueue(absl::AnyInvocable<void() &&> work) override;
+  void RecordTrace(TraceEvent event) override;
+  std::vector<TraceEvent> Trace(int64_t since_us = 0) const override;
+  static constexpr size_t kTraceCapacity = 1 << 16;
   DeviceStats stats() const override;
   bool WaitForMemoryUsedAtMost(int64_t bytes, absl::Duration timeout) const override {
     return budget_->WaitForUsedAtMost(bytes, timeout);
@@ -36,6 +39,7 @@ class CpuDevice : public Device {
   std::shared_ptr<MemoryBudget> budget_;
   mutable absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<TraceEvent> trace_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -27,6 +27,20 @@ TEST(CpuDeviceTest, RunsWorkInOrderOnOneThread) {
   EXPECT_EQ(device.stats().executed, 101);
 }
 
+TEST(CpuDeviceTest, KeepsARecentTraceWindow) {
+  CpuDevice device(0, 1 << 20);
+  device.RecordTrace({WorkLabel{"alice", 1, 2, 0, 5, "first"}, 10, 20});
+  device.RecordTrace({WorkLabel{"bob", 1, 3, 1, 6, "second"}, 20, 30});
+  std::vector<TraceEvent> trace = device.Trace();
+  ASSERT_EQ(trace.size(), 2u);
+  EXPECT_EQ(trace[0].label.name, "first");
+  EXPECT_EQ(trace[1].label.client, "bob");
+  EXPECT_EQ(device.Trace(25).size(), 1u);
+  for (size_t i = 0; i < CpuDevice::kTraceCapacity; ++i) device.RecordTrace({WorkLabel{"c", 0, 0, 0, 0, "x"}, 40, 50});
+  EXPECT_EQ(device.Trace().size(), CpuDevice::kTraceCapacity);  // the oldest fell out
+  EXPECT_EQ(device.Trace(0)[0].label.client, "c");
+}
+
 TEST(CpuDeviceTest, ChargesAndReleasesMemory) {
   CpuDevice device(3, 1000);
   auto a = device.Allocate(DType::kF32, {100});

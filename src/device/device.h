@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
@@ -63,6 +64,23 @@ class DeviceBuffer {
 
 using BufferPtr = std::shared_ptr<DeviceBuffer>;
 
+// What a work item is, for traces: whose, which program run and node, which shard.
+struct WorkLabel {
+  std::string client;
+  int64_t program = 0;
+  int64_t run = 0;
+  int32_t node = -1;
+  int64_t shard = -1;
+  std::string name;  // the function's name
+};
+
+// One work item a device ran, with wall-clock microseconds since the Unix epoch.
+struct TraceEvent {
+  WorkLabel label;
+  int64_t start_us = 0;
+  int64_t end_us = 0;
+};
+
 struct DeviceStats {
   int64_t memory_capacity = 0;
   int64_t memory_used = 0;
@@ -82,6 +100,12 @@ class Device {
   virtual absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) = 0;
   // Work enqueued after Shutdown is dropped, never run.
   virtual void Enqueue(absl::AnyInvocable<void() &&> work) = 0;
+  // Adds what a work item ran to the device's trace. Called by the work item itself, before it
+  // makes its results visible, so anyone who sees a result can also see its trace event.
+  virtual void RecordTrace(TraceEvent event) = 0;
+  // The recorded events that ended at or after `since_us`, oldest first. Devices keep the most
+  // recent ones only (a bounded ring).
+  virtual std::vector<TraceEvent> Trace(int64_t since_us = 0) const = 0;
   virtual DeviceStats stats() const = 0;
   // Blocks until at most `bytes` of the device's memory are in use, or `timeout` passes (false).
   // Buffers are freed asynchronously (when the last work item or transfer using them is done),

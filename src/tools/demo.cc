@@ -135,6 +135,11 @@ absl::Status RunDemo(const Flags& flags) {
                   static_cast<long long>(s.memory_used));
     }
   }
+  if (flags.Has("trace")) {
+    PW_RETURN_IF_ERROR(client->WriteTrace(flags.Get("trace")));
+    std::printf("\nTrace written to %s (open it in Perfetto; tools/plot_trace.py draws a PNG)\n",
+                flags.Get("trace").c_str());
+  }
   std::printf("\nResult y%s: max |pathways - libtorch on one device| = %.3g\n",
               ShapeToString(result.shape()).c_str(), max_err);
   if (max_err > 1e-4) return absl::InternalError("the sharded result does not match the local reference");

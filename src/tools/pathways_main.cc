@@ -22,7 +22,7 @@ constexpr char kUsage[] =
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N]\n"
     "  status --controller HOST:PORT\n"
-    "  demo [--islands N] [--hosts N] [--devices N] [--print-ir]\n";
+    "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n";
 
 // Blocks until SIGINT or SIGTERM. The signals are blocked in every thread (threads inherit the
 // mask from main), so only this sigwait sees them.
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
       {"controller", {"listen", "heartbeat-timeout-ms", "port-file"}, {}, RunController},
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads"}, {}, RunWorker},
       {"status", {"controller"}, {}, RunStatus},
-      {"demo", {"islands", "hosts", "devices"}, {"print-ir"}, RunDemo},
+      {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;

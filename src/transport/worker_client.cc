@@ -85,6 +85,15 @@ WorkerClientCache& WorkerClientCache::Global() {
   return *cache;
 }
 
+Future<rpc::GetTraceResponse> WorkerClient::GetTrace(const rpc::GetTraceRequest& request) {
+  return Call<rpc::GetTraceRequest, rpc::GetTraceResponse>(
+      "GetTrace", request,
+      [](auto* async, auto* ctx, auto* req, auto* resp, auto cb) {
+        async->GetTrace(ctx, req, resp, std::move(cb));
+      },
+      absl::Seconds(30));
+}
+
 std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& slot = clients_[address];

@@ -26,6 +26,7 @@ class WorkerClient {
   Future<rpc::EnqueueResponse> Enqueue(const rpc::EnqueueRequest& request);
   // No deadline: a fetch waits for the computation that produces the data.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
+  Future<rpc::GetTraceResponse> GetTrace(const rpc::GetTraceRequest& request);
 
  private:
   template <typename Request, typename Response, typename Method>

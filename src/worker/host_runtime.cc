@@ -393,15 +393,16 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
   }
   Device* device = devices_[node.slice->local_devices[shard]].get();
   std::string function_name = node.function_name;
+  WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
   JoinAll(piece_futures)
-      .OnReady([device, exe, plans, outputs, out_specs, function_name, shard,
-                fail](const absl::StatusOr<std::vector<BufferPtr>>& pieces) {
+      .OnReady([device, exe, plans, outputs, out_specs, function_name, shard, fail,
+                label](const absl::StatusOr<std::vector<BufferPtr>>& pieces) {
         if (!pieces.ok()) {
           fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
                                                                  "): ", pieces.status().message())));
           return;
         }
-        device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail,
+        device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label,
                          pieces = *pieces]() {
           auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
             std::vector<BufferPtr> inputs;
@@ -425,7 +426,9 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
             PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
             return results;
           };
+          const int64_t start_us = absl::ToUnixMicros(absl::Now());
           auto results = run();
+          device->RecordTrace({label, start_us, absl::ToUnixMicros(absl::Now())});  // before results show
           if (!results.ok()) {
             fail(results.status());
             return;
@@ -525,6 +528,27 @@ void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
   }
   std::memcpy((*buffer)->data(), op.data().data(), op.data().size());
   promise.Set(*std::move(buffer));
+}
+
+rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request) const {
+  rpc::GetTraceResponse response;
+  response.set_host(name());
+  for (int d = 0; d < num_devices(); ++d) {
+    for (const TraceEvent& e : devices_[d]->Trace(request.since_us())) {
+      // A client sees its own work only; other tenants' work stays private.
+      if (e.label.client != request.client_id()) continue;
+      rpc::TraceEventProto* p = response.add_events();
+      p->set_device(d);
+      p->set_program(e.label.program);
+      p->set_run(e.label.run);
+      p->set_node(e.label.node);
+      p->set_shard(e.label.shard);
+      p->set_name(e.label.name);
+      p->set_start_us(e.start_us);
+      p->set_end_us(e.end_us);
+    }
+  }
+  return response;
 }
 
 Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) {

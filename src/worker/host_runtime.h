@@ -52,6 +52,8 @@ class HostRuntime {
   absl::Status Enqueue(const rpc::EnqueueRequest& request);
   // Completes once the requested shards are computed.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
+  // What this host's devices ran for the requesting client.
+  rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 
   // Fault injection for tests: this host sets up each run op `delay` late, so blocks from other
   // hosts arrive before it expects them.

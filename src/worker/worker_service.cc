@@ -37,6 +37,20 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* context,
+                                                  const rpc::GetTraceRequest* request,
+                                                  rpc::GetTraceResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  HostRuntime* rt = runtime();
+  if (rt == nullptr) {
+    reactor->Finish(kNotReady);
+    return reactor;
+  }
+  *response = rt->GetTrace(*request);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerService::Fetch(grpc::CallbackServerContext* context,
                                                const rpc::FetchRequest* request,
                                                rpc::FetchResponse* response) {

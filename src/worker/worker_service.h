@@ -21,6 +21,9 @@ class WorkerService final : public rpc::Worker::CallbackService {
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context,
                                     const rpc::EnqueueRequest* request,
                                     rpc::EnqueueResponse* response) override;
+  grpc::ServerUnaryReactor* GetTrace(grpc::CallbackServerContext* context,
+                                     const rpc::GetTraceRequest* request,
+                                     rpc::GetTraceResponse* response) override;
   grpc::ServerUnaryReactor* Fetch(grpc::CallbackServerContext* context,
                                   const rpc::FetchRequest* request,
                                   rpc::FetchResponse* response) override;
