@@ -112,6 +112,8 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
     request.set_island(*spec.island);
   }
   request.set_client_id(core_->id());
+  request.set_min_free_memory_bytes(spec.min_free_memory_bytes);
+  request.set_device_kind(spec.device_kind);
   PW_ASSIGN_OR_RETURN(rpc::AllocateSliceResponse response, core_->controller().AllocateSlice(request));
   if (response.devices_size() != mesh.num_devices()) {
     return absl::InternalError(absl::StrCat("controller placed ", response.devices_size(),

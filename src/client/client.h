@@ -49,6 +49,8 @@ struct SliceSpec {
   std::vector<int64_t> mesh_shape;
   std::vector<std::string> axis_names;  // default "x", "y", "z"
   std::optional<int> island;
+  int64_t min_free_memory_bytes = 0;  // per device, as the controller last heard
+  std::string device_kind;            // e.g. "cpu"; empty: any
 };
 
 struct PhysicalDeviceInfo {

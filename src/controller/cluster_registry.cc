@@ -99,15 +99,25 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(
     Device* device;
   };
   std::vector<Candidate> candidates;
+  if (r.min_free_memory_bytes() < 0) return absl::InvalidArgumentError("minimum free memory must not be negative");
   for (auto& [id, h] : hosts_) {
     if (!AliveLocked(h, now)) continue;
     if (r.has_island() && h.island != r.island()) continue;
-    for (Device& d : h.devices) candidates.push_back({&h, &d});
+    for (Device& d : h.devices) {
+      if (!r.device_kind().empty() && d.info.kind() != r.device_kind()) continue;
+      if (d.info.memory_capacity() - d.info.memory_used() < r.min_free_memory_bytes()) continue;
+      candidates.push_back({&h, &d});
+    }
   }
   if (static_cast<int64_t>(candidates.size()) < wanted) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a slice of ", wanted, " devices was requested but only ", candidates.size(),
-        " live devices are available", r.has_island() ? absl::StrCat(" in island ", r.island()) : ""));
+    std::string constraints;
+    if (r.has_island()) absl::StrAppend(&constraints, " in island ", r.island());
+    if (!r.device_kind().empty()) absl::StrAppend(&constraints, " of kind '", r.device_kind(), "'");
+    if (r.min_free_memory_bytes() > 0) {
+      absl::StrAppend(&constraints, " with at least ", r.min_free_memory_bytes(), " bytes free");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("a slice of ", wanted, " devices was requested but only ",
+                                                     candidates.size(), " live devices are available", constraints));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
     return a.device->slices < b.device->slices;

@@ -58,6 +58,29 @@ TEST(ClusterRegistryTest, SliceSpansHostsInOrderAndRespectsIslands) {
   EXPECT_EQ(registry.AllocateSlice(Slice({}), t).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ClusterRegistryTest, HonoursKindAndFreeMemoryConstraints) {
+  ClusterRegistry registry(absl::Seconds(3));
+  absl::Time t = absl::UnixEpoch();
+  rpc::RegisterWorkerRequest w = Worker("h:1", 0, 4);
+  for (auto& d : *w.mutable_devices()) d.set_kind("cpu");
+  w.mutable_devices(0)->set_memory_used(1 << 20);  // device 0 is full
+  ASSERT_TRUE(registry.RegisterWorker(w, t).ok());
+  rpc::AllocateSliceRequest roomy = Slice({3});
+  roomy.set_min_free_memory_bytes(1024);
+  auto s = registry.AllocateSlice(roomy, t);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const auto& d : s->devices()) EXPECT_NE(d.local_index(), 0);
+  roomy.clear_mesh_shape();
+  roomy.add_mesh_shape(4);
+  auto too_full = registry.AllocateSlice(roomy, t);
+  EXPECT_EQ(too_full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_full.status().message().find("with at least 1024 bytes free"), std::string::npos) << too_full.status();
+  rpc::AllocateSliceRequest tpu = Slice({1});
+  tpu.set_device_kind("tpu");
+  auto none = registry.AllocateSlice(tpu, t);
+  EXPECT_NE(none.status().message().find("of kind 'tpu'"), std::string::npos) << none.status();
+}
+
 TEST(ClusterRegistryTest, SpreadsLoadAcrossDevices) {
   ClusterRegistry registry(absl::Seconds(3));
   absl::Time t = absl::UnixEpoch();
