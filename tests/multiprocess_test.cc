@@ -46,7 +46,10 @@ HostArray Reference(const FunctionBody& body, const std::vector<const HostArray*
 class MultiProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}).ok());
+    // Heartbeats every 250 ms, so status reflects work soon after it ran.
+    ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0",
+                                   "--heartbeat-timeout-ms", "1000"})
+                    .ok());
     auto line = controller_.WaitForLine("listening on", kStartTimeout);
     ASSERT_TRUE(line.ok()) << line.status();
     address_ = line->substr(line->rfind(' ') + 1);
@@ -109,6 +112,16 @@ TEST_F(MultiProcessTest, ShardedMatmulOverTwoHostsThenChainMatchesLibtorch) {
   ASSERT_TRUE(d.ok()) << d.status();
   auto result = client_->Fetch((*d)[0]).Await();
   ASSERT_TRUE(result.ok()) << result.status();
+
+  // `pathways status` shows this client's share of device time once the workers report it
+  // (bounded wait: heartbeats carry it every 250 ms here).
+  bool reported = false;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(20); !reported && absl::Now() < deadline;) {
+    auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", address_}, absl::Seconds(30));
+    ASSERT_TRUE(status.ok()) << status.status();
+    reported = status->find("client " + client_->id()) != std::string::npos;
+  }
+  EXPECT_TRUE(reported);
 
   HostArray ref_c = Reference({FunctionBody::Kind::kBuiltin, "matmul", ""}, {&a, &b}, c_spec);
   HostArray ref_d = Reference({FunctionBody::Kind::kTorchScript, "scaled_tanh", kSource}, {&ref_c}, c_spec);

@@ -59,6 +59,7 @@ bool ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) 
     info.set_memory_used(d.memory_used());
     info.set_executed(d.executed());
     info.set_busy_micros(d.busy_micros());
+    *info.mutable_client_time() = d.client_time();
   }
   return true;
 }

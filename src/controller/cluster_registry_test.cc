@@ -101,7 +101,14 @@ TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   ASSERT_TRUE(registry.RegisterWorker(Worker("h:2", 0, 4), t).ok());
   rpc::HeartbeatRequest hb;
   hb.set_host_id(a->host_id());
+  rpc::DeviceInfo* d = hb.add_devices();
+  d->set_local_index(1);
+  d->set_busy_micros(300);
+  rpc::ClientTime* share = d->add_client_time();
+  share->set_client_id("alice");
+  share->set_busy_micros(250);
   EXPECT_TRUE(registry.Heartbeat(hb, t + absl::Seconds(2)));
+  EXPECT_EQ(registry.Status(t + absl::Seconds(2)).hosts(0).devices(1).client_time(0).busy_micros(), 250);
   absl::Time later = t + absl::Seconds(4);  // h:2 has been silent for 4 s
   auto status = registry.Status(later);
   EXPECT_TRUE(status.hosts(0).alive());

@@ -107,6 +107,7 @@ void CpuDevice::Enqueue(absl::AnyInvocable<void() &&> work) {
 
 void CpuDevice::RecordTrace(TraceEvent event) {
   absl::MutexLock lock(&mu_);
+  busy_by_client_[event.label.client] += event.end_us - event.start_us;
   trace_.push_back(std::move(event));
   if (trace_.size() > kTraceCapacity) trace_.pop_front();
 }
@@ -127,6 +128,7 @@ DeviceStats CpuDevice::stats() const {
   absl::MutexLock lock(&mu_);
   s.executed = executed_;
   s.busy_micros = busy_micros_;
+  s.busy_micros_by_client = busy_by_client_;
   return s;
 }
 

@@ -40,6 +40,7 @@ class CpuDevice : public Device {
   mutable absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<TraceEvent> trace_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> busy_by_client_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -37,6 +37,8 @@ TEST(CpuDeviceTest, KeepsARecentTraceWindow) {
   EXPECT_EQ(trace[0].label.name, "first");
   EXPECT_EQ(trace[1].label.client, "bob");
   EXPECT_EQ(device.Trace(25).size(), 1u);
+  EXPECT_EQ(device.stats().busy_micros_by_client.at("alice"), 10);
+  EXPECT_EQ(device.stats().busy_micros_by_client.at("bob"), 10);
   for (size_t i = 0; i < CpuDevice::kTraceCapacity; ++i) device.RecordTrace({WorkLabel{"c", 0, 0, 0, 0, "x"}, 40, 50});
   EXPECT_EQ(device.Trace().size(), CpuDevice::kTraceCapacity);  // the oldest fell out
   EXPECT_EQ(device.Trace(0)[0].label.client, "c");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,6 +87,8 @@ struct DeviceStats {
   int64_t memory_used = 0;
   int64_t executed = 0;     // work items run on the stream
   int64_t busy_micros = 0;  // time spent running them
+  // Traced device time per client: what multi-tenant shares are measured in.
+  std::map<std::string, int64_t> busy_micros_by_client;
 };
 
 // One physical device. Work runs on one in-order stream: items run one at a time, in the order

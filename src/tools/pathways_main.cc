@@ -84,7 +84,17 @@ absl::Status RunStatus(const Flags& flags) {
   ControllerClient controller(flags.Get("controller"));
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, controller.GetStatus());
   std::map<int, std::vector<const rpc::HostStatus*>> islands;
-  for (const auto& h : status.hosts()) islands[h.island()].push_back(&h);
+  std::map<std::string, int64_t> client_micros;
+  int64_t total_micros = 0;
+  for (const auto& h : status.hosts()) {
+    islands[h.island()].push_back(&h);
+    for (const auto& d : h.devices()) {
+      for (const auto& t : d.client_time()) {
+        client_micros[t.client_id()] += t.busy_micros();
+        total_micros += t.busy_micros();
+      }
+    }
+  }
   std::printf("cluster at %s: %d islands, %d hosts\n", controller.address().c_str(),
               static_cast<int>(islands.size()), status.hosts_size());
   for (const auto& [island, hosts] : islands) {
@@ -98,6 +108,13 @@ absl::Status RunStatus(const Flags& flags) {
                     static_cast<long long>(d.memory_used()), static_cast<long long>(d.memory_capacity()),
                     static_cast<long long>(d.executed()), static_cast<long long>(d.busy_micros()));
       }
+    }
+  }
+  if (!client_micros.empty()) {
+    std::printf("clients (device time since the workers started, as of their last heartbeats)\n");
+    for (const auto& [client, micros] : client_micros) {
+      std::printf("  client %s  %lld us  %.1f%%\n", client.c_str(), static_cast<long long>(micros),
+                  total_micros > 0 ? 100.0 * static_cast<double>(micros) / static_cast<double>(total_micros) : 0.0);
     }
   }
   return absl::OkStatus();

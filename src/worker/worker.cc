@@ -65,6 +65,11 @@ void Worker::DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>
     d->set_memory_used(s.memory_used);
     d->set_executed(s.executed);
     d->set_busy_micros(s.busy_micros);
+    for (const auto& [client, micros] : s.busy_micros_by_client) {
+      rpc::ClientTime* t = d->add_client_time();
+      t->set_client_id(client);
+      t->set_busy_micros(micros);
+    }
   }
 }
 
