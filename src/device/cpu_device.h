@@ -24,7 +24,7 @@ class CpuDevice : public Device {
   void Enqueue(absl::AnyInvocable<void() &&> work) override;
   void RecordTrace(TraceEvent event) override;
   std::vector<TraceEvent> Trace(int64_t since_us = 0) const override;
-  static constexpr size_t kTraceCapacity = 1 << 16;
+  static constexpr size_t kTraceCapacity = 1 << 13;  // about 1 MiB of events per device
   DeviceStats stats() const override;
   bool WaitForMemoryUsedAtMost(int64_t bytes, absl::Duration timeout) const override {
     return budget_->WaitForUsedAtMost(bytes, timeout);
