@@ -312,6 +312,12 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, ab
                                                       const RunOptions& options) {
   PW_RETURN_IF_ERROR(CheckArrays(absl::StrCat("program '", program.name(), "'"), "argument",
                                  program.arg_specs(), args));
+  return RunChecked(program, args, options);
+}
+
+absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& program,
+                                                             absl::Span<const ShardedArray> args,
+                                                             const RunOptions& options) {
   PW_ASSIGN_OR_RETURN(std::shared_ptr<ClientCore::Lowering> lowering, core_->Lower(program, args));
 
   // An argument still being dispatched by a sequential run: wait until its op is pushed, so
@@ -417,7 +423,7 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& f
   // OpByOp is a one-node program, traced once per (function, slice) and then reused, so its
   // lowering is cached like any program's.
   PW_ASSIGN_OR_RETURN(Program program, core_->OneNodeProgram(function, slice));
-  return Run(program, inputs);
+  return RunChecked(program, inputs, {});  // the inputs were just checked against the same specs
 }
 
 namespace {

@@ -187,6 +187,9 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<ClientCore> core);
+  // Run, once the arguments are known to be right.
+  absl::StatusOr<std::vector<ShardedArray>> RunChecked(const Program& program, absl::Span<const ShardedArray> args,
+                                                       const RunOptions& options);
   // Arrays given to a function or program: right number, right specs, this client's.
   absl::Status CheckArrays(const std::string& what, const char* noun, const std::vector<TensorSpec>& specs,
                            absl::Span<const ShardedArray> arrays) const;

@@ -63,7 +63,7 @@ absl::StatusOr<BufferPtr> AssembleInput(Device& device, const InputPlan& plan,
   return out;
 }
 
-// The operators of a program node's block exchange (see HostRuntime::Exchange). The sender
+// The operators of a program node's block exchange (see HostRuntime::NodePlan). The sender
 // routes an injected block to the receiving shard named in its first four bytes; the receiver
 // hands blocks to the object store and, when its epoch is complete, fails whatever never came.
 
@@ -188,43 +188,51 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
   const LoweredProgram& lowered = *program->lowered;
   // Every host derives the same graph: the same plans over the same hosts in the same order.
   auto graph = std::make_shared<dataflow::GraphDef>(absl::StrCat(client, "/", proto.program_id()));
-  std::vector<std::pair<int, int>> receivers_of;  // graph node -> (program node) for the factory
   for (int n = 0; n < static_cast<int>(lowered.nodes().size()); ++n) {
     const LoweredNode& node = lowered.nodes()[n];
+    NodePlan plan;
+    for (int64_t shard : node.slice->local_shards) {
+      plan.shards.push_back({shard, std::vector<std::vector<Piece>>(node.inputs.size())});
+    }
     std::set<std::string> senders, receivers;
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       Placement src = lowered.PlacementOf(node.inputs[i]);
       Placement dst{&node.in_shardings[i], &node.slice->devices};
+      size_t local = 0;  // index into plan.shards, which follows local_shards' order
       for (int64_t d = 0; d < static_cast<int64_t>(node.slice->devices.size()); ++d) {
         const std::string& dest = node.slice->devices[d].host;
-        for (const Piece& p : PlanShard(src, dst, d)) {
+        std::vector<Piece> pieces = PlanShard(src, dst, d);
+        for (const Piece& p : pieces) {
           const std::string& from = (*src.devices)[p.src_shard].host;
           if (from == dest) continue;
           senders.insert(from);
           receivers.insert(dest);
+          if (from == name()) {
+            plan.sends.push_back({static_cast<int>(i), p.src_shard, p.src_region, dest, static_cast<int32_t>(d)});
+          }
         }
+        if (dest == name()) plan.shards[local++].inputs[i] = std::move(pieces);
       }
     }
-    Exchange exchange;
     if (!senders.empty()) {
       std::vector<std::string> send_hosts(senders.begin(), senders.end());
       std::vector<std::string> recv_hosts(receivers.begin(), receivers.end());
-      for (int i = 0; i < static_cast<int>(send_hosts.size()); ++i) exchange.sender_index[send_hosts[i]] = i;
-      for (int i = 0; i < static_cast<int>(recv_hosts.size()); ++i) exchange.receiver_index[recv_hosts[i]] = i;
-      exchange.send_node = *graph->AddNode(absl::StrCat("send", n), std::move(send_hosts));
-      exchange.arm_node = *graph->AddNode(absl::StrCat("arm", n), recv_hosts);
-      exchange.recv_node = *graph->AddNode(absl::StrCat("recv", n), std::move(recv_hosts));
-      exchange.edge = *graph->AddEdge(exchange.send_node, exchange.recv_node, dataflow::EdgeKind::kSparse);
-      (void)*graph->AddEdge(exchange.arm_node, exchange.recv_node, dataflow::EdgeKind::kOneToOne);
+      for (int i = 0; i < static_cast<int>(send_hosts.size()); ++i) plan.sender_index[send_hosts[i]] = i;
+      for (int i = 0; i < static_cast<int>(recv_hosts.size()); ++i) plan.receiver_index[recv_hosts[i]] = i;
+      plan.send_node = *graph->AddNode(absl::StrCat("send", n), std::move(send_hosts));
+      plan.arm_node = *graph->AddNode(absl::StrCat("arm", n), recv_hosts);
+      plan.recv_node = *graph->AddNode(absl::StrCat("recv", n), std::move(recv_hosts));
+      plan.edge = *graph->AddEdge(plan.send_node, plan.recv_node, dataflow::EdgeKind::kSparse);
+      (void)*graph->AddEdge(plan.arm_node, plan.recv_node, dataflow::EdgeKind::kOneToOne);
     }
-    program->exchanges.push_back(std::move(exchange));
+    program->nodes.push_back(std::move(plan));
   }
   // Graph node -> its operator: a sender (with its edge), an arming source, or a receiver (with
   // the program node whose blocks it takes).
   enum class Role { kSend, kArm, kReceive };
   std::map<int, std::pair<Role, int>> roles;
-  for (int n = 0; n < static_cast<int>(program->exchanges.size()); ++n) {
-    const Exchange& e = program->exchanges[n];
+  for (int n = 0; n < static_cast<int>(program->nodes.size()); ++n) {
+    const NodePlan& e = program->nodes[n];
     if (e.send_node < 0) continue;
     roles[e.send_node] = {Role::kSend, e.edge};
     roles[e.arm_node] = {Role::kArm, 0};
@@ -280,28 +288,23 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   // now, before any of them has run.
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
     std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
-    for (int64_t shard : program->nodes()[n].slice->local_shards) ExecuteShard(client, *program, n, shard, run);
-    const Exchange& exchange = entry->exchanges[n];
-    if (auto receiver = exchange.receiver_index.find(name()); receiver != exchange.receiver_index.end()) {
-      (void)entry->engine->CloseInput(exchange.arm_node, receiver->second, run.epoch());  // expecting all blocks now
+    const NodePlan& plan = entry->nodes[n];
+    for (const ShardPlan& shard : plan.shards) ExecuteShard(*entry, n, shard, run);
+    if (auto receiver = plan.receiver_index.find(name()); receiver != plan.receiver_index.end()) {
+      (void)entry->engine->CloseInput(plan.arm_node, receiver->second, run.epoch());  // expecting all blocks now
     }
-    auto sender = exchange.sender_index.find(name());
-    if (sender == exchange.sender_index.end()) continue;
+    auto sender = plan.sender_index.find(name());
+    if (sender == plan.sender_index.end()) continue;
     // This host's part of the node's exchange ends once every block it owes is handed over.
-    JoinAll(sends).OnReady([entry, node = exchange.send_node, shard = sender->second,
+    JoinAll(sends).OnReady([entry, node = plan.send_node, shard = sender->second,
                             epoch = run.epoch()](const absl::StatusOr<std::vector<Unit>>&) {
       (void)entry->engine->CloseInput(node, shard, epoch);
     });
   }
   // Intermediates whose last consumer is now set up leave the store; their consumers and sends
   // hold their own references until they are done with them.
-  for (int n = 0; n <= run.last_node(); ++n) {
-    const LoweredNode& node = program->nodes()[n];
-    for (size_t j = 0; j < node.drop_after.size(); ++j) {
-      if (node.drop_after[j] >= run.first_node() && node.drop_after[j] <= run.last_node()) {
-        store_.FreeArray(client, run.output_array_base() + node.output_offset + static_cast<int64_t>(j));
-      }
-    }
+  for (int n = run.first_node(); n <= run.last_node(); ++n) {
+    for (int64_t offset : program->dropped_after(n)) store_.FreeArray(client, run.output_array_base() + offset);
   }
   return absl::OkStatus();
 }
@@ -325,32 +328,22 @@ ArrayId ValueArrayId(const LoweredProgram& program, const LoweredValue& v, const
 
 std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<Program>& entry, int node_index,
                                                    const rpc::RunProgramOp& run) {
-  const LoweredProgram& program = *entry->lowered;
-  const LoweredNode& node = program.nodes()[node_index];
+  const LoweredNode& node = entry->lowered->nodes()[node_index];
   std::vector<Future<Unit>> sends;
-  for (size_t i = 0; i < node.inputs.size(); ++i) {
-    Placement src = program.PlacementOf(node.inputs[i]);
-    bool holds_any = false;
-    for (const DeviceLocation& d : *src.devices) holds_any |= d.host == name();
-    if (!holds_any) continue;
-    Placement dst{&node.in_shardings[i], &node.slice->devices};
-    const ArrayId array = ValueArrayId(program, node.inputs[i], run);
-    for (int64_t d = 0; d < static_cast<int64_t>(node.slice->devices.size()); ++d) {
-      const std::string& dest = node.slice->devices[d].host;
-      if (dest == name()) continue;
-      for (const Piece& p : PlanShard(src, dst, d)) {
-        if ((*src.devices)[p.src_shard].host != name()) continue;
-        sends.push_back(Send(entry, {array, static_cast<int32_t>(p.src_shard)}, p.src_region, dest,
-                             {run.epoch(), node_index, static_cast<int32_t>(i), static_cast<int32_t>(d), p.src_shard}));
-      }
-    }
+  for (const PlannedSend& p : entry->nodes[node_index].sends) {
+    const ArrayId array = ValueArrayId(*entry->lowered, node.inputs[p.input], run);
+    sends.push_back(Send(entry, {array, static_cast<int32_t>(p.src_shard)}, p.region, p.dest,
+                         {run.epoch(), node_index, p.input, p.dst_shard, p.src_shard}));
   }
   return sends;
 }
 
-void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& program, int node_index,
-                               int64_t shard, const rpc::RunProgramOp& run) {
+void HostRuntime::ExecuteShard(const Program& entry, int node_index, const ShardPlan& shard_plan,
+                               const rpc::RunProgramOp& run) {
+  const LoweredProgram& program = *entry.lowered;
+  const std::string& client = entry.client;
   const LoweredNode& node = program.nodes()[node_index];
+  const int64_t shard = shard_plan.shard;
   const int32_t shard32 = static_cast<int32_t>(shard);
   // Output entries exist from now on, so later nodes and runs can consume them before they are
   // computed.
@@ -373,12 +366,11 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
   std::vector<Future<BufferPtr>> piece_futures;
   for (size_t i = 0; i < node.inputs.size(); ++i) {
     Placement src = program.PlacementOf(node.inputs[i]);
-    Placement dst{&node.in_shardings[i], &node.slice->devices};
     const ArrayId array = ValueArrayId(program, node.inputs[i], run);
     InputPlan plan;
     plan.spec = {node.input_specs[i].dtype, node.in_shardings[i].local_shape()};
     plan.first_piece = piece_futures.size();
-    for (const Piece& p : PlanShard(src, dst, shard)) {
+    for (const Piece& p : shard_plan.inputs[i]) {
       if ((*src.devices)[p.src_shard].host == name()) {
         piece_futures.push_back(store_.Get(client, {array, static_cast<int32_t>(p.src_shard)}));
         plan.src_regions.push_back(p.src_region);
@@ -440,7 +432,7 @@ void HostRuntime::ExecuteShard(const std::string& client, const LoweredProgram& 
 
 Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, ObjectStore::ShardKey source,
                                const Region& region, const std::string& dest, const ObjectStore::TransferId& id) {
-  const Exchange& exchange = entry->exchanges[id.node];
+  const NodePlan& exchange = entry->nodes[id.node];
   const int32_t dest_shard = exchange.receiver_index.at(dest);
   const int sender_shard = exchange.sender_index.at(name());
   Promise<Unit> handed;
@@ -473,7 +465,7 @@ Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, ObjectStor
         std::string payload(sizeof(int32_t), '\0');
         std::memcpy(payload.data(), &dest_shard, sizeof(dest_shard));
         request.AppendToString(&payload);
-        absl::Status injected = entry->engine->Inject(entry->exchanges[id.node].send_node, sender_shard, id.epoch,
+        absl::Status injected = entry->engine->Inject(entry->nodes[id.node].send_node, sender_shard, id.epoch,
                                                       std::move(payload));
         if (!injected.ok()) PW_LOG(Error) << "block of epoch " << id.epoch << " not sent: " << injected;
         handed.Set(Unit{});

@@ -13,6 +13,7 @@
 #include "device/device.h"
 #include "proto/pathways.pb.h"
 #include "transport/worker_client.h"
+#include "array/resharding.h"
 #include "dataflow/engine.h"
 #include "dataflow/grpc_transport.h"
 #include "worker/lowered_program.h"
@@ -64,15 +65,31 @@ class HostRuntime {
   absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
   absl::Status RunProgram(const std::string& client, const rpc::RunProgramOp& op);
 
-  // Which hosts send blocks to which for one program node, known statically from the shardings.
-  // In the program's dataflow graph it is a sending node (a shard per sending host) joined by a
-  // sparse edge to a receiving node (a shard per receiving host), which also has a one-to-one
-  // edge from an arming node on the receiving hosts: a receiving host closes its arming shard
-  // once it has set up the node's shards, so a receiver's epoch ends only when every sender is
-  // done and the host is waiting for exactly the blocks it will get. A node whose inputs never
-  // cross hosts has no exchange and costs no dataflow traffic.
-  struct Exchange {
-    int send_node = -1;  // graph node ids; -1 when the program node moves nothing between hosts
+  // What this host does for one program node, planned once when the program is registered
+  // (every host derives the same plans from the shardings, so they agree without talking):
+  // - which blocks of its inputs it owes other hosts, and which pieces each of its own shards
+  //   reads from where;
+  // - the node's block exchange in the program's dataflow graph: a sending node (a shard per
+  //   sending host) joined by a sparse edge to a receiving node (a shard per receiving host),
+  //   which also has a one-to-one edge from an arming node on the receiving hosts. A receiving
+  //   host closes its arming shard once it has set up the node's shards, so a receiver's epoch
+  //   ends only when every sender is done and the host waits for exactly the blocks it will get.
+  //   A node whose inputs never cross hosts has no exchange and costs no dataflow traffic.
+  struct PlannedSend {
+    int input;
+    int64_t src_shard;
+    Region region;  // in the source shard
+    std::string dest;
+    int32_t dst_shard;
+  };
+  struct ShardPlan {
+    int64_t shard;
+    std::vector<std::vector<Piece>> inputs;  // per input, the pieces it is assembled from
+  };
+  struct NodePlan {
+    std::vector<PlannedSend> sends;
+    std::vector<ShardPlan> shards;  // this host's shards of the node
+    int send_node = -1;  // dataflow graph node ids; -1 when the node moves nothing between hosts
     int arm_node = -1;
     int recv_node = -1;
     int edge = -1;  // send -> recv
@@ -84,7 +101,7 @@ class HostRuntime {
   struct Program {
     std::shared_ptr<const LoweredProgram> lowered;
     std::string client;
-    std::vector<Exchange> exchanges;  // per program node
+    std::vector<NodePlan> nodes;  // per program node
     std::unique_ptr<dataflow::Engine> engine;
   };
   class BlockReceiver;
@@ -93,8 +110,7 @@ class HostRuntime {
   std::vector<Future<Unit>> SendInputs(const std::shared_ptr<Program>& program, int node_index,
                                        const rpc::RunProgramOp& run);
   // Wires one local shard of `node` to its inputs and enqueues it on its device.
-  void ExecuteShard(const std::string& client, const LoweredProgram& program, int node_index,
-                    int64_t shard, const rpc::RunProgramOp& run);
+  void ExecuteShard(const Program& program, int node_index, const ShardPlan& plan, const rpc::RunProgramOp& run);
   Future<Unit> Send(const std::shared_ptr<Program>& program, ObjectStore::ShardKey source, const Region& region,
                     const std::string& dest, const ObjectStore::TransferId& id);
   void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);

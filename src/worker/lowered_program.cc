@@ -125,24 +125,33 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
     }
     node.output_offset = offset;
     offset += pn.output_specs_size();
-    // An intermediate lives until the op holding its last consumer is set up: consumers take
-    // their own references then. A data-dependent node's outputs stay until the run's last op,
-    // because the client waits on them between ops.
-    node.drop_after.assign(pn.output_specs_size(), pn.data_dependent() ? proto.nodes_size() - 1 : n);
     program->nodes_.push_back(std::move(node));
-    for (const LoweredValue& v : program->nodes_.back().inputs) {
-      if (!v.is_arg) {
-        int& drop = program->nodes_[v.index].drop_after[v.output];
-        drop = std::max(drop, n);
-      }
+  }
+  // An intermediate lives until the op holding its last consumer is set up: consumers take their
+  // own references then. A data-dependent node's outputs stay until the run's last op, because
+  // the client waits on them between ops. Results (-1) are the client's to free.
+  const int num_nodes = proto.nodes_size();
+  std::vector<std::vector<int>> last_use(num_nodes);
+  for (int n = 0; n < num_nodes; ++n) {
+    last_use[n].assign(proto.nodes(n).output_specs_size(), proto.nodes(n).data_dependent() ? num_nodes - 1 : n);
+    for (const LoweredValue& v : program->nodes_[n].inputs) {
+      if (!v.is_arg) last_use[v.index][v.output] = std::max(last_use[v.index][v.output], n);
     }
   }
   for (const rpc::ValueRef& r : proto.results()) {
-    if (r.is_arg() || r.index() < 0 || r.index() >= proto.nodes_size() || r.output() < 0 ||
-        r.output() >= static_cast<int>(program->nodes_[r.index()].drop_after.size())) {
+    if (r.is_arg() || r.index() < 0 || r.index() >= num_nodes || r.output() < 0 ||
+        r.output() >= static_cast<int>(last_use[r.index()].size())) {
       return absl::InvalidArgumentError("a program result must name an output of one of its nodes");
     }
-    program->nodes_[r.index()].drop_after[r.output()] = -1;
+    last_use[r.index()][r.output()] = -1;
+  }
+  program->dropped_after_.resize(num_nodes);
+  for (int n = 0; n < num_nodes; ++n) {
+    for (size_t j = 0; j < last_use[n].size(); ++j) {
+      if (last_use[n][j] >= 0) {
+        program->dropped_after_[last_use[n][j]].push_back(program->nodes_[n].output_offset + static_cast<int64_t>(j));
+      }
+    }
   }
   return std::shared_ptr<const LoweredProgram>(std::move(program));
 }

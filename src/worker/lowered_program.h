@@ -39,9 +39,6 @@ struct LoweredNode {
   std::vector<TensorSpec> output_specs; // global
   std::vector<Sharding> out_shardings;  // on the node's slice
   int64_t output_offset;                // outputs of the nodes before this one
-  // Per output: the node whose run op ends this output's life on a host (see ProgramProto), or
-  // -1 for a result, which the client frees.
-  std::vector<int> drop_after;
 };
 
 struct LoweredArg {
@@ -62,6 +59,10 @@ class LoweredProgram {
   const std::string& name() const { return name_; }
   const std::vector<LoweredArg>& args() const { return args_; }
   const std::vector<LoweredNode>& nodes() const { return nodes_; }
+  // Outputs (as offsets from a run's output base) that hosts drop once the op containing node
+  // `node` is set up: intermediates whose last consumer is `node` (see ProgramProto). Results
+  // never appear; the client frees them.
+  const std::vector<int64_t>& dropped_after(int node) const { return dropped_after_[node]; }
   // Every host of every slice, in the order the program lists them: the same on every host.
   const std::vector<std::string>& hosts() const { return hosts_; }
   // The placement of a value: its sharding and the devices holding its shards.
@@ -73,6 +74,7 @@ class LoweredProgram {
   std::map<int64_t, LoweredSlice> slices_;
   std::vector<LoweredArg> args_;
   std::vector<LoweredNode> nodes_;
+  std::vector<std::vector<int64_t>> dropped_after_;
   std::vector<std::string> hosts_;
 };
 

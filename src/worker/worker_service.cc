@@ -3,69 +3,57 @@
 #include "transport/rpc_util.h"
 
 namespace pathways {
-namespace {
-const grpc::Status kNotReady(grpc::StatusCode::UNAVAILABLE, "worker is starting");
-}  // namespace
 
-HostRuntime* WorkerService::runtime() { return runtime_.load(); }
+// Runs `handle(runtime, reactor)` once the runtime is attached; refuses the call before that.
+template <typename Handler>
+grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* context, Handler handle) {
+  auto* reactor = context->DefaultReactor();
+  HostRuntime* runtime = runtime_.load();
+  if (runtime == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is starting"));
+  } else {
+    handle(*runtime, reactor);
+  }
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* context,
                                                  const rpc::CompileRequest* request,
                                                  rpc::CompileResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  HostRuntime* rt = runtime();
-  if (rt == nullptr) {
-    reactor->Finish(kNotReady);
-    return reactor;
-  }
-  auto key = rt->Compile(request->body());
-  if (key.ok()) response->set_function_key(*key);
-  reactor->Finish(ToGrpc(key.status()));
-  return reactor;
+  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+    auto key = rt.Compile(request->body());
+    if (key.ok()) response->set_function_key(*key);
+    reactor->Finish(ToGrpc(key.status()));
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* context,
                                                  const rpc::EnqueueRequest* request,
                                                  rpc::EnqueueResponse*) {
-  auto* reactor = context->DefaultReactor();
-  HostRuntime* rt = runtime();
-  if (rt == nullptr) {
-    reactor->Finish(kNotReady);
-    return reactor;
-  }
-  reactor->Finish(ToGrpc(rt->Enqueue(*request)));
-  return reactor;
+  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+    reactor->Finish(ToGrpc(rt.Enqueue(*request)));
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* context,
                                                   const rpc::GetTraceRequest* request,
                                                   rpc::GetTraceResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  HostRuntime* rt = runtime();
-  if (rt == nullptr) {
-    reactor->Finish(kNotReady);
-    return reactor;
-  }
-  *response = rt->GetTrace(*request);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+    *response = rt.GetTrace(*request);
+    reactor->Finish(grpc::Status::OK);
+  });
 }
 
+// Finishes from a continuation once the shards are computed; no handler thread waits.
 grpc::ServerUnaryReactor* WorkerService::Fetch(grpc::CallbackServerContext* context,
                                                const rpc::FetchRequest* request,
                                                rpc::FetchResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  HostRuntime* rt = runtime();
-  if (rt == nullptr) {
-    reactor->Finish(kNotReady);
-    return reactor;
-  }
-  rt->Fetch(*request).OnReady(
-      [reactor, response](const absl::StatusOr<rpc::FetchResponse>& r) {
-        if (r.ok()) *response = *r;
-        reactor->Finish(ToGrpc(r.status()));
-      });
-  return reactor;
+  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+    rt.Fetch(*request).OnReady([reactor, response](const absl::StatusOr<rpc::FetchResponse>& r) {
+      if (r.ok()) *response = *r;
+      reactor->Finish(ToGrpc(r.status()));
+    });
+  });
 }
 
 }  // namespace pathways

@@ -29,7 +29,8 @@ class WorkerService final : public rpc::Worker::CallbackService {
                                   rpc::FetchResponse* response) override;
 
  private:
-  HostRuntime* runtime();
+  template <typename Handler>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Handler handle);
   std::atomic<HostRuntime*> runtime_{nullptr};  // not owned
 };
 
