@@ -6,7 +6,7 @@ MAKEFLAGS += --no-print-directory
 # code generators), libtorch with OpenBLAS (without it libtorch falls back to a slow reference
 # BLAS), and GoogleTest.
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
-  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev
+  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgloo-dev libgtest-dev
 
 .PHONY: deps build test demo bench clean
 

@@ -159,5 +159,46 @@ TEST_F(MultiProcessTest, BadRequestsFailClearlyAndProcessesKeepServing) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(result->data<float>()[i], 2 * expected.data<float>()[i]);
 }
 
+// Collectives across worker processes: Gloo connections found through the controller.
+TEST_F(MultiProcessTest, CollectivesOverAMeshSpanningTwoProcesses) {
+  auto slice = client_->CreateSlice({.mesh_shape = {2, 4}, .axis_names = {"x", "y"}});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  ASSERT_EQ(slice->host_addresses().size(), 2u);
+  const TensorSpec in{DType::kF32, {8, 8}}, gathered{DType::kF32, {8, 8}};
+  const FunctionBody body{FunctionBody::Kind::kTorchScript, "mix",
+                          "def mix(x):\n"
+                          "    s = pathways.all_reduce(x, 'x,y')\n"
+                          "    return pathways.all_gather(s + pathways.all_reduce(x, 'y', 'max'), 'y', 1)\n"};
+  auto fn = client_->Compile({body, {in}, {gathered}, {{"x", "y"}}, {{"x", ""}}});
+  ASSERT_TRUE(fn.ok()) << fn.status();
+  HostArray data = Pattern({8, 8}, 0.5f);
+  auto x = client_->Put(data, *slice, {"x", "y"});
+  ASSERT_TRUE(x.ok()) << x.status();
+  for (int round = 0; round < 3; ++round) {
+    auto out = client_->Call(*fn, *slice, {*x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    auto got = client_->Fetch((*out)[0]).Await();
+    ASSERT_TRUE(got.ok()) << got.status();
+    // Shard (i, j) holds block rows 4i..4i+3, columns 2j..2j+1. Row r of the result is
+    // sum-of-all-blocks + max over j of row i's blocks, laid out block after block along y.
+    auto at = [&](int64_t r, int64_t c) { return data.data<float>()[r * 8 + c]; };
+    for (int64_t i = 0; i < 2; ++i) {
+      for (int64_t a = 0; a < 4; ++a) {  // row within a block
+        for (int64_t j = 0; j < 4; ++j) {
+          for (int64_t b = 0; b < 2; ++b) {
+            float sum = 0, max = -1e30f;
+            for (int64_t bi = 0; bi < 2; ++bi) {
+              for (int64_t bj = 0; bj < 4; ++bj) sum += at(bi * 4 + a, bj * 2 + b);
+            }
+            for (int64_t bj = 0; bj < 4; ++bj) max = std::max(max, at(i * 4 + a, bj * 2 + b));
+            const float want = sum + max;
+            EXPECT_FLOAT_EQ(got->data<float>()[(i * 4 + a) * 8 + j * 2 + b], want) << i << a << j << b;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pathways

@@ -1,5 +1,8 @@
 // The one place that turns DeviceBuffers into torch tensors. Buffers are viewed, not copied.
 #include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/csrc/jit/frontend/sugared_value.h>
+#include <torch/library.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -12,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "collective/collective.h"
 #include "compute/executable.h"
 
 namespace pathways {
@@ -44,28 +48,157 @@ at::Tensor View(const DeviceBuffer& buffer) {
                           torch::TensorOptions().dtype(*ToTorch(buffer.dtype())));
 }
 
-using Kernel = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+// Collectives, as torch ops: `pathways.all_reduce(x, "x")` in TorchScript, and the collective
+// built-in kernels. Each is one exchange of the shard's tensor with its group (see
+// collective/collective.h) followed by libtorch arithmetic on what came back. Failures throw, as
+// torch ops do; the executable turns them back into the exchange's Status.
+
+collective::ShardCollectives& CurrentShard() {
+  collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+  TORCH_CHECK(shard != nullptr, "pathways collectives run only inside a compiled function running on a slice");
+  return *shard;
+}
+
+// Every group member's tensor, in rank order, and the caller's rank. Members' tensors are
+// viewed where the exchange left them, not copied.
+std::vector<at::Tensor> ExchangeTensor(const at::Tensor& x, const std::string& axes, int* rank) {
+  at::Tensor c = x.contiguous();
+  std::string bytes(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  auto exchanged = CurrentShard().Exchange(axes, std::move(bytes));
+  TORCH_CHECK(exchanged.ok(), exchanged.status().ToString());
+  std::vector<at::Tensor> parts;
+  for (const auto& part : exchanged->parts) {
+    TORCH_CHECK(part->size() == c.nbytes(), "collective members hold tensors of different sizes");
+    parts.push_back(torch::from_blob(const_cast<char*>(part->data()), c.sizes(), [keep = part](void*) {},
+                                     c.options()));
+  }
+  *rank = exchanged->rank;
+  return parts;
+}
+
+at::Tensor Reduce(const std::vector<at::Tensor>& parts, const std::string& op) {
+  at::Tensor stacked = torch::stack(parts);
+  at::Tensor r;
+  if (op == "sum") {
+    r = stacked.sum(0);
+  } else if (op == "max") {
+    r = stacked.amax(0);
+  } else if (op == "min") {
+    r = stacked.amin(0);
+  } else if (op == "mean") {
+    TORCH_CHECK(at::isFloatingType(stacked.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
+    r = stacked.mean(0);
+  } else {
+    TORCH_CHECK(false, "unknown reduction '", op, "'; use sum, max, min or mean");
+  }
+  return r.to(parts[0].scalar_type());
+}
+
+int64_t ChunkAlong(const at::Tensor& x, int64_t dim, size_t members, const char* what) {
+  TORCH_CHECK(dim >= 0 && dim < x.dim(), what, ": dimension ", dim, " is not in a tensor of rank ", x.dim());
+  TORCH_CHECK(x.size(dim) % static_cast<int64_t>(members) == 0, what, ": dimension ", dim, " of size ",
+              x.size(dim), " does not split into ", members, " equal chunks");
+  return x.size(dim) / static_cast<int64_t>(members);
+}
+
+at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) {
+  int rank;
+  return Reduce(ExchangeTensor(x, axes, &rank), op);
+}
+
+at::Tensor AllGather(const at::Tensor& x, std::string axes, int64_t dim) {
+  int rank;
+  TORCH_CHECK(dim >= 0 && dim < x.dim(), "all_gather: dimension ", dim, " is not in a tensor of rank ", x.dim());
+  return torch::cat(ExchangeTensor(x, axes, &rank), dim);
+}
+
+at::Tensor ReduceScatter(const at::Tensor& x, std::string axes, std::string op, int64_t dim) {
+  int rank;
+  std::vector<at::Tensor> parts = ExchangeTensor(x, axes, &rank);
+  const int64_t chunk = ChunkAlong(x, dim, parts.size(), "reduce_scatter");
+  return Reduce(parts, op).narrow(dim, rank * chunk, chunk).clone();
+}
+
+// Chunk j of member i's tensor goes to member j, which concatenates its chunks in member order.
+// Every member sees every tensor, so this moves n times the data a pairwise exchange would.
+at::Tensor AllToAll(const at::Tensor& x, std::string axes, int64_t dim) {
+  int rank;
+  std::vector<at::Tensor> parts = ExchangeTensor(x, axes, &rank);
+  const int64_t chunk = ChunkAlong(x, dim, parts.size(), "all_to_all");
+  std::vector<at::Tensor> mine;
+  for (const at::Tensor& p : parts) mine.push_back(p.narrow(dim, rank * chunk, chunk));
+  return torch::cat(mine, dim);
+}
+
+at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
+  int rank;
+  std::vector<at::Tensor> parts = ExchangeTensor(x, axes, &rank);
+  TORCH_CHECK(root >= 0 && root < static_cast<int64_t>(parts.size()), "broadcast: root ", root,
+              " is not a member of a group of ", parts.size());
+  return parts[root].clone();
+}
+
+TORCH_LIBRARY(pathways, m) {
+  m.def("all_reduce(Tensor x, str axes='', str op='sum') -> Tensor", &AllReduce);
+  m.def("all_gather(Tensor x, str axes='', int dim=0) -> Tensor", &AllGather);
+  m.def("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor", &ReduceScatter);
+  m.def("all_to_all(Tensor x, str axes='', int dim=0) -> Tensor", &AllToAll);
+  m.def("broadcast(Tensor x, str axes='', int root=0) -> Tensor", &Broadcast);
+}
+
+// Built-in kernels. Collective ones take the mesh axes after an '@' in their name
+// ("all_reduce_sum@x,y"); without one they span the whole mesh.
+using V = std::vector<at::Tensor>;
+using Kernel = std::function<V(const V&, const std::string& axes)>;
 
 struct BuiltinKernel {
   int arity;
   Kernel fn;
+  bool collective = false;
 };
 
 const std::map<std::string, BuiltinKernel>& Builtins() {
-  using V = std::vector<at::Tensor>;
+  auto plain = [](int arity, std::function<V(const V&)> f) {
+    return BuiltinKernel{arity, [f](const V& x, const std::string&) { return f(x); }};
+  };
+  auto collective = [](std::function<at::Tensor(const at::Tensor&, const std::string&)> f) {
+    return BuiltinKernel{1, [f](const V& x, const std::string& axes) { return V{f(x[0], axes)}; }, true};
+  };
   static const auto* kernels = new std::map<std::string, BuiltinKernel>{
-      {"identity", {1, [](const V& x) { return V{x[0].clone()}; }}},
-      {"add_one", {1, [](const V& x) { return V{x[0] + 1}; }}},
-      {"negate", {1, [](const V& x) { return V{-x[0]}; }}},
-      {"relu", {1, [](const V& x) { return V{torch::relu(x[0])}; }}},
-      {"tanh", {1, [](const V& x) { return V{torch::tanh(x[0])}; }}},
-      {"add", {2, [](const V& x) { return V{x[0] + x[1]}; }}},
-      {"multiply", {2, [](const V& x) { return V{x[0] * x[1]}; }}},
-      {"matmul", {2, [](const V& x) { return V{torch::matmul(x[0], x[1])}; }}},
-      {"sum", {1, [](const V& x) { return V{x[0].sum()}; }}},
+      {"identity", plain(1, [](const V& x) { return V{x[0].clone()}; })},
+      {"add_one", plain(1, [](const V& x) { return V{x[0] + 1}; })},
+      {"negate", plain(1, [](const V& x) { return V{-x[0]}; })},
+      {"relu", plain(1, [](const V& x) { return V{torch::relu(x[0])}; })},
+      {"tanh", plain(1, [](const V& x) { return V{torch::tanh(x[0])}; })},
+      {"add", plain(2, [](const V& x) { return V{x[0] + x[1]}; })},
+      {"multiply", plain(2, [](const V& x) { return V{x[0] * x[1]}; })},
+      {"matmul", plain(2, [](const V& x) { return V{torch::matmul(x[0], x[1])}; })},
+      {"sum", plain(1, [](const V& x) { return V{x[0].sum()}; })},
+      {"all_reduce_sum", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "sum"); })},
+      {"all_reduce_max", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "max"); })},
+      {"all_reduce_min", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "min"); })},
+      {"all_reduce_mean", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "mean"); })},
+      {"all_gather", collective([](const at::Tensor& x, const std::string& a) { return AllGather(x, a, 0); })},
+      {"reduce_scatter_sum",
+       collective([](const at::Tensor& x, const std::string& a) { return ReduceScatter(x, a, "sum", 0); })},
+      {"all_to_all", collective([](const at::Tensor& x, const std::string& a) { return AllToAll(x, a, 0); })},
+      {"broadcast", collective([](const at::Tensor& x, const std::string& a) { return Broadcast(x, a, 0); })},
   };
   return *kernels;
 }
+
+// Script source sees the collectives as `pathways.<op>`.
+class PathwaysResolver : public torch::jit::Resolver {
+ public:
+  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string& name, torch::jit::GraphFunction& m,
+                                                         const torch::jit::SourceRange& loc) override {
+    if (name == "pathways") return std::make_shared<torch::jit::BuiltinModule>("pathways");
+    return torch::jit::nativeResolver()->resolveValue(name, m, loc);
+  }
+  c10::TypePtr resolveType(const std::string& name, const torch::jit::SourceRange& loc) override {
+    return torch::jit::nativeResolver()->resolveType(name, loc);
+  }
+};
 
 // Runs the body-specific part; the common part (viewing, checking, copying out) is shared.
 class TorchExecutable : public Executable {
@@ -103,6 +236,12 @@ class TorchExecutable : public Executable {
         std::memcpy(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
       }
     } catch (const std::exception& e) {
+      // A collective that failed keeps its code (DeadlineExceeded, Unavailable, ...).
+      collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+      if (shard != nullptr && !shard->first_error().ok()) {
+        return absl::Status(shard->first_error().code(), absl::StrCat("function '", name_, "' failed in a collective: ",
+                                                                        shard->first_error().message()));
+      }
       return absl::InternalError(
           absl::StrCat("function '", name_, "' failed at run time: ", e.what()));
     }
@@ -118,8 +257,8 @@ class TorchExecutable : public Executable {
 
 class BuiltinExecutable : public TorchExecutable {
  public:
-  BuiltinExecutable(std::string name, const BuiltinKernel& kernel)
-      : TorchExecutable(std::move(name)), kernel_(kernel) {}
+  BuiltinExecutable(std::string name, const BuiltinKernel& kernel, std::string axes)
+      : TorchExecutable(std::move(name)), kernel_(kernel), axes_(std::move(axes)) {}
 
  protected:
   absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const override {
@@ -127,11 +266,12 @@ class BuiltinExecutable : public TorchExecutable {
       return absl::InvalidArgumentError(absl::StrCat("built-in kernel '", name(), "' takes ",
                                                      kernel_.arity, " inputs, got ", args.size()));
     }
-    return kernel_.fn(args);
+    return kernel_.fn(args, axes_);
   }
 
  private:
   const BuiltinKernel& kernel_;
+  const std::string axes_;
 };
 
 class ScriptExecutable : public TorchExecutable {
@@ -171,16 +311,23 @@ class ScriptExecutable : public TorchExecutable {
 
 absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody& body) {
   if (body.kind == FunctionBody::Kind::kBuiltin) {
-    auto it = Builtins().find(body.name);
+    const size_t at = body.name.find('@');
+    const std::string kernel = body.name.substr(0, at);
+    auto it = Builtins().find(kernel);
     if (it == Builtins().end()) {
-      return absl::NotFoundError(absl::StrCat("unknown built-in kernel '", body.name,
+      return absl::NotFoundError(absl::StrCat("unknown built-in kernel '", kernel,
                                               "'; known: ", absl::StrJoin(BuiltinKernelNames(), ", ")));
     }
-    return std::make_shared<BuiltinExecutable>(body.name, it->second);
+    if (at != std::string::npos && !it->second.collective) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("built-in kernel '", kernel, "' is not a collective and takes no mesh axes ('", body.name, "')"));
+    }
+    return std::make_shared<BuiltinExecutable>(body.name, it->second,
+                                               at == std::string::npos ? "" : body.name.substr(at + 1));
   }
-  std::shared_ptr<torch::jit::CompilationUnit> unit;
+  auto unit = std::make_shared<torch::jit::CompilationUnit>();
   try {
-    unit = torch::jit::compile(body.source);
+    unit->define(c10::nullopt, body.source, std::make_shared<PathwaysResolver>(), nullptr);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("TorchScript function '", body.name,
                                                    "' failed to compile: ", e.what()));

@@ -1,6 +1,9 @@
 #include "controller/controller.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "collective/collective.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/rpc_util.h"
@@ -10,6 +13,21 @@ namespace pathways {
 class Controller::Service final : public rpc::Controller::Service {
  public:
   explicit Service(ClusterRegistry& registry) : registry_(registry) {}
+
+  grpc::Status RendezvousSet(grpc::ServerContext*, const rpc::RendezvousSetRequest* request,
+                             rpc::RendezvousSetResponse*) override {
+    if (request->key().empty()) return ToGrpc(absl::InvalidArgumentError("rendezvous key is empty"));
+    return ToGrpc(rendezvous_.Set(request->key(), request->value()));
+  }
+  // Blocks a server thread while it waits; waits are bounded, and only hosts connecting for
+  // collectives wait here.
+  grpc::Status RendezvousGet(grpc::ServerContext*, const rpc::RendezvousGetRequest* request,
+                             rpc::RendezvousGetResponse* response) override {
+    const absl::Duration timeout = absl::Milliseconds(std::clamp<int64_t>(request->timeout_ms(), 0, kMaxRendezvousWaitMs));
+    auto value = rendezvous_.Get(request->key(), timeout);
+    if (value.ok()) response->set_value(*std::move(value));
+    return ToGrpc(value.status());
+  }
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const rpc::RegisterWorkerRequest* request,
                               rpc::RegisterWorkerResponse* response) override {
@@ -35,7 +53,9 @@ class Controller::Service final : public rpc::Controller::Service {
   }
 
  private:
+  static constexpr int64_t kMaxRendezvousWaitMs = 60'000;
   ClusterRegistry& registry_;
+  collective::InMemoryKeyValueStore rendezvous_;
 };
 
 Controller::Controller(ControllerOptions options)

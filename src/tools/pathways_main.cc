@@ -20,7 +20,7 @@ constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
-    "         [--listen HOST:PORT] [--intra-op-threads N]\n"
+    "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "  status --controller HOST:PORT\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n";
 
@@ -64,6 +64,9 @@ absl::Status RunWorker(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t island, flags.GetInt("island", 0));
   PW_ASSIGN_OR_RETURN(int64_t devices, flags.GetInt("devices", 4));
   PW_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("intra-op-threads", 1));
+  PW_ASSIGN_OR_RETURN(int64_t collective_ms, flags.GetInt("collective-timeout-ms", 30'000));
+  if (collective_ms < 1) return absl::InvalidArgumentError("--collective-timeout-ms must be positive");
+  options.collective_timeout = absl::Milliseconds(collective_ms);
   PW_ASSIGN_OR_RETURN(options.device_memory_bytes, flags.GetBytes("device-memory", int64_t{1} << 30));
   if (island < 0 || island > 1 << 20) return absl::InvalidArgumentError("--island must be non-negative");
   if (threads < 1 || threads > 256) return absl::InvalidArgumentError("--intra-op-threads must be 1..256");
@@ -144,7 +147,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "port-file"}, {}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms"}, {}, RunWorker},
       {"status", {"controller"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
   };

@@ -11,9 +11,10 @@ namespace pathways {
 namespace {
 
 template <typename Response, typename Fn>
-absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char* what, Fn fn) {
+absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char* what, Fn fn,
+                                          absl::Duration deadline = absl::Seconds(10)) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   Response response;
   grpc::Status status = fn(&context, &response);
   if (!status.ok()) return FromGrpc(status, absl::StrCat(what, " on controller ", address));
@@ -58,6 +59,28 @@ absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::AllocateSlice(
       [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) {
         return stub_->AllocateSlice(c, r, resp);
       });
+}
+
+absl::Status ControllerClient::RendezvousSet(const std::string& key, const std::string& value) {
+  rpc::RendezvousSetRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  return CallWithDeadline<rpc::RendezvousSetResponse>(
+             address_, "RendezvousSet",
+             [&](grpc::ClientContext* c, rpc::RendezvousSetResponse* resp) { return stub_->RendezvousSet(c, request, resp); })
+      .status();
+}
+
+absl::StatusOr<std::string> ControllerClient::RendezvousGet(const std::string& key, absl::Duration timeout) {
+  rpc::RendezvousGetRequest request;
+  request.set_key(key);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  auto response = CallWithDeadline<rpc::RendezvousGetResponse>(
+      address_, "RendezvousGet",
+      [&](grpc::ClientContext* c, rpc::RendezvousGetResponse* resp) { return stub_->RendezvousGet(c, request, resp); },
+      timeout + absl::Seconds(10));
+  if (!response.ok()) return response.status();
+  return std::move(*response->mutable_value());
 }
 
 }  // namespace pathways

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/pathways.grpc.pb.h"
 
 namespace pathways {
@@ -18,6 +19,8 @@ class ControllerClient {
   absl::StatusOr<rpc::HeartbeatResponse> Heartbeat(const rpc::HeartbeatRequest& r);
   absl::StatusOr<rpc::ClusterStatus> GetStatus();
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r);
+  absl::Status RendezvousSet(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> RendezvousGet(const std::string& key, absl::Duration timeout);
 
  private:
   const std::string address_;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "array/sharding.h"
+#include "collective/gloo_exchange.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"
@@ -110,8 +111,29 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
   const int program_node_;
 };
 
+namespace {
+
+// Gloo across hosts when the host has somewhere to meet the others; collectives stay within the
+// host otherwise.
+std::unique_ptr<collective::CrossHostExchange> CrossHostFor(const HostRuntimeOptions& options) {
+  if (options.rendezvous == nullptr) return nullptr;
+  std::string ip = options.name.substr(0, options.name.rfind(':'));
+  if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  auto gloo = collective::GlooExchange::Create(ip, options.rendezvous);
+  if (!gloo.ok()) {
+    PW_LOG(Error) << "host " << options.name << " has no collectives across hosts: " << gloo.status();
+    return nullptr;
+  }
+  return *std::move(gloo);
+}
+
+}  // namespace
+
 HostRuntime::HostRuntime(HostRuntimeOptions options)
-    : options_(std::move(options)), io_pool_(options_.name + "-io", 2), dataflow_transport_(options_.name) {
+    : options_(std::move(options)),
+      collectives_(options_.name, CrossHostFor(options_), options_.collective_timeout),
+      io_pool_(options_.name + "-io", 2),
+      dataflow_transport_(options_.name) {
   ConfigureComputeThreads(options_.intra_op_threads);
   for (int i = 0; i < options_.num_devices; ++i) {
     devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name));
@@ -191,6 +213,11 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
   for (int n = 0; n < static_cast<int>(lowered.nodes().size()); ++n) {
     const LoweredNode& node = lowered.nodes()[n];
     NodePlan plan;
+    auto gang = std::make_shared<collective::GangLayout>();
+    gang->mesh_dims = node.slice->mesh.dims;
+    gang->axis_names = node.slice->mesh.axis_names;
+    for (const DeviceLocation& d : node.slice->devices) gang->members.push_back({d.host, d.device_id});
+    plan.gang = std::move(gang);
     for (int64_t shard : node.slice->local_shards) {
       plan.shards.push_back({shard, std::vector<std::vector<Piece>>(node.inputs.size())});
     }
@@ -386,15 +413,17 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
   Device* device = devices_[node.slice->local_devices[shard]].get();
   std::string function_name = node.function_name;
   WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
+  collective::CollectiveHub* hub = &collectives_;
+  const std::shared_ptr<const collective::GangLayout>& gang = entry.nodes[node_index].gang;
   JoinAll(piece_futures)
-      .OnReady([device, exe, plans, outputs, out_specs, function_name, shard, fail,
-                label](const absl::StatusOr<std::vector<BufferPtr>>& pieces) {
+      .OnReady([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub,
+                gang](const absl::StatusOr<std::vector<BufferPtr>>& pieces) {
         if (!pieces.ok()) {
           fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
                                                                  "): ", pieces.status().message())));
           return;
         }
-        device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label,
+        device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub, gang,
                          pieces = *pieces]() {
           auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
             std::vector<BufferPtr> inputs;
@@ -415,6 +444,10 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
             for (auto& b : inputs) in_ptrs.push_back(b.get());
             std::vector<DeviceBuffer*> out_ptrs;
             for (auto& b : results) out_ptrs.push_back(b.get());
+            // The body's collectives meet the node's other shards of this run.
+            collective::ShardCollectives collectives(
+                *hub, gang, absl::StrCat(label.client, "/", label.program, "/", label.run, "/", label.node), shard);
+            collective::ScopedShardCollectives scope(&collectives);
             PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
             return results;
           };

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "collective/collective.h"
 #include "compute/executable.h"
 #include "core/executor.h"
 #include "device/device.h"
@@ -32,6 +33,11 @@ struct HostRuntimeOptions {
   // libtorch's intra-op threads. Process-wide: the last runtime created sets it. One thread per
   // device by default, because the devices are the parallelism.
   int intra_op_threads = 1;
+  // Where hosts meet to connect for collectives that span hosts (the controller's store across
+  // processes); null keeps collectives within this host. Gloo listens on the address in `name`.
+  std::shared_ptr<collective::KeyValueStore> rendezvous;
+  // How long a collective waits for the rest of its group before failing its run.
+  absl::Duration collective_timeout = absl::Seconds(30);
 };
 
 // Applies ops in the order they are given. Nothing here blocks on a computation: ops register
@@ -94,6 +100,7 @@ class HostRuntime {
     int recv_node = -1;
     int edge = -1;  // send -> recv
     std::map<std::string, int> sender_index, receiver_index;
+    std::shared_ptr<const collective::GangLayout> gang;  // who the node's shards meet in collectives
   };
   // A registered program. Each RunProgramOp is one epoch of its dataflow graph: a host closes
   // its sending shards once it has handed over every block it owes, so receivers learn when all
@@ -119,6 +126,7 @@ class HostRuntime {
   void Put(const std::string& client, const rpc::PutOp& op);
 
   const HostRuntimeOptions options_;
+  collective::CollectiveHub collectives_;  // used by device threads; outlives them (see ~HostRuntime)
   std::vector<std::unique_ptr<Device>> devices_;
   ObjectStore store_;
   FunctionCache functions_;

@@ -8,6 +8,23 @@
 
 namespace pathways {
 
+namespace {
+
+// Hosts meet at the controller to connect for collectives.
+class ControllerRendezvous : public collective::KeyValueStore {
+ public:
+  explicit ControllerRendezvous(std::string controller) : controller_(std::move(controller)) {}
+  absl::Status Set(const std::string& key, std::string value) override { return controller_.RendezvousSet(key, value); }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    return controller_.RendezvousGet(key, timeout);
+  }
+
+ private:
+  ControllerClient controller_;
+};
+
+}  // namespace
+
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
 
 Worker::~Worker() { Shutdown(); }
@@ -34,9 +51,11 @@ absl::Status Worker::Start() {
   }
   std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
   address_ = absl::StrCat(host, ":", port);
-  runtime_ = std::make_unique<HostRuntime>(HostRuntimeOptions{options_.num_devices, options_.device_memory_bytes,
-                                                               address_, &dataflow_service_,
-                                                               options_.intra_op_threads});
+  HostRuntimeOptions runtime_options{options_.num_devices, options_.device_memory_bytes, address_,
+                                     &dataflow_service_, options_.intra_op_threads};
+  runtime_options.rendezvous = std::make_shared<ControllerRendezvous>(options_.controller_address);
+  runtime_options.collective_timeout = options_.collective_timeout;
+  runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   service_->AttachRuntime(runtime_.get());
   controller_ = std::make_unique<ControllerClient>(options_.controller_address);
   absl::Time deadline = absl::Now() + options_.register_timeout;

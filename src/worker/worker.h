@@ -22,6 +22,8 @@ struct WorkerOptions {
   int num_devices = 4;
   int64_t device_memory_bytes = int64_t{1} << 30;
   int intra_op_threads = 1;
+  // How long a collective waits for its group before it fails its run.
+  absl::Duration collective_timeout = absl::Seconds(30);
   absl::Duration register_timeout = absl::Seconds(30);
 };
 

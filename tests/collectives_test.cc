@@ -1,0 +1,187 @@
+// Every collective, from TorchScript and from built-in kernels, on 1-D and 2-D meshes, within one
+// host and across hosts, checked against libtorch applied to the gathered shards.
+#include <torch/torch.h>
+
+#include <functional>
+
+#include "client/client.h"
+#include "client/local_cluster.h"
+#include "collective/collective.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+using Group = std::vector<at::Tensor>;
+
+struct Case {
+  std::string name;
+  std::string script;   // TorchScript expression of x
+  std::string builtin;  // built-in kernel, or "" when there is none
+  // libtorch on the group's shards: what the member of rank `rank` gets.
+  std::function<at::Tensor(const Group&, int rank)> reference;
+};
+
+at::Tensor Chunk(const at::Tensor& t, int rank, size_t n) {
+  const int64_t c = t.size(0) / static_cast<int64_t>(n);
+  return t.narrow(0, rank * c, c);
+}
+
+std::vector<Case> Cases() {
+  auto stack = [](const Group& g) { return torch::stack(g); };
+  return {
+      {"sum", "pathways.all_reduce(x, AXES)", "all_reduce_sum", [=](const Group& g, int) { return stack(g).sum(0); }},
+      {"max", "pathways.all_reduce(x, AXES, 'max')", "all_reduce_max",
+       [=](const Group& g, int) { return stack(g).amax(0); }},
+      {"min", "pathways.all_reduce(x, AXES, 'min')", "all_reduce_min",
+       [=](const Group& g, int) { return stack(g).amin(0); }},
+      {"mean", "pathways.all_reduce(x, AXES, 'mean')", "all_reduce_mean",
+       [=](const Group& g, int) { return stack(g).mean(0); }},
+      {"all_gather", "pathways.all_gather(x, AXES)", "all_gather", [](const Group& g, int) { return torch::cat(g, 0); }},
+      {"all_gather_dim1", "pathways.all_gather(x, AXES, 1)", "", [](const Group& g, int) { return torch::cat(g, 1); }},
+      {"reduce_scatter", "pathways.reduce_scatter(x, AXES)", "reduce_scatter_sum",
+       [=](const Group& g, int rank) { return Chunk(stack(g).sum(0), rank, g.size()); }},
+      {"all_to_all", "pathways.all_to_all(x, AXES)", "all_to_all",
+       [](const Group& g, int rank) {
+         Group mine;
+         for (const at::Tensor& t : g) mine.push_back(Chunk(t, rank, g.size()));
+         return torch::cat(mine, 0);
+       }},
+      {"broadcast", "pathways.broadcast(x, AXES, 1)", "",
+       [](const Group& g, int) { return g[std::min<size_t>(1, g.size() - 1)]; }},
+      {"broadcast_root0", "pathways.broadcast(x, AXES)", "broadcast", [](const Group& g, int) { return g[0]; }},
+  };
+}
+
+at::Tensor ToTensor(const HostArray& a) {
+  return torch::from_blob(const_cast<char*>(a.bytes().data()), a.shape(), torch::kFloat).clone();
+}
+
+HostArray FromTensor(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return *HostArray::FromBytes(DType::kF32, Shape(c.sizes().begin(), c.sizes().end()),
+                               std::string(static_cast<const char*>(c.data_ptr()), c.nbytes()));
+}
+
+struct Layout {
+  std::vector<int64_t> mesh;
+  std::vector<std::string> names;
+};
+
+class CollectivesTest : public ::testing::TestWithParam<int /*hosts*/> {
+ protected:
+  static constexpr int64_t kRows = 4, kCols = 3;  // every shard's block
+
+  void SetUp() override {
+    const int hosts = GetParam();
+    auto cluster = LocalCluster::Start({1, hosts, 4 / hosts, int64_t{64} << 20});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    client_ = *cluster_->Connect();
+  }
+
+  // Runs `body_expr` over `axes` of a slice with `layout` and checks every shard's result.
+  void Check(const Layout& layout, const std::string& axes, const Case& c, bool builtin) {
+    SCOPED_TRACE(absl::StrCat(c.name, builtin ? " (built-in)" : " (TorchScript)", " over '", axes, "' of ",
+                              layout.mesh.size(), "-D mesh"));
+    auto slice = client_->CreateSlice({layout.mesh, layout.names});
+    ASSERT_TRUE(slice.ok()) << slice.status();
+    ASSERT_EQ(static_cast<int>(slice->host_addresses().size()), GetParam());
+    const int64_t mx = layout.mesh[0], my = layout.mesh.size() > 1 ? layout.mesh[1] : 1;
+    const PartitionSpec split = layout.mesh.size() > 1 ? PartitionSpec{"x", "y"} : PartitionSpec{"x", ""};
+    torch::manual_seed(7);
+    at::Tensor global = torch::randn({mx * kRows, my * kCols});
+    auto block = [&](const at::Tensor& t, int64_t shard, int64_t rows, int64_t cols) {
+      return t.narrow(0, (shard / my) * rows, rows).narrow(1, (shard % my) * cols, cols);
+    };
+    // The reference result of every shard, and the local output shape they share.
+    collective::GangLayout gang{layout.mesh, layout.names, std::vector<collective::Member>(mx * my)};
+    std::vector<at::Tensor> expected;
+    for (int64_t s = 0; s < mx * my; ++s) {
+      auto group = collective::GroupOf(gang, s, axes);
+      ASSERT_TRUE(group.ok()) << group.status();
+      Group shards;
+      for (int64_t m : group->shards) shards.push_back(block(global, m, kRows, kCols));
+      expected.push_back(c.reference(shards, group->rank).contiguous());
+    }
+    const int64_t out_rows = expected[0].size(0), out_cols = expected[0].size(1);
+    at::Tensor want = torch::empty({mx * out_rows, my * out_cols});
+    for (int64_t s = 0; s < mx * my; ++s) block(want, s, out_rows, out_cols).copy_(expected[s]);
+
+    const std::vector<TensorSpec> in{{DType::kF32, {mx * kRows, my * kCols}}};
+    const std::vector<TensorSpec> out{{DType::kF32, {mx * out_rows, my * out_cols}}};
+    FunctionSpec spec =
+        builtin ? FunctionSpec::Builtin(absl::StrCat(c.builtin, "@", axes), in, out, {split}, {split})
+                : FunctionSpec::Script("f",
+                                       absl::StrCat("def f(x):\n    return ",
+                                                    absl::StrReplaceAll(c.script, {{"AXES", absl::StrCat("'", axes, "'")}}),
+                                                    "\n"),
+                                       in, out, {split}, {split});
+    auto fn = client_->Compile(spec);
+    ASSERT_TRUE(fn.ok()) << fn.status();
+    auto x = client_->Put(FromTensor(global), *slice, split);
+    ASSERT_TRUE(x.ok()) << x.status();
+    auto result = client_->Call(*fn, *slice, {*x});
+    ASSERT_TRUE(result.ok()) << result.status();
+    auto fetched = client_->Fetch((*result)[0]).Await();
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    EXPECT_TRUE(torch::allclose(ToTensor(*fetched), want, 1e-5, 1e-5))
+        << "got\n" << ToTensor(*fetched) << "\nwant\n" << want;
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_P(CollectivesTest, EveryCollectiveOnA1DMesh) {
+  for (const Case& c : Cases()) {
+    Check({{4}, {"x"}}, "x", c, false);
+    if (!c.builtin.empty()) Check({{4}, {"x"}}, "x", c, true);
+  }
+}
+
+TEST_P(CollectivesTest, EveryCollectiveOverEachAxisOfA2DMesh) {
+  for (const std::string axes : {"x", "y", "x,y", "y,x"}) {
+    for (const Case& c : Cases()) {
+      Check({{2, 2}, {"x", "y"}}, axes, c, false);
+      if (!c.builtin.empty() && axes == "y") Check({{2, 2}, {"x", "y"}}, axes, c, true);
+    }
+  }
+}
+
+TEST_P(CollectivesTest, BadCollectiveArgumentsFailTheRunWithTheirReason) {
+  auto slice = *client_->CreateSlice({{4}, {"x"}});
+  const std::vector<TensorSpec> io{{DType::kF32, {16, 3}}};
+  auto x = *client_->Put(FromTensor(torch::ones({16, 3})), slice, {"x", ""});
+  struct Bad {
+    std::string body;
+    std::string message;
+  };
+  for (const Bad& bad : std::vector<Bad>{{"pathways.all_reduce(x, 'nope')", "unknown mesh axis 'nope'"},
+                                         {"pathways.all_reduce(x, 'x', 'median')", "unknown reduction 'median'"},
+                                         {"pathways.broadcast(x, 'x', 9)", "root 9"},
+                                         {"pathways.all_to_all(x[:3], 'x')", "does not split into 4"}}) {
+    auto fn = client_->Compile(FunctionSpec::Script("f", absl::StrCat("def f(x):\n    return ", bad.body, "\n"), io,
+                                                    io, {{"x", ""}}, {{"x", ""}}));
+    ASSERT_TRUE(fn.ok()) << fn.status();
+    auto r = client_->Call(*fn, slice, {x});
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto fetched = client_->Fetch((*r)[0]).Await();
+    EXPECT_FALSE(fetched.ok()) << bad.body;
+    EXPECT_NE(fetched.status().message().find(bad.message), std::string::npos) << fetched.status();
+  }
+  // The devices keep serving.
+  auto sum = *client_->Compile(FunctionSpec::Builtin("all_reduce_sum@x", io, io, {{"x", ""}}, {{"x", ""}}));
+  auto fetched = client_->Fetch((*client_->Call(sum, slice, {x}))[0]).Await();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(torch::allclose(ToTensor(*fetched), torch::full({16, 3}, 4.0f)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Hosts, CollectivesTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 1 ? std::string("OneHost") : std::string("TwoHosts");
+                         });
+
+}  // namespace
+}  // namespace pathways
