@@ -79,8 +79,12 @@ std::string ShardedArray::ToString() const {
 Client::Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
 Client::~Client() = default;
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& controller_address) {
-  auto core = std::make_shared<ClientCore>(controller_address);
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& controller_address,
+                                                         const ClientOptions& options) {
+  if (!(options.weight > 0) || options.weight > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat("client weight ", options.weight, " is not in (0, 1e6]"));
+  }
+  auto core = std::make_shared<ClientCore>(controller_address, options);
   PW_RETURN_IF_ERROR(core->controller().GetStatus().status());
   return std::unique_ptr<Client>(new Client(std::move(core)));
 }
@@ -126,6 +130,7 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
   for (const auto& d : response.devices()) {
     data->devices.push_back(
         {d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island()});
+    core_->NoteHostIsland(d.host_address(), d.island());
     if (std::find(data->hosts.begin(), data->hosts.end(), d.host_address()) == data->hosts.end()) {
       data->hosts.push_back(d.host_address());
     }
@@ -160,6 +165,69 @@ absl::Status ValidateFunctionSpec(const FunctionSpec& spec) {
 }
 
 }  // namespace
+
+int ClientCore::IslandOf(const std::string& host) {
+  absl::MutexLock lock(&mu_);
+  auto it = island_of_.find(host);
+  return it == island_of_.end() ? 0 : it->second;  // every host comes from a slice, which names it
+}
+
+std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue(int island) {
+  absl::MutexLock lock(&mu_);
+  auto& q = schedule_queues_[island];
+  if (q == nullptr) {
+    q = std::make_shared<OrderedBatchQueue<rpc::GangRun>>(
+        [controller = controller_, id = id_, weight = options_.weight](std::vector<rpc::GangRun> runs) {
+          rpc::ScheduleRequest request;
+          request.set_client_id(id);
+          request.set_weight(weight);
+          for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
+          return controller->Schedule(request).Then([](const rpc::ScheduleResponse&) { return Unit{}; });
+        });
+  }
+  return q;
+}
+
+void ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
+  if (options_.TEST_bypass_scheduler) {
+    for (const std::string& host : hosts) {
+      rpc::Op o;
+      *o.mutable_run() = op;
+      Push(host, std::move(o));
+    }
+    return;
+  }
+  std::map<int, rpc::GangRun> by_island;
+  for (const std::string& host : hosts) {
+    const int island = IslandOf(host);
+    rpc::GangRun& run = by_island[island];
+    if (!run.has_run()) {
+      run.set_island(island);
+      *run.mutable_run() = op;
+    }
+    rpc::HostSeq* h = run.add_hosts();
+    h->set_host(host);
+    h->set_seq(queue(host)->ReserveSeq());
+  }
+  for (auto& [island, run] : by_island) {
+    run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
+    run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
+    ScheduleQueue(island)->Push(std::move(run));
+  }
+}
+
+Future<Unit> ClientCore::RunsDelivered(const std::vector<std::string>& hosts) {
+  std::vector<Future<Unit>> waits;
+  std::set<int> islands;
+  for (const std::string& host : hosts) {
+    if (options_.TEST_bypass_scheduler) {
+      waits.push_back(queue(host)->Flushed());
+    } else if (islands.insert(IslandOf(host)).second) {
+      waits.push_back(ScheduleQueue(IslandOf(host))->Flushed());
+    }
+  }
+  return JoinAll(waits).Then([](const std::vector<Unit>&) { return Unit{}; });
+}
 
 absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,
                                    const std::vector<std::string>& hosts) {
@@ -259,14 +327,11 @@ struct SegmentedDispatch {
       // in increasing order, so numbering and pushing happen together.
       absl::MutexLock lock(&d->core->epoch_mu());
       const int64_t epoch = d->core->NextRunId();
-      for (const std::string& host : seg.hosts) {
-        rpc::Op op;
-        *op.mutable_run() = d->op;
-        op.mutable_run()->set_first_node(seg.first);
-        op.mutable_run()->set_last_node(seg.last);
-        op.mutable_run()->set_epoch(epoch);
-        d->core->Push(host, std::move(op));
-      }
+      rpc::RunProgramOp op = d->op;
+      op.set_first_node(seg.first);
+      op.set_last_node(seg.last);
+      op.set_epoch(epoch);
+      d->core->PushRun(seg.hosts, op);
     }
     if (k + 1 == d->segments.size()) {
       d->done.Set(Unit{});
@@ -276,7 +341,7 @@ struct SegmentedDispatch {
     if (seg.wait_until_computed) {
       for (const auto& out : d->node_outputs[seg.last]) waits.push_back(ShardsReady(d->core, out));
     } else {
-      for (const std::string& host : seg.hosts) waits.push_back(d->core->queue(host)->Flushed());
+      waits.push_back(d->core->RunsDelivered(seg.hosts));
     }
     JoinAll(waits).OnReady([d, k](const absl::StatusOr<std::vector<Unit>>& r) {
       if (!r.ok()) {
@@ -432,7 +497,11 @@ namespace {
 Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host,
                                          rpc::FetchRequest request) {
   std::shared_ptr<WorkerClient> worker = core.worker(host);
-  return core.queue(host)->Flushed().FlatThen(
+  // The host answers once it has applied every op sent to it so far, runs from the scheduler
+  // included; the flush surfaces a refused batch instead of waiting for ops that never come.
+  std::shared_ptr<HostOpQueue> queue = core.queue(host);
+  request.set_after_seq(queue->last_seq());
+  return queue->Flushed().FlatThen(
       [worker, request = std::move(request)](const Unit&) { return worker->Fetch(request); });
 }
 

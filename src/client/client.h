@@ -35,11 +35,21 @@ struct RunOptions {
   Dispatch dispatch = Dispatch::kParallel;
 };
 
+struct ClientOptions {
+  // The client's share of device time where islands share it proportionally (controller
+  // --scheduler share): a client of weight 2 gets twice the device time of one of weight 1.
+  double weight = 1;
+  // Test-only: runs go straight to their hosts instead of through their islands' schedulers, so
+  // hosts may apply different clients' runs in different orders. Shows what the scheduler
+  // prevents (gangs that share devices deadlocking in their collectives); never use otherwise.
+  bool TEST_bypass_scheduler = false;
+};
+
 // What the client has sent, for tests and benchmarks that check per-run costs.
 struct ClientStats {
   int64_t ops_sent = 0;  // every op: puts, program registrations, runs, frees
   int64_t op_bytes_sent = 0;
-  int64_t run_ops_sent = 0;  // the ops that start runs
+  int64_t run_ops_sent = 0;  // messages that start runs: one per island a run touches
   int64_t run_op_bytes_sent = 0;
   int64_t lowerings = 0;  // programs lowered (not found in the lowering cache)
 };
@@ -143,7 +153,8 @@ class ShardedArray {
 // A connection to one cluster. Thread-safe.
 class Client {
  public:
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& controller_address);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& controller_address,
+                                                         const ClientOptions& options = {});
   ~Client();
 
   const std::string& id() const;

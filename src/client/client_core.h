@@ -21,11 +21,13 @@ namespace pathways {
 // the Client object is gone. Thread-safe.
 class ClientCore {
  public:
-  explicit ClientCore(std::string controller_address)
-      : id_(RandomIdString()), controller_(std::move(controller_address)) {}
+  ClientCore(std::string controller_address, ClientOptions options)
+      : id_(RandomIdString()),
+        options_(options),
+        controller_(std::make_shared<ControllerClient>(std::move(controller_address))) {}
 
   const std::string& id() const { return id_; }
-  ControllerClient& controller() { return controller_; }
+  ControllerClient& controller() { return *controller_; }
   std::shared_ptr<WorkerClient> worker(const std::string& address) {
     return WorkerClientCache::Global().Get(address);
   }
@@ -57,6 +59,19 @@ class ClientCore {
     }
     queue(host)->Push(std::move(op));
   }
+  // Hosts learn their island from the slices that name them.
+  void NoteHostIsland(const std::string& host, int island) {
+    absl::MutexLock lock(&mu_);
+    island_of_[host] = island;
+  }
+  // Sends one run op to `hosts`: one message per island, to the island's scheduler, with the
+  // op's place in the client's sequence reserved on each host. Call with epoch_mu() held, so
+  // runs are numbered, sequenced and queued in one order.
+  void PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(epoch_mu_);
+  // Completes once every run pushed so far to these hosts has reached them.
+  Future<Unit> RunsDelivered(const std::vector<std::string>& hosts);
+
   // OpByOp calls run as one-node programs, traced once per (function, slice).
   absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
 
@@ -72,14 +87,20 @@ class ClientCore {
                                                   absl::Span<const ShardedArray> args);
 
  private:
+  std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue(int island);
+  int IslandOf(const std::string& host);
+
   const std::string id_;
-  ControllerClient controller_;
+  const ClientOptions options_;
+  std::shared_ptr<ControllerClient> controller_;  // shared with calls in flight
   IdGenerator array_ids_;
   IdGenerator run_ids_;
   absl::Mutex epoch_mu_;
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> island_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::shared_ptr<OrderedBatchQueue<rpc::GangRun>>> schedule_queues_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<const void*, int64_t>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
 };

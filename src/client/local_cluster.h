@@ -16,6 +16,8 @@ struct LocalClusterOptions {
   int hosts_per_island = 2;
   int devices_per_host = 4;
   int64_t device_memory_bytes = int64_t{256} << 20;
+  absl::Duration collective_timeout = absl::Seconds(30);
+  IslandSchedulerOptions scheduler;
 };
 
 // Not copyable. The destructor stops the workers, then the controller.

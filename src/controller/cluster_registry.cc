@@ -142,4 +142,14 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(
   return response;
 }
 
+absl::StatusOr<int32_t> ClusterRegistry::IslandOf(const std::string& address, absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, h] : hosts_) {
+    if (h.address != address) continue;
+    if (!AliveLocked(h, now)) return absl::UnavailableError(absl::StrCat("host ", address, " stopped heartbeating"));
+    return h.island;
+  }
+  return absl::NotFoundError(absl::StrCat("no worker at ", address, " is registered"));
+}
+
 }  // namespace pathways

@@ -29,6 +29,9 @@ class ClusterRegistry {
   // host where possible.
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r,
                                                            absl::Time now);
+  // The island of the live worker at `address`: NotFound for an unknown one, Unavailable for one
+  // that stopped heartbeating.
+  absl::StatusOr<int32_t> IslandOf(const std::string& address, absl::Time now) const;
 
  private:
   struct Device {

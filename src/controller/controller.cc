@@ -7,12 +7,82 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/rpc_util.h"
+#include "transport/worker_client.h"
 
 namespace pathways {
 
+// The schedulers' ops to hosts: one ordered, batched queue per host over gRPC.
+class Controller::HostQueues : public ScheduledOpSink {
+ public:
+  Future<Unit> Push(const std::string& host, rpc::ScheduledOp op) override {
+    std::shared_ptr<OrderedBatchQueue<rpc::ScheduledOp>> queue;
+    {
+      absl::MutexLock lock(&mu_);
+      auto& slot = queues_[host];
+      if (slot == nullptr) {
+        slot = std::make_shared<OrderedBatchQueue<rpc::ScheduledOp>>(
+            [worker = WorkerClientCache::Global().Get(host)](std::vector<rpc::ScheduledOp> ops) {
+              rpc::ScheduledBatch batch;
+              for (rpc::ScheduledOp& op : ops) *batch.add_ops() = std::move(op);
+              return worker->ApplyScheduled(batch).Then([](const rpc::ScheduledResponse&) { return Unit{}; });
+            });
+      }
+      queue = slot;
+    }
+    queue->Push(std::move(op));
+    return queue->Flushed();
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<OrderedBatchQueue<rpc::ScheduledOp>>> queues_ ABSL_GUARDED_BY(mu_);
+};
+
+IslandScheduler& Controller::scheduler(int island) {
+  absl::MutexLock lock(&schedulers_mu_);
+  auto& slot = schedulers_[island];
+  if (slot == nullptr) slot = std::make_unique<IslandScheduler>(island, options_.scheduler, *host_queues_);
+  return *slot;
+}
+
 class Controller::Service final : public rpc::Controller::Service {
  public:
-  explicit Service(ClusterRegistry& registry) : registry_(registry) {}
+  Service(Controller& controller, ClusterRegistry& registry) : controller_(controller), registry_(registry) {}
+
+  // Holds a server thread until the runs reach their hosts: one call in flight per client and
+  // island, which is also how a scheduler that holds runs back slows a client down.
+  grpc::Status Schedule(grpc::ServerContext*, const rpc::ScheduleRequest* request, rpc::ScheduleResponse*) override {
+    if (request->client_id().empty()) return ToGrpc(absl::InvalidArgumentError("schedule request has no client id"));
+    if (!(request->weight() >= 0) || request->weight() > 1e6) {
+      return ToGrpc(absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request->weight(), " is not in [0, 1e6]")));
+    }
+    const absl::Time now = absl::Now();
+    std::map<int, std::vector<rpc::GangRun>> by_island;
+    for (const rpc::GangRun& run : request->runs()) {
+      if (run.hosts().empty()) return ToGrpc(absl::InvalidArgumentError("a scheduled run names no hosts"));
+      for (const rpc::HostSeq& h : run.hosts()) {
+        auto island = registry_.IslandOf(h.host(), now);
+        if (!island.ok()) return ToGrpc(island.status());
+        if (*island != run.island()) {
+          return ToGrpc(absl::InvalidArgumentError(
+              absl::StrCat("host ", h.host(), " is in island ", *island, ", not ", run.island())));
+        }
+      }
+      by_island[run.island()].push_back(run);
+    }
+    std::vector<Future<Unit>> accepted;
+    for (auto& [island, runs] : by_island) {
+      accepted.push_back(controller_.scheduler(island).Submit(request->client_id(), request->weight(), std::move(runs)));
+    }
+    return ToGrpc(JoinAll(accepted).Await().status());
+  }
+
+  grpc::Status RunsDone(grpc::ServerContext*, const rpc::RunsDoneRequest* request, rpc::RunsDoneResponse*) override {
+    for (const rpc::RunDone& done : request->runs()) {
+      controller_.scheduler(done.island()).Done(done.client_id(), done.epoch(), done.device_us());
+    }
+    return grpc::Status::OK;
+  }
 
   grpc::Status RendezvousSet(grpc::ServerContext*, const rpc::RendezvousSetRequest* request,
                              rpc::RendezvousSetResponse*) override {
@@ -54,17 +124,18 @@ class Controller::Service final : public rpc::Controller::Service {
 
  private:
   static constexpr int64_t kMaxRendezvousWaitMs = 60'000;
+  Controller& controller_;
   ClusterRegistry& registry_;
   collective::InMemoryKeyValueStore rendezvous_;
 };
 
 Controller::Controller(ControllerOptions options)
-    : options_(std::move(options)), registry_(options_.heartbeat_timeout) {}
+    : options_(std::move(options)), registry_(options_.heartbeat_timeout), host_queues_(std::make_unique<HostQueues>()) {}
 
 Controller::~Controller() { Shutdown(); }
 
 absl::Status Controller::Start() {
-  service_ = std::make_unique<Service>(registry_);
+  service_ = std::make_unique<Service>(*this, registry_);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);

@@ -1,10 +1,12 @@
 // The controller process's parts: the cluster registry behind a gRPC service.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
 #include "controller/cluster_registry.h"
+#include "controller/island_scheduler.h"
 #include "grpcpp/server.h"
 #include "proto/pathways.grpc.pb.h"
 
@@ -13,6 +15,7 @@ namespace pathways {
 struct ControllerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: pick a free port
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  IslandSchedulerOptions scheduler;  // every island's
 };
 
 // Thread-safe.
@@ -24,11 +27,17 @@ class Controller {
   void Shutdown();
   const std::string& address() const { return address_; }
   ClusterRegistry& registry() { return registry_; }
+  // The island's scheduler, created at its first run.
+  IslandScheduler& scheduler(int island);
 
  private:
   class Service;
+  class HostQueues;
   const ControllerOptions options_;
   ClusterRegistry registry_;
+  std::unique_ptr<HostQueues> host_queues_;
+  absl::Mutex schedulers_mu_;
+  std::map<int, std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(schedulers_mu_);
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

@@ -108,6 +108,7 @@ void CpuDevice::Enqueue(absl::AnyInvocable<void() &&> work) {
 void CpuDevice::RecordTrace(TraceEvent event) {
   absl::MutexLock lock(&mu_);
   busy_by_client_[event.label.client] += event.end_us - event.start_us;
+  busy_micros_ += event.end_us - event.start_us;
   trace_.push_back(std::move(event));
   if (trace_.size() > kTraceCapacity) trace_.pop_front();
 }
@@ -146,12 +147,9 @@ void CpuDevice::StreamLoop() {
       work = std::move(queue_.front());
       queue_.pop_front();
     }
-    const absl::Time start = absl::Now();
     std::move(work)();
-    const int64_t micros = absl::ToInt64Microseconds(absl::Now() - start);
     absl::MutexLock lock(&mu_);
     ++executed_;
-    busy_micros_ += micros;
   }
 }
 

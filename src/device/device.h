@@ -86,13 +86,15 @@ struct DeviceStats {
   int64_t memory_capacity = 0;
   int64_t memory_used = 0;
   int64_t executed = 0;     // work items run on the stream
-  int64_t busy_micros = 0;  // time spent running them
+  int64_t busy_micros = 0;  // traced time computing (not time an item spent waiting for inputs)
   // Traced device time per client: what multi-tenant shares are measured in.
   std::map<std::string, int64_t> busy_micros_by_client;
 };
 
 // One physical device. Work runs on one in-order stream: items run one at a time, in the order
-// they were enqueued, each to completion (non-preemptible). Thread-safe.
+// they were enqueued, each to completion (non-preemptible). Like an accelerator's stream, an item
+// at the head waits there for its inputs; the order is decided when work is enqueued, which is
+// what lets an island's scheduler give every device the same order. Thread-safe.
 class Device {
  public:
   virtual ~Device() = default;

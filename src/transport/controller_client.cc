@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "transport/async_call.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -59,6 +60,18 @@ absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::AllocateSlice(
       [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) {
         return stub_->AllocateSlice(c, r, resp);
       });
+}
+
+Future<rpc::ScheduleResponse> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
+  return AsyncUnaryCall<rpc::ScheduleResponse>(
+      absl::StrCat("Schedule on controller ", address_), r, absl::InfiniteDuration(),
+      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Schedule(ctx, req, resp, std::move(done)); });
+}
+
+Future<rpc::RunsDoneResponse> ControllerClient::RunsDone(const rpc::RunsDoneRequest& r) {
+  return AsyncUnaryCall<rpc::RunsDoneResponse>(
+      absl::StrCat("RunsDone on controller ", address_), r, absl::Seconds(30),
+      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->RunsDone(ctx, req, resp, std::move(done)); });
 }
 
 absl::Status ControllerClient::RendezvousSet(const std::string& key, const std::string& value) {

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/future.h"
 #include "proto/pathways.grpc.pb.h"
 
 namespace pathways {
@@ -19,6 +20,10 @@ class ControllerClient {
   absl::StatusOr<rpc::HeartbeatResponse> Heartbeat(const rpc::HeartbeatRequest& r);
   absl::StatusOr<rpc::ClusterStatus> GetStatus();
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r);
+  // Submits runs to island schedulers; completes once their hosts have them. Asynchronous.
+  Future<rpc::ScheduleResponse> Schedule(const rpc::ScheduleRequest& r);
+  // Hosts report runs done to their island schedulers. Asynchronous.
+  Future<rpc::RunsDoneResponse> RunsDone(const rpc::RunsDoneRequest& r);
   absl::Status RendezvousSet(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> RendezvousGet(const std::string& key, absl::Duration timeout);
 

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "core/future.h"
+#include "transport/ordered_batch_queue.h"
 #include "proto/pathways.grpc.pb.h"
 
 namespace pathways {
@@ -24,14 +25,13 @@ class WorkerClient {
 
   Future<rpc::CompileResponse> Compile(const rpc::CompileRequest& request);
   Future<rpc::EnqueueResponse> Enqueue(const rpc::EnqueueRequest& request);
+  // Runs from an island scheduler (the controller is this call's client).
+  Future<rpc::ScheduledResponse> ApplyScheduled(const rpc::ScheduledBatch& request);
   // No deadline: a fetch waits for the computation that produces the data.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
   Future<rpc::GetTraceResponse> GetTrace(const rpc::GetTraceRequest& request);
 
  private:
-  template <typename Request, typename Response, typename Method>
-  Future<Response> Call(const char* what, const Request& request, Method method,
-                        absl::Duration timeout);
 
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -55,33 +55,30 @@ class WorkerClientCache {
   absl::flat_hash_map<std::string, std::shared_ptr<WorkerClient>> clients_ ABSL_GUARDED_BY(mu_);
 };
 
-// Delivers one client's ops to one host in order. Push never blocks: ops queue up while a batch
-// is in flight and go out together in the next one. Thread-safe. Held by shared_ptr: in-flight
-// calls keep it alive.
-class HostOpQueue : public std::enable_shared_from_this<HostOpQueue> {
+// Delivers one client's ops to one host in order, each stamped with the next number of the
+// client's sequence for that host. Runs travel to hosts through their island's scheduler
+// instead, with a number reserved here: hosts apply each client's ops in sequence order
+// whichever way they came, so a run never overtakes a Put or Free sent before it, or the other
+// way round. Thread-safe. Held by shared_ptr.
+class HostOpQueue {
  public:
   HostOpQueue(std::shared_ptr<WorkerClient> worker, std::string client_id);
-  void Push(rpc::Op op);
-  // Completes when every op pushed so far has been accepted by the host, or with the error that
-  // stopped delivery (after which every later op fails too).
-  Future<Unit> Flushed();
+  // Returns the op's sequence number.
+  int64_t Push(rpc::Op op);
+  // A sequence number for an op that reaches the host another way (through the scheduler).
+  int64_t ReserveSeq();
+  // The last sequence number handed out: a fetch asks the host to wait until it has applied it.
+  int64_t last_seq();
+  // Completes when every op pushed so far has been accepted by the host (not reserved ones), or
+  // with the error that stopped delivery (after which every later op fails too).
+  Future<Unit> Flushed() { return queue_->Flushed(); }
   const std::string& address() const { return worker_->address(); }
 
  private:
-  rpc::EnqueueRequest TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Send(rpc::EnqueueRequest request);
-  void OnBatchDone(absl::Status status);
-
   std::shared_ptr<WorkerClient> worker_;
-  const std::string client_id_;
-  absl::Mutex mu_;
-  std::vector<rpc::Op> pending_ ABSL_GUARDED_BY(mu_);
-  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t in_flight_end_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<int64_t, Promise<Unit>>> waiters_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<OrderedBatchQueue<rpc::Op>> queue_;
+  absl::Mutex mu_;  // orders numbering with pushing
+  int64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pathways

@@ -133,7 +133,9 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
     : options_(std::move(options)),
       collectives_(options_.name, CrossHostFor(options_), options_.collective_timeout),
       io_pool_(options_.name + "-io", 2),
-      dataflow_transport_(options_.name) {
+      dataflow_transport_(options_.name),
+      sequencer_([this](const std::string& client, const rpc::Op& op) { ApplyOp(client, op); },
+                 options_.sequence_gap_timeout) {
   ConfigureComputeThreads(options_.intra_op_threads);
   for (int i = 0; i < options_.num_devices; ++i) {
     devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name));
@@ -182,24 +184,52 @@ absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
 
 absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
   if (request.client_id().empty()) return absl::InvalidArgumentError("request has no client id");
-  for (int i = 0; i < request.ops_size(); ++i) {
-    absl::Status s = ValidateOp(request.ops(i));
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("op ", i, ": ", s.message()));
+  absl::Status status;
+  std::vector<rpc::Op> ops(request.ops().begin(), request.ops().end());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    absl::Status s = ValidateOp(ops[i]);
+    if (s.ok()) continue;
+    if (status.ok()) status = absl::Status(s.code(), absl::StrCat("op ", i, ": ", s.message()));
+    ops[i].clear_kind();  // keeps its place in the sequence, does nothing
   }
-  const std::string& client = request.client_id();
-  for (int i = 0; i < request.ops_size(); ++i) {
-    const rpc::Op& op = request.ops(i);
-    absl::Status s;
-    switch (op.kind_case()) {
-      case rpc::Op::kRegisterProgram: s = RegisterProgram(client, op.register_program().program()); break;
-      case rpc::Op::kRun: s = RunProgram(client, op.run()); break;
-      case rpc::Op::kPut: Put(client, op.put()); break;
-      case rpc::Op::kFree: store_.FreeArray(client, op.free().array_id()); break;
-      default: break;
+  absl::Duration delay;
+  {
+    absl::MutexLock lock(&programs_mu_);
+    auto it = test_op_delays_.find(request.client_id());
+    if (it != test_op_delays_.end()) delay = it->second;
+  }
+  if (delay > absl::ZeroDuration()) {
+    io_pool_.Schedule([this, client = request.client_id(), ops = std::move(ops), delay]() mutable {
+      absl::SleepFor(delay);
+      (void)sequencer_.AddDirect(client, std::move(ops));
+    });
+    return status;
+  }
+  absl::Status sequenced = sequencer_.AddDirect(request.client_id(), std::move(ops));
+  return status.ok() ? sequenced : status;
+}
+
+absl::Status HostRuntime::ApplyScheduled(const rpc::ScheduledBatch& batch) {
+  std::vector<rpc::ScheduledOp> ops(batch.ops().begin(), batch.ops().end());
+  for (const rpc::ScheduledOp& op : ops) {
+    if (op.client_id().empty() || !op.op().has_run()) {
+      return absl::InvalidArgumentError("a scheduled op must be a run with a client id");
     }
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("op ", i, ": ", s.message()));
   }
-  return absl::OkStatus();
+  return sequencer_.AddScheduled(std::move(ops));
+}
+
+// Runs under the sequencer's lock, one op at a time.
+void HostRuntime::ApplyOp(const std::string& client, const rpc::Op& op) {
+  absl::Status s;
+  switch (op.kind_case()) {
+    case rpc::Op::kRegisterProgram: s = RegisterProgram(client, op.register_program().program()); break;
+    case rpc::Op::kRun: s = RunProgram(client, op.run()); break;
+    case rpc::Op::kPut: Put(client, op.put()); break;
+    case rpc::Op::kFree: store_.FreeArray(client, op.free().array_id()); break;
+    default: break;
+  }
+  if (!s.ok()) PW_LOG(Error) << "host " << name() << ", client " << client << ", op " << op.seq() << ": " << s;
 }
 
 absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::ProgramProto& proto) {
@@ -311,12 +341,25 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     return absl::InvalidArgumentError(absl::StrCat("nodes ", run.first_node(), "..", run.last_node(),
                                                    " are not in program '", program->name(), "' of ", num_nodes, " nodes"));
   }
+  std::shared_ptr<RunTracker> tracker;
+  if (run.report_done() && options_.report_done) {
+    int shards = 0;
+    for (int n = run.first_node(); n <= run.last_node(); ++n) shards += static_cast<int>(entry->nodes[n].shards.size());
+    rpc::RunDone done;
+    done.set_client_id(client);
+    done.set_epoch(run.epoch());
+    if (shards == 0) {
+      options_.report_done(std::move(done));
+    } else {
+      tracker = std::make_shared<RunTracker>(shards, std::move(done), options_.report_done);
+    }
+  }
   // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
   // now, before any of them has run.
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
     std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
     const NodePlan& plan = entry->nodes[n];
-    for (const ShardPlan& shard : plan.shards) ExecuteShard(*entry, n, shard, run);
+    for (const ShardPlan& shard : plan.shards) ExecuteShard(*entry, n, shard, run, tracker);
     if (auto receiver = plan.receiver_index.find(name()); receiver != plan.receiver_index.end()) {
       (void)entry->engine->CloseInput(plan.arm_node, receiver->second, run.epoch());  // expecting all blocks now
     }
@@ -365,8 +408,25 @@ std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<Program>
   return sends;
 }
 
+// Counts a run's shards on this host down to done, adding up their device time, and reports.
+struct HostRuntime::RunTracker {
+  RunTracker(int shards, rpc::RunDone done, std::function<void(rpc::RunDone)> report)
+      : left(shards), shards(shards), done(std::move(done)), report(std::move(report)) {}
+  void ShardDone(int64_t device_us) {
+    const int64_t total = device_us_.fetch_add(device_us) + device_us;
+    if (left.fetch_sub(1) != 1) return;
+    done.set_device_us(total / shards);
+    report(std::move(done));
+  }
+  std::atomic<int> left;
+  const int shards;
+  std::atomic<int64_t> device_us_{0};
+  rpc::RunDone done;
+  std::function<void(rpc::RunDone)> report;
+};
+
 void HostRuntime::ExecuteShard(const Program& entry, int node_index, const ShardPlan& shard_plan,
-                               const rpc::RunProgramOp& run) {
+                               const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker) {
   const LoweredProgram& program = *entry.lowered;
   const std::string& client = entry.client;
   const LoweredNode& node = program.nodes()[node_index];
@@ -387,6 +447,7 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
   std::shared_ptr<const Executable> exe = functions_.Lookup(node.function_key);
   if (exe == nullptr) {
     fail(absl::NotFoundError(absl::StrCat("function '", node.function_name, "' is not compiled on host ", name())));
+    if (tracker) tracker->ShardDone(0);
     return;
   }
   auto plans = std::make_shared<std::vector<InputPlan>>();
@@ -415,52 +476,55 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
   WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
   collective::CollectiveHub* hub = &collectives_;
   const std::shared_ptr<const collective::GangLayout>& gang = entry.nodes[node_index].gang;
-  JoinAll(piece_futures)
-      .OnReady([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub,
-                gang](const absl::StatusOr<std::vector<BufferPtr>>& pieces) {
-        if (!pieces.ok()) {
-          fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
-                                                                 "): ", pieces.status().message())));
-          return;
+  // Enqueued now, in the order runs are applied here; the device waits for the inputs when it
+  // reaches the item (an in-order stream, like an accelerator's).
+  Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
+  device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub, gang,
+                   inputs = std::move(inputs), tracker = std::move(tracker)]() {
+    const absl::StatusOr<std::vector<BufferPtr>>& pieces = inputs.Await();
+    if (!pieces.ok()) {
+      fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
+                                                             "): ", pieces.status().message())));
+      if (tracker) tracker->ShardDone(0);
+      return;
+    }
+    auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
+      std::vector<BufferPtr> inputs;
+      for (size_t i = 0; i < plans->size(); ++i) {
+        auto in = AssembleInput(*device, (*plans)[i], *pieces);
+        if (!in.ok()) {
+          return absl::Status(in.status().code(), absl::StrCat("function '", function_name, "' input ", i,
+                                                               " (shard ", shard, "): ", in.status().message()));
         }
-        device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub, gang,
-                         pieces = *pieces]() {
-          auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
-            std::vector<BufferPtr> inputs;
-            for (size_t i = 0; i < plans->size(); ++i) {
-              auto in = AssembleInput(*device, (*plans)[i], pieces);
-              if (!in.ok()) {
-                return absl::Status(in.status().code(), absl::StrCat("function '", function_name, "' input ", i,
-                                                                     " (shard ", shard, "): ", in.status().message()));
-              }
-              inputs.push_back(*std::move(in));
-            }
-            std::vector<BufferPtr> results;
-            for (const TensorSpec& spec : out_specs) {
-              PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape));
-              results.push_back(std::move(out));
-            }
-            std::vector<const DeviceBuffer*> in_ptrs;
-            for (auto& b : inputs) in_ptrs.push_back(b.get());
-            std::vector<DeviceBuffer*> out_ptrs;
-            for (auto& b : results) out_ptrs.push_back(b.get());
-            // The body's collectives meet the node's other shards of this run.
-            collective::ShardCollectives collectives(
-                *hub, gang, absl::StrCat(label.client, "/", label.program, "/", label.run, "/", label.node), shard);
-            collective::ScopedShardCollectives scope(&collectives);
-            PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
-            return results;
-          };
-          const int64_t start_us = absl::ToUnixMicros(absl::Now());
-          auto results = run();
-          device->RecordTrace({label, start_us, absl::ToUnixMicros(absl::Now())});  // before results show
-          if (!results.ok()) {
-            fail(results.status());
-            return;
-          }
-          for (size_t j = 0; j < results->size(); ++j) (*outputs)[j].Set((*results)[j]);
-        });
-      });
+        inputs.push_back(*std::move(in));
+      }
+      std::vector<BufferPtr> results;
+      for (const TensorSpec& spec : out_specs) {
+        PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape));
+        results.push_back(std::move(out));
+      }
+      std::vector<const DeviceBuffer*> in_ptrs;
+      for (auto& b : inputs) in_ptrs.push_back(b.get());
+      std::vector<DeviceBuffer*> out_ptrs;
+      for (auto& b : results) out_ptrs.push_back(b.get());
+      // The body's collectives meet the node's other shards of this run.
+      collective::ShardCollectives collectives(
+          *hub, gang, absl::StrCat(label.client, "/", label.program, "/", label.run, "/", label.node), shard);
+      collective::ScopedShardCollectives scope(&collectives);
+      PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
+      return results;
+    };
+    const int64_t start_us = absl::ToUnixMicros(absl::Now());
+    auto results = run();
+    const int64_t end_us = absl::ToUnixMicros(absl::Now());
+    device->RecordTrace({label, start_us, end_us});  // before results show
+    if (tracker) tracker->ShardDone(end_us - start_us);
+    if (!results.ok()) {
+      fail(results.status());
+      return;
+    }
+    for (size_t j = 0; j < results->size(); ++j) (*outputs)[j].Set((*results)[j]);
+  });
 }
 
 Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, ObjectStore::ShardKey source,
@@ -577,6 +641,15 @@ rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request)
 }
 
 Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) {
+  if (request.after_seq() > 0) {
+    // Read only once the ops that produce the array have been applied here.
+    return sequencer_.WhenApplied(request.client_id(), request.after_seq())
+        .FlatThen([this, request](const Unit&) {
+          rpc::FetchRequest now = request;
+          now.set_after_seq(0);
+          return Fetch(now);
+        });
+  }
   std::vector<Future<BufferPtr>> shards;
   for (int32_t s : request.shards()) shards.push_back(store_.Get(request.client_id(), {request.array_id(), s}));
   Promise<rpc::FetchResponse> promise;

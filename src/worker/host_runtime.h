@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "dataflow/grpc_transport.h"
 #include "worker/lowered_program.h"
 #include "worker/object_store.h"
+#include "worker/op_sequencer.h"
 
 namespace pathways {
 
@@ -38,10 +40,17 @@ struct HostRuntimeOptions {
   std::shared_ptr<collective::KeyValueStore> rendezvous;
   // How long a collective waits for the rest of its group before failing its run.
   absl::Duration collective_timeout = absl::Seconds(30);
+  // How long a scheduled run waits for earlier ops of its client before going ahead (see
+  // OpSequencer).
+  absl::Duration sequence_gap_timeout = absl::Seconds(10);
+  // Where the host reports that its part of a run marked report_done is done (to the island
+  // scheduler, which shares device time by it). Null: nobody asks.
+  std::function<void(rpc::RunDone)> report_done;
 };
 
-// Applies ops in the order they are given. Nothing here blocks on a computation: ops register
-// continuations on their inputs' futures, and device work runs on each device's stream.
+// Applies each client's ops in its order, and scheduled runs in their island's order (see
+// OpSequencer). Applying a run enqueues its work on the devices at once, in that order; each
+// device waits for an item's inputs when it reaches it. Nothing else blocks on a computation.
 // Thread-safe.
 class HostRuntime {
  public:
@@ -54,9 +63,12 @@ class HostRuntime {
   ObjectStore& store() { return store_; }
 
   absl::StatusOr<std::string> Compile(const rpc::FunctionBodyProto& body);
-  // Applies a batch of one client's ops in order. Errors of individual ops fail the futures of
-  // what they produce; only a malformed request is returned here.
+  // Takes a batch of one client's ops, applied in the client's sequence order. Errors of
+  // individual ops fail the futures of what they produce; malformed ops are returned here (and
+  // skipped, keeping their place in the sequence).
   absl::Status Enqueue(const rpc::EnqueueRequest& request);
+  // Takes runs from the island scheduler, applied in the order given.
+  absl::Status ApplyScheduled(const rpc::ScheduledBatch& batch);
   // Completes once the requested shards are computed.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
   // What this host's devices ran for the requesting client.
@@ -65,9 +77,16 @@ class HostRuntime {
   // Fault injection for tests: this host sets up each run op `delay` late, so blocks from other
   // hosts arrive before it expects them.
   void TEST_DelayRunOps(absl::Duration delay) { test_run_delay_us_ = absl::ToInt64Microseconds(delay); }
+  // Fault injection for tests: ops that `client` sends straight to this host are applied `delay`
+  // late (runs from the scheduler are not delayed, but still wait for the client's earlier ops).
+  void TEST_DelayOpsFrom(const std::string& client, absl::Duration delay) {
+    absl::MutexLock lock(&programs_mu_);
+    test_op_delays_[client] = delay;
+  }
 
  private:
   absl::Status ValidateOp(const rpc::Op& op) const;
+  void ApplyOp(const std::string& client, const rpc::Op& op);
   absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
   absl::Status RunProgram(const std::string& client, const rpc::RunProgramOp& op);
 
@@ -117,7 +136,9 @@ class HostRuntime {
   std::vector<Future<Unit>> SendInputs(const std::shared_ptr<Program>& program, int node_index,
                                        const rpc::RunProgramOp& run);
   // Wires one local shard of `node` to its inputs and enqueues it on its device.
-  void ExecuteShard(const Program& program, int node_index, const ShardPlan& plan, const rpc::RunProgramOp& run);
+  struct RunTracker;
+  void ExecuteShard(const Program& program, int node_index, const ShardPlan& plan, const rpc::RunProgramOp& run,
+                    std::shared_ptr<RunTracker> tracker);
   Future<Unit> Send(const std::shared_ptr<Program>& program, ObjectStore::ShardKey source, const Region& region,
                     const std::string& dest, const ObjectStore::TransferId& id);
   void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);
@@ -136,8 +157,10 @@ class HostRuntime {
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
       ABSL_GUARDED_BY(programs_mu_);
   std::atomic<int64_t> test_run_delay_us_{0};
+  OpSequencer sequencer_;  // last: it applies ops that use everything above
   // Per client, the last epoch run here: a client's epochs reach a host in increasing order.
   absl::flat_hash_map<std::string, int64_t> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
+  absl::flat_hash_map<std::string, absl::Duration> test_op_delays_ ABSL_GUARDED_BY(programs_mu_);
 
 };
 

@@ -35,6 +35,13 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
   });
 }
 
+grpc::ServerUnaryReactor* WorkerService::ApplyScheduled(grpc::CallbackServerContext* context,
+                                                        const rpc::ScheduledBatch* request, rpc::ScheduledResponse*) {
+  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+    reactor->Finish(ToGrpc(rt.ApplyScheduled(*request)));
+  });
+}
+
 grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* context,
                                                   const rpc::GetTraceRequest* request,
                                                   rpc::GetTraceResponse* response) {

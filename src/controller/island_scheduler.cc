@@ -1,0 +1,159 @@
+#include "controller/island_scheduler.h"
+
+#include <algorithm>
+
+#include "core/logging.h"
+
+namespace pathways {
+
+IslandScheduler::IslandScheduler(int island, IslandSchedulerOptions options, ScheduledOpSink& sink)
+    : island_(island), options_(options), sink_(sink) {
+  if (options_.policy == SchedulingPolicy::kProportionalShare) expirer_ = std::thread([this] { ExpireLoop(); });
+}
+
+IslandScheduler::~IslandScheduler() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (expirer_.joinable()) expirer_.join();
+}
+
+void IslandScheduler::ExpireLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), std::min(options_.done_timeout / 4, absl::Milliseconds(100)));
+    const absl::Time now = absl::Now();
+    bool expired = false;
+    for (auto it = outstanding_.begin(); it != outstanding_.end();) {
+      if (now - it->second.released < options_.done_timeout) {
+        ++it;
+        continue;
+      }
+      PW_LOG(Warning) << "island " << island_ << ": run " << it->first.second << " of client " << it->first.first
+                      << " not reported done within " << absl::FormatDuration(options_.done_timeout);
+      outstanding_us_ -= it->second.estimate_us;
+      it = outstanding_.erase(it);
+      expired = true;
+    }
+    if (!expired) continue;
+    if (outstanding_.empty()) outstanding_us_ = 0;
+    std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent;
+    ReleaseLocked(sent);
+    mu_.Unlock();
+    Wire(std::move(sent));
+    mu_.Lock();
+  }
+}
+
+Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs) {
+  std::vector<Future<Unit>> accepted;
+  std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent;
+  {
+    absl::MutexLock lock(&mu_);
+    ClientQueue& q = clients_[client];
+    q.weight = weight > 0 ? weight : 1;
+    for (rpc::GangRun& run : runs) {
+      Pending p{std::move(run), {}};
+      accepted.push_back(p.accepted.future());
+      q.pending.push_back(std::move(p));
+    }
+    ReleaseLocked(sent);
+  }
+  Wire(std::move(sent));
+  return JoinAll(accepted).Then([](const std::vector<Unit>&) { return Unit{}; });
+}
+
+void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t device_us) {
+  std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = outstanding_.find({client, epoch});
+    if (it == outstanding_.end()) return;
+    Outstanding& o = it->second;
+    o.max_device_us = std::max(o.max_device_us, device_us);
+    if (--o.hosts_left > 0) return;
+    // The run's cost is what its busiest device spent on it; recent runs weigh most.
+    ClientQueue& q = clients_[o.client];
+    q.estimate_us = 0.7 * q.estimate_us + 0.3 * static_cast<double>(std::max<int64_t>(o.max_device_us, 1));
+    outstanding_us_ -= o.estimate_us;
+    outstanding_.erase(it);
+    if (outstanding_.empty()) outstanding_us_ = 0;  // no drift from rounding
+    ReleaseLocked(sent);
+  }
+  Wire(std::move(sent));
+}
+
+std::map<std::string, IslandScheduler::ClientStats> IslandScheduler::stats() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, ClientStats> out;
+  for (const auto& [id, q] : clients_) out[id] = {q.released, q.estimate_us};
+  return out;
+}
+
+std::vector<Future<Unit>> IslandScheduler::SendLocked(const std::string& client, const rpc::GangRun& run,
+                                                      bool report_done) {
+  std::vector<Future<Unit>> acks;
+  for (const rpc::HostSeq& h : run.hosts()) {
+    rpc::ScheduledOp op;
+    op.set_client_id(client);
+    *op.mutable_op()->mutable_run() = run.run();
+    op.mutable_op()->mutable_run()->set_report_done(report_done);
+    op.mutable_op()->set_seq(h.seq());
+    acks.push_back(sink_.Push(h.host(), std::move(op)));
+  }
+  return acks;
+}
+
+void IslandScheduler::ReleaseLocked(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>>& sent) {
+  if (options_.policy == SchedulingPolicy::kFifo) {
+    // Submissions are serialised by mu_, so arrival order is one order for every host.
+    for (auto& [id, q] : clients_) {
+      for (Pending& p : q.pending) {
+        sent.emplace_back(std::move(p.accepted), SendLocked(id, p.run, false));
+        ++q.released;
+      }
+      q.pending.clear();
+    }
+    return;
+  }
+  const double window_us = static_cast<double>(absl::ToInt64Microseconds(options_.window));
+  while (outstanding_.empty() || outstanding_us_ < window_us) {
+    // The backlogged client whose next run starts earliest in virtual time.
+    ClientQueue* next = nullptr;
+    const std::string* next_id = nullptr;
+    double next_start = 0;
+    for (auto& [id, q] : clients_) {
+      if (q.pending.empty()) continue;
+      const double start = std::max(virtual_time_, q.finish);
+      if (next == nullptr || start < next_start || (start == next_start && id < *next_id)) {
+        next = &q;
+        next_id = &id;
+        next_start = start;
+      }
+    }
+    if (next == nullptr) return;
+    Pending p = std::move(next->pending.front());
+    next->pending.pop_front();
+    virtual_time_ = next_start;
+    next->finish = next_start + next->estimate_us / next->weight;
+    ++next->released;
+    outstanding_[{*next_id, p.run.run().epoch()}] = {*next_id, p.run.hosts_size(), 0, next->estimate_us, absl::Now()};
+    outstanding_us_ += next->estimate_us;
+    sent.emplace_back(std::move(p.accepted), SendLocked(*next_id, p.run, true));
+  }
+}
+
+void IslandScheduler::Wire(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent) {
+  for (auto& [promise, acks] : sent) {
+    JoinAll(acks).OnReady([p = std::move(promise)](const absl::StatusOr<std::vector<Unit>>& r) mutable {
+      if (r.ok()) {
+        p.Set(Unit{});
+      } else {
+        p.Set(r.status());
+      }
+    });
+  }
+}
+
+}  // namespace pathways

@@ -1,0 +1,110 @@
+// One gang scheduler per island (paper §4.4): every run on the island's devices, from every
+// program of every client, goes through it and reaches the island's hosts in one order.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/future.h"
+#include "proto/pathways.pb.h"
+#include "transport/ordered_batch_queue.h"
+
+namespace pathways {
+
+enum class SchedulingPolicy {
+  // Runs go to the hosts in the order they arrive.
+  kFifo,
+  // Device time is shared in proportion to client weights: start-time fair queuing over each
+  // client's runs, costed by the device time its recent runs took, with only `window` of
+  // estimated device time released ahead of what hosts have reported done.
+  kProportionalShare,
+};
+
+struct IslandSchedulerOptions {
+  SchedulingPolicy policy = SchedulingPolicy::kFifo;
+  // Proportional share: smaller gives finer shares, larger keeps devices busier.
+  absl::Duration window = absl::Milliseconds(2);
+  // Proportional share: a run whose hosts have not all reported done by then stops counting
+  // against the window (a report lost with its host must not stall the island).
+  absl::Duration done_timeout = absl::Seconds(2);
+};
+
+// Where the scheduler's ops go: one ordered queue per host (gRPC in the controller, memory in
+// tests). Thread-safe.
+class ScheduledOpSink {
+ public:
+  virtual ~ScheduledOpSink() = default;
+  // Delivered in the order pushed per host; the future completes once the host accepted it.
+  virtual Future<Unit> Push(const std::string& host, rpc::ScheduledOp op) = 0;
+};
+
+// Why one order suffices: each host applies the island's runs in the order the scheduler sends
+// them, and enqueues each run's work on its devices as it applies it, so every device of the
+// island sees gang work in one total order; gangs that share devices then enter their
+// collectives in the same order everywhere and cannot wait on each other in a cycle.
+// Thread-safe.
+class IslandScheduler {
+ public:
+  IslandScheduler(int island, IslandSchedulerOptions options, ScheduledOpSink& sink);
+  ~IslandScheduler();
+
+  int island() const { return island_; }
+  // Queues a client's runs, in the client's order. `weight` (> 0) is the client's share under
+  // proportional share. Completes once every host of every run has accepted it.
+  Future<Unit> Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs);
+  // A host reports that its part of a run is done, and the device time it took per device.
+  void Done(const std::string& client, int64_t epoch, int64_t device_us);
+
+  struct ClientStats {
+    int64_t released = 0;      // runs sent to hosts
+    double estimate_us = 0;    // device time per run, as the scheduler costs it
+  };
+  std::map<std::string, ClientStats> stats() const;
+
+ private:
+  struct Pending {
+    rpc::GangRun run;
+    Promise<Unit> accepted;
+  };
+  struct ClientQueue {
+    double weight = 1;
+    double finish = 0;  // virtual finish time of its last released run
+    double estimate_us = 100;
+    int64_t released = 0;
+    std::deque<Pending> pending;
+  };
+  struct Outstanding {
+    std::string client;
+    int hosts_left;
+    int64_t max_device_us = 0;
+    double estimate_us;
+    absl::Time released;
+  };
+  // Sends runs while the policy allows; returns the acceptance futures to wire to promises.
+  void ReleaseLocked(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>>& sent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Future<Unit>> SendLocked(const std::string& client, const rpc::GangRun& run, bool report_done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Wire(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent);
+  void ExpireLoop();
+
+  const int island_;
+  const IslandSchedulerOptions options_;
+  ScheduledOpSink& sink_;
+  mutable absl::Mutex mu_;  // held while pushing to hosts' queues: that is what makes one order
+  absl::flat_hash_map<std::string, ClientQueue> clients_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int64_t>, Outstanding> outstanding_ ABSL_GUARDED_BY(mu_);
+  double outstanding_us_ ABSL_GUARDED_BY(mu_) = 0;
+  double virtual_time_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread expirer_;  // proportional share only
+};
+
+}  // namespace pathways

@@ -1,0 +1,132 @@
+#include "worker/op_sequencer.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+
+namespace pathways {
+namespace {
+// Bounds what a client can park here with sequence numbers far ahead of its real ones.
+constexpr size_t kMaxWaitingOpsPerClient = 1 << 20;
+}  // namespace
+
+OpSequencer::OpSequencer(ApplyFn apply, absl::Duration gap_timeout)
+    : apply_(std::move(apply)), gap_timeout_(gap_timeout), watchdog_([this] { WatchGaps(); }) {}
+
+OpSequencer::~OpSequencer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  watchdog_.join();
+}
+
+absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::Op> ops) {
+  std::vector<Promise<Unit>> ready;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    ClientState& c = clients_[client];
+    for (rpc::Op& op : ops) {
+      const int64_t seq = op.seq();
+      if (seq <= c.applied || c.waiting.contains(seq)) {
+        status = absl::InvalidArgumentError(absl::StrCat("op sequence number ", seq, " of client ", client,
+                                                         " is not new (applied up to ", c.applied, ")"));
+        continue;
+      }
+      if (c.waiting.size() >= kMaxWaitingOpsPerClient) {
+        status = absl::ResourceExhaustedError(absl::StrCat("client ", client, " has ", c.waiting.size(),
+                                                           " ops waiting for earlier ones"));
+        continue;
+      }
+      c.waiting.emplace(seq, std::move(op));
+    }
+    AdvanceLocked(client, c, ready);
+    DrainLocked(ready);
+  }
+  for (auto& p : ready) p.Set(Unit{});
+  return status;
+}
+
+absl::Status OpSequencer::AddScheduled(std::vector<rpc::ScheduledOp> ops) {
+  std::vector<Promise<Unit>> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    for (rpc::ScheduledOp& op : ops) scheduled_.push_back(std::move(op));
+    DrainLocked(ready);
+  }
+  for (auto& p : ready) p.Set(Unit{});
+  return absl::OkStatus();
+}
+
+Future<Unit> OpSequencer::WhenApplied(const std::string& client, int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  ClientState& c = clients_[client];
+  if (seq <= c.applied) return Future<Unit>::Ready(Unit{});
+  Promise<Unit> p;
+  Future<Unit> f = p.future();
+  c.waiters.emplace(seq, std::move(p));
+  return f;
+}
+
+void OpSequencer::AdvanceLocked(const std::string& client, ClientState& c, std::vector<Promise<Unit>>& ready) {
+  while (!c.waiting.empty()) {
+    auto it = c.waiting.begin();
+    if (it->first <= c.applied) {  // skipped over by the gap watchdog
+      c.waiting.erase(it);
+      continue;
+    }
+    if (it->first != c.applied + 1) break;
+    rpc::Op op = std::move(it->second);
+    c.waiting.erase(it);
+    c.applied = op.seq();
+    apply_(client, op);
+  }
+  while (!c.waiters.empty() && c.waiters.begin()->first <= c.applied) {
+    ready.push_back(std::move(c.waiters.begin()->second));
+    c.waiters.erase(c.waiters.begin());
+  }
+}
+
+void OpSequencer::DrainLocked(std::vector<Promise<Unit>>& ready) {
+  while (!scheduled_.empty()) {
+    rpc::ScheduledOp& head = scheduled_.front();
+    ClientState& c = clients_[head.client_id()];
+    const int64_t seq = head.op().seq();
+    if (seq > c.applied + 1) {
+      if (head_blocked_since_ == absl::InfiniteFuture()) head_blocked_since_ = absl::Now();
+      return;  // an earlier op of its client is still on its way
+    }
+    head_blocked_since_ = absl::InfiniteFuture();
+    if (seq <= c.applied) {
+      PW_LOG(Error) << "scheduled op " << seq << " of client " << head.client_id() << " is not new; dropped";
+    } else {
+      c.applied = seq;
+      apply_(head.client_id(), head.op());
+    }
+    const std::string client = head.client_id();
+    scheduled_.pop_front();
+    AdvanceLocked(client, c, ready);
+  }
+}
+
+void OpSequencer::WatchGaps() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), std::min(gap_timeout_, absl::Seconds(1)));
+    if (stop_ || scheduled_.empty() || absl::Now() - head_blocked_since_ < gap_timeout_) continue;
+    rpc::ScheduledOp& head = scheduled_.front();
+    ClientState& c = clients_[head.client_id()];
+    PW_LOG(Error) << "client " << head.client_id() << ": ops " << c.applied + 1 << ".." << head.op().seq() - 1
+                  << " never came within " << absl::FormatDuration(gap_timeout_)
+                  << "; its scheduled run goes ahead without them";
+    c.applied = head.op().seq() - 1;
+    std::vector<Promise<Unit>> ready;
+    AdvanceLocked(head.client_id(), c, ready);
+    DrainLocked(ready);
+    mu_.Unlock();
+    for (auto& p : ready) p.Set(Unit{});
+    mu_.Lock();
+  }
+}
+
+}  // namespace pathways

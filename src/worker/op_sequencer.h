@@ -1,0 +1,68 @@
+// Puts each client's ops back into the client's order on one host, whichever way they came.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/future.h"
+#include "proto/pathways.pb.h"
+
+namespace pathways {
+
+// Ops reach a host two ways: directly from their client (puts, frees, program registrations),
+// and through the island scheduler (runs, in the island's order). Each op carries its place in
+// its client's sequence for this host. The sequencer applies:
+// - each client's ops in sequence order, so a run never overtakes an earlier Put or Free of
+//   the same client, nor a later Free the run;
+// - scheduled ops in the scheduler's order, each once its client's earlier ops are applied. A
+//   scheduled op that waits holds back those behind it: that keeps every device of the island
+//   running gang work in one order.
+// All ops are applied one at a time, under the sequencer's lock, so a run's work is enqueued on
+// all of the host's devices before the next run's.
+//
+// A client that goes away mid-sequence would hold the scheduled stream forever; a scheduled op
+// whose predecessors have not come within `gap_timeout` goes ahead and the missing ops are
+// refused when (if) they come. Thread-safe.
+class OpSequencer {
+ public:
+  using ApplyFn = std::function<void(const std::string& client, const rpc::Op& op)>;
+  OpSequencer(ApplyFn apply, absl::Duration gap_timeout);
+  ~OpSequencer();
+
+  // InvalidArgument for ops without a sequence number or with one already used; the others
+  // are still applied in turn.
+  absl::Status AddDirect(const std::string& client, std::vector<rpc::Op> ops);
+  absl::Status AddScheduled(std::vector<rpc::ScheduledOp> ops);
+  // Completes once the client's ops up to `seq` are applied (or skipped).
+  Future<Unit> WhenApplied(const std::string& client, int64_t seq);
+
+ private:
+  struct ClientState {
+    int64_t applied = 0;                // every op up to here is applied or skipped
+    std::map<int64_t, rpc::Op> waiting;  // direct ops that came early
+    std::multimap<int64_t, Promise<Unit>> waiters;
+  };
+  // Applies what has become ready; returns promises to set once the lock is released.
+  void DrainLocked(std::vector<Promise<Unit>>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceLocked(const std::string& client, ClientState& c, std::vector<Promise<Unit>>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WatchGaps();
+
+  const ApplyFn apply_;
+  const absl::Duration gap_timeout_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, ClientState> clients_ ABSL_GUARDED_BY(mu_);
+  std::deque<rpc::ScheduledOp> scheduled_ ABSL_GUARDED_BY(mu_);
+  absl::Time head_blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;
+};
+
+}  // namespace pathways
