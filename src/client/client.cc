@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -188,14 +189,16 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue(int i
   return q;
 }
 
-void ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
+std::map<std::string, int64_t> ClientCore::PushRun(const std::vector<std::string>& hosts,
+                                                   const rpc::RunProgramOp& op) {
+  std::map<std::string, int64_t> seqs;
   if (options_.TEST_bypass_scheduler) {
     for (const std::string& host : hosts) {
       rpc::Op o;
       *o.mutable_run() = op;
-      Push(host, std::move(o));
+      seqs[host] = Push(host, std::move(o));
     }
-    return;
+    return seqs;
   }
   std::map<int, rpc::GangRun> by_island;
   for (const std::string& host : hosts) {
@@ -207,13 +210,14 @@ void ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunPr
     }
     rpc::HostSeq* h = run.add_hosts();
     h->set_host(host);
-    h->set_seq(queue(host)->ReserveSeq());
+    h->set_seq(seqs[host] = queue(host)->ReserveSeq());
   }
   for (auto& [island, run] : by_island) {
     run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
     run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
     ScheduleQueue(island)->Push(std::move(run));
   }
+  return seqs;
 }
 
 Future<Unit> ClientCore::RunsDelivered(const std::vector<std::string>& hosts) {
@@ -291,7 +295,8 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
     bytes->resize(static_cast<size_t>(*ByteSize(data.dtype(), sharding.local_shape())));
     CopyRegion(data.bytes().data(), data.shape(), region.start, region.size, element, bytes->data(),
                sharding.local_shape(), Shape(region.size.size(), 0));
-    core_->Push(dev.host_address, std::move(op));
+    int64_t& at = (*state->produced_at)[dev.host_address];
+    at = std::max(at, core_->Push(dev.host_address, std::move(op)));
   }
   ShardedArray array;
   array.state_ = std::move(state);
@@ -318,6 +323,8 @@ struct SegmentedDispatch {
   rpc::RunProgramOp op;
   std::vector<Segment> segments;
   std::vector<std::vector<std::shared_ptr<const ShardedArray::State>>> node_outputs;
+  // Shared with the outputs' states; complete when `done` is set.
+  std::shared_ptr<std::map<std::string, int64_t>> produced_at = std::make_shared<std::map<std::string, int64_t>>();
   Promise<Unit> done;
 
   static void Next(std::shared_ptr<SegmentedDispatch> d, size_t k) {
@@ -331,7 +338,7 @@ struct SegmentedDispatch {
       op.set_first_node(seg.first);
       op.set_last_node(seg.last);
       op.set_epoch(epoch);
-      d->core->PushRun(seg.hosts, op);
+      for (const auto& [host, seq] : d->core->PushRun(seg.hosts, op)) (*d->produced_at)[host] = seq;
     }
     if (k + 1 == d->segments.size()) {
       d->done.Set(Unit{});
@@ -457,6 +464,7 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
           core_, base + lowering->output_offsets[n] + static_cast<int64_t>(j), c.function.spec().outputs[j],
           lowering->out_shardings[n][j], c.slice);
       state->dispatched = dispatched;
+      state->produced_at = dispatch->produced_at;
       state->owned = result;
       dispatch->node_outputs[n].push_back(std::move(state));
     }
@@ -493,14 +501,14 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& f
 
 namespace {
 
-// Flushes the client's queue to `host`, then fetches the given shards from it.
-Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host,
+// Fetches the given shards from `host` once it has applied op `seq` (which produced them), the
+// client's direct ops to it flushed first: that surfaces a refused batch instead of waiting for
+// ops that never come.
+Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host, int64_t seq,
                                          rpc::FetchRequest request) {
   std::shared_ptr<WorkerClient> worker = core.worker(host);
-  // The host answers once it has applied every op sent to it so far, runs from the scheduler
-  // included; the flush surfaces a refused batch instead of waiting for ops that never come.
   std::shared_ptr<HostOpQueue> queue = core.queue(host);
-  request.set_after_seq(queue->last_seq());
+  request.set_after_seq(seq);
   return queue->Flushed().FlatThen(
       [worker, request = std::move(request)](const Unit&) { return worker->Fetch(request); });
 }
@@ -518,7 +526,10 @@ Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<Client
     request.set_array_id(state.id);
     request.set_status_only(status_only);
     for (int32_t s : host_shards) request.add_shards(s);
-    responses.push_back(FetchFromHost(*core, host, std::move(request)));
+    auto seq = state.produced_at->find(host);
+    responses.push_back(FetchFromHost(*core, host,
+                                      seq == state.produced_at->end() ? core->queue(host)->last_seq() : seq->second,
+                                      std::move(request)));
   }
   return JoinAll(responses);
 }

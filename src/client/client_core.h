@@ -49,7 +49,8 @@ class ClientCore {
   int64_t NextRunId() { return run_ids_.Next(); }
 
   // Every op the client sends goes through here, so the stats see all of them.
-  void Push(const std::string& host, rpc::Op op) {
+  // Returns the op's sequence number on the host.
+  int64_t Push(const std::string& host, rpc::Op op) {
     const int64_t bytes = static_cast<int64_t>(op.ByteSizeLong());
     ops_sent_.fetch_add(1, std::memory_order_relaxed);
     op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
@@ -57,7 +58,7 @@ class ClientCore {
       run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
       run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
     }
-    queue(host)->Push(std::move(op));
+    return queue(host)->Push(std::move(op));
   }
   // Hosts learn their island from the slices that name them.
   void NoteHostIsland(const std::string& host, int island) {
@@ -67,7 +68,8 @@ class ClientCore {
   // Sends one run op to `hosts`: one message per island, to the island's scheduler, with the
   // op's place in the client's sequence reserved on each host. Call with epoch_mu() held, so
   // runs are numbered, sequenced and queued in one order.
-  void PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op)
+  // Returns the op's sequence number on each host.
+  std::map<std::string, int64_t> PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(epoch_mu_);
   // Completes once every run pushed so far to these hosts has reached them.
   Future<Unit> RunsDelivered(const std::vector<std::string>& hosts);
@@ -128,6 +130,9 @@ struct ShardedArray::State {
   // Ready once the op producing the array has been pushed to its hosts' queues. Immediate except
   // under sequential dispatch, where a run's later nodes are pushed as earlier ones are enqueued.
   Future<Unit> dispatched = Future<Unit>::Ready(Unit{});
+  // Per host, the sequence number of the op that produces the array there: a fetch asks the host
+  // to wait for that op, not for everything sent since. Complete once `dispatched` is ready.
+  std::shared_ptr<std::map<std::string, int64_t>> produced_at = std::make_shared<std::map<std::string, int64_t>>();
   // False for a run's intermediates, which the hosts free themselves.
   bool owned = true;
 

@@ -5,6 +5,9 @@
 #include "core/logging.h"
 
 namespace pathways {
+namespace {
+constexpr size_t kMaxQueuedPerClient = 256;
+}  // namespace
 
 IslandScheduler::IslandScheduler(int island, IslandSchedulerOptions options, ScheduledOpSink& sink)
     : island_(island), options_(options), sink_(sink) {
@@ -51,11 +54,29 @@ Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, s
   std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent;
   {
     absl::MutexLock lock(&mu_);
-    ClientQueue& q = clients_[client];
+    auto [it, is_new] = clients_.try_emplace(client);
+    ClientQueue& q = it->second;
+    if (is_new) {
+      // Until its own runs are measured, a client's runs are guessed to cost what others' do.
+      double sum = 0;
+      int n = 0;
+      for (const auto& [id, other] : clients_) {
+        if (!other.measured) continue;
+        sum += other.estimate_us;
+        ++n;
+      }
+      if (n > 0) q.estimate_us = sum / n;
+    }
     q.weight = weight > 0 ? weight : 1;
     for (rpc::GangRun& run : runs) {
       Pending p{std::move(run), {}};
       accepted.push_back(p.accepted.future());
+      // Under proportional share a client's runs wait here by design; the client hears they are
+      // taken once queued, so it keeps the scheduler supplied, up to a bound per client beyond
+      // which it hears only as they go out (backpressure).
+      if (options_.policy == SchedulingPolicy::kProportionalShare && q.pending.size() < kMaxQueuedPerClient) {
+        p.accepted.Set(Unit{});
+      }
       q.pending.push_back(std::move(p));
     }
     ReleaseLocked(sent);
@@ -73,9 +94,12 @@ void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t dev
     Outstanding& o = it->second;
     o.max_device_us = std::max(o.max_device_us, device_us);
     if (--o.hosts_left > 0) return;
-    // The run's cost is what its busiest device spent on it; recent runs weigh most.
+    // The run's cost is what its busiest device spent on it; recent runs weigh most, and the
+    // first measurement replaces the guess.
     ClientQueue& q = clients_[o.client];
-    q.estimate_us = 0.7 * q.estimate_us + 0.3 * static_cast<double>(std::max<int64_t>(o.max_device_us, 1));
+    const double cost = static_cast<double>(std::max<int64_t>(o.max_device_us, 1));
+    q.estimate_us = q.measured ? 0.7 * q.estimate_us + 0.3 * cost : cost;
+    q.measured = true;
     outstanding_us_ -= o.estimate_us;
     outstanding_.erase(it);
     if (outstanding_.empty()) outstanding_us_ = 0;  // no drift from rounding

@@ -57,7 +57,9 @@ class IslandScheduler {
 
   int island() const { return island_; }
   // Queues a client's runs, in the client's order. `weight` (> 0) is the client's share under
-  // proportional share. Completes once every host of every run has accepted it.
+  // proportional share. Completes once the scheduler has taken the runs: under FIFO, once every
+  // host of every run has them; under proportional share, once they are queued here (up to 256
+  // per client; beyond that, once they go out).
   Future<Unit> Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs);
   // A host reports that its part of a run is done, and the device time it took per device.
   void Done(const std::string& client, int64_t epoch, int64_t device_us);
@@ -77,6 +79,7 @@ class IslandScheduler {
     double weight = 1;
     double finish = 0;  // virtual finish time of its last released run
     double estimate_us = 100;
+    bool measured = false;  // estimate_us comes from its own runs
     int64_t released = 0;
     std::deque<Pending> pending;
   };

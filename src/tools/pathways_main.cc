@@ -19,6 +19,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
+    "             [--scheduler fifo|share] [--share-window-us N]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "  status --controller HOST:PORT\n"
@@ -42,6 +43,15 @@ absl::Status RunController(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t timeout_ms, flags.GetInt("heartbeat-timeout-ms", 3000));
   if (timeout_ms < 40) return absl::InvalidArgumentError("--heartbeat-timeout-ms must be at least 40");
   options.heartbeat_timeout = absl::Milliseconds(timeout_ms);
+  const std::string policy = flags.Get("scheduler", "fifo");
+  if (policy == "share") {
+    options.scheduler.policy = SchedulingPolicy::kProportionalShare;
+  } else if (policy != "fifo") {
+    return absl::InvalidArgumentError(absl::StrCat("--scheduler must be fifo or share, got '", policy, "'"));
+  }
+  PW_ASSIGN_OR_RETURN(int64_t window_us, flags.GetInt("share-window-us", 2000));
+  if (window_us < 1 || window_us > 10'000'000) return absl::InvalidArgumentError("--share-window-us must be 1..1e7");
+  options.scheduler.window = absl::Microseconds(window_us);
   Controller controller(options);
   PW_RETURN_IF_ERROR(controller.Start());
   std::printf("controller listening on %s\n", controller.address().c_str());
@@ -146,7 +156,7 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "port-file"}, {}, RunController},
+      {"controller", {"listen", "heartbeat-timeout-ms", "port-file", "scheduler", "share-window-us"}, {}, RunController},
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms"}, {}, RunWorker},
       {"status", {"controller"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
