@@ -97,9 +97,11 @@ absl::StatusOr<std::string> Subprocess::WaitForLine(const std::string& needle, a
   }
 }
 
+int Subprocess::Wait() { return Stop(0); }
+
 int Subprocess::Stop(int signal) {
   if (pid_ <= 0) return -1;
-  kill(pid_, signal);
+  if (signal != 0) kill(pid_, signal);
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }

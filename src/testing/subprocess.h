@@ -32,6 +32,8 @@ class Subprocess {
   absl::StatusOr<std::string> WaitForLine(const std::string& needle, absl::Duration timeout);
   // Sends `signal` and waits for the exit; returns the exit status as waitpid reports it.
   int Stop(int signal);
+  // Waits for the process to exit by itself; returns its wait status.
+  int Wait();
   pid_t pid() const { return pid_; }
 
  private:

@@ -9,6 +9,7 @@
 #include "controller/controller.h"
 #include "core/status_macros.h"
 #include "tools/demo.h"
+#include "tools/tenant.h"
 #include "tools/flags.h"
 #include "transport/controller_client.h"
 #include "worker/worker.h"
@@ -23,7 +24,8 @@ constexpr char kUsage[] =
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "  status --controller HOST:PORT\n"
-    "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n";
+    "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
+    "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n";
 
 // Blocks until SIGINT or SIGTERM. The signals are blocked in every thread (threads inherit the
 // mask from main), so only this sigwait sees them.
@@ -160,6 +162,7 @@ int main(int argc, char** argv) {
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms"}, {}, RunWorker},
       {"status", {"controller"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
+      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace"}, {}, RunTenant},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;
