@@ -151,8 +151,9 @@ void ShardScalingTable(int repeats) {
   auto client = *cluster->Connect();
   std::printf("### Client work per run of a 2-node chain as shards grow (median of %d)\n\n", repeats);
   std::printf("Client CPU time of the Run call (thread CPU time, so the hosts sharing the process do not count).\n\n");
-  std::printf("| shards | graph nodes | graph edges | first run (lowers, registers) us | later run us | run op bytes per host |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("| shards | hosts | graph nodes | graph edges | first run (lowers, registers) us | later run us "
+              "| run message bytes (one per island) |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   for (int64_t shards : {1, 8, 64, 512}) {
     VirtualSlice slice = *client->CreateSlice({.mesh_shape = {shards}});
     const TensorSpec spec{DType::kF32, {1024}};
@@ -177,8 +178,8 @@ void ShardScalingTable(int repeats) {
                       static_cast<double>(after.run_ops_sent - before.run_ops_sent));
       (void)*client->Ready(out[0]).Await();
     }
-    std::printf("| %lld | %lld | %lld | %.0f | %.1f | %.0f |\n", static_cast<long long>(shards),
-                static_cast<long long>(program.num_graph_nodes()), static_cast<long long>(program.num_graph_edges()),
+    std::printf("| %lld | %zu | %lld | %lld | %.0f | %.1f | %.0f |\n", static_cast<long long>(shards),
+                slice.host_addresses().size(), static_cast<long long>(program.num_graph_nodes()), static_cast<long long>(program.num_graph_edges()),
                 first, Median(submit), Median(bytes));
     std::fflush(stdout);
   }
