@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client_core.h"
+#include "core/logging.h"
 #include "core/status_macros.h"
 #include "transport/rpc_util.h"
 
@@ -37,9 +38,14 @@ absl::Status CheckSpec(const TensorSpec& spec, const std::string& what) {
 
 // ---- VirtualSlice, CompiledFunction, ShardedArray ----
 
+std::shared_ptr<const SliceMapping> VirtualSlice::mapping() const {
+  absl::MutexLock lock(&data_->mu);
+  return data_->mappings.back();
+}
+
 std::string VirtualSlice::ToString() const {
   std::vector<std::string> devices;
-  for (const auto& d : data_->devices) {
+  for (const auto& d : this->devices()) {
     devices.push_back(absl::StrCat("d", d.device_id, "@h", d.host_id));
   }
   return absl::StrCat("slice ", id(), " mesh ", mesh().ToString(), " [", absl::StrJoin(devices, " "), "]");
@@ -128,17 +134,54 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
   data->id = response.slice_id();
   data->mesh = std::move(mesh);
   data->owner = core_.get();
-  for (const auto& d : response.devices()) {
-    data->devices.push_back(
-        {d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island()});
-    core_->NoteHostIsland(d.host_address(), d.island());
-    if (std::find(data->hosts.begin(), data->hosts.end(), d.host_address()) == data->hosts.end()) {
-      data->hosts.push_back(d.host_address());
-    }
-  }
+  data->mappings.push_back(core_->NewMapping(response));
   VirtualSlice slice;
   slice.data_ = std::move(data);
   return slice;
+}
+
+absl::StatusOr<std::vector<Client::LostSlice>> Client::LostSlices() {
+  rpc::SliceStatesRequest request;
+  request.set_client_id(core_->id());
+  PW_ASSIGN_OR_RETURN(rpc::SliceStatesResponse response, core_->controller().SliceStates(request));
+  std::vector<LostSlice> lost;
+  for (const rpc::SliceState& s : response.slices()) {
+    if (s.lost()) lost.push_back({s.slice_id(), s.reason()});
+  }
+  return lost;
+}
+
+absl::Status Client::RemapSlice(const VirtualSlice& slice) {
+  if (!slice.data_ || slice.data_->owner != core_.get()) {
+    return absl::InvalidArgumentError("RemapSlice of a slice that this client did not create");
+  }
+  rpc::RemapSliceRequest request;
+  request.set_client_id(core_->id());
+  request.set_slice_id(slice.id());
+  PW_ASSIGN_OR_RETURN(rpc::AllocateSliceResponse response, core_->controller().RemapSlice(request));
+  if (response.devices_size() != slice.num_devices()) {
+    return absl::InternalError(absl::StrCat("controller remapped ", response.devices_size(), " devices for a mesh of ",
+                                            slice.num_devices()));
+  }
+  std::shared_ptr<const SliceMapping> mapping = core_->NewMapping(response);
+  // Data is shared and otherwise immutable; its list of mappings is the one thing that changes.
+  auto& data = const_cast<VirtualSlice::Data&>(*slice.data_);
+  absl::MutexLock lock(&data.mu);
+  data.mappings.push_back(std::move(mapping));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSliceResponse& response) {
+  auto mapping = std::make_shared<SliceMapping>();
+  mapping->id = mapping_ids_.Next();
+  for (const auto& d : response.devices()) {
+    mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island()});
+    NoteHostIsland(d.host_address(), d.island());
+    if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {
+      mapping->hosts.push_back(d.host_address());
+    }
+  }
+  return mapping;
 }
 
 namespace {
@@ -184,21 +227,34 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue(int i
           request.set_weight(weight);
           for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
           return controller->Schedule(request).Then([](const rpc::ScheduleResponse&) { return Unit{}; });
+        },
+        // A refused batch (a host left, say) fails its runs only. Their sequence numbers are
+        // filled with no-ops on the hosts still there, which would otherwise wait for them.
+        [weak = weak_from_this()](std::vector<rpc::GangRun> runs, const absl::Status& status) {
+          PW_LOG(Warning) << runs.size() << " runs refused by the scheduler: " << status;
+          auto core = weak.lock();
+          if (core == nullptr) return;
+          for (const rpc::GangRun& run : runs) {
+            for (const rpc::HostSeq& h : run.hosts()) core->queue(h.host())->SkipReserved(h.seq());
+          }
         });
   }
   return q;
 }
 
-std::map<std::string, int64_t> ClientCore::PushRun(const std::vector<std::string>& hosts,
-                                                   const rpc::RunProgramOp& op) {
-  std::map<std::string, int64_t> seqs;
+ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
+  PushedRun pushed;
+  std::map<std::string, int64_t>& seqs = pushed.seqs;
+  std::vector<Future<Unit>> deliveries;
   if (options_.TEST_bypass_scheduler) {
     for (const std::string& host : hosts) {
       rpc::Op o;
       *o.mutable_run() = op;
       seqs[host] = Push(host, std::move(o));
+      deliveries.push_back(queue(host)->Flushed());
     }
-    return seqs;
+    pushed.delivered = JoinAll(deliveries).Then([](const std::vector<Unit>&) { return Unit{}; });
+    return pushed;
   }
   std::map<int, rpc::GangRun> by_island;
   for (const std::string& host : hosts) {
@@ -215,22 +271,12 @@ std::map<std::string, int64_t> ClientCore::PushRun(const std::vector<std::string
   for (auto& [island, run] : by_island) {
     run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
     run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
-    ScheduleQueue(island)->Push(std::move(run));
+    auto queue = ScheduleQueue(island);
+    queue->Push(std::move(run));
+    deliveries.push_back(queue->Flushed());  // covers this run's batch
   }
-  return seqs;
-}
-
-Future<Unit> ClientCore::RunsDelivered(const std::vector<std::string>& hosts) {
-  std::vector<Future<Unit>> waits;
-  std::set<int> islands;
-  for (const std::string& host : hosts) {
-    if (options_.TEST_bypass_scheduler) {
-      waits.push_back(queue(host)->Flushed());
-    } else if (islands.insert(IslandOf(host)).second) {
-      waits.push_back(ScheduleQueue(IslandOf(host))->Flushed());
-    }
-  }
-  return JoinAll(waits).Then([](const std::vector<Unit>&) { return Unit{}; });
+  pushed.delivered = JoinAll(deliveries).Then([](const std::vector<Unit>&) { return Unit{}; });
+  return pushed;
 }
 
 absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,
@@ -280,10 +326,11 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
   }
   PW_RETURN_IF_ERROR(CheckSpec(data.spec(), "Put"));
   PW_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(slice.mesh(), partition, data.shape()));
-  auto state = std::make_shared<ShardedArray::State>(core_, core_->NextArrayId(), data.spec(), sharding, slice);
+  auto state = std::make_shared<ShardedArray::State>(core_, core_->NextArrayId(), data.spec(), sharding, slice,
+                                                     slice.mapping());
   const size_t element = DTypeSize(data.dtype());
   for (int64_t s = 0; s < slice.num_devices(); ++s) {
-    const PhysicalDeviceInfo& dev = slice.devices()[s];
+    const PhysicalDeviceInfo& dev = state->placed_on->devices[s];
     Region region = sharding.ShardRegion(s);
     rpc::Op op;
     rpc::PutOp* put = op.mutable_put();
@@ -325,7 +372,9 @@ struct SegmentedDispatch {
   std::vector<std::vector<std::shared_ptr<const ShardedArray::State>>> node_outputs;
   // Shared with the outputs' states; complete when `done` is set.
   std::shared_ptr<std::map<std::string, int64_t>> produced_at = std::make_shared<std::map<std::string, int64_t>>();
-  Promise<Unit> done;
+  Promise<Unit> done;       // every segment pushed
+  Promise<Unit> delivered;  // every segment on its hosts, or why one never will be
+  std::vector<Future<Unit>> deliveries;
 
   static void Next(std::shared_ptr<SegmentedDispatch> d, size_t k) {
     const Segment& seg = d->segments[k];
@@ -338,21 +387,31 @@ struct SegmentedDispatch {
       op.set_first_node(seg.first);
       op.set_last_node(seg.last);
       op.set_epoch(epoch);
-      for (const auto& [host, seq] : d->core->PushRun(seg.hosts, op)) (*d->produced_at)[host] = seq;
+      ClientCore::PushedRun pushed = d->core->PushRun(seg.hosts, op);
+      for (const auto& [host, seq] : pushed.seqs) (*d->produced_at)[host] = seq;
+      d->deliveries.push_back(pushed.delivered);
     }
     if (k + 1 == d->segments.size()) {
       d->done.Set(Unit{});
+      JoinAll(d->deliveries).OnReady([d](const absl::StatusOr<std::vector<Unit>>& r) {
+        if (r.ok()) {
+          d->delivered.Set(Unit{});
+        } else {
+          d->delivered.Set(r.status());
+        }
+      });
       return;
     }
     std::vector<Future<Unit>> waits;
     if (seg.wait_until_computed) {
       for (const auto& out : d->node_outputs[seg.last]) waits.push_back(ShardsReady(d->core, out));
     } else {
-      waits.push_back(d->core->RunsDelivered(seg.hosts));
+      waits.push_back(d->deliveries.back());
     }
     JoinAll(waits).OnReady([d, k](const absl::StatusOr<std::vector<Unit>>& r) {
       if (!r.ok()) {
         d->done.Set(r.status());
+        d->delivered.Set(r.status());
         return;
       }
       Next(d, k + 1);
@@ -400,11 +459,12 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
   // The first run of a lowering compiles what hosts that joined after Compile lack and registers
   // the program on every host; later runs skip straight to dispatch.
   if (!lowering->ready.load(std::memory_order_acquire)) {
-    for (const Program::Call& c : program.calls()) {
+    for (size_t n = 0; n < program.calls().size(); ++n) {
+      const Program::Call& c = program.calls()[n];
       std::vector<std::string> missing;
       {
         absl::MutexLock lock(&c.function.state_->mu);
-        for (const std::string& host : c.slice.host_addresses()) {
+        for (const std::string& host : lowering->node_mappings[n]->hosts) {
           if (!c.function.state_->compiled_on.contains(host)) missing.push_back(host);
         }
       }
@@ -462,8 +522,9 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
       if (!result && !c.data_dependent_shapes) continue;
       auto state = std::make_shared<ShardedArray::State>(
           core_, base + lowering->output_offsets[n] + static_cast<int64_t>(j), c.function.spec().outputs[j],
-          lowering->out_shardings[n][j], c.slice);
+          lowering->out_shardings[n][j], c.slice, lowering->node_mappings[n]);
       state->dispatched = dispatched;
+      state->delivered = dispatch->delivered.future();
       state->produced_at = dispatch->produced_at;
       state->owned = result;
       dispatch->node_outputs[n].push_back(std::move(state));
@@ -518,7 +579,7 @@ Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<Client
                                                     const ShardedArray::State& state,
                                                     const std::vector<int64_t>& shards, bool status_only) {
   std::map<std::string, std::vector<int32_t>> by_host;
-  for (int64_t s : shards) by_host[state.slice.devices()[s].host_address].push_back(static_cast<int32_t>(s));
+  for (int64_t s : shards) by_host[state.placed_on->devices[s].host_address].push_back(static_cast<int32_t>(s));
   std::vector<Future<rpc::FetchResponse>> responses;
   for (auto& [host, host_shards] : by_host) {
     rpc::FetchRequest request;
@@ -571,11 +632,12 @@ absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::
 
 }  // namespace
 
-// Both wait until the array's producing op has been pushed (sequential runs push late).
+// Both wait until the array's producing op has reached its hosts (sequential runs push late; a
+// run the scheduler refused fails here with its reason).
 Future<HostArray> Client::Fetch(const ShardedArray& array) {
   auto core = core_;
   auto state = array.state_;
-  return state->dispatched
+  return state->delivered
       .FlatThen([core, state](const Unit&) {
         return FetchShards(core, *state, DistinctShards(state->sharding), /*status_only=*/false);
       })
@@ -585,7 +647,7 @@ Future<HostArray> Client::Fetch(const ShardedArray& array) {
 Future<Unit> Client::Ready(const ShardedArray& array) {
   auto core = core_;
   auto state = array.state_;
-  return state->dispatched.FlatThen([core, state](const Unit&) { return ShardsReady(core, state); });
+  return state->delivered.FlatThen([core, state](const Unit&) { return ShardsReady(core, state); });
 }
 
 }  // namespace pathways

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "array/sharding.h"
@@ -71,16 +72,27 @@ struct PhysicalDeviceInfo {
   int island;
 };
 
-// A client's virtual slice of devices, mapped by the controller to physical devices. Immutable
-// and cheap to copy.
+// Where a slice's virtual devices are, at one time. Immutable; remapping a slice makes a new one.
+struct SliceMapping {
+  int64_t id;  // unique within the client: names this mapping in lowered programs
+  std::vector<PhysicalDeviceInfo> devices;  // row-major over the mesh
+  std::vector<std::string> hosts;           // distinct host addresses, in device order
+};
+
+// A client's virtual slice of devices, mapped by the controller to physical devices, and
+// remappable (Client::RemapSlice) without changing its id, mesh or the programs that use it.
+// Cheap to copy; thread-safe.
 class VirtualSlice {
  public:
   int64_t id() const { return data_->id; }
   const Mesh& mesh() const { return data_->mesh; }
-  int64_t num_devices() const { return static_cast<int64_t>(data_->devices.size()); }
-  // Row-major over the mesh: device i holds shard i of every array laid on this slice.
-  const std::vector<PhysicalDeviceInfo>& devices() const { return data_->devices; }
-  const std::vector<std::string>& host_addresses() const { return data_->hosts; }  // distinct, in device order
+  int64_t num_devices() const { return data_->mesh.num_devices(); }
+  // The current mapping. Device i holds shard i of every array laid on the slice under it.
+  std::shared_ptr<const SliceMapping> mapping() const;
+  // The current mapping's devices and distinct hosts. The references stay valid for the slice's
+  // life, even after a remap (every mapping is kept).
+  const std::vector<PhysicalDeviceInfo>& devices() const { return mapping()->devices; }
+  const std::vector<std::string>& host_addresses() const { return mapping()->hosts; }
   std::string ToString() const;
 
  private:
@@ -89,9 +101,9 @@ class VirtualSlice {
   struct Data {
     int64_t id;
     Mesh mesh;
-    std::vector<PhysicalDeviceInfo> devices;
-    std::vector<std::string> hosts;  // distinct host addresses, in device order
     const ClientCore* owner;
+    mutable absl::Mutex mu;
+    std::vector<std::shared_ptr<const SliceMapping>> mappings ABSL_GUARDED_BY(mu);  // newest last
   };
   std::shared_ptr<const Data> data_;
 };
@@ -162,6 +174,16 @@ class Client {
   absl::StatusOr<std::string> DescribeCluster();
 
   absl::StatusOr<VirtualSlice> CreateSlice(const SliceSpec& spec);
+  // The client's slices that lost devices (a host stopped heartbeating or restarted), with why.
+  // What their arrays held on those devices is gone.
+  struct LostSlice {
+    int64_t slice_id;
+    std::string reason;
+  };
+  absl::StatusOr<std::vector<LostSlice>> LostSlices();
+  // Maps `slice` onto live devices again, with the constraints it was created with. Programs
+  // that use it are lowered again at their next run; arrays placed before keep their placement.
+  absl::Status RemapSlice(const VirtualSlice& slice);
   // Compiles the body on every live worker (once per content hash on each), so a syntax or type
   // error comes back here, naming the function and line.
   absl::StatusOr<CompiledFunction> Compile(const FunctionSpec& spec);

@@ -19,7 +19,7 @@ namespace pathways {
 
 // Shared by the Client and every handle it gave out, so handles can free their shards even after
 // the Client object is gone. Thread-safe.
-class ClientCore {
+class ClientCore : public std::enable_shared_from_this<ClientCore> {
  public:
   ClientCore(std::string controller_address, ClientOptions options)
       : id_(RandomIdString()),
@@ -60,6 +60,8 @@ class ClientCore {
     }
     return queue(host)->Push(std::move(op));
   }
+  // A slice mapping from the controller's placement (a new id each time).
+  std::shared_ptr<const SliceMapping> NewMapping(const rpc::AllocateSliceResponse& response);
   // Hosts learn their island from the slices that name them.
   void NoteHostIsland(const std::string& host, int island) {
     absl::MutexLock lock(&mu_);
@@ -68,11 +70,12 @@ class ClientCore {
   // Sends one run op to `hosts`: one message per island, to the island's scheduler, with the
   // op's place in the client's sequence reserved on each host. Call with epoch_mu() held, so
   // runs are numbered, sequenced and queued in one order.
-  // Returns the op's sequence number on each host.
-  std::map<std::string, int64_t> PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op)
+  struct PushedRun {
+    std::map<std::string, int64_t> seqs;  // the op's sequence number on each host
+    Future<Unit> delivered;               // on its hosts, or why it never will be
+  };
+  PushedRun PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(epoch_mu_);
-  // Completes once every run pushed so far to these hosts has reached them.
-  Future<Unit> RunsDelivered(const std::vector<std::string>& hosts);
 
   // OpByOp calls run as one-node programs, traced once per (function, slice).
   absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
@@ -97,6 +100,7 @@ class ClientCore {
   std::shared_ptr<ControllerClient> controller_;  // shared with calls in flight
   IdGenerator array_ids_;
   IdGenerator run_ids_;
+  IdGenerator mapping_ids_;
   absl::Mutex epoch_mu_;
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
   absl::Mutex mu_;
@@ -116,8 +120,14 @@ struct CompiledFunction::State {
 };
 
 struct ShardedArray::State {
-  State(std::shared_ptr<ClientCore> core, ArrayId id, TensorSpec spec, Sharding sharding, VirtualSlice slice)
-      : core(std::move(core)), id(id), spec(std::move(spec)), sharding(std::move(sharding)), slice(std::move(slice)) {}
+  State(std::shared_ptr<ClientCore> core, ArrayId id, TensorSpec spec, Sharding sharding, VirtualSlice slice,
+        std::shared_ptr<const SliceMapping> placed_on)
+      : core(std::move(core)),
+        id(id),
+        spec(std::move(spec)),
+        sharding(std::move(sharding)),
+        slice(std::move(slice)),
+        placed_on(std::move(placed_on)) {}
   // One State per logical array: a copy would free the array twice.
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -127,9 +137,14 @@ struct ShardedArray::State {
   TensorSpec spec;
   Sharding sharding;
   VirtualSlice slice;
+  // The slice's mapping when the array was placed: its shards stay there if the slice is remapped.
+  std::shared_ptr<const SliceMapping> placed_on;
   // Ready once the op producing the array has been pushed to its hosts' queues. Immediate except
   // under sequential dispatch, where a run's later nodes are pushed as earlier ones are enqueued.
   Future<Unit> dispatched = Future<Unit>::Ready(Unit{});
+  // Ready once that op has reached its hosts, or failed with why it never will (the island
+  // scheduler refused it: a host left, say). Immediate for Put.
+  Future<Unit> delivered = Future<Unit>::Ready(Unit{});
   // Per host, the sequence number of the op that produces the array there: a fetch asks the host
   // to wait for that op, not for everything sent since. Complete once `dispatched` is ready.
   std::shared_ptr<std::map<std::string, int64_t>> produced_at = std::make_shared<std::map<std::string, int64_t>>();
@@ -139,7 +154,7 @@ struct ShardedArray::State {
   // Freeing goes through each host's ordered queue, behind every op that still reads the array.
   ~State() {
     if (!owned) return;
-    auto free = [core = core, id = id, hosts = slice.host_addresses()](const absl::StatusOr<Unit>&) {
+    auto free = [core = core, id = id, hosts = placed_on->hosts](const absl::StatusOr<Unit>&) {
       for (const std::string& host : hosts) {
         rpc::Op op;
         op.mutable_free()->set_array_id(id);
@@ -158,6 +173,7 @@ struct ClientCore::Lowering {
   int64_t num_outputs = 0;
   std::vector<int64_t> output_offsets;              // per node
   std::vector<std::vector<Sharding>> out_shardings;  // per node and output
+  std::vector<std::shared_ptr<const SliceMapping>> node_mappings;  // per node: its slice's mapping when lowered
   absl::Mutex mu;
   absl::flat_hash_set<std::string> registered_on ABSL_GUARDED_BY(mu);
   std::atomic<bool> ready{false};  // compiled and registered on every host

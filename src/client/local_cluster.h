@@ -17,6 +17,7 @@ struct LocalClusterOptions {
   int devices_per_host = 4;
   int64_t device_memory_bytes = int64_t{256} << 20;
   absl::Duration collective_timeout = absl::Seconds(30);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
   IslandSchedulerOptions scheduler;
 };
 
@@ -30,9 +31,15 @@ class LocalCluster {
   absl::StatusOr<std::unique_ptr<Client>> Connect() const { return Client::Connect(controller_address()); }
   int num_workers() const { return static_cast<int>(workers_.size()); }
   Worker& worker(int i) { return *workers_[i]; }
+  // Hosts joining and leaving while the cluster runs. A stopped worker stops serving and
+  // heartbeating (the controller takes it out after the heartbeat timeout); its object stays, so
+  // indices do not move. AddWorker returns the new worker's index.
+  void StopWorker(int i) { workers_[i]->Shutdown(); }
+  absl::StatusOr<int> AddWorker(int island);
 
  private:
   LocalCluster() = default;
+  LocalClusterOptions options_;
   std::unique_ptr<Controller> controller_;
   std::vector<std::unique_ptr<Worker>> workers_;
 };

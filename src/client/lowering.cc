@@ -22,8 +22,8 @@ rpc::PartitionSpecProto ToProto(const PartitionSpec& spec, size_t rank) {
   return p;
 }
 
-void AddHosts(const VirtualSlice& slice, std::vector<std::string>& hosts) {
-  for (const std::string& h : slice.host_addresses()) {
+void AddHosts(const SliceMapping& mapping, std::vector<std::string>& hosts) {
+  for (const std::string& h : mapping.hosts) {
     if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
   }
 }
@@ -32,10 +32,16 @@ void AddHosts(const VirtualSlice& slice, std::vector<std::string>& hosts) {
 
 absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Program& program,
                                                                         absl::Span<const ShardedArray> args) {
+  // Lowered for these placements: where each argument is, and where each call's slice maps now.
+  // Remapping a slice gives it a new mapping, so its programs are lowered again.
+  std::vector<std::shared_ptr<const SliceMapping>> node_mappings;
+  for (const Program::Call& c : program.calls()) node_mappings.push_back(c.slice.mapping());
   std::string key = absl::StrCat(program.id());
   for (const ShardedArray& a : args) {
-    absl::StrAppend(&key, "|", a.slice().id(), PartitionSpecToString(a.sharding().spec()));
+    absl::StrAppend(&key, "|", a.state_->placed_on->id, PartitionSpecToString(a.sharding().spec()));
   }
+  absl::StrAppend(&key, "|");
+  for (const auto& m : node_mappings) absl::StrAppend(&key, m->id, ",");
   {
     absl::MutexLock lock(&mu_);
     auto it = lowerings_cache_.find(key);
@@ -46,9 +52,12 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
   rpc::ProgramProto& proto = lowering->proto;
   proto.set_program_id(lowering->id);
   proto.set_name(program.name());
-  std::map<int64_t, VirtualSlice> slices;
-  for (const ShardedArray& a : args) slices.emplace(a.slice().id(), a.slice());
-  for (const Program::Call& c : program.calls()) {
+  // Slices in the lowered program are mappings: an argument placed before a remap and a call on
+  // the remapped slice are on different devices.
+  std::map<int64_t, std::pair<const Mesh*, std::shared_ptr<const SliceMapping>>> slices;
+  for (const ShardedArray& a : args) slices.emplace(a.state_->placed_on->id, std::make_pair(&a.slice().mesh(), a.state_->placed_on));
+  for (size_t n = 0; n < program.calls().size(); ++n) {
+    const Program::Call& c = program.calls()[n];
     if (c.slice.data_->owner != this) {
       return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
                                                      "' on a slice that this client did not create"));
@@ -57,39 +66,41 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
       return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
                                                      "', which this client did not compile"));
     }
-    slices.emplace(c.slice.id(), c.slice);
+    slices.emplace(node_mappings[n]->id, std::make_pair(&c.slice.mesh(), node_mappings[n]));
   }
   for (const auto& [id, slice] : slices) {
+    const auto& [mesh, mapping] = slice;
     rpc::SliceProto* sp = proto.add_slices();
     sp->set_slice_id(id);
-    for (int64_t d : slice.mesh().dims) sp->add_mesh_dims(d);
-    for (const std::string& n : slice.mesh().axis_names) sp->add_axis_names(n);
-    for (const PhysicalDeviceInfo& d : slice.devices()) {
+    for (int64_t d : mesh->dims) sp->add_mesh_dims(d);
+    for (const std::string& n : mesh->axis_names) sp->add_axis_names(n);
+    for (const PhysicalDeviceInfo& d : mapping->devices) {
       rpc::SliceDevice* sd = sp->add_devices();
       sd->set_device_id(d.device_id);
       sd->set_host_address(d.host_address);
       sd->set_local_index(d.local_index);
     }
-    AddHosts(slice, lowering->hosts);
+    AddHosts(*mapping, lowering->hosts);
   }
   for (const ShardedArray& a : args) {
     rpc::ProgramArg* pa = proto.add_args();
     *pa->mutable_spec() = pathways::ToProto(a.spec());
-    pa->set_slice_id(a.slice().id());
+    pa->set_slice_id(a.state_->placed_on->id);
     *pa->mutable_sharding() = ToProto(a.sharding().spec(), a.spec().shape.size());
   }
-  auto value_slice = [&](const Program::Value& v) -> const VirtualSlice& {
-    return v.is_arg ? args[v.index].slice() : program.calls()[v.index].slice;
+  auto value_mapping = [&](const Program::Value& v) -> const SliceMapping& {
+    return v.is_arg ? *args[v.index].state_->placed_on : *node_mappings[v.index];
   };
-  for (const Program::Call& c : program.calls()) {
+  for (size_t n = 0; n < program.calls().size(); ++n) {
+    const Program::Call& c = program.calls()[n];
     const FunctionSpec& spec = c.function.spec();
     const std::string& name = spec.body.name;
     rpc::ProgramNode* node = proto.add_nodes();
     node->set_function_key(c.function.state_->key);
     node->set_function_name(name);
-    node->set_slice_id(c.slice.id());
+    node->set_slice_id(node_mappings[n]->id);
     std::vector<std::string> hosts;
-    AddHosts(c.slice, hosts);
+    AddHosts(*node_mappings[n], hosts);
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       rpc::ValueRef* v = node->add_inputs();
       v->set_is_arg(c.inputs[i].is_arg);
@@ -102,7 +113,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
         return absl::InvalidArgumentError(absl::StrCat("function '", name, "' input ", i, ": ", sharding.status().message()));
       }
       *node->add_in_shardings() = ToProto(in, spec.inputs[i].shape.size());
-      AddHosts(value_slice(c.inputs[i]), hosts);
+      AddHosts(value_mapping(c.inputs[i]), hosts);
     }
     std::vector<Sharding> outs;
     for (size_t j = 0; j < spec.outputs.size(); ++j) {
@@ -121,6 +132,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
     lowering->num_outputs += static_cast<int64_t>(spec.outputs.size());
     lowering->node_hosts.push_back(std::move(hosts));
   }
+  lowering->node_mappings = std::move(node_mappings);
   for (const Program::Value& r : program.results()) {
     rpc::ValueRef* v = proto.add_results();
     v->set_index(r.index);

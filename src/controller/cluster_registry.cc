@@ -1,8 +1,11 @@
 #include "controller/cluster_registry.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "core/types.h"
 
 namespace pathways {
@@ -29,6 +32,7 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   host.host_id = host_id;
   host.island = r.island();
   host.address = r.address();
+  host.incarnation = r.incarnation();
   host.last_heartbeat = now;
   std::vector<Device> old = std::move(host.devices);
   host.devices.clear();
@@ -94,13 +98,23 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(
     }
     wanted *= d;
   }
+  if (r.min_free_memory_bytes() < 0) return absl::InvalidArgumentError("minimum free memory must not be negative");
   absl::MutexLock lock(&mu_);
+  rpc::AllocateSliceResponse response;
+  PW_RETURN_IF_ERROR(PlaceLocked(r, next_slice_id_, now, response));
+  ++next_slice_id_;
+  return response;
+}
+
+absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, int64_t slice_id, absl::Time now,
+                                          rpc::AllocateSliceResponse& response) {
+  int64_t wanted = 1;
+  for (int64_t d : r.mesh_shape()) wanted *= d;
   struct Candidate {
     Host* host;
     Device* device;
   };
   std::vector<Candidate> candidates;
-  if (r.min_free_memory_bytes() < 0) return absl::InvalidArgumentError("minimum free memory must not be negative");
   for (auto& [id, h] : hosts_) {
     if (!AliveLocked(h, now)) continue;
     if (r.has_island() && h.island != r.island()) continue;
@@ -128,10 +142,21 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(
     return std::make_pair(a.host->host_id, a.device->info.local_index()) <
            std::make_pair(b.host->host_id, b.device->info.local_index());
   });
-  rpc::AllocateSliceResponse response;
-  response.set_slice_id(next_slice_id_++);
+  response.set_slice_id(slice_id);
+  Slice& slice = slices_[slice_id];
+  // A remapped slice stops loading the devices it leaves.
+  for (const Placed& old : slice.devices) {
+    auto h = hosts_.find(old.host_id);
+    if (h == hosts_.end()) continue;
+    for (Device& d : h->second.devices) {
+      if (d.info.device_id() == old.device_id && d.slices > 0) --d.slices;
+    }
+  }
+  slice.request = r;
+  slice.devices.clear();
   for (const Candidate& c : candidates) {
     ++c.device->slices;
+    slice.devices.push_back({c.host->host_id, c.device->info.device_id(), c.host->incarnation});
     rpc::PhysicalDevice* p = response.add_devices();
     p->set_device_id(c.device->info.device_id());
     p->set_host_id(c.host->host_id);
@@ -139,6 +164,52 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(
     p->set_local_index(c.device->info.local_index());
     p->set_island(c.host->island);
   }
+  return absl::OkStatus();
+}
+
+std::string ClusterRegistry::LostReasonLocked(const Slice& s, absl::Time now) const {
+  std::set<std::string> gone;
+  for (const Placed& p : s.devices) {
+    auto h = hosts_.find(p.host_id);
+    if (h == hosts_.end()) {
+      gone.insert(absl::StrCat("host ", p.host_id, " is gone"));
+      continue;
+    }
+    if (!AliveLocked(h->second, now)) {
+      gone.insert(absl::StrCat("host ", h->second.address, " stopped heartbeating"));
+      continue;
+    }
+    bool present = false;
+    for (const Device& d : h->second.devices) present = present || d.info.device_id() == p.device_id;
+    if (!present || h->second.incarnation != p.incarnation) {
+      gone.insert(absl::StrCat("host ", h->second.address, " restarted (what was on it is gone)"));
+    }
+  }
+  return absl::StrJoin(gone, "; ");
+}
+
+rpc::SliceStatesResponse ClusterRegistry::SliceStates(const std::string& client_id, absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  rpc::SliceStatesResponse response;
+  for (const auto& [id, s] : slices_) {
+    if (s.request.client_id() != client_id) continue;
+    rpc::SliceState* state = response.add_slices();
+    state->set_slice_id(id);
+    state->set_reason(LostReasonLocked(s, now));
+    state->set_lost(!state->reason().empty());
+  }
+  return response;
+}
+
+absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::RemapSlice(const rpc::RemapSliceRequest& r,
+                                                                       absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = slices_.find(r.slice_id());
+  if (it == slices_.end() || it->second.request.client_id() != r.client_id()) {
+    return absl::NotFoundError(absl::StrCat("client ", r.client_id(), " has no slice ", r.slice_id()));
+  }
+  rpc::AllocateSliceResponse response;
+  PW_RETURN_IF_ERROR(PlaceLocked(it->second.request, r.slice_id(), now, response));
   return response;
 }
 

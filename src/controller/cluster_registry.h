@@ -29,11 +29,26 @@ class ClusterRegistry {
   // host where possible.
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r,
                                                            absl::Time now);
+  // The client's slices, each lost when a device it was placed on is gone (its host stopped
+  // heartbeating, or re-registered with new devices).
+  rpc::SliceStatesResponse SliceStates(const std::string& client_id, absl::Time now) const;
+  // Places one of the client's slices again, with the constraints it was created with, on live
+  // devices (spreading load as AllocateSlice does). NotFound for a slice the client does not own.
+  absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r, absl::Time now);
   // The island of the live worker at `address`: NotFound for an unknown one, Unavailable for one
   // that stopped heartbeating.
   absl::StatusOr<int32_t> IslandOf(const std::string& address, absl::Time now) const;
 
  private:
+  struct Placed {
+    int32_t host_id;
+    int32_t device_id;
+    std::string incarnation;  // of the host when placed
+  };
+  struct Slice {
+    rpc::AllocateSliceRequest request;
+    std::vector<Placed> devices;
+  };
   struct Device {
     rpc::DeviceInfo info;
     int64_t slices = 0;  // slices placed on it so far: the load the placement spreads
@@ -42,9 +57,15 @@ class ClusterRegistry {
     int32_t host_id;
     int32_t island;
     std::string address;
+    std::string incarnation;
     absl::Time last_heartbeat;
     std::vector<Device> devices;
   };
+  // Chooses devices for a slice request; fills `response` and records the slice as `slice_id`.
+  absl::Status PlaceLocked(const rpc::AllocateSliceRequest& r, int64_t slice_id, absl::Time now,
+                           rpc::AllocateSliceResponse& response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the slice has lost devices; empty when it has not.
+  std::string LostReasonLocked(const Slice& s, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AliveLocked(const Host& h, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return now - h.last_heartbeat <= heartbeat_timeout_;
   }
@@ -55,6 +76,7 @@ class ClusterRegistry {
   int32_t next_host_id_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t next_device_id_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_slice_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, Slice> slices_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

@@ -121,5 +121,52 @@ TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   EXPECT_FALSE(registry.Heartbeat(unknown, later));
 }
 
+TEST(ClusterRegistryTest, SlicesOnDepartedOrRestartedHostsAreLostAndRemapOntoLiveOnes) {
+  ClusterRegistry registry(absl::Seconds(3));
+  absl::Time t = absl::UnixEpoch();
+  rpc::RegisterWorkerRequest h1 = Worker("h:1", 0, 2), h2 = Worker("h:2", 0, 2);
+  h1.set_incarnation("first");
+  ASSERT_TRUE(registry.RegisterWorker(h1, t).ok());
+  ASSERT_TRUE(registry.RegisterWorker(h2, t).ok());
+  rpc::AllocateSliceRequest request = Slice({2});
+  request.set_client_id("c");
+  auto on_h1 = registry.AllocateSlice(request, t);  // least loaded first: h:1's devices
+  auto on_h2 = registry.AllocateSlice(request, t);
+  ASSERT_TRUE(on_h1.ok() && on_h2.ok());
+  ASSERT_EQ(on_h2->devices(0).host_address(), "h:2");
+  EXPECT_EQ(registry.SliceStates("c", t).slices_size(), 2);
+  EXPECT_EQ(registry.SliceStates("other", t).slices_size(), 0);
+
+  // h:2 stops heartbeating: its slice is lost, with the reason.
+  rpc::HeartbeatRequest beat;
+  beat.set_host_id(0);
+  const absl::Time later = t + absl::Seconds(5);
+  ASSERT_TRUE(registry.Heartbeat(beat, later));  // h:1 (host 0) is still there
+  rpc::SliceStatesResponse states = registry.SliceStates("c", later);
+  ASSERT_EQ(states.slices_size(), 2);
+  EXPECT_FALSE(states.slices(0).lost());
+  EXPECT_TRUE(states.slices(1).lost());
+  EXPECT_NE(states.slices(1).reason().find("h:2 stopped heartbeating"), std::string::npos) << states.slices(1).reason();
+
+  // Remapped, it keeps its id and lands on live devices; only its owner can remap it.
+  rpc::RemapSliceRequest remap;
+  remap.set_client_id("c");
+  remap.set_slice_id(on_h2->slice_id());
+  auto moved = registry.RemapSlice(remap, later);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->slice_id(), on_h2->slice_id());
+  for (const auto& d : moved->devices()) EXPECT_EQ(d.host_address(), "h:1");
+  EXPECT_FALSE(registry.SliceStates("c", later).slices(1).lost());
+  remap.set_client_id("other");
+  EXPECT_EQ(registry.RemapSlice(remap, later).status().code(), absl::StatusCode::kNotFound);
+
+  // h:1 restarts (a new incarnation at the same address): everything on it is lost.
+  h1.set_incarnation("second");
+  ASSERT_TRUE(registry.RegisterWorker(h1, later).ok());
+  states = registry.SliceStates("c", later);
+  EXPECT_TRUE(states.slices(0).lost());
+  EXPECT_NE(states.slices(0).reason().find("restarted"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pathways

@@ -77,6 +77,18 @@ class Controller::Service final : public rpc::Controller::Service {
     return ToGrpc(JoinAll(accepted).Await().status());
   }
 
+  grpc::Status SliceStates(grpc::ServerContext*, const rpc::SliceStatesRequest* request,
+                           rpc::SliceStatesResponse* response) override {
+    *response = registry_.SliceStates(request->client_id(), absl::Now());
+    return grpc::Status::OK;
+  }
+  grpc::Status RemapSlice(grpc::ServerContext*, const rpc::RemapSliceRequest* request,
+                          rpc::AllocateSliceResponse* response) override {
+    auto r = registry_.RemapSlice(*request, absl::Now());
+    if (r.ok()) *response = *r;
+    return ToGrpc(r.status());
+  }
+
   grpc::Status RunsDone(grpc::ServerContext*, const rpc::RunsDoneRequest* request, rpc::RunsDoneResponse*) override {
     for (const rpc::RunDone& done : request->runs()) {
       controller_.scheduler(done.island()).Done(done.client_id(), done.epoch(), done.device_us());

@@ -62,6 +62,18 @@ absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::AllocateSlice(
       });
 }
 
+absl::StatusOr<rpc::SliceStatesResponse> ControllerClient::SliceStates(const rpc::SliceStatesRequest& r) {
+  return CallWithDeadline<rpc::SliceStatesResponse>(
+      address_, "SliceStates",
+      [&](grpc::ClientContext* c, rpc::SliceStatesResponse* resp) { return stub_->SliceStates(c, r, resp); });
+}
+
+absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::RemapSlice(const rpc::RemapSliceRequest& r) {
+  return CallWithDeadline<rpc::AllocateSliceResponse>(
+      address_, "RemapSlice",
+      [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) { return stub_->RemapSlice(c, r, resp); });
+}
+
 Future<rpc::ScheduleResponse> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
   return AsyncUnaryCall<rpc::ScheduleResponse>(
       absl::StrCat("Schedule on controller ", address_), r, absl::InfiniteDuration(),

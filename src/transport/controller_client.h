@@ -20,6 +20,8 @@ class ControllerClient {
   absl::StatusOr<rpc::HeartbeatResponse> Heartbeat(const rpc::HeartbeatRequest& r);
   absl::StatusOr<rpc::ClusterStatus> GetStatus();
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r);
+  absl::StatusOr<rpc::SliceStatesResponse> SliceStates(const rpc::SliceStatesRequest& r);
+  absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r);
   // Submits runs to island schedulers; completes once their hosts have them. Asynchronous.
   Future<rpc::ScheduleResponse> Schedule(const rpc::ScheduleRequest& r);
   // Hosts report runs done to their island schedulers. Asynchronous.

@@ -15,15 +15,19 @@ namespace pathways {
 
 // Delivers items in the order they are pushed. Push never blocks: items queue up while a batch
 // is in flight and go out together in the next one, so the receiver sees them in push order.
-// A failed batch stops delivery: later pushes are dropped and every Flushed() reports the
-// failure. Thread-safe. Held by shared_ptr: in-flight sends keep it alive.
+// By default a failed batch stops delivery: later pushes are dropped and every Flushed() reports
+// the failure. With `on_failed`, a failed batch fails only itself: its items are handed to
+// `on_failed`, the Flushed() futures that cover it report the error, and delivery goes on.
+// Thread-safe. Held by shared_ptr: in-flight sends keep it alive.
 template <typename Item>
 class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<Item>> {
  public:
   // Sends one batch; the future completes when the receiver has accepted it. Called without
   // the queue's lock held; its completion may run on any thread, even this one.
   using SendFn = std::function<Future<Unit>(std::vector<Item>)>;
-  explicit OrderedBatchQueue(SendFn send) : send_(std::move(send)) {}
+  using FailedFn = std::function<void(std::vector<Item>, const absl::Status&)>;
+  explicit OrderedBatchQueue(SendFn send, FailedFn on_failed = nullptr)
+      : send_(std::move(send)), on_failed_(std::move(on_failed)) {}
 
   void Push(Item item) {
     std::optional<std::vector<Item>> batch;
@@ -55,6 +59,7 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
     pending_.clear();
     in_flight_ = true;
     in_flight_end_ = pushed_;
+    if (on_failed_) in_flight_items_ = batch;  // kept to hand back if the batch fails
     return batch;
   }
 
@@ -65,22 +70,26 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
   }
 
   void OnBatchDone(absl::Status status) {
-    std::vector<Promise<Unit>> ready;
+    std::vector<std::pair<Promise<Unit>, absl::Status>> ready;
     std::optional<std::vector<Item>> next;
-    absl::Status failure;
+    std::vector<Item> failed_items;
     {
       absl::MutexLock lock(&mu_);
       in_flight_ = false;
-      if (!status.ok()) {
+      const int64_t batch_start = acked_;  // the batch held items batch_start+1 .. in_flight_end_
+      if (status.ok() || on_failed_) {
+        acked_ = in_flight_end_;
+      } else {
         failure_ = status;
         pending_.clear();
-      } else {
-        acked_ = in_flight_end_;
       }
-      failure = failure_;
+      if (!status.ok() && on_failed_) failed_items = std::move(in_flight_items_);
+      in_flight_items_.clear();
       for (auto it = waiters_.begin(); it != waiters_.end();) {
         if (!failure_.ok() || it->first <= acked_) {
-          ready.push_back(std::move(it->second));
+          // With on_failed, only waiters whose last item was in the failed batch hear of it.
+          const bool failed = !failure_.ok() || (!status.ok() && it->first > batch_start);
+          ready.emplace_back(std::move(it->second), failed ? (failure_.ok() ? status : failure_) : absl::OkStatus());
           it = waiters_.erase(it);
         } else {
           ++it;
@@ -88,19 +97,22 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
       }
       if (failure_.ok() && !pending_.empty()) next = TakeBatchLocked();
     }
+    if (!failed_items.empty()) on_failed_(std::move(failed_items), status);
     if (next) Send(*std::move(next));
-    for (auto& p : ready) {
-      if (failure.ok()) {
+    for (auto& [p, s] : ready) {
+      if (s.ok()) {
         p.Set(Unit{});
       } else {
-        p.Set(failure);
+        p.Set(s);
       }
     }
   }
 
   const SendFn send_;
+  const FailedFn on_failed_;
   absl::Mutex mu_;
   std::vector<Item> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Item> in_flight_items_ ABSL_GUARDED_BY(mu_);  // only with on_failed_
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
   int64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;

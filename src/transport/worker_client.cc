@@ -89,6 +89,12 @@ int64_t HostOpQueue::ReserveSeq() {
   return ++seq_;
 }
 
+void HostOpQueue::SkipReserved(int64_t seq) {
+  rpc::Op op;
+  op.set_seq(seq);
+  queue_->Push(std::move(op));
+}
+
 int64_t HostOpQueue::last_seq() {
   absl::MutexLock lock(&mu_);
   return seq_;

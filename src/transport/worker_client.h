@@ -67,6 +67,9 @@ class HostOpQueue {
   int64_t Push(rpc::Op op);
   // A sequence number for an op that reaches the host another way (through the scheduler).
   int64_t ReserveSeq();
+  // Fills a reserved number whose op will never arrive (the scheduler refused it) with an op
+  // that does nothing, so the host does not wait for it.
+  void SkipReserved(int64_t seq);
   // The last sequence number handed out: a fetch asks the host to wait until it has applied it.
   int64_t last_seq();
   // Completes when every op pushed so far has been accepted by the host (not reserved ones), or

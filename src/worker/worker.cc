@@ -114,6 +114,7 @@ rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
   rpc::RegisterWorkerRequest request;
   request.set_address(address_);
   request.set_island(options_.island);
+  request.set_incarnation(incarnation_);
   DescribeDevices(request.mutable_devices());
   return request;
 }

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "core/ids.h"
 #include "grpcpp/server.h"
 #include "dataflow/grpc_transport.h"
 #include "transport/controller_client.h"
@@ -49,6 +50,7 @@ class Worker {
   void DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices);
 
   const WorkerOptions options_;
+  const std::string incarnation_ = RandomIdString();
   // Declared before the runtime, which unregisters its graphs from it when destroyed.
   dataflow::DataflowService dataflow_service_;  // batches of the dataflow engine from other hosts
   std::unique_ptr<HostRuntime> runtime_;
