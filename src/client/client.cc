@@ -106,8 +106,8 @@ absl::StatusOr<std::string> Client::DescribeCluster() {
                           h.host_id(), h.address(), h.alive() ? "alive" : "DEAD",
                           h.millis_since_heartbeat());
     for (const auto& d : h.devices()) {
-      absl::StrAppendFormat(&out, "    device %d  %s:%d  memory %d / %d bytes  ran %d\n",
-                            d.device_id(), d.kind(), d.local_index(), d.memory_used(),
+      absl::StrAppendFormat(&out, "    device %d  %s:%d  at (%s) in the island  memory %d / %d bytes  ran %d\n",
+                            d.device_id(), d.kind(), d.local_index(), absl::StrJoin(d.coords(), ","), d.memory_used(),
                             d.memory_capacity(), d.executed());
     }
   }
@@ -175,7 +175,8 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
   auto mapping = std::make_shared<SliceMapping>();
   mapping->id = mapping_ids_.Next();
   for (const auto& d : response.devices()) {
-    mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island()});
+    mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island(),
+                                std::vector<int32_t>(d.coords().begin(), d.coords().end())});
     NoteHostIsland(d.host_address(), d.island());
     if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {
       mapping->hosts.push_back(d.host_address());

@@ -70,6 +70,7 @@ struct PhysicalDeviceInfo {
   std::string host_address;
   int local_index;
   int island;
+  std::vector<int32_t> coords;  // in the island's device mesh: (host's rank in the island, local index)
 };
 
 // Where a slice's virtual devices are, at one time. Immutable; remapping a slice makes a new one.

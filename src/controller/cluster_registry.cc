@@ -27,8 +27,14 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   for (const auto& [id, h] : hosts_) {
     if (h.address == r.address()) host_id = id;
   }
+  int32_t island_rank = 0;
+  for (const auto& [id, h] : hosts_) {
+    if (id != host_id && h.island == r.island()) ++island_rank;
+  }
+  if (host_id >= 0 && hosts_[host_id].island == r.island()) island_rank = hosts_[host_id].island_rank;
   if (host_id < 0) host_id = next_host_id_++;
   Host& host = hosts_[host_id];
+  host.island_rank = island_rank;
   host.host_id = host_id;
   host.island = r.island();
   host.address = r.address();
@@ -45,6 +51,9 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
     d.info.set_local_index(i);
     // Keep device ids stable across a re-registration of the same host.
     d.info.set_device_id(i < static_cast<int>(old.size()) ? old[i].info.device_id() : next_device_id_++);
+    d.info.clear_coords();
+    d.info.add_coords(island_rank);
+    d.info.add_coords(i);
     response.add_device_ids(d.info.device_id());
     host.devices.push_back(std::move(d));
   }
@@ -163,6 +172,7 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
     p->set_host_address(c.host->address);
     p->set_local_index(c.device->info.local_index());
     p->set_island(c.host->island);
+    *p->mutable_coords() = c.device->info.coords();
   }
   return absl::OkStatus();
 }

@@ -56,6 +56,7 @@ class ClusterRegistry {
   struct Host {
     int32_t host_id;
     int32_t island;
+    int32_t island_rank;  // hosts of an island are numbered as they first register
     std::string address;
     std::string incarnation;
     absl::Time last_heartbeat;

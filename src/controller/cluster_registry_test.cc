@@ -37,6 +37,14 @@ TEST(ClusterRegistryTest, RegistersHostsAndAssignsDeviceIds) {
   EXPECT_EQ(again->host_id(), a->host_id());
   EXPECT_EQ(again->device_ids(0), a->device_ids(0));
   EXPECT_EQ(registry.Status(t).hosts_size(), 2);
+  // Devices sit in their island's mesh at (host's rank in the island, local index).
+  ASSERT_TRUE(registry.RegisterWorker(Worker("h:3", 0, 4), t).ok());
+  rpc::ClusterStatus status = registry.Status(t);
+  EXPECT_EQ(std::vector<int>(status.hosts(0).devices(3).coords().begin(), status.hosts(0).devices(3).coords().end()),
+            (std::vector<int>{0, 3}));
+  EXPECT_EQ(std::vector<int>(status.hosts(1).devices(1).coords().begin(), status.hosts(1).devices(1).coords().end()),
+            (std::vector<int>{0, 1}));  // first host of island 1
+  EXPECT_EQ(status.hosts(2).devices(2).coords(0), 1);  // second host of island 0
 }
 
 TEST(ClusterRegistryTest, SliceSpansHostsInOrderAndRespectsIslands) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "controller/controller.h"
 #include "core/status_macros.h"
 #include "tools/demo.h"
@@ -118,8 +119,8 @@ absl::Status RunStatus(const Flags& flags) {
       std::printf("  host %d  %-21s %-5s heartbeat %lld ms ago\n", h->host_id(), h->address().c_str(),
                   h->alive() ? "alive" : "DEAD", static_cast<long long>(h->millis_since_heartbeat()));
       for (const auto& d : h->devices()) {
-        std::printf("    device %-4d %s:%d  memory %lld / %lld bytes used  ran %lld  busy %lld us\n",
-                    d.device_id(), d.kind().c_str(), d.local_index(),
+        std::printf("    device %-4d %s:%d  at (%s)  memory %lld / %lld bytes used  ran %lld  busy %lld us\n",
+                    d.device_id(), d.kind().c_str(), d.local_index(), absl::StrJoin(d.coords(), ",").c_str(),
                     static_cast<long long>(d.memory_used()), static_cast<long long>(d.memory_capacity()),
                     static_cast<long long>(d.executed()), static_cast<long long>(d.busy_micros()));
       }
