@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
+#include "core/logging.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/rpc_util.h"
@@ -25,6 +26,11 @@ class Controller::HostQueues : public ScheduledOpSink {
               rpc::ScheduledBatch batch;
               for (rpc::ScheduledOp& op : ops) *batch.add_ops() = std::move(op);
               return worker->ApplyScheduled(batch).Then([](const rpc::ScheduledResponse&) { return Unit{}; });
+            },
+            // A batch a host did not take (it died, say) fails its runs, whose clients hear it;
+            // the queue goes on, so the host is served again if it comes back.
+            [host](std::vector<rpc::ScheduledOp> ops, const absl::Status& status) {
+              PW_LOG(Warning) << ops.size() << " scheduled runs not delivered to " << host << ": " << status;
             });
       }
       queue = slot;
