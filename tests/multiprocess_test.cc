@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "client/client.h"
+#include "client/program.h"
 #include "compute/executable.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
@@ -59,6 +60,8 @@ class MultiProcessTest : public ::testing::Test {
                       .ok());
       auto ready = w->WaitForLine("serving", kStartTimeout);
       ASSERT_TRUE(ready.ok()) << ready.status();
+      // "worker <address> serving ..."
+      worker_addresses_.push_back(ready->substr(7, ready->find(' ', 7) - 7));
     }
     auto client = Client::Connect(address_);
     ASSERT_TRUE(client.ok()) << client.status();
@@ -77,6 +80,7 @@ class MultiProcessTest : public ::testing::Test {
 
   Subprocess controller_, worker_a_, worker_b_;
   std::string address_;
+  std::vector<std::string> worker_addresses_;  // of worker_a_, worker_b_
   std::unique_ptr<Client> client_;
 };
 
@@ -231,6 +235,68 @@ TEST_F(MultiProcessTest, TenantsInSeparateProcessesShareTheDevices) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   for (const std::string& id : ids) EXPECT_NE(out.find(id), std::string::npos) << id << " not in\n" << out;
+}
+
+// A worker killed mid-run: the run that needed it fails with Unavailable naming the host, in
+// bounded time; work on the other worker goes on; the controller takes the dead worker out; a
+// worker started afterwards serves new slices.
+TEST_F(MultiProcessTest, AWorkerKilledMidRunFailsItsRunsAndTheRestGoOn) {
+  VirtualSlice on_a = *client_->CreateSlice({.mesh_shape = {4}});  // placement fills host 0 first
+  VirtualSlice on_b = *client_->CreateSlice({.mesh_shape = {4}});
+  ASSERT_EQ(on_a.host_addresses().size(), 1u);
+  ASSERT_EQ(on_b.host_addresses().size(), 1u);
+  ASSERT_NE(on_a.host_addresses()[0], on_b.host_addresses()[0]);
+  const std::string victim = on_a.host_addresses()[0];
+  ASSERT_EQ(worker_addresses_.size(), 2u);
+  Subprocess& victim_process = victim == worker_addresses_[0] ? worker_a_ : worker_b_;
+
+  const TensorSpec m{DType::kF32, {128, 128}};
+  // Seconds of device work per shard: the worker is killed while it runs.
+  auto slow = *client_->Compile(FunctionSpec::Script(
+      "slow", "def slow(x):\n    for _ in range(40000):\n        x = torch.tanh(x @ x) * 0.5\n    return x\n", {m},
+      {m}, {{}}, {{}}));
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {m}, {m}, {{}}, {{}}));
+  ProgramBuilder builder("across");
+  TracedValue v = builder.Arg(m);
+  v = (*builder.Call(slow, on_a, {v}))[0];
+  v = (*builder.Call(inc, on_b, {v}))[0];  // its input crosses from the victim to the survivor
+  Program program = *builder.Build({v});
+  ShardedArray x = *client_->Put(Pattern({128, 128}, 0.01f), on_a);
+  std::vector<ShardedArray> out = *client_->Run(program, {x});
+  absl::SleepFor(absl::Milliseconds(500));  // the run is on the victim's devices by now
+  victim_process.Stop(SIGKILL);
+
+  const absl::Time killed = absl::Now();
+  auto result = client_->Fetch(out[0]).AwaitFor(absl::Seconds(30));
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(10));  // bounded: heartbeat timeout (1 s) and a beat
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
+  EXPECT_NE(result.status().message().find(victim), std::string::npos) << result.status();
+
+  // The survivor goes on serving.
+  ShardedArray y = *client_->Put(Pattern({128, 128}, 1.0f), on_b);
+  auto fine = client_->Fetch((*client_->Call(inc, on_b, {y}))[0]).Await();
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->data<float>()[1], Pattern({128, 128}, 1.0f).data<float>()[1] + 1);
+  auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", address_}, absl::Seconds(30));
+  ASSERT_TRUE(status.ok());
+  EXPECT_NE(status->find("DEAD"), std::string::npos) << *status;
+
+  // A new worker joins and serves a slice over its devices and the survivor's.
+  Subprocess fresh;
+  ASSERT_TRUE(fresh.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4"}).ok());
+  ASSERT_TRUE(fresh.WaitForLine("serving", kStartTimeout).ok());
+  auto wide = client_->CreateSlice({.mesh_shape = {8}});
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  for (const std::string& h : wide->host_addresses()) EXPECT_NE(h, victim);
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc8 = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray z = *client_->Put(Pattern({8}, 1.0f), *wide, {"x"});
+  auto wide_result = client_->Fetch((*client_->Call(inc8, *wide, {z}))[0]).Await();
+  ASSERT_TRUE(wide_result.ok()) << wide_result.status();
+  EXPECT_EQ(wide_result->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
+  int exit_status = fresh.Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
 }
 
 }  // namespace

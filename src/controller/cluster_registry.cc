@@ -223,6 +223,15 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::RemapSlice(const rpc
   return response;
 }
 
+std::vector<std::string> ClusterRegistry::DepartedHosts(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> departed;
+  for (const auto& [id, h] : hosts_) {
+    if (!AliveLocked(h, now)) departed.push_back(h.address);
+  }
+  return departed;
+}
+
 absl::StatusOr<int32_t> ClusterRegistry::IslandOf(const std::string& address, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, h] : hosts_) {

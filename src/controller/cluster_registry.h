@@ -35,6 +35,8 @@ class ClusterRegistry {
   // Places one of the client's slices again, with the constraints it was created with, on live
   // devices (spreading load as AllocateSlice does). NotFound for a slice the client does not own.
   absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r, absl::Time now);
+  // Addresses of registered hosts that stopped heartbeating.
+  std::vector<std::string> DepartedHosts(absl::Time now) const;
   // The island of the live worker at `address`: NotFound for an unknown one, Unavailable for one
   // that stopped heartbeating.
   absl::StatusOr<int32_t> IslandOf(const std::string& address, absl::Time now) const;

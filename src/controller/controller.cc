@@ -125,7 +125,9 @@ class Controller::Service final : public rpc::Controller::Service {
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const rpc::HeartbeatRequest* request,
                          rpc::HeartbeatResponse* response) override {
-    response->set_registered(registry_.Heartbeat(*request, absl::Now()));
+    const absl::Time now = absl::Now();
+    response->set_registered(registry_.Heartbeat(*request, now));
+    for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }
   grpc::Status GetStatus(grpc::ServerContext*, const rpc::GetStatusRequest*,

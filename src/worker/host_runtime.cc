@@ -464,7 +464,8 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
         plan.src_regions.push_back(p.src_region);
       } else {
         piece_futures.push_back(store_.ExpectTransfer(
-            client, {run.epoch(), node_index, static_cast<int32_t>(i), shard32, p.src_shard}));
+            client, {run.epoch(), node_index, static_cast<int32_t>(i), shard32, p.src_shard},
+            (*src.devices)[p.src_shard].host));
         plan.src_regions.push_back({Shape(p.src_region.size.size(), 0), p.src_region.size});
       }
       plan.dst_starts.push_back(p.dst_start);

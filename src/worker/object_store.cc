@@ -1,5 +1,7 @@
 #include "worker/object_store.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 
 namespace pathways {
@@ -37,15 +39,49 @@ int ObjectStore::FreeArray(const std::string& client, ArrayId array_id) {
   return dropped;
 }
 
-Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const TransferId& id) {
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = transfers_.try_emplace({client, id});
-  Transfer& t = it->second;
-  if (inserted) t.future = t.promise.future();
-  Future<BufferPtr> f = t.future;
-  t.expected = true;
-  if (t.delivered) transfers_.erase(it);
+absl::Status ObjectStore::Departed(const std::string& host, const TransferId& id) {
+  return absl::UnavailableError(absl::StrCat("host ", host, " left the cluster (it stopped heartbeating); a block of run ",
+                                             id.epoch, " it was to send will not come"));
+}
+
+Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const TransferId& id,
+                                              const std::string& source_host) {
+  std::optional<Promise<BufferPtr>> failed;
+  Future<BufferPtr> f;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = transfers_.try_emplace({client, id});
+    Transfer& t = it->second;
+    if (inserted) t.future = t.promise.future();
+    f = t.future;
+    t.expected = true;
+    t.source_host = source_host;
+    if (t.delivered) {
+      transfers_.erase(it);
+    } else if (departed_.contains(source_host)) {
+      failed = std::move(t.promise);
+      transfers_.erase(it);
+    }
+  }
+  if (failed) failed->Set(Departed(source_host, id));  // outside the lock: continuations may run inline
   return f;
+}
+
+int ObjectStore::SetDepartedHosts(absl::flat_hash_set<std::string> hosts) {
+  std::vector<std::pair<Promise<BufferPtr>, absl::Status>> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    departed_ = std::move(hosts);
+    if (departed_.empty()) return 0;
+    absl::erase_if(transfers_, [&](auto& entry) {
+      Transfer& t = entry.second;
+      if (!t.expected || t.delivered || !departed_.contains(t.source_host)) return false;
+      failed.emplace_back(std::move(t.promise), Departed(t.source_host, entry.first.second));
+      return true;
+    });
+  }
+  for (auto& [p, s] : failed) p.Set(s);  // outside the lock: continuations may run inline
+  return static_cast<int>(failed.size());
 }
 
 void ObjectStore::DeliverTransfer(const std::string& client, const TransferId& id,

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "core/future.h"
 #include "core/ids.h"
@@ -51,13 +52,20 @@ class ObjectStore {
 
   // Rendezvous for host-to-host transfers: the consumer's side (Expect) and the producer's side
   // (Deliver) meet under (client, id) in either order, and the entry goes away once both came.
-  Future<BufferPtr> ExpectTransfer(const std::string& client, const TransferId& id);
+  // `source_host` sends it: a transfer from a host that left fails instead of waiting forever.
+  Future<BufferPtr> ExpectTransfer(const std::string& client, const TransferId& id,
+                                   const std::string& source_host = "");
   void DeliverTransfer(const std::string& client, const TransferId& id, absl::StatusOr<BufferPtr> data);
 
   // Fails the transfers of `epoch` into nodes first..last that were expected here and never
   // delivered, and drops those delivered but never expected. Returns how many were failed.
   int FailUndeliveredTransfers(const std::string& client, int64_t epoch, int first_node, int last_node,
                                const absl::Status& status);
+
+  // The hosts that have left the cluster, as the controller last said (it replaces the earlier
+  // set). Transfers expected from them fail with Unavailable naming the host, now and from now
+  // on. Returns how many pending ones were failed.
+  int SetDepartedHosts(absl::flat_hash_set<std::string> hosts);
 
   size_t num_buffers() const;
   size_t num_pending_transfers() const;
@@ -68,7 +76,9 @@ class ObjectStore {
     Future<BufferPtr> future;
     bool expected = false;
     bool delivered = false;
+    std::string source_host;
   };
+  static absl::Status Departed(const std::string& host, const TransferId& id);
   // A client's arrays by id, each with its shards on this host: freeing an array touches only
   // its own shards.
   using ClientBuffers = absl::flat_hash_map<ArrayId, absl::flat_hash_map<int32_t, Future<BufferPtr>>>;
@@ -76,6 +86,7 @@ class ObjectStore {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, ClientBuffers> buffers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<std::string, TransferId>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> departed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

@@ -143,6 +143,10 @@ void Worker::HeartbeatLoop() {
       absl::Status s = Register();  // the controller restarted or dropped us
       if (!s.ok()) PW_LOG(Warning) << "re-registration failed: " << s;
     }
+    absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
+    if (int failed = runtime_->store().SetDepartedHosts(std::move(departed)); failed > 0) {
+      PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
+    }
   }
 }
 
