@@ -6,6 +6,7 @@
 
 #include "client/client.h"
 #include "client/program.h"
+#include "transport/controller_client.h"
 #include "compute/executable.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
@@ -49,7 +50,7 @@ class MultiProcessTest : public ::testing::Test {
   void SetUp() override {
     // Heartbeats every 250 ms, so status reflects work soon after it ran.
     ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0",
-                                   "--heartbeat-timeout-ms", "1000"})
+                                   "--heartbeat-timeout-ms", "1000", "--client-timeout-ms", "1000"})
                     .ok());
     auto line = controller_.WaitForLine("listening on", kStartTimeout);
     ASSERT_TRUE(line.ok()) << line.status();
@@ -297,6 +298,56 @@ TEST_F(MultiProcessTest, AWorkerKilledMidRunFailsItsRunsAndTheRestGoOn) {
   EXPECT_EQ(wide_result->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
   int exit_status = fresh.Stop(SIGTERM);
   EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
+}
+
+// A client process killed with SIGKILL mid-run: within a few seconds everything it owned on
+// every worker is freed (its lease lapses and workers collect it) while another client carries on.
+TEST_F(MultiProcessTest, AKilledClientsBuffersAreFreedWhileOthersCarryOn) {
+  ControllerClient controller(address_);
+  auto memory_used = [&]() -> int64_t {
+    auto status = controller.GetStatus();
+    if (!status.ok()) {
+      ADD_FAILURE() << status.status();
+      return -1;
+    }
+    int64_t used = 0;
+    for (const auto& h : status->hosts()) {
+      for (const auto& d : h.devices()) used += d.memory_used();
+    }
+    return used;
+  };
+  // Waits (bounded) for the heartbeats to show `done(memory_used())`.
+  auto wait_for = [&](auto done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    int64_t used = memory_used();
+    while (!done(used) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));  // heartbeats refresh the controller's view every 250 ms
+      used = memory_used();
+    }
+    return used;
+  };
+  // This client's own array stays put throughout.
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray mine = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  const int64_t baseline = 8 * sizeof(float);  // its eight one-float shards, one per device
+  ASSERT_EQ(wait_for([&](int64_t used) { return used == baseline; }), baseline);
+
+  Subprocess tenant;
+  ASSERT_TRUE(tenant.Start({PATHWAYS_BINARY, "tenant", "--controller", address_, "--devices", "8", "--runs",
+                            "10000000"})
+                  .ok());
+  ASSERT_TRUE(tenant.WaitForLine("runs over", absl::Seconds(60)).ok());
+  EXPECT_GT(wait_for([&](int64_t used) { return used > baseline; }), baseline);  // its buffers are there
+  tenant.Stop(SIGKILL);
+  const absl::Time killed = absl::Now();
+  EXPECT_EQ(wait_for([&](int64_t used) { return used == baseline; }), baseline);
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
+
+  auto result = client_->Fetch((*client_->Call(inc, slice, {mine}))[0]).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->data<float>()[3], Pattern({8}, 1.0f).data<float>()[3] + 1);
 }
 
 }  // namespace

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& contr
     return absl::InvalidArgumentError(absl::StrCat("client weight ", options.weight, " is not in (0, 1e6]"));
   }
   auto core = std::make_shared<ClientCore>(controller_address, options);
+  PW_RETURN_IF_ERROR(core->StartLease());
   PW_RETURN_IF_ERROR(core->controller().GetStatus().status());
   return std::unique_ptr<Client>(new Client(std::move(core)));
 }
@@ -210,6 +211,30 @@ absl::Status ValidateFunctionSpec(const FunctionSpec& spec) {
 }
 
 }  // namespace
+
+absl::Status ClientCore::StartLease() {
+  PW_ASSIGN_OR_RETURN(absl::Duration interval, controller_->ClientHeartbeat(id_, /*goodbye=*/false));
+  lease_thread_ = std::thread([this, interval] { LeaseLoop(interval); });
+  return absl::OkStatus();
+}
+
+void ClientCore::LeaseLoop(absl::Duration interval) {
+  while (!lease_stop_.WaitForNotificationWithTimeout(interval)) {
+    auto next = controller_->ClientHeartbeat(id_, /*goodbye=*/false);
+    if (next.ok()) {
+      interval = *next;
+    } else {
+      PW_LOG(Warning) << "client " << id_ << " could not renew its lease: " << next.status();
+    }
+  }
+  (void)controller_->ClientHeartbeat(id_, /*goodbye=*/true);
+}
+
+ClientCore::~ClientCore() {
+  if (!lease_thread_.joinable()) return;
+  lease_stop_.Notify();
+  lease_thread_.join();
+}
 
 int ClientCore::IslandOf(const std::string& host) {
   absl::MutexLock lock(&mu_);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <thread>
 #include <map>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "transport/controller_client.h"
@@ -26,8 +28,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
         options_(options),
         controller_(std::make_shared<ControllerClient>(std::move(controller_address))) {}
 
+  // Says goodbye to the controller: workers then free whatever the client still owned.
+  ~ClientCore();
   const std::string& id() const { return id_; }
   ControllerClient& controller() { return *controller_; }
+  // Holds the client's lease with the controller while the core lives (a thread renews it).
+  // Fails if the controller cannot be reached.
+  absl::Status StartLease();
   std::shared_ptr<WorkerClient> worker(const std::string& address) {
     return WorkerClientCache::Global().Get(address);
   }
@@ -93,11 +100,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
  private:
   std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue(int island);
+  void LeaseLoop(absl::Duration interval);
   int IslandOf(const std::string& host);
 
   const std::string id_;
   const ClientOptions options_;
   std::shared_ptr<ControllerClient> controller_;  // shared with calls in flight
+  absl::Notification lease_stop_;
+  std::thread lease_thread_;
   IdGenerator array_ids_;
   IdGenerator run_ids_;
   IdGenerator mapping_ids_;

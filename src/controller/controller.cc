@@ -95,6 +95,18 @@ class Controller::Service final : public rpc::Controller::Service {
     return ToGrpc(r.status());
   }
 
+  grpc::Status ClientHeartbeat(grpc::ServerContext*, const rpc::ClientHeartbeatRequest* request,
+                               rpc::ClientHeartbeatResponse* response) override {
+    if (request->client_id().empty()) return ToGrpc(absl::InvalidArgumentError("client heartbeat has no client id"));
+    if (request->goodbye()) {
+      controller_.clients_.Goodbye(request->client_id(), absl::Now());
+    } else {
+      controller_.clients_.Renew(request->client_id(), absl::Now());
+    }
+    response->set_interval_ms(std::max<int64_t>(10, absl::ToInt64Milliseconds(controller_.clients_.timeout()) / 4));
+    return grpc::Status::OK;
+  }
+
   grpc::Status RunsDone(grpc::ServerContext*, const rpc::RunsDoneRequest* request, rpc::RunsDoneResponse*) override {
     for (const rpc::RunDone& done : request->runs()) {
       controller_.scheduler(done.island()).Done(done.client_id(), done.epoch(), done.device_us());
@@ -150,9 +162,29 @@ class Controller::Service final : public rpc::Controller::Service {
 };
 
 Controller::Controller(ControllerOptions options)
-    : options_(std::move(options)), registry_(options_.heartbeat_timeout), host_queues_(std::make_unique<HostQueues>()) {}
+    : options_(std::move(options)),
+      registry_(options_.heartbeat_timeout),
+      clients_(options_.client_timeout),
+      host_queues_(std::make_unique<HostQueues>()) {}
 
 Controller::~Controller() { Shutdown(); }
+
+// Departed clients are retired through every island's scheduler: hosts collect them in the
+// island's order, after the runs already sent, never in the middle of a gang.
+void Controller::RetireLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(std::min(options_.client_timeout / 4, absl::Milliseconds(100)))) {
+    const absl::Time now = absl::Now();
+    for (const std::string& client : clients_.TakeDeparted(now)) {
+      std::map<int, std::vector<std::string>> islands;
+      const rpc::ClusterStatus status = registry_.Status(now);
+      for (const auto& h : status.hosts()) {
+        if (h.alive()) islands[h.island()].push_back(h.address());
+      }
+      PW_LOG(Info) << "client " << client << " went away; retiring it on " << islands.size() << " islands";
+      for (const auto& [island, hosts] : islands) scheduler(island).RetireClient(client, hosts);
+    }
+  }
+}
 
 absl::Status Controller::Start() {
   service_ = std::make_unique<Service>(*this, registry_);
@@ -165,10 +197,13 @@ absl::Status Controller::Start() {
     return absl::UnavailableError(absl::StrCat("controller cannot listen on ", options_.listen_address));
   }
   address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')), ":", port);
+  retire_thread_ = std::thread([this] { RetireLoop(); });
   return absl::OkStatus();
 }
 
 void Controller::Shutdown() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (retire_thread_.joinable()) retire_thread_.join();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     server_.reset();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
 namespace pathways {
@@ -83,6 +84,24 @@ Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, s
   }
   Wire(std::move(sent));
   return JoinAll(accepted).Then([](const std::vector<Unit>&) { return Unit{}; });
+}
+
+void IslandScheduler::RetireClient(const std::string& client, const std::vector<std::string>& hosts) {
+  std::vector<Promise<Unit>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = clients_.find(client); it != clients_.end()) {
+      for (Pending& p : it->second.pending) dropped.push_back(std::move(p.accepted));
+      clients_.erase(it);
+    }
+    for (const std::string& host : hosts) {
+      rpc::ScheduledOp op;
+      op.set_client_id(client);
+      op.set_retire_client(true);
+      (void)sink_.Push(host, std::move(op));
+    }
+  }
+  for (auto& p : dropped) p.Set(absl::CancelledError(absl::StrCat("client ", client, " went away")));
 }
 
 void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t device_us) {

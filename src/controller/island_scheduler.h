@@ -61,6 +61,10 @@ class IslandScheduler {
   // host of every run has them; under proportional share, once they are queued here (up to 256
   // per client; beyond that, once they go out).
   Future<Unit> Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs);
+  // The client went away: its runs still held here are dropped (their submitters hear
+  // Cancelled), and every host in `hosts` is told to collect the client after the runs it was
+  // already sent, so all of them stop at the same point of the island's order.
+  void RetireClient(const std::string& client, const std::vector<std::string>& hosts);
   // A host reports that its part of a run is done, and the device time it took per device.
   void Done(const std::string& client, int64_t epoch, int64_t device_us);
 

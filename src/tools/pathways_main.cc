@@ -21,7 +21,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
-    "             [--scheduler fifo|share] [--share-window-us N]\n"
+    "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "  status --controller HOST:PORT\n"
@@ -46,6 +46,9 @@ absl::Status RunController(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t timeout_ms, flags.GetInt("heartbeat-timeout-ms", 3000));
   if (timeout_ms < 40) return absl::InvalidArgumentError("--heartbeat-timeout-ms must be at least 40");
   options.heartbeat_timeout = absl::Milliseconds(timeout_ms);
+  PW_ASSIGN_OR_RETURN(int64_t client_timeout_ms, flags.GetInt("client-timeout-ms", 3000));
+  if (client_timeout_ms < 40) return absl::InvalidArgumentError("--client-timeout-ms must be at least 40");
+  options.client_timeout = absl::Milliseconds(client_timeout_ms);
   const std::string policy = flags.Get("scheduler", "fifo");
   if (policy == "share") {
     options.scheduler.policy = SchedulingPolicy::kProportionalShare;
@@ -159,7 +162,7 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "port-file", "scheduler", "share-window-us"}, {}, RunController},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us"}, {}, RunController},
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms"}, {}, RunWorker},
       {"status", {"controller"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},

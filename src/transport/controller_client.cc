@@ -86,6 +86,18 @@ Future<rpc::RunsDoneResponse> ControllerClient::RunsDone(const rpc::RunsDoneRequ
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->RunsDone(ctx, req, resp, std::move(done)); });
 }
 
+absl::StatusOr<absl::Duration> ControllerClient::ClientHeartbeat(const std::string& client_id, bool goodbye) {
+  rpc::ClientHeartbeatRequest request;
+  request.set_client_id(client_id);
+  request.set_goodbye(goodbye);
+  auto response = CallWithDeadline<rpc::ClientHeartbeatResponse>(
+      address_, "ClientHeartbeat",
+      [&](grpc::ClientContext* c, rpc::ClientHeartbeatResponse* resp) { return stub_->ClientHeartbeat(c, request, resp); },
+      absl::Seconds(2));
+  if (!response.ok()) return response.status();
+  return absl::Milliseconds(response->interval_ms());
+}
+
 absl::Status ControllerClient::RendezvousSet(const std::string& key, const std::string& value) {
   rpc::RendezvousSetRequest request;
   request.set_key(key);

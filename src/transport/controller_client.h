@@ -26,6 +26,8 @@ class ControllerClient {
   Future<rpc::ScheduleResponse> Schedule(const rpc::ScheduleRequest& r);
   // Hosts report runs done to their island schedulers. Asynchronous.
   Future<rpc::RunsDoneResponse> RunsDone(const rpc::RunsDoneRequest& r);
+  // Renews the client's lease (or ends it, with `goodbye`); returns the interval to renew at.
+  absl::StatusOr<absl::Duration> ClientHeartbeat(const std::string& client_id, bool goodbye);
   absl::Status RendezvousSet(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> RendezvousGet(const std::string& key, absl::Duration timeout);
 

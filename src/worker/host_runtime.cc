@@ -135,7 +135,7 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),
       sequencer_([this](const std::string& client, const rpc::Op& op) { ApplyOp(client, op); },
-                 options_.sequence_gap_timeout) {
+                 [this](const std::string& client) { CollectClient(client); }, options_.sequence_gap_timeout) {
   ConfigureComputeThreads(options_.intra_op_threads);
   for (int i = 0; i < options_.num_devices; ++i) {
     devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name));
@@ -212,11 +212,34 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
 absl::Status HostRuntime::ApplyScheduled(const rpc::ScheduledBatch& batch) {
   std::vector<rpc::ScheduledOp> ops(batch.ops().begin(), batch.ops().end());
   for (const rpc::ScheduledOp& op : ops) {
-    if (op.client_id().empty() || !op.op().has_run()) {
-      return absl::InvalidArgumentError("a scheduled op must be a run with a client id");
+    if (op.client_id().empty() || (!op.op().has_run() && !op.retire_client())) {
+      return absl::InvalidArgumentError("a scheduled op must be a run or a retirement, with a client id");
     }
   }
   return sequencer_.AddScheduled(std::move(ops));
+}
+
+bool HostRuntime::CollectClient(const std::string& client) {
+  std::vector<std::shared_ptr<Program>> programs;
+  {
+    absl::MutexLock lock(&programs_mu_);
+    if (!collected_.insert(client).second) return false;
+    for (auto it = programs_.begin(); it != programs_.end();) {
+      if (it->first.first == client) {
+        programs.push_back(std::move(it->second));
+        programs_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    last_epoch_.erase(client);
+  }
+  const absl::Status gone = absl::CancelledError(absl::StrCat("client ", client, " went away"));
+  for (const auto& p : programs) options_.dataflow_service->RemoveEngine(p->engine->graph().name());
+  const int dropped = store_.DropClient(client, gone);
+  PW_LOG(Info) << "host " << name() << " collected client " << client << ": " << dropped << " shards, "
+               << programs.size() << " programs";
+  return true;
 }
 
 // Runs under the sequencer's lock, one op at a time.
@@ -482,6 +505,9 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
   Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
   device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub, gang,
                    inputs = std::move(inputs), tracker = std::move(tracker)]() {
+    // Work of a client that went away still runs once it is on the device: every host of the
+    // island stopped that client at the same point of the island's order, so its gangs run
+    // everywhere or nowhere. What it produces is freed as soon as it is done.
     const absl::StatusOr<std::vector<BufferPtr>>& pieces = inputs.Await();
     if (!pieces.ok()) {
       fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,

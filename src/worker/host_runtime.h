@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collective/collective.h"
+#include "absl/container/flat_hash_set.h"
 #include "compute/executable.h"
 #include "core/executor.h"
 #include "device/device.h"
@@ -71,6 +72,11 @@ class HostRuntime {
   absl::Status ApplyScheduled(const rpc::ScheduledBatch& batch);
   // Completes once the requested shards are computed.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
+  // The client went away (it said goodbye, or its lease lapsed): everything it owns here is
+  // freed (buffers that queued work still uses, once that work is done). Runs from the island
+  // scheduler's retirement of the client, which also refuses its later ops. Idempotent;
+  // returns false if it was already collected.
+  bool CollectClient(const std::string& client);
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 
@@ -156,6 +162,7 @@ class HostRuntime {
   absl::Mutex programs_mu_;
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
       ABSL_GUARDED_BY(programs_mu_);
+  absl::flat_hash_set<std::string> collected_ ABSL_GUARDED_BY(programs_mu_);  // clients that went away
   std::atomic<int64_t> test_run_delay_us_{0};
   OpSequencer sequencer_;  // last: it applies ops that use everything above
   // Per client, the last epoch run here: a client's epochs reach a host in increasing order.

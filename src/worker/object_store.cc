@@ -39,6 +39,25 @@ int ObjectStore::FreeArray(const std::string& client, ArrayId array_id) {
   return dropped;
 }
 
+int ObjectStore::DropClient(const std::string& client, const absl::Status& why) {
+  std::vector<Promise<BufferPtr>> failed;
+  int dropped = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto c = buffers_.find(client); c != buffers_.end()) {
+      for (const auto& [id, shards] : c->second) dropped += static_cast<int>(shards.size());
+      buffers_.erase(c);
+    }
+    absl::erase_if(transfers_, [&](auto& entry) {
+      if (entry.first.first != client) return false;
+      if (!entry.second.delivered) failed.push_back(std::move(entry.second.promise));
+      return true;
+    });
+  }
+  for (auto& p : failed) p.Set(why);  // outside the lock: continuations may run inline
+  return dropped;
+}
+
 absl::Status ObjectStore::Departed(const std::string& host, const TransferId& id) {
   return absl::UnavailableError(absl::StrCat("host ", host, " left the cluster (it stopped heartbeating); a block of run ",
                                              id.epoch, " it was to send will not come"));

@@ -34,6 +34,9 @@ class ObjectStore {
   // Drops the store's reference to every shard of the array; buffers still needed by queued work
   // stay alive until that work is done. Returns the number of shards dropped.
   int FreeArray(const std::string& client, ArrayId array_id);
+  // The client went away: drops every shard it owns here and fails the transfers it expects.
+  // Returns the number of shards dropped.
+  int DropClient(const std::string& client, const absl::Status& why);
 
   // Names one block moving host to host: the run op's epoch, consuming node and input,
   // destination shard and source shard. Sender and receiver derive it independently.

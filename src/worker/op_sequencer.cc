@@ -9,8 +9,11 @@ namespace {
 constexpr size_t kMaxWaitingOpsPerClient = 1 << 20;
 }  // namespace
 
-OpSequencer::OpSequencer(ApplyFn apply, absl::Duration gap_timeout)
-    : apply_(std::move(apply)), gap_timeout_(gap_timeout), watchdog_([this] { WatchGaps(); }) {}
+OpSequencer::OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout)
+    : apply_(std::move(apply)),
+      retire_(std::move(retire)),
+      gap_timeout_(gap_timeout),
+      watchdog_([this] { WatchGaps(); }) {}
 
 OpSequencer::~OpSequencer() {
   {
@@ -22,9 +25,11 @@ OpSequencer::~OpSequencer() {
 
 absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::Op> ops) {
   std::vector<Promise<Unit>> ready;
+  std::vector<std::pair<Promise<Unit>, absl::Status>> failed;
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
+    if (auto gone = dropped_.find(client); gone != dropped_.end()) return gone->second;
     ClientState& c = clients_[client];
     for (rpc::Op& op : ops) {
       const int64_t seq = op.seq();
@@ -42,30 +47,48 @@ absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::
     }
     AdvanceLocked(client, c, ready);
     DrainLocked(ready);
+    failed.swap(failed_waiters_);
   }
   for (auto& p : ready) p.Set(Unit{});
+  for (auto& [p, why] : failed) p.Set(why);
   return status;
 }
 
 absl::Status OpSequencer::AddScheduled(std::vector<rpc::ScheduledOp> ops) {
   std::vector<Promise<Unit>> ready;
+  std::vector<std::pair<Promise<Unit>, absl::Status>> failed;
   {
     absl::MutexLock lock(&mu_);
-    for (rpc::ScheduledOp& op : ops) scheduled_.push_back(std::move(op));
+    for (rpc::ScheduledOp& op : ops) {
+      if (!dropped_.contains(op.client_id())) scheduled_.push_back(std::move(op));
+    }
     DrainLocked(ready);
+    failed.swap(failed_waiters_);
   }
   for (auto& p : ready) p.Set(Unit{});
+  for (auto& [p, why] : failed) p.Set(why);
   return absl::OkStatus();
 }
 
 Future<Unit> OpSequencer::WhenApplied(const std::string& client, int64_t seq) {
   absl::MutexLock lock(&mu_);
+  if (auto gone = dropped_.find(client); gone != dropped_.end()) return Future<Unit>::Ready(gone->second);
   ClientState& c = clients_[client];
   if (seq <= c.applied) return Future<Unit>::Ready(Unit{});
   Promise<Unit> p;
   Future<Unit> f = p.future();
   c.waiters.emplace(seq, std::move(p));
   return f;
+}
+
+void OpSequencer::DropClientLocked(const std::string& client,
+                                   std::vector<std::pair<Promise<Unit>, absl::Status>>& failed) {
+  const absl::Status why = absl::FailedPreconditionError(absl::StrCat("client ", client, " went away"));
+  dropped_[client] = why;
+  if (auto c = clients_.find(client); c != clients_.end()) {
+    for (auto& [seq, p] : c->second.waiters) failed.emplace_back(std::move(p), why);
+    clients_.erase(c);
+  }
 }
 
 void OpSequencer::AdvanceLocked(const std::string& client, ClientState& c, std::vector<Promise<Unit>>& ready) {
@@ -90,6 +113,13 @@ void OpSequencer::AdvanceLocked(const std::string& client, ClientState& c, std::
 void OpSequencer::DrainLocked(std::vector<Promise<Unit>>& ready) {
   while (!scheduled_.empty()) {
     rpc::ScheduledOp& head = scheduled_.front();
+    if (head.retire_client()) {
+      const std::string client = head.client_id();
+      scheduled_.pop_front();
+      DropClientLocked(client, failed_waiters_);
+      retire_(client);
+      continue;
+    }
     ClientState& c = clients_[head.client_id()];
     const int64_t seq = head.op().seq();
     if (seq > c.applied + 1) {
@@ -121,10 +151,13 @@ void OpSequencer::WatchGaps() {
                   << "; its scheduled run goes ahead without them";
     c.applied = head.op().seq() - 1;
     std::vector<Promise<Unit>> ready;
+    std::vector<std::pair<Promise<Unit>, absl::Status>> failed;
     AdvanceLocked(head.client_id(), c, ready);
     DrainLocked(ready);
+    failed.swap(failed_waiters_);
     mu_.Unlock();
     for (auto& p : ready) p.Set(Unit{});
+    for (auto& [p, why] : failed) p.Set(why);
     mu_.Lock();
   }
 }

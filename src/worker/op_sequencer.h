@@ -34,7 +34,10 @@ namespace pathways {
 class OpSequencer {
  public:
   using ApplyFn = std::function<void(const std::string& client, const rpc::Op& op)>;
-  OpSequencer(ApplyFn apply, absl::Duration gap_timeout);
+  // Called when a scheduled op retires a client (it went away), at that op's place in the
+  // island's order, under the sequencer's lock (it must not call back into the sequencer).
+  using RetireFn = std::function<void(const std::string& client)>;
+  OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout);
   ~OpSequencer();
 
   // InvalidArgument for ops without a sequence number or with one already used; the others
@@ -44,6 +47,7 @@ class OpSequencer {
   // Completes once the client's ops up to `seq` are applied (or skipped).
   Future<Unit> WhenApplied(const std::string& client, int64_t seq);
 
+
  private:
   struct ClientState {
     int64_t applied = 0;                // every op up to here is applied or skipped
@@ -52,13 +56,20 @@ class OpSequencer {
   };
   // Applies what has become ready; returns promises to set once the lock is released.
   void DrainLocked(std::vector<Promise<Unit>>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::pair<Promise<Unit>, absl::Status>> failed_waiters_ ABSL_GUARDED_BY(mu_);  // set after unlocking
+  // The client went away: its waiting ops are dropped, its waiters fail, and whatever it sends
+  // later is refused.
+  void DropClientLocked(const std::string& client, std::vector<std::pair<Promise<Unit>, absl::Status>>& failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceLocked(const std::string& client, ClientState& c, std::vector<Promise<Unit>>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WatchGaps();
 
   const ApplyFn apply_;
+  const RetireFn retire_;
   const absl::Duration gap_timeout_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, ClientState> clients_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> dropped_ ABSL_GUARDED_BY(mu_);
   std::deque<rpc::ScheduledOp> scheduled_ ABSL_GUARDED_BY(mu_);
   absl::Time head_blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,0 +1,41 @@
+// Which clients are still there: each holds a lease it renews by heartbeating.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace pathways {
+
+// A client that says goodbye, or lets its lease lapse (its process died), has departed; the
+// controller retires it (through every island's scheduler, so that hosts collect what it owned
+// at one point of the island's order). A departed client is remembered for `remember`, so that
+// a late heartbeat does not bring it back, then forgotten. Thread-safe; time is passed in, so
+// expiry is testable without waiting.
+class ClientLeases {
+ public:
+  ClientLeases(absl::Duration timeout, absl::Duration remember = absl::Seconds(60))
+      : timeout_(timeout), remember_(remember) {}
+  absl::Duration timeout() const { return timeout_; }
+
+  void Renew(const std::string& client, absl::Time now);
+  void Goodbye(const std::string& client, absl::Time now);
+  // Clients that departed since the last call (each is returned once).
+  std::vector<std::string> TakeDeparted(absl::Time now);
+
+ private:
+  struct Lease {
+    absl::Time last_seen;
+    absl::Time departed = absl::InfiniteFuture();
+    bool taken = false;
+  };
+  const absl::Duration timeout_;
+  const absl::Duration remember_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pathways

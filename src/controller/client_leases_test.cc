@@ -1,0 +1,26 @@
+#include "controller/client_leases.h"
+
+#include <algorithm>
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+TEST(ClientLeasesTest, LapsedAndDepartedClientsAreReportedOnce) {
+  ClientLeases leases(absl::Seconds(3), absl::Seconds(60));
+  const absl::Time t = absl::UnixEpoch();
+  leases.Renew("stays", t);
+  leases.Renew("dies", t);
+  leases.Renew("leaves", t);
+  leases.Goodbye("leaves", t + absl::Seconds(1));
+  EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(1)), std::vector<std::string>{"leaves"});
+  leases.Renew("stays", t + absl::Seconds(3));
+  EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(5)), std::vector<std::string>{"dies"});  // missed its lease
+  leases.Renew("dies", t + absl::Seconds(6));  // too late: it stays departed, reported once
+  EXPECT_TRUE(leases.TakeDeparted(t + absl::Seconds(6)).empty());
+  EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(120)), std::vector<std::string>{"stays"});  // lapsed by now
+}
+
+}  // namespace
+}  // namespace pathways
