@@ -25,6 +25,7 @@ absl::StatusOr<int> LocalCluster::AddWorker(int island) {
   w.num_devices = options_.devices_per_host;
   w.device_memory_bytes = options_.device_memory_bytes;
   w.collective_timeout = options_.collective_timeout;
+  w.memory_wait = options_.memory_wait;
   auto worker = std::make_unique<Worker>(w);
   PW_RETURN_IF_ERROR(worker->Start());  // returns once registered
   workers_.push_back(std::move(worker));

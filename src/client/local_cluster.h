@@ -17,6 +17,7 @@ struct LocalClusterOptions {
   int devices_per_host = 4;
   int64_t device_memory_bytes = int64_t{256} << 20;
   absl::Duration collective_timeout = absl::Seconds(30);
+  absl::Duration memory_wait = absl::Seconds(10);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   IslandSchedulerOptions scheduler;
 };

@@ -10,12 +10,16 @@
 
 namespace pathways {
 
-absl::Status MemoryBudget::Charge(int64_t bytes) {
+absl::Status MemoryBudget::Charge(int64_t bytes, absl::Duration wait) {
   absl::MutexLock lock(&mu_);
-  if (bytes > capacity_ - used_) {
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= capacity_ - used_; };
+  if (!fits() && (wait <= absl::ZeroDuration() || !mu_.AwaitWithTimeout(absl::Condition(&fits), wait))) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "device ", device_name_, ": cannot allocate ", bytes, " bytes; ", used_, " of ",
-        capacity_, " bytes in use, ", capacity_ - used_, " free"));
+        "device ", device_name_, ": cannot allocate ", bytes, " bytes; ", used_, " of ", capacity_,
+        " bytes in use, ", capacity_ - used_, " free",
+        wait > absl::ZeroDuration() ? absl::StrCat(" after waiting ", absl::FormatDuration(wait),
+                                                   " for other buffers to be released")
+                                    : ""));
   }
   used_ += bytes;
   return absl::OkStatus();
@@ -85,7 +89,7 @@ void CpuDevice::Shutdown() {
   // more work here.
 }
 
-absl::StatusOr<BufferPtr> CpuDevice::Allocate(DType dtype, const Shape& shape) {
+absl::StatusOr<BufferPtr> CpuDevice::Allocate(DType dtype, const Shape& shape, absl::Duration wait) {
   auto size = ByteSize(dtype, shape);
   if (!size.ok()) return size.status();
   if (*size > budget_->capacity()) {
@@ -94,7 +98,7 @@ absl::StatusOr<BufferPtr> CpuDevice::Allocate(DType dtype, const Shape& shape) {
                      *size, " bytes exceeds the device's whole budget of ", budget_->capacity(),
                      " bytes"));
   }
-  auto charged = budget_->Charge(*size);
+  auto charged = budget_->Charge(*size, wait);
   if (!charged.ok()) return charged;
   return std::make_shared<DeviceBuffer>(budget_, local_index_, dtype, shape, *size);
 }

@@ -20,7 +20,8 @@ class CpuDevice : public Device {
   int local_index() const override { return local_index_; }
   std::string kind() const override { return "cpu"; }
   std::string name() const override { return name_; }
-  absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) override;
+  absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape,
+                                     absl::Duration wait = absl::ZeroDuration()) override;
   void Enqueue(absl::AnyInvocable<void() &&> work) override;
   void RecordTrace(TraceEvent event) override;
   std::vector<TraceEvent> Trace(int64_t since_us = 0) const override;

@@ -1,5 +1,7 @@
 #include "device/cpu_device.h"
 
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "core/future.h"
@@ -64,6 +66,22 @@ TEST(CpuDeviceTest, WaitsForMemoryToComeBack) {
   std::thread releaser([&] { held.reset(); });
   EXPECT_TRUE(device.WaitForMemoryUsedAtMost(0, absl::Seconds(30)));
   releaser.join();
+}
+
+TEST(CpuDeviceTest, AnAllocationThatDoesNotFitWaitsForMemoryToBeReleased) {
+  CpuDevice device(0, 1000);
+  BufferPtr held = *device.Allocate(DType::kF32, {200});  // 800 of 1000
+  auto waited = std::async(std::launch::async, [&] { return device.Allocate(DType::kF32, {100}, absl::Seconds(30)); });
+  std::thread releaser([&] { held.reset(); });
+  auto got = waited.get();  // whichever comes first, the allocation ends up fitting
+  releaser.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(device.stats().memory_used, 400);
+  // Nobody releases: the bounded wait ends in ResourceExhausted that says it waited.
+  BufferPtr more = *device.Allocate(DType::kF32, {100});
+  auto starved = device.Allocate(DType::kF32, {100}, absl::Milliseconds(20));
+  EXPECT_EQ(starved.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(starved.status().message().find("after waiting"), std::string::npos) << starved.status();
 }
 
 TEST(CpuDeviceTest, AllocationLargerThanBudgetNamesSizes) {

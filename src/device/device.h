@@ -21,8 +21,9 @@ class MemoryBudget {
  public:
   MemoryBudget(std::string device_name, int64_t capacity_bytes)
       : device_name_(std::move(device_name)), capacity_(capacity_bytes) {}
-  // ResourceExhausted, naming the device and the sizes, when `bytes` does not fit now.
-  absl::Status Charge(int64_t bytes);
+  // Charges `bytes`, waiting up to `wait` for other buffers to be released when they do not fit
+  // now. ResourceExhausted, naming the device and the sizes, when they still do not.
+  absl::Status Charge(int64_t bytes, absl::Duration wait = absl::ZeroDuration());
   void Release(int64_t bytes);
   int64_t capacity() const { return capacity_; }
   int64_t used() const;
@@ -101,8 +102,11 @@ class Device {
   virtual int local_index() const = 0;
   virtual std::string kind() const = 0;
   virtual std::string name() const = 0;
-  // Allocates and charges a buffer; fails at once with ResourceExhausted when it does not fit.
-  virtual absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape) = 0;
+  // Allocates and charges a buffer. One larger than the device's whole budget fails at once with
+  // ResourceExhausted; one that does not fit now waits up to `wait` for memory to be released
+  // (backpressure), then fails with ResourceExhausted naming the device and the sizes.
+  virtual absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape,
+                                             absl::Duration wait = absl::ZeroDuration()) = 0;
   // Work enqueued after Shutdown is dropped, never run.
   virtual void Enqueue(absl::AnyInvocable<void() &&> work) = 0;
   // Adds what a work item ran to the device's trace. Called by the work item itself, before it

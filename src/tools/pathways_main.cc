@@ -24,6 +24,7 @@ constexpr char kUsage[] =
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
+    "         [--memory-wait-ms N]\n"
     "  status --controller HOST:PORT\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n";
@@ -83,6 +84,9 @@ absl::Status RunWorker(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t collective_ms, flags.GetInt("collective-timeout-ms", 30'000));
   if (collective_ms < 1) return absl::InvalidArgumentError("--collective-timeout-ms must be positive");
   options.collective_timeout = absl::Milliseconds(collective_ms);
+  PW_ASSIGN_OR_RETURN(int64_t memory_wait_ms, flags.GetInt("memory-wait-ms", 10'000));
+  if (memory_wait_ms < 0) return absl::InvalidArgumentError("--memory-wait-ms must not be negative");
+  options.memory_wait = absl::Milliseconds(memory_wait_ms);
   PW_ASSIGN_OR_RETURN(options.device_memory_bytes, flags.GetBytes("device-memory", int64_t{1} << 30));
   if (island < 0 || island > 1 << 20) return absl::InvalidArgumentError("--island must be non-negative");
   if (threads < 1 || threads > 256) return absl::InvalidArgumentError("--intra-op-threads must be 1..256");
@@ -163,7 +167,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us"}, {}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms"}, {}, RunWorker},
       {"status", {"controller"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace"}, {}, RunTenant},

@@ -34,7 +34,7 @@ absl::Status CheckSameRank(const Region& region, const Shape& dst_start, size_t 
 
 // Builds one input on `device` from its pieces. When the input is exactly one whole local buffer
 // on the same device it is used as is, without a copy.
-absl::StatusOr<BufferPtr> AssembleInput(Device& device, const InputPlan& plan,
+absl::StatusOr<BufferPtr> AssembleInput(Device& device, absl::Duration memory_wait, const InputPlan& plan,
                                         const std::vector<BufferPtr>& pieces) {
   const size_t n = plan.src_regions.size();
   for (size_t p = 0; p < n; ++p) {
@@ -54,7 +54,7 @@ absl::StatusOr<BufferPtr> AssembleInput(Device& device, const InputPlan& plan,
       return only;
     }
   }
-  PW_ASSIGN_OR_RETURN(BufferPtr out, device.Allocate(plan.spec.dtype, plan.spec.shape));
+  PW_ASSIGN_OR_RETURN(BufferPtr out, device.Allocate(plan.spec.dtype, plan.spec.shape, memory_wait));
   if (n == 0) std::memset(out->data(), 0, static_cast<size_t>(out->byte_size()));
   for (size_t p = 0; p < n; ++p) {
     const BufferPtr& src = pieces[plan.first_piece + p];
@@ -504,6 +504,7 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
   // reaches the item (an in-order stream, like an accelerator's).
   Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
   device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub, gang,
+                   memory_wait = options_.memory_wait,
                    inputs = std::move(inputs), tracker = std::move(tracker)]() {
     // Work of a client that went away still runs once it is on the device: every host of the
     // island stopped that client at the same point of the island's order, so its gangs run
@@ -518,7 +519,7 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
     auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
       std::vector<BufferPtr> inputs;
       for (size_t i = 0; i < plans->size(); ++i) {
-        auto in = AssembleInput(*device, (*plans)[i], *pieces);
+        auto in = AssembleInput(*device, memory_wait, (*plans)[i], *pieces);
         if (!in.ok()) {
           return absl::Status(in.status().code(), absl::StrCat("function '", function_name, "' input ", i,
                                                                " (shard ", shard, "): ", in.status().message()));
@@ -527,7 +528,7 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
       }
       std::vector<BufferPtr> results;
       for (const TensorSpec& spec : out_specs) {
-        PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape));
+        PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape, memory_wait));
         results.push_back(std::move(out));
       }
       std::vector<const DeviceBuffer*> in_ptrs;

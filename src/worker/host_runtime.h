@@ -41,6 +41,10 @@ struct HostRuntimeOptions {
   std::shared_ptr<collective::KeyValueStore> rendezvous;
   // How long a collective waits for the rest of its group before failing its run.
   absl::Duration collective_timeout = absl::Seconds(30);
+  // How long a computation waits for device memory held by other work before it fails with
+  // ResourceExhausted. Bounded on purpose: a program waiting for memory that only its own later
+  // nodes would free (they queue behind it on the in-order device) is reported, not hung.
+  absl::Duration memory_wait = absl::Seconds(10);
   // How long a scheduled run waits for earlier ops of its client before going ahead (see
   // OpSequencer).
   absl::Duration sequence_gap_timeout = absl::Seconds(10);

@@ -26,6 +26,8 @@ struct WorkerOptions {
   int intra_op_threads = 1;
   // How long a collective waits for its group before it fails its run.
   absl::Duration collective_timeout = absl::Seconds(30);
+  // How long a computation waits for device memory held by other work before it fails.
+  absl::Duration memory_wait = absl::Seconds(10);
   absl::Duration register_timeout = absl::Seconds(30);
 };
 
