@@ -6,6 +6,7 @@
 
 #include "client/client.h"
 #include "client/program.h"
+#include "transport/auth.h"
 #include "transport/controller_client.h"
 #include "compute/executable.h"
 #include "device/cpu_device.h"
@@ -348,6 +349,52 @@ TEST_F(MultiProcessTest, AKilledClientsBuffersAreFreedWhileOthersCarryOn) {
   auto result = client_->Fetch((*client_->Call(inc, slice, {mine}))[0]).Await();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->data<float>()[3], Pattern({8}, 1.0f).data<float>()[3] + 1);
+}
+
+// Access control: a controller and worker that require a token refuse every call without it,
+// with Unauthenticated; status says so; with the token everything works.
+TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
+  Subprocess controller, worker;
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", "s3cret"}).ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "2", "--token", "s3cret"})
+                  .ok());
+  ASSERT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());  // it registered: it has the token
+
+  auto status = [&](const std::string& token_flag) {
+    return *RunCommand({"/bin/sh", "-c",
+                        absl::StrCat("env -u PATHWAYS_TOKEN ", PATHWAYS_BINARY, " status --controller ", address, " ",
+                                     token_flag, " 2>&1; echo exit=$?")},
+                       absl::Seconds(30));
+  };
+  std::string none = status("");
+  EXPECT_NE(none.find("requires a token"), std::string::npos) << none;
+  EXPECT_NE(none.find("exit=1"), std::string::npos) << none;
+  std::string wrong = status("--token guess");
+  EXPECT_NE(wrong.find("not this cluster's"), std::string::npos) << wrong;
+  std::string right = status("--token s3cret");
+  EXPECT_NE(right.find("1 islands, 1 hosts"), std::string::npos) << right;
+
+  // The client library sends the process's token (PATHWAYS_TOKEN, or SetCallToken).
+  SetCallToken("");
+  auto refused = Client::Connect(address);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
+  SetCallToken("s3cret");
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
+  const TensorSpec row{DType::kF32, {2}};
+  auto inc = *(*client)->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *(*client)->Put(Pattern({2}, 1.0f), slice, {"x"});
+  auto got = (*client)->Fetch((*(*client)->Call(inc, slice, {x}))[0]).Await();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->data<float>()[1], Pattern({2}, 1.0f).data<float>()[1] + 1);
+  client->reset();
+  SetCallToken("");  // the fixture's cluster needs none
+  EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "transport/auth.h"
 #include "transport/rpc_util.h"
 #include "transport/worker_client.h"
 
@@ -51,13 +52,19 @@ IslandScheduler& Controller::scheduler(int island) {
   return *slot;
 }
 
+// Every handler starts here: a call without the cluster's token is refused.
+#define PW_CHECK_CALL_TOKEN(context)                                                     \
+  if (absl::Status auth = CheckCallToken(*(context), token_); !auth.ok()) return ToGrpc(auth)
+
 class Controller::Service final : public rpc::Controller::Service {
  public:
-  Service(Controller& controller, ClusterRegistry& registry) : controller_(controller), registry_(registry) {}
+  Service(Controller& controller, ClusterRegistry& registry, std::string token)
+      : controller_(controller), registry_(registry), token_(std::move(token)) {}
 
   // Holds a server thread until the runs reach their hosts: one call in flight per client and
   // island, which is also how a scheduler that holds runs back slows a client down.
-  grpc::Status Schedule(grpc::ServerContext*, const rpc::ScheduleRequest* request, rpc::ScheduleResponse*) override {
+  grpc::Status Schedule(grpc::ServerContext* context, const rpc::ScheduleRequest* request, rpc::ScheduleResponse*) override {
+    PW_CHECK_CALL_TOKEN(context);
     if (request->client_id().empty()) return ToGrpc(absl::InvalidArgumentError("schedule request has no client id"));
     if (!(request->weight() >= 0) || request->weight() > 1e6) {
       return ToGrpc(absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request->weight(), " is not in [0, 1e6]")));
@@ -83,20 +90,23 @@ class Controller::Service final : public rpc::Controller::Service {
     return ToGrpc(JoinAll(accepted).Await().status());
   }
 
-  grpc::Status SliceStates(grpc::ServerContext*, const rpc::SliceStatesRequest* request,
+  grpc::Status SliceStates(grpc::ServerContext* context, const rpc::SliceStatesRequest* request,
                            rpc::SliceStatesResponse* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     *response = registry_.SliceStates(request->client_id(), absl::Now());
     return grpc::Status::OK;
   }
-  grpc::Status RemapSlice(grpc::ServerContext*, const rpc::RemapSliceRequest* request,
+  grpc::Status RemapSlice(grpc::ServerContext* context, const rpc::RemapSliceRequest* request,
                           rpc::AllocateSliceResponse* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     auto r = registry_.RemapSlice(*request, absl::Now());
     if (r.ok()) *response = *r;
     return ToGrpc(r.status());
   }
 
-  grpc::Status ClientHeartbeat(grpc::ServerContext*, const rpc::ClientHeartbeatRequest* request,
+  grpc::Status ClientHeartbeat(grpc::ServerContext* context, const rpc::ClientHeartbeatRequest* request,
                                rpc::ClientHeartbeatResponse* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     if (request->client_id().empty()) return ToGrpc(absl::InvalidArgumentError("client heartbeat has no client id"));
     if (request->goodbye()) {
       controller_.clients_.Goodbye(request->client_id(), absl::Now());
@@ -107,48 +117,55 @@ class Controller::Service final : public rpc::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status RunsDone(grpc::ServerContext*, const rpc::RunsDoneRequest* request, rpc::RunsDoneResponse*) override {
+  grpc::Status RunsDone(grpc::ServerContext* context, const rpc::RunsDoneRequest* request, rpc::RunsDoneResponse*) override {
+    PW_CHECK_CALL_TOKEN(context);
     for (const rpc::RunDone& done : request->runs()) {
       controller_.scheduler(done.island()).Done(done.client_id(), done.epoch(), done.device_us());
     }
     return grpc::Status::OK;
   }
 
-  grpc::Status RendezvousSet(grpc::ServerContext*, const rpc::RendezvousSetRequest* request,
+  grpc::Status RendezvousSet(grpc::ServerContext* context, const rpc::RendezvousSetRequest* request,
                              rpc::RendezvousSetResponse*) override {
+    PW_CHECK_CALL_TOKEN(context);
     if (request->key().empty()) return ToGrpc(absl::InvalidArgumentError("rendezvous key is empty"));
     return ToGrpc(rendezvous_.Set(request->key(), request->value()));
   }
   // Blocks a server thread while it waits; waits are bounded, and only hosts connecting for
   // collectives wait here.
-  grpc::Status RendezvousGet(grpc::ServerContext*, const rpc::RendezvousGetRequest* request,
+  grpc::Status RendezvousGet(grpc::ServerContext* context, const rpc::RendezvousGetRequest* request,
                              rpc::RendezvousGetResponse* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     const absl::Duration timeout = absl::Milliseconds(std::clamp<int64_t>(request->timeout_ms(), 0, kMaxRendezvousWaitMs));
     auto value = rendezvous_.Get(request->key(), timeout);
     if (value.ok()) response->set_value(*std::move(value));
     return ToGrpc(value.status());
   }
 
-  grpc::Status RegisterWorker(grpc::ServerContext*, const rpc::RegisterWorkerRequest* request,
+  grpc::Status RegisterWorker(grpc::ServerContext* context, const rpc::RegisterWorkerRequest* request,
                               rpc::RegisterWorkerResponse* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     auto r = registry_.RegisterWorker(*request, absl::Now());
     if (r.ok()) *response = *r;
     return ToGrpc(r.status());
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const rpc::HeartbeatRequest* request,
+  grpc::Status Heartbeat(grpc::ServerContext* context, const rpc::HeartbeatRequest* request,
                          rpc::HeartbeatResponse* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     const absl::Time now = absl::Now();
     response->set_registered(registry_.Heartbeat(*request, now));
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }
-  grpc::Status GetStatus(grpc::ServerContext*, const rpc::GetStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* context, const rpc::GetStatusRequest*,
                          rpc::ClusterStatus* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     *response = registry_.Status(absl::Now());
     return grpc::Status::OK;
   }
-  grpc::Status AllocateSlice(grpc::ServerContext*, const rpc::AllocateSliceRequest* request,
+  grpc::Status AllocateSlice(grpc::ServerContext* context, const rpc::AllocateSliceRequest* request,
                              rpc::AllocateSliceResponse* response) override {
+    PW_CHECK_CALL_TOKEN(context);
     auto r = registry_.AllocateSlice(*request, absl::Now());
     if (r.ok()) *response = *r;
     return ToGrpc(r.status());
@@ -158,6 +175,7 @@ class Controller::Service final : public rpc::Controller::Service {
   static constexpr int64_t kMaxRendezvousWaitMs = 60'000;
   Controller& controller_;
   ClusterRegistry& registry_;
+  const std::string token_;
   collective::InMemoryKeyValueStore rendezvous_;
 };
 
@@ -187,7 +205,7 @@ void Controller::RetireLoop() {
 }
 
 absl::Status Controller::Start() {
-  service_ = std::make_unique<Service>(*this, registry_);
+  service_ = std::make_unique<Service>(*this, registry_, TokenFromFlagOrEnv(options_.token));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);

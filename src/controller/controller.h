@@ -21,6 +21,8 @@ struct ControllerOptions {
   // A client that has not heartbeated for this long is gone: workers free what it owned.
   absl::Duration client_timeout = absl::Seconds(3);
   IslandSchedulerOptions scheduler;  // every island's
+  // Calls must carry this token; empty: PATHWAYS_TOKEN, or none when unset.
+  std::string token;
 };
 
 // Thread-safe.

@@ -1,5 +1,8 @@
 #include "dataflow/grpc_transport.h"
 
+#include "transport/auth.h"
+#include "transport/rpc_util.h"
+
 #include <map>
 #include <thread>
 
@@ -69,6 +72,7 @@ class GrpcTransport::PeerStream {
     auto stream = std::make_unique<Stream>();
     stream->context = std::make_unique<grpc::ClientContext>();
     stream->context->set_wait_for_ready(true);  // a peer still starting is waited for
+    AttachCallToken(*stream->context);
     {
       absl::MutexLock lock(&mu_);
       context_ = stream->context.get();
@@ -191,8 +195,9 @@ void DataflowService::RemoveEngine(const std::string& graph) {
   engines_.erase(graph);
 }
 
-grpc::Status DataflowService::Stream(grpc::ServerContext*, grpc::ServerReader<rpc::DataflowBatch>* reader,
+grpc::Status DataflowService::Stream(grpc::ServerContext* context, grpc::ServerReader<rpc::DataflowBatch>* reader,
                                      rpc::DataflowAck*) {
+  if (absl::Status s = CheckCallToken(*context, token_); !s.ok()) return ToGrpc(s);
   rpc::DataflowBatch batch;
   while (reader->Read(&batch)) {
     std::vector<Envelope> envelopes;

@@ -37,6 +37,8 @@ class GrpcTransport : public Transport {
 class DataflowService final : public rpc::Dataflow::Service {
  public:
   static constexpr size_t kMaxHeldBatches = 100000;
+  // Streams must carry this token (see transport/auth.h); empty: none needed. Set before serving.
+  void RequireToken(std::string token) { token_ = std::move(token); }
 
   void AddEngine(Engine* engine);
   void RemoveEngine(const std::string& graph);
@@ -49,6 +51,7 @@ class DataflowService final : public rpc::Dataflow::Service {
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::vector<Envelope>>> held_ ABSL_GUARDED_BY(mu_);
   size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string token_;
 };
 
 }  // namespace pathways::dataflow

@@ -11,6 +11,7 @@
 #include "core/status_macros.h"
 #include "tools/demo.h"
 #include "tools/tenant.h"
+#include "transport/auth.h"
 #include "tools/flags.h"
 #include "transport/controller_client.h"
 #include "worker/worker.h"
@@ -21,13 +22,15 @@ namespace {
 constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
-    "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N]\n"
+    "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
-    "         [--memory-wait-ms N]\n"
-    "  status --controller HOST:PORT\n"
+    "         [--memory-wait-ms N] [--token T]\n"
+    "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
-    "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n";
+    "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
+    "         [--token T]\n"
+    "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n";
 
 // Blocks until SIGINT or SIGTERM. The signals are blocked in every thread (threads inherit the
 // mask from main), so only this sigwait sees them.
@@ -59,6 +62,8 @@ absl::Status RunController(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t window_us, flags.GetInt("share-window-us", 2000));
   if (window_us < 1 || window_us > 10'000'000) return absl::InvalidArgumentError("--share-window-us must be 1..1e7");
   options.scheduler.window = absl::Microseconds(window_us);
+  options.token = TokenFromFlagOrEnv(flags.Get("token"));
+  SetCallToken(options.token);  // its own calls to workers
   Controller controller(options);
   PW_RETURN_IF_ERROR(controller.Start());
   std::printf("controller listening on %s\n", controller.address().c_str());
@@ -93,6 +98,8 @@ absl::Status RunWorker(const Flags& flags) {
   options.island = static_cast<int>(island);
   options.num_devices = static_cast<int>(std::min<int64_t>(devices, 1 << 20));
   options.intra_op_threads = static_cast<int>(threads);
+  options.token = TokenFromFlagOrEnv(flags.Get("token"));
+  SetCallToken(options.token);  // its own calls to the controller and to other workers
   Worker worker(options);
   PW_RETURN_IF_ERROR(worker.Start());
   std::printf("worker %s serving %d devices for island %d, host %d\n", worker.address().c_str(),
@@ -104,6 +111,7 @@ absl::Status RunWorker(const Flags& flags) {
 
 absl::Status RunStatus(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("status needs --controller HOST:PORT");
+  SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
   ControllerClient controller(flags.Get("controller"));
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, controller.GetStatus());
   std::map<int, std::vector<const rpc::HostStatus*>> islands;
@@ -166,11 +174,11 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us"}, {}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms"}, {}, RunWorker},
-      {"status", {"controller"}, {}, RunStatus},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token"}, {}, RunController},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token"}, {}, RunWorker},
+      {"status", {"controller", "token"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
-      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace"}, {}, RunTenant},
+      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token"}, {}, RunTenant},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;

@@ -6,11 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "core/status_macros.h"
+#include "transport/auth.h"
 
 namespace pathways {
 
 absl::Status RunTenant(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("tenant needs --controller HOST:PORT");
+  SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
   PW_ASSIGN_OR_RETURN(int64_t devices, flags.GetInt("devices", 8));
   PW_ASSIGN_OR_RETURN(int64_t runs, flags.GetInt("runs", 100));
   PW_ASSIGN_OR_RETURN(int64_t value, flags.GetInt("value", 1));

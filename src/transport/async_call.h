@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "core/future.h"
 #include "grpcpp/client_context.h"
+#include "transport/auth.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -27,6 +28,7 @@ Future<Response> AsyncUnaryCall(std::string description, const Request& request,
   };
   auto* call = new CallState;
   call->request = request;
+  AttachCallToken(call->context);
   if (timeout != absl::InfiniteDuration()) {
     call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   }

@@ -6,6 +6,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "transport/async_call.h"
+#include "transport/auth.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -16,6 +17,7 @@ absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char
                                           absl::Duration deadline = absl::Seconds(10)) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  AttachCallToken(context);
   Response response;
   grpc::Status status = fn(&context, &response);
   if (!status.ok()) return FromGrpc(status, absl::StrCat(what, " on controller ", address));

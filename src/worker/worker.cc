@@ -4,6 +4,7 @@
 #include "core/logging.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "transport/auth.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -38,6 +39,9 @@ absl::Status Worker::Start() {
     return absl::InvalidArgumentError("--device-memory must be positive");
   }
   service_ = std::make_unique<WorkerService>();
+  const std::string token = TokenFromFlagOrEnv(options_.token);
+  service_->RequireToken(token);
+  dataflow_service_.RequireToken(token);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);

@@ -28,6 +28,9 @@ struct WorkerOptions {
   absl::Duration collective_timeout = absl::Seconds(30);
   // How long a computation waits for device memory held by other work before it fails.
   absl::Duration memory_wait = absl::Seconds(10);
+  // Calls to this worker must carry this token; empty: PATHWAYS_TOKEN, or none when unset. The
+  // worker's own calls carry the process's token (transport/auth.h).
+  std::string token;
   absl::Duration register_timeout = absl::Seconds(30);
 };
 

@@ -1,5 +1,6 @@
 #include "worker/worker_service.h"
 
+#include "transport/auth.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -9,7 +10,9 @@ template <typename Handler>
 grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* context, Handler handle) {
   auto* reactor = context->DefaultReactor();
   HostRuntime* runtime = runtime_.load();
-  if (runtime == nullptr) {
+  if (absl::Status s = CheckCallToken(*context, token_); !s.ok()) {
+    reactor->Finish(ToGrpc(s));
+  } else if (runtime == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is starting"));
   } else {
     handle(*runtime, reactor);

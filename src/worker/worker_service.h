@@ -14,6 +14,8 @@ class WorkerService final : public rpc::Worker::CallbackService {
   // The runtime is attached once the server's port, and so the host's name, is known; calls
   // that arrive before then are refused with Unavailable.
   void AttachRuntime(HostRuntime* runtime) { runtime_.store(runtime); }
+  // Calls must carry this token (see transport/auth.h); empty: none needed. Set before serving.
+  void RequireToken(std::string token) { token_ = std::move(token); }
 
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
                                     const rpc::CompileRequest* request,
@@ -34,6 +36,7 @@ class WorkerService final : public rpc::Worker::CallbackService {
   template <typename Handler>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Handler handle);
   std::atomic<HostRuntime*> runtime_{nullptr};  // not owned
+  std::string token_;
 };
 
 }  // namespace pathways
