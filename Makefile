@@ -8,11 +8,18 @@ MAKEFLAGS += --no-print-directory
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
   protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgloo-dev libgtest-dev
 
-.PHONY: deps build test demo bench clean
+.PHONY: deps deps-fuzz install-packages build test demo bench fuzz clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+	@$(MAKE) install-packages PACKAGES="$(DEB_PACKAGES)"
+
+# The fuzzer also needs clang and its libFuzzer runtime.
+deps-fuzz: deps
+	@$(MAKE) install-packages PACKAGES="clang libclang-rt-14-dev"
+
+install-packages:
+	@missing=""; for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -36,5 +43,14 @@ demo: deps build
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench
 
+# libFuzzer over the request decoding and validation paths (src/testing/request_fuzzer.h), built
+# with clang and AddressSanitizer in build-fuzz/. FUZZ_SECONDS bounds the run.
+FUZZ_SECONDS ?= 60
+fuzz: deps-fuzz
+	cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DPATHWAYS_FUZZ=ON
+	cmake --build build-fuzz -j$(JOBS) --target request_fuzzer
+	mkdir -p build-fuzz/corpus
+	build-fuzz/bin/request_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 build-fuzz/corpus
+
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-fuzz
