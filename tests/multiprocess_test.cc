@@ -397,5 +397,43 @@ TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
   EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
 }
 
+// TLS: a controller and worker serving with a certificate; status and a client job that trust its
+// CA work, one that does not cannot connect.
+TEST_F(MultiProcessTest, ClustersServeTlsWhenGivenACertificate) {
+  const std::string dir = ::testing::TempDir() + "/pathways_tls";
+  auto made = RunCommand({"/bin/sh", "-c",
+                          absl::StrCat("mkdir -p ", dir, " && openssl req -x509 -newkey rsa:2048 -nodes -days 1",
+                                       " -keyout ", dir, "/key.pem -out ", dir, "/cert.pem -subj /CN=127.0.0.1",
+                                       " -addext subjectAltName=IP:127.0.0.1 2>&1; echo exit=$?")},
+                         absl::Seconds(60));
+  ASSERT_TRUE(made.ok() && made->find("exit=0") != std::string::npos) << (made.ok() ? *made : made.status().ToString());
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  Subprocess controller, worker;
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                                "--tls-key", key, "--tls-ca", cert})
+                  .ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "2", "--tls-cert", cert,
+                            "--tls-key", key, "--tls-ca", cert})
+                  .ok());
+  ASSERT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());  // it registered over TLS
+
+  auto run = [&](const std::string& args) {
+    return *RunCommand({"/bin/sh", "-c",
+                        absl::StrCat("env -u PATHWAYS_TLS_CA ", PATHWAYS_BINARY, " ", args, " 2>&1; echo exit=$?")},
+                       absl::Seconds(60));
+  };
+  std::string plain = run(absl::StrCat("status --controller ", address));
+  EXPECT_NE(plain.find("exit=1"), std::string::npos) << plain;
+  std::string trusted = run(absl::StrCat("status --controller ", address, " --tls-ca ", cert));
+  EXPECT_NE(trusted.find("1 islands, 1 hosts"), std::string::npos) << trusted;
+  std::string job = run(absl::StrCat("tenant --controller ", address, " --tls-ca ", cert, " --devices 2 --runs 20"));
+  EXPECT_NE(job.find("CHECK PASSED"), std::string::npos) << job;
+  EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
+}
+
 }  // namespace
 }  // namespace pathways

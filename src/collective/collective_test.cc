@@ -131,7 +131,14 @@ TEST_F(TwoHostTest, GangsOrderedDifferentlyOnTwoHostsTimeOutThenTheHostsRecover)
     }
     return first;
   });
-  for (auto& r : results) EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  // Each fails: by its own timeout, or because the other side timed out first and closed the
+  // connection (Unavailable); at least one of them timed out.
+  int timed_out = 0;
+  for (auto& r : results) {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(r.status()) || absl::IsUnavailable(r.status())) << r.status();
+    timed_out += absl::IsDeadlineExceeded(r.status()) ? 1 : 0;
+  }
+  EXPECT_GE(timed_out, 1);
   // The same devices then run a gang in a consistent order.
   auto again = RunShards(2, [&](int s) {
     ShardCollectives shard(hub(s == 0 ? "a" : "b"), layout, "R", s);

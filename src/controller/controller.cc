@@ -208,7 +208,7 @@ absl::Status Controller::Start() {
   service_ = std::make_unique<Service>(*this, registry_, TokenFromFlagOrEnv(options_.token));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {

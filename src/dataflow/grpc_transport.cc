@@ -36,7 +36,7 @@ Envelope FromProto(const rpc::DataflowEnvelope& p) {
 class GrpcTransport::PeerStream {
  public:
   PeerStream(const std::string& self, const std::string& peer)
-      : self_(self), peer_(peer), stub_(rpc::Dataflow::NewStub(grpc::CreateChannel(peer, grpc::InsecureChannelCredentials()))) {
+      : self_(self), peer_(peer), stub_(rpc::Dataflow::NewStub(grpc::CreateChannel(peer, ChannelCredentials()))) {
     thread_ = std::thread([this] { Run(); });
   }
   ~PeerStream() {

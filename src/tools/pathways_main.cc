@@ -30,7 +30,9 @@ constexpr char kUsage[] =
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
     "         [--token T]\n"
-    "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n";
+    "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n"
+    "Controller and worker take [--tls-cert PEM --tls-key PEM] [--tls-ca PEM], status and tenant\n"
+    "[--tls-ca PEM] (defaults PATHWAYS_TLS_CERT, _KEY, _CA): TLS on every connection.\n";
 
 // Blocks until SIGINT or SIGTERM. The signals are blocked in every thread (threads inherit the
 // mask from main), so only this sigwait sees them.
@@ -174,16 +176,19 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token"}, {}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token"}, {}, RunWorker},
-      {"status", {"controller", "token"}, {}, RunStatus},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token", "tls-cert", "tls-key", "tls-ca"}, {}, RunController},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "tls-cert", "tls-key", "tls-ca"}, {}, RunWorker},
+      {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
-      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token"}, {}, RunTenant},
+      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {}, RunTenant},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;
     auto flags = Flags::Parse(argc - 2, argv + 2, c.flags, c.switches);
-    absl::Status status = flags.ok() ? c.run(*flags) : flags.status();
+    absl::Status status = flags.status();
+    // TLS (flags, else PATHWAYS_TLS_*) before any channel or server is made.
+    if (status.ok()) status = ConfigureTls({flags->Get("tls-cert"), flags->Get("tls-key"), flags->Get("tls-ca")});
+    if (status.ok()) status = c.run(*flags);
     if (!status.ok()) {
       std::fprintf(stderr, "pathways %s: %s\n", c.name, std::string(status.message()).c_str());
       return 1;

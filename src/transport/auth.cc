@@ -2,6 +2,11 @@
 
 #include <cstdlib>
 
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
 namespace pathways {
@@ -60,6 +65,71 @@ absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::s
     return absl::UnauthenticatedError("the token sent is not this cluster's");
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+struct TlsPems {
+  std::string cert, key, ca;
+};
+absl::Mutex tls_mu;
+TlsPems* tls ABSL_GUARDED_BY(tls_mu) = nullptr;  // never destroyed once set
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read the TLS ", what, " file '", path, "'"));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+std::string FlagOrEnv(const std::string& flag, const char* env) {
+  if (!flag.empty()) return flag;
+  const char* value = std::getenv(env);
+  return value == nullptr ? "" : value;
+}
+
+}  // namespace
+
+absl::Status ConfigureTls(const TlsFiles& files) {
+  const std::string cert = FlagOrEnv(files.cert, "PATHWAYS_TLS_CERT");
+  const std::string key = FlagOrEnv(files.key, "PATHWAYS_TLS_KEY");
+  const std::string ca = FlagOrEnv(files.ca, "PATHWAYS_TLS_CA");
+  if (cert.empty() && key.empty() && ca.empty()) return absl::OkStatus();
+  if (cert.empty() != key.empty()) return absl::InvalidArgumentError("TLS needs both a certificate and its key");
+  auto pems = std::make_unique<TlsPems>();
+  if (!cert.empty()) {
+    auto c = ReadPem(cert, "certificate");
+    if (!c.ok()) return c.status();
+    auto k = ReadPem(key, "key");
+    if (!k.ok()) return k.status();
+    pems->cert = *std::move(c);
+    pems->key = *std::move(k);
+  }
+  if (!ca.empty()) {
+    auto a = ReadPem(ca, "CA");
+    if (!a.ok()) return a.status();
+    pems->ca = *std::move(a);
+  }
+  absl::MutexLock lock(&tls_mu);
+  tls = pems.release();
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
+  absl::MutexLock lock(&tls_mu);
+  if (tls == nullptr) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = tls->ca;
+  return grpc::SslCredentials(options);
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {
+  absl::MutexLock lock(&tls_mu);
+  if (tls == nullptr || tls->cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options;
+  options.pem_key_cert_pairs.push_back({tls->key, tls->cert});
+  return grpc::SslServerCredentials(options);
 }
 
 }  // namespace pathways

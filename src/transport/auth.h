@@ -1,10 +1,14 @@
-// Shared-secret access control between clients, workers and the controller.
+// Access control between clients, workers and the controller: a shared secret token on every
+// call, and TLS on every connection when given a certificate and key.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
 
 namespace pathways {
@@ -22,5 +26,20 @@ std::string TokenFromFlagOrEnv(const std::string& flag);
 // OK when `expected` is empty or the call carries it; Unauthenticated otherwise (never says
 // what the token should be).
 absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected);
+
+// TLS for every channel and server of this process (one process talks to one cluster). PEM file
+// paths; an empty path falls back to PATHWAYS_TLS_CERT, PATHWAYS_TLS_KEY, PATHWAYS_TLS_CA. A
+// process that serves (controller, worker) needs cert and key; one that only calls (client,
+// status) needs the CA that signed the servers' certificates. Nothing set: plaintext.
+struct TlsFiles {
+  std::string cert;
+  std::string key;
+  std::string ca;
+};
+// Reads the files; InvalidArgument naming one that cannot be read.
+absl::Status ConfigureTls(const TlsFiles& files);
+// What channels and servers are built with: TLS once configured, plaintext otherwise.
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials();
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials();
 
 }  // namespace pathways

@@ -44,7 +44,7 @@ absl::Status Worker::Start() {
   dataflow_service_.RequireToken(token);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(1 << 30);
   builder.SetMaxSendMessageSize(1 << 30);
   builder.RegisterService(service_.get());
