@@ -435,5 +435,39 @@ TEST_F(MultiProcessTest, ClustersServeTlsWhenGivenACertificate) {
   EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
 }
 
+// A worker killed and started again at the same address: the client's arrays there are reported
+// gone (not waited for), the slice is reported lost, and once remapped the same client uses the
+// restarted worker again (a new sequence of ops for it; the new process knows nothing of the old).
+TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgain) {
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  ASSERT_EQ(slice.host_addresses().size(), 2u);
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  ASSERT_TRUE(client_->Fetch((*client_->Call(inc, slice, {x}))[0]).Await().ok());
+
+  const std::string address = worker_addresses_[0];
+  worker_a_.Stop(SIGKILL);
+  ASSERT_TRUE(worker_a_.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--listen", address, "--devices",
+                               "4", "--device-memory", "256MiB"})
+                  .ok());
+  ASSERT_TRUE(worker_a_.WaitForLine("serving", kStartTimeout).ok());
+
+  // What the old process held is gone, and the client is told so at once.
+  auto old = client_->Fetch(x).AwaitFor(absl::Seconds(30));
+  ASSERT_FALSE(old.ok());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kUnavailable) << old.status();
+  EXPECT_NE(old.status().message().find("restarted"), std::string::npos) << old.status();
+  auto lost = *client_->LostSlices();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_NE(lost[0].reason.find("restarted"), std::string::npos) << lost[0].reason;
+
+  ASSERT_TRUE(client_->RemapSlice(slice).ok());
+  ShardedArray y = *client_->Put(Pattern({8}, 2.0f), slice, {"x"});
+  auto again = client_->Fetch((*client_->Call(inc, slice, {y}))[0]).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(again->data<float>()[i], Pattern({8}, 2.0f).data<float>()[i] + 1);
+}
+
 }  // namespace
 }  // namespace pathways

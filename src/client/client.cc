@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -177,8 +178,8 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
   mapping->id = mapping_ids_.Next();
   for (const auto& d : response.devices()) {
     mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island(),
-                                std::vector<int32_t>(d.coords().begin(), d.coords().end())});
-    NoteHostIsland(d.host_address(), d.island());
+                                std::vector<int32_t>(d.coords().begin(), d.coords().end()), d.incarnation()});
+    NoteHost(d.host_address(), d.island(), d.incarnation());
     if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {
       mapping->hosts.push_back(d.host_address());
     }
@@ -261,7 +262,10 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue(int i
           auto core = weak.lock();
           if (core == nullptr) return;
           for (const rpc::GangRun& run : runs) {
-            for (const rpc::HostSeq& h : run.hosts()) core->queue(h.host())->SkipReserved(h.seq());
+            for (const rpc::HostSeq& h : run.hosts()) {
+              auto q = core->queue(h.host());
+              if (q->session() == h.session()) q->SkipReserved(h.seq());  // else that sequence is gone
+            }
           }
         });
   }
@@ -270,7 +274,7 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue(int i
 
 ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
   PushedRun pushed;
-  std::map<std::string, int64_t>& seqs = pushed.seqs;
+  std::map<std::string, SeqRef>& seqs = pushed.seqs;
   std::vector<Future<Unit>> deliveries;
   if (options_.TEST_bypass_scheduler) {
     for (const std::string& host : hosts) {
@@ -292,7 +296,10 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     }
     rpc::HostSeq* h = run.add_hosts();
     h->set_host(host);
-    h->set_seq(seqs[host] = queue(host)->ReserveSeq());
+    std::shared_ptr<HostOpQueue> q = queue(host);
+    seqs[host] = {q->session(), q->ReserveSeq()};
+    h->set_seq(seqs[host].seq);
+    h->set_session(seqs[host].session);
   }
   for (auto& [island, run] : by_island) {
     run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
@@ -322,7 +329,7 @@ absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,
                                               ", expected ", fn.key));
     }
     absl::MutexLock lock(&fn.mu);
-    fn.compiled_on.insert(hosts[i]);
+    fn.compiled_on.insert(HostKey(hosts[i]));
   }
   return absl::OkStatus();
 }
@@ -368,8 +375,7 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
     bytes->resize(static_cast<size_t>(*ByteSize(data.dtype(), sharding.local_shape())));
     CopyRegion(data.bytes().data(), data.shape(), region.start, region.size, element, bytes->data(),
                sharding.local_shape(), Shape(region.size.size(), 0));
-    int64_t& at = (*state->produced_at)[dev.host_address];
-    at = std::max(at, core_->Push(dev.host_address, std::move(op)));
+    (*state->produced_at)[dev.host_address] = core_->Push(dev.host_address, std::move(op));  // the last shard's
   }
   ShardedArray array;
   array.state_ = std::move(state);
@@ -397,7 +403,7 @@ struct SegmentedDispatch {
   std::vector<Segment> segments;
   std::vector<std::vector<std::shared_ptr<const ShardedArray::State>>> node_outputs;
   // Shared with the outputs' states; complete when `done` is set.
-  std::shared_ptr<std::map<std::string, int64_t>> produced_at = std::make_shared<std::map<std::string, int64_t>>();
+  std::shared_ptr<std::map<std::string, SeqRef>> produced_at = std::make_shared<std::map<std::string, SeqRef>>();
   Promise<Unit> done;       // every segment pushed
   Promise<Unit> delivered;  // every segment on its hosts, or why one never will be
   std::vector<Future<Unit>> deliveries;
@@ -491,7 +497,7 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
       {
         absl::MutexLock lock(&c.function.state_->mu);
         for (const std::string& host : lowering->node_mappings[n]->hosts) {
-          if (!c.function.state_->compiled_on.contains(host)) missing.push_back(host);
+          if (!c.function.state_->compiled_on.contains(core_->HostKey(host))) missing.push_back(host);
         }
       }
       if (!missing.empty()) PW_RETURN_IF_ERROR(core_->CompileOn(*c.function.state_, missing));
@@ -591,11 +597,20 @@ namespace {
 // Fetches the given shards from `host` once it has applied op `seq` (which produced them), the
 // client's direct ops to it flushed first: that surfaces a refused batch instead of waiting for
 // ops that never come.
-Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host, int64_t seq,
+Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host, std::optional<SeqRef> at,
                                          rpc::FetchRequest request) {
   std::shared_ptr<WorkerClient> worker = core.worker(host);
   std::shared_ptr<HostOpQueue> queue = core.queue(host);
-  request.set_after_seq(seq);
+  if (!at.has_value()) at = SeqRef{queue->session(), queue->last_seq()};
+  if (at->session != queue->session()) {
+    // The sequence the array was made in broke (the host died or refused ops); what it held there
+    // is gone with it.
+    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
+        absl::StrCat("host ", host, " stopped taking this client's ops after array ", request.array_id(),
+                     " was made there (it left or restarted); its shards there are gone")));
+  }
+  request.set_after_seq(at->seq);
+  request.set_session(at->session);
   return queue->Flushed().FlatThen(
       [worker, request = std::move(request)](const Unit&) { return worker->Fetch(request); });
 }
@@ -605,17 +620,23 @@ Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<Client
                                                     const ShardedArray::State& state,
                                                     const std::vector<int64_t>& shards, bool status_only) {
   std::map<std::string, std::vector<int32_t>> by_host;
-  for (int64_t s : shards) by_host[state.placed_on->devices[s].host_address].push_back(static_cast<int32_t>(s));
+  std::map<std::string, std::string> incarnation;
+  for (int64_t s : shards) {
+    const PhysicalDeviceInfo& d = state.placed_on->devices[s];
+    by_host[d.host_address].push_back(static_cast<int32_t>(s));
+    incarnation[d.host_address] = d.incarnation;
+  }
   std::vector<Future<rpc::FetchResponse>> responses;
   for (auto& [host, host_shards] : by_host) {
     rpc::FetchRequest request;
     request.set_client_id(core->id());
     request.set_array_id(state.id);
     request.set_status_only(status_only);
+    request.set_incarnation(incarnation[host]);
     for (int32_t s : host_shards) request.add_shards(s);
-    auto seq = state.produced_at->find(host);
+    auto at = state.produced_at->find(host);
     responses.push_back(FetchFromHost(*core, host,
-                                      seq == state.produced_at->end() ? core->queue(host)->last_seq() : seq->second,
+                                      at == state.produced_at->end() ? std::nullopt : std::optional<SeqRef>(at->second),
                                       std::move(request)));
   }
   return JoinAll(responses);

@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "client/program.h"
@@ -18,6 +19,12 @@
 #include "transport/worker_client.h"
 
 namespace pathways {
+
+// A place in a client's sequence of ops for one host.
+struct SeqRef {
+  int64_t session = 0;
+  int64_t seq = 0;
+};
 
 // Shared by the Client and every handle it gave out, so handles can free their shards even after
 // the Client object is gone. Thread-safe.
@@ -39,10 +46,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     return WorkerClientCache::Global().Get(address);
   }
 
+  // The client's ordered queue to a host. A queue whose delivery stopped (the host refused a
+  // batch, or died) is replaced by a new one, with a new session, so that a host that restarted
+  // at the same address is usable again.
   std::shared_ptr<HostOpQueue> queue(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& q = queues_[address];
-    if (!q) q = std::make_shared<HostOpQueue>(worker(address), id_);
+    if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), id_);
     return q;
   }
 
@@ -56,8 +66,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   int64_t NextRunId() { return run_ids_.Next(); }
 
   // Every op the client sends goes through here, so the stats see all of them.
-  // Returns the op's sequence number on the host.
-  int64_t Push(const std::string& host, rpc::Op op) {
+  // Returns the op's place in the client's sequence on the host.
+  SeqRef Push(const std::string& host, rpc::Op op) {
     const int64_t bytes = static_cast<int64_t>(op.ByteSizeLong());
     ops_sent_.fetch_add(1, std::memory_order_relaxed);
     op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
@@ -65,20 +75,34 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
       run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
     }
-    return queue(host)->Push(std::move(op));
+    std::shared_ptr<HostOpQueue> q = queue(host);
+    const int64_t seq = q->Push(std::move(op));
+    return {q->session(), seq};
   }
   // A slice mapping from the controller's placement (a new id each time).
   std::shared_ptr<const SliceMapping> NewMapping(const rpc::AllocateSliceResponse& response);
-  // Hosts learn their island from the slices that name them.
-  void NoteHostIsland(const std::string& host, int island) {
+  // A host as one worker process: its address and incarnation as far as the client knows, so
+  // that what was done on a process (compiling a function) is done again on its successor.
+  std::string HostKey(const std::string& host) {
+    absl::MutexLock lock(&mu_);
+    auto it = incarnation_of_.find(host);
+    return it == incarnation_of_.end() ? host : absl::StrCat(host, "#", it->second);
+  }
+  // What the slices that name a host say about it: its island, and its worker process's
+  // incarnation. A new incarnation means the host restarted: the client's sequence of ops for it
+  // starts anew (a new queue and session), since the new process knows nothing of the old one.
+  void NoteHost(const std::string& host, int island, const std::string& incarnation) {
     absl::MutexLock lock(&mu_);
     island_of_[host] = island;
+    std::string& known = incarnation_of_[host];
+    if (!known.empty() && known != incarnation) queues_.erase(host);
+    known = incarnation;
   }
   // Sends one run op to `hosts`: one message per island, to the island's scheduler, with the
   // op's place in the client's sequence reserved on each host. Call with epoch_mu() held, so
   // runs are numbered, sequenced and queued in one order.
   struct PushedRun {
-    std::map<std::string, int64_t> seqs;  // the op's sequence number on each host
+    std::map<std::string, SeqRef> seqs;  // the op's place in the sequence on each host
     Future<Unit> delivered;               // on its hosts, or why it never will be
   };
   PushedRun PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op)
@@ -116,6 +140,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> island_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::shared_ptr<OrderedBatchQueue<rpc::GangRun>>> schedule_queues_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<const void*, int64_t>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
@@ -126,7 +151,7 @@ struct CompiledFunction::State {
   std::string key;
   const ClientCore* owner;
   absl::Mutex mu;
-  absl::flat_hash_set<std::string> compiled_on ABSL_GUARDED_BY(mu);  // host addresses
+  absl::flat_hash_set<std::string> compiled_on ABSL_GUARDED_BY(mu);  // ClientCore::HostKey of each host
 };
 
 struct ShardedArray::State {
@@ -157,7 +182,7 @@ struct ShardedArray::State {
   Future<Unit> delivered = Future<Unit>::Ready(Unit{});
   // Per host, the sequence number of the op that produces the array there: a fetch asks the host
   // to wait for that op, not for everything sent since. Complete once `dispatched` is ready.
-  std::shared_ptr<std::map<std::string, int64_t>> produced_at = std::make_shared<std::map<std::string, int64_t>>();
+  std::shared_ptr<std::map<std::string, SeqRef>> produced_at = std::make_shared<std::map<std::string, SeqRef>>();
   // False for a run's intermediates, which the hosts free themselves.
   bool owned = true;
 

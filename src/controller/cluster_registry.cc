@@ -173,6 +173,7 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
     p->set_local_index(c.device->info.local_index());
     p->set_island(c.host->island);
     *p->mutable_coords() = c.device->info.coords();
+    p->set_incarnation(c.host->incarnation);
   }
   return absl::OkStatus();
 }

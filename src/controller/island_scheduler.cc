@@ -143,6 +143,7 @@ std::vector<Future<Unit>> IslandScheduler::SendLocked(const std::string& client,
     *op.mutable_op()->mutable_run() = run.run();
     op.mutable_op()->mutable_run()->set_report_done(report_done);
     op.mutable_op()->set_seq(h.seq());
+    op.mutable_op()->set_session(h.session());
     acks.push_back(sink_.Push(h.host(), std::move(op)));
   }
   return acks;

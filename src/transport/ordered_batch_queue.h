@@ -41,6 +41,12 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
     if (batch) Send(*std::move(batch));
   }
 
+  // True once a batch failed and stopped delivery (never with on_failed).
+  bool failed() {
+    absl::MutexLock lock(&mu_);
+    return !failure_.ok();
+  }
+
   // Completes when every item pushed so far has been accepted, or with the error that stopped
   // delivery.
   Future<Unit> Flushed() {

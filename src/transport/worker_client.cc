@@ -1,5 +1,6 @@
 #include "transport/worker_client.h"
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -68,7 +69,8 @@ std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address)
   return slot;
 }
 
-HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, std::string client_id) : worker_(std::move(worker)) {
+HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, std::string client_id)
+    : worker_(std::move(worker)), session_(static_cast<int64_t>(absl::Uniform<uint64_t>(absl::BitGen()) >> 1)) {
   queue_ = std::make_shared<OrderedBatchQueue<rpc::Op>>(
       [worker = worker_, client_id = std::move(client_id)](std::vector<rpc::Op> ops) {
         rpc::EnqueueRequest request;
@@ -81,6 +83,7 @@ HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, std::string clien
 int64_t HostOpQueue::Push(rpc::Op op) {
   absl::MutexLock lock(&mu_);
   op.set_seq(++seq_);
+  op.set_session(session_);
   queue_->Push(std::move(op));
   return seq_;
 }
@@ -93,6 +96,7 @@ int64_t HostOpQueue::ReserveSeq() {
 void HostOpQueue::SkipReserved(int64_t seq) {
   rpc::Op op;
   op.set_seq(seq);
+  op.set_session(session_);
   queue_->Push(std::move(op));
 }
 

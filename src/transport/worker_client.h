@@ -72,6 +72,11 @@ class HostOpQueue {
   void SkipReserved(int64_t seq);
   // The last sequence number handed out: a fetch asks the host to wait until it has applied it.
   int64_t last_seq();
+  // This queue's sequence on the host (random): a new queue starts a new one.
+  int64_t session() const { return session_; }
+  // Delivery stopped (the host refused a batch or could not be reached): the client replaces the
+  // queue, and with it the session, so a host that restarted is usable again.
+  bool failed() { return queue_->failed(); }
   // Completes when every op pushed so far has been accepted by the host (not reserved ones), or
   // with the error that stopped delivery (after which every later op fails too).
   Future<Unit> Flushed() { return queue_->Flushed(); }
@@ -80,6 +85,7 @@ class HostOpQueue {
  private:
   std::shared_ptr<WorkerClient> worker_;
   std::shared_ptr<OrderedBatchQueue<rpc::Op>> queue_;
+  const int64_t session_;
   absl::Mutex mu_;  // orders numbering with pushing
   int64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -669,9 +669,13 @@ rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request)
 }
 
 Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) {
+  if (!request.incarnation().empty() && !options_.incarnation.empty() && request.incarnation() != options_.incarnation) {
+    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
+        absl::StrCat("host ", name(), " restarted after array ", request.array_id(), " was placed on it; it is gone")));
+  }
   if (request.after_seq() > 0) {
     // Read only once the ops that produce the array have been applied here.
-    return sequencer_.WhenApplied(request.client_id(), request.after_seq())
+    return sequencer_.WhenApplied(request.client_id(), request.session(), request.after_seq())
         .FlatThen([this, request](const Unit&) {
           rpc::FetchRequest now = request;
           now.set_after_seq(0);

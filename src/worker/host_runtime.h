@@ -51,6 +51,9 @@ struct HostRuntimeOptions {
   // Where the host reports that its part of a run marked report_done is done (to the island
   // scheduler, which shares device time by it). Null: nobody asks.
   std::function<void(rpc::RunDone)> report_done;
+  // This worker process's random identity (see RegisterWorkerRequest); fetches for arrays placed
+  // on another process at the same address are refused.
+  std::string incarnation;
 };
 
 // Applies each client's ops in its order, and scheduled runs in their island's order (see

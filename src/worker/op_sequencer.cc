@@ -30,9 +30,15 @@ absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::
   {
     absl::MutexLock lock(&mu_);
     if (auto gone = dropped_.find(client); gone != dropped_.end()) return gone->second;
-    ClientState& c = clients_[client];
+    // A batch is one session's (its queue stamps them all alike).
+    const int64_t session = ops.empty() ? 0 : ops.front().session();
+    ClientState& c = clients_[{client, session}];
     for (rpc::Op& op : ops) {
       const int64_t seq = op.seq();
+      if (op.session() != session) {
+        status = absl::InvalidArgumentError("ops of one batch belong to different sessions");
+        continue;
+      }
       if (seq <= c.applied || c.waiting.contains(seq)) {
         status = absl::InvalidArgumentError(absl::StrCat("op sequence number ", seq, " of client ", client,
                                                          " is not new (applied up to ", c.applied, ")"));
@@ -70,10 +76,10 @@ absl::Status OpSequencer::AddScheduled(std::vector<rpc::ScheduledOp> ops) {
   return absl::OkStatus();
 }
 
-Future<Unit> OpSequencer::WhenApplied(const std::string& client, int64_t seq) {
+Future<Unit> OpSequencer::WhenApplied(const std::string& client, int64_t session, int64_t seq) {
   absl::MutexLock lock(&mu_);
   if (auto gone = dropped_.find(client); gone != dropped_.end()) return Future<Unit>::Ready(gone->second);
-  ClientState& c = clients_[client];
+  ClientState& c = clients_[{client, session}];
   if (seq <= c.applied) return Future<Unit>::Ready(Unit{});
   Promise<Unit> p;
   Future<Unit> f = p.future();
@@ -85,9 +91,13 @@ void OpSequencer::DropClientLocked(const std::string& client,
                                    std::vector<std::pair<Promise<Unit>, absl::Status>>& failed) {
   const absl::Status why = absl::FailedPreconditionError(absl::StrCat("client ", client, " went away"));
   dropped_[client] = why;
-  if (auto c = clients_.find(client); c != clients_.end()) {
-    for (auto& [seq, p] : c->second.waiters) failed.emplace_back(std::move(p), why);
-    clients_.erase(c);
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (it->first.first != client) {
+      ++it;
+      continue;
+    }
+    for (auto& [seq, p] : it->second.waiters) failed.emplace_back(std::move(p), why);
+    clients_.erase(it++);
   }
 }
 
@@ -120,7 +130,7 @@ void OpSequencer::DrainLocked(std::vector<Promise<Unit>>& ready) {
       retire_(client);
       continue;
     }
-    ClientState& c = clients_[head.client_id()];
+    ClientState& c = clients_[{head.client_id(), head.op().session()}];
     const int64_t seq = head.op().seq();
     if (seq > c.applied + 1) {
       if (head_blocked_since_ == absl::InfiniteFuture()) head_blocked_since_ = absl::Now();
@@ -145,7 +155,7 @@ void OpSequencer::WatchGaps() {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), std::min(gap_timeout_, absl::Seconds(1)));
     if (stop_ || scheduled_.empty() || absl::Now() - head_blocked_since_ < gap_timeout_) continue;
     rpc::ScheduledOp& head = scheduled_.front();
-    ClientState& c = clients_[head.client_id()];
+    ClientState& c = clients_[{head.client_id(), head.op().session()}];
     PW_LOG(Error) << "client " << head.client_id() << ": ops " << c.applied + 1 << ".." << head.op().seq() - 1
                   << " never came within " << absl::FormatDuration(gap_timeout_)
                   << "; its scheduled run goes ahead without them";

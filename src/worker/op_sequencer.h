@@ -44,8 +44,8 @@ class OpSequencer {
   // are still applied in turn.
   absl::Status AddDirect(const std::string& client, std::vector<rpc::Op> ops);
   absl::Status AddScheduled(std::vector<rpc::ScheduledOp> ops);
-  // Completes once the client's ops up to `seq` are applied (or skipped).
-  Future<Unit> WhenApplied(const std::string& client, int64_t seq);
+  // Completes once the client's ops up to `seq` of `session` are applied (or skipped).
+  Future<Unit> WhenApplied(const std::string& client, int64_t session, int64_t seq);
 
 
  private:
@@ -68,7 +68,8 @@ class OpSequencer {
   const RetireFn retire_;
   const absl::Duration gap_timeout_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, ClientState> clients_ ABSL_GUARDED_BY(mu_);
+  // By client and session: each session is its own sequence.
+  absl::flat_hash_map<std::pair<std::string, int64_t>, ClientState> clients_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Status> dropped_ ABSL_GUARDED_BY(mu_);
   std::deque<rpc::ScheduledOp> scheduled_ ABSL_GUARDED_BY(mu_);
   absl::Time head_blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

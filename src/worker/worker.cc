@@ -59,6 +59,7 @@ absl::Status Worker::Start() {
                                      &dataflow_service_, options_.intra_op_threads};
   runtime_options.rendezvous = std::make_shared<ControllerRendezvous>(options_.controller_address);
   runtime_options.collective_timeout = options_.collective_timeout;
+  runtime_options.incarnation = incarnation_;
   runtime_options.memory_wait = options_.memory_wait;
   // Runs done go to the island's scheduler in batches. A lost report only delays the scheduler
   // (it stops waiting for it after a while), so delivery errors are logged, not fatal.
