@@ -10,7 +10,10 @@
 namespace pathways {
 namespace {
 
+// Long enough for a consistently ordered gang to wait out the skew below on a loaded machine;
+// short enough that the deadlock without the scheduler is detected quickly.
 constexpr absl::Duration kCollectiveTimeout = absl::Seconds(1);
+constexpr absl::Duration kPatientCollectiveTimeout = absl::Seconds(20);
 // Long against the time the clients take to submit: host 0 applies client A's direct ops this
 // late and host 1 client B's, so without a common order each host starts the other client's gang
 // first.
@@ -31,7 +34,7 @@ class GangSchedulingTest : public ::testing::Test {
     options.num_islands = 1;
     options.hosts_per_island = 2;
     options.devices_per_host = 1;
-    options.collective_timeout = kCollectiveTimeout;
+    options.collective_timeout = bypass_scheduler ? kCollectiveTimeout : kPatientCollectiveTimeout;
     auto cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);

@@ -205,15 +205,18 @@ namespace {
 thread_local ShardCollectives* current_shard = nullptr;
 }  // namespace
 
-ShardCollectives::ShardCollectives(CollectiveHub& hub, std::shared_ptr<const GangLayout> layout,
-                                   std::string execution_key, int64_t shard)
-    : hub_(hub), layout_(std::move(layout)), execution_key_(std::move(execution_key)), shard_(shard) {}
+ShardCollectives::ShardCollectives(CollectiveHub& hub, std::shared_ptr<const GangLayout> layout, Execution execution,
+                                   int64_t shard)
+    : hub_(hub), layout_(std::move(layout)), execution_(execution), shard_(shard) {}
 
 absl::StatusOr<Exchanged> ShardCollectives::Exchange(absl::string_view axes, std::string bytes) {
   auto result = [&]() -> absl::StatusOr<Exchanged> {
     auto group = GroupOf(*layout_, shard_, axes);
     if (!group.ok()) return group.status();
     // Every member makes the same calls in the same order (SPMD), so the call index matches.
+    if (execution_key_.empty()) {
+      execution_key_ = absl::StrCat(*execution_.client, "/", execution_.program, "/", execution_.run, "/", execution_.node);
+    }
     std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", group->id);
     return hub_.Exchange(*layout_, *group, call_key, std::move(bytes));
   }();

@@ -128,9 +128,16 @@ class CollectiveHub {
 // so that kernels find it without it passing through the compute interfaces.
 class ShardCollectives {
  public:
-  // `execution_key` is unique per execution of the gang (client, program, run, node).
-  ShardCollectives(CollectiveHub& hub, std::shared_ptr<const GangLayout> layout, std::string execution_key,
-                   int64_t shard);
+  // Names one execution of a gang: unique per (client, program, run, node). `client` must outlive
+  // the ShardCollectives. The key is only spelled out if the body calls a collective, so shards
+  // of bodies without any pay nothing for it.
+  struct Execution {
+    const std::string* client;
+    int64_t program;
+    int64_t run;
+    int32_t node;
+  };
+  ShardCollectives(CollectiveHub& hub, std::shared_ptr<const GangLayout> layout, Execution execution, int64_t shard);
   absl::StatusOr<Exchanged> Exchange(absl::string_view axes, std::string bytes);
   // Members of the shard's group over `axes`, for kernels that must know the group size first.
   absl::StatusOr<Group> GroupOver(absl::string_view axes) const { return GroupOf(*layout_, shard_, axes); }
@@ -145,7 +152,8 @@ class ShardCollectives {
   friend class ScopedShardCollectives;
   CollectiveHub& hub_;
   const std::shared_ptr<const GangLayout> layout_;
-  const std::string execution_key_;
+  const Execution execution_;
+  std::string execution_key_;  // spelled out at the first collective
   const int64_t shard_;
   int calls_ = 0;
   absl::Status first_error_;

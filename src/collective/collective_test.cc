@@ -60,7 +60,8 @@ TEST(CollectiveHubTest, MembersOnOneHostSeeEveryContributionInRankOrder) {
   auto layout = std::make_shared<const GangLayout>(Layout({4}, {"i"}, std::vector<std::string>(4, "h")));
   for (int round = 0; round < 20; ++round) {
     auto results = RunShards(4, [&](int s) {
-      ShardCollectives shard(hub, layout, absl::StrCat("run", round), s);
+      const std::string client = absl::StrCat("run", round);
+      ShardCollectives shard(hub, layout, {&client, 0, 0, 0}, s);
       return shard.Exchange("i", absl::StrCat("s", s));
     });
     for (int s = 0; s < 4; ++s) ExpectParts(results[s], {"s0", "s1", "s2", "s3"}, s);
@@ -71,7 +72,8 @@ TEST(CollectiveHubTest, AMemberThatNeverComesTimesTheOthersOut) {
   CollectiveHub hub("h", nullptr, absl::Milliseconds(100));
   auto layout = std::make_shared<const GangLayout>(Layout({3}, {"i"}, std::vector<std::string>(3, "h")));
   auto results = RunShards(2, [&](int s) {
-    ShardCollectives shard(hub, layout, "run", s);
+    const std::string client = "run";
+    ShardCollectives shard(hub, layout, {&client, 0, 0, 0}, s);
     auto r = shard.Exchange("", "x");
     EXPECT_EQ(shard.first_error().code(), absl::StatusCode::kDeadlineExceeded);
     return r;
@@ -100,7 +102,8 @@ TEST_F(TwoHostTest, GroupsAcrossAndWithinHostsExchange) {
   auto layout = std::make_shared<const GangLayout>(Layout({2, 2}, {"x", "y"}, {"a", "a", "b", "b"}));
   for (int round = 0; round < 5; ++round) {
     auto results = RunShards(4, [&](int s) -> absl::StatusOr<Exchanged> {
-      ShardCollectives shard(hub(s < 2 ? "a" : "b"), layout, absl::StrCat("run", round), s);
+      const std::string client = absl::StrCat("run", round);
+      ShardCollectives shard(hub(s < 2 ? "a" : "b"), layout, {&client, 0, 0, 0}, s);
       auto over_x = shard.Exchange("x", absl::StrCat("x", s));
       if (!over_x.ok()) return over_x.status();
       const std::vector<std::string> want_x = s % 2 == 0 ? std::vector<std::string>{"x0", "x2"}
@@ -125,7 +128,7 @@ TEST_F(TwoHostTest, GangsOrderedDifferentlyOnTwoHostsTimeOutThenTheHostsRecover)
     std::vector<std::string> order = s == 0 ? std::vector<std::string>{"P", "Q"} : std::vector<std::string>{"Q", "P"};
     absl::Status first = absl::OkStatus();
     for (const std::string& gang : order) {
-      ShardCollectives shard(h, layout, gang, s);
+      ShardCollectives shard(h, layout, {&gang, 0, 0, 0}, s);
       auto r = shard.Exchange("", "v");
       if (!r.ok() && first.ok()) first = r.status();
     }
@@ -141,7 +144,8 @@ TEST_F(TwoHostTest, GangsOrderedDifferentlyOnTwoHostsTimeOutThenTheHostsRecover)
   EXPECT_GE(timed_out, 1);
   // The same devices then run a gang in a consistent order.
   auto again = RunShards(2, [&](int s) {
-    ShardCollectives shard(hub(s == 0 ? "a" : "b"), layout, "R", s);
+    const std::string client = "R";
+    ShardCollectives shard(hub(s == 0 ? "a" : "b"), layout, {&client, 0, 0, 0}, s);
     return shard.Exchange("i", s == 0 ? "ra" : "rb");
   });
   for (int s = 0; s < 2; ++s) ExpectParts(again[s], {"ra", "rb"}, s);

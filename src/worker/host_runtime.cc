@@ -536,8 +536,7 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
       std::vector<DeviceBuffer*> out_ptrs;
       for (auto& b : results) out_ptrs.push_back(b.get());
       // The body's collectives meet the node's other shards of this run.
-      collective::ShardCollectives collectives(
-          *hub, gang, absl::StrCat(label.client, "/", label.program, "/", label.run, "/", label.node), shard);
+      collective::ShardCollectives collectives(*hub, gang, {&label.client, label.program, label.run, label.node}, shard);
       collective::ScopedShardCollectives scope(&collectives);
       PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
       return results;
