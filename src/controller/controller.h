@@ -1,10 +1,11 @@
-// The controller process's parts: the cluster registry behind a gRPC service.
+// The controller process's parts behind one gRPC service: the cluster registry (resource
+// manager), client leases, one gang scheduler per island, and the rendezvous store for Gloo.
 #pragma once
 
 #include <map>
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "controller/client_leases.h"
