@@ -7,6 +7,7 @@ namespace pathways {
 namespace {
 // Bounds what a client can park here with sequence numbers far ahead of its real ones.
 constexpr size_t kMaxWaitingOpsPerClient = 1 << 20;
+constexpr size_t kMaxRememberedDropped = 1 << 16;
 }  // namespace
 
 OpSequencer::OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout)
@@ -90,7 +91,11 @@ Future<Unit> OpSequencer::WhenApplied(const std::string& client, int64_t session
 void OpSequencer::DropClientLocked(const std::string& client,
                                    std::vector<std::pair<Promise<Unit>, absl::Status>>& failed) {
   const absl::Status why = absl::FailedPreconditionError(absl::StrCat("client ", client, " went away"));
-  dropped_[client] = why;
+  if (dropped_.emplace(client, why).second) dropped_order_.push_back(client);
+  while (dropped_order_.size() > kMaxRememberedDropped) {
+    dropped_.erase(dropped_order_.front());
+    dropped_order_.pop_front();
+  }
   for (auto it = clients_.begin(); it != clients_.end();) {
     if (it->first.first != client) {
       ++it;

@@ -70,7 +70,10 @@ class OpSequencer {
   absl::Mutex mu_;
   // By client and session: each session is its own sequence.
   absl::flat_hash_map<std::pair<std::string, int64_t>, ClientState> clients_ ABSL_GUARDED_BY(mu_);
+  // Clients that went away, so that their late ops are refused; the oldest are forgotten beyond
+  // kMaxRememberedDropped (a client id is random and never comes back).
   absl::flat_hash_map<std::string, absl::Status> dropped_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> dropped_order_ ABSL_GUARDED_BY(mu_);
   std::deque<rpc::ScheduledOp> scheduled_ ABSL_GUARDED_BY(mu_);
   absl::Time head_blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
