@@ -283,7 +283,7 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
       seqs[host] = Push(host, std::move(o));
       deliveries.push_back(queue(host)->Flushed());
     }
-    pushed.delivered = JoinAll(deliveries).Then([](const std::vector<Unit>&) { return Unit{}; });
+    pushed.delivered = AllDone(deliveries);
     return pushed;
   }
   std::map<int, rpc::GangRun> by_island;
@@ -308,7 +308,7 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     queue->Push(std::move(run));
     deliveries.push_back(queue->Flushed());  // covers this run's batch
   }
-  pushed.delivered = JoinAll(deliveries).Then([](const std::vector<Unit>&) { return Unit{}; });
+  pushed.delivered = AllDone(deliveries);
   return pushed;
 }
 
@@ -425,13 +425,7 @@ struct SegmentedDispatch {
     }
     if (k + 1 == d->segments.size()) {
       d->done.Set(Unit{});
-      JoinAll(d->deliveries).OnReady([d](const absl::StatusOr<std::vector<Unit>>& r) {
-        if (r.ok()) {
-          d->delivered.Set(Unit{});
-        } else {
-          d->delivered.Set(r.status());
-        }
-      });
+      AllDone(d->deliveries).OnReady([d](const absl::StatusOr<Unit>& r) { d->delivered.Set(r); });
       return;
     }
     std::vector<Future<Unit>> waits;
@@ -440,7 +434,7 @@ struct SegmentedDispatch {
     } else {
       waits.push_back(d->deliveries.back());
     }
-    JoinAll(waits).OnReady([d, k](const absl::StatusOr<std::vector<Unit>>& r) {
+    AllDone(waits).OnReady([d, k](const absl::StatusOr<Unit>& r) {
       if (!r.ok()) {
         d->done.Set(r.status());
         d->delivered.Set(r.status());

@@ -52,6 +52,13 @@ IslandScheduler& Controller::scheduler(int island) {
   return *slot;
 }
 
+// A handler's answer: the value into the response, or the error.
+template <typename T>
+grpc::Status Answer(absl::StatusOr<T> r, T* response) {
+  if (r.ok()) *response = *std::move(r);
+  return ToGrpc(r.status());
+}
+
 // Every handler starts here: a call without the cluster's token is refused.
 #define PW_CHECK_CALL_TOKEN(context)                                                     \
   if (absl::Status auth = CheckCallToken(*(context), token_); !auth.ok()) return ToGrpc(auth)
@@ -71,10 +78,14 @@ class Controller::Service final : public rpc::Controller::Service {
     }
     const absl::Time now = absl::Now();
     std::map<int, std::vector<rpc::GangRun>> by_island;
+    // A batch's runs name the same few hosts over and over: look each up once.
+    absl::flat_hash_map<std::string, absl::StatusOr<int32_t>> island_of;
     for (const rpc::GangRun& run : request->runs()) {
       if (run.hosts().empty()) return ToGrpc(absl::InvalidArgumentError("a scheduled run names no hosts"));
       for (const rpc::HostSeq& h : run.hosts()) {
-        auto island = registry_.IslandOf(h.host(), now);
+        auto [it, is_new] = island_of.try_emplace(h.host(), 0);
+        if (is_new) it->second = registry_.IslandOf(h.host(), now);
+        const absl::StatusOr<int32_t>& island = it->second;
         if (!island.ok()) return ToGrpc(island.status());
         if (*island != run.island()) {
           return ToGrpc(absl::InvalidArgumentError(
@@ -87,7 +98,7 @@ class Controller::Service final : public rpc::Controller::Service {
     for (auto& [island, runs] : by_island) {
       accepted.push_back(controller_.scheduler(island).Submit(request->client_id(), request->weight(), std::move(runs)));
     }
-    return ToGrpc(JoinAll(accepted).Await().status());
+    return ToGrpc(AllDone(accepted).Await().status());
   }
 
   grpc::Status SliceStates(grpc::ServerContext* context, const rpc::SliceStatesRequest* request,
@@ -99,9 +110,7 @@ class Controller::Service final : public rpc::Controller::Service {
   grpc::Status RemapSlice(grpc::ServerContext* context, const rpc::RemapSliceRequest* request,
                           rpc::AllocateSliceResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    auto r = registry_.RemapSlice(*request, absl::Now());
-    if (r.ok()) *response = *r;
-    return ToGrpc(r.status());
+    return Answer(registry_.RemapSlice(*request, absl::Now()), response);
   }
 
   grpc::Status ClientHeartbeat(grpc::ServerContext* context, const rpc::ClientHeartbeatRequest* request,
@@ -145,9 +154,7 @@ class Controller::Service final : public rpc::Controller::Service {
   grpc::Status RegisterWorker(grpc::ServerContext* context, const rpc::RegisterWorkerRequest* request,
                               rpc::RegisterWorkerResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    auto r = registry_.RegisterWorker(*request, absl::Now());
-    if (r.ok()) *response = *r;
-    return ToGrpc(r.status());
+    return Answer(registry_.RegisterWorker(*request, absl::Now()), response);
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const rpc::HeartbeatRequest* request,
                          rpc::HeartbeatResponse* response) override {
@@ -166,9 +173,7 @@ class Controller::Service final : public rpc::Controller::Service {
   grpc::Status AllocateSlice(grpc::ServerContext* context, const rpc::AllocateSliceRequest* request,
                              rpc::AllocateSliceResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    auto r = registry_.AllocateSlice(*request, absl::Now());
-    if (r.ok()) *response = *r;
-    return ToGrpc(r.status());
+    return Answer(registry_.AllocateSlice(*request, absl::Now()), response);
   }
 
  private:

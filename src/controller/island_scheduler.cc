@@ -42,7 +42,7 @@ void IslandScheduler::ExpireLoop() {
     }
     if (!expired) continue;
     if (outstanding_.empty()) outstanding_us_ = 0;
-    std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent;
+    Sent sent;
     ReleaseLocked(sent);
     mu_.Unlock();
     Wire(std::move(sent));
@@ -52,7 +52,7 @@ void IslandScheduler::ExpireLoop() {
 
 Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs) {
   std::vector<Future<Unit>> accepted;
-  std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent;
+  Sent sent;
   {
     absl::MutexLock lock(&mu_);
     auto [it, is_new] = clients_.try_emplace(client);
@@ -83,7 +83,7 @@ Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, s
     ReleaseLocked(sent);
   }
   Wire(std::move(sent));
-  return JoinAll(accepted).Then([](const std::vector<Unit>&) { return Unit{}; });
+  return AllDone(accepted);
 }
 
 void IslandScheduler::RetireClient(const std::string& client, const std::vector<std::string>& hosts) {
@@ -105,7 +105,7 @@ void IslandScheduler::RetireClient(const std::string& client, const std::vector<
 }
 
 void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t device_us) {
-  std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent;
+  Sent sent;
   {
     absl::MutexLock lock(&mu_);
     auto it = outstanding_.find({client, epoch});
@@ -114,24 +114,18 @@ void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t dev
     o.max_device_us = std::max(o.max_device_us, device_us);
     if (--o.hosts_left > 0) return;
     // The run's cost is what its busiest device spent on it; recent runs weigh most, and the
-    // first measurement replaces the guess.
-    ClientQueue& q = clients_[o.client];
-    const double cost = static_cast<double>(std::max<int64_t>(o.max_device_us, 1));
-    q.estimate_us = q.measured ? 0.7 * q.estimate_us + 0.3 * cost : cost;
-    q.measured = true;
+    // first measurement replaces the guess. (A client retired meanwhile has no queue left.)
+    if (auto q = clients_.find(o.client); q != clients_.end()) {
+      const double cost = static_cast<double>(std::max<int64_t>(o.max_device_us, 1));
+      q->second.estimate_us = q->second.measured ? 0.7 * q->second.estimate_us + 0.3 * cost : cost;
+      q->second.measured = true;
+    }
     outstanding_us_ -= o.estimate_us;
     outstanding_.erase(it);
     if (outstanding_.empty()) outstanding_us_ = 0;  // no drift from rounding
     ReleaseLocked(sent);
   }
   Wire(std::move(sent));
-}
-
-std::map<std::string, IslandScheduler::ClientStats> IslandScheduler::stats() const {
-  absl::MutexLock lock(&mu_);
-  std::map<std::string, ClientStats> out;
-  for (const auto& [id, q] : clients_) out[id] = {q.released, q.estimate_us};
-  return out;
 }
 
 std::vector<Future<Unit>> IslandScheduler::SendLocked(const std::string& client, const rpc::GangRun& run,
@@ -149,13 +143,12 @@ std::vector<Future<Unit>> IslandScheduler::SendLocked(const std::string& client,
   return acks;
 }
 
-void IslandScheduler::ReleaseLocked(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>>& sent) {
+void IslandScheduler::ReleaseLocked(Sent& sent) {
   if (options_.policy == SchedulingPolicy::kFifo) {
     // Submissions are serialised by mu_, so arrival order is one order for every host.
     for (auto& [id, q] : clients_) {
       for (Pending& p : q.pending) {
         sent.emplace_back(std::move(p.accepted), SendLocked(id, p.run, false));
-        ++q.released;
       }
       q.pending.clear();
     }
@@ -181,22 +174,15 @@ void IslandScheduler::ReleaseLocked(std::vector<std::pair<Promise<Unit>, std::ve
     next->pending.pop_front();
     virtual_time_ = next_start;
     next->finish = next_start + next->estimate_us / next->weight;
-    ++next->released;
     outstanding_[{*next_id, p.run.run().epoch()}] = {*next_id, p.run.hosts_size(), 0, next->estimate_us, absl::Now()};
     outstanding_us_ += next->estimate_us;
     sent.emplace_back(std::move(p.accepted), SendLocked(*next_id, p.run, true));
   }
 }
 
-void IslandScheduler::Wire(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent) {
+void IslandScheduler::Wire(Sent sent) {
   for (auto& [promise, acks] : sent) {
-    JoinAll(acks).OnReady([p = std::move(promise)](const absl::StatusOr<std::vector<Unit>>& r) mutable {
-      if (r.ok()) {
-        p.Set(Unit{});
-      } else {
-        p.Set(r.status());
-      }
-    });
+    AllDone(acks).OnReady([p = std::move(promise)](const absl::StatusOr<Unit>& r) mutable { p.Set(r); });
   }
 }
 

@@ -68,12 +68,6 @@ class IslandScheduler {
   // A host reports that its part of a run is done, and the device time it took per device.
   void Done(const std::string& client, int64_t epoch, int64_t device_us);
 
-  struct ClientStats {
-    int64_t released = 0;      // runs sent to hosts
-    double estimate_us = 0;    // device time per run, as the scheduler costs it
-  };
-  std::map<std::string, ClientStats> stats() const;
-
  private:
   struct Pending {
     rpc::GangRun run;
@@ -84,7 +78,6 @@ class IslandScheduler {
     double finish = 0;  // virtual finish time of its last released run
     double estimate_us = 100;
     bool measured = false;  // estimate_us comes from its own runs
-    int64_t released = 0;
     std::deque<Pending> pending;
   };
   struct Outstanding {
@@ -94,12 +87,14 @@ class IslandScheduler {
     double estimate_us;
     absl::Time released;
   };
-  // Sends runs while the policy allows; returns the acceptance futures to wire to promises.
-  void ReleaseLocked(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>>& sent)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs sent to hosts: each submitter's promise, and the hosts' acknowledgements it waits for.
+  using Sent = std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>>;
+  // Sends runs while the policy allows.
+  void ReleaseLocked(Sent& sent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Future<Unit>> SendLocked(const std::string& client, const rpc::GangRun& run, bool report_done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void Wire(std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>> sent);
+  // Settles each submitter's promise once its hosts acknowledged (called without mu_).
+  static void Wire(Sent sent);
   void ExpireLoop();
 
   const int island_;

@@ -255,4 +255,11 @@ Future<std::vector<T>> JoinAll(const std::vector<Future<T>>& futures) {
   return result;
 }
 
+// Completes once every input has, or with the first error: JoinAll for futures that carry no
+// value. A single input is passed through as it is.
+inline Future<Unit> AllDone(const std::vector<Future<Unit>>& futures) {
+  if (futures.size() == 1) return futures.front();
+  return JoinAll(futures).Then([](const std::vector<Unit>&) { return Unit{}; });
+}
+
 }  // namespace pathways

@@ -1,5 +1,6 @@
 #include "device/cpu_device.h"
 
+#include <chrono>
 #include <future>
 #include <thread>
 #include <vector>
@@ -72,9 +73,10 @@ TEST(CpuDeviceTest, AnAllocationThatDoesNotFitWaitsForMemoryToBeReleased) {
   CpuDevice device(0, 1000);
   BufferPtr held = *device.Allocate(DType::kF32, {200});  // 800 of 1000
   auto waited = std::async(std::launch::async, [&] { return device.Allocate(DType::kF32, {100}, absl::Seconds(30)); });
-  std::thread releaser([&] { held.reset(); });
-  auto got = waited.get();  // whichever comes first, the allocation ends up fitting
-  releaser.join();
+  // While the memory is held the allocation cannot have returned: it fits only once released.
+  EXPECT_EQ(waited.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  held.reset();
+  auto got = waited.get();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(device.stats().memory_used, 400);
   // Nobody releases: the bounded wait ends in ResourceExhausted that says it waited.

@@ -38,61 +38,43 @@ void RequestFuzzer::Feed(const uint8_t* data, size_t size) {
   const int length = static_cast<int>(size - 1);
   const absl::Time now = absl::UnixEpoch() + absl::Seconds(1);
   switch (kind) {
-    case kEnqueue: {
-      rpc::EnqueueRequest request;
-      if (!request.ParseFromArray(payload, length)) return;
-      ++decoded_;
-      for (auto& op : *request.mutable_ops()) {
-        if (op.has_register_program()) StayLocal(*op.mutable_register_program()->mutable_program());
-      }
-      (void)runtime_->Enqueue(request);
+    case kEnqueue:
+      Decode<rpc::EnqueueRequest>(payload, length, [&](rpc::EnqueueRequest& request) {
+        for (auto& op : *request.mutable_ops()) {
+          if (op.has_register_program()) StayLocal(*op.mutable_register_program()->mutable_program());
+        }
+        (void)runtime_->Enqueue(request);
+      });
       return;
-    }
-    case kFetch: {
-      rpc::FetchRequest request;
-      if (!request.ParseFromArray(payload, length)) return;
-      ++decoded_;
-      request.set_after_seq(0);  // waiting for ops that never come is allowed, not useful here
-      (void)runtime_->Fetch(request).AwaitFor(absl::Milliseconds(5));
+    case kFetch:
+      Decode<rpc::FetchRequest>(payload, length, [&](rpc::FetchRequest& request) {
+        request.set_after_seq(0);  // waiting for ops that never come is allowed, not useful here
+        (void)runtime_->Fetch(request).AwaitFor(absl::Milliseconds(5));
+      });
       return;
-    }
-    case kAllocateSlice: {
-      rpc::AllocateSliceRequest request;
-      if (!request.ParseFromArray(payload, length)) return;
-      ++decoded_;
-      (void)registry_.AllocateSlice(request, now);
+    case kAllocateSlice:
+      Decode<rpc::AllocateSliceRequest>(payload, length,
+                                        [&](auto& request) { (void)registry_.AllocateSlice(request, now); });
       return;
-    }
-    case kRegisterWorker: {
-      rpc::RegisterWorkerRequest request;
-      if (!request.ParseFromArray(payload, length)) return;
-      ++decoded_;
-      (void)registry_.RegisterWorker(request, now);
+    case kRegisterWorker:
+      Decode<rpc::RegisterWorkerRequest>(payload, length,
+                                         [&](auto& request) { (void)registry_.RegisterWorker(request, now); });
       return;
-    }
-    case kScheduled: {
-      rpc::ScheduledBatch batch;
-      if (!batch.ParseFromArray(payload, length)) return;
-      ++decoded_;
-      (void)runtime_->ApplyScheduled(batch);
+    case kScheduled:
+      Decode<rpc::ScheduledBatch>(payload, length, [&](auto& batch) { (void)runtime_->ApplyScheduled(batch); });
       return;
-    }
-    case kProgram: {
-      rpc::ProgramProto program;
-      if (!program.ParseFromArray(payload, length)) return;
-      ++decoded_;
-      StayLocal(program);
-      (void)LoweredProgram::Create(program, kHost, runtime_->num_devices());
+    case kProgram:
+      Decode<rpc::ProgramProto>(payload, length, [&](rpc::ProgramProto& program) {
+        StayLocal(program);
+        (void)LoweredProgram::Create(program, kHost, runtime_->num_devices());
+      });
       return;
-    }
-    case kHeartbeat: {
-      rpc::HeartbeatRequest request;
-      if (!request.ParseFromArray(payload, length)) return;
-      ++decoded_;
-      (void)registry_.Heartbeat(request, now);
-      (void)registry_.Status(now);
+    case kHeartbeat:
+      Decode<rpc::HeartbeatRequest>(payload, length, [&](auto& request) {
+        (void)registry_.Heartbeat(request, now);
+        (void)registry_.Status(now);
+      });
       return;
-    }
     case kKinds:
       return;
   }

@@ -29,6 +29,15 @@ class RequestFuzzer {
   ClusterRegistry& registry() { return registry_; }
 
  private:
+  // Parses `M` from the payload and, if it parses, counts it and hands it to `apply`.
+  template <typename M, typename F>
+  void Decode(const void* payload, int length, F apply) {
+    M message;
+    if (!message.ParseFromArray(payload, length)) return;
+    ++decoded_;
+    apply(message);
+  }
+
   dataflow::DataflowService dataflow_;
   std::unique_ptr<HostRuntime> runtime_;
   ClusterRegistry registry_;

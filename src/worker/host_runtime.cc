@@ -193,7 +193,7 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
     ops[i].clear_kind();  // keeps its place in the sequence, does nothing
   }
   absl::Duration delay;
-  {
+  if (test_op_delays_set_.load(std::memory_order_relaxed)) {
     absl::MutexLock lock(&programs_mu_);
     auto it = test_op_delays_.find(request.client_id());
     if (it != test_op_delays_.end()) delay = it->second;
@@ -263,14 +263,22 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
   const LoweredProgram& lowered = *program->lowered;
   // Every host derives the same graph: the same plans over the same hosts in the same order.
   auto graph = std::make_shared<dataflow::GraphDef>(absl::StrCat(client, "/", proto.program_id()));
+  std::map<const LoweredSlice*, std::shared_ptr<const collective::GangLayout>> gangs;  // one per slice
   for (int n = 0; n < static_cast<int>(lowered.nodes().size()); ++n) {
     const LoweredNode& node = lowered.nodes()[n];
     NodePlan plan;
-    auto gang = std::make_shared<collective::GangLayout>();
-    gang->mesh_dims = node.slice->mesh.dims;
-    gang->axis_names = node.slice->mesh.axis_names;
-    for (const DeviceLocation& d : node.slice->devices) gang->members.push_back({d.host, d.device_id});
-    plan.gang = std::move(gang);
+    std::shared_ptr<const collective::GangLayout>& gang = gangs[node.slice];
+    if (gang == nullptr) {
+      auto layout = std::make_shared<collective::GangLayout>();
+      layout->mesh_dims = node.slice->mesh.dims;
+      layout->axis_names = node.slice->mesh.axis_names;
+      for (const DeviceLocation& d : node.slice->devices) layout->members.push_back({d.host, d.device_id});
+      gang = std::move(layout);
+    }
+    plan.gang = gang;
+    for (size_t j = 0; j < node.output_specs.size(); ++j) {
+      plan.out_specs.push_back({node.output_specs[j].dtype, node.out_shardings[j].local_shape()});
+    }
     for (int64_t shard : node.slice->local_shards) {
       plan.shards.push_back({shard, std::vector<std::vector<Piece>>(node.inputs.size())});
     }
@@ -382,15 +390,15 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
     std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
     const NodePlan& plan = entry->nodes[n];
-    for (const ShardPlan& shard : plan.shards) ExecuteShard(*entry, n, shard, run, tracker);
+    for (const ShardPlan& shard : plan.shards) ExecuteShard(entry, n, shard, run, tracker);
     if (auto receiver = plan.receiver_index.find(name()); receiver != plan.receiver_index.end()) {
       (void)entry->engine->CloseInput(plan.arm_node, receiver->second, run.epoch());  // expecting all blocks now
     }
     auto sender = plan.sender_index.find(name());
     if (sender == plan.sender_index.end()) continue;
     // This host's part of the node's exchange ends once every block it owes is handed over.
-    JoinAll(sends).OnReady([entry, node = plan.send_node, shard = sender->second,
-                            epoch = run.epoch()](const absl::StatusOr<std::vector<Unit>>&) {
+    AllDone(sends).OnReady([entry, node = plan.send_node, shard = sender->second,
+                            epoch = run.epoch()](const absl::StatusOr<Unit>&) {
       (void)entry->engine->CloseInput(node, shard, epoch);
     });
   }
@@ -448,21 +456,20 @@ struct HostRuntime::RunTracker {
   std::function<void(rpc::RunDone)> report;
 };
 
-void HostRuntime::ExecuteShard(const Program& entry, int node_index, const ShardPlan& shard_plan,
-                               const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker) {
-  const LoweredProgram& program = *entry.lowered;
-  const std::string& client = entry.client;
+void HostRuntime::ExecuteShard(const std::shared_ptr<const Program>& entry, int node_index,
+                               const ShardPlan& shard_plan, const rpc::RunProgramOp& run,
+                               std::shared_ptr<RunTracker> tracker) {
+  const LoweredProgram& program = *entry->lowered;
+  const std::string& client = entry->client;
   const LoweredNode& node = program.nodes()[node_index];
   const int64_t shard = shard_plan.shard;
   const int32_t shard32 = static_cast<int32_t>(shard);
   // Output entries exist from now on, so later nodes and runs can consume them before they are
   // computed.
   auto outputs = std::make_shared<std::vector<Promise<BufferPtr>>>(node.output_specs.size());
-  std::vector<TensorSpec> out_specs;
   for (size_t j = 0; j < node.output_specs.size(); ++j) {
     store_.Put(client, {run.output_array_base() + node.output_offset + static_cast<int64_t>(j), shard32},
                (*outputs)[j].future());
-    out_specs.push_back({node.output_specs[j].dtype, node.out_shardings[j].local_shape()});
   }
   auto fail = [outputs](const absl::Status& s) {
     for (auto& p : *outputs) p.Set(s);
@@ -496,16 +503,17 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
     plans->push_back(std::move(plan));
   }
   Device* device = devices_[node.slice->local_devices[shard]].get();
-  std::string function_name = node.function_name;
   WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
   collective::CollectiveHub* hub = &collectives_;
-  const std::shared_ptr<const collective::GangLayout>& gang = entry.nodes[node_index].gang;
   // Enqueued now, in the order runs are applied here; the device waits for the inputs when it
   // reaches the item (an in-order stream, like an accelerator's).
   Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
-  device->Enqueue([device, exe, plans, outputs, out_specs, function_name, shard, fail, label, hub, gang,
-                   memory_wait = options_.memory_wait,
-                   inputs = std::move(inputs), tracker = std::move(tracker)]() {
+  // The closure holds the program, and so the node's plan, until the work is done (the client
+  // may be collected meanwhile).
+  device->Enqueue([device, exe, plans, outputs, entry, node_index, shard, fail, label, hub,
+                   memory_wait = options_.memory_wait, inputs = std::move(inputs), tracker = std::move(tracker)]() {
+    const NodePlan& node_plan = entry->nodes[node_index];
+    const std::string& function_name = label.name;
     // Work of a client that went away still runs once it is on the device: every host of the
     // island stopped that client at the same point of the island's order, so its gangs run
     // everywhere or nowhere. What it produces is freed as soon as it is done.
@@ -527,7 +535,7 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
         inputs.push_back(*std::move(in));
       }
       std::vector<BufferPtr> results;
-      for (const TensorSpec& spec : out_specs) {
+      for (const TensorSpec& spec : node_plan.out_specs) {
         PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape, memory_wait));
         results.push_back(std::move(out));
       }
@@ -536,7 +544,8 @@ void HostRuntime::ExecuteShard(const Program& entry, int node_index, const Shard
       std::vector<DeviceBuffer*> out_ptrs;
       for (auto& b : results) out_ptrs.push_back(b.get());
       // The body's collectives meet the node's other shards of this run.
-      collective::ShardCollectives collectives(*hub, gang, {&label.client, label.program, label.run, label.node}, shard);
+      collective::ShardCollectives collectives(*hub, node_plan.gang, {&label.client, label.program, label.run, label.node},
+                                               shard);
       collective::ScopedShardCollectives scope(&collectives);
       PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
       return results;

@@ -95,6 +95,7 @@ class HostRuntime {
   void TEST_DelayOpsFrom(const std::string& client, absl::Duration delay) {
     absl::MutexLock lock(&programs_mu_);
     test_op_delays_[client] = delay;
+    test_op_delays_set_.store(true);
   }
 
  private:
@@ -133,6 +134,7 @@ class HostRuntime {
     int edge = -1;  // send -> recv
     std::map<std::string, int> sender_index, receiver_index;
     std::shared_ptr<const collective::GangLayout> gang;  // who the node's shards meet in collectives
+    std::vector<TensorSpec> out_specs;  // of each output's local shard
   };
   // A registered program. Each RunProgramOp is one epoch of its dataflow graph: a host closes
   // its sending shards once it has handed over every block it owes, so receivers learn when all
@@ -150,8 +152,8 @@ class HostRuntime {
                                        const rpc::RunProgramOp& run);
   // Wires one local shard of `node` to its inputs and enqueues it on its device.
   struct RunTracker;
-  void ExecuteShard(const Program& program, int node_index, const ShardPlan& plan, const rpc::RunProgramOp& run,
-                    std::shared_ptr<RunTracker> tracker);
+  void ExecuteShard(const std::shared_ptr<const Program>& program, int node_index, const ShardPlan& plan,
+                    const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker);
   Future<Unit> Send(const std::shared_ptr<Program>& program, ObjectStore::ShardKey source, const Region& region,
                     const std::string& dest, const ObjectStore::TransferId& id);
   void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);
@@ -175,7 +177,7 @@ class HostRuntime {
   // Per client, the last epoch run here: a client's epochs reach a host in increasing order.
   absl::flat_hash_map<std::string, int64_t> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
   absl::flat_hash_map<std::string, absl::Duration> test_op_delays_ ABSL_GUARDED_BY(programs_mu_);
-
+  std::atomic<bool> test_op_delays_set_{false};  // keeps the lookup off the path when unused
 };
 
 }  // namespace pathways

@@ -24,9 +24,18 @@ OpSequencer::~OpSequencer() {
   watchdog_.join();
 }
 
+void OpSequencer::Settle(Settlements& settle) {
+  for (auto& [promise, status] : settle) {
+    if (status.ok()) {
+      promise.Set(Unit{});
+    } else {
+      promise.Set(status);
+    }
+  }
+}
+
 absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::Op> ops) {
-  std::vector<Promise<Unit>> ready;
-  std::vector<std::pair<Promise<Unit>, absl::Status>> failed;
+  Settlements settle;
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
@@ -52,28 +61,23 @@ absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::
       }
       c.waiting.emplace(seq, std::move(op));
     }
-    AdvanceLocked(client, c, ready);
-    DrainLocked(ready);
-    failed.swap(failed_waiters_);
+    AdvanceLocked(client, c, settle);
+    DrainLocked(settle);
   }
-  for (auto& p : ready) p.Set(Unit{});
-  for (auto& [p, why] : failed) p.Set(why);
+  Settle(settle);
   return status;
 }
 
 absl::Status OpSequencer::AddScheduled(std::vector<rpc::ScheduledOp> ops) {
-  std::vector<Promise<Unit>> ready;
-  std::vector<std::pair<Promise<Unit>, absl::Status>> failed;
+  Settlements settle;
   {
     absl::MutexLock lock(&mu_);
     for (rpc::ScheduledOp& op : ops) {
       if (!dropped_.contains(op.client_id())) scheduled_.push_back(std::move(op));
     }
-    DrainLocked(ready);
-    failed.swap(failed_waiters_);
+    DrainLocked(settle);
   }
-  for (auto& p : ready) p.Set(Unit{});
-  for (auto& [p, why] : failed) p.Set(why);
+  Settle(settle);
   return absl::OkStatus();
 }
 
@@ -88,8 +92,7 @@ Future<Unit> OpSequencer::WhenApplied(const std::string& client, int64_t session
   return f;
 }
 
-void OpSequencer::DropClientLocked(const std::string& client,
-                                   std::vector<std::pair<Promise<Unit>, absl::Status>>& failed) {
+void OpSequencer::DropClientLocked(const std::string& client, Settlements& settle) {
   const absl::Status why = absl::FailedPreconditionError(absl::StrCat("client ", client, " went away"));
   if (dropped_.emplace(client, why).second) dropped_order_.push_back(client);
   while (dropped_order_.size() > kMaxRememberedDropped) {
@@ -101,12 +104,12 @@ void OpSequencer::DropClientLocked(const std::string& client,
       ++it;
       continue;
     }
-    for (auto& [seq, p] : it->second.waiters) failed.emplace_back(std::move(p), why);
+    for (auto& [seq, p] : it->second.waiters) settle.emplace_back(std::move(p), why);
     clients_.erase(it++);
   }
 }
 
-void OpSequencer::AdvanceLocked(const std::string& client, ClientState& c, std::vector<Promise<Unit>>& ready) {
+void OpSequencer::AdvanceLocked(const std::string& client, ClientState& c, Settlements& settle) {
   while (!c.waiting.empty()) {
     auto it = c.waiting.begin();
     if (it->first <= c.applied) {  // skipped over by the gap watchdog
@@ -120,18 +123,18 @@ void OpSequencer::AdvanceLocked(const std::string& client, ClientState& c, std::
     apply_(client, op);
   }
   while (!c.waiters.empty() && c.waiters.begin()->first <= c.applied) {
-    ready.push_back(std::move(c.waiters.begin()->second));
+    settle.emplace_back(std::move(c.waiters.begin()->second), absl::OkStatus());
     c.waiters.erase(c.waiters.begin());
   }
 }
 
-void OpSequencer::DrainLocked(std::vector<Promise<Unit>>& ready) {
+void OpSequencer::DrainLocked(Settlements& settle) {
   while (!scheduled_.empty()) {
     rpc::ScheduledOp& head = scheduled_.front();
     if (head.retire_client()) {
       const std::string client = head.client_id();
       scheduled_.pop_front();
-      DropClientLocked(client, failed_waiters_);
+      DropClientLocked(client, settle);
       retire_(client);
       continue;
     }
@@ -150,7 +153,7 @@ void OpSequencer::DrainLocked(std::vector<Promise<Unit>>& ready) {
     }
     const std::string client = head.client_id();
     scheduled_.pop_front();
-    AdvanceLocked(client, c, ready);
+    AdvanceLocked(client, c, settle);
   }
 }
 
@@ -165,14 +168,11 @@ void OpSequencer::WatchGaps() {
                   << " never came within " << absl::FormatDuration(gap_timeout_)
                   << "; its scheduled run goes ahead without them";
     c.applied = head.op().seq() - 1;
-    std::vector<Promise<Unit>> ready;
-    std::vector<std::pair<Promise<Unit>, absl::Status>> failed;
-    AdvanceLocked(head.client_id(), c, ready);
-    DrainLocked(ready);
-    failed.swap(failed_waiters_);
+    Settlements settle;
+    AdvanceLocked(head.client_id(), c, settle);
+    DrainLocked(settle);
     mu_.Unlock();
-    for (auto& p : ready) p.Set(Unit{});
-    for (auto& [p, why] : failed) p.Set(why);
+    Settle(settle);
     mu_.Lock();
   }
 }

@@ -47,21 +47,22 @@ class OpSequencer {
   // Completes once the client's ops up to `seq` of `session` are applied (or skipped).
   Future<Unit> WhenApplied(const std::string& client, int64_t session, int64_t seq);
 
-
  private:
   struct ClientState {
     int64_t applied = 0;                // every op up to here is applied or skipped
     std::map<int64_t, rpc::Op> waiting;  // direct ops that came early
     std::multimap<int64_t, Promise<Unit>> waiters;
   };
-  // Applies what has become ready; returns promises to set once the lock is released.
-  void DrainLocked(std::vector<Promise<Unit>>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::pair<Promise<Unit>, absl::Status>> failed_waiters_ ABSL_GUARDED_BY(mu_);  // set after unlocking
+  // Waiters to answer once the lock is released (their continuations may run inline).
+  using Settlements = std::vector<std::pair<Promise<Unit>, absl::Status>>;
+  static void Settle(Settlements& settle);
+  // Applies scheduled ops, and what they unblock, as far as they can go.
+  void DrainLocked(Settlements& settle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The client went away: its waiting ops are dropped, its waiters fail, and whatever it sends
   // later is refused.
-  void DropClientLocked(const std::string& client, std::vector<std::pair<Promise<Unit>, absl::Status>>& failed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AdvanceLocked(const std::string& client, ClientState& c, std::vector<Promise<Unit>>& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropClientLocked(const std::string& client, Settlements& settle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the client's direct ops that are next in its sequence.
+  void AdvanceLocked(const std::string& client, ClientState& c, Settlements& settle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WatchGaps();
 
   const ApplyFn apply_;
