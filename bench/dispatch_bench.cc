@@ -10,6 +10,7 @@
 
 #include "client/local_cluster.h"
 #include "client/program.h"
+#include "core/process.h"
 #include "tools/flags.h"
 
 namespace pathways {
@@ -191,6 +192,7 @@ void ShardScalingTable(int repeats) {
 
 int main(int argc, char** argv) {
   using namespace pathways;
+  InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"repeats", "max-hosts", "max-stages"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_split.h"
 #include "client/local_cluster.h"
+#include "core/process.h"
 #include "tools/flags.h"
 
 namespace pathways {
@@ -206,6 +207,7 @@ void SharesTable(const std::vector<double>& weights, int repeats, double seconds
 
 int main(int argc, char** argv) {
   using namespace pathways;
+  InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"seconds", "repeats", "max-clients", "trace-prefix"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());

@@ -13,6 +13,7 @@
 
 #include "client/local_cluster.h"
 #include "compute/executable.h"
+#include "core/process.h"
 #include "device/cpu_device.h"
 #include "testing/subprocess.h"
 #include "tools/flags.h"
@@ -82,6 +83,7 @@ double MeasureKernelOnly(int64_t calls, int repeats) {
 }
 
 int Main(int argc, char** argv) {
+  InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"calls", "repeats", "devices"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());

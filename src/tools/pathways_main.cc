@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "controller/controller.h"
+#include "core/process.h"
 #include "core/status_macros.h"
 #include "tools/demo.h"
 #include "tools/tenant.h"
@@ -158,6 +159,7 @@ absl::Status RunStatus(const Flags& flags) {
 
 int main(int argc, char** argv) {
   using namespace pathways;
+  InitServingProcess();
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

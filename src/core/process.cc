@@ -1,0 +1,9 @@
+#include "core/process.h"
+
+#include "absl/synchronization/mutex.h"
+
+namespace pathways {
+
+void InitServingProcess() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
+
+}  // namespace pathways

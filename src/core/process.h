@@ -1,0 +1,12 @@
+// Process-wide settings for programs that serve or measure (the `pathways` tool, benchmarks).
+#pragma once
+
+namespace pathways {
+
+// Call first thing in main(). Turns off Abseil's Mutex deadlock detection: the Debian build of
+// Abseil keeps it on, so every lock and unlock updates one process-wide lock-order graph behind a
+// global spinlock, which cost about a tenth of the CPU of a busy embedded cluster and serialised
+// all its threads. Tests leave it on, to catch lock-order inversions.
+void InitServingProcess();
+
+}  // namespace pathways
