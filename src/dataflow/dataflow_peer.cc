@@ -33,15 +33,15 @@ int main(int argc, char** argv) {
   });
   ThreadPool pool("peer", 2);
   GrpcTransport transport(self);
-  Engine engine(self, MakeSparseSumGraph(hosts), SparseSumOperators(results), transport, pool);
-  (*host)->service.AddEngine(&engine);
+  auto engine = std::make_shared<Engine>(self, MakeSparseSumGraph(hosts), SparseSumOperators(results), transport, pool);
+  (*host)->service.AddEngine(engine.get());
   {
     absl::MutexLock lock(&print_mu);
     std::printf("ready\n");
     std::fflush(stdout);
   }
   if (!std::getline(std::cin, line) || line != "go") return 1;
-  DriveSparseSum(engine, epochs, /*seed=*/11);
+  DriveSparseSum(*engine, epochs, /*seed=*/11);
   while (std::getline(std::cin, line)) {
   }
   host->reset();

@@ -32,10 +32,10 @@ TEST(DataflowTest, ThreeHostsAsThreadsWithOverlappingEpochs) {
   SparseSumResults results;
   LocalTransport transport;
   std::vector<std::unique_ptr<ThreadPool>> pools;
-  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<std::shared_ptr<Engine>> engines;
   for (const auto& h : hosts) {
     pools.push_back(std::make_unique<ThreadPool>(h, 2));
-    engines.push_back(std::make_unique<Engine>(h, graph, SparseSumOperators(results), transport, *pools.back()));
+    engines.push_back(std::make_shared<Engine>(h, graph, SparseSumOperators(results), transport, *pools.back()));
     transport.Register(engines.back().get());
   }
   std::map<int64_t, std::pair<int64_t, int64_t>> expected;
@@ -56,20 +56,26 @@ TEST(DataflowTest, AllShardsOnOneHostStayInMemory) {
   SparseSumResults results;
   LocalTransport transport;
   ThreadPool pool("h", 2);
-  Engine engine("h", graph, SparseSumOperators(results), transport, pool);
-  transport.Register(&engine);
-  auto expected = DriveSparseSum(engine, kEpochs, kSeed);
+  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  transport.Register(engine.get());
+  auto expected = DriveSparseSum(*engine, kEpochs, kSeed);
   ASSERT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30)));
   CheckResults(results, expected);
-  EXPECT_EQ(engine.batches_sent(), 0);
+  EXPECT_EQ(engine->batches_sent(), 0);
   pool.Shutdown();
 }
 
-TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcessOneJoiningLate) {
+// Three hosts with gRPC transports in this process, host 2 registering its engine only after
+// the others have sent everything: what reached it before is held and handed over on
+// registration. With `in_process`, the hosts find each other in this process and skip the
+// network. Returns (messages written to the network, batches handed over in the process).
+std::pair<int64_t, int64_t> RunThreeGrpcHostsOneJoiningLate(bool in_process) {
   std::vector<std::unique_ptr<LoopbackDataflowHost>> servers;
   for (int i = 0; i < 3; ++i) {
     auto h = StartLoopbackDataflowHost();
-    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (!h.ok()) return {-1, -1};
+    if (in_process) (*h)->service.ServeInProcess((*h)->address);
     servers.push_back(*std::move(h));
   }
   std::vector<std::string> hosts = {servers[0]->address, servers[1]->address, servers[2]->address};
@@ -77,14 +83,12 @@ TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcessOneJoiningLate) {
   SparseSumResults results;
   std::vector<std::unique_ptr<ThreadPool>> pools;
   std::vector<std::unique_ptr<GrpcTransport>> transports;
-  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<std::shared_ptr<Engine>> engines;
   for (int i = 0; i < 3; ++i) {
     pools.push_back(std::make_unique<ThreadPool>("h", 2));
     transports.push_back(std::make_unique<GrpcTransport>(hosts[i]));
-    engines.push_back(std::make_unique<Engine>(hosts[i], graph, SparseSumOperators(results), *transports[i], *pools[i]));
+    engines.push_back(std::make_shared<Engine>(hosts[i], graph, SparseSumOperators(results), *transports[i], *pools[i]));
   }
-  // Host 2 registers its engine only after the others have sent everything: what reached it
-  // before is held and handed over on registration.
   servers[0]->service.AddEngine(engines[0].get());
   servers[1]->service.AddEngine(engines[1].get());
   std::map<int64_t, std::pair<int64_t, int64_t>> expected;
@@ -92,11 +96,30 @@ TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcessOneJoiningLate) {
   expected = DriveSparseSum(*engines[1], kEpochs, kSeed);
   servers[2]->service.AddEngine(engines[2].get());
   expected = DriveSparseSum(*engines[2], kEpochs, kSeed);
-  ASSERT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30))) << results.size();
+  EXPECT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30))) << results.size();
   CheckResults(results, expected);
+  std::pair<int64_t, int64_t> traffic{0, 0};
+  for (auto& t : transports) {
+    traffic.first += t->messages_written();
+    traffic.second += t->batches_in_process();
+  }
+  for (int i = 0; i < 3; ++i) servers[i]->service.RemoveEngine(engines[i]->graph().name());
   transports.clear();  // finish the streams before the servers go
   servers.clear();
   for (auto& p : pools) p->Shutdown();
+  return traffic;
+}
+
+TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcessOneJoiningLate) {
+  auto [written, in_process] = RunThreeGrpcHostsOneJoiningLate(/*in_process=*/false);
+  EXPECT_GT(written, 0);
+  EXPECT_EQ(in_process, 0);
+}
+
+TEST(DataflowTest, HostsSharingAProcessSkipTheNetwork) {
+  auto [written, in_process] = RunThreeGrpcHostsOneJoiningLate(/*in_process=*/true);
+  EXPECT_EQ(written, 0);
+  EXPECT_GT(in_process, 0);
 }
 
 TEST(DataflowTest, ThreeHostsAsRealProcesses) {
@@ -114,15 +137,16 @@ TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   SparseSumResults results;
   ThreadPool pool("h0", 2);
   auto transport = std::make_unique<GrpcTransport>(hosts[0]);
-  Engine engine(hosts[0], MakeSparseSumGraph(hosts), SparseSumOperators(results), *transport, pool);
-  (*self)->service.AddEngine(&engine);
+  auto engine = std::make_shared<Engine>(hosts[0], MakeSparseSumGraph(hosts), SparseSumOperators(results), *transport,
+                                         pool);
+  (*self)->service.AddEngine(engine.get());
   const std::string host_line = absl::StrCat(hosts[0], " ", hosts[1], " ", hosts[2]);
   for (auto& p : peers) {
     ASSERT_TRUE(p.WriteLine(host_line).ok());
     ASSERT_TRUE(p.WaitForLine("ready", absl::Seconds(30)).ok());
   }
   for (auto& p : peers) ASSERT_TRUE(p.WriteLine("go").ok());
-  auto expected = DriveSparseSum(engine, kEpochs, kSeed);
+  auto expected = DriveSparseSum(*engine, kEpochs, kSeed);
   // Buckets 0 and 3 report here; the peers print the rest.
   ASSERT_TRUE(results.WaitFor(2 * kEpochs, absl::Seconds(30)));
   // Each peer hosts two buckets and one sink: three results per epoch, printed as it gets them.
@@ -166,10 +190,10 @@ TEST(EngineTest, InjectOnlyAtLocalSources) {
     void OnMessage(ShardContext&, int, int, const std::string&) override {}
     void OnEpochDone(ShardContext&) override {}
   };
-  Engine engine("h", g, [](int, int) { return std::make_unique<Nop>(); }, transport, pool);
-  EXPECT_EQ(engine.Inject(b, 0, 1, "x").code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(engine.Inject(a, 3, 1, "x").code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(engine.Inject(a, 0, 1, "x").ok());
+  auto engine = std::make_shared<Engine>("h", g, [](int, int) { return std::make_unique<Nop>(); }, transport, pool);
+  EXPECT_EQ(engine->Inject(b, 0, 1, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine->Inject(a, 3, 1, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(engine->Inject(a, 0, 1, "x").ok());
   pool.Shutdown();
 }
 

@@ -86,9 +86,9 @@ absl::Status Engine::CloseInput(int node, int shard, int64_t epoch) {
 }
 
 void Engine::Deliver(std::vector<Envelope> batch) {
-  executor_.Schedule([this, batch = std::move(batch)]() {
-    for (const Envelope& e : batch) Handle(e);
-    Flush();  // everything produced while handling one batch leaves together
+  executor_.Schedule([self = shared_from_this(), batch = std::move(batch)]() {
+    for (const Envelope& e : batch) self->Handle(e);
+    self->Flush();  // everything produced while handling one batch leaves together
   });
 }
 

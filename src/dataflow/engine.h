@@ -77,8 +77,10 @@ class Operator {
 
 using OperatorFactory = std::function<std::unique_ptr<Operator>(int node, int shard)>;
 
-// Thread-safe. Work runs on `executor`; the engine never blocks in it.
-class Engine {
+// Thread-safe. Work runs on `executor`; the engine never blocks in it. Owned by shared_ptr (make
+// it with std::make_shared): work queued on the executor holds the engine, so a batch that
+// arrives while its owner lets go is handled or dropped, never run on a destroyed engine.
+class Engine : public std::enable_shared_from_this<Engine> {
  public:
   static constexpr size_t kRememberedEpochs = 4096;
 

@@ -29,6 +29,14 @@ Envelope FromProto(const rpc::DataflowEnvelope& p) {
   return {p.epoch(), p.edge(), p.src_shard(), p.dst_shard(), p.punctuation(), p.count(), p.payload()};
 }
 
+// The services of this process by the address they serve at. Delivery holds the reader lock, so a
+// service leaving (the writer lock) waits for batches being handed to it.
+absl::Mutex in_process_mu;
+std::map<std::string, DataflowService*>& InProcessServices() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_process_mu) {
+  static auto* services = new std::map<std::string, DataflowService*>();
+  return *services;
+}
+
 }  // namespace
 
 // One long-lived client stream to one peer, written by its own thread. A stream that breaks is
@@ -157,6 +165,15 @@ GrpcTransport::~GrpcTransport() {
 }
 
 void GrpcTransport::Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) {
+  {
+    absl::ReaderMutexLock lock(&in_process_mu);
+    auto& services = InProcessServices();
+    if (auto it = services.find(host); it != services.end()) {
+      it->second->Receive(graph, std::move(batch));
+      in_process_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
   absl::MutexLock lock(&mu_);
   auto& peer = peers_[host];
   if (!peer) peer = std::make_unique<PeerStream>(self_host_, host);
@@ -168,6 +185,24 @@ int64_t GrpcTransport::messages_written() const {
   int64_t n = 0;
   for (const auto& [host, peer] : peers_) n += peer->written();
   return n;
+}
+
+int64_t GrpcTransport::batches_in_process() const { return in_process_.load(std::memory_order_relaxed); }
+
+DataflowService::~DataflowService() { StopServingInProcess(); }
+
+void DataflowService::StopServingInProcess() {
+  absl::MutexLock lock(&in_process_mu);
+  if (in_process_address_.empty()) return;
+  auto& services = InProcessServices();
+  if (auto it = services.find(in_process_address_); it != services.end() && it->second == this) services.erase(it);
+  in_process_address_.clear();
+}
+
+void DataflowService::ServeInProcess(const std::string& address) {
+  absl::MutexLock lock(&in_process_mu);
+  in_process_address_ = address;
+  InProcessServices()[address] = this;
 }
 
 void DataflowService::AddEngine(Engine* engine) {
@@ -203,25 +238,26 @@ grpc::Status DataflowService::Stream(grpc::ServerContext* context, grpc::ServerR
     std::vector<Envelope> envelopes;
     envelopes.reserve(batch.envelopes_size());
     for (const auto& e : batch.envelopes()) envelopes.push_back(FromProto(e));
-    Engine* engine = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = engines_.find(batch.graph());
-      if (it == engines_.end()) {
-        if (num_held_ >= kMaxHeldBatches) {
-          PW_LOG(Error) << "dataflow: graph '" << batch.graph() << "' unknown here and " << num_held_
-                        << " batches already held; batch dropped";
-          continue;
-        }
-        held_[batch.graph()].push_back(std::move(envelopes));
-        ++num_held_;
-        continue;
-      }
-      engine = it->second;
-    }
-    engine->Deliver(std::move(envelopes));
+    Receive(batch.graph(), std::move(envelopes));
   }
   return grpc::Status::OK;
+}
+
+void DataflowService::Receive(const std::string& graph, std::vector<Envelope> batch) {
+  absl::MutexLock lock(&mu_);
+  auto it = engines_.find(graph);
+  if (it != engines_.end()) {
+    // Under the lock: the engine cannot leave before its queued work holds it (Engine::Deliver).
+    it->second->Deliver(std::move(batch));
+    return;
+  }
+  if (num_held_ >= kMaxHeldBatches) {
+    PW_LOG(Error) << "dataflow: graph '" << graph << "' unknown here and " << num_held_
+                  << " batches already held; batch dropped";
+    return;
+  }
+  held_[graph].push_back(std::move(batch));
+  ++num_held_;
 }
 
 }  // namespace pathways::dataflow

@@ -326,7 +326,7 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
     roles[e.arm_node] = {Role::kArm, 0};
     roles[e.recv_node] = {Role::kReceive, n};
   }
-  program->engine = std::make_unique<dataflow::Engine>(
+  program->engine = std::make_shared<dataflow::Engine>(
       name(), std::move(graph),
       [this, client, roles](int node, int) -> std::unique_ptr<dataflow::Operator> {
         auto [role, value] = roles.at(node);

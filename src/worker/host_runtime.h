@@ -143,7 +143,7 @@ class HostRuntime {
     std::shared_ptr<const LoweredProgram> lowered;
     std::string client;
     std::vector<NodePlan> nodes;  // per program node
-    std::unique_ptr<dataflow::Engine> engine;
+    std::shared_ptr<dataflow::Engine> engine;
   };
   class BlockReceiver;
   // Sends every block that this host holds and another host's shards of `node` need. Returns

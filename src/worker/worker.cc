@@ -55,6 +55,8 @@ absl::Status Worker::Start() {
   }
   std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
   address_ = absl::StrCat(host, ":", port);
+  // Hosts that share this process (an embedded cluster) hand each other dataflow batches directly.
+  dataflow_service_.ServeInProcess(address_);
   HostRuntimeOptions runtime_options{options_.num_devices, options_.device_memory_bytes, address_,
                                      &dataflow_service_, options_.intra_op_threads};
   runtime_options.rendezvous = std::make_shared<ControllerRendezvous>(options_.controller_address);
@@ -158,6 +160,7 @@ void Worker::HeartbeatLoop() {
 
 void Worker::Shutdown() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
+  dataflow_service_.StopServingInProcess();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
