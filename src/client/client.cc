@@ -675,7 +675,15 @@ absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::
 
 // Both wait until the array's producing op has reached its hosts (sequential runs push late; a
 // run the scheduler refused fails here with its reason).
+absl::Status Client::CheckOwned(const ShardedArray& array, const char* what) const {
+  if (!array.state_ || array.state_->core.get() != core_.get()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of an array that is not this client's"));
+  }
+  return absl::OkStatus();
+}
+
 Future<HostArray> Client::Fetch(const ShardedArray& array) {
+  if (absl::Status s = CheckOwned(array, "Fetch"); !s.ok()) return Future<HostArray>::Ready(s);
   auto core = core_;
   auto state = array.state_;
   return state->delivered
@@ -685,7 +693,13 @@ Future<HostArray> Client::Fetch(const ShardedArray& array) {
       .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
 }
 
+Future<Unit> Client::Enqueued(const ShardedArray& array) {
+  if (absl::Status s = CheckOwned(array, "Enqueued"); !s.ok()) return Future<Unit>::Ready(s);
+  return array.state_->delivered;
+}
+
 Future<Unit> Client::Ready(const ShardedArray& array) {
+  if (absl::Status s = CheckOwned(array, "Ready"); !s.ok()) return Future<Unit>::Ready(s);
   auto core = core_;
   auto state = array.state_;
   return state->delivered.FlatThen([core, state](const Unit&) { return ShardsReady(core, state); });

@@ -219,9 +219,16 @@ class Client {
   Future<HostArray> Fetch(const ShardedArray& array);
   // Completes when every shard is computed (or with the error).
   Future<Unit> Ready(const ShardedArray& array);
+  // Completes once the run that produces the array is enqueued on every host it runs on (its
+  // island schedulers took it and passed it on), without waiting for the computation; or with
+  // why it never will be. Put arrays are enqueued when Put returns. A client that wants few
+  // runs in flight, or the paper's OpByOp client, waits on this before its next call.
+  Future<Unit> Enqueued(const ShardedArray& array);
 
  private:
   explicit Client(std::shared_ptr<ClientCore> core);
+  // InvalidArgument unless the array was made by this client.
+  absl::Status CheckOwned(const ShardedArray& array, const char* what) const;
   // Run, once the arguments are known to be right.
   absl::StatusOr<std::vector<ShardedArray>> RunChecked(const Program& program, absl::Span<const ShardedArray> args,
                                                        const RunOptions& options);

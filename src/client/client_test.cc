@@ -292,6 +292,25 @@ TEST_F(ClientTest, ClientsCannotUseEachOthersHandles) {
   auto their_slice = *other->CreateSlice({.mesh_shape = {4}});
   EXPECT_EQ(other->Call(fn, their_slice, {mine}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(other->Put(Iota({4}), island0_).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other->Fetch(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other->Ready(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other->Enqueued(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Fetch(ShardedArray()).Await().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientTest, EnqueuedCompletesOnceTheRunIsOnItsHosts) {
+  const TensorSpec spec{DType::kF32, {4}};
+  auto fn = *client_->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Iota({4}), island0_, {"x"});
+  EXPECT_TRUE(client_->Enqueued(x).Await().ok());  // a Put is on its hosts' queues at once
+  // The paper's OpByOp client: each call waits for its run to be enqueued before the next.
+  for (int i = 0; i < 5; ++i) {
+    x = (*client_->Call(fn, island0_, {x}))[0];
+    ASSERT_TRUE(client_->Enqueued(x).Await().ok());
+  }
+  std::vector<float> expected = Values(Iota({4}));
+  for (float& v : expected) v += 5.0f;
+  EXPECT_EQ(Values(*client_->Fetch(x).Await()), expected);
 }
 
 }  // namespace
