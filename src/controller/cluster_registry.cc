@@ -233,6 +233,15 @@ std::vector<std::string> ClusterRegistry::DepartedHosts(absl::Time now) const {
   return departed;
 }
 
+std::vector<ClusterRegistry::LiveHost> ClusterRegistry::LiveHosts(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<LiveHost> live;
+  for (const auto& [id, h] : hosts_) {
+    if (AliveLocked(h, now)) live.push_back({h.island, h.address, h.incarnation});
+  }
+  return live;
+}
+
 absl::StatusOr<int32_t> ClusterRegistry::IslandOf(const std::string& address, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, h] : hosts_) {

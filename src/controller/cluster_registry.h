@@ -37,6 +37,13 @@ class ClusterRegistry {
   absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r, absl::Time now);
   // Addresses of registered hosts that stopped heartbeating.
   std::vector<std::string> DepartedHosts(absl::Time now) const;
+  struct LiveHost {
+    int32_t island;
+    std::string address;
+    std::string incarnation;
+  };
+  // Every host heartbeating now.
+  std::vector<LiveHost> LiveHosts(absl::Time now) const;
   // The island of the live worker at `address`: NotFound for an unknown one, Unavailable for one
   // that stopped heartbeating.
   absl::StatusOr<int32_t> IslandOf(const std::string& address, absl::Time now) const;

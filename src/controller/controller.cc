@@ -13,43 +13,50 @@
 
 namespace pathways {
 
-// The schedulers' ops to hosts: one ordered, batched queue per host over gRPC.
-class Controller::HostQueues : public ScheduledOpSink {
- public:
-  Future<Unit> Push(const std::string& host, rpc::ScheduledOp op) override {
-    std::shared_ptr<OrderedBatchQueue<rpc::ScheduledOp>> queue;
-    {
-      absl::MutexLock lock(&mu_);
-      auto& slot = queues_[host];
-      if (slot == nullptr) {
-        slot = std::make_shared<OrderedBatchQueue<rpc::ScheduledOp>>(
-            [worker = WorkerClientCache::Global().Get(host)](std::vector<rpc::ScheduledOp> ops) {
-              rpc::ScheduledBatch batch;
-              for (rpc::ScheduledOp& op : ops) *batch.add_ops() = std::move(op);
-              return worker->ApplyScheduled(batch).Then([](const rpc::ScheduledResponse&) { return Unit{}; });
-            },
-            // A batch a host did not take (it died, say) fails its runs, whose clients hear it;
-            // the queue goes on, so the host is served again if it comes back.
-            [host](std::vector<rpc::ScheduledOp> ops, const absl::Status& status) {
-              PW_LOG(Warning) << ops.size() << " scheduled runs not delivered to " << host << ": " << status;
-            });
-      }
-      queue = slot;
-    }
-    queue->Push(std::move(op));
-    return queue->Flushed();
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<OrderedBatchQueue<rpc::ScheduledOp>>> queues_ ABSL_GUARDED_BY(mu_);
-};
-
 IslandScheduler& Controller::scheduler(int island) {
   absl::MutexLock lock(&schedulers_mu_);
   auto& slot = schedulers_[island];
-  if (slot == nullptr) slot = std::make_unique<IslandScheduler>(island, options_.scheduler, *host_queues_);
-  return *slot;
+  if (slot.scheduler != nullptr) return *slot.scheduler;
+  IslandControlOptions control;
+  control.island = island;
+  control.controller = address_;
+  control.controller_incarnation = incarnation_;
+  control.transport = dataflow_transport_.get();
+  control.service = &dataflow_service_;
+  control.executor = &dataflow_pool_;
+  control.join = [](const std::string& host, const rpc::ControlGraph& graph) {
+    return WorkerClientCache::Global().Get(host)->JoinControlGraph(graph).Then(
+        [](const rpc::JoinControlGraphResponse&) { return Unit{}; });
+  };
+  control.on_done = [this, island](const rpc::RunDone& done) {
+    scheduler(island).Done(done.client_id(), done.epoch(), done.device_us());
+  };
+  slot.control = std::make_unique<IslandControlPlane>(std::move(control));
+  slot.control->SetMembers(MembersOf(island, registry_.LiveHosts(absl::Now())));
+  slot.scheduler = std::make_unique<IslandScheduler>(island, options_.scheduler, *slot.control);
+  return *slot.scheduler;
+}
+
+std::vector<IslandControlPlane::Member> Controller::MembersOf(int island,
+                                                              const std::vector<ClusterRegistry::LiveHost>& live) {
+  std::vector<IslandControlPlane::Member> members;
+  for (const auto& h : live) {
+    if (h.island == island) members.push_back({h.address, h.incarnation});
+  }
+  return members;
+}
+
+void Controller::UpdateMembers() {
+  const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(absl::Now());
+  std::vector<std::pair<int, IslandControlPlane*>> planes;
+  {
+    absl::MutexLock lock(&schedulers_mu_);
+    for (auto& [island, slot] : schedulers_) {
+      if (slot.control != nullptr) planes.emplace_back(island, slot.control.get());
+    }
+  }
+  // Planes live as long as the controller serves.
+  for (auto& [island, plane] : planes) plane->SetMembers(MembersOf(island, live));
 }
 
 // A handler's answer: the value into the response, or the error.
@@ -126,14 +133,6 @@ class Controller::Service final : public rpc::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status RunsDone(grpc::ServerContext* context, const rpc::RunsDoneRequest* request, rpc::RunsDoneResponse*) override {
-    PW_CHECK_CALL_TOKEN(context);
-    for (const rpc::RunDone& done : request->runs()) {
-      controller_.scheduler(done.island()).Done(done.client_id(), done.epoch(), done.device_us());
-    }
-    return grpc::Status::OK;
-  }
-
   grpc::Status RendezvousSet(grpc::ServerContext* context, const rpc::RendezvousSetRequest* request,
                              rpc::RendezvousSetResponse*) override {
     PW_CHECK_CALL_TOKEN(context);
@@ -154,7 +153,9 @@ class Controller::Service final : public rpc::Controller::Service {
   grpc::Status RegisterWorker(grpc::ServerContext* context, const rpc::RegisterWorkerRequest* request,
                               rpc::RegisterWorkerResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    return Answer(registry_.RegisterWorker(*request, absl::Now()), response);
+    grpc::Status status = Answer(registry_.RegisterWorker(*request, absl::Now()), response);
+    if (status.ok()) controller_.UpdateMembers();  // its island's scheduler reaches it from now on
+    return status;
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const rpc::HeartbeatRequest* request,
                          rpc::HeartbeatResponse* response) override {
@@ -185,10 +186,7 @@ class Controller::Service final : public rpc::Controller::Service {
 };
 
 Controller::Controller(ControllerOptions options)
-    : options_(std::move(options)),
-      registry_(options_.heartbeat_timeout),
-      clients_(options_.client_timeout),
-      host_queues_(std::make_unique<HostQueues>()) {}
+    : options_(std::move(options)), registry_(options_.heartbeat_timeout), clients_(options_.client_timeout) {}
 
 Controller::~Controller() { Shutdown(); }
 
@@ -196,6 +194,7 @@ Controller::~Controller() { Shutdown(); }
 // island's order, after the runs already sent, never in the middle of a gang.
 void Controller::RetireLoop() {
   while (!stop_.WaitForNotificationWithTimeout(std::min(options_.client_timeout / 4, absl::Milliseconds(100)))) {
+    UpdateMembers();  // hosts that stopped heartbeating leave their island's control graph
     const absl::Time now = absl::Now();
     for (const std::string& client : clients_.TakeDeparted(now)) {
       std::map<int, std::vector<std::string>> islands;
@@ -215,11 +214,15 @@ absl::Status Controller::Start() {
   int port = 0;
   builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.RegisterService(service_.get());
+  dataflow_service_.RequireToken(TokenFromFlagOrEnv(options_.token));
+  builder.RegisterService(&dataflow_service_);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("controller cannot listen on ", options_.listen_address));
   }
   address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')), ":", port);
+  dataflow_transport_ = std::make_unique<dataflow::GrpcTransport>(address_);
+  dataflow_service_.ServeInProcess(address_);
   retire_thread_ = std::thread([this] { RetireLoop(); });
   return absl::OkStatus();
 }
@@ -227,10 +230,16 @@ absl::Status Controller::Start() {
 void Controller::Shutdown() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (retire_thread_.joinable()) retire_thread_.join();
+  dataflow_service_.StopServingInProcess();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     server_.reset();
   }
+  // The control graphs' work runs out before the schedulers and planes it calls go.
+  dataflow_pool_.Shutdown();
+  absl::MutexLock lock(&schedulers_mu_);
+  for (auto& [island, slot] : schedulers_) slot.scheduler.reset();
+  schedulers_.clear();
 }
 
 }  // namespace pathways

@@ -10,7 +10,11 @@
 #include "absl/synchronization/notification.h"
 #include "controller/client_leases.h"
 #include "controller/cluster_registry.h"
+#include "controller/island_control.h"
 #include "controller/island_scheduler.h"
+#include "core/executor.h"
+#include "core/ids.h"
+#include "dataflow/grpc_transport.h"
 #include "grpcpp/server.h"
 #include "proto/pathways.grpc.pb.h"
 
@@ -35,19 +39,31 @@ class Controller {
   void Shutdown();
   const std::string& address() const { return address_; }
   ClusterRegistry& registry() { return registry_; }
-  // The island's scheduler, created at its first run.
+  // The island's scheduler, created at its first run, with the control graph through which it
+  // reaches the island's hosts.
   IslandScheduler& scheduler(int island);
 
  private:
   class Service;
-  class HostQueues;
+  struct Island {
+    std::unique_ptr<IslandControlPlane> control;
+    std::unique_ptr<IslandScheduler> scheduler;  // pushes to `control`
+  };
   void RetireLoop();
+  // Each island's control graph follows the registry's live hosts.
+  void UpdateMembers();
+  static std::vector<IslandControlPlane::Member> MembersOf(int island,
+                                                           const std::vector<ClusterRegistry::LiveHost>& live);
   const ControllerOptions options_;
+  const std::string incarnation_ = RandomIdString();
   ClusterRegistry registry_;
   ClientLeases clients_;
-  std::unique_ptr<HostQueues> host_queues_;
+  // The controller's shards of the island control graphs.
+  dataflow::DataflowService dataflow_service_;
+  std::unique_ptr<dataflow::GrpcTransport> dataflow_transport_;
+  ThreadPool dataflow_pool_{"ctl-dataflow", 2};
   absl::Mutex schedulers_mu_;
-  std::map<int, std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(schedulers_mu_);
+  std::map<int, Island> schedulers_ ABSL_GUARDED_BY(schedulers_mu_);
   absl::Notification stop_;
   std::thread retire_thread_;
   std::unique_ptr<Service> service_;

@@ -44,6 +44,7 @@ void IslandScheduler::ExpireLoop() {
     if (outstanding_.empty()) outstanding_us_ = 0;
     Sent sent;
     ReleaseLocked(sent);
+    sink_.EndRound();
     mu_.Unlock();
     Wire(std::move(sent));
     mu_.Lock();
@@ -81,6 +82,7 @@ Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, s
       q.pending.push_back(std::move(p));
     }
     ReleaseLocked(sent);
+    sink_.EndRound();
   }
   Wire(std::move(sent));
   return AllDone(accepted);
@@ -100,6 +102,7 @@ void IslandScheduler::RetireClient(const std::string& client, const std::vector<
       op.set_retire_client(true);
       (void)sink_.Push(host, std::move(op));
     }
+    sink_.EndRound();
   }
   for (auto& p : dropped) p.Set(absl::CancelledError(absl::StrCat("client ", client, " went away")));
 }
@@ -124,6 +127,7 @@ void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t dev
     outstanding_.erase(it);
     if (outstanding_.empty()) outstanding_us_ = 0;  // no drift from rounding
     ReleaseLocked(sent);
+    sink_.EndRound();
   }
   Wire(std::move(sent));
 }

@@ -36,13 +36,15 @@ struct IslandSchedulerOptions {
   absl::Duration done_timeout = absl::Seconds(2);
 };
 
-// Where the scheduler's ops go: one ordered queue per host (gRPC in the controller, memory in
-// tests). Thread-safe.
+// Where the scheduler's ops go (the island control graph in the controller, memory in tests).
+// Thread-safe.
 class ScheduledOpSink {
  public:
   virtual ~ScheduledOpSink() = default;
-  // Delivered in the order pushed per host; the future completes once the host accepted it.
+  // Applied in the order pushed per host; the future completes once the host accepted it.
   virtual Future<Unit> Push(const std::string& host, rpc::ScheduledOp op) = 0;
+  // The ops pushed since the last call were released together: they may travel as one round.
+  virtual void EndRound() {}
 };
 
 // Why one order suffices: each host applies the island's runs in the order the scheduler sends

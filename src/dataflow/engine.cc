@@ -30,12 +30,7 @@ Engine::Engine(std::string host, std::shared_ptr<const GraphDef> graph, Operator
   for (int n = 0; n < static_cast<int>(graph_->nodes().size()); ++n) {
     for (int s = 0; s < graph_->num_shards(n); ++s) {
       if (graph_->nodes()[n].shard_hosts[s] != host_) continue;
-      auto shard = std::make_unique<Shard>();
-      shard->node = n;
-      shard->shard = s;
-      absl::MutexLock lock(&shard->mu);
-      shard->op = factory(n, s);
-      shards_[ShardKey(n, s)] = std::move(shard);
+      shards_[ShardKey(n, s)] = std::make_unique<Shard>(n, s, factory(n, s));
     }
   }
 }
@@ -57,29 +52,34 @@ Engine::EpochState& Engine::EpochOf(Shard& s, int64_t epoch) {
 }
 
 absl::Status Engine::Inject(int node, int shard, int64_t epoch, std::string payload) {
-  Shard* s = FindShard(node, shard);
-  if (s == nullptr) return absl::NotFoundError(absl::StrCat("shard ", shard, " of node ", node, " is not on ", host_));
-  if (!graph_->in_edges(node).empty()) return absl::InvalidArgumentError("input can only be injected at sources");
-  {
-    absl::MutexLock lock(&s->mu);
-    if (s->finished.contains(epoch)) return absl::FailedPreconditionError(absl::StrCat("epoch ", epoch, " is closed"));
-    EpochState& st = EpochOf(*s, epoch);
-    ShardContext ctx(*this, node, shard, epoch, &st.sent);
-    s->op->OnMessage(ctx, -1, -1, payload);
-  }
-  Flush();
-  return absl::OkStatus();
+  std::vector<std::string> one;
+  one.push_back(std::move(payload));
+  return Feed(node, shard, epoch, std::move(one), /*close=*/false);
 }
 
-absl::Status Engine::CloseInput(int node, int shard, int64_t epoch) {
+absl::Status Engine::CloseInput(int node, int shard, int64_t epoch) { return Feed(node, shard, epoch, {}, true); }
+
+absl::Status Engine::InjectAll(int node, int shard, int64_t epoch, std::vector<std::string> payloads) {
+  return Feed(node, shard, epoch, std::move(payloads), /*close=*/true);
+}
+
+absl::Status Engine::Feed(int node, int shard, int64_t epoch, std::vector<std::string> payloads, bool close) {
   Shard* s = FindShard(node, shard);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("shard ", shard, " of node ", node, " is not on ", host_));
-  if (!graph_->in_edges(node).empty()) return absl::InvalidArgumentError("only sources have input to close");
+  if (!graph_->in_edges(node).empty()) return absl::InvalidArgumentError("input can only be fed to sources");
   {
     absl::MutexLock lock(&s->mu);
-    if (s->finished.contains(epoch)) return absl::OkStatus();
-    EpochOf(*s, epoch).input_closed = true;
-    MaybeFinish(*s, epoch);
+    if (s->finished.contains(epoch)) {
+      if (payloads.empty()) return absl::OkStatus();  // closing again is harmless
+      return absl::FailedPreconditionError(absl::StrCat("epoch ", epoch, " is closed"));
+    }
+    EpochState& st = EpochOf(*s, epoch);
+    ShardContext ctx(*this, node, shard, epoch, &st.sent);
+    for (const std::string& payload : payloads) s->op->OnMessage(ctx, -1, -1, payload);
+    if (close) {
+      st.input_closed = true;
+      MaybeFinish(*s, epoch);
+    }
   }
   Flush();
   return absl::OkStatus();

@@ -94,6 +94,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::Status Inject(int node, int shard, int64_t epoch, std::string payload);
   // No more source input for the epoch at this source shard.
   absl::Status CloseInput(int node, int shard, int64_t epoch);
+  // The source shard's whole input for the epoch: injected and closed, leaving together.
+  absl::Status InjectAll(int node, int shard, int64_t epoch, std::vector<std::string> payloads);
   // A batch from another host (or this one). Processed in order on the executor.
   void Deliver(std::vector<Envelope> batch);
 
@@ -111,8 +113,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::map<std::pair<int, int>, int64_t> sent;  // (edge, dst shard) -> messages sent
   };
   struct Shard {
-    int node;
-    int shard;
+    // The operator is set here, before the shard is shared, so building an engine takes no
+    // shard lock (an owner may build one under its own lock that callbacks also take).
+    Shard(int node, int shard, std::unique_ptr<Operator> op) : node(node), shard(shard), op(std::move(op)) {}
+    const int node;
+    const int shard;
     absl::Mutex mu;
     std::unique_ptr<Operator> op ABSL_GUARDED_BY(mu);
     std::map<int64_t, EpochState> epochs ABSL_GUARDED_BY(mu);
@@ -124,6 +129,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
 
   Shard* FindShard(int node, int shard);
+  // Source input for a shard (and its end, with `close`), then one flush.
+  absl::Status Feed(int node, int shard, int64_t epoch, std::vector<std::string> payloads, bool close);
   EpochState& EpochOf(Shard& s, int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Handle(const Envelope& e);
   // Finishes the epoch if everything has arrived: OnEpochDone, then punctuations downstream.

@@ -47,15 +47,23 @@ class GrpcTransport::PeerStream {
       : self_(self), peer_(peer), stub_(rpc::Dataflow::NewStub(grpc::CreateChannel(peer, ChannelCredentials()))) {
     thread_ = std::thread([this] { Run(); });
   }
+  // Queued messages get until `deadline` to go out; then the stream is cut: a peer that went
+  // away must not hold up shutdown.
+  void BeginClose(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    close_deadline_ = std::min(close_deadline_, deadline);
+  }
   ~PeerStream() {
+    BeginClose(absl::Now() + absl::Seconds(2));
+    absl::Time deadline;
     {
       absl::MutexLock lock(&mu_);
-      closing_ = true;
+      deadline = close_deadline_;
     }
-    // Give queued messages a moment to go out, then cut the stream: a peer that went away must
-    // not hold up shutdown.
-    if (!done_.WaitForNotificationWithTimeout(absl::Seconds(2))) {
+    if (!done_.WaitForNotificationWithDeadline(deadline)) {
       absl::MutexLock lock(&mu_);
+      cancelled_ = true;  // a stream opened from now on is cancelled at once
       if (context_ != nullptr) context_->TryCancel();
     }
     thread_.join();
@@ -84,6 +92,9 @@ class GrpcTransport::PeerStream {
     {
       absl::MutexLock lock(&mu_);
       context_ = stream->context.get();
+      // Cancelled before the call starts, the call ends as it starts instead of waiting for a
+      // peer that is gone.
+      if (cancelled_) context_->TryCancel();
     }
     stream->writer = stub_->Stream(stream->context.get(), &stream->ack);
     return stream;
@@ -151,6 +162,8 @@ class GrpcTransport::PeerStream {
   absl::Mutex mu_;
   std::vector<std::pair<std::string, std::vector<Envelope>>> pending_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;  // of the open stream, to cancel it
   absl::Notification done_;
@@ -161,6 +174,9 @@ GrpcTransport::GrpcTransport(std::string self_host) : self_host_(std::move(self_
 
 GrpcTransport::~GrpcTransport() {
   absl::MutexLock lock(&mu_);
+  // Every peer gets the same grace period, not one after another.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  for (auto& [host, peer] : peers_) peer->BeginClose(deadline);
   peers_.clear();
 }
 

@@ -7,7 +7,9 @@
 namespace pathways {
 namespace {
 
-enum Kind : uint8_t { kEnqueue, kFetch, kAllocateSlice, kRegisterWorker, kScheduled, kProgram, kHeartbeat, kKinds };
+enum Kind : uint8_t {
+  kEnqueue, kFetch, kAllocateSlice, kRegisterWorker, kScheduled, kProgram, kHeartbeat, kControlGraph, kKinds
+};
 
 // Keeps a fuzzed program on this host: blocks would otherwise go to whatever hosts it names.
 void StayLocal(rpc::ProgramProto& program) {
@@ -61,7 +63,9 @@ void RequestFuzzer::Feed(const uint8_t* data, size_t size) {
                                          [&](auto& request) { (void)registry_.RegisterWorker(request, now); });
       return;
     case kScheduled:
-      Decode<rpc::ScheduledBatch>(payload, length, [&](auto& batch) { (void)runtime_->ApplyScheduled(batch); });
+      Decode<rpc::ScheduledBatch>(payload, length, [&](auto& batch) {
+        (void)runtime_->ApplyScheduled(std::vector<rpc::ScheduledOp>(batch.ops().begin(), batch.ops().end()));
+      });
       return;
     case kProgram:
       Decode<rpc::ProgramProto>(payload, length, [&](rpc::ProgramProto& program) {
@@ -73,6 +77,14 @@ void RequestFuzzer::Feed(const uint8_t* data, size_t size) {
       Decode<rpc::HeartbeatRequest>(payload, length, [&](auto& request) {
         (void)registry_.Heartbeat(request, now);
         (void)registry_.Status(now);
+      });
+      return;
+    case kControlGraph:
+      Decode<rpc::ControlGraph>(payload, length, [&](rpc::ControlGraph& graph) {
+        // The controller's shards stay here too: reports must not go to fuzzed addresses.
+        graph.set_controller(kHost);
+        if (graph.hosts().empty()) graph.add_hosts(kHost);
+        (void)runtime_->JoinControlGraph(graph);
       });
       return;
     case kKinds:

@@ -82,12 +82,6 @@ Future<rpc::ScheduleResponse> ControllerClient::Schedule(const rpc::ScheduleRequ
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Schedule(ctx, req, resp, std::move(done)); });
 }
 
-Future<rpc::RunsDoneResponse> ControllerClient::RunsDone(const rpc::RunsDoneRequest& r) {
-  return AsyncUnaryCall<rpc::RunsDoneResponse>(
-      absl::StrCat("RunsDone on controller ", address_), r, absl::Seconds(30),
-      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->RunsDone(ctx, req, resp, std::move(done)); });
-}
-
 absl::StatusOr<absl::Duration> ControllerClient::ClientHeartbeat(const std::string& client_id, bool goodbye) {
   rpc::ClientHeartbeatRequest request;
   request.set_client_id(client_id);

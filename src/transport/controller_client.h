@@ -24,8 +24,6 @@ class ControllerClient {
   absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r);
   // Submits runs to island schedulers; completes once their hosts have them. Asynchronous.
   Future<rpc::ScheduleResponse> Schedule(const rpc::ScheduleRequest& r);
-  // Hosts report runs done to their island schedulers. Asynchronous.
-  Future<rpc::RunsDoneResponse> RunsDone(const rpc::RunsDoneRequest& r);
   // Renews the client's lease (or ends it, with `goodbye`); returns the interval to renew at.
   absl::StatusOr<absl::Duration> ClientHeartbeat(const std::string& client_id, bool goodbye);
   absl::Status RendezvousSet(const std::string& key, const std::string& value);

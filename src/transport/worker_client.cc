@@ -33,10 +33,10 @@ Future<rpc::CompileResponse> WorkerClient::Compile(const rpc::CompileRequest& re
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Compile(ctx, req, resp, std::move(done)); });
 }
 
-Future<rpc::ScheduledResponse> WorkerClient::ApplyScheduled(const rpc::ScheduledBatch& request) {
-  return AsyncUnaryCall<rpc::ScheduledResponse>(
-      absl::StrCat("ApplyScheduled on worker ", address_), request, absl::Seconds(60),
-      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->ApplyScheduled(ctx, req, resp, std::move(done)); });
+Future<rpc::JoinControlGraphResponse> WorkerClient::JoinControlGraph(const rpc::ControlGraph& request) {
+  return AsyncUnaryCall<rpc::JoinControlGraphResponse>(
+      absl::StrCat("JoinControlGraph on worker ", address_), request, absl::Seconds(30),
+      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->JoinControlGraph(ctx, req, resp, std::move(done)); });
 }
 
 Future<rpc::EnqueueResponse> WorkerClient::Enqueue(const rpc::EnqueueRequest& request) {

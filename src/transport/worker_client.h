@@ -25,8 +25,8 @@ class WorkerClient {
 
   Future<rpc::CompileResponse> Compile(const rpc::CompileRequest& request);
   Future<rpc::EnqueueResponse> Enqueue(const rpc::EnqueueRequest& request);
-  // Runs from an island scheduler (the controller is this call's client).
-  Future<rpc::ScheduledResponse> ApplyScheduled(const rpc::ScheduledBatch& request);
+  // The controller asks the host to join its island's control graph.
+  Future<rpc::JoinControlGraphResponse> JoinControlGraph(const rpc::ControlGraph& request);
   // No deadline: a fetch waits for the computation that produces the data.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
   Future<rpc::GetTraceResponse> GetTrace(const rpc::GetTraceRequest& request);

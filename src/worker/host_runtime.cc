@@ -135,7 +135,9 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),
       sequencer_([this](const std::string& client, const rpc::Op& op) { ApplyOp(client, op); },
-                 [this](const std::string& client) { CollectClient(client); }, options_.sequence_gap_timeout) {
+                 [this](const std::string& client) { CollectClient(client); }, options_.sequence_gap_timeout),
+      control_({options_.name, options_.dataflow_service, &dataflow_transport_, &io_pool_,
+                [this](std::vector<rpc::ScheduledOp> ops) { return ApplyScheduled(std::move(ops)); }}) {
   ConfigureComputeThreads(options_.intra_op_threads);
   for (int i = 0; i < options_.num_devices; ++i) {
     devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name));
@@ -146,6 +148,7 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
 // stopped (draining what is queued) before either is destroyed; work that arrives later is
 // dropped, which cancels its futures.
 HostRuntime::~HostRuntime() {
+  control_.Shutdown();
   if (options_.dataflow_service != nullptr) {
     absl::MutexLock lock(&programs_mu_);
     for (const auto& [key, program] : programs_) options_.dataflow_service->RemoveEngine(program->engine->graph().name());
@@ -209,8 +212,7 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
   return status.ok() ? sequenced : status;
 }
 
-absl::Status HostRuntime::ApplyScheduled(const rpc::ScheduledBatch& batch) {
-  std::vector<rpc::ScheduledOp> ops(batch.ops().begin(), batch.ops().end());
+absl::Status HostRuntime::ApplyScheduled(std::vector<rpc::ScheduledOp> ops) {
   for (const rpc::ScheduledOp& op : ops) {
     if (op.client_id().empty() || (!op.op().has_run() && !op.retire_client())) {
       return absl::InvalidArgumentError("a scheduled op must be a run or a retirement, with a client id");
@@ -373,16 +375,21 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
                                                    " are not in program '", program->name(), "' of ", num_nodes, " nodes"));
   }
   std::shared_ptr<RunTracker> tracker;
-  if (run.report_done() && options_.report_done) {
+  if (run.report_done()) {
     int shards = 0;
     for (int n = run.first_node(); n <= run.last_node(); ++n) shards += static_cast<int>(entry->nodes[n].shards.size());
     rpc::RunDone done;
     done.set_client_id(client);
     done.set_epoch(run.epoch());
+    // Reports leave from the I/O pool: this may be a scheduled op being applied, under the
+    // control graph's lock.
+    auto report = [this](rpc::RunDone d) {
+      io_pool_.Schedule([this, d = std::move(d)]() mutable { control_.ReportDone(std::move(d)); });
+    };
     if (shards == 0) {
-      options_.report_done(std::move(done));
+      report(std::move(done));
     } else {
-      tracker = std::make_shared<RunTracker>(shards, std::move(done), options_.report_done);
+      tracker = std::make_shared<RunTracker>(shards, std::move(done), std::move(report));
     }
   }
   // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up

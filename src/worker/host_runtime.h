@@ -20,6 +20,7 @@
 #include "dataflow/engine.h"
 #include "dataflow/grpc_transport.h"
 #include "worker/lowered_program.h"
+#include "worker/host_control.h"
 #include "worker/object_store.h"
 #include "worker/op_sequencer.h"
 
@@ -48,9 +49,6 @@ struct HostRuntimeOptions {
   // How long a scheduled run waits for earlier ops of its client before going ahead (see
   // OpSequencer).
   absl::Duration sequence_gap_timeout = absl::Seconds(10);
-  // Where the host reports that its part of a run marked report_done is done (to the island
-  // scheduler, which shares device time by it). Null: nobody asks.
-  std::function<void(rpc::RunDone)> report_done;
   // This worker process's random identity (see RegisterWorkerRequest); fetches for arrays placed
   // on another process at the same address are refused.
   std::string incarnation;
@@ -75,8 +73,10 @@ class HostRuntime {
   // individual ops fail the futures of what they produce; malformed ops are returned here (and
   // skipped, keeping their place in the sequence).
   absl::Status Enqueue(const rpc::EnqueueRequest& request);
-  // Takes runs from the island scheduler, applied in the order given.
-  absl::Status ApplyScheduled(const rpc::ScheduledBatch& batch);
+  // Takes runs from the island scheduler, applied in the order given. They come through the
+  // island's control graph, which the controller asks the host to join.
+  absl::Status ApplyScheduled(std::vector<rpc::ScheduledOp> ops);
+  absl::Status JoinControlGraph(const rpc::ControlGraph& graph) { return control_.Join(graph); }
   // Completes once the requested shards are computed.
   Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
   // The client went away (it said goodbye, or its lease lapsed): everything it owns here is
@@ -173,11 +173,12 @@ class HostRuntime {
       ABSL_GUARDED_BY(programs_mu_);
   absl::flat_hash_set<std::string> collected_ ABSL_GUARDED_BY(programs_mu_);  // clients that went away
   std::atomic<int64_t> test_run_delay_us_{0};
-  OpSequencer sequencer_;  // last: it applies ops that use everything above
+  OpSequencer sequencer_;  // it applies ops that use everything above
   // Per client, the last epoch run here: a client's epochs reach a host in increasing order.
   absl::flat_hash_map<std::string, int64_t> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
   absl::flat_hash_map<std::string, absl::Duration> test_op_delays_ ABSL_GUARDED_BY(programs_mu_);
   std::atomic<bool> test_op_delays_set_{false};  // keeps the lookup off the path when unused
+  HostControl control_;  // last: it hands ops to the sequencer
 };
 
 }  // namespace pathways

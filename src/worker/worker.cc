@@ -63,24 +63,6 @@ absl::Status Worker::Start() {
   runtime_options.collective_timeout = options_.collective_timeout;
   runtime_options.incarnation = incarnation_;
   runtime_options.memory_wait = options_.memory_wait;
-  // Runs done go to the island's scheduler in batches. A lost report only delays the scheduler
-  // (it stops waiting for it after a while), so delivery errors are logged, not fatal.
-  auto controller = std::make_shared<ControllerClient>(options_.controller_address);
-  done_reports_ = std::make_shared<OrderedBatchQueue<rpc::RunDone>>([controller](std::vector<rpc::RunDone> runs) {
-    rpc::RunsDoneRequest request;
-    for (rpc::RunDone& r : runs) *request.add_runs() = std::move(r);
-    Promise<Unit> sent;
-    Future<Unit> f = sent.future();
-    controller->RunsDone(request).OnReady([sent = std::move(sent)](const absl::StatusOr<rpc::RunsDoneResponse>& r) mutable {
-      if (!r.ok()) PW_LOG(Warning) << "runs done not reported: " << r.status();
-      sent.Set(Unit{});
-    });
-    return f;
-  });
-  runtime_options.report_done = [reports = done_reports_, island = options_.island](rpc::RunDone done) {
-    done.set_island(island);
-    reports->Push(std::move(done));
-  };
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   service_->AttachRuntime(runtime_.get());
   controller_ = std::make_unique<ControllerClient>(options_.controller_address);

@@ -11,7 +11,6 @@
 #include "grpcpp/server.h"
 #include "dataflow/grpc_transport.h"
 #include "transport/controller_client.h"
-#include "transport/ordered_batch_queue.h"
 #include "worker/host_runtime.h"
 #include "worker/worker_service.h"
 
@@ -62,7 +61,6 @@ class Worker {
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ControllerClient> controller_;
-  std::shared_ptr<OrderedBatchQueue<rpc::RunDone>> done_reports_;
   std::string address_;
   std::atomic<int32_t> host_id_{-1};
   std::atomic<int64_t> heartbeat_ms_{500};

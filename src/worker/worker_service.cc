@@ -38,10 +38,11 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
   });
 }
 
-grpc::ServerUnaryReactor* WorkerService::ApplyScheduled(grpc::CallbackServerContext* context,
-                                                        const rpc::ScheduledBatch* request, rpc::ScheduledResponse*) {
+grpc::ServerUnaryReactor* WorkerService::JoinControlGraph(grpc::CallbackServerContext* context,
+                                                          const rpc::ControlGraph* request,
+                                                          rpc::JoinControlGraphResponse*) {
   return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
-    reactor->Finish(ToGrpc(rt.ApplyScheduled(*request)));
+    reactor->Finish(ToGrpc(rt.JoinControlGraph(*request)));
   });
 }
 

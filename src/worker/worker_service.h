@@ -20,8 +20,8 @@ class WorkerService final : public rpc::Worker::CallbackService {
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
                                     const rpc::CompileRequest* request,
                                     rpc::CompileResponse* response) override;
-  grpc::ServerUnaryReactor* ApplyScheduled(grpc::CallbackServerContext* context, const rpc::ScheduledBatch* request,
-                                           rpc::ScheduledResponse* response) override;
+  grpc::ServerUnaryReactor* JoinControlGraph(grpc::CallbackServerContext* context, const rpc::ControlGraph* request,
+                                             rpc::JoinControlGraphResponse* response) override;
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context,
                                     const rpc::EnqueueRequest* request,
                                     rpc::EnqueueResponse* response) override;

@@ -1,0 +1,155 @@
+#include "worker/host_control.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "dataflow/control_graph.h"
+
+namespace pathways {
+
+using L = dataflow::ControlGraphLayout;
+
+// The host's apply shard: each op goes into the host's order as it comes; the round's end needs
+// nothing more here (the engine's punctuation to `accepted` is the acknowledgement).
+class HostControl::Apply : public dataflow::Operator {
+ public:
+  Apply(HostControl& control, std::string controller_incarnation)
+      : control_(control), controller_incarnation_(std::move(controller_incarnation)) {}
+  void OnMessage(dataflow::ShardContext&, int, int, const std::string& payload) override {
+    control_.OnScheduled(controller_incarnation_, payload);
+  }
+  void OnEpochDone(dataflow::ShardContext&) override {}
+
+ private:
+  HostControl& control_;
+  const std::string controller_incarnation_;
+};
+
+namespace {
+
+// The host's report shard passes what the host injects to the controller's done shard.
+class Report : public dataflow::Operator {
+ public:
+  void OnMessage(dataflow::ShardContext& ctx, int, int, const std::string& payload) override {
+    ctx.Send(L::kReports, ctx.shard(), payload);
+  }
+  void OnEpochDone(dataflow::ShardContext&) override {}
+};
+
+// Shards that live elsewhere never run here.
+class Elsewhere : public dataflow::Operator {
+ public:
+  void OnMessage(dataflow::ShardContext&, int, int, const std::string&) override {}
+  void OnEpochDone(dataflow::ShardContext&) override {}
+};
+
+}  // namespace
+
+HostControl::HostControl(HostControlOptions options) : options_(std::move(options)) {}
+
+HostControl::~HostControl() { Shutdown(); }
+
+void HostControl::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
+  for (const Generation& g : generations_) options_.service->RemoveEngine(g.engine->graph().name());
+  generations_.clear();
+  early_.clear();
+}
+
+absl::Status HostControl::Join(const rpc::ControlGraph& def) {
+  auto graph = dataflow::MakeControlGraph(def);
+  if (!graph.ok()) return graph.status();
+  int32_t shard = -1;
+  for (int k = 0; k < def.hosts_size(); ++k) {
+    if (def.hosts(k) == options_.host) shard = k;
+  }
+  if (shard < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("control graph ", (*graph)->name(), " does not name host ", options_.host));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError(absl::StrCat("host ", options_.host, " is shutting down"));
+  if (def.controller_incarnation() != controller_incarnation_) {
+    // A controller this host has not heard from (a first one, or one that restarted): its order
+    // starts at 1, and what the previous one sent is moot.
+    if (!controller_incarnation_.empty()) {
+      PW_LOG(Info) << "host " << options_.host << ": controller " << def.controller() << " is a new incarnation; "
+                   << early_.size() << " early ops of the previous one dropped";
+    }
+    for (const Generation& g : generations_) options_.service->RemoveEngine(g.engine->graph().name());
+    generations_.clear();
+    early_.clear();
+    next_order_ = 1;
+    controller_incarnation_ = def.controller_incarnation();
+  }
+  for (const Generation& g : generations_) {
+    if (g.def.generation() == def.generation()) return absl::OkStatus();
+  }
+  auto engine = std::make_shared<dataflow::Engine>(
+      options_.host, *std::move(graph),
+      [this, incarnation = def.controller_incarnation()](int node, int) -> std::unique_ptr<dataflow::Operator> {
+        if (node == L::kApply) return std::make_unique<Apply>(*this, incarnation);
+        if (node == L::kReport) return std::make_unique<Report>();
+        return std::make_unique<Elsewhere>();
+      },
+      *options_.transport, *options_.executor);
+  // Generations arrive in order but joins may not: keep them sorted, newest last.
+  auto at = generations_.end();
+  while (at != generations_.begin() && std::prev(at)->def.generation() > def.generation()) --at;
+  generations_.insert(at, Generation{def, shard, engine});
+  options_.service->AddEngine(engine.get());  // hands over what came before the join
+  while (generations_.size() > kKeptGenerations) {
+    options_.service->RemoveEngine(generations_.front().engine->graph().name());
+    generations_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+void HostControl::OnScheduled(const std::string& controller_incarnation, const std::string& bytes) {
+  rpc::ScheduledOp op;
+  if (!op.ParseFromString(bytes) || op.order() <= 0) {
+    PW_LOG(Error) << "host " << options_.host << ": unreadable scheduled op dropped";
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (shut_down_ || controller_incarnation != controller_incarnation_) return;  // from a controller gone since
+  if (op.order() < next_order_) {
+    PW_LOG(Error) << "host " << options_.host << ": scheduled op " << op.order() << " came twice";
+    return;
+  }
+  const int64_t order = op.order();
+  early_.emplace(order, std::move(op));
+  std::vector<rpc::ScheduledOp> ready;
+  for (auto it = early_.begin(); it != early_.end() && it->first == next_order_; it = early_.erase(it), ++next_order_) {
+    ready.push_back(std::move(it->second));
+  }
+  if (ready.empty()) return;
+  // Under the lock: the next batch must not overtake this one.
+  if (absl::Status s = options_.apply(std::move(ready)); !s.ok()) {
+    PW_LOG(Error) << "host " << options_.host << ": scheduled ops refused: " << s;
+  }
+}
+
+void HostControl::ReportDone(rpc::RunDone done) {
+  std::shared_ptr<dataflow::Engine> engine;
+  int32_t shard;
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    if (generations_.empty()) {
+      PW_LOG(Warning) << "host " << options_.host << ": run " << done.epoch() << " done, but no control graph to report it through";
+      return;
+    }
+    const Generation& g = generations_.back();
+    engine = g.engine;
+    shard = g.shard;
+    done.set_island(g.def.island());
+    epoch = next_report_epoch_++;
+  }
+  std::vector<std::string> payload{done.SerializeAsString()};
+  if (absl::Status s = engine->InjectAll(L::kReport, shard, epoch, std::move(payload)); !s.ok()) {
+    PW_LOG(Error) << "host " << options_.host << ": run done not reported: " << s;
+  }
+}
+
+}  // namespace pathways

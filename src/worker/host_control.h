@@ -1,0 +1,70 @@
+// A host's side of its island's control graphs (dataflow/control_graph.h): the scheduler's ops
+// come in through them, in the island's order, and reports go back.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "core/executor.h"
+#include "dataflow/engine.h"
+#include "dataflow/grpc_transport.h"
+#include "proto/pathways.pb.h"
+
+namespace pathways {
+
+struct HostControlOptions {
+  std::string host;                              // this host's address
+  dataflow::DataflowService* service = nullptr;  // not owned
+  dataflow::Transport* transport = nullptr;      // not owned
+  Executor* executor = nullptr;                  // not owned
+  // Applies scheduled ops, called in the island's order (one call at a time).
+  std::function<absl::Status(std::vector<rpc::ScheduledOp>)> apply;
+};
+
+// Ops carry their place in this host's order (ScheduledOp.order, counted per controller
+// incarnation); ops that come early wait here for those before them, so the order holds
+// whichever generation's graph or path brought them. Thread-safe.
+class HostControl {
+ public:
+  // Generations of one controller kept at once; older graphs are let go.
+  static constexpr size_t kKeptGenerations = 4;
+
+  explicit HostControl(HostControlOptions options);
+  ~HostControl();  // leaves every graph
+
+  // Joins a generation of its island's control graph. InvalidArgument when the graph is
+  // malformed or does not name this host. Joining one already joined does nothing. A newer
+  // controller incarnation starts the order afresh.
+  absl::Status Join(const rpc::ControlGraph& graph);
+  // Reports to the controller through the newest graph joined. Dropped (logged) before any.
+  void ReportDone(rpc::RunDone done);
+  // Leaves every graph; later messages are dropped. Call before what `apply` uses goes away.
+  void Shutdown();
+
+ private:
+  class Apply;
+  struct Generation {
+    rpc::ControlGraph def;
+    int32_t shard;
+    std::shared_ptr<dataflow::Engine> engine;
+  };
+  // An op from the apply shard of a generation of `controller_incarnation`.
+  void OnScheduled(const std::string& controller_incarnation, const std::string& bytes);
+
+  const HostControlOptions options_;
+  absl::Mutex mu_;
+  std::string controller_incarnation_ ABSL_GUARDED_BY(mu_);
+  std::deque<Generation> generations_ ABSL_GUARDED_BY(mu_);  // oldest first
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, rpc::ScheduledOp> early_ ABSL_GUARDED_BY(mu_);
+  int64_t next_report_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pathways

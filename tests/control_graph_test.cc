@@ -1,0 +1,232 @@
+// The island control graph with threads in one process: the controller's IslandControlPlane and
+// hosts' HostControl, each with its own dataflow service and transport, finding each other in
+// the process (no network).
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "controller/island_control.h"
+#include "gtest/gtest.h"
+#include "worker/host_control.h"
+
+namespace pathways {
+namespace {
+
+// One process-like party: an address, a dataflow service and transport, a pool.
+struct Party {
+  explicit Party(std::string address) : address(address), transport(address), pool(address, 2) {
+    service.ServeInProcess(address);
+  }
+  ~Party() { pool.Shutdown(); }
+  std::string address;
+  dataflow::DataflowService service;
+  dataflow::GrpcTransport transport;
+  ThreadPool pool;
+};
+
+struct Host {
+  explicit Host(const std::string& address) : party(address) {
+    HostControlOptions options{address, &party.service, &party.transport, &party.pool,
+                               [this](std::vector<rpc::ScheduledOp> ops) {
+                                 absl::MutexLock lock(&mu);
+                                 for (const auto& op : ops) applied.push_back(op.op().seq());
+                                 return absl::OkStatus();
+                               }};
+    control = std::make_unique<HostControl>(options);
+  }
+  ~Host() { control->Shutdown(); }
+  std::vector<int64_t> Applied() {
+    absl::MutexLock lock(&mu);
+    return applied;
+  }
+  bool WaitForApplied(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return applied.size() >= n; };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
+  }
+  Party party;
+  absl::Mutex mu;
+  std::vector<int64_t> applied ABSL_GUARDED_BY(mu);  // op seqs, in the order applied
+  std::unique_ptr<HostControl> control;
+};
+
+rpc::ScheduledOp RunOp(int64_t seq) {
+  rpc::ScheduledOp op;
+  op.set_client_id("c");
+  op.mutable_op()->set_seq(seq);
+  op.mutable_op()->mutable_run();
+  return op;
+}
+
+class ControlGraphTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* h : {"h0", "h1", "h2"}) hosts_[h] = std::make_unique<Host>(h);
+    IslandControlOptions options;
+    options.island = 0;
+    options.controller = controller_.address;
+    options.controller_incarnation = "incarnation-1";
+    options.transport = &controller_.transport;
+    options.service = &controller_.service;
+    options.executor = &controller_.pool;
+    options.join = [this](const std::string& host, const rpc::ControlGraph& graph) {
+      absl::MutexLock lock(&joins_mu_);
+      if (held_joins_.contains(host)) {
+        held_joins_[host].push_back(graph);
+        return Future<Unit>::Ready(Unit{});
+      }
+      absl::Status joined = hosts_.at(host)->control->Join(graph);
+      return joined.ok() ? Future<Unit>::Ready(Unit{}) : Future<Unit>::Ready(joined);
+    };
+    options.on_done = [this](const rpc::RunDone& done) {
+      absl::MutexLock lock(&joins_mu_);
+      done_.push_back(done.epoch());
+    };
+    plane_ = std::make_unique<IslandControlPlane>(options);
+  }
+  void TearDown() override {
+    plane_.reset();
+    hosts_.clear();
+  }
+  void SetMembers(std::vector<std::string> addresses) {
+    std::vector<IslandControlPlane::Member> members;
+    for (const auto& a : addresses) members.push_back({a, "1"});
+    plane_->SetMembers(members);
+  }
+  // Joins sent to `host` wait until ReleaseJoins.
+  void HoldJoins(const std::string& host) {
+    absl::MutexLock lock(&joins_mu_);
+    held_joins_[host];
+  }
+  void ReleaseJoins(const std::string& host, bool newest_first = false) {
+    std::vector<rpc::ControlGraph> graphs;
+    {
+      absl::MutexLock lock(&joins_mu_);
+      graphs = std::move(held_joins_[host]);
+      held_joins_.erase(host);
+    }
+    if (newest_first) std::reverse(graphs.begin(), graphs.end());
+    for (const auto& g : graphs) ASSERT_TRUE(hosts_.at(host)->control->Join(g).ok());
+  }
+
+  Party controller_{"ctl"};
+  std::map<std::string, std::unique_ptr<Host>> hosts_;
+  std::unique_ptr<IslandControlPlane> plane_;
+  absl::Mutex joins_mu_;
+  std::map<std::string, std::vector<rpc::ControlGraph>> held_joins_ ABSL_GUARDED_BY(joins_mu_);
+  std::vector<int64_t> done_ ABSL_GUARDED_BY(joins_mu_);
+};
+
+TEST_F(ControlGraphTest, RoundsReachTheirHostsInOrderAndAreAcknowledgedByProgress) {
+  SetMembers({"h0", "h1"});
+  std::vector<Future<Unit>> acks;
+  for (int round = 0; round < 50; ++round) {
+    // Some rounds carry nothing for h1: it still learns each round is over.
+    acks.push_back(plane_->Push("h0", RunOp(round)));
+    if (round % 3 == 0) acks.push_back(plane_->Push("h1", RunOp(round)));
+    plane_->EndRound();
+  }
+  for (auto& a : acks) ASSERT_TRUE(a.Await().ok()) << a.Await().status();
+  std::vector<int64_t> all(50), every_third;
+  for (int i = 0; i < 50; ++i) all[i] = i;
+  for (int i = 0; i < 50; i += 3) every_third.push_back(i);
+  EXPECT_EQ(hosts_["h0"]->Applied(), all);
+  EXPECT_EQ(hosts_["h1"]->Applied(), every_third);
+}
+
+TEST_F(ControlGraphTest, ARoundIsAcknowledgedOnlyOnceEveryHostHasIt) {
+  HoldJoins("h1");
+  SetMembers({"h0", "h1"});
+  Future<Unit> ack = plane_->Push("h0", RunOp(1));
+  plane_->EndRound();
+  ASSERT_TRUE(hosts_["h0"]->WaitForApplied(1));
+  // h1 has not joined: the round's batch waits for it there, and so does the acknowledgement.
+  EXPECT_EQ(ack.AwaitFor(absl::Milliseconds(200)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  ReleaseJoins("h1");
+  EXPECT_TRUE(ack.Await().ok());
+}
+
+TEST_F(ControlGraphTest, AHostLeavingFailsOnlyTheRoundsItWasIn) {
+  HoldJoins("h1");  // h1 never takes anything: it is about to go
+  SetMembers({"h0", "h1"});
+  Future<Unit> only_h0 = plane_->Push("h0", RunOp(1));
+  plane_->EndRound();
+  Future<Unit> with_h1 = plane_->Push("h1", RunOp(2));
+  plane_->EndRound();
+  SetMembers({"h0"});
+  EXPECT_TRUE(only_h0.Await().ok());
+  EXPECT_EQ(with_h1.Await().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(with_h1.Await().status().message().find("h1"), std::string::npos);
+  // A host that is not a member is refused at once; the others go on.
+  EXPECT_EQ(plane_->Push("h1", RunOp(3)).Await().status().code(), absl::StatusCode::kUnavailable);
+  Future<Unit> next = plane_->Push("h0", RunOp(4));
+  plane_->EndRound();
+  EXPECT_TRUE(next.Await().ok());
+  EXPECT_EQ(hosts_["h0"]->Applied(), (std::vector<int64_t>{1, 4}));
+}
+
+TEST_F(ControlGraphTest, OrderHoldsAcrossGenerations) {
+  SetMembers({"h0", "h1"});
+  std::vector<Future<Unit>> acks;
+  for (int i = 1; i <= 20; ++i) {
+    acks.push_back(plane_->Push("h0", RunOp(i)));
+    if (i % 5 == 0) {
+      // A host joins mid-stream: the next ops travel on a new graph.
+      SetMembers(i % 10 == 0 ? std::vector<std::string>{"h0", "h1"} : std::vector<std::string>{"h0", "h1", "h2"});
+    }
+    plane_->EndRound();
+  }
+  for (auto& a : acks) ASSERT_TRUE(a.Await().ok());
+  // When h2 left, rounds still unacknowledged counted as taken: they were on their way to h0.
+  ASSERT_TRUE(hosts_["h0"]->WaitForApplied(20));
+  EXPECT_GE(plane_->generation(), 4);
+  std::vector<int64_t> expected;
+  for (int i = 1; i <= 20; ++i) expected.push_back(i);
+  EXPECT_EQ(hosts_["h0"]->Applied(), expected);
+}
+
+TEST_F(ControlGraphTest, OpsThatComeEarlyWaitForThoseBeforeThem) {
+  HoldJoins("h0");
+  SetMembers({"h0", "h1"});
+  std::vector<Future<Unit>> acks;
+  for (int i = 1; i <= 3; ++i) acks.push_back(plane_->Push("h0", RunOp(i)));
+  plane_->EndRound();
+  SetMembers({"h0", "h1", "h2"});
+  for (int i = 4; i <= 6; ++i) acks.push_back(plane_->Push("h0", RunOp(i)));
+  plane_->EndRound();
+  // h0 joins the second generation first: its ops come before the first generation's.
+  ReleaseJoins("h0", /*newest_first=*/true);
+  for (auto& a : acks) ASSERT_TRUE(a.Await().ok());
+  EXPECT_EQ(hosts_["h0"]->Applied(), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST_F(ControlGraphTest, HostsReportRunsDoneThroughTheGraph) {
+  SetMembers({"h0", "h1"});
+  for (int64_t epoch : {7, 8, 9}) {
+    rpc::RunDone done;
+    done.set_client_id("c");
+    done.set_epoch(epoch);
+    hosts_[epoch == 8 ? "h1" : "h0"]->control->ReportDone(done);
+  }
+  absl::MutexLock lock(&joins_mu_);
+  auto all_in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(joins_mu_) { return done_.size() == 3; };
+  ASSERT_TRUE(joins_mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::Seconds(30)));
+  std::vector<int64_t> got = done_;
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int64_t>{7, 8, 9}));
+}
+
+TEST_F(ControlGraphTest, MalformedGraphsAreRefused) {
+  rpc::ControlGraph graph;
+  graph.set_controller("ctl");
+  EXPECT_EQ(hosts_["h0"]->control->Join(graph).code(), absl::StatusCode::kInvalidArgument);  // no hosts
+  graph.add_hosts("h1");
+  EXPECT_EQ(hosts_["h0"]->control->Join(graph).code(), absl::StatusCode::kInvalidArgument);  // not h0's
+  graph.add_hosts("h1");
+  EXPECT_EQ(hosts_["h0"]->control->Join(graph).code(), absl::StatusCode::kInvalidArgument);  // h1 twice
+}
+
+}  // namespace
+}  // namespace pathways
