@@ -195,6 +195,7 @@ TEST(RequestFuzzerTest, RandomAndMutatedRequestsNeverCrashTheHost) {
   messages.push_back(std::make_unique<rpc::ScheduledBatch>());
   messages.push_back(std::make_unique<rpc::ProgramProto>(ValidProgram()));
   messages.push_back(std::make_unique<rpc::HeartbeatRequest>());
+  messages.push_back(std::make_unique<rpc::ControlGraph>());
   const std::vector<std::string> valid = {
       Bytes(0, ValidEnqueue()), Bytes(5, ValidProgram()),
       [] {
@@ -216,6 +217,15 @@ TEST(RequestFuzzerTest, RandomAndMutatedRequestsNeverCrashTheHost) {
         op->mutable_op()->mutable_run()->set_program_id(7);
         op->mutable_op()->mutable_run()->set_epoch(2);
         return Bytes(4, b);
+      }(),
+      [] {
+        rpc::ControlGraph g;
+        g.set_island(0);
+        g.set_generation(3);
+        g.set_controller_incarnation("fuzz");
+        g.add_hosts(RequestFuzzer::kHost);
+        g.add_hosts("127.0.0.1:9");
+        return Bytes(7, g);
       }(),
   };
   for (int i = 0; i < 3000; ++i) {
