@@ -164,6 +164,9 @@ TEST_F(ControlGraphTest, AHostLeavingFailsOnlyTheRoundsItWasIn) {
   Future<Unit> next = plane_->Push("h0", RunOp(4));
   plane_->EndRound();
   EXPECT_TRUE(next.Await().ok());
+  // Acknowledged means h0 has it; it applies it once the op before it (from the older graph,
+  // possibly handled later) is in.
+  ASSERT_TRUE(hosts_["h0"]->WaitForApplied(2));
   EXPECT_EQ(hosts_["h0"]->Applied(), (std::vector<int64_t>{1, 4}));
 }
 

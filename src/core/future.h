@@ -151,18 +151,22 @@ class [[nodiscard]] Future {
   }
 
   // Returns a future of f(value); errors pass through without calling f.
-  // f returns either U or absl::StatusOr<U>.
+  // f returns either U or absl::StatusOr<U>. What f captures is released before the result is
+  // set, so whoever waits for the result finds it released (a handle captured there is gone).
   template <typename F, typename R = std::invoke_result_t<F, const T&>>
   auto Then(F f) const {
     using U = typename UnwrapStatusOr<R>::type;
     Promise<U> promise;
     Future<U> result = promise.future();
-    OnReady([promise = std::move(promise), f = std::move(f)](const absl::StatusOr<T>& r) mutable {
+    OnReady([promise = std::move(promise), f = std::optional<F>(std::move(f))](const absl::StatusOr<T>& r) mutable {
       if (!r.ok()) {
+        f.reset();
         promise.Set(r.status());
-      } else {
-        promise.Set(f(*r));
+        return;
       }
+      absl::StatusOr<U> value = (*f)(*r);
+      f.reset();
+      promise.Set(std::move(value));
     });
     return result;
   }
@@ -174,12 +178,15 @@ class [[nodiscard]] Future {
     using U = typename R::ValueType;
     Promise<U> promise;
     R result = promise.future();
-    OnReady([promise = std::move(promise), f = std::move(f)](const absl::StatusOr<T>& r) mutable {
+    OnReady([promise = std::move(promise), f = std::optional<F>(std::move(f))](const absl::StatusOr<T>& r) mutable {
       if (!r.ok()) {
+        f.reset();
         promise.Set(r.status());
         return;
       }
-      f(*r).OnReady([promise = std::move(promise)](const absl::StatusOr<U>& u) mutable { promise.Set(u); });
+      R next = (*f)(*r);
+      f.reset();  // as in Then
+      next.OnReady([promise = std::move(promise)](const absl::StatusOr<U>& u) mutable { promise.Set(u); });
     });
     return result;
   }

@@ -122,6 +122,25 @@ TEST(DataflowTest, HostsSharingAProcessSkipTheNetwork) {
   EXPECT_GT(in_process, 0);
 }
 
+TEST(DataflowTest, BatchesForAGraphNotYetHereAreHeldAndForOneGoneAreDropped) {
+  auto graph = MakeSparseSumGraph({"h", "h", "h"});
+  SparseSumResults results;
+  LocalTransport transport;
+  ThreadPool pool("h", 1);
+  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  DataflowService service;
+  Envelope stray;
+  stray.edge = -1;  // handled as an envelope on no edge: logged and ignored
+  service.Receive(graph->name(), {stray});
+  EXPECT_EQ(service.num_held_batches(), 1u);  // the graph may still be set up here
+  service.AddEngine(engine.get());
+  EXPECT_EQ(service.num_held_batches(), 0u);  // handed over
+  service.RemoveEngine(graph->name());
+  service.Receive(graph->name(), {stray});
+  EXPECT_EQ(service.num_held_batches(), 0u);  // a straggler: dropped
+  pool.Shutdown();
+}
+
 TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   // This process is host 0; two dataflow_peer processes are hosts 1 and 2.
   auto self = StartLoopbackDataflowHost();

@@ -226,6 +226,7 @@ void DataflowService::AddEngine(Engine* engine) {
   {
     absl::MutexLock lock(&mu_);
     engines_[engine->graph().name()] = engine;
+    removed_.erase(engine->graph().name());  // a graph may come back (a program registered again)
     auto it = held_.find(engine->graph().name());
     if (it != held_.end()) {
       held = std::move(it->second);
@@ -243,7 +244,12 @@ size_t DataflowService::num_held_batches() {
 
 void DataflowService::RemoveEngine(const std::string& graph) {
   absl::MutexLock lock(&mu_);
-  engines_.erase(graph);
+  if (engines_.erase(graph) == 0 || !removed_.insert(graph).second) return;
+  removed_order_.push_back(graph);
+  if (removed_order_.size() > kRememberedRemoved) {
+    removed_.erase(removed_order_.front());
+    removed_order_.pop_front();
+  }
 }
 
 grpc::Status DataflowService::Stream(grpc::ServerContext* context, grpc::ServerReader<rpc::DataflowBatch>* reader,
@@ -267,6 +273,7 @@ void DataflowService::Receive(const std::string& graph, std::vector<Envelope> ba
     it->second->Deliver(std::move(batch));
     return;
   }
+  if (removed_.contains(graph)) return;  // a straggler of a graph that is done here
   if (num_held_ >= kMaxHeldBatches) {
     PW_LOG(Error) << "dataflow: graph '" << graph << "' unknown here and " << num_held_
                   << " batches already held; batch dropped";

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "dataflow/engine.h"
 #include "proto/pathways.grpc.pb.h"
@@ -54,7 +56,10 @@ class DataflowService final : public rpc::Dataflow::Service {
   // Streams must carry this token (see transport/auth.h); empty: none needed. Set before serving.
   void RequireToken(std::string token) { token_ = std::move(token); }
 
-  // The owner removes an engine before letting it go.
+  // The owner removes an engine before letting it go. Batches that come for a graph removed
+  // recently (the last kRememberedRemoved) are dropped, not held: stragglers of a finished
+  // program or an old control graph generation.
+  static constexpr size_t kRememberedRemoved = 4096;
   void AddEngine(Engine* engine);
   void RemoveEngine(const std::string& graph);
   size_t num_held_batches();
@@ -66,6 +71,8 @@ class DataflowService final : public rpc::Dataflow::Service {
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::vector<Envelope>>> held_ ABSL_GUARDED_BY(mu_);
   size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> removed_order_ ABSL_GUARDED_BY(mu_);
   std::string token_;
   std::string in_process_address_;  // guarded by the in-process directory's lock
 };
