@@ -33,6 +33,9 @@ absl::StatusOr<int> LocalCluster::AddWorker(int island) {
 }
 
 LocalCluster::~LocalCluster() {
+  // The controller stops first: its schedulers would otherwise send to workers already gone
+  // (retiring the clients that just left, say) and wait out their grace period.
+  controller_->Shutdown();
   for (auto& w : workers_) w->Shutdown();
   workers_.clear();
   controller_.reset();

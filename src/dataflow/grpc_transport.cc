@@ -3,8 +3,9 @@
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
 
+#include <deque>
 #include <map>
-#include <thread>
+#include <utility>
 
 #include "absl/synchronization/notification.h"
 
@@ -39,38 +40,54 @@ std::map<std::string, DataflowService*>& InProcessServices() ABSL_EXCLUSIVE_LOCK
 
 }  // namespace
 
-// One long-lived client stream to one peer, written by its own thread. A stream that breaks is
-// opened again and the message whose write failed is written again, a bounded number of times.
+// One long-lived client stream to one peer, on gRPC's callback API: no thread of its own, and
+// no thread waits for a peer that is slow or still starting (the call waits for the channel).
+// One message is written at a time; batches queued meanwhile go out merged, one message per
+// graph. A stream that breaks is opened again and the message whose write failed is written
+// again, a bounded number of times.
+//
+// gRPC may run a reaction inline in the thread that starts an operation, so operations are
+// decided under mu_ and started after it is released (Steps).
 class GrpcTransport::PeerStream {
  public:
   PeerStream(const std::string& self, const std::string& peer)
-      : self_(self), peer_(peer), stub_(rpc::Dataflow::NewStub(grpc::CreateChannel(peer, ChannelCredentials()))) {
-    thread_ = std::thread([this] { Run(); });
-  }
+      : self_(self), peer_(peer), stub_(rpc::Dataflow::NewStub(grpc::CreateChannel(peer, ChannelCredentials()))) {}
+
   // Queued messages get until `deadline` to go out; then the stream is cut: a peer that went
   // away must not hold up shutdown.
   void BeginClose(absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    closing_ = true;
-    close_deadline_ = std::min(close_deadline_, deadline);
+    Steps steps;
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+      close_deadline_ = std::min(close_deadline_, deadline);
+      steps = PumpLocked();
+    }
+    Take(steps);
   }
   ~PeerStream() {
     BeginClose(absl::Now() + absl::Seconds(2));
-    absl::Time deadline;
+    std::vector<Call*> to_cancel;
     {
       absl::MutexLock lock(&mu_);
-      deadline = close_deadline_;
+      auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_calls_ == 0; };
+      if (mu_.AwaitWithDeadline(absl::Condition(&finished), close_deadline_)) return;
+      cancelled_ = true;  // nothing more is written, and no call opened
+      for (const auto& c : calls_) to_cancel.push_back(c.get());
     }
-    if (!done_.WaitForNotificationWithDeadline(deadline)) {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;  // a stream opened from now on is cancelled at once
-      if (context_ != nullptr) context_->TryCancel();
-    }
-    thread_.join();
+    for (Call* c : to_cancel) c->context.TryCancel();  // calls live until this object goes
+    absl::MutexLock lock(&mu_);
+    auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_calls_ == 0; };
+    mu_.Await(absl::Condition(&finished));  // cancelled calls end promptly
   }
   void Enqueue(const std::string& graph, std::vector<Envelope> batch) {
-    absl::MutexLock lock(&mu_);
-    pending_.push_back({graph, std::move(batch)});
+    Steps steps;
+    {
+      absl::MutexLock lock(&mu_);
+      pending_.push_back({graph, std::move(batch)});
+      steps = PumpLocked();
+    }
+    Take(steps);
   }
   int64_t written() {
     absl::MutexLock lock(&mu_);
@@ -78,96 +95,138 @@ class GrpcTransport::PeerStream {
   }
 
  private:
-  struct Stream {
-    std::unique_ptr<grpc::ClientContext> context;
+  // One gRPC call. Held (AddHold) while this stream may still write to it, so gRPC does not
+  // finish it under a write started from outside its reactions. Kept until the stream goes
+  // (calls are few: one, plus one per broken stream).
+  class Call : public grpc::ClientWriteReactor<rpc::DataflowBatch> {
+   public:
+    explicit Call(PeerStream& owner) : owner_(owner) {}
+    void OnWriteDone(bool ok) override { owner_.WriteDone(ok); }
+    void OnDone(const grpc::Status& status) override { owner_.CallDone(status); }
+    grpc::ClientContext context;
     rpc::DataflowAck ack;
-    std::unique_ptr<grpc::ClientWriter<rpc::DataflowBatch>> writer;
+    rpc::DataflowBatch message;  // the one being written
+
+   private:
+    PeerStream& owner_;
+  };
+  // What to start once mu_ is released, in this order.
+  struct Steps {
+    Call* release = nullptr;      // done with it: (writes done, if `finish`) and drop the hold
+    bool finish = false;
+    Call* start = nullptr;        // a new call to start
+    Call* write = nullptr;        // write its `message`
   };
 
-  std::unique_ptr<Stream> Open() {
-    auto stream = std::make_unique<Stream>();
-    stream->context = std::make_unique<grpc::ClientContext>();
-    stream->context->set_wait_for_ready(true);  // a peer still starting is waited for
-    AttachCallToken(*stream->context);
-    {
-      absl::MutexLock lock(&mu_);
-      context_ = stream->context.get();
-      // Cancelled before the call starts, the call ends as it starts instead of waiting for a
-      // peer that is gone.
-      if (cancelled_) context_->TryCancel();
+  // Decides the next write, opening a call if needed; once closing and drained, ends the call.
+  Steps PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Steps steps;
+    if (writing_) return steps;
+    if (cancelled_) {
+      if (!pending_.empty() || !messages_.empty()) {
+        PW_LOG(Error) << "dataflow: " << pending_.size() + messages_.size() << " batches for " << peer_
+                      << " dropped: the transport closed before the peer took them";
+      }
+      pending_.clear();
+      messages_.clear();
+      return steps;
     }
-    stream->writer = stub_->Stream(stream->context.get(), &stream->ack);
-    return stream;
+    if (messages_.empty()) {
+      // Everything queued since the last write goes out together: one message per graph.
+      std::map<std::string, rpc::DataflowBatch> merged;
+      for (const auto& [graph, batch] : pending_) {
+        rpc::DataflowBatch& m = merged[graph];
+        m.set_graph(graph);
+        m.set_src_host(self_);
+        for (const Envelope& e : batch) ToProto(e, m.add_envelopes());
+      }
+      pending_.clear();
+      for (auto& [graph, m] : merged) messages_.push_back(std::move(m));
+    }
+    if (messages_.empty()) {
+      if (closing_ && call_ != nullptr) {
+        steps.release = std::exchange(call_, nullptr);
+        steps.finish = true;
+      }
+      return steps;
+    }
+    if (call_ == nullptr) {
+      calls_.push_back(std::make_unique<Call>(*this));
+      call_ = calls_.back().get();
+      call_->context.set_wait_for_ready(true);  // a peer still starting is waited for
+      AttachCallToken(call_->context);
+      ++live_calls_;
+      stub_->async()->Stream(&call_->context, &call_->ack, call_);
+      call_->AddHold();
+      steps.start = call_;
+    }
+    writing_ = true;
+    call_->message = messages_.front();
+    steps.write = call_;
+    return steps;
   }
 
-  void Close(std::unique_ptr<Stream> stream, bool broken) {
-    if (!broken) stream->writer->WritesDone();
-    grpc::Status status = stream->writer->Finish();
+  void Take(const Steps& steps) {
+    if (steps.release != nullptr) {
+      if (steps.finish) steps.release->StartWritesDone();
+      steps.release->RemoveHold();
+    }
+    if (steps.start != nullptr) steps.start->StartCall();
+    if (steps.write != nullptr) steps.write->StartWrite(&steps.write->message);
+  }
+
+  void WriteDone(bool ok) {
+    Steps steps;
+    Call* broken = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      context_ = nullptr;
+      writing_ = false;
+      if (ok) {
+        messages_.pop_front();
+        ++written_;
+        attempts_ = 0;
+      } else {
+        // The stream broke (the peer went away or restarted): open another and try again.
+        broken = std::exchange(call_, nullptr);
+        if (closing_ || ++attempts_ == kAttempts) {
+          PW_LOG(Error) << "dataflow: " << messages_.front().envelopes_size() << " envelopes for " << peer_
+                        << " dropped: "
+                        << (closing_ ? std::string("the transport is closing")
+                                     : absl::StrCat(attempts_, " streams broke"));
+          messages_.pop_front();
+          attempts_ = 0;
+        }
+      }
+      steps = PumpLocked();
     }
+    if (broken != nullptr) broken->RemoveHold();
+    Take(steps);
+  }
+
+  void CallDone(const grpc::Status& status) {
     if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
       PW_LOG(Info) << "dataflow stream to " << peer_ << " ended: " << status.error_message();
     }
+    absl::MutexLock lock(&mu_);
+    --live_calls_;
   }
 
-  void Run() {
-    constexpr int kAttempts = 3;
-    std::unique_ptr<Stream> stream = Open();
-    while (true) {
-      // Everything queued since the last write goes out together: one message per graph.
-      std::map<std::string, rpc::DataflowBatch> messages;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](PeerStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->closing_ || !s->pending_.empty(); },
-            this));
-        if (pending_.empty()) break;  // closing, and everything was sent
-        for (const auto& [graph, batch] : pending_) {
-          rpc::DataflowBatch& m = messages[graph];
-          m.set_graph(graph);
-          m.set_src_host(self_);
-          for (const Envelope& e : batch) ToProto(e, m.add_envelopes());
-        }
-        pending_.clear();
-        written_ += static_cast<int64_t>(messages.size());
-      }
-      for (const auto& [graph, message] : messages) {
-        int attempt = 0;
-        while (!stream->writer->Write(message)) {
-          Close(std::move(stream), /*broken=*/true);
-          bool closing;
-          {
-            absl::MutexLock lock(&mu_);
-            closing = closing_;
-          }
-          if (closing || ++attempt == kAttempts) {
-            PW_LOG(Error) << "dataflow: " << message.envelopes_size() << " envelopes for " << peer_
-                          << " dropped after " << attempt << " broken streams";
-            stream = Open();
-            break;
-          }
-          stream = Open();
-        }
-      }
-    }
-    Close(std::move(stream), /*broken=*/false);
-    done_.Notify();
-  }
-
+  static constexpr int kAttempts = 3;
   const std::string self_;
   const std::string peer_;
   std::unique_ptr<rpc::Dataflow::Stub> stub_;
   absl::Mutex mu_;
   std::vector<std::pair<std::string, std::vector<Envelope>>> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<rpc::DataflowBatch> messages_ ABSL_GUARDED_BY(mu_);  // merged, the front one being written
+  std::vector<std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
+  Call* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the call written to; null: none open
+  int live_calls_ ABSL_GUARDED_BY(mu_) = 0;    // calls gRPC is not done with
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // closing, and out of time
   absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
-  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;  // of the open stream, to cancel it
-  absl::Notification done_;
-  std::thread thread_;
 };
 
 GrpcTransport::GrpcTransport(std::string self_host) : self_host_(std::move(self_host)) {}
@@ -252,17 +311,37 @@ void DataflowService::RemoveEngine(const std::string& graph) {
   }
 }
 
-grpc::Status DataflowService::Stream(grpc::ServerContext* context, grpc::ServerReader<rpc::DataflowBatch>* reader,
-                                     rpc::DataflowAck*) {
-  if (absl::Status s = CheckCallToken(*context, token_); !s.ok()) return ToGrpc(s);
-  rpc::DataflowBatch batch;
-  while (reader->Read(&batch)) {
-    std::vector<Envelope> envelopes;
-    envelopes.reserve(batch.envelopes_size());
-    for (const auto& e : batch.envelopes()) envelopes.push_back(FromProto(e));
-    Receive(batch.graph(), std::move(envelopes));
+// Reads one peer's stream: each batch is handed over as it comes.
+class DataflowService::Reader : public grpc::ServerReadReactor<rpc::DataflowBatch> {
+ public:
+  Reader(DataflowService& service, grpc::CallbackServerContext* context) : service_(service) {
+    if (absl::Status s = CheckCallToken(*context, service_.token_); !s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    StartRead(&batch_);
   }
-  return grpc::Status::OK;
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the peer finished its writes, or the stream broke
+      Finish(grpc::Status::OK);
+      return;
+    }
+    std::vector<Envelope> envelopes;
+    envelopes.reserve(batch_.envelopes_size());
+    for (const auto& e : batch_.envelopes()) envelopes.push_back(FromProto(e));
+    service_.Receive(batch_.graph(), std::move(envelopes));
+    StartRead(&batch_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  DataflowService& service_;
+  rpc::DataflowBatch batch_;
+};
+
+grpc::ServerReadReactor<rpc::DataflowBatch>* DataflowService::Stream(grpc::CallbackServerContext* context,
+                                                                     rpc::DataflowAck*) {
+  return new Reader(*this, context);
 }
 
 void DataflowService::Receive(const std::string& graph, std::vector<Envelope> batch) {

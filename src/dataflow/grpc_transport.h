@@ -17,9 +17,9 @@ namespace pathways::dataflow {
 
 // Sends batches to other hosts' DataflowService, for any number of graphs. Thread-safe. A peer
 // served in this same process (see DataflowService::ServeInProcess) gets its batches handed over
-// directly: no network, no serialisation, no extra thread. Every other peer gets one stream and
-// one sender thread; batches queued while a write is in progress go out merged, one message per
-// graph.
+// directly: no network, no serialisation, no extra thread. Every other peer gets one stream on
+// gRPC's callback API (no thread per peer); batches queued while a write is in progress go out
+// merged, one message per graph.
 class GrpcTransport : public Transport {
  public:
   explicit GrpcTransport(std::string self_host);
@@ -42,7 +42,7 @@ class GrpcTransport : public Transport {
 // Batches for a graph not registered yet are held until it is (up to kMaxHeldBatches): hosts set
 // up a graph independently, and a fast peer may send before this host has its engine.
 // Thread-safe.
-class DataflowService final : public rpc::Dataflow::Service {
+class DataflowService final : public rpc::Dataflow::CallbackService {
  public:
   static constexpr size_t kMaxHeldBatches = 100000;
   ~DataflowService() override;  // leaves the in-process directory
@@ -63,10 +63,12 @@ class DataflowService final : public rpc::Dataflow::Service {
   void AddEngine(Engine* engine);
   void RemoveEngine(const std::string& graph);
   size_t num_held_batches();
-  grpc::Status Stream(grpc::ServerContext* context, grpc::ServerReader<rpc::DataflowBatch>* reader,
-                      rpc::DataflowAck* ack) override;
+  // Each peer's stream, read without a thread of its own (gRPC's callback API).
+  grpc::ServerReadReactor<rpc::DataflowBatch>* Stream(grpc::CallbackServerContext* context,
+                                                      rpc::DataflowAck* ack) override;
 
  private:
+  class Reader;
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::vector<Envelope>>> held_ ABSL_GUARDED_BY(mu_);
