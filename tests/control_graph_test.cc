@@ -205,6 +205,19 @@ TEST_F(ControlGraphTest, OpsThatComeEarlyWaitForThoseBeforeThem) {
   EXPECT_EQ(hosts_["h0"]->Applied(), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
 }
 
+TEST_F(ControlGraphTest, HostsLetGoOfGraphsTheControllerNoLongerUses) {
+  for (int i = 1; i <= 10; ++i) {
+    SetMembers(i % 2 == 0 ? std::vector<std::string>{"h0", "h1"} : std::vector<std::string>{"h0", "h2"});
+    Future<Unit> ack = plane_->Push("h0", RunOp(i));
+    plane_->EndRound();
+    ASSERT_TRUE(ack.Await().ok());
+  }
+  // Every round was acknowledged before the next generation began: each new graph told h0 that
+  // the ones before it were out of use.
+  EXPECT_EQ(hosts_["h0"]->control->num_generations(), 1u);
+  EXPECT_LE(hosts_["h1"]->control->num_generations(), 1u);
+}
+
 TEST_F(ControlGraphTest, HostsReportRunsDoneThroughTheGraph) {
   SetMembers({"h0", "h1"});
   for (int64_t epoch : {7, 8, 9}) {

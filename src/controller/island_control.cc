@@ -1,6 +1,7 @@
 #include "controller/island_control.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
@@ -127,6 +128,8 @@ void IslandControlPlane::SetMembers(std::vector<Member> members) {
         g->shard_of[m.address] = g->def.hosts_size();
         g->def.add_hosts(m.address);
       }
+      DropIdleLocked();  // before naming the oldest generation still used
+      g->def.set_oldest_generation(generations_.empty() ? g->def.generation() : generations_.begin()->first);
       auto graph = dataflow::MakeControlGraph(g->def);
       if (!graph.ok()) {
         PW_LOG(Error) << "island " << options_.island << ": no control graph: " << graph.status();

@@ -1,5 +1,7 @@
 #include "worker/host_control.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "dataflow/control_graph.h"
@@ -56,6 +58,11 @@ void HostControl::Shutdown() {
   early_.clear();
 }
 
+size_t HostControl::num_generations() {
+  absl::MutexLock lock(&mu_);
+  return generations_.size();
+}
+
 absl::Status HostControl::Join(const rpc::ControlGraph& def) {
   auto graph = dataflow::MakeControlGraph(def);
   if (!graph.ok()) return graph.status();
@@ -79,8 +86,11 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
     generations_.clear();
     early_.clear();
     next_order_ = 1;
+    oldest_generation_ = 0;
     controller_incarnation_ = def.controller_incarnation();
   }
+  oldest_generation_ = std::max(oldest_generation_, def.oldest_generation());
+  if (def.generation() < oldest_generation_) return absl::OkStatus();  // already out of use
   for (const Generation& g : generations_) {
     if (g.def.generation() == def.generation()) return absl::OkStatus();
   }
@@ -97,7 +107,9 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
   while (at != generations_.begin() && std::prev(at)->def.generation() > def.generation()) --at;
   generations_.insert(at, Generation{def, shard, engine});
   options_.service->AddEngine(engine.get());  // hands over what came before the join
-  while (generations_.size() > kKeptGenerations) {
+  // Graphs the controller no longer uses go (their stragglers are dropped by the service).
+  while (generations_.size() > kMaxGenerations ||
+         (!generations_.empty() && generations_.front().def.generation() < oldest_generation_)) {
     options_.service->RemoveEngine(generations_.front().engine->graph().name());
     generations_.pop_front();
   }

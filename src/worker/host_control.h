@@ -32,8 +32,9 @@ struct HostControlOptions {
 // whichever generation's graph or path brought them. Thread-safe.
 class HostControl {
  public:
-  // Generations of one controller kept at once; older graphs are let go.
-  static constexpr size_t kKeptGenerations = 4;
+  // At most this many generations of one controller are kept, whatever the controller says is
+  // still in use (ControlGraph.oldest_generation): a bound against a controller gone wrong.
+  static constexpr size_t kMaxGenerations = 64;
 
   explicit HostControl(HostControlOptions options);
   ~HostControl();  // leaves every graph
@@ -46,6 +47,8 @@ class HostControl {
   void ReportDone(rpc::RunDone done);
   // Leaves every graph; later messages are dropped. Call before what `apply` uses goes away.
   void Shutdown();
+  // The graphs this host is in now.
+  size_t num_generations();
 
  private:
   class Apply;
@@ -62,6 +65,7 @@ class HostControl {
   std::string controller_incarnation_ ABSL_GUARDED_BY(mu_);
   std::deque<Generation> generations_ ABSL_GUARDED_BY(mu_);  // oldest first
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t oldest_generation_ ABSL_GUARDED_BY(mu_) = 0;  // older graphs are out of use
   std::map<int64_t, rpc::ScheduledOp> early_ ABSL_GUARDED_BY(mu_);
   int64_t next_report_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
