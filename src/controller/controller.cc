@@ -70,42 +70,29 @@ grpc::Status Answer(absl::StatusOr<T> r, T* response) {
 #define PW_CHECK_CALL_TOKEN(context)                                                     \
   if (absl::Status auth = CheckCallToken(*(context), token_); !auth.ok()) return ToGrpc(auth)
 
-class Controller::Service final : public rpc::Controller::Service {
+// Schedule is served on gRPC's callback API (it waits for hosts, and must not hold a thread
+// meanwhile); the rest are quick and synchronous.
+class Controller::Service final : public rpc::Controller::WithCallbackMethod_Schedule<rpc::Controller::Service> {
  public:
   Service(Controller& controller, ClusterRegistry& registry, std::string token)
       : controller_(controller), registry_(registry), token_(std::move(token)) {}
 
-  // Holds a server thread until the runs reach their hosts: one call in flight per client and
-  // island, which is also how a scheduler that holds runs back slows a client down.
-  grpc::Status Schedule(grpc::ServerContext* context, const rpc::ScheduleRequest* request, rpc::ScheduleResponse*) override {
-    PW_CHECK_CALL_TOKEN(context);
-    if (request->client_id().empty()) return ToGrpc(absl::InvalidArgumentError("schedule request has no client id"));
-    if (!(request->weight() >= 0) || request->weight() > 1e6) {
-      return ToGrpc(absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request->weight(), " is not in [0, 1e6]")));
+  // Answers once the runs reach their hosts: one call in flight per client and island, which is
+  // also how a scheduler that holds runs back slows a client down.
+  grpc::ServerUnaryReactor* Schedule(grpc::CallbackServerContext* context, const rpc::ScheduleRequest* request,
+                                     rpc::ScheduleResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (absl::Status auth = CheckCallToken(*context, token_); !auth.ok()) {
+      reactor->Finish(ToGrpc(auth));
+      return reactor;
     }
-    const absl::Time now = absl::Now();
-    std::map<int, std::vector<rpc::GangRun>> by_island;
-    // A batch's runs name the same few hosts over and over: look each up once.
-    absl::flat_hash_map<std::string, absl::StatusOr<int32_t>> island_of;
-    for (const rpc::GangRun& run : request->runs()) {
-      if (run.hosts().empty()) return ToGrpc(absl::InvalidArgumentError("a scheduled run names no hosts"));
-      for (const rpc::HostSeq& h : run.hosts()) {
-        auto [it, is_new] = island_of.try_emplace(h.host(), 0);
-        if (is_new) it->second = registry_.IslandOf(h.host(), now);
-        const absl::StatusOr<int32_t>& island = it->second;
-        if (!island.ok()) return ToGrpc(island.status());
-        if (*island != run.island()) {
-          return ToGrpc(absl::InvalidArgumentError(
-              absl::StrCat("host ", h.host(), " is in island ", *island, ", not ", run.island())));
-        }
-      }
-      by_island[run.island()].push_back(run);
+    auto accepted = Submit(*request);
+    if (!accepted.ok()) {
+      reactor->Finish(ToGrpc(accepted.status()));
+      return reactor;
     }
-    std::vector<Future<Unit>> accepted;
-    for (auto& [island, runs] : by_island) {
-      accepted.push_back(controller_.scheduler(island).Submit(request->client_id(), request->weight(), std::move(runs)));
-    }
-    return ToGrpc(AllDone(accepted).Await().status());
+    AllDone(*accepted).OnReady([reactor](const absl::StatusOr<Unit>& r) { reactor->Finish(ToGrpc(r.status())); });
+    return reactor;
   }
 
   grpc::Status SliceStates(grpc::ServerContext* context, const rpc::SliceStatesRequest* request,
@@ -178,6 +165,39 @@ class Controller::Service final : public rpc::Controller::Service {
   }
 
  private:
+  // Checks a schedule request and hands its runs to their islands' schedulers; one future per
+  // island, complete once its hosts have the runs.
+  absl::StatusOr<std::vector<Future<Unit>>> Submit(const rpc::ScheduleRequest& request) {
+    if (controller_.stop_.HasBeenNotified()) return absl::UnavailableError("the controller is shutting down");
+    if (request.client_id().empty()) return absl::InvalidArgumentError("schedule request has no client id");
+    if (!(request.weight() >= 0) || request.weight() > 1e6) {
+      return absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request.weight(), " is not in [0, 1e6]"));
+    }
+    const absl::Time now = absl::Now();
+    std::map<int, std::vector<rpc::GangRun>> by_island;
+    // A batch's runs name the same few hosts over and over: look each up once.
+    absl::flat_hash_map<std::string, absl::StatusOr<int32_t>> island_of;
+    for (const rpc::GangRun& run : request.runs()) {
+      if (run.hosts().empty()) return absl::InvalidArgumentError("a scheduled run names no hosts");
+      for (const rpc::HostSeq& h : run.hosts()) {
+        auto [it, is_new] = island_of.try_emplace(h.host(), 0);
+        if (is_new) it->second = registry_.IslandOf(h.host(), now);
+        const absl::StatusOr<int32_t>& island = it->second;
+        if (!island.ok()) return island.status();
+        if (*island != run.island()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("host ", h.host(), " is in island ", *island, ", not ", run.island()));
+        }
+      }
+      by_island[run.island()].push_back(run);
+    }
+    std::vector<Future<Unit>> accepted;
+    for (auto& [island, runs] : by_island) {
+      accepted.push_back(controller_.scheduler(island).Submit(request.client_id(), request.weight(), std::move(runs)));
+    }
+    return accepted;
+  }
+
   static constexpr int64_t kMaxRendezvousWaitMs = 60'000;
   Controller& controller_;
   ClusterRegistry& registry_;
@@ -230,6 +250,13 @@ absl::Status Controller::Start() {
 void Controller::Shutdown() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (retire_thread_.joinable()) retire_thread_.join();
+  {
+    // Schedule calls waiting for hosts end now, so the server's shutdown does not wait for them.
+    absl::MutexLock lock(&schedulers_mu_);
+    for (auto& [island, slot] : schedulers_) {
+      if (slot.control != nullptr) slot.control->Stop();
+    }
+  }
   dataflow_service_.StopServingInProcess();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));

@@ -59,16 +59,23 @@ class Schedule : public dataflow::Operator {
 IslandControlPlane::IslandControlPlane(IslandControlOptions options) : options_(std::move(options)) {}
 
 IslandControlPlane::~IslandControlPlane() {
-  std::vector<Promise<Unit>> cancelled;
+  Stop();
+  absl::MutexLock lock(&mu_);
+  for (auto& [number, g] : generations_) options_.service->RemoveEngine(g->engine->graph().name());
+  generations_.clear();
+}
+
+void IslandControlPlane::Stop() {
+  std::vector<Promise<Unit>> failed;
   {
     absl::MutexLock lock(&mu_);
+    stopped_ = true;
     for (auto& [number, g] : generations_) {
-      options_.service->RemoveEngine(g->engine->graph().name());
-      for (auto& [round, r] : g->pending) cancelled.push_back(std::move(r.accepted));
+      for (auto& [round, r] : g->pending) failed.push_back(std::move(r.accepted));
+      g->pending.clear();
     }
-    generations_.clear();
   }
-  for (auto& p : cancelled) p.Set(absl::CancelledError("the controller is shutting down"));
+  for (auto& p : failed) p.Set(absl::UnavailableError("the controller is shutting down"));
 }
 
 int64_t IslandControlPlane::generation() const {
@@ -163,6 +170,7 @@ void IslandControlPlane::SetMembers(std::vector<Member> members) {
 
 Future<Unit> IslandControlPlane::Push(const std::string& host, rpc::ScheduledOp op) {
   absl::MutexLock lock(&mu_);
+  if (stopped_) return Future<Unit>::Ready(absl::UnavailableError("the controller is shutting down"));
   Generation* g = CurrentLocked();
   auto shard = g == nullptr ? std::map<std::string, int32_t>::iterator() : g->shard_of.find(host);
   if (g == nullptr || shard == g->shard_of.end()) {

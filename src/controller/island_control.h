@@ -55,6 +55,9 @@ class IslandControlPlane : public ScheduledOpSink {
 
   // The island's live hosts now; a change starts a new generation.
   void SetMembers(std::vector<Member> members);
+  // The controller is going: pending rounds fail with Unavailable, and so does every Push from
+  // now on, so nothing waits on hosts any more.
+  void Stop();
   // Unavailable at once for a host that is not a live member.
   Future<Unit> Push(const std::string& host, rpc::ScheduledOp op) override;
   void EndRound() override;
@@ -86,6 +89,7 @@ class IslandControlPlane : public ScheduledOpSink {
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);  // sorted
   std::map<int64_t, std::unique_ptr<Generation>> generations_ ABSL_GUARDED_BY(mu_);
   int64_t current_ ABSL_GUARDED_BY(mu_) = 0;  // the generation new rounds go to; 0: none (no live hosts)
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t round_ ABSL_GUARDED_BY(mu_) = 1;  // the open round; rounds are numbered across generations
   std::vector<std::string> open_ ABSL_GUARDED_BY(mu_);  // the open round's ops, encoded
