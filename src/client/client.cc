@@ -454,7 +454,7 @@ absl::Status Client::CheckArrays(const std::string& what, const char* noun,
     return absl::InvalidArgumentError(absl::StrCat(what, " takes ", specs.size(), " ", noun, "s, got ", arrays.size()));
   }
   for (size_t i = 0; i < arrays.size(); ++i) {
-    if (!arrays[i].state_ || arrays[i].state_->core.get() != core_.get()) {
+    if (!Owns(arrays[i])) {
       return absl::InvalidArgumentError(absl::StrCat(what, " ", noun, " ", i, " is not an array of this client"));
     }
     if (arrays[i].spec() != specs[i]) {
@@ -675,8 +675,12 @@ absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::
 
 // Both wait until the array's producing op has reached its hosts (sequential runs push late; a
 // run the scheduler refused fails here with its reason).
+bool Client::Owns(const ShardedArray& array) const {
+  return array.state_ != nullptr && array.state_->core.get() == core_.get();
+}
+
 absl::Status Client::CheckOwned(const ShardedArray& array, const char* what) const {
-  if (!array.state_ || array.state_->core.get() != core_.get()) {
+  if (!Owns(array)) {
     return absl::InvalidArgumentError(absl::StrCat(what, " of an array that is not this client's"));
   }
   return absl::OkStatus();

@@ -227,7 +227,9 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<ClientCore> core);
-  // InvalidArgument unless the array was made by this client.
+  // Whether the array was made by this client (and is not an empty handle).
+  bool Owns(const ShardedArray& array) const;
+  // InvalidArgument unless it was.
   absl::Status CheckOwned(const ShardedArray& array, const char* what) const;
   // Run, once the arguments are known to be right.
   absl::StatusOr<std::vector<ShardedArray>> RunChecked(const Program& program, absl::Span<const ShardedArray> args,

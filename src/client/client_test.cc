@@ -304,9 +304,13 @@ TEST_F(ClientTest, EnqueuedCompletesOnceTheRunIsOnItsHosts) {
   ShardedArray x = *client_->Put(Iota({4}), island0_, {"x"});
   EXPECT_TRUE(client_->Enqueued(x).Await().ok());  // a Put is on its hosts' queues at once
   // The paper's OpByOp client: each call waits for its run to be enqueued before the next.
+  ObjectStore& store = cluster_->worker(0).runtime().store();  // island 0's one host
   for (int i = 0; i < 5; ++i) {
     x = (*client_->Call(fn, island0_, {x}))[0];
     ASSERT_TRUE(client_->Enqueued(x).Await().ok());
+    // The host has applied the run: its output has an entry (computed or not), not NotFound.
+    Future<BufferPtr> out = store.Get(client_->id(), {x.id(), 0});
+    EXPECT_FALSE(out.IsReady() && absl::IsNotFound(out.Await().status())) << "call " << i;
   }
   std::vector<float> expected = Values(Iota({4}));
   for (float& v : expected) v += 5.0f;

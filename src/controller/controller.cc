@@ -28,8 +28,10 @@ IslandScheduler& Controller::scheduler(int island) {
     return WorkerClientCache::Global().Get(host)->JoinControlGraph(graph).Then(
         [](const rpc::JoinControlGraphResponse&) { return Unit{}; });
   };
-  control.on_done = [this, island](const rpc::RunDone& done) {
-    scheduler(island).Done(done.client_id(), done.epoch(), done.device_us());
+  // Reports come only for runs the scheduler sent, so it exists by then; `slot` (a map node)
+  // stays put until Shutdown, after the control graphs' work has run out.
+  control.on_done = [&slot](const rpc::RunDone& done) {
+    slot.scheduler->Done(done.client_id(), done.epoch(), done.device_us());
   };
   slot.control = std::make_unique<IslandControlPlane>(std::move(control));
   slot.control->SetMembers(MembersOf(island, registry_.LiveHosts(absl::Now())));
@@ -46,8 +48,7 @@ std::vector<IslandControlPlane::Member> Controller::MembersOf(int island,
   return members;
 }
 
-void Controller::UpdateMembers() {
-  const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(absl::Now());
+void Controller::UpdateMembers(const std::vector<ClusterRegistry::LiveHost>& live) {
   std::vector<std::pair<int, IslandControlPlane*>> planes;
   {
     absl::MutexLock lock(&schedulers_mu_);
@@ -140,8 +141,10 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   grpc::Status RegisterWorker(grpc::ServerContext* context, const rpc::RegisterWorkerRequest* request,
                               rpc::RegisterWorkerResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    grpc::Status status = Answer(registry_.RegisterWorker(*request, absl::Now()), response);
-    if (status.ok()) controller_.UpdateMembers();  // its island's scheduler reaches it from now on
+    const absl::Time now = absl::Now();
+    grpc::Status status = Answer(registry_.RegisterWorker(*request, now), response);
+    // Its island's scheduler reaches it from now on.
+    if (status.ok()) controller_.UpdateMembers(registry_.LiveHosts(now));
     return status;
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const rpc::HeartbeatRequest* request,
@@ -214,14 +217,12 @@ Controller::~Controller() { Shutdown(); }
 // island's order, after the runs already sent, never in the middle of a gang.
 void Controller::RetireLoop() {
   while (!stop_.WaitForNotificationWithTimeout(std::min(options_.client_timeout / 4, absl::Milliseconds(100)))) {
-    UpdateMembers();  // hosts that stopped heartbeating leave their island's control graph
     const absl::Time now = absl::Now();
+    const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(now);
+    UpdateMembers(live);  // hosts that stopped heartbeating leave their island's control graph
     for (const std::string& client : clients_.TakeDeparted(now)) {
       std::map<int, std::vector<std::string>> islands;
-      const rpc::ClusterStatus status = registry_.Status(now);
-      for (const auto& h : status.hosts()) {
-        if (h.alive()) islands[h.island()].push_back(h.address());
-      }
+      for (const auto& h : live) islands[h.island].push_back(h.address);
       PW_LOG(Info) << "client " << client << " went away; retiring it on " << islands.size() << " islands";
       for (const auto& [island, hosts] : islands) scheduler(island).RetireClient(client, hosts);
     }
@@ -262,10 +263,10 @@ void Controller::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     server_.reset();
   }
-  // The control graphs' work runs out before the schedulers and planes it calls go.
+  // The control graphs' work runs out before the schedulers and planes it calls go (each
+  // island's scheduler before its plane: see Island).
   dataflow_pool_.Shutdown();
   absl::MutexLock lock(&schedulers_mu_);
-  for (auto& [island, slot] : schedulers_) slot.scheduler.reset();
   schedulers_.clear();
 }
 

@@ -45,13 +45,13 @@ class Controller {
 
  private:
   class Service;
-  struct Island {
+  struct Island {  // members go in reverse: the scheduler before the plane it pushes to
     std::unique_ptr<IslandControlPlane> control;
-    std::unique_ptr<IslandScheduler> scheduler;  // pushes to `control`
+    std::unique_ptr<IslandScheduler> scheduler;
   };
   void RetireLoop();
   // Each island's control graph follows the registry's live hosts.
-  void UpdateMembers();
+  void UpdateMembers(const std::vector<ClusterRegistry::LiveHost>& live);
   static std::vector<IslandControlPlane::Member> MembersOf(int island,
                                                            const std::vector<ClusterRegistry::LiveHost>& live);
   const ControllerOptions options_;

@@ -53,6 +53,10 @@ HostControl::~HostControl() { Shutdown(); }
 void HostControl::Shutdown() {
   absl::MutexLock lock(&mu_);
   shut_down_ = true;
+  LeaveAllLocked();
+}
+
+void HostControl::LeaveAllLocked() {
   for (const Generation& g : generations_) options_.service->RemoveEngine(g.engine->graph().name());
   generations_.clear();
   early_.clear();
@@ -82,9 +86,7 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
       PW_LOG(Info) << "host " << options_.host << ": controller " << def.controller() << " is a new incarnation; "
                    << early_.size() << " early ops of the previous one dropped";
     }
-    for (const Generation& g : generations_) options_.service->RemoveEngine(g.engine->graph().name());
-    generations_.clear();
-    early_.clear();
+    LeaveAllLocked();
     next_order_ = 1;
     oldest_generation_ = 0;
     controller_incarnation_ = def.controller_incarnation();

@@ -57,6 +57,8 @@ class HostControl {
     int32_t shard;
     std::shared_ptr<dataflow::Engine> engine;
   };
+  // Leaves every graph, dropping ops that wait for earlier ones.
+  void LeaveAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An op from the apply shard of a generation of `controller_incarnation`.
   void OnScheduled(const std::string& controller_incarnation, const std::string& bytes);
 
