@@ -4,9 +4,9 @@ JOBS ?= 2
 MAKEFLAGS += --no-print-directory
 # Exactly what the build uses: compilers and CMake, ccache, Abseil, protobuf and gRPC (with their
 # code generators), libtorch with OpenBLAS (without it libtorch falls back to a slow reference
-# BLAS), Gloo for collectives across hosts, GoogleTest, and openssl (a test makes a certificate).
+# BLAS), GoogleTest, and openssl (a test makes a certificate).
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
-  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgloo-dev libgtest-dev openssl
+  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl
 
 .PHONY: deps deps-fuzz install-packages build test demo bench fuzz clean
 

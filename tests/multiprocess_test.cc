@@ -165,7 +165,7 @@ TEST_F(MultiProcessTest, BadRequestsFailClearlyAndProcessesKeepServing) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(result->data<float>()[i], 2 * expected.data<float>()[i]);
 }
 
-// Collectives across worker processes: Gloo connections found through the controller.
+// Collectives across worker processes: collective links found through the controller.
 TEST_F(MultiProcessTest, CollectivesOverAMeshSpanningTwoProcesses) {
   auto slice = client_->CreateSlice({.mesh_shape = {2, 4}, .axis_names = {"x", "y"}});
   ASSERT_TRUE(slice.ok()) << slice.status();

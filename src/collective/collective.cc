@@ -1,11 +1,15 @@
 #include "collective/collective.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "collective/cross_host.h"
+#include "collective/peer_mesh.h"
+#include "core/status_macros.h"
 
 namespace pathways::collective {
 
@@ -81,43 +85,101 @@ absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::str
   return group;
 }
 
+const char* CollectiveName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kBroadcast: return "broadcast";
+  }
+  return "collective";
+}
+
+namespace {
+
+// FNV-1a: tags and signatures must be the same in every process (absl::Hash is seeded per
+// process).
+uint64_t Fnv64(absl::string_view s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string Describe(const CollectiveCall& c) {
+  std::string s = absl::StrCat(CollectiveName(c.kind), "(", DTypeName(c.dtype), "[", c.count, "]");
+  if (c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter) {
+    absl::StrAppend(&s, ", ", ReduceOpName(c.op));
+  }
+  if (c.kind == CollectiveKind::kBroadcast) absl::StrAppend(&s, ", root ", c.root);
+  return s + ")";
+}
+
+bool SameCall(const CollectiveCall& a, const CollectiveCall& b) {
+  return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count &&
+         (a.kind != CollectiveKind::kBroadcast || a.root == b.root) &&
+         ((a.kind != CollectiveKind::kAllReduce && a.kind != CollectiveKind::kReduceScatter) || a.op == b.op);
+}
+
+// Appends [data, data+bytes) to `pieces`, merged with the last piece when adjacent.
+void AddPiece(std::vector<Piece>& pieces, const char* data, size_t bytes) {
+  char* p = const_cast<char*>(data);
+  if (!pieces.empty() && pieces.back().data + pieces.back().bytes == p) {
+    pieces.back().bytes += bytes;
+  } else {
+    pieces.push_back({p, bytes});
+  }
+}
+
+}  // namespace
+
 struct CollectiveHub::Meeting {
-  explicit Meeting(size_t size, int local) : parts(size), local_members(local) {}
-  std::vector<std::shared_ptr<const std::string>> parts;
-  const int local_members;
+  explicit Meeting(size_t size) : calls(size, nullptr) {}
+  std::vector<const CollectiveCall*> calls;  // by group rank; this host's members only
   int arrived = 0;
   int left = 0;
   bool done = false;
   absl::Status status;
 };
 
-CollectiveHub::CollectiveHub(std::string host, std::unique_ptr<CrossHostExchange> cross_host,
-                             absl::Duration timeout)
-    : host_(std::move(host)), cross_host_(std::move(cross_host)), timeout_(timeout) {}
+// Where the group's members are: its hosts in one order every host agrees on (sorted names),
+// the host of each group rank, and this host's members.
+struct CollectiveHub::Plan {
+  std::vector<std::string> hosts;
+  std::vector<int> host_of;  // by group rank
+  int mine = -1;
+  std::vector<int> local;  // group ranks on this host, ascending
+};
 
-absl::StatusOr<Exchanged> CollectiveHub::Exchange(const GangLayout& layout, const Group& group,
-                                                  const std::string& call_key, std::string bytes) {
+CollectiveHub::CollectiveHub(std::string host, std::unique_ptr<TcpLinks> links, absl::Duration timeout)
+    : host_(std::move(host)), links_(std::move(links)), timeout_(timeout) {}
+
+CollectiveHub::~CollectiveHub() = default;
+
+absl::Status CollectiveHub::Run(const GangLayout& layout, const Group& group, const std::string& call_key,
+                                const CollectiveCall& call) {
   int local_members = 0;
-  bool spans_hosts = false;
-  for (int64_t s : group.shards) {
-    if (layout.members[s].host == host_) {
-      ++local_members;
-    } else {
-      spans_hosts = true;
-    }
+  for (int64_t s : group.shards) local_members += layout.members[s].host == host_ ? 1 : 0;
+  const size_t size = group.shards.size();
+  // A member alone on its host needs no meeting.
+  if (local_members == 1) {
+    std::vector<const CollectiveCall*> calls(size, nullptr);
+    calls[group.rank] = &call;
+    return Perform(layout, group, call_key, calls);
   }
   std::shared_ptr<Meeting> meeting;
   bool leader = false;
   {
     absl::MutexLock lock(&mu_);
     std::shared_ptr<Meeting>& slot = meetings_[call_key];
-    if (slot == nullptr) slot = std::make_shared<Meeting>(group.shards.size(), local_members);
+    if (slot == nullptr) slot = std::make_shared<Meeting>(size);
     meeting = slot;
-    meeting->parts[group.rank] = std::make_shared<const std::string>(std::move(bytes));
+    meeting->calls[group.rank] = &call;
     leader = ++meeting->arrived == local_members && !meeting->done;
   }
   if (leader) {
-    absl::Status status = spans_hosts ? CompleteAcrossHosts(layout, group, call_key, *meeting) : absl::OkStatus();
+    // Every local member is blocked below until done, so their buffers stay valid.
+    absl::Status status = Perform(layout, group, call_key, meeting->calls);
     absl::MutexLock lock(&mu_);
     if (!meeting->done) {
       meeting->done = true;
@@ -129,76 +191,170 @@ absl::StatusOr<Exchanged> CollectiveHub::Exchange(const GangLayout& layout, cons
     meeting->done = true;
     meeting->status = absl::DeadlineExceededError(
         absl::StrCat("collective ", call_key, ": ", meeting->arrived, " of ", local_members, " members on host ",
-                     host_, spans_hosts ? " (and the group's other hosts)" : "", " met within ",
-                     absl::FormatDuration(timeout_),
+                     host_, " met within ", absl::FormatDuration(timeout_),
                      "; gangs that share devices may have been ordered differently on them"));
   }
-  Exchanged result;
-  result.rank = group.rank;
-  if (meeting->status.ok()) result.parts = meeting->parts;
   absl::Status status = meeting->status;
-  if (++meeting->left == meeting->local_members) {
+  if (++meeting->left == local_members) {
     auto it = meetings_.find(call_key);
     if (it != meetings_.end() && it->second == meeting) meetings_.erase(it);
   }
-  if (!status.ok()) return status;
-  return result;
+  return status;
 }
 
-absl::Status CollectiveHub::CompleteAcrossHosts(const GangLayout& layout, const Group& group,
-                                                const std::string& call_key, Meeting& meeting) {
-  if (cross_host_ == nullptr) {
-    return absl::UnimplementedError(absl::StrCat("host ", host_, " has no cross-host collectives; group of ",
-                                                 call_key, " spans hosts"));
-  }
-  std::vector<std::string> hosts;
+absl::Status CollectiveHub::Perform(const GangLayout& layout, const Group& group, const std::string& call_key,
+                                    const std::vector<const CollectiveCall*>& calls) {
+  const size_t size = group.shards.size();
+  Plan plan;
   std::vector<std::string> devices;
-  for (int64_t s : group.shards) {
-    hosts.push_back(layout.members[s].host);
-    devices.push_back(absl::StrCat(layout.members[s].host, "/", layout.members[s].device));
+  for (size_t r = 0; r < size; ++r) {
+    const Member& m = layout.members[group.shards[r]];
+    plan.hosts.push_back(m.host);
+    devices.push_back(absl::StrCat(m.host, "/", m.device));
+    if (m.host == host_) plan.local.push_back(static_cast<int>(r));
   }
-  std::sort(hosts.begin(), hosts.end());
-  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
-  std::sort(devices.begin(), devices.end());
-  const int mine = static_cast<int>(std::find(hosts.begin(), hosts.end(), host_) - hosts.begin());
-  // This host's parts, in rank order; every part has the same size (SPMD: same local shapes).
-  std::string local;
-  size_t part_bytes = 0;
-  bool first = true;
-  for (size_t r = 0; r < group.shards.size(); ++r) {
-    if (layout.members[group.shards[r]].host != host_) continue;
-    const std::string& part = *meeting.parts[r];
-    if (first) part_bytes = part.size();
-    first = false;
-    if (part.size() != part_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("collective ", call_key, ": members contribute ", part_bytes,
-                                                     " and ", part.size(), " bytes; all must contribute the same"));
-    }
-    local += part;
-  }
-  // FNV-1a: the tag must be the same in every process (absl::Hash is seeded per process).
-  uint32_t tag = 2166136261u;
-  for (unsigned char ch : call_key) tag = (tag ^ ch) * 16777619u;
-  auto blobs = cross_host_->AllGather(hosts, mine, absl::StrJoin(devices, ","), tag, local, timeout_);
-  if (!blobs.ok()) {
-    return absl::Status(blobs.status().code(),
-                        absl::StrCat("collective ", call_key, " across hosts: ", blobs.status().message()));
-  }
-  // Split each host's blob back into its members' parts.
-  std::vector<size_t> offset(hosts.size(), 0);
-  for (size_t r = 0; r < group.shards.size(); ++r) {
+  std::sort(plan.hosts.begin(), plan.hosts.end());
+  plan.hosts.erase(std::unique(plan.hosts.begin(), plan.hosts.end()), plan.hosts.end());
+  for (size_t r = 0; r < size; ++r) {
     const std::string& h = layout.members[group.shards[r]].host;
-    const size_t hi = std::find(hosts.begin(), hosts.end(), h) - hosts.begin();
-    if (h == host_) continue;
-    const std::string& blob = (*blobs)[hi];
-    if (offset[hi] + part_bytes > blob.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("collective ", call_key, ": host ", h,
-                                                     " contributed fewer bytes than ", part_bytes, " per member"));
-    }
-    meeting.parts[r] = std::make_shared<const std::string>(blob.substr(offset[hi], part_bytes));
-    offset[hi] += part_bytes;
+    plan.host_of.push_back(static_cast<int>(std::lower_bound(plan.hosts.begin(), plan.hosts.end(), h) - plan.hosts.begin()));
   }
-  return absl::OkStatus();
+  plan.mine = static_cast<int>(std::lower_bound(plan.hosts.begin(), plan.hosts.end(), host_) - plan.hosts.begin());
+  const bool cross = plan.hosts.size() > 1;
+
+  // The local members must agree; the other hosts' agreement is checked by the signature every
+  // message carries.
+  const CollectiveCall& c = *calls[plan.local.front()];
+  auto fail = [&](absl::StatusCode code, absl::string_view why) {
+    return absl::Status(code, absl::StrCat("collective ", Describe(c), " ", call_key, ": ", why));
+  };
+  for (int r : plan.local) {
+    if (!SameCall(*calls[r], c)) {
+      return fail(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("members disagree: rank ", plan.local.front(), " calls ", Describe(c), ", rank ", r,
+                               " calls ", Describe(*calls[r])));
+    }
+  }
+  const size_t element = DTypeSize(c.dtype);
+  if (element == 0) return fail(absl::StatusCode::kInvalidArgument, "invalid dtype");
+  const size_t bytes = c.count * element;
+  if ((c.kind == CollectiveKind::kReduceScatter || c.kind == CollectiveKind::kAllToAll) && c.count % size != 0) {
+    return fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat(c.count, " elements do not split into ", size, " equal chunks"));
+  }
+  if (c.kind == CollectiveKind::kBroadcast && (c.root < 0 || c.root >= static_cast<int>(size))) {
+    return fail(absl::StatusCode::kInvalidArgument, absl::StrCat("root ", c.root, " is not a member of a group of ", size));
+  }
+  if (cross && links_ == nullptr) {
+    return fail(absl::StatusCode::kUnimplemented, absl::StrCat("host ", host_, " has no cross-host collectives"));
+  }
+  const uint32_t signature = static_cast<uint32_t>(
+      Fnv64(absl::StrCat(static_cast<int>(c.kind), "/", static_cast<int>(c.dtype), "/", static_cast<int>(c.op), "/",
+                         c.root, "/", c.count)));
+  // Runs the cross-host part on the group's mesh (connections are kept per set of devices).
+  auto across = [&](auto&& body) -> absl::Status {
+    std::sort(devices.begin(), devices.end());
+    absl::Status s = links_->Run(plan.hosts, plan.mine, absl::StrJoin(devices, ","), absl::Now() + timeout_,
+                                 [&](PeerMesh& mesh) {
+                                   MeshSteps steps(mesh, Fnv64(call_key), signature, absl::Now() + timeout_);
+                                   return body(steps);
+                                 });
+    if (s.ok()) return s;
+    return fail(s.code(), absl::StrCat("across hosts [", absl::StrJoin(plan.hosts, ", "), "]: ", s.message()));
+  };
+  // The ranges of a buffer of `size` chunks of `chunk` bytes that each host's members own.
+  auto owned = [&](char* buf, size_t chunk) {
+    Segments segments(plan.hosts.size());
+    for (size_t r = 0; r < size; ++r) AddPiece(segments[plan.host_of[r]], buf + r * chunk, chunk);
+    return segments;
+  };
+  const int first = plan.local.front();
+
+  switch (c.kind) {
+    case CollectiveKind::kAllReduce: {
+      char* acc = c.out;
+      std::memcpy(acc, c.in, bytes);
+      for (size_t i = 1; i < plan.local.size(); ++i) {
+        PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, acc, calls[plan.local[i]]->in, c.count));
+      }
+      if (cross) {
+        PW_RETURN_IF_ERROR(across([&](MeshSteps& s) { return AllReduceAcrossHosts(s, c.dtype, c.op, acc, c.count); }));
+      }
+      for (size_t i = 1; i < plan.local.size(); ++i) std::memcpy(calls[plan.local[i]]->out, acc, bytes);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllGather: {
+      char* buf = c.out;
+      for (int r : plan.local) std::memcpy(buf + r * bytes, calls[r]->in, bytes);
+      if (cross) PW_RETURN_IF_ERROR(across([&](MeshSteps& s) { return AllGatherAcrossHosts(s, owned(buf, bytes)); }));
+      for (size_t i = 1; i < plan.local.size(); ++i) std::memcpy(calls[plan.local[i]]->out, buf, bytes * size);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kReduceScatter: {
+      const size_t chunk = bytes / size;
+      if (!cross) {
+        // Each member's chunk is reduced straight into its output.
+        for (int r : plan.local) {
+          std::memcpy(calls[r]->out, c.in + r * chunk, chunk);
+          for (size_t i = 1; i < plan.local.size(); ++i) {
+            PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, calls[r]->out, calls[plan.local[i]]->in + r * chunk,
+                                          c.count / size));
+          }
+        }
+        return absl::OkStatus();
+      }
+      std::unique_ptr<char[]> acc(new char[std::max<size_t>(bytes, 1)]);
+      std::memcpy(acc.get(), c.in, bytes);
+      for (size_t i = 1; i < plan.local.size(); ++i) {
+        PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, acc.get(), calls[plan.local[i]]->in, c.count));
+      }
+      PW_RETURN_IF_ERROR(across([&](MeshSteps& s) {
+        return ReduceScatterAcrossHosts(s, c.dtype, c.op, acc.get(), c.count, owned(acc.get(), chunk));
+      }));
+      for (int r : plan.local) std::memcpy(calls[r]->out, acc.get() + r * chunk, chunk);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllToAll: {
+      // Chunk j of member i becomes chunk i of member j's output.
+      const size_t chunk = bytes / size;
+      for (int i : plan.local) {
+        for (int j : plan.local) std::memcpy(calls[j]->out + i * chunk, calls[i]->in + j * chunk, chunk);
+      }
+      if (!cross) return absl::OkStatus();
+      // One step: each pair of hosts swaps exactly the chunks between their members, straight
+      // from the inputs into the outputs, enumerated (sender rank, receiver rank) on both sides.
+      return across([&](MeshSteps& s) {
+        std::vector<PeerTransfer> transfers;
+        for (int h = 0; h < static_cast<int>(plan.hosts.size()); ++h) {
+          if (h == plan.mine) continue;
+          PeerTransfer t;
+          t.peer = h;
+          for (int i : plan.local) {
+            for (size_t j = 0; j < size; ++j) {
+              if (plan.host_of[j] == h) AddPiece(t.send, calls[i]->in + j * chunk, chunk);
+            }
+          }
+          for (size_t i = 0; i < size; ++i) {
+            if (plan.host_of[i] != h) continue;
+            for (int j : plan.local) AddPiece(t.recv, calls[j]->out + i * chunk, chunk);
+          }
+          transfers.push_back(std::move(t));
+        }
+        return s.Step(transfers);
+      });
+    }
+    case CollectiveKind::kBroadcast: {
+      char* buf = calls[first]->out;
+      if (plan.host_of[c.root] == plan.mine) std::memcpy(buf, calls[c.root]->in, bytes);
+      if (cross) {
+        PW_RETURN_IF_ERROR(
+            across([&](MeshSteps& s) { return BroadcastAcrossHosts(s, plan.host_of[c.root], buf, bytes); }));
+      }
+      for (size_t i = 1; i < plan.local.size(); ++i) std::memcpy(calls[plan.local[i]]->out, buf, bytes);
+      return absl::OkStatus();
+    }
+  }
+  return fail(absl::StatusCode::kInvalidArgument, "unknown collective");
 }
 
 namespace {
@@ -209,19 +365,32 @@ ShardCollectives::ShardCollectives(CollectiveHub& hub, std::shared_ptr<const Gan
                                    int64_t shard)
     : hub_(hub), layout_(std::move(layout)), execution_(execution), shard_(shard) {}
 
-absl::StatusOr<Exchanged> ShardCollectives::Exchange(absl::string_view axes, std::string bytes) {
-  auto result = [&]() -> absl::StatusOr<Exchanged> {
-    auto group = GroupOf(*layout_, shard_, axes);
-    if (!group.ok()) return group.status();
+absl::StatusOr<const Group*> ShardCollectives::GroupFor(absl::string_view axes) {
+  for (const auto& [a, g] : groups_) {
+    if (a == axes) return g.get();
+  }
+  PW_ASSIGN_OR_RETURN(Group group, GroupOf(*layout_, shard_, axes));
+  groups_.emplace_back(std::string(axes), std::make_unique<Group>(std::move(group)));
+  return groups_.back().second.get();
+}
+
+absl::StatusOr<int> ShardCollectives::GroupSize(absl::string_view axes) {
+  PW_ASSIGN_OR_RETURN(const Group* group, GroupFor(axes));
+  return static_cast<int>(group->shards.size());
+}
+
+absl::Status ShardCollectives::Run(absl::string_view axes, const CollectiveCall& call) {
+  absl::Status status = [&]() -> absl::Status {
+    PW_ASSIGN_OR_RETURN(const Group* group, GroupFor(axes));
     // Every member makes the same calls in the same order (SPMD), so the call index matches.
     if (execution_key_.empty()) {
       execution_key_ = absl::StrCat(*execution_.client, "/", execution_.program, "/", execution_.run, "/", execution_.node);
     }
-    std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", group->id);
-    return hub_.Exchange(*layout_, *group, call_key, std::move(bytes));
+    const std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", group->id);
+    return hub_.Run(*layout_, *group, call_key, call);
   }();
-  if (!result.ok() && first_error_.ok()) first_error_ = result.status();
-  return result;
+  if (!status.ok() && first_error_.ok()) first_error_ = status;
+  return status;
 }
 
 ShardCollectives* ShardCollectives::Current() { return current_shard; }

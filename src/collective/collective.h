@@ -1,15 +1,13 @@
 // SPMD collectives between the shards of one gang computation: the runtime half, torch-free.
 //
-// Every collective is built on one primitive, an exchange: each member of a group (the shards
-// that share their coordinates on the mesh axes not named) contributes a byte string and gets
-// every member's contribution in group-rank order. The compute layer turns an exchange into
-// all_reduce, all_gather, reduce_scatter, all_to_all or broadcast with libtorch kernels, so the
-// arithmetic is the same code whether members share a host or not.
+// The runtime offers all_reduce, all_gather, reduce_scatter, all_to_all and broadcast over a
+// group: the shards that share their coordinates on the mesh axes not named. The compute layer
+// hands each call's contiguous input and output buffers here (no copies through strings); the
+// arithmetic of reductions is done here on raw buffers (reduction.h), in place in the output.
 //
-// Within a host, members meet in a rendezvous in this process's memory: contributions are
-// shared, never copied between members. When a group spans hosts, the member that completes
-// its host's part (the host's leader for that call) exchanges the host's contributions with the
-// other hosts' leaders through Gloo (CrossHostExchange), then wakes its local members.
+// Within a host, members meet in this process's memory and share their buffers. When a group
+// spans hosts, the host's leader for the call runs a cross-host algorithm chosen by size
+// (cross_host.h) over persistent connections between the group's hosts (peer_mesh.h).
 //
 // Waiting is bounded: a member that does not meet the rest of its group within the timeout fails
 // with DeadlineExceeded. That is what a deadlock between gangs ordered inconsistently looks like
@@ -26,10 +24,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "collective/reduction.h"
+#include "core/types.h"
 
 namespace pathways::collective {
 
-// A key-value store for rendezvous between hosts: Gloo's contexts find each other through it.
+// A key-value store for rendezvous between hosts: their collective endpoints find each other
+// through it.
 // Thread-safe.
 class KeyValueStore {
  public:
@@ -75,49 +76,58 @@ struct Group {
 // InvalidArgument for an unknown or repeated axis name.
 absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::string_view axes);
 
-// Exchanges one host's contributions with the other hosts of a group. Implemented with Gloo.
-class CrossHostExchange {
- public:
-  virtual ~CrossHostExchange() = default;
-  // `hosts` are the group's distinct hosts in a fixed order (the same on every host), `mine` is
-  // this host's index in it, and `member_key` names the set of devices involved (members that
-  // share devices reuse one connection). `local` holds this host's contributions, all of
-  // `part_bytes` bytes; returns every host's contributions, in `hosts` order, each the
-  // concatenation of that host's parts. `tag` is unique per call and equal on every host.
-  virtual absl::StatusOr<std::vector<std::string>> AllGather(const std::vector<std::string>& hosts, int mine,
-                                                             const std::string& member_key, uint32_t tag,
-                                                             const std::string& local, absl::Duration timeout) = 0;
-};
+class TcpLinks;
 
-// What the members of a group get back: every contribution, in group-rank order.
-struct Exchanged {
-  std::vector<std::shared_ptr<const std::string>> parts;
-  int rank = 0;
+enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+const char* CollectiveName(CollectiveKind kind);
+
+// One member's part of a collective. The buffers are the member's and stay valid until the call
+// returns; `in` and `out` do not overlap. With G members in the group, `out` holds `count`
+// elements, except for all_gather (G * count: every member's input in rank order) and
+// reduce_scatter (count / G: the caller's chunk of the reduction). reduce_scatter and all_to_all
+// split `in` into G equal chunks, chunk j for member j.
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;  // all_reduce, reduce_scatter
+  int root = 0;                  // broadcast: the group rank whose input everyone gets
+  size_t count = 0;
+  const char* in = nullptr;
+  char* out = nullptr;
 };
 
 // One host's meeting point for collectives. Thread-safe; one per host runtime.
+//
+// Members on this host meet in memory: the last to arrive (the host's leader for that call)
+// combines their inputs in place (reduces them into one buffer, or lays them side by side),
+// runs the cross-host part with the other hosts' leaders (cross_host.h), and writes every local
+// member's output, while the others wait. A group on one host never touches a socket.
 class CollectiveHub {
  public:
-  // `host` is this host's name as it appears in Member::host. `cross_host` may be null when no
+  // `host` is this host's name as it appears in Member::host. `links` may be null when no
   // group ever spans hosts (a single-host runtime); such a group then fails with Unimplemented.
-  CollectiveHub(std::string host, std::unique_ptr<CrossHostExchange> cross_host, absl::Duration timeout);
+  CollectiveHub(std::string host, std::unique_ptr<TcpLinks> links, absl::Duration timeout);
+  ~CollectiveHub();
   const std::string& host() const { return host_; }
   absl::Duration timeout() const { return timeout_; }
 
-  // Blocks until every member of the group has contributed. `call_key` names this call of this
-  // gang execution and is the same on every member (for example client/program/run/node/call
-  // index/group id).
-  absl::StatusOr<Exchanged> Exchange(const GangLayout& layout, const Group& group, const std::string& call_key,
-                                     std::string bytes);
+  // Blocks until every member of the group has called and this member's output is written.
+  // `call_key` names this call of this gang execution and is the same on every member (for
+  // example client/program/run/node/call index/group id). Members that disagree on the call
+  // fail with InvalidArgument; members that do not all arrive within the timeout fail with
+  // DeadlineExceeded; errors name the collective.
+  absl::Status Run(const GangLayout& layout, const Group& group, const std::string& call_key,
+                   const CollectiveCall& call);
 
  private:
   struct Meeting;
-  // Fills the parts of members on other hosts. Runs on the host's last member to arrive.
-  absl::Status CompleteAcrossHosts(const GangLayout& layout, const Group& group, const std::string& call_key,
-                                   Meeting& meeting);
+  struct Plan;
+  // Combines the local members' calls and runs the cross-host part. Runs on the leader.
+  absl::Status Perform(const GangLayout& layout, const Group& group, const std::string& call_key,
+                       const std::vector<const CollectiveCall*>& calls);
 
   const std::string host_;
-  const std::unique_ptr<CrossHostExchange> cross_host_;
+  const std::unique_ptr<TcpLinks> links_;
   const absl::Duration timeout_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
@@ -138,9 +148,11 @@ class ShardCollectives {
     int32_t node;
   };
   ShardCollectives(CollectiveHub& hub, std::shared_ptr<const GangLayout> layout, Execution execution, int64_t shard);
-  absl::StatusOr<Exchanged> Exchange(absl::string_view axes, std::string bytes);
-  // Members of the shard's group over `axes`, for kernels that must know the group size first.
-  absl::StatusOr<Group> GroupOver(absl::string_view axes) const { return GroupOf(*layout_, shard_, axes); }
+  // Runs one collective over the shard's group on `axes` (comma-separated mesh axis names; empty
+  // means every axis).
+  absl::Status Run(absl::string_view axes, const CollectiveCall& call);
+  // The number of members of the shard's group over `axes`, for kernels that size their output.
+  absl::StatusOr<int> GroupSize(absl::string_view axes);
   // The first error a collective of this shard returned: kernels report failures by throwing,
   // and the compute layer turns the exception back into this Status (keeping its code).
   const absl::Status& first_error() const { return first_error_; }
@@ -155,6 +167,9 @@ class ShardCollectives {
   const Execution execution_;
   std::string execution_key_;  // spelled out at the first collective
   const int64_t shard_;
+  // The shard's groups by axes, computed once per execution (a fused loop calls many times).
+  absl::StatusOr<const Group*> GroupFor(absl::string_view axes);
+  std::vector<std::pair<std::string, std::unique_ptr<Group>>> groups_;
   int calls_ = 0;
   absl::Status first_error_;
 };

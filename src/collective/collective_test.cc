@@ -1,8 +1,10 @@
 #include "collective/collective.h"
 
+#include <map>
 #include <thread>
 
-#include "collective/gloo_exchange.h"
+#include "absl/strings/str_cat.h"
+#include "collective/peer_mesh.h"
 #include "gtest/gtest.h"
 
 namespace pathways::collective {
@@ -38,34 +40,116 @@ TEST(GroupOfTest, GroupsFollowTheNamedAxes) {
   EXPECT_EQ(GroupOf(layout, 0, "x,x").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Runs `body(shard)` on one thread per shard and returns each shard's result.
+// Runs `body(shard)` on one thread per shard and returns each shard's status.
 template <typename F>
-std::vector<absl::StatusOr<Exchanged>> RunShards(int n, F body) {
-  std::vector<absl::StatusOr<Exchanged>> results(n, absl::UnknownError("not run"));
+std::vector<absl::Status> RunShards(int n, F body) {
+  std::vector<absl::Status> results(n, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int s = 0; s < n; ++s) threads.emplace_back([&, s] { results[s] = body(s); });
   for (auto& t : threads) t.join();
   return results;
 }
 
-void ExpectParts(const absl::StatusOr<Exchanged>& r, const std::vector<std::string>& want, int rank) {
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->rank, rank);
-  ASSERT_EQ(r->parts.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(*r->parts[i], want[i]) << "part " << i;
+// Hosts in one process, each with its own hub and links, meeting through one store.
+class Cluster {
+ public:
+  explicit Cluster(const std::vector<std::string>& hosts, absl::Duration timeout = absl::Seconds(10)) {
+    auto store = std::make_shared<InMemoryKeyValueStore>();
+    for (const std::string& h : hosts) {
+      auto links = TcpLinks::Create(h, "127.0.0.1", store);
+      EXPECT_TRUE(links.ok()) << links.status();
+      hubs_[h] = std::make_unique<CollectiveHub>(h, *std::move(links), timeout);
+    }
+  }
+  CollectiveHub& hub(const std::string& h) { return *hubs_.at(h); }
+
+ private:
+  std::map<std::string, std::unique_ptr<CollectiveHub>> hubs_;
+};
+
+// Member m's input, exact in int32: distinct per member and element.
+std::vector<int32_t> Input(int m, size_t count) {
+  std::vector<int32_t> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(m * 100000 + i % 50000);
+  return v;
 }
 
-TEST(CollectiveHubTest, MembersOnOneHostSeeEveryContributionInRankOrder) {
-  CollectiveHub hub("h", nullptr, absl::Seconds(10));
-  auto layout = std::make_shared<const GangLayout>(Layout({4}, {"i"}, std::vector<std::string>(4, "h")));
-  for (int round = 0; round < 20; ++round) {
-    auto results = RunShards(4, [&](int s) {
-      const std::string client = absl::StrCat("run", round);
-      ShardCollectives shard(hub, layout, {&client, 0, 0, 0}, s);
-      return shard.Exchange("i", absl::StrCat("s", s));
-    });
-    for (int s = 0; s < 4; ++s) ExpectParts(results[s], {"s0", "s1", "s2", "s3"}, s);
+// What member `rank` of a group of `g` gets from `kind`, computed directly.
+std::vector<int32_t> Expected(CollectiveKind kind, int g, int rank, size_t count, int root) {
+  std::vector<int32_t> out;
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      out.assign(count, 0);
+      for (int m = 0; m < g; ++m) {
+        auto in = Input(m, count);
+        for (size_t i = 0; i < count; ++i) out[i] += in[i];
+      }
+      break;
+    case CollectiveKind::kAllGather:
+      for (int m = 0; m < g; ++m) {
+        auto in = Input(m, count);
+        out.insert(out.end(), in.begin(), in.end());
+      }
+      break;
+    case CollectiveKind::kReduceScatter: {
+      auto all = Expected(CollectiveKind::kAllReduce, g, rank, count, root);
+      out.assign(all.begin() + rank * (count / g), all.begin() + (rank + 1) * (count / g));
+      break;
+    }
+    case CollectiveKind::kAllToAll:
+      for (int m = 0; m < g; ++m) {
+        auto in = Input(m, count);
+        out.insert(out.end(), in.begin() + rank * (count / g), in.begin() + (rank + 1) * (count / g));
+      }
+      break;
+    case CollectiveKind::kBroadcast: out = Input(root, count); break;
   }
+  return out;
+}
+
+size_t OutCount(CollectiveKind kind, int g, size_t count) {
+  if (kind == CollectiveKind::kAllGather) return count * g;
+  if (kind == CollectiveKind::kReduceScatter) return count / g;
+  return count;
+}
+
+constexpr CollectiveKind kKinds[] = {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                                     CollectiveKind::kReduceScatter, CollectiveKind::kAllToAll,
+                                     CollectiveKind::kBroadcast};
+
+// Runs every collective over `axes` on every shard of `layout` (shard s on hub of its member's
+// host) and checks each output against Expected.
+void CheckEveryCollective(Cluster& cluster, const GangLayout& layout_value, const std::string& axes, size_t count,
+                          const std::string& run) {
+  auto layout = std::make_shared<const GangLayout>(layout_value);
+  const int n = static_cast<int>(layout->members.size());
+  for (CollectiveKind kind : kKinds) {
+    SCOPED_TRACE(absl::StrCat(CollectiveName(kind), " over '", axes, "' of ", count, " elements"));
+    std::vector<std::vector<int32_t>> outs(n);
+    std::vector<Group> groups;
+    for (int s = 0; s < n; ++s) groups.push_back(*GroupOf(*layout, s, axes));
+    const int g = static_cast<int>(groups[0].shards.size());
+    const int root = g - 1;
+    auto results = RunShards(n, [&](int s) {
+      const std::string client = absl::StrCat(run, CollectiveName(kind));
+      ShardCollectives shard(cluster.hub(layout->members[s].host), layout, {&client, 0, 0, 0}, s);
+      const std::vector<int32_t> in = Input(groups[s].rank, count);
+      outs[s].assign(OutCount(kind, g, count), -1);
+      CollectiveCall call{kind, DType::kI32, ReduceOp::kSum, root, count, reinterpret_cast<const char*>(in.data()),
+                          reinterpret_cast<char*>(outs[s].data())};
+      return shard.Run(axes, call);
+    });
+    for (int s = 0; s < n; ++s) {
+      ASSERT_TRUE(results[s].ok()) << "shard " << s << ": " << results[s];
+      EXPECT_EQ(outs[s], Expected(kind, g, groups[s].rank, count, root)) << "shard " << s;
+    }
+  }
+}
+
+TEST(CollectiveHubTest, EveryCollectiveAmongMembersOfOneHost) {
+  Cluster cluster({"h"});
+  GangLayout layout = Layout({4}, {"i"}, std::vector<std::string>(4, "h"));
+  for (size_t count : {size_t{4}, size_t{1} << 16}) CheckEveryCollective(cluster, layout, "i", count, "one");
 }
 
 TEST(CollectiveHubTest, AMemberThatNeverComesTimesTheOthersOut) {
@@ -74,81 +158,89 @@ TEST(CollectiveHubTest, AMemberThatNeverComesTimesTheOthersOut) {
   auto results = RunShards(2, [&](int s) {
     const std::string client = "run";
     ShardCollectives shard(hub, layout, {&client, 0, 0, 0}, s);
-    auto r = shard.Exchange("", "x");
+    float x = 1, y = 0;
+    CollectiveCall call{CollectiveKind::kAllReduce, DType::kF32, ReduceOp::kSum, 0, 1,
+                        reinterpret_cast<const char*>(&x), reinterpret_cast<char*>(&y)};
+    absl::Status r = shard.Run("", call);
     EXPECT_EQ(shard.first_error().code(), absl::StatusCode::kDeadlineExceeded);
     return r;
   });
-  for (auto& r : results) EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  for (auto& r : results) EXPECT_EQ(r.code(), absl::StatusCode::kDeadlineExceeded) << r;
 }
 
-// Two hosts in one process, each with its own Gloo endpoint, meeting through one store.
-class TwoHostTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto store = std::make_shared<InMemoryKeyValueStore>();
-    for (const char* h : {"a", "b"}) {
-      auto gloo = GlooExchange::Create("127.0.0.1", store);
-      ASSERT_TRUE(gloo.ok()) << gloo.status();
-      hubs_[h] = std::make_unique<CollectiveHub>(h, *std::move(gloo), absl::Seconds(2));
-    }
+TEST(CollectiveHubTest, MembersThatDisagreeOnTheCallFailNamingBoth) {
+  CollectiveHub hub("h", nullptr, absl::Seconds(10));
+  auto layout = std::make_shared<const GangLayout>(Layout({2}, {"i"}, std::vector<std::string>(2, "h")));
+  auto results = RunShards(2, [&](int s) {
+    const std::string client = "run";
+    ShardCollectives shard(hub, layout, {&client, 0, 0, 0}, s);
+    std::vector<float> x(4, 1), y(4);
+    CollectiveCall call{CollectiveKind::kAllReduce, DType::kF32, ReduceOp::kSum, 0, s == 0 ? 4u : 2u,
+                        reinterpret_cast<const char*>(x.data()), reinterpret_cast<char*>(y.data())};
+    return shard.Run("", call);
+  });
+  for (auto& r : results) {
+    EXPECT_TRUE(absl::IsInvalidArgument(r)) << r;
+    EXPECT_NE(r.message().find("all_reduce(f32[4], sum)"), std::string::npos) << r;
+    EXPECT_NE(r.message().find("all_reduce(f32[2], sum)"), std::string::npos) << r;
   }
-  CollectiveHub& hub(const std::string& h) { return *hubs_.at(h); }
-  std::map<std::string, std::unique_ptr<CollectiveHub>> hubs_;
-};
+}
 
-TEST_F(TwoHostTest, GroupsAcrossAndWithinHostsExchange) {
+TEST(CollectiveHubTest, GroupsAcrossAndWithinTwoHosts) {
   // 2x2 mesh: row x=0 on host a, row x=1 on host b. Groups over x cross hosts (two of them at
   // once), groups over y stay on one host, the whole mesh spans both.
-  auto layout = std::make_shared<const GangLayout>(Layout({2, 2}, {"x", "y"}, {"a", "a", "b", "b"}));
-  for (int round = 0; round < 5; ++round) {
-    auto results = RunShards(4, [&](int s) -> absl::StatusOr<Exchanged> {
-      const std::string client = absl::StrCat("run", round);
-      ShardCollectives shard(hub(s < 2 ? "a" : "b"), layout, {&client, 0, 0, 0}, s);
-      auto over_x = shard.Exchange("x", absl::StrCat("x", s));
-      if (!over_x.ok()) return over_x.status();
-      const std::vector<std::string> want_x = s % 2 == 0 ? std::vector<std::string>{"x0", "x2"}
-                                                          : std::vector<std::string>{"x1", "x3"};
-      ExpectParts(over_x, want_x, s / 2);
-      auto over_y = shard.Exchange("y", absl::StrCat("y", s));
-      if (!over_y.ok()) return over_y.status();
-      const std::vector<std::string> want_y = s < 2 ? std::vector<std::string>{"y0", "y1"}
-                                                    : std::vector<std::string>{"y2", "y3"};
-      ExpectParts(over_y, want_y, s % 2);
-      return shard.Exchange("", std::string(3, static_cast<char>('0' + s)));
-    });
-    for (int s = 0; s < 4; ++s) ExpectParts(results[s], {"000", "111", "222", "333"}, s);
+  Cluster cluster({"a", "b"});
+  GangLayout layout = Layout({2, 2}, {"x", "y"}, {"a", "a", "b", "b"});
+  for (size_t count : {size_t{4}, size_t{1} << 16}) {
+    for (const char* axes : {"x", "y", ""}) CheckEveryCollective(cluster, layout, axes, count, "two");
   }
 }
 
-TEST_F(TwoHostTest, GangsOrderedDifferentlyOnTwoHostsTimeOutThenTheHostsRecover) {
+TEST(CollectiveHubTest, HostsHoldingUnevenInterleavedMembers) {
+  // Six members over three hosts, 3/2/1 of them, not contiguous in rank order.
+  Cluster cluster({"a", "b", "c"});
+  GangLayout layout = Layout({6}, {"i"}, {"a", "b", "a", "c", "b", "a"});
+  for (size_t count : {size_t{6}, size_t{6} << 14}) {
+    for (int round = 0; round < 2; ++round) {
+      CheckEveryCollective(cluster, layout, "i", count, absl::StrCat("uneven", round));
+    }
+  }
+}
+
+TEST(CollectiveHubTest, GangsOrderedDifferentlyOnTwoHostsFailThenTheHostsRecover) {
+  Cluster cluster({"a", "b"}, absl::Seconds(2));
   auto layout = std::make_shared<const GangLayout>(Layout({2}, {"i"}, {"a", "b"}));
-  // Host a runs gang P before Q; host b runs Q before P: each waits for the other.
-  auto results = RunShards(2, [&](int s) -> absl::StatusOr<Exchanged> {
-    CollectiveHub& h = hub(s == 0 ? "a" : "b");
+  auto all_reduce = [&](const std::string& gang, int s) {
+    ShardCollectives shard(cluster.hub(s == 0 ? "a" : "b"), layout, {&gang, 0, 0, 0}, s);
+    int32_t x = s + 1, y = 0;
+    CollectiveCall call{CollectiveKind::kAllReduce, DType::kI32, ReduceOp::kSum, 0, 1,
+                        reinterpret_cast<const char*>(&x), reinterpret_cast<char*>(&y)};
+    absl::Status status = shard.Run("i", call);
+    if (status.ok() && y != 3) status = absl::InternalError(absl::StrCat("sum ", y));
+    return status;
+  };
+  // Host a runs gang P before Q; host b runs Q before P: each meets the other's gang and fails
+  // it at once (Aborted) or sees the connection closed by the other (Unavailable).
+  auto results = RunShards(2, [&](int s) {
     std::vector<std::string> order = s == 0 ? std::vector<std::string>{"P", "Q"} : std::vector<std::string>{"Q", "P"};
     absl::Status first = absl::OkStatus();
     for (const std::string& gang : order) {
-      ShardCollectives shard(h, layout, {&gang, 0, 0, 0}, s);
-      auto r = shard.Exchange("", "v");
-      if (!r.ok() && first.ok()) first = r.status();
+      absl::Status r = all_reduce(gang, s);
+      if (!r.ok() && first.ok()) first = r;
     }
     return first;
   });
-  // Each fails: by its own timeout, or because the other side timed out first and closed the
-  // connection (Unavailable); at least one of them timed out.
-  int timed_out = 0;
+  int aborted = 0;
   for (auto& r : results) {
-    EXPECT_TRUE(absl::IsDeadlineExceeded(r.status()) || absl::IsUnavailable(r.status())) << r.status();
-    timed_out += absl::IsDeadlineExceeded(r.status()) ? 1 : 0;
+    EXPECT_TRUE(absl::IsAborted(r) || absl::IsUnavailable(r)) << r;
+    aborted += absl::IsAborted(r) ? 1 : 0;
   }
-  EXPECT_GE(timed_out, 1);
-  // The same devices then run a gang in a consistent order.
-  auto again = RunShards(2, [&](int s) {
-    const std::string client = "R";
-    ShardCollectives shard(hub(s == 0 ? "a" : "b"), layout, {&client, 0, 0, 0}, s);
-    return shard.Exchange("i", s == 0 ? "ra" : "rb");
-  });
-  for (int s = 0; s < 2; ++s) ExpectParts(again[s], {"ra", "rb"}, s);
+  EXPECT_GE(aborted, 1);
+  // The same devices then run gangs in a consistent order.
+  for (const char* gang : {"R", "S", "T"}) {
+    auto again = RunShards(2, [&](int s) { return all_reduce(gang, s); });
+    for (auto& r : again) EXPECT_TRUE(r.ok()) << r;
+  }
 }
 
 }  // namespace

@@ -49,9 +49,11 @@ at::Tensor View(const DeviceBuffer& buffer) {
 }
 
 // Collectives, as torch ops: `pathways.all_reduce(x, "x")` in TorchScript, and the collective
-// built-in kernels. Each is one exchange of the shard's tensor with its group (see
-// collective/collective.h) followed by libtorch arithmetic on what came back. Failures throw, as
-// torch ops do; the executable turns them back into the exchange's Status.
+// built-in kernels. Each hands the shard's contiguous input and a fresh output to the runtime
+// (collective/collective.h), which moves and reduces the bytes in place. Collectives along a
+// dimension other than 0 move that dimension to the front first, so that the chunks members
+// exchange are contiguous. Failures throw, as torch ops do; the executable turns them back into
+// the collective's Status.
 
 collective::ShardCollectives& CurrentShard() {
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
@@ -59,83 +61,92 @@ collective::ShardCollectives& CurrentShard() {
   return *shard;
 }
 
-// Every group member's tensor, in rank order, and the caller's rank. Members' tensors are
-// viewed where the exchange left them, not copied.
-std::vector<at::Tensor> ExchangeTensor(const at::Tensor& x, const std::string& axes, int* rank) {
-  at::Tensor c = x.contiguous();
-  std::string bytes(static_cast<const char*>(c.data_ptr()), c.nbytes());
-  auto exchanged = CurrentShard().Exchange(axes, std::move(bytes));
-  TORCH_CHECK(exchanged.ok(), exchanged.status().ToString());
-  std::vector<at::Tensor> parts;
-  for (const auto& part : exchanged->parts) {
-    TORCH_CHECK(part->size() == c.nbytes(), "collective members hold tensors of different sizes");
-    parts.push_back(torch::from_blob(const_cast<char*>(part->data()), c.sizes(), [keep = part](void*) {},
-                                     c.options()));
-  }
-  *rank = exchanged->rank;
-  return parts;
+int GroupSize(const std::string& axes) {
+  auto size = CurrentShard().GroupSize(axes);
+  TORCH_CHECK(size.ok(), size.status().ToString());
+  return *size;
 }
 
-at::Tensor Reduce(const std::vector<at::Tensor>& parts, const std::string& op) {
-  at::Tensor stacked = torch::stack(parts);
-  at::Tensor r;
-  if (op == "sum") {
-    r = stacked.sum(0);
-  } else if (op == "max") {
-    r = stacked.amax(0);
-  } else if (op == "min") {
-    r = stacked.amin(0);
-  } else if (op == "mean") {
-    TORCH_CHECK(at::isFloatingType(stacked.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
-    r = stacked.mean(0);
-  } else {
-    TORCH_CHECK(false, "unknown reduction '", op, "'; use sum, max, min or mean");
-  }
-  return r.to(parts[0].scalar_type());
+// Runs `kind` with `x` (contiguous) as input and `out` as output.
+void RunCollective(collective::CollectiveKind kind, const std::string& axes, const at::Tensor& x, at::Tensor& out,
+                   collective::ReduceOp op = collective::ReduceOp::kSum, int root = 0) {
+  const DType dtype = FromTorch(x.scalar_type());
+  TORCH_CHECK(dtype != DType::kInvalid, collective::CollectiveName(kind), ": unsupported tensor type ", x.scalar_type());
+  collective::CollectiveCall call;
+  call.kind = kind;
+  call.dtype = dtype;
+  call.op = op;
+  call.root = root;
+  call.count = static_cast<size_t>(x.numel());
+  call.in = static_cast<const char*>(x.data_ptr());
+  call.out = static_cast<char*>(out.data_ptr());
+  absl::Status s = CurrentShard().Run(axes, call);
+  TORCH_CHECK(s.ok(), s.ToString());
 }
 
-int64_t ChunkAlong(const at::Tensor& x, int64_t dim, size_t members, const char* what) {
+void CheckDim(const at::Tensor& x, int64_t dim, const char* what) {
   TORCH_CHECK(dim >= 0 && dim < x.dim(), what, ": dimension ", dim, " is not in a tensor of rank ", x.dim());
-  TORCH_CHECK(x.size(dim) % static_cast<int64_t>(members) == 0, what, ": dimension ", dim, " of size ",
-              x.size(dim), " does not split into ", members, " equal chunks");
-  return x.size(dim) / static_cast<int64_t>(members);
+}
+
+void CheckSplits(const at::Tensor& x, int64_t dim, int members, const char* what) {
+  CheckDim(x, dim, what);
+  TORCH_CHECK(x.size(dim) % members == 0, what, ": dimension ", dim, " of size ", x.size(dim),
+              " does not split into ", members, " equal chunks");
 }
 
 at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) {
-  int rank;
-  return Reduce(ExchangeTensor(x, axes, &rank), op);
+  const bool mean = op == "mean";
+  TORCH_CHECK(!mean || at::isFloatingType(x.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
+  auto reduce = collective::ParseReduceOp(mean ? "sum" : op);
+  TORCH_CHECK(reduce.ok(), reduce.status().message());
+  at::Tensor in = x.contiguous();
+  at::Tensor out = torch::empty_like(in);
+  RunCollective(collective::CollectiveKind::kAllReduce, axes, in, out, *reduce);
+  if (mean) out.div_(GroupSize(axes));
+  return out;
 }
 
 at::Tensor AllGather(const at::Tensor& x, std::string axes, int64_t dim) {
-  int rank;
-  TORCH_CHECK(dim >= 0 && dim < x.dim(), "all_gather: dimension ", dim, " is not in a tensor of rank ", x.dim());
-  return torch::cat(ExchangeTensor(x, axes, &rank), dim);
+  CheckDim(x, dim, "all_gather");
+  const int members = GroupSize(axes);
+  at::Tensor in = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> sizes = in.sizes().vec();
+  sizes[0] *= members;
+  at::Tensor out = torch::empty(sizes, in.options());
+  RunCollective(collective::CollectiveKind::kAllGather, axes, in, out);
+  return out.movedim(0, dim);
 }
 
 at::Tensor ReduceScatter(const at::Tensor& x, std::string axes, std::string op, int64_t dim) {
-  int rank;
-  std::vector<at::Tensor> parts = ExchangeTensor(x, axes, &rank);
-  const int64_t chunk = ChunkAlong(x, dim, parts.size(), "reduce_scatter");
-  return Reduce(parts, op).narrow(dim, rank * chunk, chunk).clone();
+  auto reduce = collective::ParseReduceOp(op);
+  TORCH_CHECK(reduce.ok(), reduce.status().message());
+  const int members = GroupSize(axes);
+  CheckSplits(x, dim, members, "reduce_scatter");
+  at::Tensor in = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> sizes = in.sizes().vec();
+  sizes[0] /= members;
+  at::Tensor out = torch::empty(sizes, in.options());
+  RunCollective(collective::CollectiveKind::kReduceScatter, axes, in, out, *reduce);
+  return out.movedim(0, dim);
 }
 
 // Chunk j of member i's tensor goes to member j, which concatenates its chunks in member order.
-// Every member sees every tensor, so this moves n times the data a pairwise exchange would.
 at::Tensor AllToAll(const at::Tensor& x, std::string axes, int64_t dim) {
-  int rank;
-  std::vector<at::Tensor> parts = ExchangeTensor(x, axes, &rank);
-  const int64_t chunk = ChunkAlong(x, dim, parts.size(), "all_to_all");
-  std::vector<at::Tensor> mine;
-  for (const at::Tensor& p : parts) mine.push_back(p.narrow(dim, rank * chunk, chunk));
-  return torch::cat(mine, dim);
+  CheckSplits(x, dim, GroupSize(axes), "all_to_all");
+  at::Tensor in = x.movedim(dim, 0).contiguous();
+  at::Tensor out = torch::empty_like(in);
+  RunCollective(collective::CollectiveKind::kAllToAll, axes, in, out);
+  return out.movedim(0, dim);
 }
 
 at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
-  int rank;
-  std::vector<at::Tensor> parts = ExchangeTensor(x, axes, &rank);
-  TORCH_CHECK(root >= 0 && root < static_cast<int64_t>(parts.size()), "broadcast: root ", root,
-              " is not a member of a group of ", parts.size());
-  return parts[root].clone();
+  const int members = GroupSize(axes);
+  TORCH_CHECK(root >= 0 && root < members, "broadcast: root ", root, " is not a member of a group of ", members);
+  at::Tensor in = x.contiguous();
+  at::Tensor out = torch::empty_like(in);
+  RunCollective(collective::CollectiveKind::kBroadcast, axes, in, out, collective::ReduceOp::kSum,
+                static_cast<int>(root));
+  return out;
 }
 
 TORCH_LIBRARY(pathways, m) {

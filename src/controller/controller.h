@@ -1,5 +1,5 @@
 // The controller process's parts behind one gRPC service: the cluster registry (resource
-// manager), client leases, one gang scheduler per island, and the rendezvous store for Gloo.
+// manager), client leases, one gang scheduler per island, and the rendezvous store for collective links.
 #pragma once
 
 #include <map>

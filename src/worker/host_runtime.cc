@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "array/sharding.h"
-#include "collective/gloo_exchange.h"
+#include "collective/peer_mesh.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"
@@ -113,18 +113,18 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
 
 namespace {
 
-// Gloo across hosts when the host has somewhere to meet the others; collectives stay within the
+// Links to other hosts when the host has somewhere to meet them; collectives stay within the
 // host otherwise.
-std::unique_ptr<collective::CrossHostExchange> CrossHostFor(const HostRuntimeOptions& options) {
+std::unique_ptr<collective::TcpLinks> CrossHostFor(const HostRuntimeOptions& options) {
   if (options.rendezvous == nullptr) return nullptr;
   std::string ip = options.name.substr(0, options.name.rfind(':'));
   if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
-  auto gloo = collective::GlooExchange::Create(ip, options.rendezvous);
-  if (!gloo.ok()) {
-    PW_LOG(Error) << "host " << options.name << " has no collectives across hosts: " << gloo.status();
+  auto links = collective::TcpLinks::Create(options.name, ip, options.rendezvous);
+  if (!links.ok()) {
+    PW_LOG(Error) << "host " << options.name << " has no collectives across hosts: " << links.status();
     return nullptr;
   }
-  return *std::move(gloo);
+  return *std::move(links);
 }
 
 }  // namespace

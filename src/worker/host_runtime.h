@@ -38,7 +38,7 @@ struct HostRuntimeOptions {
   // device by default, because the devices are the parallelism.
   int intra_op_threads = 1;
   // Where hosts meet to connect for collectives that span hosts (the controller's store across
-  // processes); null keeps collectives within this host. Gloo listens on the address in `name`.
+  // processes); null keeps collectives within this host. Collective links listen on the address in `name`.
   std::shared_ptr<collective::KeyValueStore> rendezvous;
   // How long a collective waits for the rest of its group before failing its run.
   absl::Duration collective_timeout = absl::Seconds(30);

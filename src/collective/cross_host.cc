@@ -1,0 +1,200 @@
+#include "collective/cross_host.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace pathways::collective {
+namespace {
+
+// A ring step's receive is split into pieces of at most this size, each reduced as it lands.
+constexpr size_t kChunkBytes = 256 << 10;
+
+size_t Bytes(const std::vector<Piece>& pieces) {
+  size_t n = 0;
+  for (const Piece& p : pieces) n += p.bytes;
+  return n;
+}
+
+// `count` elements split into H contiguous, element-aligned segments.
+Segments EvenSegments(char* buf, size_t count, size_t element, int hosts) {
+  Segments segments(hosts);
+  for (int h = 0; h < hosts; ++h) {
+    const size_t begin = count * h / hosts, end = count * (h + 1) / hosts;
+    if (end > begin) segments[h].push_back({buf + begin * element, (end - begin) * element});
+  }
+  return segments;
+}
+
+absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count) {
+  const size_t bytes = count * DTypeSize(dtype);
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  std::unique_ptr<char[]> tmp(new char[bytes]);
+  // Beyond the largest power of two p, the first 2r hosts pair up: even ones hand their data to
+  // the next odd one, sit out the doubling, and get the result back at the end.
+  int p = 1;
+  while (p * 2 <= size) p *= 2;
+  const int r = size - p;
+  int new_rank = rank - r;
+  if (rank < 2 * r) {
+    std::vector<PeerTransfer> t(1);
+    if (rank % 2 == 0) {
+      t[0] = {rank + 1, {{acc, bytes}}, {}, nullptr};
+      PW_RETURN_IF_ERROR(steps.Step(t));
+      new_rank = -1;
+    } else {
+      t[0] = {rank - 1, {}, {{tmp.get(), bytes}}, nullptr};
+      PW_RETURN_IF_ERROR(steps.Step(t));
+      PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp.get(), count));
+      new_rank = rank / 2;
+    }
+  } else {
+    std::vector<PeerTransfer> none;
+    PW_RETURN_IF_ERROR(steps.Step(none));  // keeps step tags aligned with the paired hosts
+  }
+  for (int mask = 1; mask < p; mask <<= 1) {
+    if (new_rank < 0) {
+      std::vector<PeerTransfer> none;
+      PW_RETURN_IF_ERROR(steps.Step(none));
+      continue;
+    }
+    const int partner_new = new_rank ^ mask;
+    const int partner = partner_new < r ? partner_new * 2 + 1 : partner_new + r;
+    std::vector<PeerTransfer> t{{partner, {{acc, bytes}}, {{tmp.get(), bytes}}, nullptr}};
+    PW_RETURN_IF_ERROR(steps.Step(t));
+    PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp.get(), count));
+  }
+  if (rank < 2 * r) {
+    std::vector<PeerTransfer> t(1);
+    if (rank % 2 == 0) {
+      t[0] = {rank + 1, {}, {{acc, bytes}}, nullptr};
+    } else {
+      t[0] = {rank - 1, {{acc, bytes}}, {}, nullptr};
+    }
+    PW_RETURN_IF_ERROR(steps.Step(t));
+  }
+  return absl::OkStatus();
+}
+
+// After H-1 steps, host h holds segment h reduced over all hosts. At step s host h sends segment
+// h-s-1 (its partial sum so far) to h+1 and reduces segment h-s-2 arriving from h-1.
+absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const Segments& segments) {
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  const size_t element = DTypeSize(dtype);
+  size_t largest = 0;
+  for (const auto& s : segments) largest = std::max(largest, Bytes(s));
+  std::unique_ptr<char[]> tmp(new char[std::max<size_t>(largest, 1)]);
+  const size_t chunk = std::max(element, kChunkBytes / element * element);
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  for (int s = 0; s + 1 < size; ++s) {
+    const auto& out = segments[((rank - s - 1) % size + size) % size];
+    const auto& in = segments[((rank - s - 2) % size + size) % size];
+    // What arrives lands in tmp, one piece per chunk of each destination range.
+    std::vector<Piece> landing;
+    std::vector<char*> into;
+    size_t offset = 0;
+    for (const Piece& range : in) {
+      for (size_t b = 0; b < range.bytes; b += chunk) {
+        const size_t n = std::min(chunk, range.bytes - b);
+        landing.push_back({tmp.get() + offset, n});
+        into.push_back(range.data + b);
+        offset += n;
+      }
+    }
+    std::vector<PeerTransfer> t;
+    if (right == left) {
+      t.push_back({right, out, landing, nullptr});
+    } else {
+      t.push_back({right, out, {}, nullptr});
+      t.push_back({left, {}, landing, nullptr});
+    }
+    t.back().on_piece = [&](size_t i) {
+      return ReduceInto(dtype, op, into[i], landing[i].data, landing[i].bytes / element);
+    };
+    PW_RETURN_IF_ERROR(steps.Step(t));
+  }
+  return absl::OkStatus();
+}
+
+// Host h starts with segment h; at step s it forwards segment h-s to h+1 and receives segment
+// h-s-1 from h-1, in place.
+absl::Status RingAllGather(MeshSteps& steps, const Segments& segments) {
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  for (int s = 0; s + 1 < size; ++s) {
+    const auto& out = segments[((rank - s) % size + size) % size];
+    const auto& in = segments[((rank - s - 1) % size + size) % size];
+    std::vector<PeerTransfer> t;
+    if (right == left) {
+      t.push_back({right, out, in, nullptr});
+    } else {
+      t.push_back({right, out, {}, nullptr});
+      t.push_back({left, {}, in, nullptr});
+    }
+    PW_RETURN_IF_ERROR(steps.Step(t));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count) {
+  const size_t element = DTypeSize(dtype);
+  const int size = steps.mesh().size();
+  if (count * element < kLargeMessageBytes || count < static_cast<size_t>(size)) {
+    return RecursiveDoubling(steps, dtype, op, acc, count);
+  }
+  const Segments segments = EvenSegments(acc, count, element, size);
+  PW_RETURN_IF_ERROR(RingReduceScatter(steps, dtype, op, segments));
+  return RingAllGather(steps, segments);
+}
+
+absl::Status ReduceScatterAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count,
+                                      const Segments& segments) {
+  if (count * DTypeSize(dtype) < kLargeMessageBytes) return RecursiveDoubling(steps, dtype, op, acc, count);
+  return RingReduceScatter(steps, dtype, op, segments);
+}
+
+absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments) {
+  size_t total = 0;
+  for (const auto& s : segments) total += Bytes(s);
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  if (total >= kLargeMessageBytes && size > 2) return RingAllGather(steps, segments);
+  std::vector<PeerTransfer> t;
+  for (int h = 0; h < size; ++h) {
+    if (h != rank) t.push_back({h, segments[rank], segments[h], nullptr});
+  }
+  return steps.Step(t);
+}
+
+absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t bytes) {
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  std::vector<PeerTransfer> t;
+  if (bytes < kLargeMessageBytes || size <= 2) {
+    // One round: the root sends to everyone.
+    if (rank == root) {
+      for (int h = 0; h < size; ++h) {
+        if (h != root) t.push_back({h, {{buf, bytes}}, {}, nullptr});
+      }
+    } else {
+      t.push_back({root, {}, {{buf, bytes}}, nullptr});
+    }
+    return steps.Step(t);
+  }
+  // Large: the root scatters one segment to each host, then a ring gathers them (the root sends
+  // the data about once instead of H-1 times).
+  const Segments segments = EvenSegments(buf, bytes, 1, size);
+  if (rank == root) {
+    for (int h = 0; h < size; ++h) {
+      if (h != root && !segments[h].empty()) t.push_back({h, segments[h], {}, nullptr});
+    }
+  } else if (!segments[rank].empty()) {
+    t.push_back({root, {}, segments[rank], nullptr});
+  }
+  PW_RETURN_IF_ERROR(steps.Step(t));
+  return RingAllGather(steps, segments);
+}
+
+}  // namespace pathways::collective

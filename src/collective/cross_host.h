@@ -1,0 +1,63 @@
+// Collective algorithms among the hosts of a group, one leader thread per host, over a PeerMesh.
+// Each host enters with its members' contributions already combined (see CollectiveHub), so
+// these move host-level data only. The algorithm is chosen by size and group:
+//   - small messages pay for rounds, not bytes: recursive doubling (all_reduce, reduce_scatter:
+//     log2(H) rounds) or one round of direct sends (all_gather, broadcast);
+//   - large ones pay for bytes: a ring (reduce-scatter then all-gather, each host sending
+//     2(H-1)/H of the data), with what arrives reduced chunk by chunk while the rest streams in.
+// Shapes are static: every host knows every message's size, so no round exchanges sizes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "collective/peer_mesh.h"
+#include "collective/reduction.h"
+#include "core/types.h"
+
+namespace pathways::collective {
+
+// Messages at least this large take the bandwidth-optimal algorithms. Measured with
+// bench/collective_bench on loopback; below it the extra rounds of a ring cost more than the
+// bytes recursive doubling repeats.
+inline constexpr size_t kLargeMessageBytes = 64 << 10;
+
+// The steps of one collective call on a mesh: each step's messages carry the next tag.
+class MeshSteps {
+ public:
+  MeshSteps(PeerMesh& mesh, uint64_t tag, uint32_t signature, absl::Time deadline)
+      : mesh_(mesh), tag_(tag), signature_(signature), deadline_(deadline) {}
+  PeerMesh& mesh() { return mesh_; }
+  absl::Status Step(std::vector<PeerTransfer>& transfers) {
+    return mesh_.Exchange(absl::MakeSpan(transfers), tag_ + step_++, signature_, deadline_);
+  }
+
+ private:
+  PeerMesh& mesh_;
+  const uint64_t tag_;
+  const uint32_t signature_;
+  const absl::Time deadline_;
+  uint64_t step_ = 0;
+};
+
+// The parts of a buffer each host owns, by host rank (a host's members' chunks need not be
+// contiguous, so a segment is a list of ranges).
+using Segments = std::vector<std::vector<Piece>>;
+
+// `count` elements at `acc` become their reduction over every host, identical on every host.
+absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count);
+
+// Each host's segment of `acc` becomes the reduction of that segment over every host (the rest
+// of `acc` is left partly reduced). Segments hold whole elements.
+absl::Status ReduceScatterAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count,
+                                      const Segments& segments);
+
+// Every host's segment, filled on that host, is copied to every other host.
+absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments);
+
+// `bytes` at `buf` on host `root` are copied to `buf` on every host.
+absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t bytes);
+
+}  // namespace pathways::collective

@@ -1,0 +1,244 @@
+// The cross-host algorithms, H hosts as threads in one process over real loopback connections,
+// for group sizes that are and are not powers of two and for messages on both sides of the
+// small/large threshold.
+#include "collective/cross_host.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "collective/peer_mesh.h"
+#include "core/status_macros.h"
+#include "gtest/gtest.h"
+
+namespace pathways::collective {
+namespace {
+
+class Hosts {
+ public:
+  explicit Hosts(int n) {
+    for (int h = 0; h < n; ++h) {
+      names_.push_back(absl::StrCat("host", h));
+      auto links = TcpLinks::Create(names_.back(), "127.0.0.1", store_);
+      EXPECT_TRUE(links.ok()) << links.status();
+      links_.push_back(*std::move(links));
+    }
+  }
+  // Runs body(host, steps) on every host at once, on a mesh named `key`; one status per host.
+  std::vector<absl::Status> Run(const std::string& key, uint64_t tag,
+                                const std::function<absl::Status(int, MeshSteps&)>& body,
+                                absl::Duration timeout = absl::Seconds(10)) {
+    std::vector<absl::Status> results(names_.size());
+    std::vector<std::thread> threads;
+    for (int h = 0; h < static_cast<int>(names_.size()); ++h) {
+      threads.emplace_back([&, h] {
+        results[h] = links_[h]->Run(names_, h, key, absl::Now() + timeout, [&](PeerMesh& mesh) {
+          MeshSteps steps(mesh, tag, 7, absl::Now() + timeout);
+          return body(h, steps);
+        });
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+  int size() const { return static_cast<int>(names_.size()); }
+  TcpLinks& links(int h) { return *links_[h]; }
+
+ private:
+  std::shared_ptr<InMemoryKeyValueStore> store_ = std::make_shared<InMemoryKeyValueStore>();
+  std::vector<std::string> names_;
+  std::vector<std::unique_ptr<TcpLinks>> links_;
+};
+
+void ExpectAllOk(const std::vector<absl::Status>& results) {
+  for (size_t h = 0; h < results.size(); ++h) EXPECT_TRUE(results[h].ok()) << "host " << h << ": " << results[h];
+}
+
+// Host h's value at element i: distinct per host and element, exact in float.
+float Value(int h, size_t i) { return static_cast<float>((h + 1) * 1000 + i % 997); }
+
+class CrossHostTest : public ::testing::TestWithParam<std::tuple<int /*hosts*/, size_t /*elements*/>> {};
+
+TEST_P(CrossHostTest, AllReduceSumsAndEveryHostGetsTheSameBits) {
+  const auto [n, count] = GetParam();
+  Hosts hosts(n);
+  std::vector<std::vector<float>> data(n, std::vector<float>(count));
+  for (int h = 0; h < n; ++h) {
+    for (size_t i = 0; i < count; ++i) data[h][i] = Value(h, i) + 0.1f * h;
+  }
+  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    return AllReduceAcrossHosts(s, DType::kF32, ReduceOp::kSum, reinterpret_cast<char*>(data[h].data()), count);
+  }));
+  for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 100)) {
+    double want = 0;
+    for (int h = 0; h < n; ++h) want += Value(h, i) + 0.1f * h;
+    EXPECT_NEAR(data[0][i], want, 1e-2 * n) << "element " << i;
+  }
+  for (int h = 1; h < n; ++h) {
+    EXPECT_EQ(std::memcmp(data[h].data(), data[0].data(), count * sizeof(float)), 0) << "host " << h;
+  }
+}
+
+TEST_P(CrossHostTest, MaxOverIntegers) {
+  const auto [n, count] = GetParam();
+  Hosts hosts(n);
+  std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(count));
+  for (int h = 0; h < n; ++h) {
+    for (size_t i = 0; i < count; ++i) data[h][i] = static_cast<int64_t>((i * 7 + h * 13) % 31);
+  }
+  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    return AllReduceAcrossHosts(s, DType::kI64, ReduceOp::kMax, reinterpret_cast<char*>(data[h].data()), count);
+  }));
+  for (int h = 0; h < n; ++h) {
+    for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 50)) {
+      int64_t want = 0;
+      for (int g = 0; g < n; ++g) want = std::max<int64_t>(want, (i * 7 + g * 13) % 31);
+      ASSERT_EQ(data[h][i], want) << "host " << h << " element " << i;
+    }
+  }
+}
+
+TEST_P(CrossHostTest, ReduceScatterLeavesEachHostItsSegment) {
+  const auto [n, count] = GetParam();
+  Hosts hosts(n);
+  const size_t total = count * n;  // each host owns `count` elements, interleaved in two halves
+  std::vector<std::vector<int32_t>> data(n, std::vector<int32_t>(total));
+  for (int h = 0; h < n; ++h) std::iota(data[h].begin(), data[h].end(), h);
+  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    char* base = reinterpret_cast<char*>(data[h].data());
+    Segments segments(n);
+    const size_t half = count / 2;
+    for (int g = 0; g < n; ++g) {
+      // Host g owns [g*half, (g+1)*half) and the matching range in the second half of the buffer.
+      segments[g].push_back({base + g * half * 4, half * 4});
+      segments[g].push_back({base + (n * half + g * (count - half)) * 4, (count - half) * 4});
+    }
+    return ReduceScatterAcrossHosts(s, DType::kI32, ReduceOp::kSum, base, total, segments);
+  }));
+  const size_t half = count / 2;
+  for (int h = 0; h < n; ++h) {
+    const int base_sum = n * (n - 1) / 2;
+    for (size_t i = h * half; i < (h + 1) * half; ++i) ASSERT_EQ(data[h][i], n * static_cast<int>(i) + base_sum);
+    for (size_t i = n * half + h * (count - half); i < n * half + (h + 1) * (count - half); ++i) {
+      ASSERT_EQ(data[h][i], n * static_cast<int>(i) + base_sum);
+    }
+  }
+}
+
+TEST_P(CrossHostTest, AllGatherAndBroadcastCopyEveryByte) {
+  const auto [n, count] = GetParam();
+  Hosts hosts(n);
+  std::vector<std::string> gathered(n, std::string(count * n, '\0'));
+  std::vector<std::string> broadcast(n, std::string(count, '\0'));
+  for (int h = 0; h < n; ++h) {
+    for (size_t i = 0; i < count; ++i) gathered[h][h * count + i] = static_cast<char>('a' + (h + i) % 26);
+  }
+  const int root = n - 1;
+  for (size_t i = 0; i < count; ++i) broadcast[root][i] = static_cast<char>('A' + i % 26);
+  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    Segments segments(n);
+    for (int g = 0; g < n; ++g) segments[g].push_back({gathered[h].data() + g * count, count});
+    PW_RETURN_IF_ERROR(AllGatherAcrossHosts(s, segments));
+    return BroadcastAcrossHosts(s, root, broadcast[h].data(), count);
+  }));
+  for (int h = 0; h < n; ++h) {
+    EXPECT_EQ(gathered[h], gathered[root]) << "host " << h;
+    EXPECT_EQ(broadcast[h], broadcast[root]) << "host " << h;
+  }
+  for (int g = 0; g < n; ++g) EXPECT_EQ(gathered[0][g * count], static_cast<char>('a' + g % 26));
+}
+
+INSTANTIATE_TEST_SUITE_P(SizesAndHosts, CrossHostTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
+                                            ::testing::Values(size_t{1} << 1, size_t{1} << 10, size_t{1} << 17)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "hosts_", std::get<1>(info.param), "elements");
+                         });
+
+TEST(PeerMeshTest, AMessageForAnotherCallAbortsAtOnceAndTheMeshReconnects) {
+  Hosts hosts(2);
+  char a = 'a', b = 'b';
+  // The two hosts run different calls (different tags): each sees the other's tag.
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int h = 0; h < 2; ++h) {
+    threads.emplace_back([&, h] {
+      results[h] = hosts.links(h).Run({"host0", "host1"}, h, "k", absl::Now() + absl::Seconds(10), [&](PeerMesh& mesh) {
+        MeshSteps steps(mesh, h == 0 ? 100 : 200, 7, absl::Now() + absl::Seconds(10));
+        std::vector<PeerTransfer> t{{1 - h, {{h == 0 ? &a : &b, 1}}, {{h == 0 ? &b : &a, 1}}, nullptr}};
+        return steps.Step(t);
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsAborted(r) || absl::IsUnavailable(r)) << r;
+  }
+  EXPECT_TRUE(absl::IsAborted(results[0]) || absl::IsAborted(results[1]));
+  EXPECT_NE(results[0].message().find("ordered differently"), std::string::npos) << results[0];
+  // The next call on the same devices meets again.
+  int32_t v[2] = {1, 2};
+  ExpectAllOk(hosts.Run("k", 300, [&](int h, MeshSteps& s) {
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(&v[h]), 1);
+  }));
+  EXPECT_EQ(v[0], 3);
+  EXPECT_EQ(v[1], 3);
+}
+
+TEST(PeerMeshTest, AMessageOfTheWrongSizeIsRefusedNamingThePeer) {
+  Hosts hosts(2);
+  std::vector<int32_t> x(4, 1), y(8, 1);
+  auto results = hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    return h == 0 ? AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(x.data()), 4)
+                  : AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(y.data()), 8);
+  });
+  EXPECT_TRUE(absl::IsInvalidArgument(results[0])) << results[0];
+  EXPECT_NE(results[0].message().find("host1"), std::string::npos) << results[0];
+}
+
+TEST(PeerMeshTest, APeerThatNeverSendsTimesOutNamingIt) {
+  Hosts hosts(3);
+  int32_t v[3] = {1, 1, 1};
+  auto results = hosts.Run(
+      "k", 1,
+      [&](int h, MeshSteps& s) {
+        if (h == 2) return absl::OkStatus();  // connects, then never takes part
+        return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(&v[h]), 1);
+      },
+      absl::Milliseconds(500));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(results[0]) || absl::IsDeadlineExceeded(results[1]));
+  for (int h = 0; h < 2; ++h) {
+    if (absl::IsDeadlineExceeded(results[h])) {
+      EXPECT_NE(results[h].message().find("host"), std::string::npos);
+    }
+  }
+}
+
+TEST(PeerMeshTest, GarbageOnTheListenerIsDroppedAndCollectivesGoOn) {
+  Hosts hosts(2);
+  // A stranger connects to host0's listener and sends bytes that are no hello.
+  const std::string address = hosts.links(0).address();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string garbage(64, '\x7f');
+  ASSERT_EQ(write(fd, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
+  int32_t v[2] = {5, 6};
+  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(&v[h]), 1);
+  }));
+  EXPECT_EQ(v[0], 11);
+  close(fd);
+}
+
+}  // namespace
+}  // namespace pathways::collective

@@ -1,0 +1,126 @@
+// Persistent TCP connections between the hosts of a collective group, and the one primitive the
+// cross-host algorithms are written in: a step in which this host sends at most one message to
+// each peer and receives at most one from each, all progressed at once.
+//
+// Why not Gloo (which the runtime used before): Gloo's TCP pairs complete every receive on the
+// device's event-loop thread and hand it to the waiting thread, two thread switches per message,
+// and its allgatherv needed a first round to learn sizes. Our shapes are static, so a message
+// needs no size round, and the thread that runs the collective (the host's leader for that call,
+// a device thread) does its own non-blocking socket I/O and sleeps in poll() only when nothing
+// can move. Measured in bench/collective_bench (docs/benchmarks.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "collective/collective.h"
+
+namespace pathways::collective {
+
+// Memory a message is sent from or received into. Does not own it.
+struct Piece {
+  char* data = nullptr;
+  size_t bytes = 0;
+};
+
+// One peer's part of a step: the message sent to it (the concatenation of `send`) and the one
+// received from it (scattered over `recv`). Either may be empty (no message that way).
+struct PeerTransfer {
+  int peer = -1;
+  std::vector<Piece> send;
+  std::vector<Piece> recv;
+  // Called once recv[i] has arrived, pieces in order, on the calling thread: a step's receive
+  // can be reduced chunk by chunk while the rest of it is still on the wire.
+  std::function<absl::Status(size_t i)> on_piece;
+};
+
+// Connections from this host to every other host of a group, for one set of member devices.
+// Not thread-safe: TcpLinks::Run lends it to one collective at a time.
+class PeerMesh {
+ public:
+  PeerMesh(std::vector<std::string> hosts, int rank);
+  ~PeerMesh();
+  PeerMesh(const PeerMesh&) = delete;
+  PeerMesh& operator=(const PeerMesh&) = delete;
+
+  int size() const { return static_cast<int>(hosts_.size()); }
+  int rank() const { return rank_; }
+  const std::string& host(int r) const { return hosts_[r]; }
+
+  // Sends and receives every transfer's messages, all progressing together, until each is done
+  // or `deadline` passes. Every message carries `tag` (this step of this call, the same on every
+  // host) and `signature` (what is being reduced or gathered: kind, dtype, sizes): a message with
+  // another tag means the peer runs another collective here (gangs ordered differently) and fails
+  // the step with Aborted at once; another signature or size fails it with InvalidArgument.
+  // Errors name the peer host.
+  absl::Status Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag, uint32_t signature, absl::Time deadline);
+
+ private:
+  friend class TcpLinks;
+  void CloseAll();
+
+  const std::vector<std::string> hosts_;
+  const int rank_;
+  std::vector<int> fds_;  // by peer rank; -1 when not connected (and at rank_)
+  absl::Mutex mu_;        // held by the collective that uses the mesh
+};
+
+// One host's endpoint for collectives across hosts: a listening socket whose address is published
+// in the rendezvous store, and one PeerMesh per set of member devices, kept across calls (a later
+// gang on the same devices reuses its connections). Within a pair of hosts the one later in the
+// group's host order dials. A mesh that failed is closed; its peers see the close before their
+// next use and reconnect, so hosts that failed together meet again. Thread-safe.
+class TcpLinks {
+ public:
+  // Listens on `ip` (port chosen by the kernel). `host` is this host's name in Member::host.
+  static absl::StatusOr<std::unique_ptr<TcpLinks>> Create(std::string host, const std::string& ip,
+                                                          std::shared_ptr<KeyValueStore> store);
+  ~TcpLinks();
+
+  // Connects (or reuses) the mesh among `hosts` (this host is hosts[rank]) for the devices named
+  // by `key`, and runs `body` on it, holding it for the call. On any failure the mesh's
+  // connections are closed. Errors of the connection itself name the hosts.
+  absl::Status Run(const std::vector<std::string>& hosts, int rank, const std::string& key, absl::Time deadline,
+                   absl::FunctionRef<absl::Status(PeerMesh&)> body);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  TcpLinks(std::string host, int listen_fd, int wake_fd, std::string address, std::shared_ptr<KeyValueStore> store);
+  absl::Status Connect(PeerMesh& mesh, const std::string& key, absl::Time deadline);
+  absl::StatusOr<int> Dial(const std::string& peer, const std::string& key, absl::Time deadline);
+  absl::StatusOr<int> AwaitDialIn(const std::string& peer, const std::string& key, absl::Time deadline);
+  // Takes a newer connection dialed in from `peer` for `key`, if one arrived; -1 otherwise.
+  int TakeDialIn(const std::string& peer, const std::string& key);
+  absl::Status Publish();
+  void AcceptLoop();
+
+  const std::string host_;
+  const int listen_fd_;
+  const int wake_fd_;
+  const std::string address_;
+  const std::shared_ptr<KeyValueStore> store_;
+  std::thread acceptor_;
+
+  absl::Mutex mu_;
+  bool published_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::shared_ptr<PeerMesh>> meshes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);  // peer host -> ip:port
+  // Connections dialed in, by (key, peer host), not yet taken by a mesh; a newer one replaces
+  // (and closes) an older one.
+  absl::flat_hash_map<std::pair<std::string, std::string>, int> dialed_in_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pathways::collective

@@ -1,0 +1,26 @@
+// Element-wise reductions over raw buffers, for collectives that reduce in place without a
+// tensor library: the cross-host algorithms reduce what arrives from a peer straight into the
+// output buffer.
+#pragma once
+
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/types.h"
+
+namespace pathways::collective {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// "sum", "max" or "min"; InvalidArgument otherwise.
+absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name);
+const char* ReduceOpName(ReduceOp op);
+
+// acc[i] = op(acc[i], in[i]) for i < count. Booleans reduce as logical or (sum, max) and and
+// (min). `op` is commutative for every dtype, bit for bit, which is what lets two members that
+// exchange partial results compute the same value without agreeing on who goes first.
+// InvalidArgument for an unsupported dtype.
+absl::Status ReduceInto(DType dtype, ReduceOp op, void* acc, const void* in, size_t count);
+
+}  // namespace pathways::collective
