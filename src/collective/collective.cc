@@ -142,30 +142,49 @@ struct CollectiveHub::Meeting {
   absl::Status status;
 };
 
-// Where the group's members are: its hosts in one order every host agrees on (sorted names),
-// the host of each group rank, and this host's members.
-struct CollectiveHub::Plan {
-  std::vector<std::string> hosts;
-  std::vector<int> host_of;  // by group rank
-  int mine = -1;
-  std::vector<int> local;  // group ranks on this host, ascending
-};
 
 CollectiveHub::CollectiveHub(std::string host, std::unique_ptr<TcpLinks> links, absl::Duration timeout)
     : host_(std::move(host)), links_(std::move(links)), timeout_(timeout) {}
 
 CollectiveHub::~CollectiveHub() = default;
 
-absl::Status CollectiveHub::Run(const GangLayout& layout, const Group& group, const std::string& call_key,
+absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shard, absl::string_view axes,
+                                          const std::string& host) {
+  GroupPlacement p;
+  PW_ASSIGN_OR_RETURN(p.group, GroupOf(layout, shard, axes));
+  const size_t size = p.group.shards.size();
+  std::vector<std::string> devices;
+  for (size_t r = 0; r < size; ++r) {
+    const Member& m = layout.members[p.group.shards[r]];
+    p.hosts.push_back(m.host);
+    devices.push_back(absl::StrCat(m.host, "/", m.device));
+    if (m.host == host) p.local.push_back(static_cast<int>(r));
+  }
+  if (p.local.empty()) {
+    return absl::InternalError(absl::StrCat("shard ", shard, " runs on host ", host, " but its gang places it elsewhere"));
+  }
+  std::sort(p.hosts.begin(), p.hosts.end());
+  p.hosts.erase(std::unique(p.hosts.begin(), p.hosts.end()), p.hosts.end());
+  auto index = [&](const std::string& h) {
+    return static_cast<int>(std::lower_bound(p.hosts.begin(), p.hosts.end(), h) - p.hosts.begin());
+  };
+  for (size_t r = 0; r < size; ++r) p.host_of.push_back(index(layout.members[p.group.shards[r]].host));
+  p.mine = index(host);
+  std::sort(devices.begin(), devices.end());
+  p.devices = absl::StrJoin(devices, ",");
+  return p;
+}
+
+absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::string& call_key,
                                 const CollectiveCall& call) {
-  int local_members = 0;
-  for (int64_t s : group.shards) local_members += layout.members[s].host == host_ ? 1 : 0;
+  const Group& group = placement.group;
+  const int local_members = static_cast<int>(placement.local.size());
   const size_t size = group.shards.size();
   // A member alone on its host needs no meeting.
   if (local_members == 1) {
     std::vector<const CollectiveCall*> calls(size, nullptr);
     calls[group.rank] = &call;
-    return Perform(layout, group, call_key, calls);
+    return Perform(placement, call_key, calls);
   }
   std::shared_ptr<Meeting> meeting;
   bool leader = false;
@@ -179,7 +198,7 @@ absl::Status CollectiveHub::Run(const GangLayout& layout, const Group& group, co
   }
   if (leader) {
     // Every local member is blocked below until done, so their buffers stay valid.
-    absl::Status status = Perform(layout, group, call_key, meeting->calls);
+    absl::Status status = Perform(placement, call_key, meeting->calls);
     absl::MutexLock lock(&mu_);
     if (!meeting->done) {
       meeting->done = true;
@@ -202,24 +221,9 @@ absl::Status CollectiveHub::Run(const GangLayout& layout, const Group& group, co
   return status;
 }
 
-absl::Status CollectiveHub::Perform(const GangLayout& layout, const Group& group, const std::string& call_key,
+absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::string& call_key,
                                     const std::vector<const CollectiveCall*>& calls) {
-  const size_t size = group.shards.size();
-  Plan plan;
-  std::vector<std::string> devices;
-  for (size_t r = 0; r < size; ++r) {
-    const Member& m = layout.members[group.shards[r]];
-    plan.hosts.push_back(m.host);
-    devices.push_back(absl::StrCat(m.host, "/", m.device));
-    if (m.host == host_) plan.local.push_back(static_cast<int>(r));
-  }
-  std::sort(plan.hosts.begin(), plan.hosts.end());
-  plan.hosts.erase(std::unique(plan.hosts.begin(), plan.hosts.end()), plan.hosts.end());
-  for (size_t r = 0; r < size; ++r) {
-    const std::string& h = layout.members[group.shards[r]].host;
-    plan.host_of.push_back(static_cast<int>(std::lower_bound(plan.hosts.begin(), plan.hosts.end(), h) - plan.hosts.begin()));
-  }
-  plan.mine = static_cast<int>(std::lower_bound(plan.hosts.begin(), plan.hosts.end(), host_) - plan.hosts.begin());
+  const size_t size = plan.group.shards.size();
   const bool cross = plan.hosts.size() > 1;
 
   // The local members must agree; the other hosts' agreement is checked by the signature every
@@ -248,13 +252,13 @@ absl::Status CollectiveHub::Perform(const GangLayout& layout, const Group& group
   if (cross && links_ == nullptr) {
     return fail(absl::StatusCode::kUnimplemented, absl::StrCat("host ", host_, " has no cross-host collectives"));
   }
-  const uint32_t signature = static_cast<uint32_t>(
-      Fnv64(absl::StrCat(static_cast<int>(c.kind), "/", static_cast<int>(c.dtype), "/", static_cast<int>(c.op), "/",
-                         c.root, "/", c.count)));
+  const int64_t what[] = {static_cast<int64_t>(c.kind), static_cast<int64_t>(c.dtype), static_cast<int64_t>(c.op),
+                          c.root, static_cast<int64_t>(c.count)};
+  const uint32_t signature =
+      static_cast<uint32_t>(Fnv64(absl::string_view(reinterpret_cast<const char*>(what), sizeof(what))));
   // Runs the cross-host part on the group's mesh (connections are kept per set of devices).
   auto across = [&](auto&& body) -> absl::Status {
-    std::sort(devices.begin(), devices.end());
-    absl::Status s = links_->Run(plan.hosts, plan.mine, absl::StrJoin(devices, ","), absl::Now() + timeout_,
+    absl::Status s = links_->Run(plan.hosts, plan.mine, plan.devices, absl::Now() + timeout_,
                                  [&](PeerMesh& mesh) {
                                    MeshSteps steps(mesh, Fnv64(call_key), signature, absl::Now() + timeout_);
                                    return body(steps);
@@ -365,29 +369,29 @@ ShardCollectives::ShardCollectives(CollectiveHub& hub, std::shared_ptr<const Gan
                                    int64_t shard)
     : hub_(hub), layout_(std::move(layout)), execution_(execution), shard_(shard) {}
 
-absl::StatusOr<const Group*> ShardCollectives::GroupFor(absl::string_view axes) {
+absl::StatusOr<const GroupPlacement*> ShardCollectives::PlacementFor(absl::string_view axes) {
   for (const auto& [a, g] : groups_) {
     if (a == axes) return g.get();
   }
-  PW_ASSIGN_OR_RETURN(Group group, GroupOf(*layout_, shard_, axes));
-  groups_.emplace_back(std::string(axes), std::make_unique<Group>(std::move(group)));
+  PW_ASSIGN_OR_RETURN(GroupPlacement placement, PlaceGroup(*layout_, shard_, axes, hub_.host()));
+  groups_.emplace_back(std::string(axes), std::make_unique<GroupPlacement>(std::move(placement)));
   return groups_.back().second.get();
 }
 
 absl::StatusOr<int> ShardCollectives::GroupSize(absl::string_view axes) {
-  PW_ASSIGN_OR_RETURN(const Group* group, GroupFor(axes));
-  return static_cast<int>(group->shards.size());
+  PW_ASSIGN_OR_RETURN(const GroupPlacement* placement, PlacementFor(axes));
+  return static_cast<int>(placement->group.shards.size());
 }
 
 absl::Status ShardCollectives::Run(absl::string_view axes, const CollectiveCall& call) {
   absl::Status status = [&]() -> absl::Status {
-    PW_ASSIGN_OR_RETURN(const Group* group, GroupFor(axes));
+    PW_ASSIGN_OR_RETURN(const GroupPlacement* placement, PlacementFor(axes));
     // Every member makes the same calls in the same order (SPMD), so the call index matches.
     if (execution_key_.empty()) {
       execution_key_ = absl::StrCat(*execution_.client, "/", execution_.program, "/", execution_.run, "/", execution_.node);
     }
-    const std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", group->id);
-    return hub_.Run(*layout_, *group, call_key, call);
+    const std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", placement->group.id);
+    return hub_.Run(*placement, call_key, call);
   }();
   if (!status.ok() && first_error_.ok()) first_error_ = status;
   return status;

@@ -76,6 +76,19 @@ struct Group {
 // InvalidArgument for an unknown or repeated axis name.
 absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::string_view axes);
 
+// A group and where its members are, seen from one host: worked out once per group and reused by
+// every call on it (a fused loop makes many).
+struct GroupPlacement {
+  Group group;
+  std::vector<std::string> hosts;  // the group's hosts in the order every host uses (sorted)
+  std::vector<int> host_of;        // index in `hosts` of each group rank's host
+  int mine = -1;                   // this host's index in `hosts`
+  std::vector<int> local;          // group ranks on this host, ascending
+  std::string devices;             // names the member devices: the key of their connections
+};
+absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shard, absl::string_view axes,
+                                          const std::string& host);
+
 class TcpLinks;
 
 enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
@@ -116,14 +129,12 @@ class CollectiveHub {
   // example client/program/run/node/call index/group id). Members that disagree on the call
   // fail with InvalidArgument; members that do not all arrive within the timeout fail with
   // DeadlineExceeded; errors name the collective.
-  absl::Status Run(const GangLayout& layout, const Group& group, const std::string& call_key,
-                   const CollectiveCall& call);
+  absl::Status Run(const GroupPlacement& placement, const std::string& call_key, const CollectiveCall& call);
 
  private:
   struct Meeting;
-  struct Plan;
   // Combines the local members' calls and runs the cross-host part. Runs on the leader.
-  absl::Status Perform(const GangLayout& layout, const Group& group, const std::string& call_key,
+  absl::Status Perform(const GroupPlacement& placement, const std::string& call_key,
                        const std::vector<const CollectiveCall*>& calls);
 
   const std::string host_;
@@ -167,9 +178,9 @@ class ShardCollectives {
   const Execution execution_;
   std::string execution_key_;  // spelled out at the first collective
   const int64_t shard_;
-  // The shard's groups by axes, computed once per execution (a fused loop calls many times).
-  absl::StatusOr<const Group*> GroupFor(absl::string_view axes);
-  std::vector<std::pair<std::string, std::unique_ptr<Group>>> groups_;
+  // The shard's groups by axes, placed once per execution (a fused loop calls many times).
+  absl::StatusOr<const GroupPlacement*> PlacementFor(absl::string_view axes);
+  std::vector<std::pair<std::string, std::unique_ptr<GroupPlacement>>> groups_;
   int calls_ = 0;
   absl::Status first_error_;
 };

@@ -31,7 +31,7 @@ Segments EvenSegments(char* buf, size_t count, size_t element, int hosts) {
 absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count) {
   const size_t bytes = count * DTypeSize(dtype);
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
-  std::unique_ptr<char[]> tmp(new char[bytes]);
+  char* tmp = steps.mesh().Scratch(bytes);
   // Beyond the largest power of two p, the first 2r hosts pair up: even ones hand their data to
   // the next odd one, sit out the doubling, and get the result back at the end.
   int p = 1;
@@ -45,9 +45,9 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char*
       PW_RETURN_IF_ERROR(steps.Step(t));
       new_rank = -1;
     } else {
-      t[0] = {rank - 1, {}, {{tmp.get(), bytes}}, nullptr};
+      t[0] = {rank - 1, {}, {{tmp, bytes}}, nullptr};
       PW_RETURN_IF_ERROR(steps.Step(t));
-      PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp.get(), count));
+      PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp, count));
       new_rank = rank / 2;
     }
   } else {
@@ -62,9 +62,9 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char*
     }
     const int partner_new = new_rank ^ mask;
     const int partner = partner_new < r ? partner_new * 2 + 1 : partner_new + r;
-    std::vector<PeerTransfer> t{{partner, {{acc, bytes}}, {{tmp.get(), bytes}}, nullptr}};
+    std::vector<PeerTransfer> t{{partner, {{acc, bytes}}, {{tmp, bytes}}, nullptr}};
     PW_RETURN_IF_ERROR(steps.Step(t));
-    PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp.get(), count));
+    PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp, count));
   }
   if (rank < 2 * r) {
     std::vector<PeerTransfer> t(1);
@@ -85,7 +85,7 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
   const size_t element = DTypeSize(dtype);
   size_t largest = 0;
   for (const auto& s : segments) largest = std::max(largest, Bytes(s));
-  std::unique_ptr<char[]> tmp(new char[std::max<size_t>(largest, 1)]);
+  char* tmp = steps.mesh().Scratch(largest);
   const size_t chunk = std::max(element, kChunkBytes / element * element);
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   for (int s = 0; s + 1 < size; ++s) {
@@ -98,7 +98,7 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
     for (const Piece& range : in) {
       for (size_t b = 0; b < range.bytes; b += chunk) {
         const size_t n = std::min(chunk, range.bytes - b);
-        landing.push_back({tmp.get() + offset, n});
+        landing.push_back({tmp + offset, n});
         into.push_back(range.data + b);
         offset += n;
       }

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -28,6 +29,8 @@ constexpr uint32_t kHelloMagic = 0x50574c48;    // "PWLH"
 constexpr uint32_t kMaxKeyBytes = 1 << 20;
 constexpr uint32_t kMaxHostBytes = 1024;
 constexpr int kMaxIov = 64;
+// How long a waiting step spins before it sleeps (see Exchange).
+const absl::Duration kSpin = absl::Microseconds(50);
 
 // Precedes every message. Hosts of one cluster share a byte order.
 struct MessageHeader {
@@ -152,6 +155,11 @@ PeerMesh::PeerMesh(std::vector<std::string> hosts, int rank)
 
 PeerMesh::~PeerMesh() { CloseAll(); }
 
+char* PeerMesh::Scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
 void PeerMesh::CloseAll() {
   for (int& fd : fds_) {
     if (fd >= 0) close(fd);
@@ -176,6 +184,9 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
     }
   }
   std::vector<pollfd> fds;
+  // Nothing to do yet: spin a little (yielding the core) before sleeping in poll(). A peer's
+  // answer usually comes within microseconds; being woken from poll() costs more than that.
+  absl::Time idle_since = absl::InfiniteFuture();
   while (true) {
     bool pending = false;
     bool moved = false;
@@ -236,7 +247,16 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
       }
     }
     if (!pending) return absl::OkStatus();
-    if (moved) continue;
+    if (moved) {
+      idle_since = absl::InfiniteFuture();
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    if (idle_since == absl::InfiniteFuture()) idle_since = now;
+    if (now - idle_since < kSpin) {
+      sched_yield();
+      continue;
+    }
     fds.clear();
     for (size_t i = 0; i < n; ++i) {
       short events = 0;
@@ -312,13 +332,9 @@ TcpLinks::~TcpLinks() {
 }
 
 absl::Status TcpLinks::Publish() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (published_) return absl::OkStatus();
-  }
+  if (published_.load(std::memory_order_acquire)) return absl::OkStatus();
   PW_RETURN_IF_ERROR(store_->Set(absl::StrCat("collective-links/", host_), address_));
-  absl::MutexLock lock(&mu_);
-  published_ = true;
+  published_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -363,6 +379,7 @@ void TcpLinks::AcceptLoop() {
       close(it->second);
       it->second = fd;
     }
+    dial_ins_.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -442,11 +459,14 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
 
 absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Time deadline) {
   PW_RETURN_IF_ERROR(Publish());
+  const uint64_t dial_ins = dial_ins_.load(std::memory_order_acquire);
+  const bool dialed_in = dial_ins != mesh.dial_ins_seen_;
+  mesh.dial_ins_seen_ = dial_ins;
   // Lower-ranked peers first: we dial them; then we wait for the higher-ranked ones to dial us.
   for (int p = 0; p < mesh.size(); ++p) {
     if (p == mesh.rank()) continue;
     int& fd = mesh.fds_[p];
-    if (p > mesh.rank()) {
+    if (p > mesh.rank() && dialed_in) {
       // A peer that reconnected since our last call dialed again; its new connection wins.
       const int newer = TakeDialIn(mesh.host(p), key);
       if (newer >= 0) {

@@ -10,6 +10,7 @@
 // can move. Measured in bench/collective_bench (docs/benchmarks.md).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,10 @@ class PeerMesh {
   // Errors name the peer host.
   absl::Status Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag, uint32_t signature, absl::Time deadline);
 
+  // Working memory for the algorithms, at least `bytes`, kept across calls: a fresh buffer per
+  // call would be page-faulted in every time.
+  char* Scratch(size_t bytes);
+
  private:
   friend class TcpLinks;
   void CloseAll();
@@ -73,6 +78,8 @@ class PeerMesh {
   const std::vector<std::string> hosts_;
   const int rank_;
   std::vector<int> fds_;  // by peer rank; -1 when not connected (and at rank_)
+  uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
+  std::vector<char> scratch_;
   absl::Mutex mu_;        // held by the collective that uses the mesh
 };
 
@@ -112,9 +119,11 @@ class TcpLinks {
   const std::string address_;
   const std::shared_ptr<KeyValueStore> store_;
   std::thread acceptor_;
+  std::atomic<bool> published_{false};
+  // Counts connections dialed in: a mesh looks for newer connections only when it moved.
+  std::atomic<uint64_t> dial_ins_{0};
 
   absl::Mutex mu_;
-  bool published_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<PeerMesh>> meshes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);  // peer host -> ip:port

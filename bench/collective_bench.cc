@@ -1,0 +1,346 @@
+// Collective throughput, the paper's Figure 5 step (an all_reduce, then an add, each step feeding
+// the next), on real processes over loopback: this runtime (OpByOp, Chained, Fused) beside
+// torch.distributed with Gloo and OpenMPI over TCP, in one run. Also a memcpy measurement of
+// this machine, the bound for collectives among devices of one host. Prints markdown tables; see
+// docs/benchmarks.md. The peers come from `make deps-bench`; a missing one is reported, not fatal.
+//
+//   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
+//                              [--hub-only true]
+//
+// A config HxD is H worker processes with D devices each; sizes are bytes per device. The step
+// reduces with max (values stay exact, so the result is checked) at the cost of a sum.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "client/program.h"
+#include "collective/collective.h"
+#include "collective/peer_mesh.h"
+#include "core/process.h"
+#include "core/status_macros.h"
+#include "testing/subprocess.h"
+#include "tools/flags.h"
+
+namespace pathways {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Seconds(const std::function<void()>& body) {
+  auto start = std::chrono::steady_clock::now();
+  body();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Steps per run: enough that a run is not all start-up, few enough for large messages.
+int StepsFor(int64_t bytes) { return bytes <= 4096 ? 128 : bytes <= (1 << 20) ? 32 : 8; }
+
+struct Rates {
+  double opbyop = 0, chained = 0, fused = 0;
+};
+
+// A controller and `hosts` workers of `devices` devices each, as processes.
+class ProcessCluster {
+ public:
+  absl::Status Start(int hosts, int devices, int64_t device_memory) {
+    PW_RETURN_IF_ERROR(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}));
+    PW_ASSIGN_OR_RETURN(std::string line, controller_.WaitForLine("listening on", absl::Seconds(60)));
+    address_ = line.substr(line.rfind(' ') + 1);
+    for (int h = 0; h < hosts; ++h) {
+      workers_.push_back(std::make_unique<Subprocess>());
+      PW_RETURN_IF_ERROR(workers_.back()->Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--listen", "127.0.0.1:0",
+                                  "--devices", std::to_string(devices), "--device-memory",
+                                  std::to_string(device_memory)}));
+    }
+    for (auto& w : workers_) PW_RETURN_IF_ERROR(w->WaitForLine("serving", absl::Seconds(60)).status());
+    return absl::OkStatus();
+  }
+  ~ProcessCluster() {
+    for (auto& w : workers_) w->Stop(SIGTERM);
+    controller_.Stop(SIGTERM);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  Subprocess controller_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::string address_;
+};
+
+absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int repeats) {
+  const int members = hosts * devices;
+  const int64_t per_device = std::max<int64_t>(1, bytes / 4);
+  ProcessCluster cluster;
+  PW_RETURN_IF_ERROR(cluster.Start(hosts, devices, std::max<int64_t>(64 << 20, 8 * bytes)));
+  PW_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(cluster.address()));
+  PW_ASSIGN_OR_RETURN(VirtualSlice slice, client->CreateSlice({.mesh_shape = {members}}));
+  const TensorSpec spec{DType::kF32, {members * per_device}};
+  const int steps = StepsFor(bytes);
+  PW_ASSIGN_OR_RETURN(
+      CompiledFunction step,
+      client->Compile(FunctionSpec::Script(
+          "step", "def step(x):\n    return pathways.all_reduce(x, 'x', 'max') + 1.0\n", {spec}, {spec}, {{"x"}}, {{"x"}})));
+  PW_ASSIGN_OR_RETURN(
+      CompiledFunction fused,
+      client->Compile(FunctionSpec::Script(
+          "fused",
+          absl::StrCat("def fused(x):\n    for _ in range(", steps,
+                       "):\n        x = pathways.all_reduce(x, 'x', 'max') + 1.0\n    return x\n"),
+          {spec}, {spec}, {{"x"}}, {{"x"}})));
+  ProgramBuilder builder("chain");
+  TracedValue v = builder.Arg(spec);
+  for (int i = 0; i < steps; ++i) {
+    PW_ASSIGN_OR_RETURN(auto out, builder.Call(step, slice, {v}));
+    v = out[0];
+  }
+  PW_ASSIGN_OR_RETURN(Program chain, builder.Build({v}));
+  PW_ASSIGN_OR_RETURN(HostArray zeros, HostArray::Create(DType::kF32, {members * per_device}));
+  PW_ASSIGN_OR_RETURN(ShardedArray x, client->Put(zeros, slice, {"x"}));
+  float expected = 0;
+  auto check = [&](absl::Status& failure) {
+    auto out = client->Fetch(x).Await();
+    if (!out.ok()) {
+      failure = out.status();
+    } else if (out->data<float>()[0] != expected || out->data<float>()[members * per_device - 1] != expected) {
+      failure = absl::InternalError(absl::StrCat("wrong result ", out->data<float>()[0], ", expected ", expected));
+    }
+  };
+  std::vector<double> opbyop, chained, fused_rate;
+  absl::Status failure;
+  for (int r = 0; r < repeats + 1 && failure.ok(); ++r) {  // the first round warms up
+    const double t1 = Seconds([&] {
+      for (int i = 0; i < steps && failure.ok(); ++i) {
+        auto out = client->Call(step, slice, {x});
+        if (!out.ok()) failure = out.status(); else x = (*out)[0];
+      }
+      expected += steps;
+      check(failure);
+    });
+    const double t2 = Seconds([&] {
+      auto out = client->Run(chain, {x});
+      if (!out.ok()) failure = out.status(); else x = (*out)[0];
+      expected += steps;
+      check(failure);
+    });
+    const double t3 = Seconds([&] {
+      auto out = client->Call(fused, slice, {x});
+      if (!out.ok()) failure = out.status(); else x = (*out)[0];
+      expected += steps;
+      check(failure);
+    });
+    if (r == 0) continue;
+    opbyop.push_back(steps / t1);
+    chained.push_back(steps / t2);
+    fused_rate.push_back(steps / t3);
+  }
+  PW_RETURN_IF_ERROR(failure);
+  return Rates{Median(opbyop), Median(chained), Median(fused_rate)};
+}
+
+// The median of the "steps_per_s" lines a peer printed.
+std::optional<double> ParseRates(const std::string& out) {
+  std::vector<double> rates;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    double rate;
+    if (absl::ConsumePrefix(&line, "steps_per_s ") && absl::SimpleAtod(line, &rate)) rates.push_back(rate);
+  }
+  if (rates.empty()) return std::nullopt;
+  return Median(rates);
+}
+
+bool Available(const std::vector<std::string>& argv) { return RunCommand(argv, absl::Seconds(120)).ok(); }
+
+std::optional<double> MeasureTorch(int ranks, int64_t bytes, int repeats) {
+  const std::string store = absl::StrCat("/tmp/pathways_bench_store_", getpid(), "_", ranks, "_", bytes);
+  unlink(store.c_str());
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int r = 0; r < ranks; ++r) {
+    procs.push_back(std::make_unique<Subprocess>());
+    // env(1) sets the rank; Gloo is told to use loopback.
+    if (!procs.back()->Start({"/usr/bin/env", absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", ranks),
+                              "GLOO_SOCKET_IFNAME=lo", "OMP_NUM_THREADS=1", "/usr/bin/python3", TORCH_PEER,
+                              "--bytes", std::to_string(bytes), "--steps", std::to_string(StepsFor(bytes)),
+                              "--repeats", std::to_string(repeats), "--store", store}).ok()) {
+      return std::nullopt;
+    }
+  }
+  std::string out;
+  for (int i = 0; i < repeats; ++i) {
+    auto line = procs[0]->ReadLine(absl::Seconds(300));
+    if (!line.ok()) break;
+    out += *line + "\n";
+  }
+  for (auto& p : procs) p->Wait();
+  unlink(store.c_str());
+  return ParseRates(out);
+}
+
+std::optional<double> MeasureMpi(int ranks, int64_t bytes, int repeats) {
+  auto out = RunCommand({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "tcp,self",
+                         "--mca", "btl_tcp_if_include", "lo", "-np", std::to_string(ranks), MPI_PEER,
+                         std::to_string(bytes), std::to_string(StepsFor(bytes)), std::to_string(repeats)},
+                        absl::Seconds(600));
+  if (!out.ok()) return std::nullopt;
+  return ParseRates(*out);
+}
+
+// The collective alone, through the runtime's hub API with no compiled function around it: H
+// hosts of D members as threads of this process, each host with its own hub and loopback links.
+// Returns all_reduce calls per second.
+double MeasureHubOnly(int hosts, int devices, int64_t bytes, int repeats) {
+  auto store = std::make_shared<collective::InMemoryKeyValueStore>();
+  std::vector<std::unique_ptr<collective::CollectiveHub>> hubs;
+  collective::GangLayout layout{{hosts * devices}, {"x"}, {}};
+  for (int h = 0; h < hosts; ++h) {
+    const std::string name = absl::StrCat("host", h);
+    auto links = collective::TcpLinks::Create(name, "127.0.0.1", store);
+    if (!links.ok()) return 0;
+    hubs.push_back(std::make_unique<collective::CollectiveHub>(name, *std::move(links), absl::Seconds(60)));
+    for (int d = 0; d < devices; ++d) layout.members.push_back({name, h * devices + d});
+  }
+  auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
+  const size_t count = static_cast<size_t>(std::max<int64_t>(1, bytes / 4));
+  const int calls = StepsFor(bytes);
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const std::string execution = absl::StrCat("hub-only-", r);
+    std::vector<std::thread> threads;
+    const double t = Seconds([&] {
+      for (int m = 0; m < hosts * devices; ++m) {
+        threads.emplace_back([&, m] {
+          std::vector<float> in(count, 1.0f), out(count);
+          collective::ShardCollectives shard(*hubs[m / devices], shared_layout, {&execution, 0, 0, 0}, m);
+          for (int i = 0; i < calls; ++i) {
+            collective::CollectiveCall call{collective::CollectiveKind::kAllReduce, DType::kF32,
+                                            collective::ReduceOp::kMax, 0, count,
+                                            reinterpret_cast<const char*>(in.data()),
+                                            reinterpret_cast<char*>(out.data())};
+            if (!shard.Run("x", call).ok()) std::abort();
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+    });
+    if (r > 0) rates.push_back(calls / t);
+  }
+  return Median(rates);
+}
+
+// Bytes per second of memcpy between two 64 MiB buffers, counting what is read and written.
+double MemcpyBandwidth() {
+  const size_t n = 64 << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) rates.push_back(2.0 * n / Seconds([&] { std::memcpy(b.data(), a.data(), n); }));
+  return Median(rates);
+}
+
+std::string Format(std::optional<double> v) { return v ? absl::StrFormat("%.0f", *v) : "n/a"; }
+std::string Ratio(double a, std::optional<double> b) {
+  return b && *b > 0 ? absl::StrFormat("%.2f", a / *b) : "n/a";
+}
+
+int Main(int argc, char** argv) {
+  InitServingProcess();
+  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
+    return 2;
+  }
+  const int repeats = static_cast<int>(*flags->GetInt("repeats", 3));
+  std::vector<std::pair<int, int>> configs;
+  for (absl::string_view c : absl::StrSplit(flags->Get("configs", "2x1,4x1,8x1,4x4,1x4"), ',')) {
+    std::vector<std::string> hd = absl::StrSplit(c, 'x');
+    int h = 0, d = 0;
+    if (hd.size() != 2 || !absl::SimpleAtoi(hd[0], &h) || !absl::SimpleAtoi(hd[1], &d) || h < 1 || d < 1 ||
+        h * d > 64) {
+      std::fprintf(stderr, "bad config '%s': want HOSTSxDEVICES, at most 64 devices\n", std::string(c).c_str());
+      return 2;
+    }
+    configs.push_back({h, d});
+  }
+  std::vector<int64_t> sizes;
+  for (absl::string_view s : absl::StrSplit(flags->Get("sizes", "4,64KiB,4MiB"), ',')) {
+    auto bytes = ParseBytes(std::string(s));
+    if (!bytes.ok() || *bytes < 4 || *bytes > (256 << 20)) {
+      std::fprintf(stderr, "bad size '%s': want 4 B to 256 MiB\n", std::string(s).c_str());
+      return 2;
+    }
+    sizes.push_back(*bytes);
+  }
+  if (repeats < 1 || repeats > 50) {
+    std::fprintf(stderr, "--repeats must be between 1 and 50\n");
+    return 2;
+  }
+  const bool have_torch = Available({"/usr/bin/python3", "-c", "import torch.distributed"});
+  const bool have_mpi = access(MPI_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;
+  if (!have_torch) std::printf("torch.distributed: not installed (make deps-bench)\n\n");
+  if (!have_mpi) std::printf("OpenMPI: not installed or peer not built (make deps-bench, then rebuild)\n\n");
+  const double memcpy_bw = MemcpyBandwidth();
+  std::printf("memcpy on this machine: %.2f GB/s (bytes read + written)\n\n", memcpy_bw / 1e9);
+  std::printf("Steps per second, median of %d runs; a step is all_reduce(max) of the bytes per device, then an "
+              "add; every rank is a process or a device of a worker process.\n\n", repeats);
+  std::printf("The collective alone: all_reduce through the hub API, hosts as threads of one process with "
+              "loopback links between them, no compiled function; GB/s counts every member's input read and output "
+              "written, against memcpy's bytes read and written.\n\n");
+  std::printf("| hosts x devices | bytes/device | all_reduce/s | GB/s touched | of memcpy |\n|---|---|---|---|---|\n");
+  for (auto [hosts, devices] : configs) {
+    for (int64_t bytes : sizes) {
+      const double rate = MeasureHubOnly(hosts, devices, bytes, repeats);
+      const double touched = 2.0 * hosts * devices * static_cast<double>(bytes) * rate;
+      std::printf("| %dx%d | %lld | %.0f | %.2f | %.0f%% |\n", hosts, devices, static_cast<long long>(bytes), rate,
+                  touched / 1e9, 100 * touched / memcpy_bw);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n");
+  if (flags->Get("hub-only", "false") == "true") return 0;
+  std::printf("| hosts x devices | bytes/device | OpByOp | Chained | Fused | torch+Gloo | OpenMPI TCP | Fused/torch | "
+              "Fused/MPI | OpByOp/Fused | Chained/Fused | Fused GB/s touched |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (auto [hosts, devices] : configs) {
+    for (int64_t bytes : sizes) {
+      auto ours = MeasureRuntime(hosts, devices, bytes, repeats);
+      if (!ours.ok()) {
+        std::printf("| %dx%d | %lld | failed: %s |\n", hosts, devices, static_cast<long long>(bytes),
+                    std::string(ours.status().message()).c_str());
+        std::fflush(stdout);
+        continue;
+      }
+      const int ranks = hosts * devices;
+      std::optional<double> torch = have_torch ? MeasureTorch(ranks, bytes, repeats) : std::nullopt;
+      std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats) : std::nullopt;
+      // What an all_reduce must touch at least: every member's input read, every output written.
+      const double touched = 2.0 * ranks * static_cast<double>(bytes) * ours->fused / 1e9;
+      std::printf("| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", hosts, devices,
+                  static_cast<long long>(bytes), ours->opbyop, ours->chained, ours->fused, Format(torch).c_str(),
+                  Format(mpi).c_str(), Ratio(ours->fused, torch).c_str(), Ratio(ours->fused, mpi).c_str(),
+                  ours->opbyop / ours->fused, ours->chained / ours->fused, touched);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pathways
+
+int main(int argc, char** argv) { return pathways::Main(argc, argv); }
