@@ -8,7 +8,7 @@ MAKEFLAGS += --no-print-directory
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
   protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl
 
-.PHONY: deps deps-fuzz install-packages build test demo bench fuzz clean
+.PHONY: deps deps-fuzz deps-bench install-packages build test demo bench collective-bench fuzz clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -17,6 +17,11 @@ deps:
 # The fuzzer also needs clang and its libFuzzer runtime.
 deps-fuzz: deps
 	@$(MAKE) install-packages PACKAGES="clang libclang-rt-14-dev"
+
+# The systems collective_bench compares against: torch.distributed with Gloo and OpenMPI. Never a
+# dependency of `make test`.
+deps-bench: deps
+	@$(MAKE) install-packages PACKAGES="python3-torch openmpi-bin libopenmpi-dev"
 
 install-packages:
 	@missing=""; for p in $(PACKAGES); do \
@@ -42,6 +47,13 @@ demo: deps build
 
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench
+
+# Collectives against torch.distributed+Gloo and OpenMPI over TCP (about 20 minutes). Configures
+# again so that the MPI peer is built once MPI is installed.
+collective-bench: deps-bench
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target collective_bench mpi_allreduce_peer
+	$(BUILD_DIR)/bin/collective_bench
 
 # libFuzzer over the request decoding and validation paths (src/testing/request_fuzzer.h), built
 # with clang and AddressSanitizer in build-fuzz/. FUZZ_SECONDS bounds the run.

@@ -124,6 +124,7 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
     request.set_has_island(true);
     request.set_island(*spec.island);
   }
+  request.set_span_islands(spec.span_islands);
   request.set_client_id(core_->id());
   request.set_min_free_memory_bytes(spec.min_free_memory_bytes);
   request.set_device_kind(spec.device_kind);
@@ -179,7 +180,7 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
   for (const auto& d : response.devices()) {
     mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island(),
                                 std::vector<int32_t>(d.coords().begin(), d.coords().end()), d.incarnation()});
-    NoteHost(d.host_address(), d.island(), d.incarnation());
+    NoteHost(d.host_address(), d.incarnation());
     if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {
       mapping->hosts.push_back(d.host_address());
     }
@@ -237,15 +238,9 @@ ClientCore::~ClientCore() {
   lease_thread_.join();
 }
 
-int ClientCore::IslandOf(const std::string& host) {
+std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
   absl::MutexLock lock(&mu_);
-  auto it = island_of_.find(host);
-  return it == island_of_.end() ? 0 : it->second;  // every host comes from a slice, which names it
-}
-
-std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue(int island) {
-  absl::MutexLock lock(&mu_);
-  auto& q = schedule_queues_[island];
+  auto& q = schedule_queue_;
   if (q == nullptr) {
     q = std::make_shared<OrderedBatchQueue<rpc::GangRun>>(
         [controller = controller_, id = id_, weight = options_.weight](std::vector<rpc::GangRun> runs) {
@@ -286,14 +281,11 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     pushed.delivered = AllDone(deliveries);
     return pushed;
   }
-  std::map<int, rpc::GangRun> by_island;
+  // One message for the run, whichever islands it spans: the controller splits it, and orders
+  // runs over several islands across them.
+  rpc::GangRun run;
+  *run.mutable_run() = op;
   for (const std::string& host : hosts) {
-    const int island = IslandOf(host);
-    rpc::GangRun& run = by_island[island];
-    if (!run.has_run()) {
-      run.set_island(island);
-      *run.mutable_run() = op;
-    }
     rpc::HostSeq* h = run.add_hosts();
     h->set_host(host);
     std::shared_ptr<HostOpQueue> q = queue(host);
@@ -301,13 +293,11 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     h->set_seq(seqs[host].seq);
     h->set_session(seqs[host].session);
   }
-  for (auto& [island, run] : by_island) {
-    run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
-    run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
-    auto queue = ScheduleQueue(island);
-    queue->Push(std::move(run));
-    deliveries.push_back(queue->Flushed());  // covers this run's batch
-  }
+  run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
+  run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
+  auto queue = ScheduleQueue();
+  queue->Push(std::move(run));
+  deliveries.push_back(queue->Flushed());  // covers this run's batch
   pushed.delivered = AllDone(deliveries);
   return pushed;
 }

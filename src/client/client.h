@@ -50,7 +50,7 @@ struct ClientOptions {
 struct ClientStats {
   int64_t ops_sent = 0;  // every op: puts, program registrations, runs, frees
   int64_t op_bytes_sent = 0;
-  int64_t run_ops_sent = 0;  // messages that start runs: one per island a run touches
+  int64_t run_ops_sent = 0;  // messages that start runs: one per run
   int64_t run_op_bytes_sent = 0;
   int64_t lowerings = 0;  // programs lowered (not found in the lowering cache)
 };
@@ -60,6 +60,10 @@ struct SliceSpec {
   std::vector<int64_t> mesh_shape;
   std::vector<std::string> axis_names;  // default "x", "y", "z"
   std::optional<int> island;
+  // Without an island the slice is placed within one island (its collectives then stay on one
+  // island's interconnect); true lets it span several, whose runs are ordered across islands by
+  // the controller (FIFO scheduling only).
+  bool span_islands = false;
   int64_t min_free_memory_bytes = 0;  // per device, as the controller last heard
   std::string device_kind;            // e.g. "cpu"; empty: any
 };

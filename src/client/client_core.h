@@ -88,12 +88,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     auto it = incarnation_of_.find(host);
     return it == incarnation_of_.end() ? host : absl::StrCat(host, "#", it->second);
   }
-  // What the slices that name a host say about it: its island, and its worker process's
-  // incarnation. A new incarnation means the host restarted: the client's sequence of ops for it
-  // starts anew (a new queue and session), since the new process knows nothing of the old one.
-  void NoteHost(const std::string& host, int island, const std::string& incarnation) {
+  // What the slices that name a host say about its worker process's incarnation. A new
+  // incarnation means the host restarted: the client's sequence of ops for it starts anew (a new
+  // queue and session), since the new process knows nothing of the old one.
+  void NoteHost(const std::string& host, const std::string& incarnation) {
     absl::MutexLock lock(&mu_);
-    island_of_[host] = island;
     std::string& known = incarnation_of_[host];
     if (!known.empty() && known != incarnation) queues_.erase(host);
     known = incarnation;
@@ -123,9 +122,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
                                                   absl::Span<const ShardedArray> args);
 
  private:
-  std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue(int island);
+  std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue();
   void LeaseLoop(absl::Duration interval);
-  int IslandOf(const std::string& host);
 
   const std::string id_;
   const ClientOptions options_;
@@ -139,9 +137,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int> island_of_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<int, std::shared_ptr<OrderedBatchQueue<rpc::GangRun>>> schedule_queues_ ABSL_GUARDED_BY(mu_);
+  // One queue for all islands: the controller sees the client's runs in the client's order.
+  std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<const void*, int64_t>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
 };

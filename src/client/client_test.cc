@@ -35,7 +35,7 @@ class ClientTest : public ::testing::Test {
     auto client = cluster_->Connect();
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
-    slice8_ = *client_->CreateSlice({.mesh_shape = {2, 4}});
+    slice8_ = *client_->CreateSlice({.mesh_shape = {2, 4}, .span_islands = true});
     island0_ = *client_->CreateSlice({.mesh_shape = {4}, .island = 0});
     island1_ = *client_->CreateSlice({.mesh_shape = {4}, .island = 1});
   }

@@ -1,6 +1,7 @@
 #include "controller/cluster_registry.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +147,32 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
     return a.device->slices < b.device->slices;
   });
+  if (!r.has_island() && !r.span_islands()) {
+    // Within one island: the least loaded one that fits (fewest slices on its chosen devices,
+    // then the lowest id). A gang over several islands crosses the data-centre network, so the
+    // client has to ask for one.
+    std::map<int32_t, std::vector<Candidate>> by_island;
+    for (const Candidate& c : candidates) by_island[c.host->island].push_back(c);
+    const std::vector<Candidate>* best = nullptr;
+    int64_t best_load = 0;
+    size_t largest = 0;
+    for (const auto& [island, in_island] : by_island) {
+      largest = std::max(largest, in_island.size());
+      if (static_cast<int64_t>(in_island.size()) < wanted) continue;
+      int64_t load = 0;
+      for (int64_t i = 0; i < wanted; ++i) load += in_island[i].device->slices;
+      if (best == nullptr || load < best_load) {
+        best = &in_island;
+        best_load = load;
+      }
+    }
+    if (best == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a slice of ", wanted, " devices was requested but no island has that many live devices (the largest has ",
+          largest, "); pin an island, or allow the slice to span islands (SliceSpec::span_islands)"));
+    }
+    candidates = *best;
+  }
   candidates.resize(wanted);
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
     return std::make_pair(a.host->host_id, a.device->info.local_index()) <

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "collective/collective.h"
 #include "core/logging.h"
 #include "grpcpp/security/server_credentials.h"
@@ -37,6 +38,28 @@ IslandScheduler& Controller::scheduler(int island) {
   slot.control->SetMembers(MembersOf(island, registry_.LiveHosts(absl::Now())));
   slot.scheduler = std::make_unique<IslandScheduler>(island, options_.scheduler, *slot.control);
   return *slot.scheduler;
+}
+
+Future<Unit> Controller::SubmitAcrossIslands(const std::string& client, double weight,
+                                             std::vector<std::pair<int, rpc::GangRun>> parts) {
+  if (options_.scheduler.policy != SchedulingPolicy::kFifo) {
+    std::vector<std::string> islands;
+    for (const auto& [island, part] : parts) islands.push_back(absl::StrCat(island));
+    return Future<Unit>::Ready(absl::FailedPreconditionError(absl::StrCat(
+        "a run over islands ", absl::StrJoin(islands, ", "),
+        " cannot be ordered consistently under proportional share yet; place the slice in one island or run "
+        "the controller with --scheduler fifo")));
+  }
+  std::vector<Future<Unit>> accepted;
+  if (options_.TEST_unordered_islands) {
+    // Half the clients reach the islands last to first.
+    if (std::hash<std::string>{}(client) % 2 == 1) std::reverse(parts.begin(), parts.end());
+    for (auto& [island, part] : parts) accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}));
+    return AllDone(accepted);
+  }
+  absl::MutexLock lock(&across_islands_mu_);
+  for (auto& [island, part] : parts) accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}));
+  return AllDone(accepted);
 }
 
 std::vector<IslandControlPlane::Member> Controller::MembersOf(int island,
@@ -177,27 +200,43 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       return absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request.weight(), " is not in [0, 1e6]"));
     }
     const absl::Time now = absl::Now();
-    std::map<int, std::vector<rpc::GangRun>> by_island;
     // A batch's runs name the same few hosts over and over: look each up once.
     absl::flat_hash_map<std::string, absl::StatusOr<int32_t>> island_of;
+    // Each run split by island, in the request's (the client's) order.
+    std::vector<std::vector<std::pair<int, rpc::GangRun>>> runs;
     for (const rpc::GangRun& run : request.runs()) {
       if (run.hosts().empty()) return absl::InvalidArgumentError("a scheduled run names no hosts");
+      std::map<int, rpc::GangRun> parts;
       for (const rpc::HostSeq& h : run.hosts()) {
         auto [it, is_new] = island_of.try_emplace(h.host(), 0);
         if (is_new) it->second = registry_.IslandOf(h.host(), now);
-        const absl::StatusOr<int32_t>& island = it->second;
-        if (!island.ok()) return island.status();
-        if (*island != run.island()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("host ", h.host(), " is in island ", *island, ", not ", run.island()));
-        }
+        if (!it->second.ok()) return it->second.status();
+        rpc::GangRun& part = parts[*it->second];
+        if (!part.has_run()) *part.mutable_run() = run.run();
+        *part.add_hosts() = h;
       }
-      by_island[run.island()].push_back(run);
+      runs.emplace_back(std::make_move_iterator(parts.begin()), std::make_move_iterator(parts.end()));
     }
+    // Runs within one island go to its scheduler in batches; a run over several islands goes to
+    // all of them together, after this client's earlier runs on them (hosts apply a client's
+    // runs in the client's order).
     std::vector<Future<Unit>> accepted;
-    for (auto& [island, runs] : by_island) {
-      accepted.push_back(controller_.scheduler(island).Submit(request.client_id(), request.weight(), std::move(runs)));
+    std::map<int, std::vector<rpc::GangRun>> batches;
+    auto flush = [&](int island) {
+      auto it = batches.find(island);
+      if (it == batches.end()) return;
+      accepted.push_back(controller_.scheduler(island).Submit(request.client_id(), request.weight(), std::move(it->second)));
+      batches.erase(it);
+    };
+    for (auto& parts : runs) {
+      if (parts.size() == 1) {
+        batches[parts[0].first].push_back(std::move(parts[0].second));
+        continue;
+      }
+      for (const auto& [island, part] : parts) flush(island);
+      accepted.push_back(controller_.SubmitAcrossIslands(request.client_id(), request.weight(), std::move(parts)));
     }
+    while (!batches.empty()) flush(batches.begin()->first);
     return accepted;
   }
 

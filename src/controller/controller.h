@@ -28,6 +28,10 @@ struct ControllerOptions {
   IslandSchedulerOptions scheduler;  // every island's
   // Calls must carry this token; empty: PATHWAYS_TOKEN, or none when unset.
   std::string token;
+  // Test-only: runs over several islands reach each island's scheduler independently, in an
+  // order that differs between clients, as before islands were ordered together: gangs over
+  // several islands can then meet out of order.
+  bool TEST_unordered_islands = false;
 };
 
 // Thread-safe.
@@ -42,6 +46,14 @@ class Controller {
   // The island's scheduler, created at its first run, with the control graph through which it
   // reaches the island's hosts.
   IslandScheduler& scheduler(int island);
+  // Hands a run that spans several islands (one part per island) to their schedulers together,
+  // so that all such runs are in one order on every island. Why that suffices: a gang deadlock
+  // needs two gangs that wait on each other on two islands, that is two runs over several
+  // islands ordered one way on one island and the other way on another; runs within one island
+  // are ordered by its scheduler alone. FailedPrecondition under proportional share, where an
+  // island releases runs by its own virtual clock and the order could differ.
+  Future<Unit> SubmitAcrossIslands(const std::string& client, double weight,
+                                   std::vector<std::pair<int, rpc::GangRun>> parts);
 
  private:
   class Service;
@@ -64,6 +76,9 @@ class Controller {
   ThreadPool dataflow_pool_{"ctl-dataflow", 2};
   absl::Mutex schedulers_mu_;
   std::map<int, Island> schedulers_ ABSL_GUARDED_BY(schedulers_mu_);
+  // Held while a run over several islands is handed to all of them (before schedulers_mu_ and
+  // any scheduler's lock).
+  absl::Mutex across_islands_mu_;
   absl::Notification stop_;
   std::thread retire_thread_;
   std::unique_ptr<Service> service_;

@@ -30,7 +30,7 @@ constexpr char kUsage[] =
     "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
-    "         [--token T]\n"
+    "         [--token T] [--span-islands]\n"
     "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n"
     "Controller and worker take [--tls-cert PEM --tls-key PEM] [--tls-ca PEM], status and tenant\n"
     "[--tls-ca PEM] (defaults PATHWAYS_TLS_CERT, _KEY, _CA): TLS on every connection.\n";
@@ -66,6 +66,8 @@ absl::Status RunController(const Flags& flags) {
   if (window_us < 1 || window_us > 10'000'000) return absl::InvalidArgumentError("--share-window-us must be 1..1e7");
   options.scheduler.window = absl::Microseconds(window_us);
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
+  // Undocumented, for the test that shows what the cross-island order prevents.
+  options.TEST_unordered_islands = flags.Has("test-unordered-islands");
   SetCallToken(options.token);  // its own calls to workers
   Controller controller(options);
   PW_RETURN_IF_ERROR(controller.Start());
@@ -178,11 +180,11 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token", "tls-cert", "tls-key", "tls-ca"}, {}, RunController},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "tls-cert", "tls-key", "tls-ca"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
-      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {}, RunTenant},
+      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;

@@ -24,7 +24,8 @@ absl::Status RunTenant(const Flags& flags) {
   }
   PW_ASSIGN_OR_RETURN(auto client,
                       Client::Connect(flags.Get("controller"), {.weight = static_cast<double>(weight)}));
-  PW_ASSIGN_OR_RETURN(VirtualSlice slice, client->CreateSlice({.mesh_shape = {devices}}));
+  PW_ASSIGN_OR_RETURN(VirtualSlice slice,
+                      client->CreateSlice({.mesh_shape = {devices}, .span_islands = flags.Has("span-islands")}));
   constexpr int64_t kCols = 64;
   const TensorSpec spec{DType::kF32, {devices, kCols}};
   PW_ASSIGN_OR_RETURN(CompiledFunction step,
