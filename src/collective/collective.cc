@@ -276,13 +276,22 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
 
   switch (c.kind) {
     case CollectiveKind::kAllReduce: {
+      // The host's partial result: the only member's input as it is, or the local inputs reduced
+      // into the first member's output.
       char* acc = c.out;
-      std::memcpy(acc, c.in, bytes);
-      for (size_t i = 1; i < plan.local.size(); ++i) {
-        PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, acc, calls[plan.local[i]]->in, c.count));
+      const char* partial = c.in;
+      if (plan.local.size() > 1) {
+        PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, c.in, calls[plan.local[1]]->in, acc, c.count));
+        for (size_t i = 2; i < plan.local.size(); ++i) {
+          PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, acc, calls[plan.local[i]]->in, c.count));
+        }
+        partial = acc;
       }
       if (cross) {
-        PW_RETURN_IF_ERROR(across([&](MeshSteps& s) { return AllReduceAcrossHosts(s, c.dtype, c.op, acc, c.count); }));
+        PW_RETURN_IF_ERROR(
+            across([&](MeshSteps& s) { return AllReduceAcrossHosts(s, c.dtype, c.op, partial, acc, c.count); }));
+      } else if (partial != acc) {
+        std::memcpy(acc, partial, bytes);  // a group of one
       }
       for (size_t i = 1; i < plan.local.size(); ++i) std::memcpy(calls[plan.local[i]]->out, acc, bytes);
       return absl::OkStatus();
@@ -299,8 +308,13 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
       if (!cross) {
         // Each member's chunk is reduced straight into its output.
         for (int r : plan.local) {
-          std::memcpy(calls[r]->out, c.in + r * chunk, chunk);
-          for (size_t i = 1; i < plan.local.size(); ++i) {
+          if (plan.local.size() == 1) {
+            std::memcpy(calls[r]->out, c.in + r * chunk, chunk);  // a group of one
+            continue;
+          }
+          PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, c.in + r * chunk, calls[plan.local[1]]->in + r * chunk,
+                                    calls[r]->out, c.count / size));
+          for (size_t i = 2; i < plan.local.size(); ++i) {
             PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, calls[r]->out, calls[plan.local[i]]->in + r * chunk,
                                           c.count / size));
           }
@@ -308,8 +322,12 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
         return absl::OkStatus();
       }
       std::unique_ptr<char[]> acc(new char[std::max<size_t>(bytes, 1)]);
-      std::memcpy(acc.get(), c.in, bytes);
-      for (size_t i = 1; i < plan.local.size(); ++i) {
+      if (plan.local.size() == 1) {
+        std::memcpy(acc.get(), c.in, bytes);
+      } else {
+        PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, c.in, calls[plan.local[1]]->in, acc.get(), c.count));
+      }
+      for (size_t i = 2; i < plan.local.size(); ++i) {
         PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, acc.get(), calls[plan.local[i]]->in, c.count));
       }
       PW_RETURN_IF_ERROR(across([&](MeshSteps& s) {

@@ -28,10 +28,17 @@ Segments EvenSegments(char* buf, size_t count, size_t element, int hosts) {
   return segments;
 }
 
-absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count) {
+// `cur` is what this host holds so far: `in` until its first reduction writes `out`.
+absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out, size_t count) {
   const size_t bytes = count * DTypeSize(dtype);
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   char* tmp = steps.mesh().Scratch(bytes);
+  char* cur = const_cast<char*>(in);  // only ever sent from
+  auto reduce = [&]() {
+    absl::Status s = Reduce(dtype, op, cur, tmp, out, count);
+    cur = out;
+    return s;
+  };
   // Beyond the largest power of two p, the first 2r hosts pair up: even ones hand their data to
   // the next odd one, sit out the doubling, and get the result back at the end.
   int p = 1;
@@ -41,13 +48,13 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char*
   if (rank < 2 * r) {
     std::vector<PeerTransfer> t(1);
     if (rank % 2 == 0) {
-      t[0] = {rank + 1, {{acc, bytes}}, {}, nullptr};
+      t[0] = {rank + 1, {{cur, bytes}}, {}, nullptr};
       PW_RETURN_IF_ERROR(steps.Step(t));
       new_rank = -1;
     } else {
       t[0] = {rank - 1, {}, {{tmp, bytes}}, nullptr};
       PW_RETURN_IF_ERROR(steps.Step(t));
-      PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp, count));
+      PW_RETURN_IF_ERROR(reduce());
       new_rank = rank / 2;
     }
   } else {
@@ -62,16 +69,16 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char*
     }
     const int partner_new = new_rank ^ mask;
     const int partner = partner_new < r ? partner_new * 2 + 1 : partner_new + r;
-    std::vector<PeerTransfer> t{{partner, {{acc, bytes}}, {{tmp, bytes}}, nullptr}};
+    std::vector<PeerTransfer> t{{partner, {{cur, bytes}}, {{tmp, bytes}}, nullptr}};
     PW_RETURN_IF_ERROR(steps.Step(t));
-    PW_RETURN_IF_ERROR(ReduceInto(dtype, op, acc, tmp, count));
+    PW_RETURN_IF_ERROR(reduce());
   }
   if (rank < 2 * r) {
     std::vector<PeerTransfer> t(1);
     if (rank % 2 == 0) {
-      t[0] = {rank + 1, {}, {{acc, bytes}}, nullptr};
+      t[0] = {rank + 1, {}, {{out, bytes}}, nullptr};
     } else {
-      t[0] = {rank - 1, {{acc, bytes}}, {}, nullptr};
+      t[0] = {rank - 1, {{out, bytes}}, {}, nullptr};
     }
     PW_RETURN_IF_ERROR(steps.Step(t));
   }
@@ -79,8 +86,12 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, char*
 }
 
 // After H-1 steps, host h holds segment h reduced over all hosts. At step s host h sends segment
-// h-s-1 (its partial sum so far) to h+1 and reduces segment h-s-2 arriving from h-1.
-absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const Segments& segments) {
+// h-s-1 (its partial sum so far) to h+1 and reduces segment h-s-2 arriving from h-1. Each
+// segment is reduced at most once per host, so `out` is written from `inputs` (the same ranges
+// of the input buffer) and what arrives, with no copy first; segment h-1 leaves from the input
+// at step 0 and is not written here.
+absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const Segments& inputs,
+                               const Segments& segments) {
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   const size_t element = DTypeSize(dtype);
   size_t largest = 0;
@@ -89,16 +100,19 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
   const size_t chunk = std::max(element, kChunkBytes / element * element);
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   for (int s = 0; s + 1 < size; ++s) {
-    const auto& out = segments[((rank - s - 1) % size + size) % size];
-    const auto& in = segments[((rank - s - 2) % size + size) % size];
+    const int sent = ((rank - s - 1) % size + size) % size, landed = ((rank - s - 2) % size + size) % size;
+    const auto& out = s == 0 ? inputs[sent] : segments[sent];
     // What arrives lands in tmp, one piece per chunk of each destination range.
     std::vector<Piece> landing;
+    std::vector<const char*> from;
     std::vector<char*> into;
     size_t offset = 0;
-    for (const Piece& range : in) {
+    for (size_t k = 0; k < segments[landed].size(); ++k) {
+      const Piece& range = segments[landed][k];
       for (size_t b = 0; b < range.bytes; b += chunk) {
         const size_t n = std::min(chunk, range.bytes - b);
         landing.push_back({tmp + offset, n});
+        from.push_back(inputs[landed][k].data + b);
         into.push_back(range.data + b);
         offset += n;
       }
@@ -111,7 +125,7 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
       t.push_back({left, {}, landing, nullptr});
     }
     t.back().on_piece = [&](size_t i) {
-      return ReduceInto(dtype, op, into[i], landing[i].data, landing[i].bytes / element);
+      return Reduce(dtype, op, from[i], landing[i].data, into[i], landing[i].bytes / element);
     };
     PW_RETURN_IF_ERROR(steps.Step(t));
   }
@@ -140,21 +154,23 @@ absl::Status RingAllGather(MeshSteps& steps, const Segments& segments) {
 
 }  // namespace
 
-absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count) {
+absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out,
+                                  size_t count) {
   const size_t element = DTypeSize(dtype);
   const int size = steps.mesh().size();
   if (count * element < kLargeMessageBytes || count < static_cast<size_t>(size)) {
-    return RecursiveDoubling(steps, dtype, op, acc, count);
+    return RecursiveDoubling(steps, dtype, op, in, out, count);
   }
-  const Segments segments = EvenSegments(acc, count, element, size);
-  PW_RETURN_IF_ERROR(RingReduceScatter(steps, dtype, op, segments));
+  const Segments segments = EvenSegments(out, count, element, size);
+  PW_RETURN_IF_ERROR(
+      RingReduceScatter(steps, dtype, op, EvenSegments(const_cast<char*>(in), count, element, size), segments));
   return RingAllGather(steps, segments);
 }
 
 absl::Status ReduceScatterAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count,
                                       const Segments& segments) {
-  if (count * DTypeSize(dtype) < kLargeMessageBytes) return RecursiveDoubling(steps, dtype, op, acc, count);
-  return RingReduceScatter(steps, dtype, op, segments);
+  if (count * DTypeSize(dtype) < kLargeMessageBytes) return RecursiveDoubling(steps, dtype, op, acc, acc, count);
+  return RingReduceScatter(steps, dtype, op, segments, segments);
 }
 
 absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments) {

@@ -20,9 +20,11 @@
 namespace pathways::collective {
 
 // Messages at least this large take the bandwidth-optimal algorithms. Measured with
-// bench/collective_bench on loopback; below it the extra rounds of a ring cost more than the
-// bytes recursive doubling repeats.
-inline constexpr size_t kLargeMessageBytes = 64 << 10;
+// `collective_bench --hub-only true` on loopback, 4 and 8 hosts: at 64 and 128 KiB recursive
+// doubling matched or beat the ring (2740 against 1534 all_reduces/s at 8 hosts, 64 KiB), at
+// 256 KiB the ring won (about 1000 against 800). Below it the extra rounds of a ring cost more
+// than the bytes recursive doubling repeats.
+inline constexpr size_t kLargeMessageBytes = 256 << 10;
 
 // The steps of one collective call on a mesh: each step's messages carry the next tag.
 class MeshSteps {
@@ -46,8 +48,10 @@ class MeshSteps {
 // contiguous, so a segment is a list of ranges).
 using Segments = std::vector<std::vector<Piece>>;
 
-// `count` elements at `acc` become their reduction over every host, identical on every host.
-absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count);
+// `count` elements at `out` become the reduction of `in` over every host, identical on every
+// host. `in` may be `out`; otherwise it is read, never copied to `out` first.
+absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out,
+                                  size_t count);
 
 // Each host's segment of `acc` becomes the reduction of that segment over every host (the rest
 // of `acc` is left partly reduced). Segments hold whole elements.

@@ -73,7 +73,14 @@ TEST_P(CrossHostTest, AllReduceSumsAndEveryHostGetsTheSameBits) {
     for (size_t i = 0; i < count; ++i) data[h][i] = Value(h, i) + 0.1f * h;
   }
   ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
-    return AllReduceAcrossHosts(s, DType::kF32, ReduceOp::kSum, reinterpret_cast<char*>(data[h].data()), count);
+    // Half the hosts reduce in place, half from a separate input.
+    if (h % 2 == 0) {
+      char* p = reinterpret_cast<char*>(data[h].data());
+      return AllReduceAcrossHosts(s, DType::kF32, ReduceOp::kSum, p, p, count);
+    }
+    const std::vector<float> in = data[h];
+    return AllReduceAcrossHosts(s, DType::kF32, ReduceOp::kSum, reinterpret_cast<const char*>(in.data()),
+                                reinterpret_cast<char*>(data[h].data()), count);
   }));
   for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 100)) {
     double want = 0;
@@ -93,7 +100,8 @@ TEST_P(CrossHostTest, MaxOverIntegers) {
     for (size_t i = 0; i < count; ++i) data[h][i] = static_cast<int64_t>((i * 7 + h * 13) % 31);
   }
   ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
-    return AllReduceAcrossHosts(s, DType::kI64, ReduceOp::kMax, reinterpret_cast<char*>(data[h].data()), count);
+    char* p = reinterpret_cast<char*>(data[h].data());
+    return AllReduceAcrossHosts(s, DType::kI64, ReduceOp::kMax, p, p, count);
   }));
   for (int h = 0; h < n; ++h) {
     for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 50)) {
@@ -185,7 +193,8 @@ TEST(PeerMeshTest, AMessageForAnotherCallAbortsAtOnceAndTheMeshReconnects) {
   // The next call on the same devices meets again.
   int32_t v[2] = {1, 2};
   ExpectAllOk(hosts.Run("k", 300, [&](int h, MeshSteps& s) {
-    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(&v[h]), 1);
+    char* p = reinterpret_cast<char*>(&v[h]);
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
   }));
   EXPECT_EQ(v[0], 3);
   EXPECT_EQ(v[1], 3);
@@ -195,8 +204,8 @@ TEST(PeerMeshTest, AMessageOfTheWrongSizeIsRefusedNamingThePeer) {
   Hosts hosts(2);
   std::vector<int32_t> x(4, 1), y(8, 1);
   auto results = hosts.Run("k", 1, [&](int h, MeshSteps& s) {
-    return h == 0 ? AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(x.data()), 4)
-                  : AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(y.data()), 8);
+    char* p = reinterpret_cast<char*>(h == 0 ? x.data() : y.data());
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, h == 0 ? 4 : 8);
   });
   EXPECT_TRUE(absl::IsInvalidArgument(results[0])) << results[0];
   EXPECT_NE(results[0].message().find("host1"), std::string::npos) << results[0];
@@ -209,7 +218,8 @@ TEST(PeerMeshTest, APeerThatNeverSendsTimesOutNamingIt) {
       "k", 1,
       [&](int h, MeshSteps& s) {
         if (h == 2) return absl::OkStatus();  // connects, then never takes part
-        return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(&v[h]), 1);
+        char* p = reinterpret_cast<char*>(&v[h]);
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
       },
       absl::Milliseconds(500));
   EXPECT_TRUE(absl::IsDeadlineExceeded(results[0]) || absl::IsDeadlineExceeded(results[1]));
@@ -234,7 +244,8 @@ TEST(PeerMeshTest, GarbageOnTheListenerIsDroppedAndCollectivesGoOn) {
   ASSERT_EQ(write(fd, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
   int32_t v[2] = {5, 6};
   ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
-    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(&v[h]), 1);
+    char* p = reinterpret_cast<char*>(&v[h]);
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
   }));
   EXPECT_EQ(v[0], 11);
   close(fd);

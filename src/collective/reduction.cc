@@ -10,26 +10,27 @@ namespace {
 
 // Plain loops over __restrict pointers: the compiler vectorises them, and they read each input
 // once (memory bandwidth bounds them for anything but tiny arrays).
+// `out` may alias `a` (element i is read before it is written), never `b`.
 template <typename T>
-void Reduce(ReduceOp op, T* __restrict acc, const T* __restrict in, size_t n) {
+void ReduceTyped(ReduceOp op, const T* a, const T* __restrict b, T* out, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + in[i];
+      for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
       return;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], in[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
       return;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], in[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
       return;
   }
 }
 
-void ReduceBool(ReduceOp op, uint8_t* __restrict acc, const uint8_t* __restrict in, size_t n) {
+void ReduceBool(ReduceOp op, const uint8_t* a, const uint8_t* __restrict b, uint8_t* out, size_t n) {
   if (op == ReduceOp::kMin) {
-    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] & in[i];
+    for (size_t i = 0; i < n; ++i) out[i] = a[i] & b[i];
   } else {
-    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] | in[i];
+    for (size_t i = 0; i < n; ++i) out[i] = a[i] | b[i];
   }
 }
 
@@ -51,16 +52,32 @@ const char* ReduceOpName(ReduceOp op) {
   return "?";
 }
 
-absl::Status ReduceInto(DType dtype, ReduceOp op, void* acc, const void* in, size_t count) {
+absl::Status Reduce(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t count) {
   switch (dtype) {
-    case DType::kF32: Reduce(op, static_cast<float*>(acc), static_cast<const float*>(in), count); break;
-    case DType::kF64: Reduce(op, static_cast<double*>(acc), static_cast<const double*>(in), count); break;
-    case DType::kI32: Reduce(op, static_cast<int32_t*>(acc), static_cast<const int32_t*>(in), count); break;
-    case DType::kI64: Reduce(op, static_cast<int64_t*>(acc), static_cast<const int64_t*>(in), count); break;
-    case DType::kBool: ReduceBool(op, static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(in), count); break;
+    case DType::kF32:
+      ReduceTyped(op, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(out), count);
+      break;
+    case DType::kF64:
+      ReduceTyped(op, static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(out), count);
+      break;
+    case DType::kI32:
+      ReduceTyped(op, static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), static_cast<int32_t*>(out),
+                  count);
+      break;
+    case DType::kI64:
+      ReduceTyped(op, static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), static_cast<int64_t*>(out),
+                  count);
+      break;
+    case DType::kBool:
+      ReduceBool(op, static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b), static_cast<uint8_t*>(out), count);
+      break;
     default: return absl::InvalidArgumentError(absl::StrCat("cannot reduce elements of type ", DTypeName(dtype)));
   }
   return absl::OkStatus();
+}
+
+absl::Status ReduceInto(DType dtype, ReduceOp op, void* acc, const void* in, size_t count) {
+  return Reduce(dtype, op, acc, in, acc, count);
 }
 
 }  // namespace pathways::collective

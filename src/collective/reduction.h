@@ -22,5 +22,8 @@ const char* ReduceOpName(ReduceOp op);
 // exchange partial results compute the same value without agreeing on who goes first.
 // InvalidArgument for an unsupported dtype.
 absl::Status ReduceInto(DType dtype, ReduceOp op, void* acc, const void* in, size_t count);
+// out[i] = op(a[i], b[i]) for i < count: the first reduction of a call writes its output from two
+// inputs, with no copy before it. `out` may be `a`.
+absl::Status Reduce(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t count);
 
 }  // namespace pathways::collective
