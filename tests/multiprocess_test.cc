@@ -521,10 +521,11 @@ namespace {
 // Two islands of one 4-device worker each, and two tenants whose gangs (an all_reduce over all
 // eight devices) span both islands, `runs` runs each. Returns whether each tenant checked every
 // result, and its output's last line.
-std::vector<std::pair<bool, std::string>> TenantsOverTwoIslands(bool unordered, int runs) {
+std::vector<std::pair<bool, std::string>> TenantsOverTwoIslands(const std::vector<std::string>& controller_flags,
+                                                                 int runs) {
   Subprocess controller;
   std::vector<std::string> controller_args = {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"};
-  if (unordered) controller_args.push_back("--test-unordered-islands");
+  controller_args.insert(controller_args.end(), controller_flags.begin(), controller_flags.end());
   EXPECT_TRUE(controller.Start(controller_args).ok());
   auto line = controller.WaitForLine("listening on", kStartTimeout);
   EXPECT_TRUE(line.ok()) << line.status();
@@ -567,16 +568,18 @@ std::vector<std::pair<bool, std::string>> TenantsOverTwoIslands(bool unordered, 
 // The paper's multi-island gangs: runs over two islands are ordered the same way on both, so two
 // tenants whose gangs span both islands never meet out of order.
 TEST(CrossIslandTest, GangsOverTwoIslandsFromTwoTenantsAllComplete) {
-  for (const auto& [passed, last] : TenantsOverTwoIslands(/*unordered=*/false, 300)) {
-    EXPECT_TRUE(passed) << last;
-  }
+  for (const auto& [passed, last] : TenantsOverTwoIslands({}, 300)) EXPECT_TRUE(passed) << last;
+}
+
+TEST(CrossIslandTest, GangsOverTwoIslandsFromTwoTenantsAllCompleteUnderProportionalShare) {
+  for (const auto& [passed, last] : TenantsOverTwoIslands({"--scheduler", "share"}, 300)) EXPECT_TRUE(passed) << last;
 }
 
 // The same with each island's scheduler reached independently, clients in different island
 // orders: gangs meet out of order and fail (Aborted), which is what the ordering prevents.
 TEST(CrossIslandTest, WithoutTheCrossIslandOrderTheSameTenantsFail) {
   int failed = 0;
-  for (const auto& [passed, last] : TenantsOverTwoIslands(/*unordered=*/true, 300)) failed += passed ? 0 : 1;
+  for (const auto& [passed, last] : TenantsOverTwoIslands({"--test-unordered-islands"}, 300)) failed += passed ? 0 : 1;
   EXPECT_GT(failed, 0);
 }
 

@@ -62,7 +62,7 @@ struct SliceSpec {
   std::optional<int> island;
   // Without an island the slice is placed within one island (its collectives then stay on one
   // island's interconnect); true lets it span several, whose runs are ordered across islands by
-  // the controller (FIFO scheduling only).
+  // the controller.
   bool span_islands = false;
   int64_t min_free_memory_bytes = 0;  // per device, as the controller last heard
   std::string device_kind;            // e.g. "cpu"; empty: any

@@ -42,23 +42,17 @@ IslandScheduler& Controller::scheduler(int island) {
 
 Future<Unit> Controller::SubmitAcrossIslands(const std::string& client, double weight,
                                              std::vector<std::pair<int, rpc::GangRun>> parts) {
-  if (options_.scheduler.policy != SchedulingPolicy::kFifo) {
-    std::vector<std::string> islands;
-    for (const auto& [island, part] : parts) islands.push_back(absl::StrCat(island));
-    return Future<Unit>::Ready(absl::FailedPreconditionError(absl::StrCat(
-        "a run over islands ", absl::StrJoin(islands, ", "),
-        " cannot be ordered consistently under proportional share yet; place the slice in one island or run "
-        "the controller with --scheduler fifo")));
-  }
   std::vector<Future<Unit>> accepted;
   if (options_.TEST_unordered_islands) {
-    // Half the clients reach the islands last to first.
+    // Each part on its own, half the clients reaching the islands last to first.
     if (std::hash<std::string>{}(client) % 2 == 1) std::reverse(parts.begin(), parts.end());
     for (auto& [island, part] : parts) accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}));
     return AllDone(accepted);
   }
-  absl::MutexLock lock(&across_islands_mu_);
-  for (auto& [island, part] : parts) accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}));
+  auto run = std::make_shared<CrossIslandRun>(cross_island_order_, static_cast<int>(parts.size()));
+  for (auto& [island, part] : parts) {
+    accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}, run));
+  }
   return AllDone(accepted);
 }
 

@@ -46,12 +46,9 @@ class Controller {
   // The island's scheduler, created at its first run, with the control graph through which it
   // reaches the island's hosts.
   IslandScheduler& scheduler(int island);
-  // Hands a run that spans several islands (one part per island) to their schedulers together,
-  // so that all such runs are in one order on every island. Why that suffices: a gang deadlock
-  // needs two gangs that wait on each other on two islands, that is two runs over several
-  // islands ordered one way on one island and the other way on another; runs within one island
-  // are ordered by its scheduler alone. FailedPrecondition under proportional share, where an
-  // island releases runs by its own virtual clock and the order could differ.
+  // Hands a run that spans several islands (one part per island) to their schedulers, which send
+  // it only once each has reached its part, one such run at a time (cross_island.h): all such
+  // runs are then in one order on every island, under either policy.
   Future<Unit> SubmitAcrossIslands(const std::string& client, double weight,
                                    std::vector<std::pair<int, rpc::GangRun>> parts);
 
@@ -74,11 +71,9 @@ class Controller {
   dataflow::DataflowService dataflow_service_;
   std::unique_ptr<dataflow::GrpcTransport> dataflow_transport_;
   ThreadPool dataflow_pool_{"ctl-dataflow", 2};
+  CrossIslandOrder cross_island_order_;  // declared first: the schedulers' runs point to it
   absl::Mutex schedulers_mu_;
   std::map<int, Island> schedulers_ ABSL_GUARDED_BY(schedulers_mu_);
-  // Held while a run over several islands is handed to all of them (before schedulers_mu_ and
-  // any scheduler's lock).
-  absl::Mutex across_islands_mu_;
   absl::Notification stop_;
   std::thread retire_thread_;
   std::unique_ptr<Service> service_;

@@ -43,17 +43,21 @@ void IslandScheduler::ExpireLoop() {
     if (!expired) continue;
     if (outstanding_.empty()) outstanding_us_ = 0;
     Sent sent;
-    ReleaseLocked(sent);
+    Reached reached;
+    ReleaseLocked(sent, reached);
     sink_.EndRound();
     mu_.Unlock();
     Wire(std::move(sent));
+    Report(std::move(reached));
     mu_.Lock();
   }
 }
 
-Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs) {
+Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs,
+                                     std::shared_ptr<CrossIslandRun> across) {
   std::vector<Future<Unit>> accepted;
   Sent sent;
+  Reached reached;
   {
     absl::MutexLock lock(&mu_);
     auto [it, is_new] = clients_.try_emplace(client);
@@ -71,7 +75,7 @@ Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, s
     }
     q.weight = weight > 0 ? weight : 1;
     for (rpc::GangRun& run : runs) {
-      Pending p{std::move(run), {}};
+      Pending p{std::move(run), {}, across};
       accepted.push_back(p.accepted.future());
       // Under proportional share a client's runs wait here by design; the client hears they are
       // taken once queued, so it keeps the scheduler supplied, up to a bound per client beyond
@@ -81,19 +85,25 @@ Future<Unit> IslandScheduler::Submit(const std::string& client, double weight, s
       }
       q.pending.push_back(std::move(p));
     }
-    ReleaseLocked(sent);
+    ReleaseLocked(sent, reached);
     sink_.EndRound();
   }
   Wire(std::move(sent));
+  Report(std::move(reached));
   return AllDone(accepted);
 }
 
 void IslandScheduler::RetireClient(const std::string& client, const std::vector<std::string>& hosts) {
   std::vector<Promise<Unit>> dropped;
+  std::vector<std::shared_ptr<CrossIslandRun>> across;  // their parts elsewhere are dropped too
   {
     absl::MutexLock lock(&mu_);
     if (auto it = clients_.find(client); it != clients_.end()) {
-      for (Pending& p : it->second.pending) dropped.push_back(std::move(p.accepted));
+      for (Pending& p : it->second.pending) {
+        dropped.push_back(std::move(p.accepted));
+        if (p.across != nullptr) across.push_back(p.across);
+      }
+      if (it->second.holding != nullptr) across.push_back(it->second.holding);
       clients_.erase(it);
     }
     for (const std::string& host : hosts) {
@@ -104,11 +114,14 @@ void IslandScheduler::RetireClient(const std::string& client, const std::vector<
     }
     sink_.EndRound();
   }
-  for (auto& p : dropped) p.Set(absl::CancelledError(absl::StrCat("client ", client, " went away")));
+  const absl::Status gone = absl::CancelledError(absl::StrCat("client ", client, " went away"));
+  for (auto& run : across) run->Cancel(gone);
+  for (auto& p : dropped) p.Set(gone);
 }
 
 void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t device_us) {
   Sent sent;
+  Reached reached;
   {
     absl::MutexLock lock(&mu_);
     auto it = outstanding_.find({client, epoch});
@@ -126,10 +139,11 @@ void IslandScheduler::Done(const std::string& client, int64_t epoch, int64_t dev
     outstanding_us_ -= o.estimate_us;
     outstanding_.erase(it);
     if (outstanding_.empty()) outstanding_us_ = 0;  // no drift from rounding
-    ReleaseLocked(sent);
+    ReleaseLocked(sent, reached);
     sink_.EndRound();
   }
   Wire(std::move(sent));
+  Report(std::move(reached));
 }
 
 std::vector<Future<Unit>> IslandScheduler::SendLocked(const std::string& client, const rpc::GangRun& run,
@@ -147,14 +161,20 @@ std::vector<Future<Unit>> IslandScheduler::SendLocked(const std::string& client,
   return acks;
 }
 
-void IslandScheduler::ReleaseLocked(Sent& sent) {
+void IslandScheduler::ReleaseLocked(Sent& sent, Reached& reached) {
   if (options_.policy == SchedulingPolicy::kFifo) {
     // Submissions are serialised by mu_, so arrival order is one order for every host.
     for (auto& [id, q] : clients_) {
-      for (Pending& p : q.pending) {
-        sent.emplace_back(std::move(p.accepted), SendLocked(id, p.run, false));
+      while (!q.pending.empty() && q.holding == nullptr) {
+        Pending p = std::move(q.pending.front());
+        q.pending.pop_front();
+        if (p.across != nullptr) {
+          q.holding = p.across;
+          reached.emplace_back(id, std::move(p));
+        } else {
+          sent.emplace_back(std::move(p.accepted), SendLocked(id, p.run, false));
+        }
       }
-      q.pending.clear();
     }
     return;
   }
@@ -165,7 +185,7 @@ void IslandScheduler::ReleaseLocked(Sent& sent) {
     const std::string* next_id = nullptr;
     double next_start = 0;
     for (auto& [id, q] : clients_) {
-      if (q.pending.empty()) continue;
+      if (q.pending.empty() || q.holding != nullptr) continue;
       const double start = std::max(virtual_time_, q.finish);
       if (next == nullptr || start < next_start || (start == next_start && id < *next_id)) {
         next = &q;
@@ -180,8 +200,40 @@ void IslandScheduler::ReleaseLocked(Sent& sent) {
     next->finish = next_start + next->estimate_us / next->weight;
     outstanding_[{*next_id, p.run.run().epoch()}] = {*next_id, p.run.hosts_size(), 0, next->estimate_us, absl::Now()};
     outstanding_us_ += next->estimate_us;
-    sent.emplace_back(std::move(p.accepted), SendLocked(*next_id, p.run, true));
+    if (p.across != nullptr) {
+      // Its share is spent now; it goes out once every island of the run has reached it.
+      next->holding = p.across;
+      reached.emplace_back(*next_id, std::move(p));
+    } else {
+      sent.emplace_back(std::move(p.accepted), SendLocked(*next_id, p.run, true));
+    }
   }
+}
+
+void IslandScheduler::Report(Reached reached) {
+  for (auto& [client, p] : reached) {
+    // One of the two runs: send once every island reached its part, or cancel if the client
+    // went away first.
+    auto accepted = std::make_shared<Promise<Unit>>(std::move(p.accepted));
+    p.across->Reached([this, client = client, run = std::move(p.run), accepted] { SendPart(client, run, accepted); },
+                      [accepted](absl::Status why) { accepted->Set(std::move(why)); });
+  }
+}
+
+void IslandScheduler::SendPart(const std::string& client, const rpc::GangRun& run,
+                               std::shared_ptr<Promise<Unit>> accepted) {
+  Sent sent;
+  Reached reached;
+  {
+    absl::MutexLock lock(&mu_);
+    sent.emplace_back(std::move(*accepted),
+                      SendLocked(client, run, options_.policy == SchedulingPolicy::kProportionalShare));
+    if (auto it = clients_.find(client); it != clients_.end()) it->second.holding = nullptr;
+    ReleaseLocked(sent, reached);
+    sink_.EndRound();
+  }
+  Wire(std::move(sent));
+  Report(std::move(reached));
 }
 
 void IslandScheduler::Wire(Sent sent) {

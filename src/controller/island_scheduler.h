@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "controller/cross_island.h"
 #include "core/future.h"
 #include "proto/pathways.pb.h"
 #include "transport/ordered_batch_queue.h"
@@ -61,8 +62,11 @@ class IslandScheduler {
   // Queues a client's runs, in the client's order. `weight` (> 0) is the client's share under
   // proportional share. Completes once the scheduler has taken the runs: under FIFO, once every
   // host of every run has them; under proportional share, once they are queued here (up to 256
-  // per client; beyond that, once they go out).
-  Future<Unit> Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs);
+  // per client; beyond that, once they go out). With `across`, `runs` is this island's part of a
+  // run over several islands: once reached it waits, with the client's later runs here, until
+  // every island has reached its part (see cross_island.h).
+  Future<Unit> Submit(const std::string& client, double weight, std::vector<rpc::GangRun> runs,
+                      std::shared_ptr<CrossIslandRun> across = nullptr);
   // The client went away: its runs still held here are dropped (their submitters hear
   // Cancelled), and every host in `hosts` is told to collect the client after the runs it was
   // already sent, so all of them stop at the same point of the island's order.
@@ -74,6 +78,7 @@ class IslandScheduler {
   struct Pending {
     rpc::GangRun run;
     Promise<Unit> accepted;
+    std::shared_ptr<CrossIslandRun> across;  // this island's part of a run over several
   };
   struct ClientQueue {
     double weight = 1;
@@ -81,6 +86,9 @@ class IslandScheduler {
     double estimate_us = 100;
     bool measured = false;  // estimate_us comes from its own runs
     std::deque<Pending> pending;
+    // A part of a run over several islands that this island reached and holds: the client's
+    // later runs wait behind it.
+    std::shared_ptr<CrossIslandRun> holding;
   };
   struct Outstanding {
     std::string client;
@@ -91,8 +99,15 @@ class IslandScheduler {
   };
   // Runs sent to hosts: each submitter's promise, and the hosts' acknowledgements it waits for.
   using Sent = std::vector<std::pair<Promise<Unit>, std::vector<Future<Unit>>>>;
+  // Parts of runs over several islands that this island reached, to report once unlocked.
+  using Reached = std::vector<std::pair<std::string, Pending>>;
   // Sends runs while the policy allows.
-  void ReleaseLocked(Sent& sent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(Sent& sent, Reached& reached) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells each part's CrossIslandRun it was reached (called without mu_).
+  void Report(Reached reached);
+  // Every island reached the part: it goes to this island's hosts now, and the client's runs
+  // behind it may follow.
+  void SendPart(const std::string& client, const rpc::GangRun& run, std::shared_ptr<Promise<Unit>> accepted);
   std::vector<Future<Unit>> SendLocked(const std::string& client, const rpc::GangRun& run, bool report_done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Settles each submitter's promise once its hosts acknowledged (called without mu_).

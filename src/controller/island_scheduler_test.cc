@@ -1,6 +1,7 @@
 #include "controller/island_scheduler.h"
 
 #include <map>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -104,6 +105,102 @@ TEST(IslandSchedulerTest, ALostDoneReportDoesNotStallTheIsland) {
   // No Done ever comes; the scheduler stops waiting for each run after 50 ms and sends the next.
   EXPECT_TRUE(sink.WaitForSent("h0", 3, absl::Seconds(30)));
 }
+
+// Two islands, each with its scheduler and hosts, sharing one cross-island order.
+struct TwoIslands {
+  explicit TwoIslands(IslandSchedulerOptions options)
+      : island0(0, options, sink0), island1(1, options, sink1) {}
+  IslandScheduler& island(int i) { return i == 0 ? island0 : island1; }
+  // `client`'s run `epoch` over both islands, parts submitted in the given island order.
+  std::vector<Future<Unit>> SubmitAcross(const std::string& client, int64_t epoch, int first) {
+    auto run = std::make_shared<CrossIslandRun>(order, 2);
+    std::vector<Future<Unit>> accepted;
+    for (int i : {first, 1 - first}) {
+      accepted.push_back(island(i).Submit(client, 1, {GangRunOn(epoch, i == 0 ? std::vector<std::string>{"h0", "h1"}
+                                                                             : std::vector<std::string>{"g0", "g1"},
+                                                             epoch)},
+                                          run));
+    }
+    return accepted;
+  }
+  // The runs over both islands, in the order `host` got them.
+  std::vector<std::string> Order(const std::string& host) {
+    RecordingSink& sink = host[0] == 'h' ? sink0 : sink1;
+    std::vector<std::string> o;
+    for (const rpc::ScheduledOp& op : sink.sent(host)) {
+      if (op.op().run().epoch() < 1000) o.push_back(absl::StrCat(op.client_id(), op.op().run().epoch()));
+    }
+    return o;
+  }
+  CrossIslandOrder order;
+  RecordingSink sink0, sink1;
+  IslandScheduler island0, island1;
+};
+
+class CrossIslandSchedulingTest : public ::testing::TestWithParam<SchedulingPolicy> {};
+
+TEST_P(CrossIslandSchedulingTest, RunsOverTwoIslandsHaveOneOrderOnBoth) {
+  // A wide window: proportional share lets everything out without done reports.
+  TwoIslands islands({.policy = GetParam(), .window = absl::Seconds(100)});
+  // Two clients at once, each reaching the islands in the opposite order, with runs within one
+  // island (epochs from 1000) in between.
+  auto client = [&](const std::string& id, int first) {
+    std::vector<Future<Unit>> accepted;
+    for (int64_t e = 1; e <= 200; ++e) {
+      for (auto& f : islands.SubmitAcross(id, e, first)) accepted.push_back(f);
+      if (e % 3 == 0) accepted.push_back(islands.island(e % 2).Submit(id, 1, {GangRunOn(1000 + e, {"h0", "g0"}, e)}));
+    }
+    return AllDone(accepted).Await().status();
+  };
+  absl::Status a, b;
+  std::thread ta([&] { a = client("a", 0); });
+  std::thread tb([&] { b = client("b", 1); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a.ok()) << a;
+  ASSERT_TRUE(b.ok()) << b;
+  EXPECT_EQ(islands.Order("h0").size(), 400u);
+  EXPECT_EQ(islands.Order("h0"), islands.Order("h1"));
+  EXPECT_EQ(islands.Order("h0"), islands.Order("g0"));
+  EXPECT_EQ(islands.Order("g0"), islands.Order("g1"));
+}
+
+TEST_P(CrossIslandSchedulingTest, AReachedPartHoldsTheClientsLaterRunsUntilEveryIslandReachesIt) {
+  TwoIslands islands({.policy = GetParam(), .window = absl::Seconds(100)});
+  auto run = std::make_shared<CrossIslandRun>(islands.order, 2);
+  Future<Unit> part0 = islands.island0.Submit("a", 1, {GangRunOn(1, {"h0"}, 1)}, run);
+  Future<Unit> later = islands.island0.Submit("a", 1, {GangRunOn(1001, {"h0"}, 2)});
+  Future<Unit> other = islands.island0.Submit("b", 1, {GangRunOn(1002, {"h0"}, 1)});
+  ASSERT_TRUE(other.Await().ok());
+  // Client b's run went out; client a's part waits for island 1, and a's later run behind it.
+  ASSERT_EQ(islands.sink0.sent("h0").size(), 1u);
+  EXPECT_EQ(islands.sink0.sent("h0")[0].client_id(), "b");
+  ASSERT_TRUE(islands.island1.Submit("a", 1, {GangRunOn(1, {"g0"}, 1)}, run).Await().ok());
+  ASSERT_TRUE(part0.Await().ok());
+  ASSERT_TRUE(later.Await().ok());
+  ASSERT_EQ(islands.sink0.sent("h0").size(), 3u);
+  EXPECT_EQ(islands.sink0.sent("h0")[1].op().run().epoch(), 1);
+  EXPECT_EQ(islands.sink0.sent("h0")[2].op().run().epoch(), 1001);
+  EXPECT_EQ(islands.sink1.sent("g0").size(), 1u);
+}
+
+TEST_P(CrossIslandSchedulingTest, AClientRetiredWhileItsPartWaitsHearsCancelled) {
+  TwoIslands islands({.policy = GetParam(), .window = absl::Seconds(100)});
+  auto run = std::make_shared<CrossIslandRun>(islands.order, 2);
+  Future<Unit> part0 = islands.island0.Submit("a", 1, {GangRunOn(1, {"h0"}, 1)}, run);
+  islands.island0.RetireClient("a", {"h0"});
+  islands.island1.RetireClient("a", {"g0"});
+  // Under proportional share the part was accepted when queued; under FIFO it hears why not.
+  const absl::Status status = part0.Await().status();
+  if (GetParam() == SchedulingPolicy::kFifo) EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  // The other island's part, reached after the retirement, is dropped, never sent.
+  (void)islands.island1.Submit("a", 1, {GangRunOn(1, {"g0"}, 1)}, run).Await();
+  for (const rpc::ScheduledOp& op : islands.sink1.sent("g0")) EXPECT_FALSE(op.op().has_run()) << "a run was sent";
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, CrossIslandSchedulingTest,
+                         ::testing::Values(SchedulingPolicy::kFifo, SchedulingPolicy::kProportionalShare),
+                         [](const auto& info) { return info.param == SchedulingPolicy::kFifo ? "Fifo" : "Share"; });
 
 }  // namespace
 }  // namespace pathways
