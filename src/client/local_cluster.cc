@@ -26,6 +26,7 @@ absl::StatusOr<int> LocalCluster::AddWorker(int island) {
   w.device_memory_bytes = options_.device_memory_bytes;
   w.collective_timeout = options_.collective_timeout;
   w.memory_wait = options_.memory_wait;
+  w.dcn = options_.dcn;
   auto worker = std::make_unique<Worker>(w);
   PW_RETURN_IF_ERROR(worker->Start());  // returns once registered
   workers_.push_back(std::move(worker));

@@ -20,6 +20,8 @@ struct LocalClusterOptions {
   absl::Duration memory_wait = absl::Seconds(10);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   IslandSchedulerOptions scheduler;
+  // Traffic between islands crosses an emulated data-centre network (core/dcn_emulation.h).
+  DcnOptions dcn;
 };
 
 // Not copyable. The destructor stops the workers, then the controller.

@@ -79,6 +79,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
       sd->set_device_id(d.device_id);
       sd->set_host_address(d.host_address);
       sd->set_local_index(d.local_index);
+      sd->set_island(d.island);
     }
     AddHosts(*mapping, lowering->hosts);
   }

@@ -38,6 +38,9 @@ struct MessageHeader {
   uint32_t signature;
   uint64_t tag;
   uint64_t bytes;
+  // Emulated DCN only: when the message may be taken as delivered (Unix microseconds; hosts
+  // that emulate share one machine's clock). 0: at once.
+  int64_t deliver_us;
 };
 
 struct HelloHeader {
@@ -125,7 +128,7 @@ struct MessageState {
     pieces = std::move(p);
     uint64_t bytes = 0;
     for (const Piece& piece : pieces) bytes += piece.bytes;
-    header = {kMessageMagic, signature, tag, bytes};
+    header = {kMessageMagic, signature, tag, bytes, 0};
     total = sizeof(MessageHeader) + bytes;
     active = true;
   }
@@ -150,8 +153,8 @@ struct MessageState {
 
 }  // namespace
 
-PeerMesh::PeerMesh(std::vector<std::string> hosts, int rank)
-    : hosts_(std::move(hosts)), rank_(rank), fds_(hosts_.size(), -1) {}
+PeerMesh::PeerMesh(std::vector<std::string> hosts, int rank, DcnEmulation* dcn)
+    : hosts_(std::move(hosts)), rank_(rank), dcn_(dcn), fds_(hosts_.size(), -1) {}
 
 PeerMesh::~PeerMesh() { CloseAll(); }
 
@@ -177,10 +180,16 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
     if (t.peer < 0 || t.peer >= size() || t.peer == rank_ || fds_[t.peer] < 0) {
       return absl::InternalError(absl::StrCat("collective step names peer ", t.peer, " of a mesh of ", size()));
     }
-    if (!t.send.empty()) sends[i].Start(t.send, tag, signature);
+    if (!t.send.empty()) {
+      sends[i].Start(t.send, tag, signature);
+      if (dcn_ != nullptr && dcn_->Crosses(hosts_[t.peer])) {
+        sends[i].header.deliver_us =
+            absl::ToUnixMicros(dcn_->Arrival(hosts_[t.peer], sends[i].total, absl::Now()));
+      }
+    }
     if (!t.recv.empty()) {
       recvs[i].Start(t.recv, 0, 0);
-      expected[i] = {kMessageMagic, signature, tag, recvs[i].header.bytes};
+      expected[i] = {kMessageMagic, signature, tag, recvs[i].header.bytes, 0};
     }
   }
   std::vector<pollfd> fds;
@@ -246,7 +255,15 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
         if (m->active && m->done < m->total) pending = true;
       }
     }
-    if (!pending) return absl::OkStatus();
+    if (!pending) {
+      // On an emulated DCN a message counts as received once the link would have delivered it.
+      int64_t deliver_us = 0;
+      for (const MessageState& m : recvs) {
+        if (m.active) deliver_us = std::max(deliver_us, m.header.deliver_us);
+      }
+      if (deliver_us > 0) absl::SleepFor(absl::FromUnixMicros(deliver_us) - absl::Now());
+      return absl::OkStatus();
+    }
     if (moved) {
       idle_since = absl::InfiniteFuture();
       continue;
@@ -281,7 +298,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
 }
 
 absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, const std::string& ip,
-                                                           std::shared_ptr<KeyValueStore> store) {
+                                                           std::shared_ptr<KeyValueStore> store, DcnEmulation* dcn) {
   socklen_t len = 0;
   auto addr = ParseAddress(absl::StrCat(ip, ":1"), &len);
   if (!addr.ok()) return addr.status();
@@ -303,16 +320,17 @@ absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, con
     close(fd);
     return absl::UnavailableError(absl::StrCat("eventfd: ", Errno(errno)));
   }
-  return std::unique_ptr<TcpLinks>(new TcpLinks(std::move(host), fd, wake, address, std::move(store)));
+  return std::unique_ptr<TcpLinks>(new TcpLinks(std::move(host), fd, wake, address, std::move(store), dcn));
 }
 
 TcpLinks::TcpLinks(std::string host, int listen_fd, int wake_fd, std::string address,
-                   std::shared_ptr<KeyValueStore> store)
+                   std::shared_ptr<KeyValueStore> store, DcnEmulation* dcn)
     : host_(std::move(host)),
       listen_fd_(listen_fd),
       wake_fd_(wake_fd),
       address_(std::move(address)),
-      store_(std::move(store)) {
+      store_(std::move(store)),
+      dcn_(dcn) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -494,7 +512,9 @@ absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, cons
   {
     absl::MutexLock lock(&mu_);
     std::shared_ptr<PeerMesh>& slot = meshes_[key];
-    if (slot == nullptr || slot->hosts_ != hosts || slot->rank_ != rank) slot = std::make_shared<PeerMesh>(hosts, rank);
+    if (slot == nullptr || slot->hosts_ != hosts || slot->rank_ != rank) {
+      slot = std::make_shared<PeerMesh>(hosts, rank, dcn_);
+    }
     mesh = slot;
   }
   absl::MutexLock lock(&mesh->mu_);

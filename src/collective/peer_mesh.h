@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "collective/collective.h"
+#include "core/dcn_emulation.h"
 
 namespace pathways::collective {
 
@@ -50,7 +51,8 @@ struct PeerTransfer {
 // Not thread-safe: TcpLinks::Run lends it to one collective at a time.
 class PeerMesh {
  public:
-  PeerMesh(std::vector<std::string> hosts, int rank);
+  // `dcn`, when not null, delays messages between islands (core/dcn_emulation.h).
+  PeerMesh(std::vector<std::string> hosts, int rank, DcnEmulation* dcn = nullptr);
   ~PeerMesh();
   PeerMesh(const PeerMesh&) = delete;
   PeerMesh& operator=(const PeerMesh&) = delete;
@@ -77,6 +79,7 @@ class PeerMesh {
 
   const std::vector<std::string> hosts_;
   const int rank_;
+  DcnEmulation* const dcn_;
   std::vector<int> fds_;  // by peer rank; -1 when not connected (and at rank_)
   uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
   std::vector<char> scratch_;
@@ -91,8 +94,10 @@ class PeerMesh {
 class TcpLinks {
  public:
   // Listens on `ip` (port chosen by the kernel). `host` is this host's name in Member::host.
+  // `dcn` (not owned, may be null) emulates the network between islands.
   static absl::StatusOr<std::unique_ptr<TcpLinks>> Create(std::string host, const std::string& ip,
-                                                          std::shared_ptr<KeyValueStore> store);
+                                                          std::shared_ptr<KeyValueStore> store,
+                                                          DcnEmulation* dcn = nullptr);
   ~TcpLinks();
 
   // Connects (or reuses) the mesh among `hosts` (this host is hosts[rank]) for the devices named
@@ -104,7 +109,8 @@ class TcpLinks {
   const std::string& address() const { return address_; }
 
  private:
-  TcpLinks(std::string host, int listen_fd, int wake_fd, std::string address, std::shared_ptr<KeyValueStore> store);
+  TcpLinks(std::string host, int listen_fd, int wake_fd, std::string address, std::shared_ptr<KeyValueStore> store,
+           DcnEmulation* dcn);
   absl::Status Connect(PeerMesh& mesh, const std::string& key, absl::Time deadline);
   absl::StatusOr<int> Dial(const std::string& peer, const std::string& key, absl::Time deadline);
   absl::StatusOr<int> AwaitDialIn(const std::string& peer, const std::string& key, absl::Time deadline);
@@ -118,6 +124,7 @@ class TcpLinks {
   const int wake_fd_;
   const std::string address_;
   const std::shared_ptr<KeyValueStore> store_;
+  DcnEmulation* const dcn_;
   std::thread acceptor_;
   std::atomic<bool> published_{false};
   // Counts connections dialed in: a mesh looks for newer connections only when it moved.

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "controller/controller.h"
@@ -26,7 +27,7 @@ constexpr char kUsage[] =
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
-    "         [--memory-wait-ms N] [--token T]\n"
+    "         [--memory-wait-ms N] [--token T] [--dcn-latency-us N] [--dcn-gbps G]\n"
     "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
@@ -103,6 +104,16 @@ absl::Status RunWorker(const Flags& flags) {
   options.island = static_cast<int>(island);
   options.num_devices = static_cast<int>(std::min<int64_t>(devices, 1 << 20));
   options.intra_op_threads = static_cast<int>(threads);
+  PW_ASSIGN_OR_RETURN(int64_t dcn_latency_us, flags.GetInt("dcn-latency-us", 0));
+  if (dcn_latency_us < 0 || dcn_latency_us > 10'000'000) {
+    return absl::InvalidArgumentError("--dcn-latency-us must be between 0 and 10000000");
+  }
+  options.dcn.latency = absl::Microseconds(dcn_latency_us);
+  const std::string gbps = flags.Get("dcn-gbps", "0");
+  if (!absl::SimpleAtod(gbps, &options.dcn.gbps) || !(options.dcn.gbps >= 0) || options.dcn.gbps > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat("--dcn-gbps must be a number from 0 (unlimited) to 1e6, got '",
+                                                   gbps, "'"));
+  }
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   SetCallToken(options.token);  // its own calls to the controller and to other workers
   Worker worker(options);
@@ -181,7 +192,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "tls-cert", "tls-key", "tls-ca"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},

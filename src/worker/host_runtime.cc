@@ -115,11 +115,11 @@ namespace {
 
 // Links to other hosts when the host has somewhere to meet them; collectives stay within the
 // host otherwise.
-std::unique_ptr<collective::TcpLinks> CrossHostFor(const HostRuntimeOptions& options) {
+std::unique_ptr<collective::TcpLinks> CrossHostFor(const HostRuntimeOptions& options, DcnEmulation* dcn) {
   if (options.rendezvous == nullptr) return nullptr;
   std::string ip = options.name.substr(0, options.name.rfind(':'));
   if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
-  auto links = collective::TcpLinks::Create(options.name, ip, options.rendezvous);
+  auto links = collective::TcpLinks::Create(options.name, ip, options.rendezvous, dcn);
   if (!links.ok()) {
     PW_LOG(Error) << "host " << options.name << " has no collectives across hosts: " << links.status();
     return nullptr;
@@ -131,9 +131,11 @@ std::unique_ptr<collective::TcpLinks> CrossHostFor(const HostRuntimeOptions& opt
 
 HostRuntime::HostRuntime(HostRuntimeOptions options)
     : options_(std::move(options)),
-      collectives_(options_.name, CrossHostFor(options_), options_.collective_timeout),
+      dcn_(options_.dcn.enabled() ? std::make_shared<DcnEmulation>(options_.island, options_.dcn) : nullptr),
+      collectives_(options_.name, CrossHostFor(options_, dcn_.get()), options_.collective_timeout),
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),
+      dcn_transport_(dcn_ != nullptr ? std::make_unique<dataflow::DcnTransport>(dataflow_transport_, *dcn_) : nullptr),
       sequencer_([this](const std::string& client, const rpc::Op& op) { ApplyOp(client, op); },
                  [this](const std::string& client) { CollectClient(client); }, options_.sequence_gap_timeout),
       control_({options_.name, options_.dataflow_service, &dataflow_transport_, &io_pool_,
@@ -262,6 +264,11 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
   auto program = std::make_shared<Program>();
   PW_ASSIGN_OR_RETURN(program->lowered, LoweredProgram::Create(proto, name(), num_devices()));
   program->client = client;
+  if (dcn_ != nullptr) {
+    for (const rpc::SliceProto& slice : proto.slices()) {
+      for (const rpc::SliceDevice& d : slice.devices()) dcn_->NoteHost(d.host_address(), d.island());
+    }
+  }
   const LoweredProgram& lowered = *program->lowered;
   // Every host derives the same graph: the same plans over the same hosts in the same order.
   auto graph = std::make_shared<dataflow::GraphDef>(absl::StrCat(client, "/", proto.program_id()));
@@ -339,7 +346,7 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
         }
         return std::make_unique<BlockReceiver>(*this, client, value);
       },
-      dataflow_transport_, io_pool_);
+      dcn_transport_ != nullptr ? static_cast<dataflow::Transport&>(*dcn_transport_) : dataflow_transport_, io_pool_);
   absl::MutexLock lock(&programs_mu_);
   auto& slot = programs_[{client, proto.program_id()}];
   if (slot != nullptr) return absl::AlreadyExistsError(absl::StrCat("program ", proto.program_id(), " is already registered"));

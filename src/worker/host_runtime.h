@@ -23,6 +23,8 @@
 #include "worker/host_control.h"
 #include "worker/object_store.h"
 #include "worker/op_sequencer.h"
+#include "core/dcn_emulation.h"
+#include "dataflow/dcn_transport.h"
 
 namespace pathways {
 
@@ -52,6 +54,10 @@ struct HostRuntimeOptions {
   // This worker process's random identity (see RegisterWorkerRequest); fetches for arrays placed
   // on another process at the same address are refused.
   std::string incarnation;
+  // This host's island, and the emulated network to other islands' hosts (collectives and
+  // dataflow transfers); disabled by default.
+  int island = 0;
+  DcnOptions dcn;
 };
 
 // Applies each client's ops in its order, and scheduled runs in their island's order (see
@@ -162,12 +168,14 @@ class HostRuntime {
   void Put(const std::string& client, const rpc::PutOp& op);
 
   const HostRuntimeOptions options_;
+  const std::shared_ptr<DcnEmulation> dcn_;  // null unless emulating; links learn islands from programs
   collective::CollectiveHub collectives_;  // used by device threads; outlives them (see ~HostRuntime)
   std::vector<std::unique_ptr<Device>> devices_;
   ObjectStore store_;
   FunctionCache functions_;
   ThreadPool io_pool_;  // transfers, dataflow work and fetch responses, off device threads
   dataflow::GrpcTransport dataflow_transport_;
+  std::unique_ptr<dataflow::DcnTransport> dcn_transport_;  // over dataflow_transport_, when emulating
   absl::Mutex programs_mu_;
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
       ABSL_GUARDED_BY(programs_mu_);

@@ -63,6 +63,8 @@ absl::Status Worker::Start() {
   runtime_options.collective_timeout = options_.collective_timeout;
   runtime_options.incarnation = incarnation_;
   runtime_options.memory_wait = options_.memory_wait;
+  runtime_options.island = options_.island;
+  runtime_options.dcn = options_.dcn;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   service_->AttachRuntime(runtime_.get());
   controller_ = std::make_unique<ControllerClient>(options_.controller_address);

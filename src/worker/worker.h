@@ -31,6 +31,8 @@ struct WorkerOptions {
   // worker's own calls carry the process's token (transport/auth.h).
   std::string token;
   absl::Duration register_timeout = absl::Seconds(30);
+  // The emulated network to other islands' hosts (core/dcn_emulation.h); off by default.
+  DcnOptions dcn;
 };
 
 // Start() serves and registers; the destructor stops heartbeats and the server. Thread-safe.
