@@ -206,13 +206,17 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
     }
   }
   absl::MutexLock lock(&mu_);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&meeting->done), timeout_)) {
-    meeting->done = true;
+  auto met = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return meeting->done || meeting->arrived == local_members; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&met), timeout_)) {
+    meeting->done = true;  // a member that comes later finds it so, and does not lead
     meeting->status = absl::DeadlineExceededError(
         absl::StrCat("collective ", call_key, ": ", meeting->arrived, " of ", local_members, " members on host ",
                      host_, " met within ", absl::FormatDuration(timeout_),
                      "; gangs that share devices may have been ordered differently on them"));
   }
+  // Once all are here the leader works in every member's buffers: nobody leaves before it is
+  // done (its cross-host part is bounded by its own deadline).
+  mu_.Await(absl::Condition(&meeting->done));
   absl::Status status = meeting->status;
   if (++meeting->left == local_members) {
     auto it = meetings_.find(call_key);
