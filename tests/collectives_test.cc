@@ -51,6 +51,15 @@ std::vector<Case> Cases() {
       {"broadcast", "pathways.broadcast(x, AXES, 1)", "",
        [](const Group& g, int) { return g[std::min<size_t>(1, g.size() - 1)]; }},
       {"broadcast_root0", "pathways.broadcast(x, AXES)", "broadcast", [](const Group& g, int) { return g[0]; }},
+      // Collectives that only move data take element types the runtime cannot reduce.
+      {"all_gather_half", "pathways.all_gather(x.half(), AXES).float()", "",
+       [](const Group& g, int) { return torch::cat(g, 0).to(torch::kHalf).to(torch::kFloat); }},
+      {"all_to_all_int8", "pathways.all_to_all(x.char(), AXES).float()", "",
+       [](const Group& g, int rank) {
+         Group mine;
+         for (const at::Tensor& t : g) mine.push_back(Chunk(t, rank, g.size()).to(torch::kInt8));
+         return torch::cat(mine, 0).to(torch::kFloat);
+       }},
   };
 }
 

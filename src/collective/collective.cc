@@ -256,8 +256,11 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
   if (cross && links_ == nullptr) {
     return fail(absl::StatusCode::kUnimplemented, absl::StrCat("host ", host_, " has no cross-host collectives"));
   }
-  const int64_t what[] = {static_cast<int64_t>(c.kind), static_cast<int64_t>(c.dtype), static_cast<int64_t>(c.op),
-                          c.root, static_cast<int64_t>(c.count)};
+  // What the members must agree on, as SameCall checks it locally.
+  const bool reduces = c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter;
+  const int64_t what[] = {static_cast<int64_t>(c.kind), static_cast<int64_t>(c.dtype),
+                          reduces ? static_cast<int64_t>(c.op) : -1,
+                          c.kind == CollectiveKind::kBroadcast ? c.root : -1, static_cast<int64_t>(c.count)};
   const uint32_t signature =
       static_cast<uint32_t>(Fnv64(absl::string_view(reinterpret_cast<const char*>(what), sizeof(what))));
   // Runs the cross-host part on the group's mesh (connections are kept per set of devices).

@@ -98,7 +98,8 @@ const char* CollectiveName(CollectiveKind kind);
 // returns; `in` and `out` do not overlap. With G members in the group, `out` holds `count`
 // elements, except for all_gather (G * count: every member's input in rank order) and
 // reduce_scatter (count / G: the caller's chunk of the reduction). reduce_scatter and all_to_all
-// split `in` into G equal chunks, chunk j for member j.
+// split `in` into G equal chunks, chunk j for member j. Collectives that only move data may be
+// given any data as bytes (kBool elements).
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   DType dtype = DType::kF32;

@@ -34,8 +34,10 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   char* tmp = steps.mesh().Scratch(bytes);
   char* cur = const_cast<char*>(in);  // only ever sent from
-  auto reduce = [&]() {
-    absl::Status s = Reduce(dtype, op, cur, tmp, out, count);
+  // Both partners of a step compute op(lower rank's value, higher rank's value): the same bits
+  // on both, whatever the op.
+  auto reduce = [&](int partner) {
+    absl::Status s = partner < rank ? Reduce(dtype, op, tmp, cur, out, count) : Reduce(dtype, op, cur, tmp, out, count);
     cur = out;
     return s;
   };
@@ -54,10 +56,10 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const
     } else {
       t[0] = {rank - 1, {}, {{tmp, bytes}}, nullptr};
       PW_RETURN_IF_ERROR(steps.Step(t));
-      PW_RETURN_IF_ERROR(reduce());
+      PW_RETURN_IF_ERROR(reduce(rank - 1));
       new_rank = rank / 2;
     }
-  } else {
+  } else if (r > 0) {
     std::vector<PeerTransfer> none;
     PW_RETURN_IF_ERROR(steps.Step(none));  // keeps step tags aligned with the paired hosts
   }
@@ -71,7 +73,7 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const
     const int partner = partner_new < r ? partner_new * 2 + 1 : partner_new + r;
     std::vector<PeerTransfer> t{{partner, {{cur, bytes}}, {{tmp, bytes}}, nullptr}};
     PW_RETURN_IF_ERROR(steps.Step(t));
-    PW_RETURN_IF_ERROR(reduce());
+    PW_RETURN_IF_ERROR(reduce(partner));
   }
   if (rank < 2 * r) {
     std::vector<PeerTransfer> t(1);

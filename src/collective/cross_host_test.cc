@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <thread>
 
@@ -166,6 +167,26 @@ TEST_P(CrossHostTest, AllGatherAndBroadcastCopyEveryByte) {
     EXPECT_EQ(broadcast[h], broadcast[root]) << "host " << h;
   }
   for (int g = 0; g < n; ++g) EXPECT_EQ(gathered[0][g * count], static_cast<char>('a' + g % 26));
+}
+
+TEST_P(CrossHostTest, MaxAgreesBitForBitWithNansAndSignedZeros) {
+  const auto [n, count] = GetParam();
+  Hosts hosts(n);
+  std::vector<std::vector<float>> data(n, std::vector<float>(count));
+  for (int h = 0; h < n; ++h) {
+    for (size_t i = 0; i < count; ++i) {
+      // Max is not commutative on these: every host must still end with the same bits.
+      const float pick[] = {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN(), 1.0f};
+      data[h][i] = pick[(i + h) % 4];
+    }
+  }
+  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    char* p = reinterpret_cast<char*>(data[h].data());
+    return AllReduceAcrossHosts(s, DType::kF32, ReduceOp::kMax, p, p, count);
+  }));
+  for (int h = 1; h < n; ++h) {
+    EXPECT_EQ(std::memcmp(data[h].data(), data[0].data(), count * sizeof(float)), 0) << "host " << h;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(SizesAndHosts, CrossHostTest,

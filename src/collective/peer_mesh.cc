@@ -29,6 +29,8 @@ constexpr uint32_t kHelloMagic = 0x50574c48;    // "PWLH"
 constexpr uint32_t kMaxKeyBytes = 1 << 20;
 constexpr uint32_t kMaxHostBytes = 1024;
 constexpr int kMaxIov = 64;
+// Connections dialed in and not yet taken by a mesh: each is a descriptor held for a peer.
+constexpr size_t kMaxWaitingDialIns = 4096;
 // How long a waiting step spins before it sleeps (see Exchange).
 const absl::Duration kSpin = absl::Microseconds(50);
 
@@ -261,7 +263,10 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
       for (const MessageState& m : recvs) {
         if (m.active) deliver_us = std::max(deliver_us, m.header.deliver_us);
       }
-      if (deliver_us > 0) absl::SleepFor(absl::FromUnixMicros(deliver_us) - absl::Now());
+      // Only a host that emulates takes the time its peer says, and never past the deadline.
+      if (deliver_us > 0 && dcn_ != nullptr) {
+        absl::SleepFor(std::min(absl::FromUnixMicros(deliver_us), deadline) - absl::Now());
+      }
       return absl::OkStatus();
     }
     if (moved) {
@@ -369,7 +374,14 @@ void TcpLinks::AcceptLoop() {
     }
     if ((p[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors: the pending connection stays queued and poll() would return at once.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        PW_LOG(Warning) << "collective listener of " << host_ << ": " << Errno(errno);
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      continue;
+    }
     // The hello names the mesh and the dialing host. It is small and sent at once after
     // connecting; a peer that does not send it in time is dropped.
     const absl::Time deadline = absl::Now() + absl::Seconds(2);
@@ -392,6 +404,12 @@ void TcpLinks::AcceptLoop() {
     }
     Configure(fd);
     absl::MutexLock lock(&mu_);
+    if (dialed_in_.size() >= kMaxWaitingDialIns) {
+      PW_LOG(Warning) << "collective listener of " << host_ << ": " << kMaxWaitingDialIns
+                      << " connections wait to be used; dropped one from " << peer;
+      close(fd);
+      continue;
+    }
     auto [it, inserted] = dialed_in_.try_emplace({std::move(key), std::move(peer)}, fd);
     if (!inserted) {
       close(it->second);

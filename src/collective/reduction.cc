@@ -10,9 +10,11 @@ namespace {
 
 // Plain loops over __restrict pointers: the compiler vectorises them, and they read each input
 // once (memory bandwidth bounds them for anything but tiny arrays).
-// `out` may alias `a` (element i is read before it is written), never `b`.
+// `out` may alias `a` or `b` (element i is read before it is written). The operands keep their
+// order: max and min are not commutative for NaN and signed zeros, so callers that must agree
+// bit for bit pass them in an order they agree on.
 template <typename T>
-void ReduceTyped(ReduceOp op, const T* a, const T* __restrict b, T* out, size_t n) {
+void ReduceTyped(ReduceOp op, const T* a, const T* b, T* out, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
       for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
@@ -26,7 +28,7 @@ void ReduceTyped(ReduceOp op, const T* a, const T* __restrict b, T* out, size_t 
   }
 }
 
-void ReduceBool(ReduceOp op, const uint8_t* a, const uint8_t* __restrict b, uint8_t* out, size_t n) {
+void ReduceBool(ReduceOp op, const uint8_t* a, const uint8_t* b, uint8_t* out, size_t n) {
   if (op == ReduceOp::kMin) {
     for (size_t i = 0; i < n; ++i) out[i] = a[i] & b[i];
   } else {

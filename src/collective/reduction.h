@@ -18,12 +18,12 @@ absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name);
 const char* ReduceOpName(ReduceOp op);
 
 // acc[i] = op(acc[i], in[i]) for i < count. Booleans reduce as logical or (sum, max) and and
-// (min). `op` is commutative for every dtype, bit for bit, which is what lets two members that
-// exchange partial results compute the same value without agreeing on who goes first.
-// InvalidArgument for an unsupported dtype.
+// (min). Max and min are not commutative for NaN and signed zeros: members that exchange
+// partial results apply them in an order they agree on (see cross_host.cc). InvalidArgument for
+// an unsupported dtype.
 absl::Status ReduceInto(DType dtype, ReduceOp op, void* acc, const void* in, size_t count);
 // out[i] = op(a[i], b[i]) for i < count: the first reduction of a call writes its output from two
-// inputs, with no copy before it. `out` may be `a`.
+// inputs, with no copy before it. `out` may be `a` or `b`.
 absl::Status Reduce(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t count);
 
 }  // namespace pathways::collective

@@ -67,17 +67,26 @@ int GroupSize(const std::string& axes) {
   return *size;
 }
 
-// Runs `kind` with `x` (contiguous) as input and `out` as output.
+// Runs `kind` with `x` (contiguous) as input and `out` as output. Collectives that only move
+// data take any element type, as bytes; reductions need one the runtime can add.
 void RunCollective(collective::CollectiveKind kind, const std::string& axes, const at::Tensor& x, at::Tensor& out,
                    collective::ReduceOp op = collective::ReduceOp::kSum, int root = 0) {
-  const DType dtype = FromTorch(x.scalar_type());
-  TORCH_CHECK(dtype != DType::kInvalid, collective::CollectiveName(kind), ": unsupported tensor type ", x.scalar_type());
+  const bool reduces =
+      kind == collective::CollectiveKind::kAllReduce || kind == collective::CollectiveKind::kReduceScatter;
+  DType dtype = FromTorch(x.scalar_type());
+  size_t count = static_cast<size_t>(x.numel());
+  if (!reduces) {
+    dtype = DType::kBool;  // one byte per element
+    count = x.nbytes();
+  }
+  TORCH_CHECK(dtype != DType::kInvalid, collective::CollectiveName(kind), ": cannot reduce tensors of type ",
+              x.scalar_type());
   collective::CollectiveCall call;
   call.kind = kind;
   call.dtype = dtype;
   call.op = op;
   call.root = root;
-  call.count = static_cast<size_t>(x.numel());
+  call.count = count;
   call.in = static_cast<const char*>(x.data_ptr());
   call.out = static_cast<char*>(out.data_ptr());
   absl::Status s = CurrentShard().Run(axes, call);

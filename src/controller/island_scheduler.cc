@@ -198,22 +198,29 @@ void IslandScheduler::ReleaseLocked(Sent& sent, Reached& reached) {
     next->pending.pop_front();
     virtual_time_ = next_start;
     next->finish = next_start + next->estimate_us / next->weight;
-    outstanding_[{*next_id, p.run.run().epoch()}] = {*next_id, p.run.hosts_size(), 0, next->estimate_us, absl::Now()};
-    outstanding_us_ += next->estimate_us;
     if (p.across != nullptr) {
-      // Its share is spent now; it goes out once every island of the run has reached it.
+      // Its share is spent now; it counts against the window once it goes out (a held part
+      // filling the window could keep this island from reaching the part another island holds).
       next->holding = p.across;
       reached.emplace_back(*next_id, std::move(p));
     } else {
+      OutstandingLocked(*next_id, p.run);
       sent.emplace_back(std::move(p.accepted), SendLocked(*next_id, p.run, true));
     }
   }
 }
 
+void IslandScheduler::OutstandingLocked(const std::string& client, const rpc::GangRun& run) {
+  auto q = clients_.find(client);
+  const double estimate = q == clients_.end() ? 100 : q->second.estimate_us;
+  outstanding_[{client, run.run().epoch()}] = {client, run.hosts_size(), 0, estimate, absl::Now()};
+  outstanding_us_ += estimate;
+}
+
 void IslandScheduler::Report(Reached reached) {
   for (auto& [client, p] : reached) {
-    // One of the two runs: send once every island reached its part, or cancel if the client
-    // went away first.
+    // Either sent once every island reached its part, or cancelled if the client went away
+    // first.
     auto accepted = std::make_shared<Promise<Unit>>(std::move(p.accepted));
     p.across->Reached([this, client = client, run = std::move(p.run), accepted] { SendPart(client, run, accepted); },
                       [accepted](absl::Status why) { accepted->Set(std::move(why)); });
@@ -226,9 +233,17 @@ void IslandScheduler::SendPart(const std::string& client, const rpc::GangRun& ru
   Reached reached;
   {
     absl::MutexLock lock(&mu_);
-    sent.emplace_back(std::move(*accepted),
-                      SendLocked(client, run, options_.policy == SchedulingPolicy::kProportionalShare));
-    if (auto it = clients_.find(client); it != clients_.end()) it->second.holding = nullptr;
+    auto it = clients_.find(client);
+    if (it == clients_.end()) {
+      // Retired since every island reached the run: its hosts collect the client at the point
+      // the retirement reached them, and a run after it must not follow.
+      accepted->Set(absl::CancelledError(absl::StrCat("client ", client, " went away")));
+      return;
+    }
+    it->second.holding = nullptr;
+    const bool share = options_.policy == SchedulingPolicy::kProportionalShare;
+    if (share) OutstandingLocked(client, run);
+    sent.emplace_back(std::move(*accepted), SendLocked(client, run, share));
     ReleaseLocked(sent, reached);
     sink_.EndRound();
   }

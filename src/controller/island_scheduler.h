@@ -110,6 +110,8 @@ class IslandScheduler {
   void SendPart(const std::string& client, const rpc::GangRun& run, std::shared_ptr<Promise<Unit>> accepted);
   std::vector<Future<Unit>> SendLocked(const std::string& client, const rpc::GangRun& run, bool report_done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Proportional share: the run goes out now and counts against the window until reported done.
+  void OutstandingLocked(const std::string& client, const rpc::GangRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Settles each submitter's promise once its hosts acknowledged (called without mu_).
   static void Wire(Sent sent);
   void ExpireLoop();
