@@ -175,7 +175,7 @@ absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shar
   return p;
 }
 
-absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::string& call_key,
+absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
                                 const CollectiveCall& call) {
   const Group& group = placement.group;
   const int local_members = static_cast<int>(placement.local.size());
@@ -184,7 +184,7 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
   if (local_members == 1) {
     std::vector<const CollectiveCall*> calls(size, nullptr);
     calls[group.rank] = &call;
-    return Perform(placement, call_key, calls);
+    return Perform(placement, call_key, id, calls);
   }
   std::shared_ptr<Meeting> meeting;
   bool leader = false;
@@ -198,7 +198,7 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
   }
   if (leader) {
     // Every local member is blocked below until done, so their buffers stay valid.
-    absl::Status status = Perform(placement, call_key, meeting->calls);
+    absl::Status status = Perform(placement, call_key, id, meeting->calls);
     absl::MutexLock lock(&mu_);
     if (!meeting->done) {
       meeting->done = true;
@@ -225,7 +225,7 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
   return status;
 }
 
-absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::string& call_key,
+absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::string& call_key, const CallId& id,
                                     const std::vector<const CollectiveCall*>& calls) {
   const size_t size = plan.group.shards.size();
   const bool cross = plan.hosts.size() > 1;
@@ -267,7 +267,7 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
   auto across = [&](auto&& body) -> absl::Status {
     absl::Status s = links_->Run(plan.hosts, plan.mine, plan.devices, absl::Now() + timeout_,
                                  [&](PeerMesh& mesh) {
-                                   MeshSteps steps(mesh, Fnv64(call_key), signature, absl::Now() + timeout_);
+                                   MeshSteps steps(mesh, id, signature, absl::Now() + timeout_);
                                    return body(steps);
                                  });
     if (s.ok()) return s;
@@ -415,8 +415,9 @@ absl::Status ShardCollectives::Run(absl::string_view axes, const CollectiveCall&
     if (execution_key_.empty()) {
       execution_key_ = absl::StrCat(*execution_.client, "/", execution_.program, "/", execution_.run, "/", execution_.node);
     }
+    const CallId id{Fnv64(absl::StrCat(execution_key_, "/", placement->group.id)), static_cast<uint32_t>(calls_)};
     const std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", placement->group.id);
-    return hub_.Run(*placement, call_key, call);
+    return hub_.Run(*placement, call_key, id, call);
   }();
   if (!status.ok() && first_error_.ok()) first_error_ = status;
   return status;

@@ -90,6 +90,7 @@ absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shar
                                           const std::string& host);
 
 class TcpLinks;
+struct CallId;
 
 enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
 const char* CollectiveName(CollectiveKind kind);
@@ -130,12 +131,14 @@ class CollectiveHub {
   // example client/program/run/node/call index/group id). Members that disagree on the call
   // fail with InvalidArgument; members that do not all arrive within the timeout fail with
   // DeadlineExceeded; errors name the collective.
-  absl::Status Run(const GroupPlacement& placement, const std::string& call_key, const CollectiveCall& call);
+  // `id` names the same call for the messages between hosts.
+  absl::Status Run(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
+                   const CollectiveCall& call);
 
  private:
   struct Meeting;
   // Combines the local members' calls and runs the cross-host part. Runs on the leader.
-  absl::Status Perform(const GroupPlacement& placement, const std::string& call_key,
+  absl::Status Perform(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
                        const std::vector<const CollectiveCall*>& calls);
 
   const std::string host_;

@@ -26,22 +26,22 @@ namespace pathways::collective {
 // than the bytes recursive doubling repeats.
 inline constexpr size_t kLargeMessageBytes = 256 << 10;
 
-// The steps of one collective call on a mesh: each step's messages carry the next tag.
+// The steps of one collective call on a mesh: each step's messages carry the call and the step.
 class MeshSteps {
  public:
-  MeshSteps(PeerMesh& mesh, uint64_t tag, uint32_t signature, absl::Time deadline)
-      : mesh_(mesh), tag_(tag), signature_(signature), deadline_(deadline) {}
+  MeshSteps(PeerMesh& mesh, CallId id, uint32_t signature, absl::Time deadline)
+      : mesh_(mesh), id_(id), signature_(signature), deadline_(deadline) {}
   PeerMesh& mesh() { return mesh_; }
   absl::Status Step(std::vector<PeerTransfer>& transfers) {
-    return mesh_.Exchange(absl::MakeSpan(transfers), tag_ + step_++, signature_, deadline_);
+    return mesh_.Exchange(absl::MakeSpan(transfers), id_, step_++, signature_, deadline_);
   }
 
  private:
   PeerMesh& mesh_;
-  const uint64_t tag_;
+  const CallId id_;
   const uint32_t signature_;
   const absl::Time deadline_;
-  uint64_t step_ = 0;
+  uint32_t step_ = 0;
 };
 
 // The parts of a buffer each host owns, by host rank (a host's members' chunks need not be

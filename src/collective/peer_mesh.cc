@@ -31,19 +31,14 @@ constexpr uint32_t kMaxHostBytes = 1024;
 constexpr int kMaxIov = 64;
 // Connections dialed in and not yet taken by a mesh: each is a descriptor held for a peer.
 constexpr size_t kMaxWaitingDialIns = 4096;
+// Messages of later calls kept per peer (see Exchange), and their size at most.
+constexpr size_t kMaxStashed = 64;
+constexpr uint64_t kMaxStashedBytes = uint64_t{1} << 30;
+const absl::Duration kStashedFor = absl::Minutes(5);
+// Executions remembered as done, to recognise a lagging peer's messages.
+constexpr size_t kPastExecutions = 4096;
 // How long a waiting step spins before it sleeps (see Exchange).
 const absl::Duration kSpin = absl::Microseconds(50);
-
-// Precedes every message. Hosts of one cluster share a byte order.
-struct MessageHeader {
-  uint32_t magic;
-  uint32_t signature;
-  uint64_t tag;
-  uint64_t bytes;
-  // Emulated DCN only: when the message may be taken as delivered (Unix microseconds; hosts
-  // that emulate share one machine's clock). 0: at once.
-  int64_t deliver_us;
-};
 
 struct HelloHeader {
   uint32_t magic;
@@ -117,46 +112,54 @@ absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, sockle
   return storage;
 }
 
-// The progress of one message, sent or received: its header, then its pieces.
-struct MessageState {
-  MessageHeader header{};
-  std::vector<Piece> pieces;
-  size_t total = 0;  // header included
-  size_t done = 0;
-  size_t pieces_done = 0;  // receive: pieces already handed to on_piece
-  bool active = false;
+// Builds an iovec over `pieces` from byte `skip` on (at most kMaxIov entries).
+int IovFrom(const std::vector<Piece>& pieces, size_t skip, iovec* iov) {
+  int n = 0;
+  for (const Piece& p : pieces) {
+    if (n == kMaxIov) break;
+    if (skip >= p.bytes) {
+      skip -= p.bytes;
+      continue;
+    }
+    iov[n++] = {p.data + skip, p.bytes - skip};
+    skip = 0;
+  }
+  return n;
+}
 
-  void Start(std::vector<Piece> p, uint64_t tag, uint32_t signature) {
-    pieces = std::move(p);
-    uint64_t bytes = 0;
-    for (const Piece& piece : pieces) bytes += piece.bytes;
-    header = {kMessageMagic, signature, tag, bytes, 0};
-    total = sizeof(MessageHeader) + bytes;
-    active = true;
-  }
-  // The iovec from `done` on.
-  int Iov(iovec* iov) {
-    int n = 0;
-    size_t skip = done;
-    auto add = [&](char* data, size_t len) {
-      if (n == kMaxIov) return;
-      if (skip >= len) {
-        skip -= len;
-        return;
-      }
-      iov[n++] = {data + skip, len - skip};
-      skip = 0;
-    };
-    add(reinterpret_cast<char*>(&header), sizeof(header));
-    for (const Piece& p : pieces) add(p.data, p.bytes);
-    return n;
-  }
+size_t Bytes(const std::vector<Piece>& pieces) {
+  size_t n = 0;
+  for (const Piece& p : pieces) n += p.bytes;
+  return n;
+}
+
+// A message being sent: its header, then its pieces.
+struct SendState {
+  bool active = false;
+  MessageHeader header{};
+  std::vector<Piece> pieces;  // header first
+  size_t total = 0;
+  size_t done = 0;
+};
+
+// A message being received from one peer (see Exchange for the phases).
+struct RecvState {
+  enum Phase { kHeader, kPayload, kDiscard, kStash, kDone };
+  bool active = false;
+  Phase phase = kHeader;
+  MessageHeader header{};
+  size_t header_got = 0;
+  std::vector<Piece> pieces;
+  size_t expected = 0;  // payload bytes of the message we want
+  size_t got = 0;       // payload bytes read in the current phase
+  size_t pieces_done = 0;
+  std::string stash;  // kStash: a later call's payload
 };
 
 }  // namespace
 
 PeerMesh::PeerMesh(std::vector<std::string> hosts, int rank, DcnEmulation* dcn)
-    : hosts_(std::move(hosts)), rank_(rank), dcn_(dcn), fds_(hosts_.size(), -1) {}
+    : hosts_(std::move(hosts)), rank_(rank), dcn_(dcn), fds_(hosts_.size(), -1), stash_(hosts_.size()) {}
 
 PeerMesh::~PeerMesh() { CloseAll(); }
 
@@ -170,30 +173,123 @@ void PeerMesh::CloseAll() {
     if (fd >= 0) close(fd);
     fd = -1;
   }
+  for (auto& stash : stash_) stash.clear();  // read from connections that are gone
 }
 
-absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag, uint32_t signature,
+bool PeerMesh::Stale(const MessageHeader& h, CallId id, uint32_t step) const {
+  if (past_.contains(h.execution)) return true;
+  return h.execution == id.execution && (h.call < id.call || (h.call == id.call && h.step < step));
+}
+
+void PeerMesh::Enter(CallId id) {
+  if (id.execution == current_.execution) {
+    current_ = id;
+    return;
+  }
+  if (current_.execution != 0 && past_.insert(current_.execution).second) {
+    past_order_.push_back(current_.execution);
+    if (past_order_.size() > kPastExecutions) {
+      past_.erase(past_order_.front());
+      past_order_.pop_front();
+    }
+  }
+  current_ = id;
+}
+
+absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, uint32_t step, uint32_t signature,
                                 absl::Time deadline) {
+  Enter(id);
   const size_t n = transfers.size();
-  std::vector<MessageState> sends(n), recvs(n);
-  std::vector<MessageHeader> expected(n);
+  std::vector<SendState> sends(n);
+  std::vector<RecvState> recvs(n);
+  // Set when a peer turns out to be past this call: the step is abandoned, but every message
+  // already started is finished, so the streams stay whole and the mesh open.
+  absl::Status aborted;
+  auto abort = [&](int peer) {
+    if (!aborted.ok()) return;
+    aborted = absl::AbortedError(absl::StrCat(
+        "host ", hosts_[peer],
+        " is past this collective (it sent a message of a later one): gangs that share devices were ordered "
+        "differently, or this run failed there before the call"));
+  };
+  // A message that is ours: checked, then its payload lands in the pieces.
+  auto ours = [&](size_t i, const MessageHeader& h) -> absl::Status {
+    if (h.signature != signature || h.bytes != recvs[i].expected) {
+      return absl::InvalidArgumentError(absl::StrCat("host ", hosts_[transfers[i].peer], " sends ", h.bytes,
+                                                     " bytes where ", recvs[i].expected,
+                                                     " were expected: members disagree on the collective, its dtype "
+                                                     "or its shape"));
+    }
+    return absl::OkStatus();
+  };
+  auto hand_over = [&](size_t i) -> absl::Status {  // pieces complete so far go to on_piece
+    RecvState& r = recvs[i];
+    size_t end = 0;
+    for (size_t p = 0; p < r.pieces.size(); ++p) {
+      end += r.pieces[p].bytes;
+      if (p < r.pieces_done) continue;
+      if (end > r.got) break;
+      r.pieces_done = p + 1;
+      if (transfers[i].on_piece) PW_RETURN_IF_ERROR(transfers[i].on_piece(p));
+    }
+    return absl::OkStatus();
+  };
+  // A message read earlier for this very step is taken from the stash; messages of executions
+  // this host is done with are dropped there, and others left for their calls (a message of an
+  // execution this host never runs ages out).
+  auto from_stash = [&](size_t i) -> absl::Status {
+    RecvState& r = recvs[i];
+    auto& stash = stash_[transfers[i].peer];
+    const absl::Time now = absl::Now();
+    for (auto it = stash.begin(); it != stash.end();) {
+      const MessageHeader& h = it->header;
+      if (Stale(h, id, step) || now - it->at > kStashedFor) {
+        it = stash.erase(it);
+        continue;
+      }
+      if (h.execution != id.execution || h.call != id.call || h.step != step) {
+        ++it;
+        continue;
+      }
+      PW_RETURN_IF_ERROR(ours(i, h));
+      size_t offset = 0;
+      for (const Piece& p : r.pieces) {
+        std::memcpy(p.data, it->payload.data() + offset, p.bytes);
+        offset += p.bytes;
+      }
+      stash.erase(it);
+      r.got = r.expected;
+      PW_RETURN_IF_ERROR(hand_over(i));
+      r.phase = RecvState::kDone;
+      return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  };
   for (size_t i = 0; i < n; ++i) {
     PeerTransfer& t = transfers[i];
     if (t.peer < 0 || t.peer >= size() || t.peer == rank_ || fds_[t.peer] < 0) {
       return absl::InternalError(absl::StrCat("collective step names peer ", t.peer, " of a mesh of ", size()));
     }
     if (!t.send.empty()) {
-      sends[i].Start(t.send, tag, signature);
+      SendState& s = sends[i];
+      s.active = true;
+      s.header = {kMessageMagic, signature, id.execution, id.call, step, Bytes(t.send), 0};
+      s.pieces.push_back({reinterpret_cast<char*>(&s.header), sizeof(MessageHeader)});
+      s.pieces.insert(s.pieces.end(), t.send.begin(), t.send.end());
+      s.total = sizeof(MessageHeader) + s.header.bytes;
       if (dcn_ != nullptr && dcn_->Crosses(hosts_[t.peer])) {
-        sends[i].header.deliver_us =
-            absl::ToUnixMicros(dcn_->Arrival(hosts_[t.peer], sends[i].total, absl::Now()));
+        s.header.deliver_us = absl::ToUnixMicros(dcn_->Arrival(hosts_[t.peer], s.total, absl::Now()));
       }
     }
     if (!t.recv.empty()) {
-      recvs[i].Start(t.recv, 0, 0);
-      expected[i] = {kMessageMagic, signature, tag, recvs[i].header.bytes, 0};
+      RecvState& r = recvs[i];
+      r.active = true;
+      r.pieces = t.recv;
+      r.expected = Bytes(t.recv);
+      PW_RETURN_IF_ERROR(from_stash(i));
     }
   }
+  int64_t deliver_us = 0;
   std::vector<pollfd> fds;
   // Nothing to do yet: spin a little (yielding the core) before sleeping in poll(). A peer's
   // answer usually comes within microseconds; being woken from poll() costs more than that.
@@ -204,65 +300,97 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
     for (size_t i = 0; i < n; ++i) {
       const int fd = fds_[transfers[i].peer];
       const std::string& peer = hosts_[transfers[i].peer];
-      for (MessageState* m : {&sends[i], &recvs[i]}) {
-        const bool is_send = m == &sends[i];
-        while (m->active && m->done < m->total) {
+      SendState& s = sends[i];
+      if (s.active && s.done == 0 && !aborted.ok()) s.active = false;  // never started: not sent
+      while (s.active && s.done < s.total) {
+        iovec iov[kMaxIov];
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = IovFrom(s.pieces, s.done, iov);
+        const ssize_t got = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (got < 0) return absl::UnavailableError(absl::StrCat("sending to host ", peer, ": ", Errno(errno)));
+        s.done += static_cast<size_t>(got);
+        moved = true;
+      }
+      if (s.active && s.done < s.total) pending = true;
+
+      RecvState& r = recvs[i];
+      if (r.active && r.phase == RecvState::kHeader && r.header_got == 0 && !aborted.ok()) r.active = false;
+      while (r.active && r.phase != RecvState::kDone) {
+        ssize_t got;
+        char discard[64 << 10];
+        if (r.phase == RecvState::kHeader) {
+          got = recv(fd, reinterpret_cast<char*>(&r.header) + r.header_got, sizeof(MessageHeader) - r.header_got,
+                     MSG_DONTWAIT);
+        } else if (r.phase == RecvState::kPayload) {
           iovec iov[kMaxIov];
           msghdr msg{};
           msg.msg_iov = iov;
-          msg.msg_iovlen = m->Iov(iov);
-          const ssize_t got = is_send ? sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : recvmsg(fd, &msg, MSG_DONTWAIT);
-          if (got < 0 && errno == EINTR) continue;
-          if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-          if (got == 0 && !is_send) return absl::UnavailableError(absl::StrCat("host ", peer, " closed the connection"));
-          if (got < 0) {
-            return absl::UnavailableError(absl::StrCat(is_send ? "sending to" : "receiving from", " host ", peer, ": ",
-                                                       Errno(errno)));
-          }
-          const size_t before = m->done;
-          m->done += static_cast<size_t>(got);
-          moved = true;
-          if (is_send) continue;
-          // A receive is checked as soon as its header is in, before trusting what follows.
-          if (before < sizeof(MessageHeader) && m->done >= sizeof(MessageHeader)) {
-            const MessageHeader& h = m->header;
-            const MessageHeader& want = expected[i];
-            if (h.magic != kMessageMagic) {
-              return absl::InvalidArgumentError(absl::StrCat("host ", peer, " sent bytes that are not a collective message"));
-            }
-            if (h.tag != want.tag) {
-              return absl::AbortedError(absl::StrCat("host ", peer, " is in another collective (message ", h.tag,
-                                                     ", expected ", want.tag,
-                                                     "); gangs that share devices were ordered differently"));
-            }
-            if (h.signature != want.signature || h.bytes != want.bytes) {
-              return absl::InvalidArgumentError(absl::StrCat("host ", peer, " sends ", h.bytes, " bytes where ", want.bytes,
-                                                             " were expected: members disagree on the collective, its "
-                                                             "dtype or its shape"));
-            }
-          }
-          // Hand over the pieces that are complete.
-          size_t end = sizeof(MessageHeader);
-          for (size_t p = 0; p < m->pieces.size(); ++p) {
-            end += m->pieces[p].bytes;
-            if (p < m->pieces_done) continue;
-            if (end > m->done) break;
-            m->pieces_done = p + 1;
-            if (transfers[i].on_piece) {
-              absl::Status s = transfers[i].on_piece(p);
-              if (!s.ok()) return s;
-            }
-          }
+          msg.msg_iovlen = IovFrom(r.pieces, r.got, iov);
+          got = recvmsg(fd, &msg, MSG_DONTWAIT);
+        } else if (r.phase == RecvState::kDiscard) {
+          got = recv(fd, discard, std::min<size_t>(sizeof(discard), r.header.bytes - r.got), MSG_DONTWAIT);
+        } else {
+          got = recv(fd, r.stash.data() + r.got, r.stash.size() - r.got, MSG_DONTWAIT);
         }
-        if (m->active && m->done < m->total) pending = true;
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (got == 0) return absl::UnavailableError(absl::StrCat("host ", peer, " closed the connection"));
+        if (got < 0) return absl::UnavailableError(absl::StrCat("receiving from host ", peer, ": ", Errno(errno)));
+        moved = true;
+        if (r.phase == RecvState::kHeader) {
+          r.header_got += static_cast<size_t>(got);
+          if (r.header_got < sizeof(MessageHeader)) continue;
+          // A whole header: whose message is it?
+          const MessageHeader& h = r.header;
+          r.got = 0;
+          if (h.magic != kMessageMagic) {
+            return absl::InvalidArgumentError(absl::StrCat("host ", peer, " sent bytes that are not a collective message"));
+          }
+          if (h.execution == id.execution && h.call == id.call && h.step == step) {
+            PW_RETURN_IF_ERROR(ours(i, h));
+            deliver_us = std::max(deliver_us, h.deliver_us);
+            r.phase = r.expected == 0 ? RecvState::kDone : RecvState::kPayload;
+          } else if (Stale(h, id, step)) {
+            // A lagging peer's message for a call this host is done with: dropped.
+            r.phase = RecvState::kDiscard;
+          } else {
+            // A later call's: kept for it, and this call is abandoned.
+            if (h.bytes > kMaxStashedBytes) {
+              return absl::ResourceExhaustedError(absl::StrCat("host ", peer, " sent a collective message of ", h.bytes,
+                                                               " bytes for a later call"));
+            }
+            r.stash.assign(h.bytes, '\0');
+            r.phase = RecvState::kStash;
+          }
+        } else {
+          r.got += static_cast<size_t>(got);
+          if (r.phase == RecvState::kPayload) PW_RETURN_IF_ERROR(hand_over(i));
+        }
+        // A message that is complete.
+        const size_t total = r.phase == RecvState::kPayload ? r.expected : r.header.bytes;
+        if (r.phase == RecvState::kDone || r.got < total) continue;
+        if (r.phase == RecvState::kPayload) {
+          r.phase = RecvState::kDone;
+        } else {
+          if (r.phase == RecvState::kStash) {
+            auto& stash = stash_[transfers[i].peer];
+            stash.push_back({r.header, std::move(r.stash), absl::Now()});
+            if (stash.size() > kMaxStashed) stash.pop_front();
+            abort(transfers[i].peer);
+          }
+          r.phase = RecvState::kHeader;
+          r.header_got = 0;
+          if (!aborted.ok()) r.active = false;  // nothing more is read for an abandoned call
+        }
       }
+      if (r.active && r.phase != RecvState::kDone) pending = true;
     }
     if (!pending) {
+      if (!aborted.ok()) return aborted;
       // On an emulated DCN a message counts as received once the link would have delivered it.
-      int64_t deliver_us = 0;
-      for (const MessageState& m : recvs) {
-        if (m.active) deliver_us = std::max(deliver_us, m.header.deliver_us);
-      }
       // Only a host that emulates takes the time its peer says, and never past the deadline.
       if (deliver_us > 0 && dcn_ != nullptr) {
         absl::SleepFor(std::min(absl::FromUnixMicros(deliver_us), deadline) - absl::Now());
@@ -283,7 +411,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
     for (size_t i = 0; i < n; ++i) {
       short events = 0;
       if (sends[i].active && sends[i].done < sends[i].total) events |= POLLOUT;
-      if (recvs[i].active && recvs[i].done < recvs[i].total) events |= POLLIN;
+      if (recvs[i].active && recvs[i].phase != RecvState::kDone) events |= POLLIN;
       if (events != 0) fds.push_back({fds_[transfers[i].peer], events, 0});
     }
     const int ms = RemainingMs(deadline);
@@ -291,7 +419,8 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag
     if (ready == 0) {
       std::vector<std::string> waiting;
       for (size_t i = 0; i < n; ++i) {
-        if ((sends[i].active && sends[i].done < sends[i].total) || (recvs[i].active && recvs[i].done < recvs[i].total)) {
+        if ((sends[i].active && sends[i].done < sends[i].total) ||
+            (recvs[i].active && recvs[i].phase != RecvState::kDone)) {
           waiting.push_back(hosts_[transfers[i].peer]);
         }
       }
@@ -538,8 +667,9 @@ absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, cons
   absl::MutexLock lock(&mesh->mu_);
   absl::Status s = Connect(*mesh, key, deadline);
   if (s.ok()) s = body(*mesh);
-  // Closing tells the peers to reconnect before their next call on these devices.
-  if (!s.ok()) mesh->CloseAll();
+  // Closing tells the peers to reconnect before their next call on these devices. An abandoned
+  // call (Aborted) left the streams whole: the mesh stays, with what it kept for later calls.
+  if (!s.ok() && !absl::IsAborted(s)) mesh->CloseAll();
   return s;
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -34,6 +36,26 @@ namespace pathways::collective {
 struct Piece {
   char* data = nullptr;
   size_t bytes = 0;
+};
+
+// Which collective call a message belongs to: the gang execution (client, program, run, node
+// and group; hashed) and the call's index in it. The same on every member.
+struct CallId {
+  uint64_t execution = 0;
+  uint32_t call = 0;
+};
+
+// What precedes every message on a mesh's connections. Hosts of one cluster share a byte order.
+struct MessageHeader {
+  uint32_t magic;
+  uint32_t signature;
+  uint64_t execution;  // CallId
+  uint32_t call;
+  uint32_t step;
+  uint64_t bytes;
+  // Emulated DCN only: when the message may be taken as delivered (Unix microseconds; hosts
+  // that emulate share one machine's clock). 0: at once.
+  int64_t deliver_us;
 };
 
 // One peer's part of a step: the message sent to it (the concatenation of `send`) and the one
@@ -62,12 +84,19 @@ class PeerMesh {
   const std::string& host(int r) const { return hosts_[r]; }
 
   // Sends and receives every transfer's messages, all progressing together, until each is done
-  // or `deadline` passes. Every message carries `tag` (this step of this call, the same on every
-  // host) and `signature` (what is being reduced or gathered: kind, dtype, sizes): a message with
-  // another tag means the peer runs another collective here (gangs ordered differently) and fails
-  // the step with Aborted at once; another signature or size fails it with InvalidArgument.
-  // Errors name the peer host.
-  absl::Status Exchange(absl::Span<PeerTransfer> transfers, uint64_t tag, uint32_t signature, absl::Time deadline);
+  // or `deadline` passes. Every message names its call and step (`id`, `step`) and carries
+  // `signature` (what is being reduced or gathered: kind, dtype, sizes); another signature or
+  // size for the same call fails with InvalidArgument. Errors name the peer host.
+  //
+  // Hosts can fall out of step: a run that failed on one host before a collective, gangs ordered
+  // differently. A message of an execution this host is done with is a lagging peer's: dropped.
+  // A message of a call this host has not reached means the peer is past this call: the message
+  // is kept for its call (the last 64 per peer, for at most 5 minutes), this call is abandoned
+  // with Aborted (every message already started is finished first, so the connection stays
+  // usable) and the caller moves on. Both hosts then meet again at the next call they share,
+  // instead of failing every call after.
+  absl::Status Exchange(absl::Span<PeerTransfer> transfers, CallId id, uint32_t step, uint32_t signature,
+                        absl::Time deadline);
 
   // Working memory for the algorithms, at least `bytes`, kept across calls: a fresh buffer per
   // call would be page-faulted in every time.
@@ -75,7 +104,14 @@ class PeerMesh {
 
  private:
   friend class TcpLinks;
+  struct Stashed {  // a later call's message, read early
+    MessageHeader header;
+    std::string payload;
+    absl::Time at;
+  };
   void CloseAll();
+  void Enter(CallId id);  // a call starts: the executions before it are done
+  bool Stale(const MessageHeader& h, CallId id, uint32_t step) const;
 
   const std::vector<std::string> hosts_;
   const int rank_;
@@ -83,6 +119,10 @@ class PeerMesh {
   std::vector<int> fds_;  // by peer rank; -1 when not connected (and at rank_)
   uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
   std::vector<char> scratch_;
+  std::vector<std::deque<Stashed>> stash_;  // by peer rank, in arrival order
+  CallId current_;
+  absl::flat_hash_set<uint64_t> past_;  // executions done here, the last kPastExecutions
+  std::deque<uint64_t> past_order_;
   absl::Mutex mu_;        // held by the collective that uses the mesh
 };
 
