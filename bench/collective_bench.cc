@@ -29,7 +29,7 @@
 #include "client/client.h"
 #include "client/program.h"
 #include "collective/collective.h"
-#include "collective/peer_mesh.h"
+#include "collective/tcp_links.h"
 #include "core/process.h"
 #include "core/status_macros.h"
 #include "testing/subprocess.h"

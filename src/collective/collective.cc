@@ -9,6 +9,7 @@
 #include "absl/strings/strip.h"
 #include "collective/cross_host.h"
 #include "collective/peer_mesh.h"
+#include "collective/tcp_links.h"
 #include "core/status_macros.h"
 
 namespace pathways::collective {

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "collective/peer_mesh.h"
+#include "collective/tcp_links.h"
 #include "gtest/gtest.h"
 
 namespace pathways::collective {

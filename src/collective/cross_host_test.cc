@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "collective/peer_mesh.h"
+#include "collective/tcp_links.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
 

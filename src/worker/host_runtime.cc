@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "array/sharding.h"
-#include "collective/peer_mesh.h"
+#include "collective/tcp_links.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"

@@ -1,0 +1,27 @@
+// Small helpers over non-blocking TCP sockets, shared by the collective links' message layer
+// (peer_mesh.cc) and their connection management (tcp_links.cc). Internal to collective/.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pathways::collective {
+
+// Milliseconds left until `deadline`, for poll(): 0 once it has passed.
+int RemainingMs(absl::Time deadline);
+std::string Errno(int err);
+// TCP_NODELAY and non-blocking.
+void Configure(int fd);
+// Writes or reads all of [data, data+len) on a non-blocking socket before `deadline`; `what` names
+// the exchange in errors.
+absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time deadline, const std::string& what);
+// A connection the peer closed (or broke) since it was last used.
+bool PeerClosed(int fd);
+// "ip:port" or "[ip6]:port".
+absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, socklen_t* len);
+
+}  // namespace pathways::collective
