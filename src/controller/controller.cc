@@ -299,6 +299,7 @@ void Controller::Shutdown() {
   // The control graphs' work runs out before the schedulers and planes it calls go (each
   // island's scheduler before its plane: see Island).
   dataflow_pool_.Shutdown();
+  cross_island_order_.Close();  // no run over several islands reaches a scheduler that is gone
   absl::MutexLock lock(&schedulers_mu_);
   schedulers_.clear();
 }

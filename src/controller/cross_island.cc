@@ -5,6 +5,7 @@ namespace pathways {
 void CrossIslandOrder::Ready(std::vector<std::function<void()>> sends) {
   {
     absl::MutexLock lock(&mu_);
+    if (closed_) return;
     ready_.push_back(std::move(sends));
     if (draining_) return;  // the thread sending now sends this one after its own
     draining_ = true;
@@ -13,7 +14,8 @@ void CrossIslandOrder::Ready(std::vector<std::function<void()>> sends) {
     std::vector<std::function<void()>> next;
     {
       absl::MutexLock lock(&mu_);
-      if (ready_.empty()) {
+      if (ready_.empty() || closed_) {
+        ready_.clear();
         draining_ = false;
         return;
       }
@@ -22,6 +24,12 @@ void CrossIslandOrder::Ready(std::vector<std::function<void()>> sends) {
     }
     for (auto& send : next) send();
   }
+}
+
+void CrossIslandOrder::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  mu_.Await(absl::Condition(+[](bool* draining) { return !*draining; }, &draining_));
 }
 
 void CrossIslandRun::Reached(std::function<void()> send, std::function<void(absl::Status)> cancel) {

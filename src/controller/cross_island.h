@@ -28,11 +28,15 @@ class CrossIslandOrder {
   // it. A send may complete other runs (it releases more of its island's queue): those are queued
   // and sent by the same thread after it, never nested.
   void Ready(std::vector<std::function<void()>> sends);
+  // Sends nothing from now on, once the sends under way are done: the schedulers the sends call
+  // are about to go.
+  void Close();
 
  private:
   absl::Mutex mu_;
   std::deque<std::vector<std::function<void()>>> ready_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // One run over several islands: which of its parts have been reached. Thread-safe; shared by the

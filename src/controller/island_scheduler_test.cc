@@ -192,10 +192,22 @@ TEST_P(CrossIslandSchedulingTest, AClientRetiredWhileItsPartWaitsHearsCancelled)
   islands.island1.RetireClient("a", {"g0"});
   // Under proportional share the part was accepted when queued; under FIFO it hears why not.
   const absl::Status status = part0.Await().status();
-  if (GetParam() == SchedulingPolicy::kFifo) EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  if (GetParam() == SchedulingPolicy::kFifo) {
+    EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  }
   // The other island's part, reached after the retirement, is dropped, never sent.
   (void)islands.island1.Submit("a", 1, {GangRunOn(1, {"g0"}, 1)}, run).Await();
   for (const rpc::ScheduledOp& op : islands.sink1.sent("g0")) EXPECT_FALSE(op.op().has_run()) << "a run was sent";
+}
+
+TEST(CrossIslandOrderTest, AClosedOrderSendsNothing) {
+  CrossIslandOrder order;
+  int sent = 0;
+  order.Ready({[&] { ++sent; }});
+  EXPECT_EQ(sent, 1);
+  order.Close();
+  order.Ready({[&] { ++sent; }});
+  EXPECT_EQ(sent, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, CrossIslandSchedulingTest,
