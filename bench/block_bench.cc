@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_split.h"
+#include "bench_util.h"
 #include "client/client.h"
 #include "core/process.h"
 #include "core/status_macros.h"
@@ -26,16 +27,8 @@
 namespace pathways {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double Seconds(const std::function<void()>& body) {
-  auto start = std::chrono::steady_clock::now();
-  body();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+using bench::Median;
+using bench::Seconds;
 
 // Seconds to stream `bytes` from one thread to another over a loopback TCP connection.
 double RawTcp(int64_t bytes) {
@@ -109,9 +102,12 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "both slices landed on one host\n");
     return 1;
   }
-  std::printf("A block from one worker process to another, median of %d; raw TCP is one loopback stream of the "
-              "same bytes between two threads, measured in the same run.\n\n", repeats);
-  std::printf("| bytes | block ms | block GB/s | on one host ms | raw TCP ms | raw TCP GB/s | block / raw TCP rate |\n");
+  std::printf(
+      "A block from one worker process to another, median of %d; raw TCP is one loopback stream of the "
+      "same bytes between two threads, measured in the same run.\n\n",
+      repeats);
+  std::printf(
+      "| bytes | block ms | block GB/s | on one host ms | raw TCP ms | raw TCP GB/s | block / raw TCP rate |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (int64_t bytes : sizes) {
     const int64_t n = bytes / 4;

@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "bench_util.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "collective/collective.h"
@@ -38,17 +39,8 @@
 namespace pathways {
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double Seconds(const std::function<void()>& body) {
-  auto start = std::chrono::steady_clock::now();
-  body();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+using bench::Median;
+using bench::Seconds;
 
 // Steps per run: enough that a run is not all start-up, few enough for large messages.
 int StepsFor(int64_t bytes) { return bytes <= 4096 ? 128 : bytes <= (1 << 20) ? 32 : 8; }
@@ -66,9 +58,9 @@ class ProcessCluster {
     address_ = line.substr(line.rfind(' ') + 1);
     for (int h = 0; h < hosts; ++h) {
       workers_.push_back(std::make_unique<Subprocess>());
-      PW_RETURN_IF_ERROR(workers_.back()->Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--listen", "127.0.0.1:0",
-                                  "--devices", std::to_string(devices), "--device-memory",
-                                  std::to_string(device_memory)}));
+      PW_RETURN_IF_ERROR(workers_.back()->Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--listen",
+                                                 "127.0.0.1:0", "--devices", std::to_string(devices), "--device-memory",
+                                                 std::to_string(device_memory)}));
     }
     for (auto& w : workers_) PW_RETURN_IF_ERROR(w->WaitForLine("serving", absl::Seconds(60)).status());
     return absl::OkStatus();
@@ -94,17 +86,16 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
   PW_ASSIGN_OR_RETURN(VirtualSlice slice, client->CreateSlice({.mesh_shape = {members}}));
   const TensorSpec spec{DType::kF32, {members * per_device}};
   const int steps = StepsFor(bytes);
-  PW_ASSIGN_OR_RETURN(
-      CompiledFunction step,
-      client->Compile(FunctionSpec::Script(
-          "step", "def step(x):\n    return pathways.all_reduce(x, 'x', 'max') + 1.0\n", {spec}, {spec}, {{"x"}}, {{"x"}})));
-  PW_ASSIGN_OR_RETURN(
-      CompiledFunction fused,
-      client->Compile(FunctionSpec::Script(
-          "fused",
-          absl::StrCat("def fused(x):\n    for _ in range(", steps,
-                       "):\n        x = pathways.all_reduce(x, 'x', 'max') + 1.0\n    return x\n"),
-          {spec}, {spec}, {{"x"}}, {{"x"}})));
+  PW_ASSIGN_OR_RETURN(CompiledFunction step,
+                      client->Compile(FunctionSpec::Script(
+                          "step", "def step(x):\n    return pathways.all_reduce(x, 'x', 'max') + 1.0\n", {spec}, {spec},
+                          {{"x"}}, {{"x"}})));
+  PW_ASSIGN_OR_RETURN(CompiledFunction fused,
+                      client->Compile(FunctionSpec::Script(
+                          "fused",
+                          absl::StrCat("def fused(x):\n    for _ in range(", steps,
+                                       "):\n        x = pathways.all_reduce(x, 'x', 'max') + 1.0\n    return x\n"),
+                          {spec}, {spec}, {{"x"}}, {{"x"}})));
   ProgramBuilder builder("chain");
   TracedValue v = builder.Arg(spec);
   for (int i = 0; i < steps; ++i) {
@@ -129,20 +120,29 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
     const double t1 = Seconds([&] {
       for (int i = 0; i < steps && failure.ok(); ++i) {
         auto out = client->Call(step, slice, {x});
-        if (!out.ok()) failure = out.status(); else x = (*out)[0];
+        if (!out.ok())
+          failure = out.status();
+        else
+          x = (*out)[0];
       }
       expected += steps;
       check(failure);
     });
     const double t2 = Seconds([&] {
       auto out = client->Run(chain, {x});
-      if (!out.ok()) failure = out.status(); else x = (*out)[0];
+      if (!out.ok())
+        failure = out.status();
+      else
+        x = (*out)[0];
       expected += steps;
       check(failure);
     });
     const double t3 = Seconds([&] {
       auto out = client->Call(fused, slice, {x});
-      if (!out.ok()) failure = out.status(); else x = (*out)[0];
+      if (!out.ok())
+        failure = out.status();
+      else
+        x = (*out)[0];
       expected += steps;
       check(failure);
     });
@@ -175,10 +175,12 @@ std::optional<double> MeasureTorch(int ranks, int64_t bytes, int repeats) {
   for (int r = 0; r < ranks; ++r) {
     procs.push_back(std::make_unique<Subprocess>());
     // env(1) sets the rank; Gloo is told to use loopback.
-    if (!procs.back()->Start({"/usr/bin/env", absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", ranks),
-                              "GLOO_SOCKET_IFNAME=lo", "OMP_NUM_THREADS=1", "/usr/bin/python3", TORCH_PEER,
-                              "--bytes", std::to_string(bytes), "--steps", std::to_string(StepsFor(bytes)),
-                              "--repeats", std::to_string(repeats), "--store", store}).ok()) {
+    if (!procs.back()
+             ->Start({"/usr/bin/env", absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", ranks),
+                      "GLOO_SOCKET_IFNAME=lo", "OMP_NUM_THREADS=1", "/usr/bin/python3", TORCH_PEER, "--bytes",
+                      std::to_string(bytes), "--steps", std::to_string(StepsFor(bytes)), "--repeats",
+                      std::to_string(repeats), "--store", store})
+             .ok()) {
       return std::nullopt;
     }
   }
@@ -229,8 +231,11 @@ double MeasureHubOnly(int hosts, int devices, int64_t bytes, int repeats) {
           std::vector<float> in(count, 1.0f), out(count);
           collective::ShardCollectives shard(*hubs[m / devices], shared_layout, {&execution, 0, 0, 0}, m);
           for (int i = 0; i < calls; ++i) {
-            collective::CollectiveCall call{collective::CollectiveKind::kAllReduce, DType::kF32,
-                                            collective::ReduceOp::kMax, 0, count,
+            collective::CollectiveCall call{collective::CollectiveKind::kAllReduce,
+                                            DType::kF32,
+                                            collective::ReduceOp::kMax,
+                                            0,
+                                            count,
                                             reinterpret_cast<const char*>(in.data()),
                                             reinterpret_cast<char*>(out.data())};
             if (!shard.Run("x", call).ok()) std::abort();
@@ -254,9 +259,7 @@ double MemcpyBandwidth() {
 }
 
 std::string Format(std::optional<double> v) { return v ? absl::StrFormat("%.0f", *v) : "n/a"; }
-std::string Ratio(double a, std::optional<double> b) {
-  return b && *b > 0 ? absl::StrFormat("%.2f", a / *b) : "n/a";
-}
+std::string Ratio(double a, std::optional<double> b) { return b && *b > 0 ? absl::StrFormat("%.2f", a / *b) : "n/a"; }
 
 int Main(int argc, char** argv) {
   InitServingProcess();
@@ -296,11 +299,14 @@ int Main(int argc, char** argv) {
   if (!have_mpi) std::printf("OpenMPI: not installed or peer not built (make deps-bench, then rebuild)\n\n");
   const double memcpy_bw = MemcpyBandwidth();
   std::printf("memcpy on this machine: %.2f GB/s (bytes read + written)\n\n", memcpy_bw / 1e9);
-  std::printf("Steps per second, median of %d runs; a step is all_reduce(max) of the bytes per device, then an "
-              "add; every rank is a process or a device of a worker process.\n\n", repeats);
-  std::printf("The collective alone: all_reduce through the hub API, hosts as threads of one process with "
-              "loopback links between them, no compiled function; GB/s counts every member's input read and output "
-              "written, against memcpy's bytes read and written.\n\n");
+  std::printf(
+      "Steps per second, median of %d runs; a step is all_reduce(max) of the bytes per device, then an "
+      "add; every rank is a process or a device of a worker process.\n\n",
+      repeats);
+  std::printf(
+      "The collective alone: all_reduce through the hub API, hosts as threads of one process with "
+      "loopback links between them, no compiled function; GB/s counts every member's input read and output "
+      "written, against memcpy's bytes read and written.\n\n");
   std::printf("| hosts x devices | bytes/device | all_reduce/s | GB/s touched | of memcpy |\n|---|---|---|---|---|\n");
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {
@@ -313,8 +319,9 @@ int Main(int argc, char** argv) {
   }
   std::printf("\n");
   if (flags->Get("hub-only", "false") == "true") return 0;
-  std::printf("| hosts x devices | bytes/device | OpByOp | Chained | Fused | torch+Gloo | OpenMPI TCP | Fused/torch | "
-              "Fused/MPI | OpByOp/Fused | Chained/Fused | Fused GB/s touched |\n");
+  std::printf(
+      "| hosts x devices | bytes/device | OpByOp | Chained | Fused | torch+Gloo | OpenMPI TCP | Fused/torch | "
+      "Fused/MPI | OpByOp/Fused | Chained/Fused | Fused GB/s touched |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {

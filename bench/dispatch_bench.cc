@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "bench_util.h"
 #include "client/local_cluster.h"
 #include "client/program.h"
 #include "core/process.h"
@@ -16,18 +17,10 @@
 namespace pathways {
 namespace {
 
+using bench::Median;
+using bench::Seconds;
+
 constexpr int kChain = 128;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double Seconds(const std::function<void()>& body) {
-  auto start = std::chrono::steady_clock::now();
-  body();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 void Check(const HostArray& a, float expected) {
   if (a.data<float>()[0] != expected) {

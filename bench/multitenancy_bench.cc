@@ -16,6 +16,7 @@
 #include <map>
 #include <thread>
 
+#include "bench_util.h"
 #include "absl/strings/str_split.h"
 #include "client/local_cluster.h"
 #include "core/process.h"
@@ -23,6 +24,8 @@
 
 namespace pathways {
 namespace {
+
+using bench::Median;
 
 constexpr int kDevices = 2;     // one host, one device per core of the machine
 constexpr int kOutstanding = 8;  // runs each client keeps in flight for Figure 8
@@ -35,11 +38,6 @@ constexpr int64_t kSide = 160;   // a 160x160 matmul: ~0.3 ms of device work her
 // shares this machine's 2 cores with the devices; it then falls behind and, correctly, gets less
 // than its share (the scheduler is work-conserving).
 constexpr int64_t kSideForShares = 256;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // One client running a gang program (matmul, tanh, all_reduce over both devices) in a closed
 // loop with kOutstanding runs in flight.

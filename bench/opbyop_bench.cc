@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 
+#include "bench_util.h"
 #include "client/local_cluster.h"
 #include "compute/executable.h"
 #include "core/process.h"
@@ -21,16 +22,10 @@
 namespace pathways {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 double MicrosPer(int64_t n, const std::function<void()>& body) {
-  auto start = std::chrono::steady_clock::now();
-  body();
-  auto end = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(end - start).count() / static_cast<double>(n);
+  return bench::Seconds(body) * 1e6 / static_cast<double>(n);
 }
 
 struct Figures {

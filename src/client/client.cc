@@ -16,22 +16,31 @@
 namespace pathways {
 namespace {
 
-// One replica per distinct region of a sharding: the shards a full read needs.
-std::vector<int64_t> DistinctShards(const Sharding& sharding) {
-  std::vector<int64_t> shards;
-  std::vector<Region> seen;
-  for (int64_t s = 0; s < sharding.num_shards(); ++s) {
-    Region r = sharding.ShardRegion(s);
-    if (std::find(seen.begin(), seen.end(), r) != seen.end()) continue;
-    seen.push_back(r);
-    shards.push_back(s);
-  }
-  return shards;
-}
-
 absl::Status CheckSpec(const TensorSpec& spec, const std::string& what) {
   auto size = ByteSize(spec.dtype, spec.shape);
   if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", size.status().message()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateFunctionSpec(const FunctionSpec& spec) {
+  const std::string& name = spec.body.name;
+  if (name.empty()) return absl::InvalidArgumentError("a function needs a name");
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    PW_RETURN_IF_ERROR(CheckSpec(spec.inputs[i], absl::StrCat("function '", name, "' input ", i)));
+  }
+  for (size_t i = 0; i < spec.outputs.size(); ++i) {
+    PW_RETURN_IF_ERROR(CheckSpec(spec.outputs[i], absl::StrCat("function '", name, "' output ", i)));
+  }
+  if (!spec.in_shardings.empty() && spec.in_shardings.size() != spec.inputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("function '", name, "' has ", spec.inputs.size(),
+                                                   " inputs but ", spec.in_shardings.size(),
+                                                   " input shardings"));
+  }
+  if (!spec.out_shardings.empty() && spec.out_shardings.size() != spec.outputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("function '", name, "' has ", spec.outputs.size(),
+                                                   " outputs but ", spec.out_shardings.size(),
+                                                   " output shardings"));
+  }
   return absl::OkStatus();
 }
 
@@ -174,157 +183,7 @@ absl::Status Client::RemapSlice(const VirtualSlice& slice) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSliceResponse& response) {
-  auto mapping = std::make_shared<SliceMapping>();
-  mapping->id = mapping_ids_.Next();
-  for (const auto& d : response.devices()) {
-    mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island(),
-                                std::vector<int32_t>(d.coords().begin(), d.coords().end()), d.incarnation()});
-    NoteHost(d.host_address(), d.incarnation());
-    if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {
-      mapping->hosts.push_back(d.host_address());
-    }
-  }
-  return mapping;
-}
 
-namespace {
-
-absl::Status ValidateFunctionSpec(const FunctionSpec& spec) {
-  const std::string& name = spec.body.name;
-  if (name.empty()) return absl::InvalidArgumentError("a function needs a name");
-  for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    PW_RETURN_IF_ERROR(CheckSpec(spec.inputs[i], absl::StrCat("function '", name, "' input ", i)));
-  }
-  for (size_t i = 0; i < spec.outputs.size(); ++i) {
-    PW_RETURN_IF_ERROR(CheckSpec(spec.outputs[i], absl::StrCat("function '", name, "' output ", i)));
-  }
-  if (!spec.in_shardings.empty() && spec.in_shardings.size() != spec.inputs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("function '", name, "' has ", spec.inputs.size(),
-                                                   " inputs but ", spec.in_shardings.size(),
-                                                   " input shardings"));
-  }
-  if (!spec.out_shardings.empty() && spec.out_shardings.size() != spec.outputs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("function '", name, "' has ", spec.outputs.size(),
-                                                   " outputs but ", spec.out_shardings.size(),
-                                                   " output shardings"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status ClientCore::StartLease() {
-  PW_ASSIGN_OR_RETURN(absl::Duration interval, controller_->ClientHeartbeat(id_, /*goodbye=*/false));
-  lease_thread_ = std::thread([this, interval] { LeaseLoop(interval); });
-  return absl::OkStatus();
-}
-
-void ClientCore::LeaseLoop(absl::Duration interval) {
-  while (!lease_stop_.WaitForNotificationWithTimeout(interval)) {
-    auto next = controller_->ClientHeartbeat(id_, /*goodbye=*/false);
-    if (next.ok()) {
-      interval = *next;
-    } else {
-      PW_LOG(Warning) << "client " << id_ << " could not renew its lease: " << next.status();
-    }
-  }
-  (void)controller_->ClientHeartbeat(id_, /*goodbye=*/true);
-}
-
-ClientCore::~ClientCore() {
-  if (!lease_thread_.joinable()) return;
-  lease_stop_.Notify();
-  lease_thread_.join();
-}
-
-std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
-  absl::MutexLock lock(&mu_);
-  auto& q = schedule_queue_;
-  if (q == nullptr) {
-    q = std::make_shared<OrderedBatchQueue<rpc::GangRun>>(
-        [controller = controller_, id = id_, weight = options_.weight](std::vector<rpc::GangRun> runs) {
-          rpc::ScheduleRequest request;
-          request.set_client_id(id);
-          request.set_weight(weight);
-          for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
-          return controller->Schedule(request).Then([](const rpc::ScheduleResponse&) { return Unit{}; });
-        },
-        // A refused batch (a host left, say) fails its runs only. Their sequence numbers are
-        // filled with no-ops on the hosts still there, which would otherwise wait for them.
-        [weak = weak_from_this()](std::vector<rpc::GangRun> runs, const absl::Status& status) {
-          PW_LOG(Warning) << runs.size() << " runs refused by the scheduler: " << status;
-          auto core = weak.lock();
-          if (core == nullptr) return;
-          for (const rpc::GangRun& run : runs) {
-            for (const rpc::HostSeq& h : run.hosts()) {
-              auto q = core->queue(h.host());
-              if (q->session() == h.session()) q->SkipReserved(h.seq());  // else that sequence is gone
-            }
-          }
-        });
-  }
-  return q;
-}
-
-ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
-  PushedRun pushed;
-  std::map<std::string, SeqRef>& seqs = pushed.seqs;
-  std::vector<Future<Unit>> deliveries;
-  if (options_.TEST_bypass_scheduler) {
-    for (const std::string& host : hosts) {
-      rpc::Op o;
-      *o.mutable_run() = op;
-      seqs[host] = Push(host, std::move(o));
-      deliveries.push_back(queue(host)->Flushed());
-    }
-    pushed.delivered = AllDone(deliveries);
-    return pushed;
-  }
-  // One message for the run, whichever islands it spans: the controller splits it, and orders
-  // runs over several islands across them.
-  rpc::GangRun run;
-  *run.mutable_run() = op;
-  for (const std::string& host : hosts) {
-    rpc::HostSeq* h = run.add_hosts();
-    h->set_host(host);
-    std::shared_ptr<HostOpQueue> q = queue(host);
-    seqs[host] = {q->session(), q->ReserveSeq()};
-    h->set_seq(seqs[host].seq);
-    h->set_session(seqs[host].session);
-  }
-  run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
-  run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
-  auto queue = ScheduleQueue();
-  queue->Push(std::move(run));
-  deliveries.push_back(queue->Flushed());  // covers this run's batch
-  pushed.delivered = AllDone(deliveries);
-  return pushed;
-}
-
-absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,
-                                   const std::vector<std::string>& hosts) {
-  rpc::CompileRequest request;
-  request.mutable_body()->set_kind(static_cast<int>(fn.spec.body.kind));
-  request.mutable_body()->set_name(fn.spec.body.name);
-  request.mutable_body()->set_source(fn.spec.body.source);
-  std::vector<Future<rpc::CompileResponse>> calls;
-  for (const std::string& host : hosts) calls.push_back(worker(host)->Compile(request));
-  for (size_t i = 0; i < calls.size(); ++i) {
-    const auto& r = calls[i].Await();
-    if (!r.ok()) return r.status();
-    if (r->function_key() != fn.key) {
-      return absl::InternalError(absl::StrCat("host ", hosts[i], " named function '",
-                                              fn.spec.body.name, "' ", r->function_key(),
-                                              ", expected ", fn.key));
-    }
-    absl::MutexLock lock(&fn.mu);
-    fn.compiled_on.insert(HostKey(hosts[i]));
-  }
-  return absl::OkStatus();
-}
-
-// The State struct is private to CompiledFunction; Client is a friend, so it reaches it here.
 absl::StatusOr<CompiledFunction> Client::Compile(const FunctionSpec& spec) {
   PW_RETURN_IF_ERROR(ValidateFunctionSpec(spec));
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, core_->controller().GetStatus());
@@ -373,10 +232,6 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
 }
 
 namespace {
-
-// Completes when every shard of the array is computed. Assumes the producing op was pushed.
-Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
-                         const std::shared_ptr<const ShardedArray::State>& state);
 
 struct Segment {
   int first;
@@ -574,129 +429,6 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& f
   // lowering is cached like any program's.
   PW_ASSIGN_OR_RETURN(Program program, core_->OneNodeProgram(function, slice));
   return RunChecked(program, inputs, {});  // the inputs were just checked against the same specs
-}
-
-namespace {
-
-// Fetches the given shards from `host` once it has applied op `seq` (which produced them), the
-// client's direct ops to it flushed first: that surfaces a refused batch instead of waiting for
-// ops that never come.
-Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host, std::optional<SeqRef> at,
-                                         rpc::FetchRequest request) {
-  std::shared_ptr<WorkerClient> worker = core.worker(host);
-  std::shared_ptr<HostOpQueue> queue = core.queue(host);
-  if (!at.has_value()) at = SeqRef{queue->session(), queue->last_seq()};
-  if (at->session != queue->session()) {
-    // The sequence the array was made in broke (the host died or refused ops); what it held there
-    // is gone with it.
-    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
-        absl::StrCat("host ", host, " stopped taking this client's ops after array ", request.array_id(),
-                     " was made there (it left or restarted); its shards there are gone")));
-  }
-  request.set_after_seq(at->seq);
-  request.set_session(at->session);
-  return queue->Flushed().FlatThen(
-      [worker, request = std::move(request)](const Unit&) { return worker->Fetch(request); });
-}
-
-// The distinct shards of an array that a full read needs, fetched from their hosts.
-Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<ClientCore>& core,
-                                                    const ShardedArray::State& state,
-                                                    const std::vector<int64_t>& shards, bool status_only) {
-  std::map<std::string, std::vector<int32_t>> by_host;
-  std::map<std::string, std::string> incarnation;
-  for (int64_t s : shards) {
-    const PhysicalDeviceInfo& d = state.placed_on->devices[s];
-    by_host[d.host_address].push_back(static_cast<int32_t>(s));
-    incarnation[d.host_address] = d.incarnation;
-  }
-  std::vector<Future<rpc::FetchResponse>> responses;
-  for (auto& [host, host_shards] : by_host) {
-    rpc::FetchRequest request;
-    request.set_client_id(core->id());
-    request.set_array_id(state.id);
-    request.set_status_only(status_only);
-    request.set_incarnation(incarnation[host]);
-    for (int32_t s : host_shards) request.add_shards(s);
-    auto at = state.produced_at->find(host);
-    responses.push_back(FetchFromHost(*core, host,
-                                      at == state.produced_at->end() ? std::nullopt : std::optional<SeqRef>(at->second),
-                                      std::move(request)));
-  }
-  return JoinAll(responses);
-}
-
-std::vector<int64_t> AllShards(const Sharding& sharding) {
-  std::vector<int64_t> all(static_cast<size_t>(sharding.num_shards()));
-  for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int64_t>(s);
-  return all;
-}
-
-Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
-                         const std::shared_ptr<const ShardedArray::State>& state) {
-  // Holding the state keeps the shards alive until the answer is in.
-  return FetchShards(core, *state, AllShards(state->sharding), /*status_only=*/true)
-      .Then([state](const std::vector<rpc::FetchResponse>&) { return Unit{}; });
-}
-
-absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::vector<rpc::FetchResponse>& all) {
-  PW_ASSIGN_OR_RETURN(HostArray out, HostArray::Create(state.spec.dtype, state.spec.shape));
-  const Shape& local = state.sharding.local_shape();
-  const TensorSpec expected{state.spec.dtype, local};
-  for (const rpc::FetchResponse& response : all) {
-    for (const rpc::ShardData& shard : response.shards()) {
-      if (shard.shard() < 0 || shard.shard() >= state.sharding.num_shards()) {
-        return absl::InternalError(absl::StrCat("worker returned unknown shard ", shard.shard()));
-      }
-      PW_ASSIGN_OR_RETURN(TensorSpec got, FromProto(shard.spec()));
-      if (got != expected || static_cast<int64_t>(shard.data().size()) != *ByteSize(got.dtype, got.shape)) {
-        return absl::InternalError(absl::StrCat("worker returned shard ", shard.shard(), " as ", got.ToString(),
-                                                ", expected ", expected.ToString()));
-      }
-      Region region = state.sharding.ShardRegion(shard.shard());
-      CopyRegion(shard.data().data(), local, Shape(local.size(), 0), local, DTypeSize(got.dtype),
-                 out.mutable_bytes().data(), out.shape(), region.start);
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-// Both wait until the array's producing op has reached its hosts (sequential runs push late; a
-// run the scheduler refused fails here with its reason).
-bool Client::Owns(const ShardedArray& array) const {
-  return array.state_ != nullptr && array.state_->core.get() == core_.get();
-}
-
-absl::Status Client::CheckOwned(const ShardedArray& array, const char* what) const {
-  if (!Owns(array)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " of an array that is not this client's"));
-  }
-  return absl::OkStatus();
-}
-
-Future<HostArray> Client::Fetch(const ShardedArray& array) {
-  if (absl::Status s = CheckOwned(array, "Fetch"); !s.ok()) return Future<HostArray>::Ready(s);
-  auto core = core_;
-  auto state = array.state_;
-  return state->delivered
-      .FlatThen([core, state](const Unit&) {
-        return FetchShards(core, *state, DistinctShards(state->sharding), /*status_only=*/false);
-      })
-      .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
-}
-
-Future<Unit> Client::Enqueued(const ShardedArray& array) {
-  if (absl::Status s = CheckOwned(array, "Enqueued"); !s.ok()) return Future<Unit>::Ready(s);
-  return array.state_->delivered;
-}
-
-Future<Unit> Client::Ready(const ShardedArray& array) {
-  if (absl::Status s = CheckOwned(array, "Ready"); !s.ok()) return Future<Unit>::Ready(s);
-  auto core = core_;
-  auto state = array.state_;
-  return state->delivered.FlatThen([core, state](const Unit&) { return ShardsReady(core, state); });
 }
 
 }  // namespace pathways

@@ -212,4 +212,9 @@ struct ClientCore::Lowering {
   std::atomic<bool> ready{false};  // compiled and registered on every host
 };
 
+// Completes when every shard of the array is computed (fetch.cc). Assumes the producing op was
+// pushed.
+Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
+                         const std::shared_ptr<const ShardedArray::State>& state);
+
 }  // namespace pathways

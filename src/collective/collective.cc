@@ -24,8 +24,8 @@ absl::StatusOr<std::string> InMemoryKeyValueStore::Get(const std::string& key, a
   absl::MutexLock lock(&mu_);
   auto present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.contains(key); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("rendezvous key '", key, "' not set within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous key '", key, "' not set within ", absl::FormatDuration(timeout)));
   }
   return values_.at(key);
 }
@@ -41,8 +41,8 @@ absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::str
       auto it = std::find(layout.axis_names.begin(), layout.axis_names.end(), name);
       if (it == layout.axis_names.end()) {
         return absl::InvalidArgumentError(absl::StrCat("collective over unknown mesh axis '", name,
-                                                       "'; the mesh has axes [",
-                                                       absl::StrJoin(layout.axis_names, ", "), "]"));
+                                                       "'; the mesh has axes [", absl::StrJoin(layout.axis_names, ", "),
+                                                       "]"));
       }
       int a = static_cast<int>(it - layout.axis_names.begin());
       if (std::find(named.begin(), named.end(), a) != named.end()) {
@@ -88,11 +88,16 @@ absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::str
 
 const char* CollectiveName(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllToAll: return "all_to_all";
-    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
   }
   return "collective";
 }
@@ -143,7 +148,6 @@ struct CollectiveHub::Meeting {
   absl::Status status;
 };
 
-
 CollectiveHub::CollectiveHub(std::string host, std::unique_ptr<TcpLinks> links, absl::Duration timeout)
     : host_(std::move(host)), links_(std::move(links)), timeout_(timeout) {}
 
@@ -162,7 +166,8 @@ absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shar
     if (m.host == host) p.local.push_back(static_cast<int>(r));
   }
   if (p.local.empty()) {
-    return absl::InternalError(absl::StrCat("shard ", shard, " runs on host ", host, " but its gang places it elsewhere"));
+    return absl::InternalError(
+        absl::StrCat("shard ", shard, " runs on host ", host, " but its gang places it elsewhere"));
   }
   std::sort(p.hosts.begin(), p.hosts.end());
   p.hosts.erase(std::unique(p.hosts.begin(), p.hosts.end()), p.hosts.end());
@@ -211,8 +216,8 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
   if (!mu_.AwaitWithTimeout(absl::Condition(&met), timeout_)) {
     meeting->done = true;  // a member that comes later finds it so, and does not lead
     meeting->status = absl::DeadlineExceededError(
-        absl::StrCat("collective ", call_key, ": ", meeting->arrived, " of ", local_members, " members on host ",
-                     host_, " met within ", absl::FormatDuration(timeout_),
+        absl::StrCat("collective ", call_key, ": ", meeting->arrived, " of ", local_members, " members on host ", host_,
+                     " met within ", absl::FormatDuration(timeout_),
                      "; gangs that share devices may have been ordered differently on them"));
   }
   // Once all are here the leader works in every member's buffers: nobody leaves before it is
@@ -252,7 +257,8 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
                 absl::StrCat(c.count, " elements do not split into ", size, " equal chunks"));
   }
   if (c.kind == CollectiveKind::kBroadcast && (c.root < 0 || c.root >= static_cast<int>(size))) {
-    return fail(absl::StatusCode::kInvalidArgument, absl::StrCat("root ", c.root, " is not a member of a group of ", size));
+    return fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("root ", c.root, " is not a member of a group of ", size));
   }
   if (cross && links_ == nullptr) {
     return fail(absl::StatusCode::kUnimplemented, absl::StrCat("host ", host_, " has no cross-host collectives"));
@@ -260,17 +266,16 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
   // What the members must agree on, as SameCall checks it locally.
   const bool reduces = c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter;
   const int64_t what[] = {static_cast<int64_t>(c.kind), static_cast<int64_t>(c.dtype),
-                          reduces ? static_cast<int64_t>(c.op) : -1,
-                          c.kind == CollectiveKind::kBroadcast ? c.root : -1, static_cast<int64_t>(c.count)};
+                          reduces ? static_cast<int64_t>(c.op) : -1, c.kind == CollectiveKind::kBroadcast ? c.root : -1,
+                          static_cast<int64_t>(c.count)};
   const uint32_t signature =
       static_cast<uint32_t>(Fnv64(absl::string_view(reinterpret_cast<const char*>(what), sizeof(what))));
   // Runs the cross-host part on the group's mesh (connections are kept per set of devices).
   auto across = [&](auto&& body) -> absl::Status {
-    absl::Status s = links_->Run(plan.hosts, plan.mine, plan.devices, absl::Now() + timeout_,
-                                 [&](PeerMesh& mesh) {
-                                   MeshSteps steps(mesh, id, signature, absl::Now() + timeout_);
-                                   return body(steps);
-                                 });
+    absl::Status s = links_->Run(plan.hosts, plan.mine, plan.devices, absl::Now() + timeout_, [&](PeerMesh& mesh) {
+      MeshSteps steps(mesh, id, signature, absl::Now() + timeout_);
+      return body(steps);
+    });
     if (s.ok()) return s;
     return fail(s.code(), absl::StrCat("across hosts [", absl::StrJoin(plan.hosts, ", "), "]: ", s.message()));
   };
@@ -323,8 +328,8 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
           PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, c.in + r * chunk, calls[plan.local[1]]->in + r * chunk,
                                     calls[r]->out, c.count / size));
           for (size_t i = 2; i < plan.local.size(); ++i) {
-            PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, calls[r]->out, calls[plan.local[i]]->in + r * chunk,
-                                          c.count / size));
+            PW_RETURN_IF_ERROR(
+                ReduceInto(c.dtype, c.op, calls[r]->out, calls[plan.local[i]]->in + r * chunk, c.count / size));
           }
         }
         return absl::OkStatus();
@@ -414,7 +419,8 @@ absl::Status ShardCollectives::Run(absl::string_view axes, const CollectiveCall&
     PW_ASSIGN_OR_RETURN(const GroupPlacement* placement, PlacementFor(axes));
     // Every member makes the same calls in the same order (SPMD), so the call index matches.
     if (execution_key_.empty()) {
-      execution_key_ = absl::StrCat(*execution_.client, "/", execution_.program, "/", execution_.run, "/", execution_.node);
+      execution_key_ =
+          absl::StrCat(*execution_.client, "/", execution_.program, "/", execution_.run, "/", execution_.node);
     }
     const CallId id{Fnv64(absl::StrCat(execution_key_, "/", placement->group.id)), static_cast<uint32_t>(calls_)};
     const std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", placement->group.id);

@@ -87,6 +87,16 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const
   return absl::OkStatus();
 }
 
+int Mod(int x, int n) { return (x % n + n) % n; }
+
+// One ring step: `out` to the host after this one, `in` from the one before (the same host when
+// there are two). The receiving transfer is the last.
+std::vector<PeerTransfer> RingStep(const PeerMesh& mesh, const std::vector<Piece>& out, const std::vector<Piece>& in) {
+  const int right = Mod(mesh.rank() + 1, mesh.size()), left = Mod(mesh.rank() - 1, mesh.size());
+  if (right == left) return {{right, out, in, nullptr}};
+  return {{right, out, {}, nullptr}, {left, {}, in, nullptr}};
+}
+
 // After H-1 steps, host h holds segment h reduced over all hosts. At step s host h sends segment
 // h-s-1 (its partial sum so far) to h+1 and reduces segment h-s-2 arriving from h-1. Each
 // segment is reduced at most once per host, so `out` is written from `inputs` (the same ranges
@@ -100,9 +110,8 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
   for (const auto& s : segments) largest = std::max(largest, Bytes(s));
   char* tmp = steps.mesh().Scratch(largest);
   const size_t chunk = std::max(element, kChunkBytes / element * element);
-  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   for (int s = 0; s + 1 < size; ++s) {
-    const int sent = ((rank - s - 1) % size + size) % size, landed = ((rank - s - 2) % size + size) % size;
+    const int sent = Mod(rank - s - 1, size), landed = Mod(rank - s - 2, size);
     const auto& out = s == 0 ? inputs[sent] : segments[sent];
     // What arrives lands in tmp, one piece per chunk of each destination range.
     std::vector<Piece> landing;
@@ -119,13 +128,7 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
         offset += n;
       }
     }
-    std::vector<PeerTransfer> t;
-    if (right == left) {
-      t.push_back({right, out, landing, nullptr});
-    } else {
-      t.push_back({right, out, {}, nullptr});
-      t.push_back({left, {}, landing, nullptr});
-    }
+    std::vector<PeerTransfer> t = RingStep(steps.mesh(), out, landing);
     t.back().on_piece = [&](size_t i) {
       return Reduce(dtype, op, from[i], landing[i].data, into[i], landing[i].bytes / element);
     };
@@ -138,17 +141,9 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
 // h-s-1 from h-1, in place.
 absl::Status RingAllGather(MeshSteps& steps, const Segments& segments) {
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
-  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   for (int s = 0; s + 1 < size; ++s) {
-    const auto& out = segments[((rank - s) % size + size) % size];
-    const auto& in = segments[((rank - s - 1) % size + size) % size];
-    std::vector<PeerTransfer> t;
-    if (right == left) {
-      t.push_back({right, out, in, nullptr});
-    } else {
-      t.push_back({right, out, {}, nullptr});
-      t.push_back({left, {}, in, nullptr});
-    }
+    std::vector<PeerTransfer> t =
+        RingStep(steps.mesh(), segments[Mod(rank - s, size)], segments[Mod(rank - s - 1, size)]);
     PW_RETURN_IF_ERROR(steps.Step(t));
   }
   return absl::OkStatus();
@@ -156,8 +151,7 @@ absl::Status RingAllGather(MeshSteps& steps, const Segments& segments) {
 
 }  // namespace
 
-absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out,
-                                  size_t count) {
+absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out, size_t count) {
   const size_t element = DTypeSize(dtype);
   const int size = steps.mesh().size();
   if (count * element < kLargeMessageBytes || count < static_cast<size_t>(size)) {

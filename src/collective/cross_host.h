@@ -50,8 +50,7 @@ using Segments = std::vector<std::vector<Piece>>;
 
 // `count` elements at `out` become the reduction of `in` over every host, identical on every
 // host. `in` may be `out`; otherwise it is read, never copied to `out` first.
-absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out,
-                                  size_t count);
+absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out, size_t count);
 
 // Each host's segment of `acc` becomes the reduction of that segment over every host (the rest
 // of `acc` is left partly reduced). Segments hold whole elements.

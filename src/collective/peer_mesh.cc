@@ -264,7 +264,8 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
           const MessageHeader& h = r.header;
           r.got = 0;
           if (h.magic != kMessageMagic) {
-            return absl::InvalidArgumentError(absl::StrCat("host ", peer, " sent bytes that are not a collective message"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("host ", peer, " sent bytes that are not a collective message"));
           }
           if (h.execution == id.execution && h.call == id.call && h.step == step) {
             PW_RETURN_IF_ERROR(ours(i, h));
@@ -276,8 +277,8 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
           } else {
             // A later call's: kept for it, and this call is abandoned.
             if (h.bytes > kMaxStashedBytes) {
-              return absl::ResourceExhaustedError(absl::StrCat("host ", peer, " sent a collective message of ", h.bytes,
-                                                               " bytes for a later call"));
+              return absl::ResourceExhaustedError(
+                  absl::StrCat("host ", peer, " sent a collective message of ", h.bytes, " bytes for a later call"));
             }
             r.stash.assign(h.bytes, '\0');
             r.phase = RecvState::kStash;

@@ -111,14 +111,14 @@ class PeerMesh {
   const std::vector<std::string> hosts_;
   const int rank_;
   DcnEmulation* const dcn_;
-  std::vector<int> fds_;  // by peer rank; -1 when not connected (and at rank_)
+  std::vector<int> fds_;                   // by peer rank; -1 when not connected (and at rank_)
   uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
   std::vector<char> scratch_;
   std::vector<std::deque<Stashed>> stash_;  // by peer rank, in arrival order
   CallId current_;
   absl::flat_hash_set<uint64_t> past_;  // executions done here, the last kPastExecutions
   std::deque<uint64_t> past_order_;
-  absl::Mutex mu_;        // held by the collective that uses the mesh
+  absl::Mutex mu_;  // held by the collective that uses the mesh
 };
 
 }  // namespace pathways::collective

@@ -47,9 +47,12 @@ absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name) {
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -73,7 +76,8 @@ absl::Status Reduce(DType dtype, ReduceOp op, const void* a, const void* b, void
     case DType::kBool:
       ReduceBool(op, static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b), static_cast<uint8_t*>(out), count);
       break;
-    default: return absl::InvalidArgumentError(absl::StrCat("cannot reduce elements of type ", DTypeName(dtype)));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("cannot reduce elements of type ", DTypeName(dtype)));
   }
   return absl::OkStatus();
 }

@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, con
   socklen_t bound_len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
   const int port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  const std::string address = addr->ss_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
+  const std::string address =
+      addr->ss_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(fd);
@@ -254,8 +255,8 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
   return absl::OkStatus();
 }
 
-absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, const std::string& key,
-                           absl::Time deadline, absl::FunctionRef<absl::Status(PeerMesh&)> body) {
+absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, const std::string& key, absl::Time deadline,
+                           absl::FunctionRef<absl::Status(PeerMesh&)> body) {
   std::shared_ptr<PeerMesh> mesh;
   {
     absl::MutexLock lock(&mu_);

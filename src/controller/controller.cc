@@ -44,9 +44,13 @@ Future<Unit> Controller::SubmitAcrossIslands(const std::string& client, double w
                                              std::vector<std::pair<int, rpc::GangRun>> parts) {
   std::vector<Future<Unit>> accepted;
   if (options_.TEST_unordered_islands) {
-    // Each part on its own, half the clients reaching the islands last to first.
+    // Each part on its own, half the clients reaching the islands last to first, with a pause
+    // between the islands that lets another client's run overtake on the second one.
     if (std::hash<std::string>{}(client) % 2 == 1) std::reverse(parts.begin(), parts.end());
-    for (auto& [island, part] : parts) accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}));
+    for (auto& [island, part] : parts) {
+      if (!accepted.empty()) absl::SleepFor(absl::Milliseconds(1));
+      accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}));
+    }
     return AllDone(accepted);
   }
   auto run = std::make_shared<CrossIslandRun>(cross_island_order_, static_cast<int>(parts.size()));

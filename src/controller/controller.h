@@ -29,8 +29,8 @@ struct ControllerOptions {
   // Calls must carry this token; empty: PATHWAYS_TOKEN, or none when unset.
   std::string token;
   // Test-only: runs over several islands reach each island's scheduler independently, in an
-  // order that differs between clients, as before islands were ordered together: gangs over
-  // several islands can then meet out of order.
+  // order that differs between clients and 1 ms apart, as if islands were not ordered together:
+  // gangs over several islands then meet out of order.
   bool TEST_unordered_islands = false;
 };
 

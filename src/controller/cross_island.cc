@@ -29,7 +29,8 @@ void CrossIslandOrder::Ready(std::vector<std::function<void()>> sends) {
 void CrossIslandOrder::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
-  mu_.Await(absl::Condition(+[](bool* draining) { return !*draining; }, &draining_));
+  mu_.Await(absl::Condition(
+      +[](bool* draining) { return !*draining; }, &draining_));
 }
 
 void CrossIslandRun::Reached(std::function<void()> send, std::function<void(absl::Status)> cancel) {

@@ -12,105 +12,9 @@
 #include "device/cpu_device.h"
 #include "dataflow/graph.h"
 #include "transport/rpc_util.h"
+#include "worker/input_assembly.h"
 
 namespace pathways {
-namespace {
-
-// One input of one shard: its local spec and the futures of the blocks it is assembled from.
-struct InputPlan {
-  TensorSpec spec;
-  std::vector<Region> src_regions;
-  std::vector<Shape> dst_starts;
-  size_t first_piece = 0;  // index into the flattened piece futures
-};
-
-absl::Status CheckSameRank(const Region& region, const Shape& dst_start, size_t rank) {
-  if (region.start.size() != rank || region.size.size() != rank || dst_start.size() != rank) {
-    return absl::InvalidArgumentError(absl::StrCat("input piece of rank ", region.start.size(),
-                                                   " does not match input rank ", rank));
-  }
-  return absl::OkStatus();
-}
-
-// Builds one input on `device` from its pieces. When the input is exactly one whole local buffer
-// on the same device it is used as is, without a copy.
-absl::StatusOr<BufferPtr> AssembleInput(Device& device, absl::Duration memory_wait, const InputPlan& plan,
-                                        const std::vector<BufferPtr>& pieces) {
-  const size_t n = plan.src_regions.size();
-  for (size_t p = 0; p < n; ++p) {
-    const BufferPtr& src = pieces[plan.first_piece + p];
-    if (src->dtype() != plan.spec.dtype) {
-      return absl::InvalidArgumentError(absl::StrCat("input is ", DTypeName(src->dtype()),
-                                                     ", expected ", plan.spec.ToString()));
-    }
-    PW_RETURN_IF_ERROR(CheckSameRank(plan.src_regions[p], plan.dst_starts[p], plan.spec.shape.size()));
-    PW_RETURN_IF_ERROR(CheckRegionInside(plan.src_regions[p], src->shape()));
-    PW_RETURN_IF_ERROR(CheckRegionInside({plan.dst_starts[p], plan.src_regions[p].size}, plan.spec.shape));
-  }
-  if (n == 1) {
-    const BufferPtr& only = pieces[plan.first_piece];
-    if (only->device_index() == device.local_index() && only->shape() == plan.spec.shape &&
-        plan.src_regions[0].size == plan.spec.shape) {
-      return only;
-    }
-  }
-  PW_ASSIGN_OR_RETURN(BufferPtr out, device.Allocate(plan.spec.dtype, plan.spec.shape, memory_wait));
-  if (n == 0) std::memset(out->data(), 0, static_cast<size_t>(out->byte_size()));
-  for (size_t p = 0; p < n; ++p) {
-    const BufferPtr& src = pieces[plan.first_piece + p];
-    CopyRegion(src->data(), src->shape(), plan.src_regions[p].start, plan.src_regions[p].size,
-               DTypeSize(src->dtype()), out->data(), plan.spec.shape, plan.dst_starts[p]);
-  }
-  return out;
-}
-
-// The operators of a program node's block exchange (see HostRuntime::NodePlan). The sender
-// routes an injected block to the receiving shard named in its first four bytes; the receiver
-// hands blocks to the object store and, when its epoch is complete, fails whatever never came.
-
-// Carries nothing: its shard's epoch is closed by the receiving host once it is set up.
-class ArmingSource : public dataflow::Operator {
- public:
-  void OnMessage(dataflow::ShardContext&, int, int, const std::string&) override {}
-  void OnEpochDone(dataflow::ShardContext&) override {}
-};
-
-class BlockSender : public dataflow::Operator {
- public:
-  explicit BlockSender(int edge) : edge_(edge) {}
-  void OnMessage(dataflow::ShardContext& ctx, int, int, const std::string& payload) override {
-    int32_t dest = 0;
-    std::memcpy(&dest, payload.data(), sizeof(dest));
-    ctx.Send(edge_, dest, payload.substr(sizeof(dest)));
-  }
-  void OnEpochDone(dataflow::ShardContext&) override {}
-
- private:
-  const int edge_;
-};
-
-}  // namespace
-
-class HostRuntime::BlockReceiver : public dataflow::Operator {
- public:
-  BlockReceiver(HostRuntime& runtime, std::string client, int program_node)
-      : runtime_(runtime), client_(std::move(client)), program_node_(program_node) {}
-  void OnMessage(dataflow::ShardContext&, int, int, const std::string& payload) override {
-    rpc::TransferRequest request;
-    if (!request.ParseFromString(payload)) {
-      PW_LOG(Error) << "dataflow block that does not parse, dropped";
-      return;
-    }
-    runtime_.ReceiveTransfer(client_, request);
-  }
-  void OnEpochDone(dataflow::ShardContext& ctx) override { runtime_.FinishEpoch(client_, ctx.epoch(), program_node_); }
-
- private:
-  HostRuntime& runtime_;
-  const std::string client_;
-  const int program_node_;
-};
-
 namespace {
 
 // Links to other hosts when the host has somewhere to meet them; collectives stay within the
@@ -340,11 +244,11 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
       [this, client, roles](int node, int) -> std::unique_ptr<dataflow::Operator> {
         auto [role, value] = roles.at(node);
         switch (role) {
-          case Role::kSend: return std::make_unique<BlockSender>(value);
-          case Role::kArm: return std::make_unique<ArmingSource>();
+          case Role::kSend: return MakeBlockSender(value);
+          case Role::kArm: return MakeArmingSource();
           case Role::kReceive: break;
         }
-        return std::make_unique<BlockReceiver>(*this, client, value);
+        return MakeBlockReceiver(client, value);
       },
       dcn_transport_ != nullptr ? static_cast<dataflow::Transport&>(*dcn_transport_) : dataflow_transport_, io_pool_);
   absl::MutexLock lock(&programs_mu_);
@@ -575,160 +479,6 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const Program>& entry, int 
     }
     for (size_t j = 0; j < results->size(); ++j) (*outputs)[j].Set((*results)[j]);
   });
-}
-
-Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, ObjectStore::ShardKey source,
-                               const Region& region, const std::string& dest, const ObjectStore::TransferId& id) {
-  const NodePlan& exchange = entry->nodes[id.node];
-  const int32_t dest_shard = exchange.receiver_index.at(dest);
-  const int sender_shard = exchange.sender_index.at(name());
-  Promise<Unit> handed;
-  Future<Unit> result = handed.future();
-  store_.Get(entry->client, source)
-      .OnReady(io_pool_, [this, entry, region, dest_shard, sender_shard, id, handed = std::move(handed)](
-                             const absl::StatusOr<BufferPtr>& src) mutable {
-        rpc::TransferRequest request;
-        request.set_client_id(entry->client);
-        rpc::TransferId* t = request.mutable_transfer();
-        t->set_epoch(id.epoch);
-        t->set_node(id.node);
-        t->set_input(id.input);
-        t->set_dst_shard(id.dst_shard);
-        t->set_src_shard(id.src_shard);
-        absl::Status status = src.status();
-        if (status.ok()) status = CheckRegionInside(region, (*src)->shape());
-        if (status.ok()) {
-          const DeviceBuffer& b = **src;
-          *request.mutable_spec() = ToProto(TensorSpec{b.dtype(), region.size});
-          std::string* data = request.mutable_data();
-          data->resize(static_cast<size_t>(*ByteSize(b.dtype(), region.size)));
-          CopyRegion(b.data(), b.shape(), region.start, region.size, DTypeSize(b.dtype()), data->data(),
-                     region.size, Shape(region.size.size(), 0));
-        } else {
-          // The consumer fails with the producer's error instead of waiting for data.
-          request.set_error_code(static_cast<int>(status.code()));
-          request.set_error_message(absl::StrCat("from host ", name(), ": ", status.message()));
-        }
-        std::string payload(sizeof(int32_t), '\0');
-        std::memcpy(payload.data(), &dest_shard, sizeof(dest_shard));
-        request.AppendToString(&payload);
-        absl::Status injected = entry->engine->Inject(entry->nodes[id.node].send_node, sender_shard, id.epoch,
-                                                      std::move(payload));
-        if (!injected.ok()) PW_LOG(Error) << "block of epoch " << id.epoch << " not sent: " << injected;
-        handed.Set(Unit{});
-      });
-  return result;
-}
-
-void HostRuntime::ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request) {
-  const rpc::TransferId& t = request.transfer();
-  auto deliver = [&](absl::StatusOr<BufferPtr> data) {
-    store_.DeliverTransfer(client, {t.epoch(), t.node(), t.input(), t.dst_shard(), t.src_shard()}, std::move(data));
-  };
-  if (request.error_code() != 0) {
-    deliver(absl::Status(static_cast<absl::StatusCode>(request.error_code()), request.error_message()));
-    return;
-  }
-  auto spec = FromProto(request.spec());
-  if (!spec.ok()) {
-    deliver(spec.status());
-    return;
-  }
-  // A transferred block is staged in host memory: it is charged to a device only when the
-  // consuming computation assembles its input there.
-  auto size = ByteSize(spec->dtype, spec->shape);
-  if (static_cast<int64_t>(request.data().size()) != *size) {
-    deliver(absl::InvalidArgumentError(absl::StrCat("transfer of epoch ", t.epoch(), " carries ",
-                                                    request.data().size(), " bytes for ",
-                                                    spec->ToString())));
-    return;
-  }
-  auto staging = std::make_shared<MemoryBudget>(name() + "/staging", *size);
-  (void)staging->Charge(*size);
-  auto buffer = std::make_shared<DeviceBuffer>(staging, -1, spec->dtype, spec->shape, *size);
-  std::memcpy(buffer->data(), request.data().data(), request.data().size());
-  deliver(std::move(buffer));
-}
-
-void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
-  TensorSpec spec = *FromProto(op.spec());
-  Promise<BufferPtr> promise;
-  store_.Put(client, {op.dest().array_id(), op.dest().shard()}, promise.future());
-  auto size = ByteSize(spec.dtype, spec.shape);
-  if (static_cast<int64_t>(op.data().size()) != *size) {
-    promise.Set(absl::InvalidArgumentError(absl::StrCat("put of ", spec.ToString(), " carries ",
-                                                        op.data().size(), " bytes, needs ", *size)));
-    return;
-  }
-  auto buffer = devices_[op.local_device()]->Allocate(spec.dtype, spec.shape);
-  if (!buffer.ok()) {
-    promise.Set(buffer.status());
-    return;
-  }
-  std::memcpy((*buffer)->data(), op.data().data(), op.data().size());
-  promise.Set(*std::move(buffer));
-}
-
-rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request) const {
-  rpc::GetTraceResponse response;
-  response.set_host(name());
-  for (int d = 0; d < num_devices(); ++d) {
-    for (const TraceEvent& e : devices_[d]->Trace(request.since_us())) {
-      // A client sees its own work only; other tenants' work stays private.
-      if (e.label.client != request.client_id()) continue;
-      rpc::TraceEventProto* p = response.add_events();
-      p->set_device(d);
-      p->set_program(e.label.program);
-      p->set_run(e.label.run);
-      p->set_node(e.label.node);
-      p->set_shard(e.label.shard);
-      p->set_name(e.label.name);
-      p->set_start_us(e.start_us);
-      p->set_end_us(e.end_us);
-    }
-  }
-  return response;
-}
-
-Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) {
-  if (!request.incarnation().empty() && !options_.incarnation.empty() && request.incarnation() != options_.incarnation) {
-    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
-        absl::StrCat("host ", name(), " restarted after array ", request.array_id(), " was placed on it; it is gone")));
-  }
-  if (request.after_seq() > 0) {
-    // Read only once the ops that produce the array have been applied here.
-    return sequencer_.WhenApplied(request.client_id(), request.session(), request.after_seq())
-        .FlatThen([this, request](const Unit&) {
-          rpc::FetchRequest now = request;
-          now.set_after_seq(0);
-          return Fetch(now);
-        });
-  }
-  std::vector<Future<BufferPtr>> shards;
-  for (int32_t s : request.shards()) shards.push_back(store_.Get(request.client_id(), {request.array_id(), s}));
-  Promise<rpc::FetchResponse> promise;
-  Future<rpc::FetchResponse> result = promise.future();
-  std::vector<int32_t> indices(request.shards().begin(), request.shards().end());
-  bool status_only = request.status_only();
-  JoinAll(shards).OnReady(io_pool_, [promise = std::move(promise), indices, status_only](
-                                         const absl::StatusOr<std::vector<BufferPtr>>& r) mutable {
-    if (!r.ok()) {
-      promise.Set(r.status());
-      return;
-    }
-    rpc::FetchResponse response;
-    if (!status_only) {
-      for (size_t i = 0; i < r->size(); ++i) {
-        const DeviceBuffer& b = *(*r)[i];
-        rpc::ShardData* d = response.add_shards();
-        d->set_shard(indices[i]);
-        *d->mutable_spec() = ToProto(TensorSpec{b.dtype(), b.shape()});
-        d->set_data(b.data(), static_cast<size_t>(b.byte_size()));
-      }
-    }
-    promise.Set(std::move(response));
-  });
-  return result;
 }
 
 }  // namespace pathways

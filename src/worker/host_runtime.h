@@ -151,7 +151,11 @@ class HostRuntime {
     std::vector<NodePlan> nodes;  // per program node
     std::shared_ptr<dataflow::Engine> engine;
   };
+  // The operators of a node's block exchange (block_exchange.cc).
   class BlockReceiver;
+  static std::unique_ptr<dataflow::Operator> MakeBlockSender(int edge);
+  static std::unique_ptr<dataflow::Operator> MakeArmingSource();
+  std::unique_ptr<dataflow::Operator> MakeBlockReceiver(const std::string& client, int program_node);
   // Sends every block that this host holds and another host's shards of `node` need. Returns
   // one future per block, ready once it is handed to the dataflow engine.
   std::vector<Future<Unit>> SendInputs(const std::shared_ptr<Program>& program, int node_index,

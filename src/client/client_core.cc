@@ -1,0 +1,138 @@
+// ClientCore: what the client library keeps per client (leases, slice mappings, the ordered
+// queues to hosts and to the island schedulers).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "client/client_core.h"
+#include "core/logging.h"
+#include "core/status_macros.h"
+
+namespace pathways {
+
+std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSliceResponse& response) {
+  auto mapping = std::make_shared<SliceMapping>();
+  mapping->id = mapping_ids_.Next();
+  for (const auto& d : response.devices()) {
+    mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island(),
+                                std::vector<int32_t>(d.coords().begin(), d.coords().end()), d.incarnation()});
+    NoteHost(d.host_address(), d.incarnation());
+    if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {
+      mapping->hosts.push_back(d.host_address());
+    }
+  }
+  return mapping;
+}
+
+absl::Status ClientCore::StartLease() {
+  PW_ASSIGN_OR_RETURN(absl::Duration interval, controller_->ClientHeartbeat(id_, /*goodbye=*/false));
+  lease_thread_ = std::thread([this, interval] { LeaseLoop(interval); });
+  return absl::OkStatus();
+}
+
+void ClientCore::LeaseLoop(absl::Duration interval) {
+  while (!lease_stop_.WaitForNotificationWithTimeout(interval)) {
+    auto next = controller_->ClientHeartbeat(id_, /*goodbye=*/false);
+    if (next.ok()) {
+      interval = *next;
+    } else {
+      PW_LOG(Warning) << "client " << id_ << " could not renew its lease: " << next.status();
+    }
+  }
+  (void)controller_->ClientHeartbeat(id_, /*goodbye=*/true);
+}
+
+ClientCore::~ClientCore() {
+  if (!lease_thread_.joinable()) return;
+  lease_stop_.Notify();
+  lease_thread_.join();
+}
+
+std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
+  absl::MutexLock lock(&mu_);
+  auto& q = schedule_queue_;
+  if (q == nullptr) {
+    q = std::make_shared<OrderedBatchQueue<rpc::GangRun>>(
+        [controller = controller_, id = id_, weight = options_.weight](std::vector<rpc::GangRun> runs) {
+          rpc::ScheduleRequest request;
+          request.set_client_id(id);
+          request.set_weight(weight);
+          for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
+          return controller->Schedule(request).Then([](const rpc::ScheduleResponse&) { return Unit{}; });
+        },
+        // A refused batch (a host left, say) fails its runs only. Their sequence numbers are
+        // filled with no-ops on the hosts still there, which would otherwise wait for them.
+        [weak = weak_from_this()](std::vector<rpc::GangRun> runs, const absl::Status& status) {
+          PW_LOG(Warning) << runs.size() << " runs refused by the scheduler: " << status;
+          auto core = weak.lock();
+          if (core == nullptr) return;
+          for (const rpc::GangRun& run : runs) {
+            for (const rpc::HostSeq& h : run.hosts()) {
+              auto q = core->queue(h.host());
+              if (q->session() == h.session()) q->SkipReserved(h.seq());  // else that sequence is gone
+            }
+          }
+        });
+  }
+  return q;
+}
+
+ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
+  PushedRun pushed;
+  std::map<std::string, SeqRef>& seqs = pushed.seqs;
+  std::vector<Future<Unit>> deliveries;
+  if (options_.TEST_bypass_scheduler) {
+    for (const std::string& host : hosts) {
+      rpc::Op o;
+      *o.mutable_run() = op;
+      seqs[host] = Push(host, std::move(o));
+      deliveries.push_back(queue(host)->Flushed());
+    }
+    pushed.delivered = AllDone(deliveries);
+    return pushed;
+  }
+  // One message for the run, whichever islands it spans: the controller splits it, and orders
+  // runs over several islands across them.
+  rpc::GangRun run;
+  *run.mutable_run() = op;
+  for (const std::string& host : hosts) {
+    rpc::HostSeq* h = run.add_hosts();
+    h->set_host(host);
+    std::shared_ptr<HostOpQueue> q = queue(host);
+    seqs[host] = {q->session(), q->ReserveSeq()};
+    h->set_seq(seqs[host].seq);
+    h->set_session(seqs[host].session);
+  }
+  run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
+  run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
+  auto queue = ScheduleQueue();
+  queue->Push(std::move(run));
+  deliveries.push_back(queue->Flushed());  // covers this run's batch
+  pushed.delivered = AllDone(deliveries);
+  return pushed;
+}
+
+absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,
+                                   const std::vector<std::string>& hosts) {
+  rpc::CompileRequest request;
+  request.mutable_body()->set_kind(static_cast<int>(fn.spec.body.kind));
+  request.mutable_body()->set_name(fn.spec.body.name);
+  request.mutable_body()->set_source(fn.spec.body.source);
+  std::vector<Future<rpc::CompileResponse>> calls;
+  for (const std::string& host : hosts) calls.push_back(worker(host)->Compile(request));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const auto& r = calls[i].Await();
+    if (!r.ok()) return r.status();
+    if (r->function_key() != fn.key) {
+      return absl::InternalError(absl::StrCat("host ", hosts[i], " named function '",
+                                              fn.spec.body.name, "' ", r->function_key(),
+                                              ", expected ", fn.key));
+    }
+    absl::MutexLock lock(&fn.mu);
+    fn.compiled_on.insert(HostKey(hosts[i]));
+  }
+  return absl::OkStatus();
+}
+
+// The State struct is private to CompiledFunction; Client is a friend, so it reaches it here.
+
+}  // namespace pathways

@@ -1,0 +1,151 @@
+// Reading arrays back: Fetch, Ready and Enqueued, from the hosts that hold the shards, after
+// the ops that produce them.
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/client_core.h"
+#include "core/status_macros.h"
+#include "transport/rpc_util.h"
+
+namespace pathways {
+namespace {
+
+// One replica per distinct region of a sharding: the shards a full read needs.
+std::vector<int64_t> DistinctShards(const Sharding& sharding) {
+  std::vector<int64_t> shards;
+  std::vector<Region> seen;
+  for (int64_t s = 0; s < sharding.num_shards(); ++s) {
+    Region r = sharding.ShardRegion(s);
+    if (std::find(seen.begin(), seen.end(), r) != seen.end()) continue;
+    seen.push_back(r);
+    shards.push_back(s);
+  }
+  return shards;
+}
+
+// Fetches the given shards from `host` once it has applied op `seq` (which produced them), the
+// client's direct ops to it flushed first: that surfaces a refused batch instead of waiting for
+// ops that never come.
+Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host, std::optional<SeqRef> at,
+                                         rpc::FetchRequest request) {
+  std::shared_ptr<WorkerClient> worker = core.worker(host);
+  std::shared_ptr<HostOpQueue> queue = core.queue(host);
+  if (!at.has_value()) at = SeqRef{queue->session(), queue->last_seq()};
+  if (at->session != queue->session()) {
+    // The sequence the array was made in broke (the host died or refused ops); what it held there
+    // is gone with it.
+    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
+        absl::StrCat("host ", host, " stopped taking this client's ops after array ", request.array_id(),
+                     " was made there (it left or restarted); its shards there are gone")));
+  }
+  request.set_after_seq(at->seq);
+  request.set_session(at->session);
+  return queue->Flushed().FlatThen(
+      [worker, request = std::move(request)](const Unit&) { return worker->Fetch(request); });
+}
+
+// The distinct shards of an array that a full read needs, fetched from their hosts.
+Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<ClientCore>& core,
+                                                    const ShardedArray::State& state,
+                                                    const std::vector<int64_t>& shards, bool status_only) {
+  std::map<std::string, std::vector<int32_t>> by_host;
+  std::map<std::string, std::string> incarnation;
+  for (int64_t s : shards) {
+    const PhysicalDeviceInfo& d = state.placed_on->devices[s];
+    by_host[d.host_address].push_back(static_cast<int32_t>(s));
+    incarnation[d.host_address] = d.incarnation;
+  }
+  std::vector<Future<rpc::FetchResponse>> responses;
+  for (auto& [host, host_shards] : by_host) {
+    rpc::FetchRequest request;
+    request.set_client_id(core->id());
+    request.set_array_id(state.id);
+    request.set_status_only(status_only);
+    request.set_incarnation(incarnation[host]);
+    for (int32_t s : host_shards) request.add_shards(s);
+    auto at = state.produced_at->find(host);
+    responses.push_back(FetchFromHost(*core, host,
+                                      at == state.produced_at->end() ? std::nullopt : std::optional<SeqRef>(at->second),
+                                      std::move(request)));
+  }
+  return JoinAll(responses);
+}
+
+std::vector<int64_t> AllShards(const Sharding& sharding) {
+  std::vector<int64_t> all(static_cast<size_t>(sharding.num_shards()));
+  for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int64_t>(s);
+  return all;
+}
+
+
+absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::vector<rpc::FetchResponse>& all) {
+  PW_ASSIGN_OR_RETURN(HostArray out, HostArray::Create(state.spec.dtype, state.spec.shape));
+  const Shape& local = state.sharding.local_shape();
+  const TensorSpec expected{state.spec.dtype, local};
+  for (const rpc::FetchResponse& response : all) {
+    for (const rpc::ShardData& shard : response.shards()) {
+      if (shard.shard() < 0 || shard.shard() >= state.sharding.num_shards()) {
+        return absl::InternalError(absl::StrCat("worker returned unknown shard ", shard.shard()));
+      }
+      PW_ASSIGN_OR_RETURN(TensorSpec got, FromProto(shard.spec()));
+      if (got != expected || static_cast<int64_t>(shard.data().size()) != *ByteSize(got.dtype, got.shape)) {
+        return absl::InternalError(absl::StrCat("worker returned shard ", shard.shard(), " as ", got.ToString(),
+                                                ", expected ", expected.ToString()));
+      }
+      Region region = state.sharding.ShardRegion(shard.shard());
+      CopyRegion(shard.data().data(), local, Shape(local.size(), 0), local, DTypeSize(got.dtype),
+                 out.mutable_bytes().data(), out.shape(), region.start);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
+                         const std::shared_ptr<const ShardedArray::State>& state) {
+  // Holding the state keeps the shards alive until the answer is in.
+  return FetchShards(core, *state, AllShards(state->sharding), /*status_only=*/true)
+      .Then([state](const std::vector<rpc::FetchResponse>&) { return Unit{}; });
+}
+
+// Both wait until the array's producing op has reached its hosts (sequential runs push late; a
+// run the scheduler refused fails here with its reason).
+bool Client::Owns(const ShardedArray& array) const {
+  return array.state_ != nullptr && array.state_->core.get() == core_.get();
+}
+
+absl::Status Client::CheckOwned(const ShardedArray& array, const char* what) const {
+  if (!Owns(array)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of an array that is not this client's"));
+  }
+  return absl::OkStatus();
+}
+
+Future<HostArray> Client::Fetch(const ShardedArray& array) {
+  if (absl::Status s = CheckOwned(array, "Fetch"); !s.ok()) return Future<HostArray>::Ready(s);
+  auto core = core_;
+  auto state = array.state_;
+  return state->delivered
+      .FlatThen([core, state](const Unit&) {
+        return FetchShards(core, *state, DistinctShards(state->sharding), /*status_only=*/false);
+      })
+      .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
+}
+
+Future<Unit> Client::Enqueued(const ShardedArray& array) {
+  if (absl::Status s = CheckOwned(array, "Enqueued"); !s.ok()) return Future<Unit>::Ready(s);
+  return array.state_->delivered;
+}
+
+Future<Unit> Client::Ready(const ShardedArray& array) {
+  if (absl::Status s = CheckOwned(array, "Ready"); !s.ok()) return Future<Unit>::Ready(s);
+  auto core = core_;
+  auto state = array.state_;
+  return state->delivered.FlatThen([core, state](const Unit&) { return ShardsReady(core, state); });
+}
+
+}  // namespace pathways

@@ -1,0 +1,92 @@
+// Client data on this host outside runs: puts into the object store, fetches out of it, and the
+// devices' traces of the client's work.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "transport/rpc_util.h"
+#include "worker/host_runtime.h"
+
+namespace pathways {
+
+void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
+  TensorSpec spec = *FromProto(op.spec());
+  Promise<BufferPtr> promise;
+  store_.Put(client, {op.dest().array_id(), op.dest().shard()}, promise.future());
+  auto size = ByteSize(spec.dtype, spec.shape);
+  if (static_cast<int64_t>(op.data().size()) != *size) {
+    promise.Set(absl::InvalidArgumentError(absl::StrCat("put of ", spec.ToString(), " carries ",
+                                                        op.data().size(), " bytes, needs ", *size)));
+    return;
+  }
+  auto buffer = devices_[op.local_device()]->Allocate(spec.dtype, spec.shape);
+  if (!buffer.ok()) {
+    promise.Set(buffer.status());
+    return;
+  }
+  std::memcpy((*buffer)->data(), op.data().data(), op.data().size());
+  promise.Set(*std::move(buffer));
+}
+
+rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request) const {
+  rpc::GetTraceResponse response;
+  response.set_host(name());
+  for (int d = 0; d < num_devices(); ++d) {
+    for (const TraceEvent& e : devices_[d]->Trace(request.since_us())) {
+      // A client sees its own work only; other tenants' work stays private.
+      if (e.label.client != request.client_id()) continue;
+      rpc::TraceEventProto* p = response.add_events();
+      p->set_device(d);
+      p->set_program(e.label.program);
+      p->set_run(e.label.run);
+      p->set_node(e.label.node);
+      p->set_shard(e.label.shard);
+      p->set_name(e.label.name);
+      p->set_start_us(e.start_us);
+      p->set_end_us(e.end_us);
+    }
+  }
+  return response;
+}
+
+Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) {
+  if (!request.incarnation().empty() && !options_.incarnation.empty() && request.incarnation() != options_.incarnation) {
+    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
+        absl::StrCat("host ", name(), " restarted after array ", request.array_id(), " was placed on it; it is gone")));
+  }
+  if (request.after_seq() > 0) {
+    // Read only once the ops that produce the array have been applied here.
+    return sequencer_.WhenApplied(request.client_id(), request.session(), request.after_seq())
+        .FlatThen([this, request](const Unit&) {
+          rpc::FetchRequest now = request;
+          now.set_after_seq(0);
+          return Fetch(now);
+        });
+  }
+  std::vector<Future<BufferPtr>> shards;
+  for (int32_t s : request.shards()) shards.push_back(store_.Get(request.client_id(), {request.array_id(), s}));
+  Promise<rpc::FetchResponse> promise;
+  Future<rpc::FetchResponse> result = promise.future();
+  std::vector<int32_t> indices(request.shards().begin(), request.shards().end());
+  bool status_only = request.status_only();
+  JoinAll(shards).OnReady(io_pool_, [promise = std::move(promise), indices, status_only](
+                                         const absl::StatusOr<std::vector<BufferPtr>>& r) mutable {
+    if (!r.ok()) {
+      promise.Set(r.status());
+      return;
+    }
+    rpc::FetchResponse response;
+    if (!status_only) {
+      for (size_t i = 0; i < r->size(); ++i) {
+        const DeviceBuffer& b = *(*r)[i];
+        rpc::ShardData* d = response.add_shards();
+        d->set_shard(indices[i]);
+        *d->mutable_spec() = ToProto(TensorSpec{b.dtype(), b.shape()});
+        d->set_data(b.data(), static_cast<size_t>(b.byte_size()));
+      }
+    }
+    promise.Set(std::move(response));
+  });
+  return result;
+}
+
+}  // namespace pathways
