@@ -12,12 +12,6 @@ namespace {
 // A ring step's receive is split into pieces of at most this size, each reduced as it lands.
 constexpr size_t kChunkBytes = 256 << 10;
 
-size_t Bytes(const std::vector<Piece>& pieces) {
-  size_t n = 0;
-  for (const Piece& p : pieces) n += p.bytes;
-  return n;
-}
-
 // `count` elements split into H contiguous, element-aligned segments.
 Segments EvenSegments(char* buf, size_t count, size_t element, int hosts) {
   Segments segments(hosts);
@@ -107,7 +101,7 @@ absl::Status RingReduceScatter(MeshSteps& steps, DType dtype, ReduceOp op, const
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   const size_t element = DTypeSize(dtype);
   size_t largest = 0;
-  for (const auto& s : segments) largest = std::max(largest, Bytes(s));
+  for (const auto& s : segments) largest = std::max(largest, TotalBytes(s));
   char* tmp = steps.mesh().Scratch(largest);
   const size_t chunk = std::max(element, kChunkBytes / element * element);
   for (int s = 0; s + 1 < size; ++s) {
@@ -171,7 +165,7 @@ absl::Status ReduceScatterAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op
 
 absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments) {
   size_t total = 0;
-  for (const auto& s : segments) total += Bytes(s);
+  for (const auto& s : segments) total += TotalBytes(s);
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   if (total >= kLargeMessageBytes && size > 2) return RingAllGather(steps, segments);
   std::vector<PeerTransfer> t;

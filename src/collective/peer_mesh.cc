@@ -44,12 +44,6 @@ int IovFrom(const std::vector<Piece>& pieces, size_t skip, iovec* iov) {
   return n;
 }
 
-size_t Bytes(const std::vector<Piece>& pieces) {
-  size_t n = 0;
-  for (const Piece& p : pieces) n += p.bytes;
-  return n;
-}
-
 // A message being sent: its header, then its pieces.
 struct SendState {
   bool active = false;
@@ -190,7 +184,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
     if (!t.send.empty()) {
       SendState& s = sends[i];
       s.active = true;
-      s.header = {kMessageMagic, signature, id.execution, id.call, step, Bytes(t.send), 0};
+      s.header = {kMessageMagic, signature, id.execution, id.call, step, TotalBytes(t.send), 0};
       s.pieces.push_back({reinterpret_cast<char*>(&s.header), sizeof(MessageHeader)});
       s.pieces.insert(s.pieces.end(), t.send.begin(), t.send.end());
       s.total = sizeof(MessageHeader) + s.header.bytes;
@@ -202,7 +196,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
       RecvState& r = recvs[i];
       r.active = true;
       r.pieces = t.recv;
-      r.expected = Bytes(t.recv);
+      r.expected = TotalBytes(t.recv);
       PW_RETURN_IF_ERROR(from_stash(i));
     }
   }

@@ -33,6 +33,12 @@ struct Piece {
   size_t bytes = 0;
 };
 
+inline size_t TotalBytes(const std::vector<Piece>& pieces) {
+  size_t n = 0;
+  for (const Piece& p : pieces) n += p.bytes;
+  return n;
+}
+
 // Which collective call a message belongs to: the gang execution (client, program, run, node
 // and group; hashed) and the call's index in it. The same on every member.
 struct CallId {
