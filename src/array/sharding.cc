@@ -160,6 +160,23 @@ absl::Status CheckRegionInside(const Region& region, const Shape& shape) {
   return absl::OkStatus();
 }
 
+std::optional<std::pair<int64_t, int64_t>> ContiguousSpan(const Shape& shape, const Region& region) {
+  const int rank = static_cast<int>(shape.size());
+  int partial = -1;  // the last dimension the region does not cover whole
+  for (int i = 0; i < rank; ++i) {
+    if (region.start[i] != 0 || region.size[i] != shape[i]) partial = i;
+  }
+  for (int i = 0; i < partial; ++i) {
+    if (region.size[i] != 1) return std::nullopt;
+  }
+  int64_t offset = 0, count = 1;
+  for (int i = 0; i < rank; ++i) {
+    offset = offset * shape[i] + region.start[i];
+    count *= region.size[i];
+  }
+  return std::make_pair(offset, count);
+}
+
 void CopyRegion(const char* src, const Shape& src_shape, const Shape& src_start, const Shape& size,
                 size_t element_size, char* dst, const Shape& dst_shape, const Shape& dst_start) {
   const size_t rank = size.size();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -70,6 +71,11 @@ class Sharding {
 // row-major destination array. Regions must lie inside their arrays (checked by the callers).
 void CopyRegion(const char* src, const Shape& src_shape, const Shape& src_start, const Shape& size,
                 size_t element_size, char* dst, const Shape& dst_shape, const Shape& dst_start);
+
+// When `region` (inside an array of `shape`) is one contiguous run of the row-major array: its
+// first element's offset and its element count. A region is contiguous when every dimension
+// after the last partial one is whole and every dimension before it has size 1.
+std::optional<std::pair<int64_t, int64_t>> ContiguousSpan(const Shape& shape, const Region& region);
 
 // Validates that `region` lies inside an array of `shape`.
 absl::Status CheckRegionInside(const Region& region, const Shape& shape);

@@ -56,5 +56,15 @@ TEST(RegionTest, CheckInside) {
   EXPECT_FALSE(CheckRegionInside({{0}, {1}}, {3, 3}).ok());
 }
 
+TEST(ShardingTest, ContiguousSpanFindsRunsOfTheRowMajorArray) {
+  using Span = std::optional<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(ContiguousSpan({4, 3}, {{0, 0}, {4, 3}}), Span(std::make_pair(0, 12)));  // whole
+  EXPECT_EQ(ContiguousSpan({4, 3}, {{1, 0}, {2, 3}}), Span(std::make_pair(3, 6)));   // whole rows
+  EXPECT_EQ(ContiguousSpan({4, 3}, {{2, 1}, {1, 2}}), Span(std::make_pair(7, 2)));   // part of one row
+  EXPECT_EQ(ContiguousSpan({4, 3}, {{0, 1}, {2, 2}}), std::nullopt);                 // a column block
+  EXPECT_EQ(ContiguousSpan({2, 4, 3}, {{1, 2, 0}, {1, 2, 3}}), Span(std::make_pair(18, 6)));
+  EXPECT_EQ(ContiguousSpan({}, {{}, {}}), Span(std::make_pair(0, 1)));  // a scalar
+}
+
 }  // namespace
 }  // namespace pathways

@@ -303,6 +303,9 @@ TEST_F(ClientTest, EnqueuedCompletesOnceTheRunIsOnItsHosts) {
   auto fn = *client_->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
   ShardedArray x = *client_->Put(Iota({4}), island0_, {"x"});
   EXPECT_TRUE(client_->Enqueued(x).Await().ok());  // a Put is on its hosts' queues at once
+  // Applied, too: a run that reached the host before the Put would wait for it (the client's
+  // order), and its output would not have an entry yet when the run is acknowledged.
+  ASSERT_TRUE(client_->Ready(x).Await().ok());
   // The paper's OpByOp client: each call waits for its run to be enqueued before the next.
   ObjectStore& store = cluster_->worker(0).runtime().store();  // island 0's one host
   for (int i = 0; i < 5; ++i) {

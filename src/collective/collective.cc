@@ -148,7 +148,7 @@ struct CollectiveHub::Meeting {
   absl::Status status;
 };
 
-CollectiveHub::CollectiveHub(std::string host, std::unique_ptr<TcpLinks> links, absl::Duration timeout)
+CollectiveHub::CollectiveHub(std::string host, std::shared_ptr<TcpLinks> links, absl::Duration timeout)
     : host_(std::move(host)), links_(std::move(links)), timeout_(timeout) {}
 
 CollectiveHub::~CollectiveHub() = default;

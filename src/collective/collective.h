@@ -121,7 +121,7 @@ class CollectiveHub {
  public:
   // `host` is this host's name as it appears in Member::host. `links` may be null when no
   // group ever spans hosts (a single-host runtime); such a group then fails with Unimplemented.
-  CollectiveHub(std::string host, std::unique_ptr<TcpLinks> links, absl::Duration timeout);
+  CollectiveHub(std::string host, std::shared_ptr<TcpLinks> links, absl::Duration timeout);
   ~CollectiveHub();
   const std::string& host() const { return host_; }
   absl::Duration timeout() const { return timeout_; }
@@ -142,7 +142,7 @@ class CollectiveHub {
                        const std::vector<const CollectiveCall*>& calls);
 
   const std::string host_;
-  const std::unique_ptr<TcpLinks> links_;
+  const std::shared_ptr<TcpLinks> links_;
   const absl::Duration timeout_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);

@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, con
   if (bind(fd, reinterpret_cast<sockaddr*>(&*addr), len) != 0 || listen(fd, 128) != 0) {
     const int err = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot listen for collectives on ", ip, ": ", Errno(err)));
+    return absl::UnavailableError(absl::StrCat("cannot listen for links between hosts on ", ip, ": ", Errno(err)));
   }
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
@@ -86,10 +86,14 @@ TcpLinks::~TcpLinks() {
 }
 
 absl::Status TcpLinks::Publish() {
-  if (published_.load(std::memory_order_acquire)) return absl::OkStatus();
   PW_RETURN_IF_ERROR(store_->Set(absl::StrCat("collective-links/", host_), address_));
   published_.store(true, std::memory_order_release);
   return absl::OkStatus();
+}
+
+absl::Status TcpLinks::EnsurePublished() {
+  if (published_.load(std::memory_order_acquire)) return absl::OkStatus();
+  return Publish();
 }
 
 void TcpLinks::AcceptLoop() {
@@ -134,6 +138,13 @@ void TcpLinks::AcceptLoop() {
       continue;
     }
     Configure(fd);
+    {
+      absl::MutexLock handlers(&handlers_mu_);
+      if (auto it = stream_handlers_.find(key); it != stream_handlers_.end()) {
+        it->second(fd, peer);
+        continue;
+      }
+    }
     absl::MutexLock lock(&mu_);
     if (dialed_in_.size() >= kMaxWaitingDialIns) {
       PW_LOG(Warning) << "collective listener of " << host_ << ": " << kMaxWaitingDialIns
@@ -221,11 +232,25 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
     close(fd);
     last = s;
   }
-  return absl::Status(last.code(), absl::StrCat("host ", peer, " cannot be reached for collectives: ", last.message()));
+  return absl::Status(last.code(), absl::StrCat("host ", peer, " cannot be reached over the links between hosts: ", last.message()));
+}
+
+void TcpLinks::AcceptStreams(const std::string& key, std::function<void(int fd, const std::string& peer)> handler) {
+  absl::MutexLock lock(&handlers_mu_);
+  if (handler == nullptr) {
+    stream_handlers_.erase(key);
+  } else {
+    stream_handlers_[key] = std::move(handler);
+  }
+}
+
+absl::StatusOr<int> TcpLinks::DialStream(const std::string& peer, const std::string& key, absl::Time deadline) {
+  PW_RETURN_IF_ERROR(EnsurePublished());
+  return Dial(peer, key, deadline);
 }
 
 absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Time deadline) {
-  PW_RETURN_IF_ERROR(Publish());
+  PW_RETURN_IF_ERROR(EnsurePublished());
   const uint64_t dial_ins = dial_ins_.load(std::memory_order_acquire);
   const bool dialed_in = dial_ins != mesh.dial_ins_seen_;
   mesh.dial_ins_seen_ = dial_ins;

@@ -1,8 +1,10 @@
-// Persistent TCP connections for collectives across hosts: one host's listener and its meshes
-// (peer_mesh.h), connected through the rendezvous store and reconnected after failures.
+// Persistent TCP connections between hosts: one host's listener, its collective meshes
+// (peer_mesh.h) and point-to-point streams (block_streams.h), connected through the rendezvous
+// store and reconnected after failures.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,6 +42,19 @@ class TcpLinks {
   absl::Status Run(const std::vector<std::string>& hosts, int rank, const std::string& key, absl::Time deadline,
                    absl::FunctionRef<absl::Status(PeerMesh&)> body);
 
+  // Point-to-point streams beside the meshes: a connection dialed in with hello `key` goes to
+  // `handler`, which takes the descriptor (on the listener's thread: it must not block). A null
+  // handler stops taking them, once any call in progress has returned.
+  void AcceptStreams(const std::string& key, std::function<void(int fd, const std::string& peer)> handler);
+  // Dials `peer` for a stream named `key` (publishing this host first); the caller owns the
+  // descriptor (non-blocking, TCP_NODELAY).
+  absl::StatusOr<int> DialStream(const std::string& peer, const std::string& key, absl::Time deadline);
+
+  // Publishes this host's address in the rendezvous store (again: a restarted store forgot it).
+  // Meshes and streams publish on first use; a host that only receives calls this once it can
+  // reach the store.
+  absl::Status Publish();
+
   const std::string& address() const { return address_; }
 
  private:
@@ -50,7 +65,7 @@ class TcpLinks {
   absl::StatusOr<int> AwaitDialIn(const std::string& peer, const std::string& key, absl::Time deadline);
   // Takes a newer connection dialed in from `peer` for `key`, if one arrived; -1 otherwise.
   int TakeDialIn(const std::string& peer, const std::string& key);
-  absl::Status Publish();
+  absl::Status EnsurePublished();
   void AcceptLoop();
 
   const std::string host_;
@@ -63,6 +78,11 @@ class TcpLinks {
   std::atomic<bool> published_{false};
   // Counts connections dialed in: a mesh looks for newer connections only when it moved.
   std::atomic<uint64_t> dial_ins_{0};
+
+  // Taken while a stream handler runs, so that removing one waits for it.
+  absl::Mutex handlers_mu_;
+  absl::flat_hash_map<std::string, std::function<void(int, const std::string&)>> stream_handlers_
+      ABSL_GUARDED_BY(handlers_mu_);
 
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

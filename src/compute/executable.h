@@ -46,7 +46,8 @@ class FunctionCache {
   absl::flat_hash_map<std::string, std::shared_ptr<const Executable>> cache_ ABSL_GUARDED_BY(mu_);
 };
 
-// Sets libtorch's intra-op threads (default 1: devices are the parallelism) and OpenBLAS's.
+// Sets libtorch's intra-op threads (default 1: devices are the parallelism) and OpenBLAS's, and
+// (once per process) routes libtorch's CPU allocations through HostMemory's cache.
 void ConfigureComputeThreads(int intra_op_threads);
 
 }  // namespace pathways

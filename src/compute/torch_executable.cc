@@ -4,12 +4,14 @@
 #include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/library.h>
 #include <torch/script.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
 #include <dlfcn.h>
 
 #include <functional>
 #include <map>
+#include <mutex>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "collective/collective.h"
 #include "compute/executable.h"
+#include "device/host_memory.h"
 
 namespace pathways {
 namespace {
@@ -393,7 +396,32 @@ size_t FunctionCache::size() const {
   return cache_.size();
 }
 
+namespace {
+
+// libtorch's CPU allocations (kernel outputs and temporaries) through HostMemory: a large one
+// reuses the pages of an earlier one of its size instead of faulting in fresh ones. The data
+// pointer is its own context, so raw_allocate works too.
+class CachingHostAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) const override {
+    char* data = HostMemory::Allocate(bytes);
+    if (data == nullptr) throw std::bad_alloc();
+    return {data, data, &Delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+ private:
+  static void Delete(void* data) { HostMemory::Free(data); }
+};
+
+}  // namespace
+
 void ConfigureComputeThreads(int intra_op_threads) {
+  static std::once_flag allocator_installed;
+  std::call_once(allocator_installed, [] {
+    static CachingHostAllocator allocator;
+    c10::SetCPUAllocator(&allocator, /*priority=*/1);
+  });
   at::set_num_threads(intra_op_threads);
   // OpenBLAS keeps its own pool; bound it too when the library is loaded.
   using SetThreads = void (*)(int);

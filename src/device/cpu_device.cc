@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "device/host_memory.h"
 
 namespace pathways {
 
@@ -48,14 +49,13 @@ DeviceBuffer::DeviceBuffer(std::shared_ptr<MemoryBudget> budget, int device_inde
       dtype_(dtype),
       shape_(std::move(shape)),
       byte_size_(byte_size) {
-  // 64-byte alignment, as kernels expect; at least one byte so data() is never null.
-  size_t rounded = (static_cast<size_t>(byte_size_) + 63) / 64 * 64;
-  data_ = static_cast<char*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+  // 64-byte aligned, as kernels expect; never null. Large buffers reuse cached pages.
+  data_ = HostMemory::Allocate(static_cast<size_t>(byte_size_));
   if (data_ == nullptr) throw std::bad_alloc();
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  std::free(data_);
+  HostMemory::Free(data_);
   budget_->Release(byte_size_);
 }
 

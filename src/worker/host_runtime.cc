@@ -19,7 +19,7 @@ namespace {
 
 // Links to other hosts when the host has somewhere to meet them; collectives stay within the
 // host otherwise.
-std::unique_ptr<collective::TcpLinks> CrossHostFor(const HostRuntimeOptions& options, DcnEmulation* dcn) {
+std::shared_ptr<collective::TcpLinks> LinksFor(const HostRuntimeOptions& options, DcnEmulation* dcn) {
   if (options.rendezvous == nullptr) return nullptr;
   std::string ip = options.name.substr(0, options.name.rfind(':'));
   if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
@@ -36,7 +36,8 @@ std::unique_ptr<collective::TcpLinks> CrossHostFor(const HostRuntimeOptions& opt
 HostRuntime::HostRuntime(HostRuntimeOptions options)
     : options_(std::move(options)),
       dcn_(options_.dcn.enabled() ? std::make_shared<DcnEmulation>(options_.island, options_.dcn) : nullptr),
-      collectives_(options_.name, CrossHostFor(options_, dcn_.get()), options_.collective_timeout),
+      links_(LinksFor(options_, dcn_.get())),
+      collectives_(options_.name, links_, options_.collective_timeout),
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),
       dcn_transport_(dcn_ != nullptr ? std::make_unique<dataflow::DcnTransport>(dataflow_transport_, *dcn_) : nullptr),
@@ -48,19 +49,36 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
   for (int i = 0; i < options_.num_devices; ++i) {
     devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name));
   }
+  if (links_ != nullptr) {
+    blocks_ = std::make_unique<collective::BlockStreams>(
+        *links_, options_.name, dcn_.get(), options_.collective_timeout,
+        [this](const std::string& from, const std::string& header, uint64_t bytes) {
+          return LandBlock(from, header, bytes);
+        });
+  }
+  JoinInProcessDirectory();
 }
 
 // Work moves between the I/O pool and the device streams in both directions, so both are
 // stopped (draining what is queued) before either is destroyed; work that arrives later is
 // dropped, which cancels its futures.
 HostRuntime::~HostRuntime() {
+  LeaveInProcessDirectory();
   control_.Shutdown();
+  blocks_.reset();  // fails blocks still queued; nothing lands in the store after this
   if (options_.dataflow_service != nullptr) {
     absl::MutexLock lock(&programs_mu_);
     for (const auto& [key, program] : programs_) options_.dataflow_service->RemoveEngine(program->engine->graph().name());
   }
   io_pool_.Shutdown();
   for (auto& d : devices_) d->Shutdown();
+}
+
+void HostRuntime::PublishLinks() {
+  if (links_ == nullptr) return;
+  if (absl::Status s = links_->Publish(); !s.ok()) {
+    PW_LOG(Warning) << "host " << name() << " could not publish its links (it tries again on first use): " << s;
+  }
 }
 
 absl::StatusOr<std::string> HostRuntime::Compile(const rpc::FunctionBodyProto& proto) {

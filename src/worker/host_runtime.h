@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "collective/block_streams.h"
 #include "collective/collective.h"
 #include "absl/container/flat_hash_set.h"
 #include "compute/executable.h"
@@ -90,6 +91,9 @@ class HostRuntime {
   // scheduler's retirement of the client, which also refuses its later ops. Idempotent;
   // returns false if it was already collected.
   bool CollectClient(const std::string& client);
+  // Publishes this host's links (collectives, blocks) where other hosts look them up; called
+  // whenever the host registers, since a restarted controller forgot them.
+  void PublishLinks();
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 
@@ -164,8 +168,29 @@ class HostRuntime {
   struct RunTracker;
   void ExecuteShard(const std::shared_ptr<const Program>& program, int node_index, const ShardPlan& plan,
                     const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker);
+  // Hands a block to the host that needs it: the buffer itself to a host of this process, over
+  // the block streams to any other (from the producer's memory when the region is contiguous),
+  // or inline in the dataflow graph when the host has no streams. Ready once the block is in
+  // the receiver's object store, or its failure went into the dataflow graph for the receiver.
   Future<Unit> Send(const std::shared_ptr<Program>& program, ObjectStore::ShardKey source, const Region& region,
                     const std::string& dest, const ObjectStore::TransferId& id);
+  // A block's header, and its data when it travels inline.
+  static rpc::TransferRequest BlockHeader(const std::string& client, const ObjectStore::TransferId& id);
+  // Sends an inline block (or a failure) through the node's exchange in the dataflow graph.
+  void SendInline(const std::shared_ptr<Program>& program, const ObjectStore::TransferId& id, const std::string& dest,
+                  const rpc::TransferRequest& request);
+  // The consumer fails with `status` instead of waiting for the block.
+  void SendFailure(const std::shared_ptr<Program>& program, const ObjectStore::TransferId& id,
+                   const std::string& dest, const absl::Status& status);
+  // Where a block from the block streams lands: a staging buffer for the header's spec.
+  absl::StatusOr<collective::BlockStreams::Landing> LandBlock(const std::string& from, const std::string& header,
+                                                              uint64_t bytes);
+  // A host of this process, by name, given a block straight into its object store; false when
+  // there is no such host.
+  void JoinInProcessDirectory();
+  void LeaveInProcessDirectory();
+  static bool DeliverInProcess(const std::string& host, const std::string& client, const ObjectStore::TransferId& id,
+                               BufferPtr block);
   void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);
   // Every block of `node` in the epoch has arrived: fails any this host still waits for.
   void FinishEpoch(const std::string& client, int64_t epoch, int node);
@@ -173,9 +198,12 @@ class HostRuntime {
 
   const HostRuntimeOptions options_;
   const std::shared_ptr<DcnEmulation> dcn_;  // null unless emulating; links learn islands from programs
+  const std::shared_ptr<collective::TcpLinks> links_;  // null without a rendezvous store
   collective::CollectiveHub collectives_;  // used by device threads; outlives them (see ~HostRuntime)
   std::vector<std::unique_ptr<Device>> devices_;
   ObjectStore store_;
+  std::unique_ptr<collective::BlockStreams> blocks_;  // null without links; lands blocks in store_
+  bool in_process_directory_ = false;  // whether other hosts of this process find this one by name
   FunctionCache functions_;
   ThreadPool io_pool_;  // transfers, dataflow work and fetch responses, off device threads
   dataflow::GrpcTransport dataflow_transport_;

@@ -115,6 +115,7 @@ absl::Status Worker::Register() {
   auto response = controller_->RegisterWorker(RegistrationRequest());
   if (!response.ok()) return response.status();
   host_id_ = response->host_id();
+  runtime_->PublishLinks();  // into this controller's rendezvous store (a restarted one forgot them)
   heartbeat_ms_ = std::max<int64_t>(10, response->heartbeat_interval_ms());
   PW_LOG(Info) << "worker " << address_ << " registered as host " << host_id_.load()
                << " in island " << options_.island;
