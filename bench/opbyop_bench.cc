@@ -11,11 +11,14 @@
 #include <cstring>
 #include <functional>
 
+#include <grpcpp/grpcpp.h>
+
 #include "bench_util.h"
 #include "client/local_cluster.h"
 #include "compute/executable.h"
 #include "core/process.h"
 #include "device/cpu_device.h"
+#include "proto/pathways.grpc.pb.h"
 #include "testing/subprocess.h"
 #include "tools/flags.h"
 
@@ -29,15 +32,18 @@ double MicrosPer(int64_t n, const std::function<void()>& body) {
 }
 
 struct Figures {
-  double pipelined_us;  // N dependent calls issued back to back, one fetch at the end
-  double round_trip_us; // call, then wait for the result, N times
+  double pipelined_us;   // N dependent calls issued back to back, one fetch at the end
+  double round_trip_us;  // call, then wait for the result to be computed, N/10 times
+  double fetch_trip_us;  // call, then fetch the result, N/10 times
+  double grpc_us = 0;    // one bare unary RPC to the worker (Ping), N/10 times
+  std::vector<std::string> hosts;
 };
 
 Figures Measure(Client& client, int devices, int64_t calls, int repeats) {
   VirtualSlice slice = *client.CreateSlice({.mesh_shape = {devices}});
   CompiledFunction inc = *client.Compile(FunctionSpec::Builtin(
       "add_one", {{DType::kF32, {devices}}}, {{DType::kF32, {devices}}}, {{"x"}}, {{"x"}}));
-  std::vector<double> pipelined, round_trip;
+  std::vector<double> pipelined, round_trip, fetch_trip;
   for (int r = 0; r < repeats; ++r) {
     ShardedArray x = *client.Put(*HostArray::Create(DType::kF32, {devices}), slice, {"x"});
     pipelined.push_back(MicrosPer(calls, [&] {
@@ -52,8 +58,34 @@ Figures Measure(Client& client, int devices, int64_t calls, int repeats) {
         (void)client.Ready(x).Await();
       }
     }));
+    fetch_trip.push_back(MicrosPer(sync_calls, [&] {
+      for (int64_t i = 0; i < sync_calls; ++i) {
+        x = (*client.Call(inc, slice, {x}))[0];
+        (void)client.Fetch(x).Await();
+      }
+    }));
   }
-  return {Median(pipelined), Median(round_trip)};
+  return {Median(pipelined), Median(round_trip), Median(fetch_trip), 0, slice.host_addresses()};
+}
+
+// One bare unary gRPC call to the worker (Ping answers at once), over a channel of its own: the
+// floor for any round trip through the network stack.
+double MeasureGrpc(const std::string& address, int64_t calls, int repeats) {
+  auto stub = rpc::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto ping = [&] {
+    grpc::ClientContext context;
+    rpc::PingRequest request;
+    rpc::PingResponse response;
+    if (!stub->Ping(&context, request, &response).ok()) std::fprintf(stderr, "ping failed\n");
+  };
+  for (int i = 0; i < 10; ++i) ping();  // connects
+  std::vector<double> runs;
+  for (int r = 0; r < repeats; ++r) {
+    runs.push_back(MicrosPer(calls, [&] {
+      for (int64_t i = 0; i < calls; ++i) ping();
+    }));
+  }
+  return Median(runs);
 }
 
 // The same kernel on a local device with no runtime around it: the floor.
@@ -106,18 +138,24 @@ int Main(int argc, char** argv) {
                       std::to_string(devices), "--device-memory", "64MiB"});
   (void)worker.WaitForLine("serving", absl::Seconds(60));
   Figures multi = Measure(**Client::Connect(address), devices, calls, repeats);
+  multi.grpc_us = MeasureGrpc(multi.hosts.front(), std::max<int64_t>(1, calls / 10), repeats);
   worker.Stop(SIGTERM);
   controller.Stop(SIGTERM);
 
   std::printf("OpByOp add_one on f32[%d] over %d device(s); median of %d runs of %lld calls\n\n",
               devices, devices, repeats, static_cast<long long>(calls));
-  std::printf("| mode | pipelined us/call | round trip us/call | pipelined / kernel only |\n");
-  std::printf("|---|---|---|---|\n");
-  std::printf("| kernel only (no runtime) | %.2f | - | 1.0 |\n", kernel);
-  std::printf("| embedded (LocalCluster) | %.1f | %.1f | %.0fx |\n", embedded.pipelined_us,
-              embedded.round_trip_us, embedded.pipelined_us / kernel);
-  std::printf("| multi-process (loopback) | %.1f | %.1f | %.0fx |\n", multi.pipelined_us,
-              multi.round_trip_us, multi.pipelined_us / kernel);
+  std::printf(
+      "| mode | pipelined us/call | round trip us/call (Ready) | round trip us/call (Fetch) | pipelined / kernel "
+      "only |\n");
+  std::printf("|---|---|---|---|---|\n");
+  std::printf("| kernel only (no runtime) | %.2f | - | - | 1.0 |\n", kernel);
+  std::printf("| embedded (LocalCluster) | %.1f | %.1f | %.1f | %.0fx |\n", embedded.pipelined_us,
+              embedded.round_trip_us, embedded.fetch_trip_us, embedded.pipelined_us / kernel);
+  std::printf("| multi-process (loopback) | %.1f | %.1f | %.1f | %.0fx |\n", multi.pipelined_us,
+              multi.round_trip_us, multi.fetch_trip_us, multi.pipelined_us / kernel);
+  std::printf("| bare gRPC unary (Ping to the worker) | - | %.1f | %.1f | - |\n", multi.grpc_us, multi.grpc_us);
+  std::printf("\nmulti-process round trip / bare gRPC: %.2fx (Ready), %.2fx (Fetch)\n",
+              multi.round_trip_us / multi.grpc_us, multi.fetch_trip_us / multi.grpc_us);
   return 0;
 }
 

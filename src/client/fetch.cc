@@ -1,6 +1,7 @@
 // Reading arrays back: Fetch, Ready and Enqueued, from the hosts that hold the shards, after
 // the ops that produce them.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -103,6 +104,47 @@ absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::
   return out;
 }
 
+// Reads as soon as the array's producing op is pushed (its sequence number on each host is known,
+// and each host waits for that op before answering), without first waiting for the controller to
+// confirm the op reached its hosts: the read's round trip overlaps the op's. A failed delivery
+// fails the read at once with its reason (a refused run says why, not "no shard"), and so does a
+// failed read once the delivery is settled.
+template <typename T>
+Future<T> ReadOncePushed(const std::shared_ptr<const ShardedArray::State>& state, std::function<Future<T>()> read) {
+  return state->dispatched.FlatThen([state, read = std::move(read)](const Unit&) {
+    struct Race {
+      absl::Mutex mu;
+      Promise<T> promise ABSL_GUARDED_BY(mu);
+    };
+    auto race = std::make_shared<Race>();
+    Future<T> result;
+    {
+      absl::MutexLock lock(&race->mu);
+      result = race->promise.future();
+    }
+    auto settle = [race](absl::StatusOr<T> r) {
+      Promise<T> p;
+      {
+        absl::MutexLock lock(&race->mu);
+        if (!race->promise.valid()) return;  // the other side came first
+        p = std::move(race->promise);
+      }
+      p.Set(std::move(r));
+    };
+    state->delivered.OnReady([settle](const absl::StatusOr<Unit>& d) {
+      if (!d.ok()) settle(d.status());
+    });
+    read().OnReady([state, settle](const absl::StatusOr<T>& r) {
+      if (r.ok()) {
+        settle(r);
+        return;
+      }
+      state->delivered.OnReady([settle, r](const absl::StatusOr<Unit>& d) { settle(d.ok() ? r : d.status()); });
+    });
+    return result;
+  });
+}
+
 }  // namespace
 
 Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
@@ -112,8 +154,6 @@ Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
       .Then([state](const std::vector<rpc::FetchResponse>&) { return Unit{}; });
 }
 
-// Both wait until the array's producing op has reached its hosts (sequential runs push late; a
-// run the scheduler refused fails here with its reason).
 bool Client::Owns(const ShardedArray& array) const {
   return array.state_ != nullptr && array.state_->core.get() == core_.get();
 }
@@ -129,10 +169,8 @@ Future<HostArray> Client::Fetch(const ShardedArray& array) {
   if (absl::Status s = CheckOwned(array, "Fetch"); !s.ok()) return Future<HostArray>::Ready(s);
   auto core = core_;
   auto state = array.state_;
-  return state->delivered
-      .FlatThen([core, state](const Unit&) {
-        return FetchShards(core, *state, DistinctShards(state->sharding), /*status_only=*/false);
-      })
+  return ReadOncePushed<std::vector<rpc::FetchResponse>>(
+             state, [core, state] { return FetchShards(core, *state, DistinctShards(state->sharding), false); })
       .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
 }
 
@@ -145,7 +183,7 @@ Future<Unit> Client::Ready(const ShardedArray& array) {
   if (absl::Status s = CheckOwned(array, "Ready"); !s.ok()) return Future<Unit>::Ready(s);
   auto core = core_;
   auto state = array.state_;
-  return state->delivered.FlatThen([core, state](const Unit&) { return ShardsReady(core, state); });
+  return ReadOncePushed<Unit>(state, [core, state] { return ShardsReady(core, state); });
 }
 
 }  // namespace pathways

@@ -20,6 +20,11 @@ grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerService::Ping(grpc::CallbackServerContext* context, const rpc::PingRequest*,
+                                              rpc::PingResponse*) {
+  return Serve(context, [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) { reactor->Finish(grpc::Status::OK); });
+}
+
 grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* context,
                                                  const rpc::CompileRequest* request,
                                                  rpc::CompileResponse* response) {

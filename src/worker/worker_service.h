@@ -17,6 +17,8 @@ class WorkerService final : public rpc::Worker::CallbackService {
   // Calls must carry this token (see transport/auth.h); empty: none needed. Set before serving.
   void RequireToken(std::string token) { token_ = std::move(token); }
 
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context, const rpc::PingRequest* request,
+                                 rpc::PingResponse* response) override;
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
                                     const rpc::CompileRequest* request,
                                     rpc::CompileResponse* response) override;
