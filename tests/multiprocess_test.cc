@@ -481,6 +481,43 @@ TEST_F(MultiProcessTest, ClustersServeTlsWhenGivenACertificate) {
 // A worker killed and started again at the same address: the client's arrays there are reported
 // gone (not waited for), the slice is reported lost, and once remapped the same client uses the
 // restarted worker again (a new sequence of ops for it; the new process knows nothing of the old).
+// Runs `pathways args...` to its end; its exit status and everything it printed.
+std::pair<int, std::string> RunToEnd(const std::string& args) {
+  Subprocess p;
+  EXPECT_TRUE(p.Start({"/bin/sh", "-c", absl::StrCat("exec ", PATHWAYS_BINARY, " ", args, " 2>&1")}).ok());
+  std::string out;
+  for (int n = 0; n < 100; ++n) {
+    auto line = p.ReadLine(absl::Seconds(60));
+    if (!line.ok()) break;
+    out += *line + "\n";
+  }
+  return {p.Wait(), out};
+}
+
+TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
+  auto exited_with = [](const std::pair<int, std::string>& r, const std::string& says) {
+    EXPECT_TRUE(WIFEXITED(r.first) && WEXITSTATUS(r.first) != 0) << "status " << r.first << ": " << r.second;
+    EXPECT_NE(r.second.find(says), std::string::npos) << r.second;
+  };
+  // A second worker on a running worker's port, a second controller on the controller's.
+  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen ", worker_addresses_[0])),
+              "cannot listen on " + worker_addresses_[0]);
+  exited_with(RunToEnd(absl::StrCat("controller --listen ", address_)), "cannot listen on " + address_);
+  // Ports out of range, and a port file that cannot be written.
+  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen 127.0.0.1:70000")), "70000");
+  exited_with(RunToEnd("worker --controller 127.0.0.1:65536"), "65536");
+  exited_with(RunToEnd("controller --listen 127.0.0.1:0 --port-file /nonexistent-dir/port"), "--port-file");
+  // The cluster is untouched: both workers still serve the client.
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  EXPECT_EQ(slice.host_addresses().size(), 2u);
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  auto out = client_->Fetch((*client_->Call(inc, slice, {x}))[0]).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->data<float>()[0], Pattern({8}, 1.0f).data<float>()[0] + 1);
+}
+
 TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgain) {
   VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
   ASSERT_EQ(slice.host_addresses().size(), 2u);

@@ -28,6 +28,17 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   for (const auto& [id, h] : hosts_) {
     if (h.address == r.address()) host_id = id;
   }
+  // An address names one worker process at a time: a different process may take it over only
+  // once the one there stopped heartbeating (a restart after a crash waits that long).
+  if (host_id >= 0) {
+    const Host& held = hosts_[host_id];
+    if (held.incarnation != r.incarnation() && now - held.last_heartbeat <= heartbeat_timeout_) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "address ", r.address(), " belongs to a live worker (heard from ",
+          absl::ToInt64Milliseconds(now - held.last_heartbeat),
+          " ms ago); another worker cannot take it over until that one stops heartbeating"));
+    }
+  }
   int32_t island_rank = 0;
   for (const auto& [id, h] : hosts_) {
     if (id != host_id && h.island == r.island()) ++island_rank;

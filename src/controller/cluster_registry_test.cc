@@ -168,12 +168,33 @@ TEST(ClusterRegistryTest, SlicesOnDepartedOrRestartedHostsAreLostAndRemapOntoLiv
   remap.set_client_id("other");
   EXPECT_EQ(registry.RemapSlice(remap, later).status().code(), absl::StatusCode::kNotFound);
 
-  // h:1 restarts (a new incarnation at the same address): everything on it is lost.
+  // h:1 restarts (a new incarnation at the same address) once the old process is silent:
+  // everything on it is lost.
   h1.set_incarnation("second");
-  ASSERT_TRUE(registry.RegisterWorker(h1, later).ok());
-  states = registry.SliceStates("c", later);
+  const absl::Time restart = later + absl::Seconds(4);
+  ASSERT_TRUE(registry.RegisterWorker(h1, restart).ok());
+  states = registry.SliceStates("c", restart);
   EXPECT_TRUE(states.slices(0).lost());
   EXPECT_NE(states.slices(0).reason().find("restarted"), std::string::npos);
+}
+
+TEST(ClusterRegistryTest, ASecondWorkerCannotTakeOverALiveWorkersAddress) {
+  ClusterRegistry registry(absl::Seconds(3));
+  const absl::Time t = absl::UnixEpoch();
+  rpc::RegisterWorkerRequest first = Worker("h:1", 0, 2), second = Worker("h:1", 0, 2);
+  first.set_incarnation("first");
+  second.set_incarnation("second");
+  auto registered = registry.RegisterWorker(first, t);
+  ASSERT_TRUE(registered.ok());
+  auto refused = registry.RegisterWorker(second, t + absl::Seconds(1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists) << refused.status();
+  EXPECT_NE(refused.status().message().find("h:1"), std::string::npos);
+  // The live one re-registers freely (a restarted controller asks it to), and keeps its id.
+  auto again = registry.RegisterWorker(first, t + absl::Seconds(2));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->host_id(), registered->host_id());
+  // Once it has been silent for the heartbeat timeout, the address is free.
+  EXPECT_TRUE(registry.RegisterWorker(second, t + absl::Seconds(6)).ok());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/auth.h"
+#include "core/status_macros.h"
 #include "transport/rpc_util.h"
 #include "transport/worker_client.h"
 
@@ -269,15 +270,13 @@ void Controller::RetireLoop() {
 absl::Status Controller::Start() {
   service_ = std::make_unique<Service>(*this, registry_, TokenFromFlagOrEnv(options_.token));
   grpc::ServerBuilder builder;
+  ConfigureServer(builder);
   int port = 0;
   builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.RegisterService(service_.get());
   dataflow_service_.RequireToken(TokenFromFlagOrEnv(options_.token));
   builder.RegisterService(&dataflow_service_);
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("controller cannot listen on ", options_.listen_address));
-  }
+  PW_ASSIGN_OR_RETURN(server_, StartServer(builder, "controller", options_.listen_address, &port));
   address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')), ":", port);
   dataflow_transport_ = std::make_unique<dataflow::GrpcTransport>(address_);
   dataflow_service_.ServeInProcess(address_);

@@ -55,6 +55,26 @@ absl::StatusOr<int64_t> Flags::GetInt(const std::string& name, int64_t fallback)
   return v;
 }
 
+absl::StatusOr<std::string> Flags::GetAddress(const std::string& name, const std::string& fallback,
+                                             bool port_zero) const {
+  const std::string address = Has(name) ? Get(name) : fallback;
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be HOST:PORT, got '", address, "': ", why));
+  };
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return bad("no port");
+  const std::string host = address.substr(0, colon), port_text = address.substr(colon + 1);
+  if (host.empty()) return bad("no host");
+  if ((host.front() == '[') != (host.back() == ']') || (host.front() != '[' && host.find(':') != std::string::npos)) {
+    return bad("an IPv6 host goes in brackets");
+  }
+  int64_t port = -1;
+  if (!absl::SimpleAtoi(port_text, &port) || port < (port_zero ? 0 : 1) || port > 65535) {
+    return bad(port_zero ? "the port must be 0..65535" : "the port must be 1..65535");
+  }
+  return address;
+}
+
 absl::StatusOr<int64_t> Flags::GetBytes(const std::string& name, int64_t fallback) const {
   if (!Has(name)) return fallback;
   auto v = ParseBytes(Get(name));

@@ -18,6 +18,9 @@ class Flags {
   bool Has(const std::string& name) const { return values_.contains(name); }
   std::string Get(const std::string& name, const std::string& fallback = "") const;
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
+  // HOST:PORT (an IPv6 host in brackets), the port 1..65535, or 0 too when `port_zero` (a port
+  // the kernel picks, for a server).
+  absl::StatusOr<std::string> GetAddress(const std::string& name, const std::string& fallback, bool port_zero) const;
   // Accepts plain bytes or a suffix: KiB, MiB, GiB (and K, M, G, KB, MB, GB as powers of 1024).
   absl::StatusOr<int64_t> GetBytes(const std::string& name, int64_t fallback) const;
 

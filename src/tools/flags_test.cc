@@ -26,6 +26,21 @@ TEST(FlagsTest, SwitchesTakeNoValue) {
   EXPECT_EQ(*f->GetInt("hosts", 0), 2);
 }
 
+TEST(FlagsTest, AddressesAreRangeChecked) {
+  const char* argv[] = {"--listen", "127.0.0.1:70000", "--a", "[::1]:80", "--b", "::1:80", "--c", "h:0", "--d", "h:x"};
+  auto f = Flags::Parse(10, const_cast<char**>(argv), {"listen", "a", "b", "c", "d"});
+  ASSERT_TRUE(f.ok());
+  auto wrapped = f->GetAddress("listen", "", true);
+  EXPECT_EQ(wrapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrapped.status().message().find("70000"), std::string::npos);
+  EXPECT_EQ(*f->GetAddress("a", "", false), "[::1]:80");
+  EXPECT_FALSE(f->GetAddress("b", "", false).ok());  // IPv6 without brackets
+  EXPECT_TRUE(f->GetAddress("c", "", true).ok());    // port 0 for a server
+  EXPECT_FALSE(f->GetAddress("c", "", false).ok());  // not for a peer
+  EXPECT_FALSE(f->GetAddress("d", "", true).ok());
+  EXPECT_EQ(*f->GetAddress("absent", "127.0.0.1:7000", false), "127.0.0.1:7000");
+}
+
 TEST(FlagsTest, ParsesSizes) {
   EXPECT_EQ(*ParseBytes("1GiB"), int64_t{1} << 30);
   EXPECT_EQ(*ParseBytes("512MiB"), int64_t{512} << 20);

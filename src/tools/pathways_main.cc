@@ -1,7 +1,9 @@
 // `pathways`: one binary, with subcommands for the controller, a worker, cluster status and the
 // demo.
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -50,7 +52,15 @@ void WaitForTerminationSignal() {
 
 absl::Status RunController(const Flags& flags) {
   ControllerOptions options;
-  options.listen_address = flags.Get("listen", "127.0.0.1:7000");
+  PW_ASSIGN_OR_RETURN(options.listen_address, flags.GetAddress("listen", "127.0.0.1:7000", true));
+  // A port file that cannot be written fails now, before anything listens.
+  if (flags.Has("port-file")) {
+    const std::string tmp = flags.Get("port-file") + ".tmp";
+    if (!std::ofstream(tmp)) {
+      return absl::InvalidArgumentError(absl::StrCat("--port-file: cannot write ", tmp, ": ", std::strerror(errno)));
+    }
+    std::remove(tmp.c_str());
+  }
   PW_ASSIGN_OR_RETURN(int64_t timeout_ms, flags.GetInt("heartbeat-timeout-ms", 3000));
   if (timeout_ms < 40) return absl::InvalidArgumentError("--heartbeat-timeout-ms must be at least 40");
   options.heartbeat_timeout = absl::Milliseconds(timeout_ms);
@@ -77,8 +87,12 @@ absl::Status RunController(const Flags& flags) {
   if (flags.Has("port-file")) {
     // Written to a temporary name and renamed, so a reader never sees a partial file.
     std::string tmp = flags.Get("port-file") + ".tmp";
-    std::ofstream(tmp) << controller.address() << "\n";
-    std::rename(tmp.c_str(), flags.Get("port-file").c_str());
+    std::ofstream out(tmp);
+    out << controller.address() << "\n";
+    out.close();
+    if (!out || std::rename(tmp.c_str(), flags.Get("port-file").c_str()) != 0) {
+      return absl::UnavailableError(absl::StrCat("--port-file: cannot write ", flags.Get("port-file")));
+    }
   }
   WaitForTerminationSignal();
   return absl::OkStatus();
@@ -87,8 +101,8 @@ absl::Status RunController(const Flags& flags) {
 absl::Status RunWorker(const Flags& flags) {
   WorkerOptions options;
   if (!flags.Has("controller")) return absl::InvalidArgumentError("worker needs --controller HOST:PORT");
-  options.controller_address = flags.Get("controller");
-  options.listen_address = flags.Get("listen", "127.0.0.1:0");
+  PW_ASSIGN_OR_RETURN(options.controller_address, flags.GetAddress("controller", "", false));
+  PW_ASSIGN_OR_RETURN(options.listen_address, flags.GetAddress("listen", "127.0.0.1:0", true));
   PW_ASSIGN_OR_RETURN(int64_t island, flags.GetInt("island", 0));
   PW_ASSIGN_OR_RETURN(int64_t devices, flags.GetInt("devices", 4));
   PW_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("intra-op-threads", 1));
@@ -128,7 +142,8 @@ absl::Status RunWorker(const Flags& flags) {
 absl::Status RunStatus(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("status needs --controller HOST:PORT");
   SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
-  ControllerClient controller(flags.Get("controller"));
+  PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
+  ControllerClient controller(address);
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, controller.GetStatus());
   std::map<int, std::vector<const rpc::HostStatus*>> islands;
   std::map<std::string, int64_t> client_micros;

@@ -13,6 +13,7 @@ namespace pathways {
 absl::Status RunTenant(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("tenant needs --controller HOST:PORT");
   SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
+  PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
   PW_ASSIGN_OR_RETURN(int64_t devices, flags.GetInt("devices", 8));
   PW_ASSIGN_OR_RETURN(int64_t runs, flags.GetInt("runs", 100));
   PW_ASSIGN_OR_RETURN(int64_t value, flags.GetInt("value", 1));
@@ -23,7 +24,7 @@ absl::Status RunTenant(const Flags& flags) {
         "need 1 <= --devices <= 4096, 1 <= --runs <= 1e7, 1 <= --weight <= 1e6, -1000 <= --value <= 1000");
   }
   PW_ASSIGN_OR_RETURN(auto client,
-                      Client::Connect(flags.Get("controller"), {.weight = static_cast<double>(weight)}));
+                      Client::Connect(address, {.weight = static_cast<double>(weight)}));
   PW_ASSIGN_OR_RETURN(VirtualSlice slice,
                       client->CreateSlice({.mesh_shape = {devices}, .span_islands = flags.Has("span-islands")}));
   constexpr int64_t kCols = 64;

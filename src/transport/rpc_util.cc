@@ -1,8 +1,22 @@
 #include "transport/rpc_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
 
 namespace pathways {
+
+void ConfigureServer(grpc::ServerBuilder& builder) { builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0); }
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::ServerBuilder& builder, const std::string& what,
+                                                         const std::string& address, const int* port) {
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat(what, " cannot listen on ", address,
+                                               ": the port is taken by another process, or the address is not "
+                                               "one of this machine's"));
+  }
+  return server;
+}
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;

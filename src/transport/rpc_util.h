@@ -4,10 +4,19 @@
 #include "absl/status/status.h"
 #include "array/sharding.h"
 #include "core/types.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/support/status.h"
 #include "proto/pathways.pb.h"
 
 namespace pathways {
+
+// Settings every server of the runtime shares: one process per address (no SO_REUSEPORT, so a
+// second server on a taken port fails to start instead of sharing it).
+void ConfigureServer(grpc::ServerBuilder& builder);
+// Builds and starts `builder`'s server on `address` (added by the caller with its credentials,
+// bound port in `*port`); a clear error naming `what` and the address when it cannot listen.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::ServerBuilder& builder, const std::string& what,
+                                                         const std::string& address, const int* port);
 
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status);

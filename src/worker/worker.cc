@@ -5,6 +5,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/auth.h"
+#include "core/status_macros.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -43,16 +44,14 @@ absl::Status Worker::Start() {
   service_->RequireToken(token);
   dataflow_service_.RequireToken(token);
   grpc::ServerBuilder builder;
+  ConfigureServer(builder);
   int port = 0;
   builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(1 << 30);
   builder.SetMaxSendMessageSize(1 << 30);
   builder.RegisterService(service_.get());
   builder.RegisterService(&dataflow_service_);
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("worker cannot listen on ", options_.listen_address));
-  }
+  PW_ASSIGN_OR_RETURN(server_, StartServer(builder, "worker", options_.listen_address, &port));
   std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
   address_ = absl::StrCat(host, ":", port);
   // Hosts that share this process (an embedded cluster) hand each other dataflow batches directly.
