@@ -141,6 +141,38 @@ TEST(DataflowTest, BatchesForAGraphNotYetHereAreHeldAndForOneGoneAreDropped) {
   pool.Shutdown();
 }
 
+TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
+  DataflowService service;
+  service.SetHoldLimits(/*bytes=*/10000, /*bytes_per_graph=*/4000);
+  auto batch = [](size_t payload) {
+    Envelope e;
+    e.payload.assign(payload, 'x');
+    return std::vector<Envelope>{e};
+  };
+  service.Receive("a", batch(3000));
+  service.Receive("a", batch(3000));  // past the graph's bound: dropped
+  EXPECT_EQ(service.num_held_batches(), 1u);
+  service.Receive("b", batch(3000));
+  service.Receive("c", batch(3000));
+  service.Receive("d", batch(3000));  // past the bound in all: dropped
+  EXPECT_EQ(service.num_held_batches(), 3u);
+  EXPECT_LE(service.num_held_bytes(), 10000u);
+  // Registering a graph hands its batches over and frees their room.
+  auto graph = MakeSparseSumGraph({"h", "h", "h"});
+  SparseSumResults results;
+  LocalTransport transport;
+  ThreadPool pool("h", 1);
+  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  Envelope stray;
+  stray.edge = -1;  // handled as an envelope on no edge: logged and ignored
+  service.Receive(graph->name(), {stray});
+  EXPECT_EQ(service.num_held_batches(), 4u);
+  service.AddEngine(engine.get());
+  EXPECT_EQ(service.num_held_batches(), 3u);
+  service.RemoveEngine(graph->name());
+  pool.Shutdown();
+}
+
 TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   // This process is host 0; two dataflow_peer processes are hosts 1 and 2.
   auto self = StartLoopbackDataflowHost();

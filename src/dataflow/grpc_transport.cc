@@ -288,12 +288,32 @@ void DataflowService::AddEngine(Engine* engine) {
     removed_.erase(engine->graph().name());  // a graph may come back (a program registered again)
     auto it = held_.find(engine->graph().name());
     if (it != held_.end()) {
-      held = std::move(it->second);
+      held = std::move(it->second.batches);
       num_held_ -= held.size();
+      held_bytes_ -= it->second.bytes;
       held_.erase(it);
     }
   }
   for (auto& batch : held) engine->Deliver(std::move(batch));
+}
+
+void DataflowService::DropStaleLocked(absl::Time now) {
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (now - it->second.since < kHoldFor) {
+      ++it;
+      continue;
+    }
+    PW_LOG(Warning) << "dataflow: graph '" << it->first << "' never came in " << absl::FormatDuration(kHoldFor)
+                    << "; its " << it->second.batches.size() << " held batches dropped";
+    num_held_ -= it->second.batches.size();
+    held_bytes_ -= it->second.bytes;
+    it = held_.erase(it);
+  }
+}
+
+size_t DataflowService::num_held_bytes() {
+  absl::MutexLock lock(&mu_);
+  return held_bytes_;
 }
 
 size_t DataflowService::num_held_batches() {
@@ -353,12 +373,25 @@ void DataflowService::Receive(const std::string& graph, std::vector<Envelope> ba
     return;
   }
   if (removed_.contains(graph)) return;  // a straggler of a graph that is done here
-  if (num_held_ >= kMaxHeldBatches) {
-    PW_LOG(Error) << "dataflow: graph '" << graph << "' unknown here and " << num_held_
-                  << " batches already held; batch dropped";
+  size_t bytes = 0;
+  for (const Envelope& e : batch) bytes += sizeof(Envelope) + e.payload.size();
+  const absl::Time now = absl::Now();
+  if (num_held_ >= kMaxHeldBatches || held_bytes_ + bytes > max_held_bytes_) DropStaleLocked(now);
+  auto [slot, fresh] = held_.try_emplace(graph);
+  Held& held = slot->second;
+  if (fresh) held.since = now;
+  if (num_held_ >= kMaxHeldBatches || held_bytes_ + bytes > max_held_bytes_ ||
+      held.bytes + bytes > max_held_bytes_per_graph_) {
+    PW_LOG(Error) << "dataflow: graph '" << graph << "' unknown here; a batch of " << bytes
+                  << " bytes dropped: " << num_held_ << " batches of " << held_bytes_ << " bytes held in all ("
+                  << held.bytes << " for this graph; limits " << kMaxHeldBatches << " batches, " << max_held_bytes_
+                  << " bytes, " << max_held_bytes_per_graph_ << " bytes per graph)";
+    if (held.batches.empty()) held_.erase(graph);
     return;
   }
-  held_[graph].push_back(std::move(batch));
+  held.batches.push_back(std::move(batch));
+  held.bytes += bytes;
+  held_bytes_ += bytes;
   ++num_held_;
 }
 

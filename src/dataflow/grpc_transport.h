@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "dataflow/engine.h"
 #include "proto/pathways.grpc.pb.h"
 
@@ -39,12 +40,25 @@ class GrpcTransport : public Transport {
 };
 
 // Receives batches for the engines registered with it (by graph name) and hands them over.
-// Batches for a graph not registered yet are held until it is (up to kMaxHeldBatches): hosts set
-// up a graph independently, and a fast peer may send before this host has its engine.
-// Thread-safe.
+// Batches for a graph not registered yet are held until it is: hosts set up a graph
+// independently, and a fast peer may send before this host has its engine. What is held is
+// bounded by count and by bytes, in all and per graph (a peer cannot fill the host's memory
+// with batches for graphs nobody registers); past a bound a batch is dropped with an error
+// logged. Thread-safe.
 class DataflowService final : public rpc::Dataflow::CallbackService {
  public:
   static constexpr size_t kMaxHeldBatches = 100000;
+  static constexpr size_t kMaxHeldBytes = size_t{256} << 20;
+  static constexpr size_t kMaxHeldBytesPerGraph = size_t{64} << 20;
+  // A graph not registered this long after its first batch came will not be: when room is
+  // needed, what it held goes.
+  static constexpr absl::Duration kHoldFor = absl::Seconds(60);
+  // Tests: lower byte bounds.
+  void SetHoldLimits(size_t bytes, size_t bytes_per_graph) {
+    absl::MutexLock lock(&mu_);
+    max_held_bytes_ = bytes;
+    max_held_bytes_per_graph_ = bytes_per_graph;
+  }
   ~DataflowService() override;  // leaves the in-process directory
   // Also takes batches for `address` from transports in this process directly, until
   // StopServingInProcess (or destruction, or another service taking the address). Call once the
@@ -63,6 +77,7 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   void AddEngine(Engine* engine);
   void RemoveEngine(const std::string& graph);
   size_t num_held_batches();
+  size_t num_held_bytes();
   // Each peer's stream, read without a thread of its own (gRPC's callback API).
   grpc::ServerReadReactor<rpc::DataflowBatch>* Stream(grpc::CallbackServerContext* context,
                                                       rpc::DataflowAck* ack) override;
@@ -71,8 +86,18 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   class Reader;
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::vector<std::vector<Envelope>>> held_ ABSL_GUARDED_BY(mu_);
+  struct Held {
+    std::vector<std::vector<Envelope>> batches;
+    size_t bytes = 0;
+    absl::Time since;  // when its first batch came
+  };
+  // Drops what has been held longer than kHoldFor for graphs that never came.
+  void DropStaleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
   size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t max_held_bytes_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytes;
+  size_t max_held_bytes_per_graph_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerGraph;
   absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> removed_order_ ABSL_GUARDED_BY(mu_);
   std::string token_;

@@ -4,6 +4,7 @@
 // dataflow graph carries a block itself (a TransferRequest behind the receiving shard's index)
 // only for a failure or when the host has no streams; a sender's epoch ends only once its
 // blocks are in the receivers' stores, so a receiver's epoch end still means every block came.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
@@ -222,10 +223,17 @@ absl::StatusOr<collective::BlockStreams::Landing> HostRuntime::LandBlock(const s
     return absl::InvalidArgumentError(
         absl::StrCat("a block from ", from, " carries ", bytes, " bytes for ", spec.ToString()));
   }
-  // No device here could take a larger input.
+  // No device here could take a larger input; and blocks that wait for their consumer are held
+  // up to what this host's devices could take at once (a peer cannot fill the host's memory
+  // with blocks nobody asked for).
   if (size > options_.device_memory_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", size, " bytes from ", from,
                                                      " exceeds the device memory of ", name()));
+  }
+  const int64_t hold_limit = options_.device_memory_bytes * std::max(1, options_.num_devices);
+  if (const int64_t held = store_.unclaimed_bytes(); held + size > hold_limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(name(), " already holds ", held, " bytes of blocks no run has claimed yet; a block of ",
+                                                     size, " bytes from ", from, " would pass its limit of ", hold_limit));
   }
   // Staged in host memory: charged to a device only when the consuming computation assembles its
   // input there.

@@ -51,6 +51,7 @@ int ObjectStore::DropClient(const std::string& client, const absl::Status& why) 
     absl::erase_if(transfers_, [&](auto& entry) {
       if (entry.first.first != client) return false;
       if (!entry.second.delivered) failed.push_back(std::move(entry.second.promise));
+      unclaimed_bytes_ -= entry.second.unclaimed_bytes;
       return true;
     });
   }
@@ -76,6 +77,7 @@ Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const T
     t.expected = true;
     t.source_host = source_host;
     if (t.delivered) {
+      unclaimed_bytes_ -= t.unclaimed_bytes;
       transfers_.erase(it);
     } else if (departed_.contains(source_host)) {
       failed = std::move(t.promise);
@@ -114,7 +116,12 @@ void ObjectStore::DeliverTransfer(const std::string& client, const TransferId& i
     if (t.delivered) return;  // duplicate delivery: the first one stands
     t.delivered = true;
     promise = std::move(t.promise);
-    if (t.expected) transfers_.erase(it);
+    if (t.expected) {
+      transfers_.erase(it);
+    } else if (data.ok() && *data != nullptr) {
+      t.unclaimed_bytes = (*data)->byte_size();  // held until its consumer comes
+      unclaimed_bytes_ += t.unclaimed_bytes;
+    }
   }
   promise.Set(std::move(data));  // outside the lock: continuations may run inline
 }
@@ -131,6 +138,7 @@ int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t epo
         return false;
       }
       if (t.expected && !t.delivered) failed.push_back(std::move(entry.second.promise));
+      unclaimed_bytes_ -= t.unclaimed_bytes;
       return true;
     });
   }
@@ -145,6 +153,11 @@ size_t ObjectStore::num_buffers() const {
     for (const auto& [id, shards] : arrays) n += shards.size();
   }
   return n;
+}
+
+int64_t ObjectStore::unclaimed_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return unclaimed_bytes_;
 }
 
 size_t ObjectStore::num_pending_transfers() const {

@@ -72,6 +72,9 @@ class ObjectStore {
 
   size_t num_buffers() const;
   size_t num_pending_transfers() const;
+  // Bytes of blocks delivered here that no consumer has claimed yet (blocks that came before
+  // the run that uses them was set up here, or that no run here will use).
+  int64_t unclaimed_bytes() const;
 
  private:
   struct Transfer {
@@ -80,6 +83,7 @@ class ObjectStore {
     bool expected = false;
     bool delivered = false;
     std::string source_host;
+    int64_t unclaimed_bytes = 0;  // of a block delivered before it was expected
   };
   static absl::Status Departed(const std::string& host, const TransferId& id);
   // A client's arrays by id, each with its shards on this host: freeing an array touches only
@@ -90,6 +94,7 @@ class ObjectStore {
   absl::flat_hash_map<std::string, ClientBuffers> buffers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<std::string, TransferId>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> departed_ ABSL_GUARDED_BY(mu_);
+  int64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pathways

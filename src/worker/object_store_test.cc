@@ -47,6 +47,26 @@ TEST(ObjectStoreTest, TransferRendezvousInEitherOrder) {
   EXPECT_FALSE(other.IsReady());
 }
 
+TEST(ObjectStoreTest, BlocksDeliveredBeforeTheirConsumerAreCountedUntilClaimedOrDropped) {
+  CpuDevice device(0, 1 << 20);
+  ObjectStore store;
+  store.DeliverTransfer("c", {1, 0, 0, 0, 1}, *device.Allocate(DType::kF32, {100}));   // 400 bytes
+  store.DeliverTransfer("c", {1, 1, 0, 0, 1}, *device.Allocate(DType::kF32, {50}));    // 200 bytes
+  store.DeliverTransfer("d", {1, 0, 0, 0, 1}, *device.Allocate(DType::kF32, {25}));    // 100 bytes
+  store.DeliverTransfer("c", {1, 2, 0, 0, 1}, absl::UnavailableError("no data, no bytes"));
+  EXPECT_EQ(store.unclaimed_bytes(), 700);
+  EXPECT_TRUE(store.ExpectTransfer("c", {1, 0, 0, 0, 1}).Await().ok());  // claimed
+  EXPECT_EQ(store.unclaimed_bytes(), 300);
+  store.FailUndeliveredTransfers("c", 1, 0, 5, absl::InternalError("epoch over"));  // never expected: dropped
+  EXPECT_EQ(store.unclaimed_bytes(), 100);
+  store.DropClient("d", absl::CancelledError("gone"));
+  EXPECT_EQ(store.unclaimed_bytes(), 0);
+  // Delivered to a consumer that waits: never counted.
+  Future<BufferPtr> waiting = store.ExpectTransfer("c", {2, 0, 0, 0, 1});
+  store.DeliverTransfer("c", {2, 0, 0, 0, 1}, *device.Allocate(DType::kF32, {100}));
+  EXPECT_EQ(store.unclaimed_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace pathways
 
