@@ -344,6 +344,68 @@ TEST_F(MultiProcessTest, AWorkerKilledMidRunFailsItsRunsAndTheRestGoOn) {
   EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
 }
 
+// A worker frozen (SIGSTOP) mid-run, not dead: the run that needs it fails while it is still
+// frozen, naming it; when it wakes it learns it was declared dead and leaves; the survivor and
+// a worker that joins afterwards serve the next jobs.
+TEST_F(MultiProcessTest, AFrozenWorkerFailsItsRunsInBoundedTimeAndLeavesWhenItWakes) {
+  VirtualSlice on_a = *client_->CreateSlice({.mesh_shape = {4}});
+  VirtualSlice on_b = *client_->CreateSlice({.mesh_shape = {4}});
+  ASSERT_NE(on_a.host_addresses()[0], on_b.host_addresses()[0]);
+  const std::string victim = on_a.host_addresses()[0];
+  Subprocess& victim_process = victim == worker_addresses_[0] ? worker_a_ : worker_b_;
+
+  const TensorSpec m{DType::kF32, {128, 128}};
+  auto slow = *client_->Compile(FunctionSpec::Script(
+      "slow", "def slow(x):\n    for _ in range(40000):\n        x = torch.tanh(x @ x) * 0.5\n    return x\n", {m},
+      {m}, {{}}, {{}}));
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {m}, {m}, {{}}, {{}}));
+  ProgramBuilder builder("across");
+  TracedValue v = builder.Arg(m);
+  v = (*builder.Call(slow, on_a, {v}))[0];
+  v = (*builder.Call(inc, on_b, {v}))[0];  // its input crosses from the frozen host
+  Program program = *builder.Build({v});
+  ShardedArray x = *client_->Put(Pattern({128, 128}, 0.01f), on_a);
+  std::vector<ShardedArray> out = *client_->Run(program, {x});
+  ASSERT_TRUE(client_->Enqueued(out[0]).Await().ok());
+  ASSERT_EQ(kill(victim_process.pid(), SIGSTOP), 0);
+
+  // Fails, and while the victim is still frozen (it stays so for up to 60 s here).
+  auto result = client_->Fetch(out[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_FALSE(result.ok());
+  EXPECT_TRUE(absl::IsUnavailable(result.status()) || absl::IsDeadlineExceeded(result.status())) << result.status();
+  EXPECT_NE(result.status().message().find(victim), std::string::npos) << result.status();
+  EXPECT_FALSE(victim_process.WaitFor(absl::ZeroDuration()).ok());  // still there, still frozen
+
+  // The survivor serves meanwhile.
+  ShardedArray y = *client_->Put(Pattern({128, 128}, 1.0f), on_b);
+  auto fine = client_->Fetch((*client_->Call(inc, on_b, {y}))[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->data<float>()[1], Pattern({128, 128}, 1.0f).data<float>()[1] + 1);
+
+  // Woken, the victim is told it was declared dead, and leaves with an error.
+  ASSERT_EQ(kill(victim_process.pid(), SIGCONT), 0);
+  auto exited = victim_process.WaitFor(absl::Seconds(60));
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) != 0) << *exited;
+
+  // A worker started in its place (as a supervisor would) serves a slice over its devices and the
+  // survivor's, with a block crossing between them.
+  Subprocess fresh;
+  ASSERT_TRUE(fresh.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4"}).ok());
+  ASSERT_TRUE(fresh.WaitForLine("serving", kStartTimeout).ok());
+  auto wide = client_->CreateSlice({.mesh_shape = {8}});
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  for (const std::string& h : wide->host_addresses()) EXPECT_NE(h, victim);
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc8 = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray z = *client_->Put(Pattern({8}, 1.0f), *wide, {"x"});
+  auto wide_result = client_->Fetch((*client_->Call(inc8, *wide, {z}))[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(wide_result.ok()) << wide_result.status();
+  EXPECT_EQ(wide_result->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
+  int exit_status = fresh.Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
+}
+
 // A client process killed with SIGKILL mid-run: within a few seconds everything it owned on
 // every worker is freed (its lease lapses and workers collect it) while another client carries on.
 TEST_F(MultiProcessTest, AKilledClientsBuffersAreFreedWhileOthersCarryOn) {

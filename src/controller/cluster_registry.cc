@@ -72,11 +72,12 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   return response;
 }
 
-bool ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) {
+ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = hosts_.find(r.host_id());
-  if (it == hosts_.end()) return false;
+  if (it == hosts_.end()) return Beat::kUnknown;
   Host& host = it->second;
+  if (now - host.last_heartbeat > heartbeat_timeout_) return Beat::kExpired;
   host.last_heartbeat = now;
   for (const rpc::DeviceInfo& d : r.devices()) {
     if (d.local_index() < 0 || d.local_index() >= static_cast<int>(host.devices.size())) continue;
@@ -86,7 +87,7 @@ bool ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) 
     info.set_busy_micros(d.busy_micros());
     *info.mutable_client_time() = d.client_time();
   }
-  return true;
+  return Beat::kAlive;
 }
 
 rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {

@@ -21,8 +21,11 @@ class ClusterRegistry {
   // the controller dropped it); its devices are replaced.
   absl::StatusOr<rpc::RegisterWorkerResponse> RegisterWorker(const rpc::RegisterWorkerRequest& r,
                                                              absl::Time now);
-  // False when the host is unknown (it must register again).
-  bool Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now);
+  // kUnknown: the host is not registered here (a restarted controller): it registers again.
+  // kExpired: it was silent past the heartbeat timeout, so it was already treated as gone (its
+  // runs failed, its island went on without it); it is not revived and must leave.
+  enum class Beat { kAlive, kUnknown, kExpired };
+  Beat Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now);
   rpc::ClusterStatus Status(absl::Time now) const;
   // Places a slice of prod(mesh_shape) devices on live hosts (in one island when asked), taking the
   // least-loaded devices first and laying them out host by host so that mesh neighbours share a

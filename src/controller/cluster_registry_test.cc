@@ -115,7 +115,7 @@ TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   rpc::ClientTime* share = d->add_client_time();
   share->set_client_id("alice");
   share->set_busy_micros(250);
-  EXPECT_TRUE(registry.Heartbeat(hb, t + absl::Seconds(2)));
+  EXPECT_EQ(registry.Heartbeat(hb, t + absl::Seconds(2)), ClusterRegistry::Beat::kAlive);
   EXPECT_EQ(registry.Status(t + absl::Seconds(2)).hosts(0).devices(1).client_time(0).busy_micros(), 250);
   absl::Time later = t + absl::Seconds(4);  // h:2 has been silent for 4 s
   auto status = registry.Status(later);
@@ -126,7 +126,12 @@ TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   EXPECT_TRUE(registry.AllocateSlice(Slice({4}), later).ok());
   rpc::HeartbeatRequest unknown;
   unknown.set_host_id(99);
-  EXPECT_FALSE(registry.Heartbeat(unknown, later));
+  EXPECT_EQ(registry.Heartbeat(unknown, later), ClusterRegistry::Beat::kUnknown);
+  // h:2 comes back after being declared dead: it is not revived.
+  rpc::HeartbeatRequest back;
+  back.set_host_id(a->host_id() + 1);
+  EXPECT_EQ(registry.Heartbeat(back, later), ClusterRegistry::Beat::kExpired);
+  EXPECT_FALSE(registry.Status(later).hosts(1).alive());
 }
 
 TEST(ClusterRegistryTest, SlicesOnDepartedOrRestartedHostsAreLostAndRemapOntoLiveOnes) {
@@ -149,7 +154,9 @@ TEST(ClusterRegistryTest, SlicesOnDepartedOrRestartedHostsAreLostAndRemapOntoLiv
   rpc::HeartbeatRequest beat;
   beat.set_host_id(0);
   const absl::Time later = t + absl::Seconds(5);
-  ASSERT_TRUE(registry.Heartbeat(beat, later));  // h:1 (host 0) is still there
+  // h:1 (host 0) is still there.
+  ASSERT_EQ(registry.Heartbeat(beat, t + absl::Seconds(2)), ClusterRegistry::Beat::kAlive);
+  ASSERT_EQ(registry.Heartbeat(beat, later), ClusterRegistry::Beat::kAlive);
   rpc::SliceStatesResponse states = registry.SliceStates("c", later);
   ASSERT_EQ(states.slices_size(), 2);
   EXPECT_FALSE(states.slices(0).lost());

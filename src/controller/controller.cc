@@ -173,7 +173,9 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                          rpc::HeartbeatResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
     const absl::Time now = absl::Now();
-    response->set_registered(registry_.Heartbeat(*request, now));
+    const ClusterRegistry::Beat beat = registry_.Heartbeat(*request, now);
+    response->set_registered(beat == ClusterRegistry::Beat::kAlive);
+    response->set_expired(beat == ClusterRegistry::Beat::kExpired);
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }

@@ -99,6 +99,22 @@ absl::StatusOr<std::string> Subprocess::WaitForLine(const std::string& needle, a
 
 int Subprocess::Wait() { return Stop(0); }
 
+absl::StatusOr<int> Subprocess::WaitFor(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("no child");
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    if (r < 0 && errno != EINTR) return absl::InternalError("waitpid failed");
+    if (absl::Now() >= deadline) return absl::DeadlineExceededError("the child still runs");
+    absl::SleepFor(absl::Milliseconds(20));  // a child's exit has no descriptor to wait on here
+  }
+}
+
 int Subprocess::Stop(int signal) {
   if (pid_ <= 0) return -1;
   if (signal != 0) kill(pid_, signal);

@@ -34,6 +34,9 @@ class Subprocess {
   int Stop(int signal);
   // Waits for the process to exit by itself; returns its wait status.
   int Wait();
+  // Waits up to `timeout` for the child to exit: its wait status, or DeadlineExceeded (it still
+  // runs).
+  absl::StatusOr<int> WaitFor(absl::Duration timeout);
   pid_t pid() const { return pid_; }
 
  private:

@@ -1,6 +1,10 @@
 // `pathways`: one binary, with subcommands for the controller, a worker, cluster status and the
 // demo.
 #include <cerrno>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "controller/controller.h"
 #include "core/process.h"
 #include "core/status_macros.h"
@@ -130,13 +135,27 @@ absl::Status RunWorker(const Flags& flags) {
   }
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   SetCallToken(options.token);  // its own calls to the controller and to other workers
+  // Told to leave: the main thread, waiting for a signal, gets one, and exits with why. Sent to
+  // that thread: a signal to the process could land on a thread (a library's) that does not
+  // block it, and end the process without a shutdown.
+  static absl::Mutex left_mu(absl::kConstInit);
+  static absl::Status* left = new absl::Status();
+  static const pthread_t main_thread = pthread_self();
+  options.on_left = [](const absl::Status& why) {
+    {
+      absl::MutexLock lock(&left_mu);
+      *left = why;
+    }
+    pthread_kill(main_thread, SIGTERM);
+  };
   Worker worker(options);
   PW_RETURN_IF_ERROR(worker.Start());
   std::printf("worker %s serving %d devices for island %d, host %d\n", worker.address().c_str(),
               options.num_devices, options.island, worker.host_id());
   std::fflush(stdout);
   WaitForTerminationSignal();
-  return absl::OkStatus();
+  absl::MutexLock lock(&left_mu);
+  return *left;
 }
 
 absl::Status RunStatus(const Flags& flags) {

@@ -29,7 +29,7 @@ absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char
 ControllerClient::ControllerClient(std::string address)
     : address_(std::move(address)),
       stub_(rpc::Controller::NewStub(
-          grpc::CreateChannel(address_, ChannelCredentials()))) {}
+          grpc::CreateCustomChannel(address_, ChannelCredentials(), ChannelArgs()))) {}
 
 absl::StatusOr<rpc::RegisterWorkerResponse> ControllerClient::RegisterWorker(
     const rpc::RegisterWorkerRequest& r) {

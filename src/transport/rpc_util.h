@@ -5,6 +5,7 @@
 #include "array/sharding.h"
 #include "core/types.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/status.h"
 #include "proto/pathways.pb.h"
 
@@ -13,6 +14,11 @@ namespace pathways {
 // Settings every server of the runtime shares: one process per address (no SO_REUSEPORT, so a
 // second server on a taken port fails to start instead of sharing it).
 void ConfigureServer(grpc::ServerBuilder& builder);
+// Arguments for channels to the runtime's servers: keepalive pings while calls are in flight, so
+// a call to a process that stopped (frozen, cut off) fails within kKeepalive * 2 instead of
+// waiting as long as its TCP connection looks open.
+constexpr int kKeepaliveMs = 2000;
+grpc::ChannelArguments ChannelArgs();
 // Builds and starts `builder`'s server on `address` (added by the caller with its credentials,
 // bound port in `*port`); a clear error naming `what` and the address when it cannot listen.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::ServerBuilder& builder, const std::string& what,

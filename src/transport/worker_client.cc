@@ -14,7 +14,7 @@ namespace {
 constexpr int kMaxMessageBytes = 1 << 30;
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments args = ChannelArgs();
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   return grpc::CreateCustomChannel(address, ChannelCredentials(), args);

@@ -131,8 +131,17 @@ void Worker::HeartbeatLoop() {
       PW_LOG(Warning) << "heartbeat to " << controller_->address() << " failed: " << response.status();
       continue;
     }
+    if (response->expired()) {
+      const absl::Status left = absl::UnavailableError(absl::StrCat(
+          "worker ", address_, " was silent longer than the controller's heartbeat timeout (frozen, cut off or "
+          "far too slow), so the cluster went on without it; it leaves, and a new process at this address "
+          "rejoins as a new worker"));
+      PW_LOG(Error) << left.message();
+      if (options_.on_left) options_.on_left(left);
+      return;
+    }
     if (!response->registered()) {
-      absl::Status s = Register();  // the controller restarted or dropped us
+      absl::Status s = Register();  // the controller restarted
       if (!s.ok()) PW_LOG(Warning) << "re-registration failed: " << s;
     }
     absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());

@@ -2,6 +2,7 @@
 // and heartbeats with the controller.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,6 +34,11 @@ struct WorkerOptions {
   absl::Duration register_timeout = absl::Seconds(30);
   // The emulated network to other islands' hosts (core/dcn_emulation.h); off by default.
   DcnOptions dcn;
+  // Called (from the heartbeat thread) when the controller says this worker was silent past its
+  // heartbeat timeout and was declared dead: its state is stale (its runs failed elsewhere, its
+  // peers gave up on it), so it leaves; a new process rejoins as a new incarnation. The
+  // `pathways worker` command exits with this status. Null: the worker only stops heartbeating.
+  std::function<void(const absl::Status&)> on_left;
 };
 
 // Start() serves and registers; the destructor stops heartbeats and the server. Thread-safe.

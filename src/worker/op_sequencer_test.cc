@@ -1,0 +1,53 @@
+#include "worker/op_sequencer.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+rpc::Op Direct(int64_t seq, int64_t session, bool filler = false) {
+  rpc::Op op;
+  op.set_seq(seq);
+  op.set_session(session);
+  if (!filler) op.mutable_free()->set_array_id(seq);
+  return op;
+}
+
+rpc::ScheduledOp Scheduled(const std::string& client, int64_t seq, int64_t session) {
+  rpc::ScheduledOp s;
+  s.set_client_id(client);
+  s.mutable_op()->set_seq(seq);
+  s.mutable_op()->set_session(session);
+  s.mutable_op()->mutable_run()->set_epoch(seq);
+  return s;
+}
+
+class OpSequencerTest : public ::testing::Test {
+ protected:
+  std::vector<int64_t> applied_;  // sequence numbers, in the order applied
+  OpSequencer sequencer_{[this](const std::string&, const rpc::Op& op) { applied_.push_back(op.seq()); },
+                         [](const std::string&) {}, absl::Seconds(10)};
+};
+
+TEST_F(OpSequencerTest, DirectAndScheduledOpsAreAppliedInTheClientsOrder) {
+  ASSERT_TRUE(sequencer_.AddScheduled({Scheduled("c", 2, 7)}).ok());  // waits for op 1
+  EXPECT_TRUE(applied_.empty());
+  ASSERT_TRUE(sequencer_.AddDirect("c", {Direct(1, 7), Direct(3, 7)}).ok());
+  EXPECT_EQ(applied_, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(sequencer_.WhenApplied("c", 7, 3).IsReady());
+}
+
+TEST_F(OpSequencerTest, AFillerForANumberAlreadyAppliedIsMootButARealOpIsRefused) {
+  // The scheduler refused run 1 because another host of its gang left, but it reached this
+  // host: the client then fills number 1 here too, and that must not break its sequence.
+  ASSERT_TRUE(sequencer_.AddScheduled({Scheduled("c", 1, 7)}).ok());
+  EXPECT_TRUE(sequencer_.AddDirect("c", {Direct(1, 7, /*filler=*/true), Direct(2, 7)}).ok());
+  EXPECT_EQ(applied_, (std::vector<int64_t>{1, 2}));
+  absl::Status again = sequencer_.AddDirect("c", {Direct(2, 7)});
+  EXPECT_EQ(again.code(), absl::StatusCode::kInvalidArgument) << again;
+}
+
+}  // namespace
+}  // namespace pathways
