@@ -1,6 +1,7 @@
 #include "core/process.h"
 
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include "absl/synchronization/mutex.h"
 
@@ -8,14 +9,20 @@ namespace pathways {
 
 void InitServingProcess() {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // Kernels allocate their outputs afresh at every call (a 4 MiB all_reduce allocates 4 MiB, its
-  // add another 4 MiB). glibc serves such sizes with fresh mmaps, or trims freed arena memory
-  // straight back, so every call page-faults its outputs in again: measured with
-  // bench/collective_bench, a 4 MiB all_reduce step between two workers ran at 134 steps/s with
-  // the defaults and 240 with these. Freed memory up to the trim threshold stays in the process
-  // for the next call instead.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  // Kernels allocate their outputs afresh at every call. Allocations of 1 MiB and more go through
+  // HostMemory's cache (device/host_memory.h); smaller ones come from the heap instead of a
+  // fresh mapping each (glibc's threshold would otherwise stay at 128 KiB once the trim
+  // threshold is set), and freed heap memory up to the trim threshold stays in the process for
+  // the next call instead of being faulted in again.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // Connections are descriptors: take every one the system allows this process (the soft limit
+  // is often far below the hard one), so a burst of connections does not run a server out.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 }
 
 }  // namespace pathways

@@ -50,9 +50,11 @@ void WaitForTerminationSignal() {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
   int sig = 0;
   sigwait(&set, &sig);
-  std::fprintf(stderr, "pathways: received signal %d, shutting down\n", sig);
+  // SIGUSR1 comes from within (a worker told to leave says why itself).
+  if (sig != SIGUSR1) std::fprintf(stderr, "pathways: received signal %d, shutting down\n", sig);
 }
 
 absl::Status RunController(const Flags& flags) {
@@ -135,8 +137,8 @@ absl::Status RunWorker(const Flags& flags) {
   }
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   SetCallToken(options.token);  // its own calls to the controller and to other workers
-  // Told to leave: the main thread, waiting for a signal, gets one, and exits with why. Sent to
-  // that thread: a signal to the process could land on a thread (a library's) that does not
+  // Told to leave: the main thread, waiting for a signal, gets SIGUSR1, and exits with why. Sent
+  // to that thread: a signal to the process could land on a thread (a library's) that does not
   // block it, and end the process without a shutdown.
   static absl::Mutex left_mu(absl::kConstInit);
   static absl::Status* left = new absl::Status();
@@ -146,7 +148,7 @@ absl::Status RunWorker(const Flags& flags) {
       absl::MutexLock lock(&left_mu);
       *left = why;
     }
-    pthread_kill(main_thread, SIGTERM);
+    pthread_kill(main_thread, SIGUSR1);
   };
   Worker worker(options);
   PW_RETURN_IF_ERROR(worker.Start());
@@ -215,6 +217,7 @@ int main(int argc, char** argv) {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   const std::string command = argv[1];

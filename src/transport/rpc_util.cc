@@ -10,6 +10,10 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
   // Clients ping every kKeepaliveMs while they wait for an answer: allowed, however long.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Connections are a bounded resource: one that never completes its handshake goes after 10 s,
+  // one idle for 10 minutes is closed (its client reconnects when it next calls).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 600'000);
 }
 
 grpc::ChannelArguments ChannelArgs() {
@@ -43,8 +47,11 @@ absl::Status FromGrpc(const grpc::Status& status) {
 
 absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
   if (status.ok()) return absl::OkStatus();
+  // gRPC's words for a peer that stopped answering its keepalive pings.
+  const bool silent = status.error_message().find("keepalive watchdog timeout") != std::string::npos;
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
+                      absl::StrCat(what, ": ", status.error_message(),
+                                   silent ? " (the process stopped answering: frozen, cut off or overloaded)" : ""));
 }
 
 rpc::TensorSpecProto ToProto(const TensorSpec& spec) {

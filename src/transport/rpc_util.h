@@ -12,7 +12,8 @@
 namespace pathways {
 
 // Settings every server of the runtime shares: one process per address (no SO_REUSEPORT, so a
-// second server on a taken port fails to start instead of sharing it).
+// second server on a taken port fails to start instead of sharing it), keepalive pings allowed,
+// and time limits on connections that never finish their handshake or sit idle.
 void ConfigureServer(grpc::ServerBuilder& builder);
 // Arguments for channels to the runtime's servers: keepalive pings while calls are in flight, so
 // a call to a process that stopped (frozen, cut off) fails within kKeepalive * 2 instead of
