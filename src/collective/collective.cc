@@ -196,6 +196,7 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
   bool leader = false;
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::CancelledError(absl::StrCat("collective ", call_key, ": host ", host_, " is shutting down"));
     std::shared_ptr<Meeting>& slot = meetings_[call_key];
     if (slot == nullptr) slot = std::make_shared<Meeting>(size);
     meeting = slot;
@@ -212,8 +213,14 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
     }
   }
   absl::MutexLock lock(&mu_);
-  auto met = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return meeting->done || meeting->arrived == local_members; };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&met), timeout_)) {
+  auto met = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return meeting->done || meeting->arrived == local_members || stopping_;
+  };
+  if (mu_.AwaitWithTimeout(absl::Condition(&met), timeout_) && stopping_ && !meeting->done &&
+      meeting->arrived < local_members) {
+    meeting->done = true;
+    meeting->status = absl::CancelledError(absl::StrCat("collective ", call_key, ": host ", host_, " is shutting down"));
+  } else if (!meeting->done && meeting->arrived < local_members) {
     meeting->done = true;  // a member that comes later finds it so, and does not lead
     meeting->status = absl::DeadlineExceededError(
         absl::StrCat("collective ", call_key, ": ", meeting->arrived, " of ", local_members, " members on host ", host_,
@@ -229,6 +236,11 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
     if (it != meetings_.end() && it->second == meeting) meetings_.erase(it);
   }
   return status;
+}
+
+void CollectiveHub::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
 }
 
 absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::string& call_key, const CallId& id,

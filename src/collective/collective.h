@@ -123,6 +123,9 @@ class CollectiveHub {
   // group ever spans hosts (a single-host runtime); such a group then fails with Unimplemented.
   CollectiveHub(std::string host, std::shared_ptr<TcpLinks> links, absl::Duration timeout);
   ~CollectiveHub();
+  // The host is going: members waiting for others on this host stop waiting (Cancelled), and
+  // later calls fail at once. A cross-host exchange in progress ends by its own deadline.
+  void Shutdown();
   const std::string& host() const { return host_; }
   absl::Duration timeout() const { return timeout_; }
 
@@ -146,6 +149,7 @@ class CollectiveHub {
   const absl::Duration timeout_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // What one running shard of a gang computation uses for its collectives. Not thread-safe: it

@@ -9,6 +9,12 @@ void ClientLeases::Renew(const std::string& client, absl::Time now) {
   lease.last_seen = now;
 }
 
+void ClientLeases::Adopt(const std::string& client, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = leases_.try_emplace(client);
+  if (inserted) it->second.last_seen = now;
+}
+
 void ClientLeases::Goodbye(const std::string& client, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Lease& lease = leases_[client];

@@ -22,6 +22,9 @@ class ClientLeases {
   absl::Duration timeout() const { return timeout_; }
 
   void Renew(const std::string& client, absl::Time now);
+  // A client a host says it holds: a lease from `now` unless the client is known already (its
+  // lease stands) or departed (it stays so).
+  void Adopt(const std::string& client, absl::Time now);
   void Goodbye(const std::string& client, absl::Time now);
   // Clients that departed since the last call (each is returned once).
   std::vector<std::string> TakeDeparted(absl::Time now);

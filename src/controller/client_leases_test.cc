@@ -22,5 +22,18 @@ TEST(ClientLeasesTest, LapsedAndDepartedClientsAreReportedOnce) {
   EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(120)), std::vector<std::string>{"stays"});  // lapsed by now
 }
 
+TEST(ClientLeasesTest, ClientsThatHostsHoldAreAdoptedByARestartedController) {
+  ClientLeases leases(absl::Seconds(3), absl::Seconds(60));
+  const absl::Time t = absl::UnixEpoch();
+  leases.Renew("alive", t);
+  leases.Adopt("alive", t + absl::Seconds(2));  // known: its own lease stands
+  leases.Adopt("dead", t + absl::Seconds(2));   // unknown: a lease from now
+  leases.Renew("alive", t + absl::Seconds(4));
+  EXPECT_TRUE(leases.TakeDeparted(t + absl::Seconds(4)).empty());
+  EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(6)), std::vector<std::string>{"dead"});  // never heard from
+  leases.Adopt("dead", t + absl::Seconds(7));  // another host reports it late: still departed
+  EXPECT_TRUE(leases.TakeDeparted(t + absl::Seconds(7)).empty());
+}
+
 }  // namespace
 }  // namespace pathways

@@ -167,6 +167,11 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     grpc::Status status = Answer(registry_.RegisterWorker(*request, now), response);
     // Its island's scheduler reaches it from now on.
     if (status.ok()) controller_.UpdateMembers(registry_.LiveHosts(now));
+    // Clients it holds that this controller has not heard of (it restarted): each gets a lease
+    // from now, which a live client renews and a dead one lets lapse.
+    if (status.ok()) {
+      for (const std::string& client : request->clients()) controller_.clients_.Adopt(client, now);
+    }
     return status;
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const rpc::HeartbeatRequest* request,

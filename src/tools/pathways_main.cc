@@ -1,7 +1,7 @@
 // `pathways`: one binary, with subcommands for the controller, a worker, cluster status and the
 // demo.
 #include <cerrno>
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -43,21 +43,43 @@ constexpr char kUsage[] =
     "Controller and worker take [--tls-cert PEM --tls-key PEM] [--tls-ca PEM], status and tenant\n"
     "[--tls-ca PEM] (defaults PATHWAYS_TLS_CERT, _KEY, _CA): TLS on every connection.\n";
 
-// Blocks until SIGINT or SIGTERM. The signals are blocked in every thread (threads inherit the
-// mask from main), so only this sigwait sees them.
+// Serving commands stop on SIGINT or SIGTERM through a handler that writes to a pipe the main
+// thread waits on. Any thread may take the signal: a mask would not cover threads a library
+// started before main, and a signal landing on one of those ended the process without a
+// shutdown (seen as "killed by signal 15" in tests).
+int stop_pipe[2] = {-1, -1};
+
+void OnTerminationSignal(int sig) {
+  const char c = static_cast<char>(sig);
+  (void)!write(stop_pipe[1], &c, 1);  // async-signal-safe
+}
+
+void CatchTerminationSignals() {
+  if (pipe2(stop_pipe, O_CLOEXEC) != 0) return;
+  struct sigaction action {};
+  action.sa_handler = OnTerminationSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+// Ends WaitForTerminationSignal from within the process (a worker told to leave says why itself).
+void StopWaiting() {
+  const char c = 0;
+  (void)!write(stop_pipe[1], &c, 1);
+}
+
+// Blocks until SIGINT or SIGTERM came, or StopWaiting was called.
 void WaitForTerminationSignal() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);
-  int sig = 0;
-  sigwait(&set, &sig);
-  // SIGUSR1 comes from within (a worker told to leave says why itself).
-  if (sig != SIGUSR1) std::fprintf(stderr, "pathways: received signal %d, shutting down\n", sig);
+  char sig = 0;
+  while (read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+  }
+  if (sig != 0) std::fprintf(stderr, "pathways: received signal %d, shutting down\n", sig);
 }
 
 absl::Status RunController(const Flags& flags) {
+  CatchTerminationSignals();
   ControllerOptions options;
   PW_ASSIGN_OR_RETURN(options.listen_address, flags.GetAddress("listen", "127.0.0.1:7000", true));
   // A port file that cannot be written fails now, before anything listens.
@@ -106,6 +128,7 @@ absl::Status RunController(const Flags& flags) {
 }
 
 absl::Status RunWorker(const Flags& flags) {
+  CatchTerminationSignals();
   WorkerOptions options;
   if (!flags.Has("controller")) return absl::InvalidArgumentError("worker needs --controller HOST:PORT");
   PW_ASSIGN_OR_RETURN(options.controller_address, flags.GetAddress("controller", "", false));
@@ -137,18 +160,15 @@ absl::Status RunWorker(const Flags& flags) {
   }
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   SetCallToken(options.token);  // its own calls to the controller and to other workers
-  // Told to leave: the main thread, waiting for a signal, gets SIGUSR1, and exits with why. Sent
-  // to that thread: a signal to the process could land on a thread (a library's) that does not
-  // block it, and end the process without a shutdown.
+  // Told to leave: the main thread stops waiting, and the command exits with why.
   static absl::Mutex left_mu(absl::kConstInit);
   static absl::Status* left = new absl::Status();
-  static const pthread_t main_thread = pthread_self();
   options.on_left = [](const absl::Status& why) {
     {
       absl::MutexLock lock(&left_mu);
       *left = why;
     }
-    pthread_kill(main_thread, SIGUSR1);
+    StopWaiting();
   };
   Worker worker(options);
   PW_RETURN_IF_ERROR(worker.Start());
@@ -213,13 +233,6 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-
   const std::string command = argv[1];
   struct Command {
     const char* name;

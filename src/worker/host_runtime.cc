@@ -71,7 +71,20 @@ HostRuntime::~HostRuntime() {
     for (const auto& [key, program] : programs_) options_.dataflow_service->RemoveEngine(program->engine->graph().name());
   }
   io_pool_.Shutdown();
+  // Work still queued on the devices ends quickly: gangs waiting for members and inputs waiting
+  // for blocks that will not come fail instead of waiting out their timeouts.
+  collectives_.Shutdown();
+  store_.FailAllTransfers(absl::CancelledError(absl::StrCat("host ", name(), " is shutting down")));
   for (auto& d : devices_) d->Shutdown();
+}
+
+std::vector<std::string> HostRuntime::HeldClients() {
+  std::set<std::string> clients;
+  for (std::string& c : store_.Clients()) clients.insert(std::move(c));
+  absl::MutexLock lock(&programs_mu_);
+  for (const auto& [key, program] : programs_) clients.insert(key.first);
+  for (const std::string& c : collected_) clients.erase(c);
+  return {clients.begin(), clients.end()};
 }
 
 void HostRuntime::PublishLinks() {

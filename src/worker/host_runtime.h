@@ -91,6 +91,8 @@ class HostRuntime {
   // scheduler's retirement of the client, which also refuses its later ops. Idempotent;
   // returns false if it was already collected.
   bool CollectClient(const std::string& client);
+  // The clients whose buffers or programs this host holds (not those it collected).
+  std::vector<std::string> HeldClients();
   // Publishes this host's links (collectives, blocks) where other hosts look them up; called
   // whenever the host registers, since a restarted controller forgot them.
   void PublishLinks();

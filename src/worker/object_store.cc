@@ -88,6 +88,19 @@ Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const T
   return f;
 }
 
+void ObjectStore::FailAllTransfers(const absl::Status& why) {
+  std::vector<Promise<BufferPtr>> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, t] : transfers_) {
+      if (!t.delivered) failed.push_back(std::move(t.promise));
+    }
+    transfers_.clear();
+    unclaimed_bytes_ = 0;
+  }
+  for (auto& p : failed) p.Set(why);  // outside the lock: continuations may run inline
+}
+
 int ObjectStore::SetDepartedHosts(absl::flat_hash_set<std::string> hosts) {
   std::vector<std::pair<Promise<BufferPtr>, absl::Status>> failed;
   {
@@ -144,6 +157,13 @@ int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t epo
   }
   for (auto& p : failed) p.Set(status);  // outside the lock: continuations may run inline
   return static_cast<int>(failed.size());
+}
+
+std::vector<std::string> ObjectStore::Clients() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> clients;
+  for (const auto& [client, arrays] : buffers_) clients.push_back(client);
+  return clients;
 }
 
 size_t ObjectStore::num_buffers() const {

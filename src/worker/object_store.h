@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -65,12 +66,18 @@ class ObjectStore {
   int FailUndeliveredTransfers(const std::string& client, int64_t epoch, int first_node, int last_node,
                                const absl::Status& status);
 
+  // The host is going: every transfer still expected fails with `why` (work waiting for it
+  // ends instead of waiting forever).
+  void FailAllTransfers(const absl::Status& why);
+
   // The hosts that have left the cluster, as the controller last said (it replaces the earlier
   // set). Transfers expected from them fail with Unavailable naming the host, now and from now
   // on. Returns how many pending ones were failed.
   int SetDepartedHosts(absl::flat_hash_set<std::string> hosts);
 
   size_t num_buffers() const;
+  // The clients that own buffers here.
+  std::vector<std::string> Clients() const;
   size_t num_pending_transfers() const;
   // Bytes of blocks delivered here that no consumer has claimed yet (blocks that came before
   // the run that uses them was set up here, or that no run here will use).

@@ -106,6 +106,7 @@ rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
   request.set_address(address_);
   request.set_island(options_.island);
   request.set_incarnation(incarnation_);
+  for (std::string& client : runtime_->HeldClients()) request.add_clients(std::move(client));
   DescribeDevices(request.mutable_devices());
   return request;
 }
