@@ -1,8 +1,10 @@
-// Client data on this host outside runs: puts into the object store, fetches out of it, and the
-// devices' traces of the client's work.
+// Client data on this host outside runs: puts into the object store, fetches out of it, the
+// devices' traces of the client's work, and which clients the host holds anything for.
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "transport/rpc_util.h"
 #include "worker/host_runtime.h"
 
@@ -87,6 +89,15 @@ Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) 
     promise.Set(std::move(response));
   });
   return result;
+}
+
+std::vector<std::string> HostRuntime::HeldClients() {
+  std::set<std::string> clients;
+  for (std::string& c : store_.Clients()) clients.insert(std::move(c));
+  absl::MutexLock lock(&programs_mu_);
+  for (const auto& [key, program] : programs_) clients.insert(key.first);
+  for (const std::string& c : collected_) clients.erase(c);
+  return {clients.begin(), clients.end()};
 }
 
 }  // namespace pathways

@@ -78,15 +78,6 @@ HostRuntime::~HostRuntime() {
   for (auto& d : devices_) d->Shutdown();
 }
 
-std::vector<std::string> HostRuntime::HeldClients() {
-  std::set<std::string> clients;
-  for (std::string& c : store_.Clients()) clients.insert(std::move(c));
-  absl::MutexLock lock(&programs_mu_);
-  for (const auto& [key, program] : programs_) clients.insert(key.first);
-  for (const std::string& c : collected_) clients.erase(c);
-  return {clients.begin(), clients.end()};
-}
-
 void HostRuntime::PublishLinks() {
   if (links_ == nullptr) return;
   if (absl::Status s = links_->Publish(); !s.ok()) {
