@@ -456,6 +456,46 @@ TEST_F(MultiProcessTest, AKilledClientsBuffersAreFreedWhileOthersCarryOn) {
   EXPECT_EQ(result->data<float>()[3], Pattern({8}, 1.0f).data<float>()[3] + 1);
 }
 
+// The controller restarts; a client dies while it is down. The workers register again with the
+// new controller and name the clients they hold; the dead one's lease lapses there and its
+// buffers are freed (before, they stayed allocated for good).
+TEST_F(MultiProcessTest, AClientThatDiesWhileTheControllerIsDownIsCollectedAfterTheRestart) {
+  ControllerClient controller(address_);
+  auto memory_used = [&]() -> int64_t {
+    auto status = controller.GetStatus();
+    if (!status.ok()) return -1;
+    int64_t used = 0;
+    for (const auto& h : status->hosts()) {
+      for (const auto& d : h.devices()) used += d.memory_used();
+    }
+    return used;
+  };
+  auto wait_for = [&](auto done) {  // bounded: heartbeats refresh the view every 250 ms
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    int64_t used = memory_used();
+    while (!done(used) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      used = memory_used();
+    }
+    return used;
+  };
+  client_.reset();  // this test's own client would also lapse while the controller is down
+  Subprocess tenant;
+  ASSERT_TRUE(tenant.Start({PATHWAYS_BINARY, "tenant", "--controller", address_, "--devices", "8", "--runs",
+                            "10000000"})
+                  .ok());
+  ASSERT_TRUE(tenant.WaitForLine("runs over", absl::Seconds(60)).ok());
+  EXPECT_GT(wait_for([](int64_t used) { return used > 0; }), 0);  // its buffers are there
+
+  controller_.Stop(SIGKILL);
+  tenant.Stop(SIGKILL);
+  ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", address_, "--heartbeat-timeout-ms",
+                                 "1000", "--client-timeout-ms", "1000"})
+                  .ok());
+  ASSERT_TRUE(controller_.WaitForLine("listening on", kStartTimeout).ok());
+  EXPECT_EQ(wait_for([](int64_t used) { return used == 0; }), 0);
+}
+
 // Access control: a controller and worker that require a token refuse every call without it,
 // with Unauthenticated; status says so; with the token everything works.
 TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {

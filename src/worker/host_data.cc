@@ -94,6 +94,7 @@ Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) 
 std::vector<std::string> HostRuntime::HeldClients() {
   std::set<std::string> clients;
   for (std::string& c : store_.Clients()) clients.insert(std::move(c));
+  for (std::string& c : sequencer_.Clients()) clients.insert(std::move(c));
   absl::MutexLock lock(&programs_mu_);
   for (const auto& [key, program] : programs_) clients.insert(key.first);
   for (const std::string& c : collected_) clients.erase(c);

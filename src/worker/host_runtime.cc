@@ -71,11 +71,15 @@ HostRuntime::~HostRuntime() {
     for (const auto& [key, program] : programs_) options_.dataflow_service->RemoveEngine(program->engine->graph().name());
   }
   io_pool_.Shutdown();
-  // Work still queued on the devices ends quickly: gangs waiting for members and inputs waiting
-  // for blocks that will not come fail instead of waiting out their timeouts.
-  collectives_.Shutdown();
-  store_.FailAllTransfers(absl::CancelledError(absl::StrCat("host ", name(), " is shutting down")));
+  BeginShutdown();  // work still queued on the devices ends quickly
   for (auto& d : devices_) d->Shutdown();
+}
+
+void HostRuntime::BeginShutdown() {
+  const absl::Status going = absl::CancelledError(absl::StrCat("host ", name(), " is shutting down"));
+  sequencer_.FailWaiters(going);
+  collectives_.Shutdown();
+  store_.FailAllTransfers(going);
 }
 
 void HostRuntime::PublishLinks() {

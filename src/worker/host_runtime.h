@@ -91,7 +91,11 @@ class HostRuntime {
   // scheduler's retirement of the client, which also refuses its later ops. Idempotent;
   // returns false if it was already collected.
   bool CollectClient(const std::string& client);
-  // The clients whose buffers or programs this host holds (not those it collected).
+  // The host is going: whatever waits on it (fetches waiting for ops, gangs waiting for members,
+  // inputs waiting for blocks) fails now, so the server's calls can end. The destructor does the
+  // rest. Idempotent.
+  void BeginShutdown();
+  // The clients whose buffers, programs or ops this host holds (not those it collected).
   std::vector<std::string> HeldClients();
   // Publishes this host's links (collectives, blocks) where other hosts look them up; called
   // whenever the host registers, since a restarted controller forgot them.

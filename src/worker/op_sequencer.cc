@@ -88,12 +88,33 @@ absl::Status OpSequencer::AddScheduled(std::vector<rpc::ScheduledOp> ops) {
 Future<Unit> OpSequencer::WhenApplied(const std::string& client, int64_t session, int64_t seq) {
   absl::MutexLock lock(&mu_);
   if (auto gone = dropped_.find(client); gone != dropped_.end()) return Future<Unit>::Ready(gone->second);
+  if (!failed_.ok()) return Future<Unit>::Ready(failed_);
   ClientState& c = clients_[{client, session}];
   if (seq <= c.applied) return Future<Unit>::Ready(Unit{});
   Promise<Unit> p;
   Future<Unit> f = p.future();
   c.waiters.emplace(seq, std::move(p));
   return f;
+}
+
+std::vector<std::string> OpSequencer::Clients() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> clients;
+  for (const auto& [key, state] : clients_) clients.push_back(key.first);
+  return clients;
+}
+
+void OpSequencer::FailWaiters(const absl::Status& why) {
+  Settlements settle;
+  {
+    absl::MutexLock lock(&mu_);
+    failed_ = why;
+    for (auto& [key, c] : clients_) {
+      for (auto& [seq, p] : c.waiters) settle.emplace_back(std::move(p), why);
+      c.waiters.clear();
+    }
+  }
+  Settle(settle);
 }
 
 void OpSequencer::DropClientLocked(const std::string& client, Settlements& settle) {

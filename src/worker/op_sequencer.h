@@ -46,6 +46,10 @@ class OpSequencer {
   absl::Status AddScheduled(std::vector<rpc::ScheduledOp> ops);
   // Completes once the client's ops up to `seq` of `session` are applied (or skipped).
   Future<Unit> WhenApplied(const std::string& client, int64_t session, int64_t seq);
+  // The clients it has ops or waiters of.
+  std::vector<std::string> Clients();
+  // The host is going: everyone waiting for ops fails with `why`, and so does every later wait.
+  void FailWaiters(const absl::Status& why);
 
  private:
   struct ClientState {
@@ -78,6 +82,7 @@ class OpSequencer {
   std::deque<rpc::ScheduledOp> scheduled_ ABSL_GUARDED_BY(mu_);
   absl::Time head_blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // set once the host is going (FailWaiters)
   std::thread watchdog_;
 };
 

@@ -156,6 +156,8 @@ void Worker::Shutdown() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   dataflow_service_.StopServingInProcess();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  // Calls that wait on the runtime (fetches) must end before the server can.
+  if (runtime_ != nullptr) runtime_->BeginShutdown();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     server_.reset();
