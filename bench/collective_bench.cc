@@ -116,33 +116,29 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
   };
   std::vector<double> opbyop, chained, fused_rate;
   absl::Status failure;
+  // The next step's input is this step's output, or the run stops at the first failure.
+  auto advance = [&](const absl::StatusOr<std::vector<ShardedArray>>& out) {
+    if (out.ok()) {
+      x = (*out)[0];
+    } else {
+      failure = out.status();
+    }
+  };
   for (int r = 0; r < repeats + 1 && failure.ok(); ++r) {  // the first round warms up
     const double t1 = Seconds([&] {
       for (int i = 0; i < steps && failure.ok(); ++i) {
-        auto out = client->Call(step, slice, {x});
-        if (!out.ok())
-          failure = out.status();
-        else
-          x = (*out)[0];
+        advance(client->Call(step, slice, {x}));
       }
       expected += steps;
       check(failure);
     });
     const double t2 = Seconds([&] {
-      auto out = client->Run(chain, {x});
-      if (!out.ok())
-        failure = out.status();
-      else
-        x = (*out)[0];
+      advance(client->Run(chain, {x}));
       expected += steps;
       check(failure);
     });
     const double t3 = Seconds([&] {
-      auto out = client->Call(fused, slice, {x});
-      if (!out.ok())
-        failure = out.status();
-      else
-        x = (*out)[0];
+      advance(client->Call(fused, slice, {x}));
       expected += steps;
       check(failure);
     });

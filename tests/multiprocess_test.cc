@@ -80,6 +80,63 @@ class MultiProcessTest : public ::testing::Test {
     }
   }
 
+  // A run whose first node (seconds of device work) is on one worker, the victim, and whose
+  // second reads that node's output on the other, the survivor.
+  struct RunAcrossWorkers {
+    VirtualSlice on_victim, on_survivor;
+    std::string victim;
+    Subprocess* victim_process = nullptr;
+    CompiledFunction inc;  // add_one on f32[128, 128]
+    std::vector<ShardedArray> out;
+  };
+  void StartRunAcrossWorkers(RunAcrossWorkers& run) {
+    run.on_victim = *client_->CreateSlice({.mesh_shape = {4}});  // placement fills host 0 first
+    run.on_survivor = *client_->CreateSlice({.mesh_shape = {4}});
+    ASSERT_EQ(run.on_victim.host_addresses().size(), 1u);
+    ASSERT_EQ(run.on_survivor.host_addresses().size(), 1u);
+    ASSERT_NE(run.on_victim.host_addresses()[0], run.on_survivor.host_addresses()[0]);
+    run.victim = run.on_victim.host_addresses()[0];
+    ASSERT_EQ(worker_addresses_.size(), 2u);
+    run.victim_process = run.victim == worker_addresses_[0] ? &worker_a_ : &worker_b_;
+    const TensorSpec m{DType::kF32, {128, 128}};
+    auto slow = *client_->Compile(FunctionSpec::Script(
+        "slow", "def slow(x):\n    for _ in range(40000):\n        x = torch.tanh(x @ x) * 0.5\n    return x\n",
+        {m}, {m}, {{}}, {{}}));
+    run.inc = *client_->Compile(FunctionSpec::Builtin("add_one", {m}, {m}, {{}}, {{}}));
+    ProgramBuilder builder("across");
+    TracedValue v = builder.Arg(m);
+    v = (*builder.Call(slow, run.on_victim, {v}))[0];
+    v = (*builder.Call(run.inc, run.on_survivor, {v}))[0];  // its input crosses from the victim
+    Program program = *builder.Build({v});
+    ShardedArray x = *client_->Put(Pattern({128, 128}, 0.01f), run.on_victim);
+    run.out = *client_->Run(program, {x});
+  }
+  // The survivor runs a call on its slice.
+  void ExpectTheSurvivorServes(const RunAcrossWorkers& run) {
+    ShardedArray y = *client_->Put(Pattern({128, 128}, 1.0f), run.on_survivor);
+    auto fine = client_->Fetch((*client_->Call(run.inc, run.on_survivor, {y}))[0]).AwaitFor(absl::Seconds(60));
+    ASSERT_TRUE(fine.ok()) << fine.status();
+    EXPECT_EQ(fine->data<float>()[1], Pattern({128, 128}, 1.0f).data<float>()[1] + 1);
+  }
+  // A worker started in the victim's place (as a supervisor would) serves a slice over its
+  // devices and the survivor's, with blocks crossing between them.
+  void ExpectAFreshWorkerServesWithTheSurvivor(const std::string& victim) {
+    Subprocess fresh;
+    ASSERT_TRUE(fresh.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4"}).ok());
+    ASSERT_TRUE(fresh.WaitForLine("serving", kStartTimeout).ok());
+    auto wide = client_->CreateSlice({.mesh_shape = {8}});
+    ASSERT_TRUE(wide.ok()) << wide.status();
+    for (const std::string& h : wide->host_addresses()) EXPECT_NE(h, victim);
+    const TensorSpec row{DType::kF32, {8}};
+    auto inc8 = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+    ShardedArray z = *client_->Put(Pattern({8}, 1.0f), *wide, {"x"});
+    auto wide_result = client_->Fetch((*client_->Call(inc8, *wide, {z}))[0]).AwaitFor(absl::Seconds(60));
+    ASSERT_TRUE(wide_result.ok()) << wide_result.status();
+    EXPECT_EQ(wide_result->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
+    int exit_status = fresh.Stop(SIGTERM);
+    EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
+  }
+
   Subprocess controller_, worker_a_, worker_b_;
   std::string address_;
   std::vector<std::string> worker_addresses_;  // of worker_a_, worker_b_
@@ -286,124 +343,49 @@ TEST_F(MultiProcessTest, TenantsInSeparateProcessesShareTheDevices) {
 // bounded time; work on the other worker goes on; the controller takes the dead worker out; a
 // worker started afterwards serves new slices.
 TEST_F(MultiProcessTest, AWorkerKilledMidRunFailsItsRunsAndTheRestGoOn) {
-  VirtualSlice on_a = *client_->CreateSlice({.mesh_shape = {4}});  // placement fills host 0 first
-  VirtualSlice on_b = *client_->CreateSlice({.mesh_shape = {4}});
-  ASSERT_EQ(on_a.host_addresses().size(), 1u);
-  ASSERT_EQ(on_b.host_addresses().size(), 1u);
-  ASSERT_NE(on_a.host_addresses()[0], on_b.host_addresses()[0]);
-  const std::string victim = on_a.host_addresses()[0];
-  ASSERT_EQ(worker_addresses_.size(), 2u);
-  Subprocess& victim_process = victim == worker_addresses_[0] ? worker_a_ : worker_b_;
-
-  const TensorSpec m{DType::kF32, {128, 128}};
-  // Seconds of device work per shard: the worker is killed while it runs.
-  auto slow = *client_->Compile(FunctionSpec::Script(
-      "slow", "def slow(x):\n    for _ in range(40000):\n        x = torch.tanh(x @ x) * 0.5\n    return x\n", {m},
-      {m}, {{}}, {{}}));
-  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {m}, {m}, {{}}, {{}}));
-  ProgramBuilder builder("across");
-  TracedValue v = builder.Arg(m);
-  v = (*builder.Call(slow, on_a, {v}))[0];
-  v = (*builder.Call(inc, on_b, {v}))[0];  // its input crosses from the victim to the survivor
-  Program program = *builder.Build({v});
-  ShardedArray x = *client_->Put(Pattern({128, 128}, 0.01f), on_a);
-  std::vector<ShardedArray> out = *client_->Run(program, {x});
+  RunAcrossWorkers run;
+  ASSERT_NO_FATAL_FAILURE(StartRunAcrossWorkers(run));
   absl::SleepFor(absl::Milliseconds(500));  // the run is on the victim's devices by now
-  victim_process.Stop(SIGKILL);
+  run.victim_process->Stop(SIGKILL);
 
   const absl::Time killed = absl::Now();
-  auto result = client_->Fetch(out[0]).AwaitFor(absl::Seconds(30));
+  auto result = client_->Fetch(run.out[0]).AwaitFor(absl::Seconds(30));
   EXPECT_LT(absl::Now() - killed, absl::Seconds(10));  // bounded: heartbeat timeout (1 s) and a beat
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
-  EXPECT_NE(result.status().message().find(victim), std::string::npos) << result.status();
+  EXPECT_NE(result.status().message().find(run.victim), std::string::npos) << result.status();
 
-  // The survivor goes on serving.
-  ShardedArray y = *client_->Put(Pattern({128, 128}, 1.0f), on_b);
-  auto fine = client_->Fetch((*client_->Call(inc, on_b, {y}))[0]).Await();
-  ASSERT_TRUE(fine.ok()) << fine.status();
-  EXPECT_EQ(fine->data<float>()[1], Pattern({128, 128}, 1.0f).data<float>()[1] + 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectTheSurvivorServes(run));
   auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", address_}, absl::Seconds(30));
   ASSERT_TRUE(status.ok());
   EXPECT_NE(status->find("DEAD"), std::string::npos) << *status;
-
-  // A new worker joins and serves a slice over its devices and the survivor's.
-  Subprocess fresh;
-  ASSERT_TRUE(fresh.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4"}).ok());
-  ASSERT_TRUE(fresh.WaitForLine("serving", kStartTimeout).ok());
-  auto wide = client_->CreateSlice({.mesh_shape = {8}});
-  ASSERT_TRUE(wide.ok()) << wide.status();
-  for (const std::string& h : wide->host_addresses()) EXPECT_NE(h, victim);
-  const TensorSpec row{DType::kF32, {8}};
-  auto inc8 = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
-  ShardedArray z = *client_->Put(Pattern({8}, 1.0f), *wide, {"x"});
-  auto wide_result = client_->Fetch((*client_->Call(inc8, *wide, {z}))[0]).Await();
-  ASSERT_TRUE(wide_result.ok()) << wide_result.status();
-  EXPECT_EQ(wide_result->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
-  int exit_status = fresh.Stop(SIGTERM);
-  EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
+  ExpectAFreshWorkerServesWithTheSurvivor(run.victim);
 }
 
 // A worker frozen (SIGSTOP) mid-run, not dead: the run that needs it fails while it is still
 // frozen, naming it; when it wakes it learns it was declared dead and leaves; the survivor and
 // a worker that joins afterwards serve the next jobs.
 TEST_F(MultiProcessTest, AFrozenWorkerFailsItsRunsInBoundedTimeAndLeavesWhenItWakes) {
-  VirtualSlice on_a = *client_->CreateSlice({.mesh_shape = {4}});
-  VirtualSlice on_b = *client_->CreateSlice({.mesh_shape = {4}});
-  ASSERT_NE(on_a.host_addresses()[0], on_b.host_addresses()[0]);
-  const std::string victim = on_a.host_addresses()[0];
-  Subprocess& victim_process = victim == worker_addresses_[0] ? worker_a_ : worker_b_;
-
-  const TensorSpec m{DType::kF32, {128, 128}};
-  auto slow = *client_->Compile(FunctionSpec::Script(
-      "slow", "def slow(x):\n    for _ in range(40000):\n        x = torch.tanh(x @ x) * 0.5\n    return x\n", {m},
-      {m}, {{}}, {{}}));
-  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {m}, {m}, {{}}, {{}}));
-  ProgramBuilder builder("across");
-  TracedValue v = builder.Arg(m);
-  v = (*builder.Call(slow, on_a, {v}))[0];
-  v = (*builder.Call(inc, on_b, {v}))[0];  // its input crosses from the frozen host
-  Program program = *builder.Build({v});
-  ShardedArray x = *client_->Put(Pattern({128, 128}, 0.01f), on_a);
-  std::vector<ShardedArray> out = *client_->Run(program, {x});
-  ASSERT_TRUE(client_->Enqueued(out[0]).Await().ok());
-  ASSERT_EQ(kill(victim_process.pid(), SIGSTOP), 0);
+  RunAcrossWorkers run;
+  ASSERT_NO_FATAL_FAILURE(StartRunAcrossWorkers(run));
+  ASSERT_TRUE(client_->Enqueued(run.out[0]).Await().ok());
+  ASSERT_EQ(kill(run.victim_process->pid(), SIGSTOP), 0);
 
   // Fails, and while the victim is still frozen (it stays so for up to 60 s here).
-  auto result = client_->Fetch(out[0]).AwaitFor(absl::Seconds(60));
+  auto result = client_->Fetch(run.out[0]).AwaitFor(absl::Seconds(60));
   ASSERT_FALSE(result.ok());
   EXPECT_TRUE(absl::IsUnavailable(result.status()) || absl::IsDeadlineExceeded(result.status())) << result.status();
-  EXPECT_NE(result.status().message().find(victim), std::string::npos) << result.status();
-  EXPECT_FALSE(victim_process.WaitFor(absl::ZeroDuration()).ok());  // still there, still frozen
+  EXPECT_NE(result.status().message().find(run.victim), std::string::npos) << result.status();
+  EXPECT_FALSE(run.victim_process->WaitFor(absl::ZeroDuration()).ok());  // still there, still frozen
 
-  // The survivor serves meanwhile.
-  ShardedArray y = *client_->Put(Pattern({128, 128}, 1.0f), on_b);
-  auto fine = client_->Fetch((*client_->Call(inc, on_b, {y}))[0]).AwaitFor(absl::Seconds(60));
-  ASSERT_TRUE(fine.ok()) << fine.status();
-  EXPECT_EQ(fine->data<float>()[1], Pattern({128, 128}, 1.0f).data<float>()[1] + 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectTheSurvivorServes(run));  // meanwhile
 
   // Woken, the victim is told it was declared dead, and leaves with an error.
-  ASSERT_EQ(kill(victim_process.pid(), SIGCONT), 0);
-  auto exited = victim_process.WaitFor(absl::Seconds(60));
+  ASSERT_EQ(kill(run.victim_process->pid(), SIGCONT), 0);
+  auto exited = run.victim_process->WaitFor(absl::Seconds(60));
   ASSERT_TRUE(exited.ok()) << exited.status();
   EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) != 0) << *exited;
-
-  // A worker started in its place (as a supervisor would) serves a slice over its devices and the
-  // survivor's, with a block crossing between them.
-  Subprocess fresh;
-  ASSERT_TRUE(fresh.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4"}).ok());
-  ASSERT_TRUE(fresh.WaitForLine("serving", kStartTimeout).ok());
-  auto wide = client_->CreateSlice({.mesh_shape = {8}});
-  ASSERT_TRUE(wide.ok()) << wide.status();
-  for (const std::string& h : wide->host_addresses()) EXPECT_NE(h, victim);
-  const TensorSpec row{DType::kF32, {8}};
-  auto inc8 = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
-  ShardedArray z = *client_->Put(Pattern({8}, 1.0f), *wide, {"x"});
-  auto wide_result = client_->Fetch((*client_->Call(inc8, *wide, {z}))[0]).AwaitFor(absl::Seconds(60));
-  ASSERT_TRUE(wide_result.ok()) << wide_result.status();
-  EXPECT_EQ(wide_result->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
-  int exit_status = fresh.Stop(SIGTERM);
-  EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
+  ExpectAFreshWorkerServesWithTheSurvivor(run.victim);
 }
 
 // A client process killed with SIGKILL mid-run: within a few seconds everything it owned on
