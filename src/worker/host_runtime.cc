@@ -106,6 +106,8 @@ absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
     case rpc::Op::kRun:
     case rpc::Op::kFree:
       return absl::OkStatus();  // checked against the registered programs when applied
+    case rpc::Op::KIND_NOT_SET:
+      return absl::OkStatus();  // fills a number the client reserved for a run the scheduler refused
     case rpc::Op::kPut:
       if (op.put().local_device() < 0 || op.put().local_device() >= num_devices()) {
         return absl::InvalidArgumentError(absl::StrCat("device ", op.put().local_device(), " does not exist on ",

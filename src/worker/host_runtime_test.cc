@@ -1,0 +1,82 @@
+#include "worker/host_runtime.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/status_macros.h"
+#include "gtest/gtest.h"
+#include "transport/rpc_util.h"
+
+namespace pathways {
+namespace {
+
+rpc::Op PutOp(int64_t seq, int64_t array_id, int device, const std::vector<float>& values) {
+  rpc::Op op;
+  op.set_seq(seq);
+  op.set_session(1);
+  rpc::PutOp* put = op.mutable_put();
+  put->mutable_dest()->set_array_id(array_id);
+  put->mutable_dest()->set_shard(0);
+  put->set_local_device(device);
+  *put->mutable_spec() = ToProto(TensorSpec{DType::kF32, {static_cast<int64_t>(values.size())}});
+  put->set_data(values.data(), values.size() * sizeof(float));
+  return op;
+}
+
+rpc::Op Filler(int64_t seq) {
+  rpc::Op op;
+  op.set_seq(seq);
+  op.set_session(1);
+  return op;
+}
+
+class HostRuntimeTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::vector<float>> FetchAfter(int64_t array_id, int64_t seq) {
+    rpc::FetchRequest request;
+    request.set_client_id("c");
+    request.set_array_id(array_id);
+    request.add_shards(0);
+    request.set_after_seq(seq);
+    request.set_session(1);
+    PW_ASSIGN_OR_RETURN(rpc::FetchResponse response, host_.Fetch(request).AwaitFor(absl::Seconds(30)));
+    if (response.shards_size() != 1) return absl::InternalError("expected one shard");
+    const std::string& data = response.shards(0).data();
+    std::vector<float> values(data.size() / sizeof(float));
+    std::memcpy(values.data(), data.data(), values.size() * sizeof(float));
+    return values;
+  }
+
+  HostRuntime host_{{.num_devices = 1, .device_memory_bytes = 64 << 20, .name = "h"}};
+};
+
+// A client fills the number it reserved for a run the scheduler refused with an op of no kind;
+// the host takes it as a no-op, not as a malformed op.
+TEST_F(HostRuntimeTest, AFillerKeepsItsPlaceInTheSequenceAndIsNotAnError) {
+  rpc::EnqueueRequest request;
+  request.set_client_id("c");
+  *request.add_ops() = PutOp(1, 1, 0, {1, 2});
+  *request.add_ops() = Filler(2);
+  *request.add_ops() = PutOp(3, 2, 0, {3, 4});
+  ASSERT_TRUE(host_.Enqueue(request).ok());
+  auto values = FetchAfter(2, 3);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<float>{3, 4}));
+}
+
+TEST_F(HostRuntimeTest, AMalformedOpIsReportedAndLaterOpsStillApply) {
+  rpc::EnqueueRequest request;
+  request.set_client_id("c");
+  *request.add_ops() = PutOp(1, 1, /*device=*/7, {1, 2});
+  *request.add_ops() = PutOp(2, 2, 0, {5, 6});
+  absl::Status status = host_.Enqueue(request);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("device 7 does not exist"), std::string::npos) << status;
+  auto values = FetchAfter(2, 2);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<float>{5, 6}));
+  EXPECT_FALSE(FetchAfter(1, 2).ok());  // the malformed put placed nothing
+}
+
+}  // namespace
+}  // namespace pathways
