@@ -4,9 +4,10 @@ JOBS ?= 2
 MAKEFLAGS += --no-print-directory
 # Exactly what the build uses: compilers and CMake, ccache, Abseil, protobuf and gRPC (with their
 # code generators), libtorch with OpenBLAS (without it libtorch falls back to a slow reference
-# BLAS), GoogleTest, and openssl (a test makes a certificate).
+# BLAS), GoogleTest, openssl (a test makes a certificate) and libssl-dev (clients' credentials
+# are SHA-256 preimages of their ids).
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
-  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl
+  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev
 
 .PHONY: deps deps-fuzz deps-bench install-packages build test demo bench collective-bench fuzz clean
 

@@ -135,6 +135,7 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
   }
   request.set_span_islands(spec.span_islands);
   request.set_client_id(core_->id());
+  request.set_credential(core_->credential());
   request.set_min_free_memory_bytes(spec.min_free_memory_bytes);
   request.set_device_kind(spec.device_kind);
   PW_ASSIGN_OR_RETURN(rpc::AllocateSliceResponse response, core_->controller().AllocateSlice(request));
@@ -155,6 +156,7 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
 absl::StatusOr<std::vector<Client::LostSlice>> Client::LostSlices() {
   rpc::SliceStatesRequest request;
   request.set_client_id(core_->id());
+  request.set_credential(core_->credential());
   PW_ASSIGN_OR_RETURN(rpc::SliceStatesResponse response, core_->controller().SliceStates(request));
   std::vector<LostSlice> lost;
   for (const rpc::SliceState& s : response.slices()) {
@@ -169,6 +171,7 @@ absl::Status Client::RemapSlice(const VirtualSlice& slice) {
   }
   rpc::RemapSliceRequest request;
   request.set_client_id(core_->id());
+  request.set_credential(core_->credential());
   request.set_slice_id(slice.id());
   PW_ASSIGN_OR_RETURN(rpc::AllocateSliceResponse response, core_->controller().RemapSlice(request));
   if (response.devices_size() != slice.num_devices()) {

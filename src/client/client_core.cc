@@ -24,21 +24,21 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
 }
 
 absl::Status ClientCore::StartLease() {
-  PW_ASSIGN_OR_RETURN(absl::Duration interval, controller_->ClientHeartbeat(id_, /*goodbye=*/false));
+  PW_ASSIGN_OR_RETURN(absl::Duration interval, controller_->ClientHeartbeat(identity_, /*goodbye=*/false));
   lease_thread_ = std::thread([this, interval] { LeaseLoop(interval); });
   return absl::OkStatus();
 }
 
 void ClientCore::LeaseLoop(absl::Duration interval) {
   while (!lease_stop_.WaitForNotificationWithTimeout(interval)) {
-    auto next = controller_->ClientHeartbeat(id_, /*goodbye=*/false);
+    auto next = controller_->ClientHeartbeat(identity_, /*goodbye=*/false);
     if (next.ok()) {
       interval = *next;
     } else {
-      PW_LOG(Warning) << "client " << id_ << " could not renew its lease: " << next.status();
+      PW_LOG(Warning) << "client " << id() << " could not renew its lease: " << next.status();
     }
   }
-  (void)controller_->ClientHeartbeat(id_, /*goodbye=*/true);
+  (void)controller_->ClientHeartbeat(identity_, /*goodbye=*/true);
 }
 
 ClientCore::~ClientCore() {
@@ -52,9 +52,10 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
   auto& q = schedule_queue_;
   if (q == nullptr) {
     q = std::make_shared<OrderedBatchQueue<rpc::GangRun>>(
-        [controller = controller_, id = id_, weight = options_.weight](std::vector<rpc::GangRun> runs) {
+        [controller = controller_, identity = identity_, weight = options_.weight](std::vector<rpc::GangRun> runs) {
           rpc::ScheduleRequest request;
-          request.set_client_id(id);
+          request.set_client_id(identity.id);
+          request.set_credential(identity.credential);
           request.set_weight(weight);
           for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
           return controller->Schedule(request).Then([](const rpc::ScheduleResponse&) { return Unit{}; });

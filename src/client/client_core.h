@@ -31,13 +31,15 @@ struct SeqRef {
 class ClientCore : public std::enable_shared_from_this<ClientCore> {
  public:
   ClientCore(std::string controller_address, ClientOptions options)
-      : id_(RandomIdString()),
+      : identity_(NewClientIdentity()),
         options_(options),
         controller_(std::make_shared<ControllerClient>(std::move(controller_address))) {}
 
   // Says goodbye to the controller: workers then free whatever the client still owned.
   ~ClientCore();
-  const std::string& id() const { return id_; }
+  const std::string& id() const { return identity_.id; }
+  // What every call that acts for this client carries (see ClientIdentity).
+  const std::string& credential() const { return identity_.credential; }
   ControllerClient& controller() { return *controller_; }
   // Holds the client's lease with the controller while the core lives (a thread renews it).
   // Fails if the controller cannot be reached.
@@ -52,7 +54,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::shared_ptr<HostOpQueue> queue(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& q = queues_[address];
-    if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), id_);
+    if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), identity_);
     return q;
   }
 
@@ -125,7 +127,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue();
   void LeaseLoop(absl::Duration interval);
 
-  const std::string id_;
+  const ClientIdentity identity_;
   const ClientOptions options_;
   std::shared_ptr<ControllerClient> controller_;  // shared with calls in flight
   absl::Notification lease_stop_;

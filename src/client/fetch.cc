@@ -63,6 +63,7 @@ Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<Client
   for (auto& [host, host_shards] : by_host) {
     rpc::FetchRequest request;
     request.set_client_id(core->id());
+    request.set_credential(core->credential());
     request.set_array_id(state.id);
     request.set_status_only(status_only);
     request.set_incarnation(incarnation[host]);

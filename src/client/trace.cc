@@ -31,6 +31,7 @@ absl::StatusOr<std::string> Client::TraceJson(absl::Time since) {
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, core_->controller().GetStatus());
   rpc::GetTraceRequest request;
   request.set_client_id(core_->id());
+  request.set_credential(core_->credential());
   request.set_since_us(since == absl::InfinitePast() ? 0 : absl::ToUnixMicros(since));
   std::map<std::string, Future<rpc::GetTraceResponse>> replies;  // by host, so pids are stable
   for (const rpc::HostStatus& h : status.hosts()) {

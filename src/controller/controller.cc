@@ -92,6 +92,10 @@ grpc::Status Answer(absl::StatusOr<T> r, T* response) {
 // Every handler starts here: a call without the cluster's token is refused.
 #define PW_CHECK_CALL_TOKEN(context)                                                     \
   if (absl::Status auth = CheckCallToken(*(context), token_); !auth.ok()) return ToGrpc(auth)
+// And a call that acts for a client must carry that client's credential.
+#define PW_CHECK_CLIENT(request)                                                                               \
+  if (absl::Status auth = CheckClientCredential((request)->client_id(), (request)->credential()); !auth.ok()) \
+  return ToGrpc(auth)
 
 // Schedule is served on gRPC's callback API (it waits for hosts, and must not hold a thread
 // meanwhile); the rest are quick and synchronous.
@@ -105,7 +109,9 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   grpc::ServerUnaryReactor* Schedule(grpc::CallbackServerContext* context, const rpc::ScheduleRequest* request,
                                      rpc::ScheduleResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    if (absl::Status auth = CheckCallToken(*context, token_); !auth.ok()) {
+    absl::Status auth = CheckCallToken(*context, token_);
+    if (auth.ok()) auth = CheckClientCredential(request->client_id(), request->credential());
+    if (!auth.ok()) {
       reactor->Finish(ToGrpc(auth));
       return reactor;
     }
@@ -121,19 +127,21 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   grpc::Status SliceStates(grpc::ServerContext* context, const rpc::SliceStatesRequest* request,
                            rpc::SliceStatesResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
+    PW_CHECK_CLIENT(request);
     *response = registry_.SliceStates(request->client_id(), absl::Now());
     return grpc::Status::OK;
   }
   grpc::Status RemapSlice(grpc::ServerContext* context, const rpc::RemapSliceRequest* request,
                           rpc::AllocateSliceResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
+    PW_CHECK_CLIENT(request);
     return Answer(registry_.RemapSlice(*request, absl::Now()), response);
   }
 
   grpc::Status ClientHeartbeat(grpc::ServerContext* context, const rpc::ClientHeartbeatRequest* request,
                                rpc::ClientHeartbeatResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    if (request->client_id().empty()) return ToGrpc(absl::InvalidArgumentError("client heartbeat has no client id"));
+    PW_CHECK_CLIENT(request);
     if (request->goodbye()) {
       controller_.clients_.Goodbye(request->client_id(), absl::Now());
     } else {
@@ -188,11 +196,20 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                          rpc::ClusterStatus* response) override {
     PW_CHECK_CALL_TOKEN(context);
     *response = registry_.Status(absl::Now());
+    // Anyone with the cluster's token may ask, so clients appear by a label: the first 8 digits
+    // of their id, which a client recognises as its own. Ids alone grant nothing (calls for a
+    // client need its credential); this keeps them out of sight anyway.
+    for (rpc::HostStatus& host : *response->mutable_hosts()) {
+      for (rpc::DeviceInfo& device : *host.mutable_devices()) {
+        for (rpc::ClientTime& t : *device.mutable_client_time()) t.set_client_id(t.client_id().substr(0, 8));
+      }
+    }
     return grpc::Status::OK;
   }
   grpc::Status AllocateSlice(grpc::ServerContext* context, const rpc::AllocateSliceRequest* request,
                              rpc::AllocateSliceResponse* response) override {
     PW_CHECK_CALL_TOKEN(context);
+    PW_CHECK_CLIENT(request);
     return Answer(registry_.AllocateSlice(*request, absl::Now()), response);
   }
 

@@ -7,7 +7,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
 #include "absl/synchronization/mutex.h"
+#include "core/logging.h"
+#include "openssl/rand.h"
+#include "openssl/sha.h"
 
 namespace pathways {
 namespace {
@@ -63,6 +67,36 @@ absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::s
   }
   if (!SameSecret(std::string(it->second.data(), it->second.size()), expected)) {
     return absl::UnauthenticatedError("the token sent is not this cluster's");
+  }
+  return absl::OkStatus();
+}
+
+ClientIdentity NewClientIdentity() {
+  unsigned char secret[32];
+  if (RAND_bytes(secret, sizeof(secret)) != 1) {
+    // OpenSSL reads the kernel's random source; a failure there leaves nothing safe to fall back to.
+    PW_LOG(Error) << "cannot read random bytes for a client credential";
+    std::abort();
+  }
+  ClientIdentity identity;
+  identity.credential = absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(secret), sizeof(secret)));
+  identity.id = ClientIdOf(identity.credential);
+  return identity;
+}
+
+std::string ClientIdOf(const std::string& credential) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(credential.data()), credential.size(), digest);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 16));
+}
+
+absl::Status CheckClientCredential(const std::string& client_id, const std::string& credential) {
+  if (client_id.empty()) return absl::InvalidArgumentError("the request names no client");
+  if (credential.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("the request for client ", client_id, " carries no credential"));
+  }
+  if (!SameSecret(ClientIdOf(credential), client_id)) {
+    return absl::UnauthenticatedError(absl::StrCat("the credential sent is not client ", client_id, "'s"));
   }
   return absl::OkStatus();
 }

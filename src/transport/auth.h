@@ -27,6 +27,25 @@ std::string TokenFromFlagOrEnv(const std::string& flag);
 // what the token should be).
 absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected);
 
+// A client's identity. Its id is public: logs, the island schedulers and every host see it. Its
+// credential is a random secret that only the client holds, and the id is derived from it (the
+// first 128 bits of its SHA-256, in hex), so any server can check a call against the id it names
+// without asking anyone: no table of credentials to hand out to hosts, nothing for a restarted
+// controller to lose, and knowing an id (from `status`, a log) gives no way to act as its client.
+// Calls that act for a client (schedule, heartbeat and goodbye, slices, ops, fetches, traces)
+// carry both; servers refuse the call when they do not match.
+struct ClientIdentity {
+  std::string id;
+  std::string credential;
+};
+// A new identity from the operating system's random source (OpenSSL's RAND_bytes).
+ClientIdentity NewClientIdentity();
+// The id that `credential` belongs to.
+std::string ClientIdOf(const std::string& credential);
+// OK when `credential` is the one `client_id` was derived from; Unauthenticated otherwise (naming
+// the client, never the credential). An empty id is InvalidArgument.
+absl::Status CheckClientCredential(const std::string& client_id, const std::string& credential);
+
 // TLS for every channel and server of this process (one process talks to one cluster). PEM file
 // paths; an empty path falls back to PATHWAYS_TLS_CERT, PATHWAYS_TLS_KEY, PATHWAYS_TLS_CA. A
 // process that serves (controller, worker) needs cert and key; one that only calls (client,

@@ -82,9 +82,10 @@ Future<rpc::ScheduleResponse> ControllerClient::Schedule(const rpc::ScheduleRequ
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Schedule(ctx, req, resp, std::move(done)); });
 }
 
-absl::StatusOr<absl::Duration> ControllerClient::ClientHeartbeat(const std::string& client_id, bool goodbye) {
+absl::StatusOr<absl::Duration> ControllerClient::ClientHeartbeat(const ClientIdentity& client, bool goodbye) {
   rpc::ClientHeartbeatRequest request;
-  request.set_client_id(client_id);
+  request.set_client_id(client.id);
+  request.set_credential(client.credential);
   request.set_goodbye(goodbye);
   auto response = CallWithDeadline<rpc::ClientHeartbeatResponse>(
       address_, "ClientHeartbeat",

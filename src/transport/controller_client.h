@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "core/future.h"
 #include "proto/pathways.grpc.pb.h"
+#include "transport/auth.h"
 
 namespace pathways {
 
@@ -25,7 +26,7 @@ class ControllerClient {
   // Submits runs to island schedulers; completes once their hosts have them. Asynchronous.
   Future<rpc::ScheduleResponse> Schedule(const rpc::ScheduleRequest& r);
   // Renews the client's lease (or ends it, with `goodbye`); returns the interval to renew at.
-  absl::StatusOr<absl::Duration> ClientHeartbeat(const std::string& client_id, bool goodbye);
+  absl::StatusOr<absl::Duration> ClientHeartbeat(const ClientIdentity& client, bool goodbye);
   absl::Status RendezvousSet(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> RendezvousGet(const std::string& key, absl::Duration timeout);
 

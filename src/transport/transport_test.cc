@@ -92,7 +92,7 @@ class HostOpQueueTest : public ::testing::Test {
 };
 
 TEST_F(HostOpQueueTest, DeliversInOrderInFewerBatchesThanOps) {
-  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), "client");
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), NewClientIdentity());
   constexpr int kOps = 500;
   for (int i = 0; i < kOps; ++i) queue->Push(Free(i));
   ASSERT_TRUE(queue->Flushed().AwaitFor(absl::Seconds(30)).ok());
@@ -103,7 +103,7 @@ TEST_F(HostOpQueueTest, DeliversInOrderInFewerBatchesThanOps) {
 }
 
 TEST_F(HostOpQueueTest, ARefusedBatchFailsEveryLaterFlush) {
-  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), "client");
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), NewClientIdentity());
   worker_.Refuse();
   queue->Push(Free(1));
   absl::StatusOr<Unit> first = queue->Flushed().AwaitFor(absl::Seconds(30));
@@ -114,7 +114,7 @@ TEST_F(HostOpQueueTest, ARefusedBatchFailsEveryLaterFlush) {
 
 TEST(HostOpQueueUnreachableTest, AMissingHostIsReportedNotAwaitedForever) {
   // Port 1 on loopback: nothing listens there.
-  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get("127.0.0.1:1"), "client");
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get("127.0.0.1:1"), NewClientIdentity());
   rpc::Op op;
   op.mutable_free()->set_array_id(1);
   queue->Push(op);

@@ -69,12 +69,13 @@ std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address)
   return slot;
 }
 
-HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, std::string client_id)
+HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client)
     : worker_(std::move(worker)), session_(static_cast<int64_t>(absl::Uniform<uint64_t>(absl::BitGen()) >> 1)) {
   queue_ = std::make_shared<OrderedBatchQueue<rpc::Op>>(
-      [worker = worker_, client_id = std::move(client_id)](std::vector<rpc::Op> ops) {
+      [worker = worker_, client = std::move(client)](std::vector<rpc::Op> ops) {
         rpc::EnqueueRequest request;
-        request.set_client_id(client_id);
+        request.set_client_id(client.id);
+        request.set_credential(client.credential);
         for (rpc::Op& op : ops) *request.add_ops() = std::move(op);
         return worker->Enqueue(request).Then([](const rpc::EnqueueResponse&) { return Unit{}; });
       });
@@ -95,6 +96,7 @@ int64_t HostOpQueue::ReserveSeq() {
 
 void HostOpQueue::SkipReserved(int64_t seq) {
   rpc::Op op;
+  op.mutable_skip();
   op.set_seq(seq);
   op.set_session(session_);
   queue_->Push(std::move(op));

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "core/future.h"
+#include "transport/auth.h"
 #include "transport/ordered_batch_queue.h"
 #include "proto/pathways.grpc.pb.h"
 
@@ -62,7 +63,7 @@ class WorkerClientCache {
 // way round. Thread-safe. Held by shared_ptr.
 class HostOpQueue {
  public:
-  HostOpQueue(std::shared_ptr<WorkerClient> worker, std::string client_id);
+  HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client);
   // Returns the op's sequence number.
   int64_t Push(rpc::Op op);
   // A sequence number for an op that reaches the host another way (through the scheduler).

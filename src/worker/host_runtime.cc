@@ -106,8 +106,8 @@ absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
     case rpc::Op::kRun:
     case rpc::Op::kFree:
       return absl::OkStatus();  // checked against the registered programs when applied
-    case rpc::Op::KIND_NOT_SET:
-      return absl::OkStatus();  // fills a number the client reserved for a run the scheduler refused
+    case rpc::Op::kSkip:
+      return absl::OkStatus();
     case rpc::Op::kPut:
       if (op.put().local_device() < 0 || op.put().local_device() >= num_devices()) {
         return absl::InvalidArgumentError(absl::StrCat("device ", op.put().local_device(), " does not exist on ",
@@ -127,7 +127,7 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
     absl::Status s = ValidateOp(ops[i]);
     if (s.ok()) continue;
     if (status.ok()) status = absl::Status(s.code(), absl::StrCat("op ", i, ": ", s.message()));
-    ops[i].clear_kind();  // keeps its place in the sequence, does nothing
+    ops[i].mutable_skip();  // keeps its place in the sequence, does nothing
   }
   absl::Duration delay;
   if (test_op_delays_set_.load(std::memory_order_relaxed)) {
@@ -186,7 +186,8 @@ void HostRuntime::ApplyOp(const std::string& client, const rpc::Op& op) {
     case rpc::Op::kRun: s = RunProgram(client, op.run()); break;
     case rpc::Op::kPut: Put(client, op.put()); break;
     case rpc::Op::kFree: store_.FreeArray(client, op.free().array_id()); break;
-    default: break;
+    case rpc::Op::kSkip: break;
+    default: s = absl::InternalError("op of unknown kind was applied"); break;  // ValidateOp refuses these
   }
   if (!s.ok()) PW_LOG(Error) << "host " << name() << ", client " << client << ", op " << op.seq() << ": " << s;
 }

@@ -23,8 +23,9 @@ rpc::Op PutOp(int64_t seq, int64_t array_id, int device, const std::vector<float
   return op;
 }
 
-rpc::Op Filler(int64_t seq) {
+rpc::Op Skip(int64_t seq) {
   rpc::Op op;
+  op.mutable_skip();
   op.set_seq(seq);
   op.set_session(1);
   return op;
@@ -50,13 +51,13 @@ class HostRuntimeTest : public ::testing::Test {
   HostRuntime host_{{.num_devices = 1, .device_memory_bytes = 64 << 20, .name = "h"}};
 };
 
-// A client fills the number it reserved for a run the scheduler refused with an op of no kind;
-// the host takes it as a no-op, not as a malformed op.
-TEST_F(HostRuntimeTest, AFillerKeepsItsPlaceInTheSequenceAndIsNotAnError) {
+// A client fills the number it reserved for a run the scheduler refused with a skip; the host
+// takes it as a no-op, not as a malformed op.
+TEST_F(HostRuntimeTest, ASkipKeepsItsPlaceInTheSequenceAndIsNotAnError) {
   rpc::EnqueueRequest request;
   request.set_client_id("c");
   *request.add_ops() = PutOp(1, 1, 0, {1, 2});
-  *request.add_ops() = Filler(2);
+  *request.add_ops() = Skip(2);
   *request.add_ops() = PutOp(3, 2, 0, {3, 4});
   ASSERT_TRUE(host_.Enqueue(request).ok());
   auto values = FetchAfter(2, 3);

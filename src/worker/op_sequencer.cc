@@ -50,10 +50,10 @@ absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::
         continue;
       }
       if (seq <= c.applied || c.waiting.contains(seq)) {
-        // An op with no content fills a number the client reserved for a run the scheduler
-        // refused; when the run reached this host anyway (it was refused because another host
-        // of its gang left), the number is already filled and the filler is moot.
-        if (op.kind_case() == rpc::Op::KIND_NOT_SET) continue;
+        // A skip fills a number the client reserved for a run the scheduler refused; when the
+        // run reached this host anyway (it was refused because another host of its gang left),
+        // the number is already filled and the skip is moot.
+        if (op.has_skip()) continue;
         status = absl::InvalidArgumentError(absl::StrCat("op sequence number ", seq, " of client ", client,
                                                          " is not new (applied up to ", c.applied, ")"));
         continue;

@@ -11,7 +11,11 @@ rpc::Op Direct(int64_t seq, int64_t session, bool filler = false) {
   rpc::Op op;
   op.set_seq(seq);
   op.set_session(session);
-  if (!filler) op.mutable_free()->set_array_id(seq);
+  if (filler) {
+    op.mutable_skip();
+  } else {
+    op.mutable_free()->set_array_id(seq);
+  }
   return op;
 }
 

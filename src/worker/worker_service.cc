@@ -5,13 +5,18 @@
 
 namespace pathways {
 
-// Runs `handle(runtime, reactor)` once the runtime is attached; refuses the call before that.
+// Runs `handle(runtime, reactor)` once the call is admitted and the runtime is attached. Admitted:
+// it carries the cluster's token, and `client` is OK (the check of the credential of the client
+// the call acts for; OK for calls that act for none).
 template <typename Handler>
-grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* context, Handler handle) {
+grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* context, absl::Status client,
+                                               Handler handle) {
   auto* reactor = context->DefaultReactor();
   HostRuntime* runtime = runtime_.load();
   if (absl::Status s = CheckCallToken(*context, token_); !s.ok()) {
     reactor->Finish(ToGrpc(s));
+  } else if (!client.ok()) {
+    reactor->Finish(ToGrpc(client));
   } else if (runtime == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is starting"));
   } else {
@@ -22,13 +27,13 @@ grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* cont
 
 grpc::ServerUnaryReactor* WorkerService::Ping(grpc::CallbackServerContext* context, const rpc::PingRequest*,
                                               rpc::PingResponse*) {
-  return Serve(context, [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) { reactor->Finish(grpc::Status::OK); });
+  return Serve(context, absl::OkStatus(), [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) { reactor->Finish(grpc::Status::OK); });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* context,
                                                  const rpc::CompileRequest* request,
                                                  rpc::CompileResponse* response) {
-  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, absl::OkStatus(), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     auto key = rt.Compile(request->body());
     if (key.ok()) response->set_function_key(*key);
     reactor->Finish(ToGrpc(key.status()));
@@ -38,7 +43,7 @@ grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* context,
                                                  const rpc::EnqueueRequest* request,
                                                  rpc::EnqueueResponse*) {
-  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, CheckClientCredential(request->client_id(), request->credential()), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     reactor->Finish(ToGrpc(rt.Enqueue(*request)));
   });
 }
@@ -46,7 +51,7 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* WorkerService::JoinControlGraph(grpc::CallbackServerContext* context,
                                                           const rpc::ControlGraph* request,
                                                           rpc::JoinControlGraphResponse*) {
-  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, absl::OkStatus(), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     reactor->Finish(ToGrpc(rt.JoinControlGraph(*request)));
   });
 }
@@ -54,7 +59,7 @@ grpc::ServerUnaryReactor* WorkerService::JoinControlGraph(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* context,
                                                   const rpc::GetTraceRequest* request,
                                                   rpc::GetTraceResponse* response) {
-  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, CheckClientCredential(request->client_id(), request->credential()), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     *response = rt.GetTrace(*request);
     reactor->Finish(grpc::Status::OK);
   });
@@ -64,7 +69,7 @@ grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* WorkerService::Fetch(grpc::CallbackServerContext* context,
                                                const rpc::FetchRequest* request,
                                                rpc::FetchResponse* response) {
-  return Serve(context, [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, CheckClientCredential(request->client_id(), request->credential()), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     rt.Fetch(*request).OnReady([reactor, response](const absl::StatusOr<rpc::FetchResponse>& r) {
       if (r.ok()) *response = *r;
       reactor->Finish(ToGrpc(r.status()));

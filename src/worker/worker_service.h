@@ -36,7 +36,7 @@ class WorkerService final : public rpc::Worker::CallbackService {
 
  private:
   template <typename Handler>
-  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Handler handle);
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, absl::Status client, Handler handle);
   std::atomic<HostRuntime*> runtime_{nullptr};  // not owned
   std::string token_;
 };
