@@ -722,6 +722,64 @@ TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgai
   for (int i = 0; i < 8; ++i) EXPECT_EQ(again->data<float>()[i], Pattern({8}, 2.0f).data<float>()[i] + 1);
 }
 
+
+// Tenants show the token, hosts the cluster token: a process with only the tenants' token runs
+// jobs, but is refused every call that only hosts and the controller make.
+TEST_F(MultiProcessTest, ATenantsTokenDoesNotOpenTheCallsOfHosts) {
+  Subprocess controller, worker;
+  ASSERT_TRUE(controller
+                  .Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", "tenants",
+                          "--cluster-token", "hosts"})
+                  .ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker
+                  .Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "2", "--token", "tenants",
+                          "--cluster-token", "hosts"})
+                  .ok());
+  auto ready = worker.WaitForLine("serving", kStartTimeout);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  const std::string worker_address = ready->substr(7, ready->find(' ', 7) - 7);
+
+  // A worker with only the tenants' token is refused at once, with a reason.
+  auto impostor = RunToEnd(absl::StrCat("worker --controller ", address, " --devices 2 --token tenants"));
+  EXPECT_TRUE(WIFEXITED(impostor.first) && WEXITSTATUS(impostor.first) != 0) << impostor.second;
+  EXPECT_NE(impostor.second.find("refused to register"), std::string::npos) << impostor.second;
+
+  SetCallToken("tenants");
+  {
+    auto client = Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
+    const TensorSpec row{DType::kF32, {2}};
+    auto inc = *(*client)->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+    ShardedArray x = *(*client)->Put(Pattern({2}, 1.0f), slice, {"x"});
+    auto got = (*client)->Fetch((*(*client)->Call(inc, slice, {x}))[0]).Await();
+    ASSERT_TRUE(got.ok()) << got.status();
+
+    ControllerClient as_host(address);
+    rpc::RegisterWorkerRequest reg;
+    reg.set_address("127.0.0.1:1");
+    reg.add_devices();
+    EXPECT_EQ(as_host.RegisterWorker(reg).status().code(), absl::StatusCode::kUnauthenticated);
+    rpc::HeartbeatRequest beat;
+    EXPECT_EQ(as_host.Heartbeat(beat).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(as_host.RendezvousSet("collective-links/" + worker_address, "127.0.0.1:1").code(),
+              absl::StatusCode::kUnauthenticated);
+    rpc::ControlGraph graph;
+    auto joined = WorkerClientCache::Global().Get(worker_address)->JoinControlGraph(graph).AwaitFor(absl::Seconds(30));
+    EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnauthenticated) << joined.status();
+
+    // The cluster still serves the tenant.
+    auto again = (*client)->Fetch((*(*client)->Call(inc, slice, {x}))[0]).Await();
+    ASSERT_TRUE(again.ok()) << again.status();
+  }
+  SetCallToken("");  // the fixture's cluster needs none
+  EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
+}
+
 }  // namespace
 }  // namespace pathways
 

@@ -23,15 +23,18 @@ namespace {
 
 class Hosts {
  public:
-  // With `dcn`, host h is in island h and every host emulates the network between islands.
-  explicit Hosts(int n, DcnOptions dcn = {}) {
+  // With `dcn`, host h is in island h and every host emulates the network between islands. Host
+  // h proves `secrets[h]` when it connects (none when not given).
+  explicit Hosts(int n, DcnOptions dcn = {}, std::vector<std::string> secrets = {}) {
+    secrets.resize(n);
     for (int h = 0; h < n; ++h) names_.push_back(absl::StrCat("host", h));
     for (int h = 0; h < n; ++h) {
       if (dcn.enabled()) {
         dcns_.push_back(std::make_unique<DcnEmulation>(h, dcn));
         for (int g = 0; g < n; ++g) dcns_.back()->NoteHost(names_[g], g);
       }
-      auto links = TcpLinks::Create(names_[h], "127.0.0.1", store_, dcn.enabled() ? dcns_.back().get() : nullptr);
+      auto links = TcpLinks::Create(names_[h], "127.0.0.1", store_, dcn.enabled() ? dcns_.back().get() : nullptr,
+                                    secrets[h]);
       EXPECT_TRUE(links.ok()) << links.status();
       links_.push_back(*std::move(links));
     }
@@ -350,6 +353,33 @@ TEST(PeerMeshTest, GarbageOnTheListenerIsDroppedAndCollectivesGoOn) {
   }));
   EXPECT_EQ(v[0], 11);
   close(fd);
+}
+
+// Hosts prove the cluster's secret when they connect: one with another secret (a stranger who
+// knows the protocol) is dropped, its peer's collective fails in bounded time, and hosts that
+// share the secret meet as before.
+TEST(PeerMeshTest, AHostWithoutTheClusterSecretCannotJoinAMesh) {
+  {
+    Hosts strangers(2, {}, {"cluster secret", "a guess"});
+    int32_t v[2] = {5, 6};
+    std::vector<absl::Status> results = strangers.Run(
+        "k", 1,
+        [&](int h, MeshSteps& s) {
+          char* p = reinterpret_cast<char*>(&v[h]);
+          return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
+        },
+        absl::Seconds(3));
+    EXPECT_FALSE(results[0].ok());
+    EXPECT_FALSE(results[1].ok());
+    EXPECT_EQ(v[0], 5);
+  }
+  Hosts members(2, {}, {"cluster secret", "cluster secret"});
+  int32_t v[2] = {5, 6};
+  ExpectAllOk(members.Run("k", 1, [&](int h, MeshSteps& s) {
+    char* p = reinterpret_cast<char*>(&v[h]);
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
+  }));
+  EXPECT_EQ(v[0], 11);
 }
 
 }  // namespace

@@ -14,6 +14,9 @@
 #include "collective/socket_util.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "openssl/evp.h"
+#include "openssl/hmac.h"
+#include "openssl/rand.h"
 
 namespace pathways::collective {
 namespace {
@@ -29,11 +32,37 @@ struct HelloHeader {
   uint32_t key_bytes;
   uint32_t host_bytes;
 };
+constexpr size_t kChallengeBytes = 16;
+constexpr size_t kProofBytes = 32;
+
+// What a dialer appends to its hello: HMAC-SHA256 under the cluster's secret of the listener's
+// challenge and the hello's key and host (each length-prefixed by the header).
+std::string Proof(const std::string& secret, const std::string& challenge, const HelloHeader& header,
+                  const std::string& key, const std::string& host) {
+  std::string message = challenge;
+  message.append(reinterpret_cast<const char*>(&header), sizeof(header));
+  message += key;
+  message += host;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_bytes = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &mac_bytes);
+  return std::string(reinterpret_cast<const char*>(mac), kProofBytes);
+}
+
+// Compares without stopping at the first difference.
+bool SameProof(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, const std::string& ip,
-                                                           std::shared_ptr<KeyValueStore> store, DcnEmulation* dcn) {
+                                                           std::shared_ptr<KeyValueStore> store, DcnEmulation* dcn,
+                                                           std::string secret) {
   socklen_t len = 0;
   auto addr = ParseAddress(absl::StrCat(ip, ":1"), &len);
   if (!addr.ok()) return addr.status();
@@ -56,17 +85,19 @@ absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, con
     close(fd);
     return absl::UnavailableError(absl::StrCat("eventfd: ", Errno(errno)));
   }
-  return std::unique_ptr<TcpLinks>(new TcpLinks(std::move(host), fd, wake, address, std::move(store), dcn));
+  return std::unique_ptr<TcpLinks>(
+      new TcpLinks(std::move(host), fd, wake, address, std::move(store), dcn, std::move(secret)));
 }
 
 TcpLinks::TcpLinks(std::string host, int listen_fd, int wake_fd, std::string address,
-                   std::shared_ptr<KeyValueStore> store, DcnEmulation* dcn)
+                   std::shared_ptr<KeyValueStore> store, DcnEmulation* dcn, std::string secret)
     : host_(std::move(host)),
       listen_fd_(listen_fd),
       wake_fd_(wake_fd),
       address_(std::move(address)),
       store_(std::move(store)),
-      dcn_(dcn) {
+      dcn_(dcn),
+      secret_(std::move(secret)) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -117,12 +148,16 @@ void TcpLinks::AcceptLoop() {
       }
       continue;
     }
-    // The hello names the mesh and the dialing host. It is small and sent at once after
-    // connecting; a peer that does not send it in time is dropped.
+    // The listener challenges; the hello names the mesh and the dialing host and proves the
+    // secret. It is small and sent at once after connecting; a peer that does not send it in time
+    // is dropped.
     const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    std::string challenge(kChallengeBytes, '\0');
+    RAND_bytes(reinterpret_cast<unsigned char*>(challenge.data()), static_cast<int>(challenge.size()));
+    absl::Status s = TransferAll(fd, challenge.data(), challenge.size(), true, deadline, "challenge");
     HelloHeader hello{};
-    std::string key, peer;
-    absl::Status s = TransferAll(fd, reinterpret_cast<char*>(&hello), sizeof(hello), false, deadline, "hello");
+    std::string key, peer, proof(kProofBytes, '\0');
+    if (s.ok()) s = TransferAll(fd, reinterpret_cast<char*>(&hello), sizeof(hello), false, deadline, "hello");
     if (s.ok() && (hello.magic != kHelloMagic || hello.key_bytes > kMaxKeyBytes || hello.host_bytes > kMaxHostBytes)) {
       s = absl::InvalidArgumentError("a connection that is not a collective peer's");
     }
@@ -131,6 +166,11 @@ void TcpLinks::AcceptLoop() {
       peer.resize(hello.host_bytes);
       s = TransferAll(fd, key.data(), key.size(), false, deadline, "hello");
       if (s.ok()) s = TransferAll(fd, peer.data(), peer.size(), false, deadline, "hello");
+      if (s.ok()) s = TransferAll(fd, proof.data(), proof.size(), false, deadline, "hello");
+    }
+    if (s.ok() && !SameProof(proof, Proof(secret_, challenge, hello, key, peer))) {
+      s = absl::UnauthenticatedError(absl::StrCat("a connection claiming to be host ", peer.substr(0, 64),
+                                                  " did not prove the cluster token"));
     }
     if (!s.ok()) {
       PW_LOG(Warning) << "collective listener of " << host_ << " dropped a connection: " << s;
@@ -221,12 +261,15 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
     }
     if (s.ok()) {
       Configure(fd);
+      std::string challenge(kChallengeBytes, '\0');
+      s = TransferAll(fd, challenge.data(), challenge.size(), false, deadline, "challenge");
       std::string hello(sizeof(HelloHeader), '\0');
       const HelloHeader h{kHelloMagic, static_cast<uint32_t>(key.size()), static_cast<uint32_t>(host_.size())};
       std::memcpy(hello.data(), &h, sizeof(h));
       hello += key;
       hello += host_;
-      s = TransferAll(fd, hello.data(), hello.size(), true, deadline, "hello");
+      hello += Proof(secret_, challenge, h, key, host_);
+      if (s.ok()) s = TransferAll(fd, hello.data(), hello.size(), true, deadline, "hello");
       if (s.ok()) return fd;
     }
     close(fd);

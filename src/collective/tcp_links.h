@@ -30,10 +30,13 @@ namespace pathways::collective {
 class TcpLinks {
  public:
   // Listens on `ip` (port chosen by the kernel). `host` is this host's name in Member::host.
-  // `dcn` (not owned, may be null) emulates the network between islands.
+  // `dcn` (not owned, may be null) emulates the network between islands. Every connection proves
+  // that its dialer holds `secret` (the cluster token), without sending it: the listener sends a
+  // random challenge, and the dialer's hello ends with an HMAC-SHA256 of it, the key and the
+  // host under the secret. Connections without the proof are dropped.
   static absl::StatusOr<std::unique_ptr<TcpLinks>> Create(std::string host, const std::string& ip,
                                                           std::shared_ptr<KeyValueStore> store,
-                                                          DcnEmulation* dcn = nullptr);
+                                                          DcnEmulation* dcn = nullptr, std::string secret = "");
   ~TcpLinks();
 
   // Connects (or reuses) the mesh among `hosts` (this host is hosts[rank]) for the devices named
@@ -59,7 +62,7 @@ class TcpLinks {
 
  private:
   TcpLinks(std::string host, int listen_fd, int wake_fd, std::string address, std::shared_ptr<KeyValueStore> store,
-           DcnEmulation* dcn);
+           DcnEmulation* dcn, std::string secret);
   absl::Status Connect(PeerMesh& mesh, const std::string& key, absl::Time deadline);
   absl::StatusOr<int> Dial(const std::string& peer, const std::string& key, absl::Time deadline);
   absl::StatusOr<int> AwaitDialIn(const std::string& peer, const std::string& key, absl::Time deadline);
@@ -74,6 +77,7 @@ class TcpLinks {
   const std::string address_;
   const std::shared_ptr<KeyValueStore> store_;
   DcnEmulation* const dcn_;
+  const std::string secret_;
   std::thread acceptor_;
   std::atomic<bool> published_{false};
   // Counts connections dialed in: a mesh looks for newer connections only when it moved.

@@ -89,9 +89,12 @@ grpc::Status Answer(absl::StatusOr<T> r, T* response) {
   return ToGrpc(r.status());
 }
 
-// Every handler starts here: a call without the cluster's token is refused.
-#define PW_CHECK_CALL_TOKEN(context)                                                     \
-  if (absl::Status auth = CheckCallToken(*(context), token_); !auth.ok()) return ToGrpc(auth)
+// Every handler starts here: a tenant's call without the token, or a worker's without the
+// cluster token, is refused.
+#define PW_CHECK_CALL_TOKEN(context)                                                                   \
+  if (absl::Status auth = CheckCallToken(*(context), token_, cluster_token_); !auth.ok()) return ToGrpc(auth)
+#define PW_CHECK_CLUSTER_TOKEN(context)                                                      \
+  if (absl::Status auth = CheckCallToken(*(context), cluster_token_); !auth.ok()) return ToGrpc(auth)
 // And a call that acts for a client must carry that client's credential.
 #define PW_CHECK_CLIENT(request)                                                                               \
   if (absl::Status auth = CheckClientCredential((request)->client_id(), (request)->credential()); !auth.ok()) \
@@ -101,15 +104,18 @@ grpc::Status Answer(absl::StatusOr<T> r, T* response) {
 // meanwhile); the rest are quick and synchronous.
 class Controller::Service final : public rpc::Controller::WithCallbackMethod_Schedule<rpc::Controller::Service> {
  public:
-  Service(Controller& controller, ClusterRegistry& registry, std::string token)
-      : controller_(controller), registry_(registry), token_(std::move(token)) {}
+  Service(Controller& controller, ClusterRegistry& registry, std::string token, std::string cluster_token)
+      : controller_(controller),
+        registry_(registry),
+        token_(std::move(token)),
+        cluster_token_(std::move(cluster_token)) {}
 
   // Answers once the runs reach their hosts: one call in flight per client and island, which is
   // also how a scheduler that holds runs back slows a client down.
   grpc::ServerUnaryReactor* Schedule(grpc::CallbackServerContext* context, const rpc::ScheduleRequest* request,
                                      rpc::ScheduleResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    absl::Status auth = CheckCallToken(*context, token_);
+    absl::Status auth = CheckCallToken(*context, token_, cluster_token_);
     if (auth.ok()) auth = CheckClientCredential(request->client_id(), request->credential());
     if (!auth.ok()) {
       reactor->Finish(ToGrpc(auth));
@@ -153,7 +159,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
 
   grpc::Status RendezvousSet(grpc::ServerContext* context, const rpc::RendezvousSetRequest* request,
                              rpc::RendezvousSetResponse*) override {
-    PW_CHECK_CALL_TOKEN(context);
+    PW_CHECK_CLUSTER_TOKEN(context);
     if (request->key().empty()) return ToGrpc(absl::InvalidArgumentError("rendezvous key is empty"));
     return ToGrpc(rendezvous_.Set(request->key(), request->value()));
   }
@@ -161,7 +167,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   // collectives wait here.
   grpc::Status RendezvousGet(grpc::ServerContext* context, const rpc::RendezvousGetRequest* request,
                              rpc::RendezvousGetResponse* response) override {
-    PW_CHECK_CALL_TOKEN(context);
+    PW_CHECK_CLUSTER_TOKEN(context);
     const absl::Duration timeout = absl::Milliseconds(std::clamp<int64_t>(request->timeout_ms(), 0, kMaxRendezvousWaitMs));
     auto value = rendezvous_.Get(request->key(), timeout);
     if (value.ok()) response->set_value(*std::move(value));
@@ -170,7 +176,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
 
   grpc::Status RegisterWorker(grpc::ServerContext* context, const rpc::RegisterWorkerRequest* request,
                               rpc::RegisterWorkerResponse* response) override {
-    PW_CHECK_CALL_TOKEN(context);
+    PW_CHECK_CLUSTER_TOKEN(context);
     const absl::Time now = absl::Now();
     grpc::Status status = Answer(registry_.RegisterWorker(*request, now), response);
     // Its island's scheduler reaches it from now on.
@@ -184,7 +190,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const rpc::HeartbeatRequest* request,
                          rpc::HeartbeatResponse* response) override {
-    PW_CHECK_CALL_TOKEN(context);
+    PW_CHECK_CLUSTER_TOKEN(context);
     const absl::Time now = absl::Now();
     const ClusterRegistry::Beat beat = registry_.Heartbeat(*request, now);
     response->set_registered(beat == ClusterRegistry::Beat::kAlive);
@@ -267,6 +273,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   Controller& controller_;
   ClusterRegistry& registry_;
   const std::string token_;
+  const std::string cluster_token_;
   collective::InMemoryKeyValueStore rendezvous_;
 };
 
@@ -292,13 +299,15 @@ void Controller::RetireLoop() {
 }
 
 absl::Status Controller::Start() {
-  service_ = std::make_unique<Service>(*this, registry_, TokenFromFlagOrEnv(options_.token));
+  const std::string token = TokenFromFlagOrEnv(options_.token);
+  const std::string cluster_token = ClusterTokenFromFlagOrEnv(options_.cluster_token, token);
+  service_ = std::make_unique<Service>(*this, registry_, token, cluster_token);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
   int port = 0;
   builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.RegisterService(service_.get());
-  dataflow_service_.RequireToken(TokenFromFlagOrEnv(options_.token));
+  dataflow_service_.RequireToken(cluster_token);
   builder.RegisterService(&dataflow_service_);
   PW_ASSIGN_OR_RETURN(server_, StartServer(builder, "controller", options_.listen_address, &port));
   address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')), ":", port);

@@ -26,8 +26,11 @@ struct ControllerOptions {
   // A client that has not heartbeated for this long is gone: workers free what it owned.
   absl::Duration client_timeout = absl::Seconds(3);
   IslandSchedulerOptions scheduler;  // every island's
-  // Calls must carry this token; empty: PATHWAYS_TOKEN, or none when unset.
+  // Tenants' calls must carry this token; empty: PATHWAYS_TOKEN, or none when unset.
   std::string token;
+  // Calls that only workers make (registering, heartbeats, rendezvous, dataflow streams) must
+  // carry this one; empty: PATHWAYS_CLUSTER_TOKEN, else `token` (see transport/auth.h).
+  std::string cluster_token;
   // Test-only: runs over several islands reach each island's scheduler independently, in an
   // order that differs between clients and 1 ms apart, as if islands were not ordered together:
   // gangs over several islands then meet out of order.

@@ -32,14 +32,17 @@ constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
+    "             [--cluster-token C]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
-    "         [--memory-wait-ms N] [--token T] [--dcn-latency-us N] [--dcn-gbps G]\n"
+    "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
     "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
     "         [--token T] [--span-islands]\n"
     "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n"
+    "Tenants show the token; the controller and workers show each other the cluster token\n"
+    "(--cluster-token, else PATHWAYS_CLUSTER_TOKEN, else the token), so tenants cannot act as hosts.\n"
     "Controller and worker take [--tls-cert PEM --tls-key PEM] [--tls-ca PEM], status and tenant\n"
     "[--tls-ca PEM] (defaults PATHWAYS_TLS_CERT, _KEY, _CA): TLS on every connection.\n";
 
@@ -106,9 +109,10 @@ absl::Status RunController(const Flags& flags) {
   if (window_us < 1 || window_us > 10'000'000) return absl::InvalidArgumentError("--share-window-us must be 1..1e7");
   options.scheduler.window = absl::Microseconds(window_us);
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
+  options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
   // Undocumented, for the test that shows what the cross-island order prevents.
   options.TEST_unordered_islands = flags.Has("test-unordered-islands");
-  SetCallToken(options.token);  // its own calls to workers
+  SetCallToken(options.cluster_token);  // its own calls to workers
   Controller controller(options);
   PW_RETURN_IF_ERROR(controller.Start());
   std::printf("controller listening on %s\n", controller.address().c_str());
@@ -159,7 +163,8 @@ absl::Status RunWorker(const Flags& flags) {
                                                    gbps, "'"));
   }
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
-  SetCallToken(options.token);  // its own calls to the controller and to other workers
+  options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
+  SetCallToken(options.cluster_token);  // its own calls to the controller and to other workers
   // Told to leave: the main thread stops waiting, and the command exits with why.
   static absl::Mutex left_mu(absl::kConstInit);
   static absl::Status* left = new absl::Status();
@@ -241,8 +246,8 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps"}, {}, RunWorker},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},

@@ -58,14 +58,22 @@ void AttachCallToken(grpc::ClientContext& context) {
 
 std::string TokenFromFlagOrEnv(const std::string& flag) { return flag.empty() ? EnvToken() : flag; }
 
-absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected) {
+std::string ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("PATHWAYS_CLUSTER_TOKEN");
+  return env == nullptr || *env == '\0' ? token : env;
+}
+
+absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected,
+                            const std::string& also) {
   if (expected.empty()) return absl::OkStatus();
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kTokenKey);
   if (it == metadata.end()) {
     return absl::UnauthenticatedError("this cluster requires a token (--token or PATHWAYS_TOKEN); none was sent");
   }
-  if (!SameSecret(std::string(it->second.data(), it->second.size()), expected)) {
+  const std::string sent(it->second.data(), it->second.size());
+  if (!SameSecret(sent, expected) && (also.empty() || !SameSecret(sent, also))) {
     return absl::UnauthenticatedError("the token sent is not this cluster's");
   }
   return absl::OkStatus();

@@ -23,9 +23,17 @@ void AttachCallToken(grpc::ClientContext& context);
 // line tool sends.
 std::string TokenFromFlagOrEnv(const std::string& flag);
 
-// OK when `expected` is empty or the call carries it; Unauthenticated otherwise (never says
-// what the token should be).
-absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected);
+// Two tokens guard a cluster. Tenants (clients, `pathways status`) show the token; workers and
+// the controller show the cluster token to each other, and the calls only they make (registering,
+// heartbeats, rendezvous, control graphs, dataflow streams, links between hosts) require it. So
+// the token lets a process in as a tenant, never as a host or a controller. Returns `flag` when
+// given, else PATHWAYS_CLUSTER_TOKEN, else `token` (one secret for both roles).
+std::string ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token);
+
+// OK when `expected` is empty or the call carries it (or carries `also`, when not empty);
+// Unauthenticated otherwise (never says what the token should be).
+absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected,
+                            const std::string& also = "");
 
 // A client's identity. Its id is public: logs, the island schedulers and every host see it. Its
 // credential is a random secret that only the client holds, and the id is derived from it (the

@@ -59,6 +59,9 @@ struct HostRuntimeOptions {
   // dataflow transfers); disabled by default.
   int island = 0;
   DcnOptions dcn;
+  // What this host proves to others when it connects for collectives and blocks (the cluster
+  // token; see transport/auth.h): hosts that do not share it cannot connect.
+  std::string cluster_token;
 };
 
 // Applies each client's ops in its order, and scheduled runs in their island's order (see

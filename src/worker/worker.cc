@@ -41,8 +41,9 @@ absl::Status Worker::Start() {
   }
   service_ = std::make_unique<WorkerService>();
   const std::string token = TokenFromFlagOrEnv(options_.token);
-  service_->RequireToken(token);
-  dataflow_service_.RequireToken(token);
+  const std::string cluster_token = ClusterTokenFromFlagOrEnv(options_.cluster_token, token);
+  service_->RequireTokens(token, cluster_token);
+  dataflow_service_.RequireToken(cluster_token);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
   int port = 0;
@@ -64,12 +65,20 @@ absl::Status Worker::Start() {
   runtime_options.memory_wait = options_.memory_wait;
   runtime_options.island = options_.island;
   runtime_options.dcn = options_.dcn;
+  runtime_options.cluster_token = cluster_token;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   service_->AttachRuntime(runtime_.get());
   controller_ = std::make_unique<ControllerClient>(options_.controller_address);
   absl::Time deadline = absl::Now() + options_.register_timeout;
   absl::Status registered;
   while (!(registered = Register()).ok()) {
+    // A refusal is final (a wrong token, a bad request); waiting only helps a controller that is
+    // not up yet.
+    if (absl::IsUnauthenticated(registered) || absl::IsInvalidArgument(registered) ||
+        absl::IsPermissionDenied(registered)) {
+      return absl::Status(registered.code(), absl::StrCat("controller ", options_.controller_address,
+                                                          " refused to register this worker: ", registered.message()));
+    }
     if (absl::Now() > deadline) {
       return absl::UnavailableError(absl::StrCat("worker could not register with controller ",
                                                  options_.controller_address, ": ",

@@ -28,9 +28,13 @@ struct WorkerOptions {
   absl::Duration collective_timeout = absl::Seconds(30);
   // How long a computation waits for device memory held by other work before it fails.
   absl::Duration memory_wait = absl::Seconds(10);
-  // Calls to this worker must carry this token; empty: PATHWAYS_TOKEN, or none when unset. The
-  // worker's own calls carry the process's token (transport/auth.h).
+  // Tenants' calls to this worker must carry this token; empty: PATHWAYS_TOKEN, or none when
+  // unset. Calls that only the controller and other workers make (control graphs, dataflow
+  // streams, links between hosts) must carry the cluster token; empty: PATHWAYS_CLUSTER_TOKEN,
+  // else `token` (transport/auth.h). The worker's own calls carry the process's token, which the
+  // `pathways worker` command sets to the cluster token.
   std::string token;
+  std::string cluster_token;
   absl::Duration register_timeout = absl::Seconds(30);
   // The emulated network to other islands' hosts (core/dcn_emulation.h); off by default.
   DcnOptions dcn;

@@ -6,14 +6,16 @@
 namespace pathways {
 
 // Runs `handle(runtime, reactor)` once the call is admitted and the runtime is attached. Admitted:
-// it carries the cluster's token, and `client` is OK (the check of the credential of the client
-// the call acts for; OK for calls that act for none).
+// it carries the token (the cluster token when `cluster_only`), and `client` is OK (the check of
+// the credential of the client the call acts for; OK for calls that act for none).
 template <typename Handler>
 grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* context, absl::Status client,
-                                               Handler handle) {
+                                               Handler handle, bool cluster_only) {
   auto* reactor = context->DefaultReactor();
   HostRuntime* runtime = runtime_.load();
-  if (absl::Status s = CheckCallToken(*context, token_); !s.ok()) {
+  if (absl::Status s = cluster_only ? CheckCallToken(*context, cluster_token_)
+                                    : CheckCallToken(*context, token_, cluster_token_);
+      !s.ok()) {
     reactor->Finish(ToGrpc(s));
   } else if (!client.ok()) {
     reactor->Finish(ToGrpc(client));
@@ -53,7 +55,7 @@ grpc::ServerUnaryReactor* WorkerService::JoinControlGraph(grpc::CallbackServerCo
                                                           rpc::JoinControlGraphResponse*) {
   return Serve(context, absl::OkStatus(), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     reactor->Finish(ToGrpc(rt.JoinControlGraph(*request)));
-  });
+  }, /*cluster_only=*/true);
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* context,

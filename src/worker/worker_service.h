@@ -14,8 +14,12 @@ class WorkerService final : public rpc::Worker::CallbackService {
   // The runtime is attached once the server's port, and so the host's name, is known; calls
   // that arrive before then are refused with Unavailable.
   void AttachRuntime(HostRuntime* runtime) { runtime_.store(runtime); }
-  // Calls must carry this token (see transport/auth.h); empty: none needed. Set before serving.
-  void RequireToken(std::string token) { token_ = std::move(token); }
+  // Tenants' calls must carry `token`, the controller's `cluster_token` (see transport/auth.h);
+  // empty: none needed. Set before serving.
+  void RequireTokens(std::string token, std::string cluster_token) {
+    token_ = std::move(token);
+    cluster_token_ = std::move(cluster_token);
+  }
 
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context, const rpc::PingRequest* request,
                                  rpc::PingResponse* response) override;
@@ -36,9 +40,11 @@ class WorkerService final : public rpc::Worker::CallbackService {
 
  private:
   template <typename Handler>
-  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, absl::Status client, Handler handle);
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, absl::Status client, Handler handle,
+                                  bool cluster_only = false);
   std::atomic<HostRuntime*> runtime_{nullptr};  // not owned
   std::string token_;
+  std::string cluster_token_;
 };
 
 }  // namespace pathways
