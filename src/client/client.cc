@@ -380,6 +380,7 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
   for (const ShardedArray& a : args) op.add_arg_array_ids(a.id());
   const ArrayId base = core_->ReserveArrayIds(lowering->num_outputs);
   op.set_output_array_base(base);
+  op.set_num_output_arrays(lowering->num_outputs);
   dispatch->segments = std::move(segments);
   // With one segment (parallel dispatch, no data-dependent node) this is ready when Run returns.
   Future<Unit> dispatched = dispatch->done.future();

@@ -169,6 +169,7 @@ bool HostRuntime::CollectClient(const std::string& client) {
       }
     }
     last_epoch_.erase(client);
+    failed_registrations_.erase(client);
   }
   const absl::Status gone = absl::CancelledError(absl::StrCat("client ", client, " went away"));
   for (const auto& p : programs) options_.dataflow_service->RemoveEngine(p->engine->graph().name());
@@ -182,14 +183,30 @@ bool HostRuntime::CollectClient(const std::string& client) {
 void HostRuntime::ApplyOp(const std::string& client, const rpc::Op& op) {
   absl::Status s;
   switch (op.kind_case()) {
-    case rpc::Op::kRegisterProgram: s = RegisterProgram(client, op.register_program().program()); break;
-    case rpc::Op::kRun: s = RunProgram(client, op.run()); break;
+    case rpc::Op::kRegisterProgram:
+      s = RegisterProgram(client, op.register_program().program());
+      if (!s.ok()) {
+        absl::MutexLock lock(&programs_mu_);
+        auto& failed = failed_registrations_[client];
+        if (failed.size() >= ObjectStore::kFailedRangesPerClient) failed.erase(failed.begin());
+        failed[op.register_program().program().program_id()] = s;
+      }
+      break;
+    case rpc::Op::kRun:
+      s = RunProgram(client, op.run());
+      // Nothing of the run was set up here: what it was to make fails with the reason.
+      if (!s.ok()) {
+        store_.FailArrays(client, op.run().output_array_base(),
+                          std::clamp<int64_t>(op.run().num_output_arrays(), 0, int64_t{1} << 20), s);
+      }
+      break;
     case rpc::Op::kPut: Put(client, op.put()); break;
     case rpc::Op::kFree: store_.FreeArray(client, op.free().array_id()); break;
     case rpc::Op::kSkip: break;
     default: s = absl::InternalError("op of unknown kind was applied"); break;  // ValidateOp refuses these
   }
-  if (!s.ok()) PW_LOG(Error) << "host " << name() << ", client " << client << ", op " << op.seq() << ": " << s;
+  // Also in the failures of what the op was to make (above), for whoever reads them.
+  if (!s.ok()) PW_LOG(Warning) << "host " << name() << ", client " << client << ", op " << op.seq() << ": " << s;
 }
 
 absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::ProgramProto& proto) {
@@ -302,6 +319,13 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     if (it != programs_.end()) entry = it->second;
   }
   if (entry == nullptr) {
+    absl::MutexLock lock(&programs_mu_);
+    if (auto c = failed_registrations_.find(client); c != failed_registrations_.end()) {
+      if (auto it = c->second.find(run.program_id()); it != c->second.end()) {
+        return absl::Status(it->second.code(), absl::StrCat("program ", run.program_id(), " failed to register on ",
+                                                            name(), ": ", it->second.message()));
+      }
+    }
     return absl::NotFoundError(absl::StrCat("program ", run.program_id(), " is not registered on ", name()));
   }
   const LoweredProgram* program = entry->lowered.get();

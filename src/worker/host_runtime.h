@@ -225,6 +225,9 @@ class HostRuntime {
   OpSequencer sequencer_;  // it applies ops that use everything above
   // Per client, the last epoch run here: a client's epochs reach a host in increasing order.
   absl::flat_hash_map<std::string, int64_t> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
+  // Why programs failed to register, per client and program id (a bounded number per client):
+  // their runs fail with that reason.
+  absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> failed_registrations_ ABSL_GUARDED_BY(programs_mu_);
   absl::flat_hash_map<std::string, absl::Duration> test_op_delays_ ABSL_GUARDED_BY(programs_mu_);
   std::atomic<bool> test_op_delays_set_{false};  // keeps the lookup off the path when unused
   HostControl control_;  // last: it hands ops to the sequencer

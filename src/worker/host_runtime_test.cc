@@ -79,5 +79,47 @@ TEST_F(HostRuntimeTest, AMalformedOpIsReportedAndLaterOpsStillApply) {
   EXPECT_FALSE(FetchAfter(1, 2).ok());  // the malformed put placed nothing
 }
 
+// Errors of ops applied on a host reach whoever reads what the op was to make, with the reason.
+TEST_F(HostRuntimeTest, ARunThatCannotStartFailsItsOutputsWithTheReason) {
+  rpc::EnqueueRequest request;
+  request.set_client_id("c");
+  rpc::Op* run = request.add_ops();
+  run->set_seq(1);
+  run->set_session(1);
+  run->mutable_run()->set_program_id(7);
+  run->mutable_run()->set_output_array_base(100);
+  run->mutable_run()->set_num_output_arrays(3);
+  run->mutable_run()->set_epoch(1);
+  ASSERT_TRUE(host_.Enqueue(request).ok());
+  for (int64_t id : {100, 102}) {
+    auto got = FetchAfter(id, 1);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+    EXPECT_NE(got.status().message().find("program 7 is not registered"), std::string::npos) << got.status();
+  }
+  EXPECT_NE(FetchAfter(103, 1).status().message().find("no shard"), std::string::npos);  // not the run's
+}
+
+TEST_F(HostRuntimeTest, ARunOfAProgramThatFailedToRegisterSaysWhy) {
+  // This host has no dataflow service, so it cannot take programs.
+  rpc::EnqueueRequest request;
+  request.set_client_id("c");
+  rpc::Op* reg = request.add_ops();
+  reg->set_seq(1);
+  reg->set_session(1);
+  reg->mutable_register_program()->mutable_program()->set_program_id(7);
+  rpc::Op* run = request.add_ops();
+  run->set_seq(2);
+  run->set_session(1);
+  run->mutable_run()->set_program_id(7);
+  run->mutable_run()->set_output_array_base(100);
+  run->mutable_run()->set_num_output_arrays(1);
+  run->mutable_run()->set_epoch(1);
+  ASSERT_TRUE(host_.Enqueue(request).ok());
+  auto got = FetchAfter(100, 2);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+  EXPECT_NE(got.status().message().find("program 7 failed to register"), std::string::npos) << got.status();
+  EXPECT_NE(got.status().message().find("no dataflow service"), std::string::npos) << got.status();
+}
+
 }  // namespace
 }  // namespace pathways

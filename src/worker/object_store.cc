@@ -22,9 +22,24 @@ Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) cons
         if (it != a->second.end()) return it->second;
       }
     }
+    if (auto f = failed_.find(client); f != failed_.end()) {
+      for (const FailedArrays& range : f->second) {
+        if (key.array_id < range.first || key.array_id >= range.end) continue;
+        return Future<BufferPtr>::Ready(absl::Status(
+            range.why.code(), absl::StrCat("array ", key.array_id, " was not made on this host: ", range.why.message())));
+      }
+    }
   }
   return Future<BufferPtr>::Ready(absl::NotFoundError(
       absl::StrCat("no shard ", key.shard, " of array ", key.array_id, " on this host")));
+}
+
+void ObjectStore::FailArrays(const std::string& client, ArrayId first, int64_t count, const absl::Status& why) {
+  if (count <= 0 || why.ok()) return;
+  absl::MutexLock lock(&mu_);
+  std::deque<FailedArrays>& ranges = failed_[client];
+  ranges.push_back({first, first + count, why});
+  if (ranges.size() > kFailedRangesPerClient) ranges.pop_front();
 }
 
 int ObjectStore::FreeArray(const std::string& client, ArrayId array_id) {
@@ -48,6 +63,7 @@ int ObjectStore::DropClient(const std::string& client, const absl::Status& why) 
       for (const auto& [id, shards] : c->second) dropped += static_cast<int>(shards.size());
       buffers_.erase(c);
     }
+    failed_.erase(client);
     absl::erase_if(transfers_, [&](auto& entry) {
       if (entry.first.first != client) return false;
       if (!entry.second.delivered) failed.push_back(std::move(entry.second.promise));

@@ -1,6 +1,7 @@
 // The host's object store: every shard buffer on this host, by owner and handle.
 #pragma once
 
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,15 @@ class ObjectStore {
 
   // Registers the buffer of shard `key`. Replaces an earlier entry under the same key.
   void Put(const std::string& client, ShardKey key, Future<BufferPtr> buffer);
-  // A ready NotFound future when the client has no such shard here.
+  // A ready NotFound future when the client has no such shard here (or the failure of the op that
+  // was to make it; see FailArrays).
   Future<BufferPtr> Get(const std::string& client, ShardKey key) const;
+  // The op that was to make arrays first .. first + count - 1 failed here with `why` before it
+  // registered them: reading any of their shards that were never made (a fetch, a later run)
+  // fails with that reason instead of "no shard". The last kFailedRangesPerClient failures of
+  // each client are kept.
+  void FailArrays(const std::string& client, ArrayId first, int64_t count, const absl::Status& why);
+  static constexpr size_t kFailedRangesPerClient = 64;
   // Drops the store's reference to every shard of the array; buffers still needed by queued work
   // stay alive until that work is done. Returns the number of shards dropped.
   int FreeArray(const std::string& client, ArrayId array_id);
@@ -99,6 +107,11 @@ class ObjectStore {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, ClientBuffers> buffers_ ABSL_GUARDED_BY(mu_);
+  struct FailedArrays {
+    ArrayId first, end;
+    absl::Status why;
+  };
+  absl::flat_hash_map<std::string, std::deque<FailedArrays>> failed_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<std::string, TransferId>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> departed_ ABSL_GUARDED_BY(mu_);
   int64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -88,5 +88,22 @@ TEST(ObjectStoreTest, UndeliveredTransfersOfAFinishedEpochFail) {
   EXPECT_FALSE(other_run.IsReady());
 }
 
+TEST(ObjectStoreTest, ArraysWhoseOpFailedReadAsThatFailureUntilTheClientGoes) {
+  ObjectStore store;
+  store.FailArrays("c", 10, 2, absl::ResourceExhaustedError("device 0 is full"));
+  auto failed = store.Get("c", {11, 0}).Await();
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(failed.status().message().find("device 0 is full"), std::string::npos) << failed.status();
+  EXPECT_EQ(store.Get("c", {12, 0}).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Get("other", {11, 0}).Await().status().code(), absl::StatusCode::kNotFound);
+  for (int i = 0; i < static_cast<int>(ObjectStore::kFailedRangesPerClient); ++i) {
+    store.FailArrays("c", 1000 + i, 1, absl::InternalError("x"));
+  }
+  EXPECT_EQ(store.Get("c", {11, 0}).Await().status().code(), absl::StatusCode::kNotFound);  // bounded: forgotten
+  store.FailArrays("c", 10, 2, absl::ResourceExhaustedError("device 0 is full"));
+  store.DropClient("c", absl::CancelledError("gone"));
+  EXPECT_EQ(store.Get("c", {11, 0}).Await().status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace pathways
