@@ -1,5 +1,7 @@
 // Every collective, from TorchScript and from built-in kernels, on 1-D and 2-D meshes, within one
 // host and across hosts, checked against libtorch applied to the gathered shards.
+// ivalue.h first: with clang 14, torch/torch.h alone uses c10::IValue before defining it.
+#include <ATen/core/ivalue.h>
 #include <torch/torch.h>
 
 #include <functional>

@@ -147,7 +147,10 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
   data->id = response.slice_id();
   data->mesh = std::move(mesh);
   data->owner = core_.get();
-  data->mappings.push_back(core_->NewMapping(response));
+  {
+    absl::MutexLock lock(&data->mu);  // not shared yet, but mappings are guarded
+    data->mappings.push_back(core_->NewMapping(response));
+  }
   VirtualSlice slice;
   slice.data_ = std::move(data);
   return slice;

@@ -62,7 +62,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   absl::Status CompileOn(CompiledFunction::State& fn, const std::vector<std::string>& hosts);
 
   ArrayId NextArrayId() { return array_ids_.Next(); }
-  absl::Mutex& epoch_mu() { return epoch_mu_; }
+  absl::Mutex& epoch_mu() ABSL_LOCK_RETURNED(epoch_mu_) { return epoch_mu_; }
   // A contiguous block of `n` array ids (a run's outputs are named base + offset on the hosts).
   ArrayId ReserveArrayIds(int64_t n) { return array_ids_.Reserve(n); }
   int64_t NextRunId() { return run_ids_.Next(); }

@@ -76,7 +76,8 @@ float Value(int h, size_t i) { return static_cast<float>((h + 1) * 1000 + i % 99
 class CrossHostTest : public ::testing::TestWithParam<std::tuple<int /*hosts*/, size_t /*elements*/>> {};
 
 TEST_P(CrossHostTest, AllReduceSumsAndEveryHostGetsTheSameBits) {
-  const auto [n, count] = GetParam();
+  const int n = std::get<0>(GetParam());
+  const size_t count = std::get<1>(GetParam());
   Hosts hosts(n);
   std::vector<std::vector<float>> data(n, std::vector<float>(count));
   for (int h = 0; h < n; ++h) {
@@ -103,7 +104,8 @@ TEST_P(CrossHostTest, AllReduceSumsAndEveryHostGetsTheSameBits) {
 }
 
 TEST_P(CrossHostTest, MaxOverIntegers) {
-  const auto [n, count] = GetParam();
+  const int n = std::get<0>(GetParam());
+  const size_t count = std::get<1>(GetParam());
   Hosts hosts(n);
   std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(count));
   for (int h = 0; h < n; ++h) {
@@ -123,7 +125,8 @@ TEST_P(CrossHostTest, MaxOverIntegers) {
 }
 
 TEST_P(CrossHostTest, ReduceScatterLeavesEachHostItsSegment) {
-  const auto [n, count] = GetParam();
+  const int n = std::get<0>(GetParam());
+  const size_t count = std::get<1>(GetParam());
   Hosts hosts(n);
   const size_t total = count * n;  // each host owns `count` elements, interleaved in two halves
   std::vector<std::vector<int32_t>> data(n, std::vector<int32_t>(total));
@@ -150,7 +153,8 @@ TEST_P(CrossHostTest, ReduceScatterLeavesEachHostItsSegment) {
 }
 
 TEST_P(CrossHostTest, AllGatherAndBroadcastCopyEveryByte) {
-  const auto [n, count] = GetParam();
+  const int n = std::get<0>(GetParam());
+  const size_t count = std::get<1>(GetParam());
   Hosts hosts(n);
   std::vector<std::string> gathered(n, std::string(count * n, '\0'));
   std::vector<std::string> broadcast(n, std::string(count, '\0'));
@@ -173,7 +177,8 @@ TEST_P(CrossHostTest, AllGatherAndBroadcastCopyEveryByte) {
 }
 
 TEST_P(CrossHostTest, MaxAgreesBitForBitWithNansAndSignedZeros) {
-  const auto [n, count] = GetParam();
+  const int n = std::get<0>(GetParam());
+  const size_t count = std::get<1>(GetParam());
   Hosts hosts(n);
   std::vector<std::vector<float>> data(n, std::vector<float>(count));
   for (int h = 0; h < n; ++h) {

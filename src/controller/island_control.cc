@@ -60,9 +60,17 @@ IslandControlPlane::IslandControlPlane(IslandControlOptions options) : options_(
 
 IslandControlPlane::~IslandControlPlane() {
   Stop();
-  absl::MutexLock lock(&mu_);
-  for (auto& [number, g] : generations_) options_.service->RemoveEngine(g->engine->graph().name());
-  generations_.clear();
+  std::vector<std::shared_ptr<dataflow::Engine>> engines;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [number, g] : generations_) {
+      options_.service->RemoveEngine(g->engine->graph().name());
+      engines.push_back(g->engine);
+    }
+    generations_.clear();
+  }
+  // Batches still queued hold the engines; their operators refer to this plane.
+  for (auto& engine : engines) engine->Shutdown();
 }
 
 void IslandControlPlane::Stop() {

@@ -45,8 +45,7 @@ class FutureState {
       result_.emplace(std::move(result));
       callbacks.swap(callbacks_);
     }
-    // result_ is immutable from here on, so callbacks may read it without the lock.
-    for (auto& cb : callbacks) std::move(cb)(*result_);
+    for (auto& cb : callbacks) std::move(cb)(SetResult());
   }
 
   void AddCallback(Callback cb) {
@@ -57,7 +56,7 @@ class FutureState {
         return;
       }
     }
-    std::move(cb)(*result_);
+    std::move(cb)(SetResult());
   }
 
   bool IsReady() {
@@ -86,6 +85,9 @@ class FutureState {
 
  private:
   absl::Mutex mu_;
+  // The result, once Set has set it: it never changes after that, so it is read without the lock
+  // (the analysis cannot know that a value written once under the lock is stable).
+  const absl::StatusOr<T>& SetResult() ABSL_NO_THREAD_SAFETY_ANALYSIS { return *result_; }
   std::optional<absl::StatusOr<T>> result_ ABSL_GUARDED_BY(mu_);
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };

@@ -248,5 +248,33 @@ TEST(EngineTest, InjectOnlyAtLocalSources) {
   pool.Shutdown();
 }
 
+// An owner that goes shuts its engine down: work that arrives later (a batch still queued, which
+// holds the engine) no longer reaches the operators, which are gone.
+TEST(EngineTest, AfterShutdownOperatorsAreGoneAndInputIsDropped) {
+  auto g = std::make_shared<GraphDef>("g");
+  int a = *g->AddNode("a", {"h"});
+  LocalTransport transport;
+  ThreadPool pool("h", 1);
+  struct Counting : Operator {
+    Counting(std::atomic<int>& calls, std::atomic<bool>& destroyed) : calls(calls), destroyed(destroyed) {}
+    ~Counting() override { destroyed = true; }
+    void OnMessage(ShardContext&, int, int, const std::string&) override { ++calls; }
+    void OnEpochDone(ShardContext&) override { ++calls; }
+    std::atomic<int>& calls;
+    std::atomic<bool>& destroyed;
+  };
+  std::atomic<int> calls{0};
+  std::atomic<bool> destroyed{false};
+  auto engine = std::make_shared<Engine>(
+      "h", g, [&](int, int) { return std::make_unique<Counting>(calls, destroyed); }, transport, pool);
+  ASSERT_TRUE(engine->InjectAll(a, 0, 1, {"x"}).ok());
+  EXPECT_EQ(calls.load(), 2);  // the message and the epoch's end
+  engine->Shutdown();
+  EXPECT_TRUE(destroyed.load());
+  EXPECT_TRUE(engine->InjectAll(a, 0, 2, {"y"}).ok());
+  EXPECT_EQ(calls.load(), 2);
+  pool.Shutdown();
+}
+
 }  // namespace
 }  // namespace pathways::dataflow

@@ -85,6 +85,24 @@ absl::Status Engine::Feed(int node, int shard, int64_t epoch, std::vector<std::s
   return absl::OkStatus();
 }
 
+namespace {
+
+// What a shut-down engine's shards run instead of their operators.
+class Dropped : public Operator {
+ public:
+  void OnMessage(ShardContext&, int, int, const std::string&) override {}
+  void OnEpochDone(ShardContext&) override {}
+};
+
+}  // namespace
+
+void Engine::Shutdown() {
+  for (auto& [key, shard] : shards_) {
+    absl::MutexLock lock(&shard->mu);  // waits for a callback in progress
+    shard->op = std::make_unique<Dropped>();
+  }
+}
+
 void Engine::Deliver(std::vector<Envelope> batch) {
   executor_.Schedule([self = shared_from_this(), batch = std::move(batch)]() {
     for (const Envelope& e : batch) self->Handle(e);

@@ -98,6 +98,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::Status InjectAll(int node, int shard, int64_t epoch, std::vector<std::string> payloads);
   // A batch from another host (or this one). Processed in order on the executor.
   void Deliver(std::vector<Envelope> batch);
+  // Stops calling operators: callbacks in progress finish first, later input is dropped. Work
+  // already queued holds the engine, not its operators' owner, so an owner whose operators refer
+  // to it calls this before it goes (and not under a lock its operators take).
+  void Shutdown();
 
   // Envelopes sent to other hosts and batches they travelled in: batching shows as the ratio.
   int64_t envelopes_sent() const;

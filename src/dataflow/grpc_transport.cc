@@ -33,7 +33,7 @@ Envelope FromProto(const rpc::DataflowEnvelope& p) {
 // The services of this process by the address they serve at. Delivery holds the reader lock, so a
 // service leaving (the writer lock) waits for batches being handed to it.
 absl::Mutex in_process_mu;
-std::map<std::string, DataflowService*>& InProcessServices() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_process_mu) {
+std::map<std::string, DataflowService*>& InProcessServices() ABSL_SHARED_LOCKS_REQUIRED(in_process_mu) {
   static auto* services = new std::map<std::string, DataflowService*>();
   return *services;
 }

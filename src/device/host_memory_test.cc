@@ -70,7 +70,7 @@ TEST_F(HostMemoryTest, ThreadsAllocatingAndFreeingAtOnceKeepTheCacheConsistent) 
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([t] {
       for (int i = 0; i < 200; ++i) {
-        const size_t bytes = size_t{1 + (i + t) % 3} << 20;
+        const size_t bytes = static_cast<size_t>(1 + (i + t) % 3) << 20;
         char* p = HostMemory::Allocate(bytes);
         ASSERT_NE(p, nullptr);
         p[bytes - 1] = static_cast<char>(i);

@@ -80,7 +80,7 @@ namespace {
 
 // The hosts of this process by name: a block for one of them is handed over as a buffer.
 absl::Mutex directory_mu(absl::kConstInit);
-absl::flat_hash_map<std::string, ObjectStore*>& Directory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(directory_mu) {
+absl::flat_hash_map<std::string, ObjectStore*>& Directory() ABSL_SHARED_LOCKS_REQUIRED(directory_mu) {
   static auto* directory = new absl::flat_hash_map<std::string, ObjectStore*>();
   return *directory;
 }

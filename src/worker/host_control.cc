@@ -51,9 +51,15 @@ HostControl::HostControl(HostControlOptions options) : options_(std::move(option
 HostControl::~HostControl() { Shutdown(); }
 
 void HostControl::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shut_down_ = true;
-  LeaveAllLocked();
+  std::vector<std::shared_ptr<dataflow::Engine>> engines;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    for (const Generation& g : generations_) engines.push_back(g.engine);
+    LeaveAllLocked();
+  }
+  // Batches still queued hold the engines; their operators refer to this host's control.
+  for (auto& engine : engines) engine->Shutdown();
 }
 
 void HostControl::LeaveAllLocked() {

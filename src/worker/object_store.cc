@@ -64,7 +64,7 @@ int ObjectStore::DropClient(const std::string& client, const absl::Status& why) 
       buffers_.erase(c);
     }
     failed_.erase(client);
-    absl::erase_if(transfers_, [&](auto& entry) {
+    absl::erase_if(transfers_, [&](auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (entry.first.first != client) return false;
       if (!entry.second.delivered) failed.push_back(std::move(entry.second.promise));
       unclaimed_bytes_ -= entry.second.unclaimed_bytes;
@@ -123,7 +123,7 @@ int ObjectStore::SetDepartedHosts(absl::flat_hash_set<std::string> hosts) {
     absl::MutexLock lock(&mu_);
     departed_ = std::move(hosts);
     if (departed_.empty()) return 0;
-    absl::erase_if(transfers_, [&](auto& entry) {
+    absl::erase_if(transfers_, [&](auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Transfer& t = entry.second;
       if (!t.expected || t.delivered || !departed_.contains(t.source_host)) return false;
       failed.emplace_back(std::move(t.promise), Departed(t.source_host, entry.first.second));
@@ -160,7 +160,7 @@ int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t epo
   std::vector<Promise<BufferPtr>> failed;
   {
     absl::MutexLock lock(&mu_);
-    absl::erase_if(transfers_, [&](auto& entry) {
+    absl::erase_if(transfers_, [&](auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const auto& [key, t] = entry;
       if (key.first != client || key.second.epoch != epoch || key.second.node < first_node ||
           key.second.node > last_node) {

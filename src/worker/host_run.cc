@@ -1,0 +1,246 @@
+// Running a registered program on a host: each run op sets up every node's outputs, input wiring
+// and sends at once (parallel asynchronous dispatch), then enqueues each local shard on its device.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "array/sharding.h"
+#include "core/logging.h"
+#include "core/status_macros.h"
+#include "dataflow/graph.h"
+#include "transport/rpc_util.h"
+#include "worker/host_runtime.h"
+#include "worker/input_assembly.h"
+
+namespace pathways {
+
+absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunProgramOp& run) {
+  if (int64_t delay = test_run_delay_us_.load(); delay > 0) absl::SleepFor(absl::Microseconds(delay));
+  std::shared_ptr<Program> entry;
+  {
+    absl::MutexLock lock(&programs_mu_);
+    int64_t& last = last_epoch_[client];
+    if (run.epoch() <= last) {
+      return absl::InvalidArgumentError(absl::StrCat("run epoch ", run.epoch(), " is not after epoch ", last));
+    }
+    last = run.epoch();
+    auto it = programs_.find({client, run.program_id()});
+    if (it != programs_.end()) entry = it->second;
+  }
+  if (entry == nullptr) {
+    absl::MutexLock lock(&programs_mu_);
+    if (auto c = failed_registrations_.find(client); c != failed_registrations_.end()) {
+      if (auto it = c->second.find(run.program_id()); it != c->second.end()) {
+        return absl::Status(it->second.code(), absl::StrCat("program ", run.program_id(), " failed to register on ",
+                                                            name(), ": ", it->second.message()));
+      }
+    }
+    return absl::NotFoundError(absl::StrCat("program ", run.program_id(), " is not registered on ", name()));
+  }
+  const LoweredProgram* program = entry->lowered.get();
+  if (run.arg_array_ids_size() != static_cast<int>(program->args().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("program '", program->name(), "' takes ", program->args().size(),
+                                                   " arguments, run gave ", run.arg_array_ids_size()));
+  }
+  const int num_nodes = static_cast<int>(program->nodes().size());
+  if (run.first_node() < 0 || run.last_node() >= num_nodes || run.first_node() > run.last_node()) {
+    return absl::InvalidArgumentError(absl::StrCat("nodes ", run.first_node(), "..", run.last_node(),
+                                                   " are not in program '", program->name(), "' of ", num_nodes, " nodes"));
+  }
+  std::shared_ptr<RunTracker> tracker;
+  if (run.report_done()) {
+    int shards = 0;
+    for (int n = run.first_node(); n <= run.last_node(); ++n) shards += static_cast<int>(entry->nodes[n].shards.size());
+    rpc::RunDone done;
+    done.set_client_id(client);
+    done.set_epoch(run.epoch());
+    // Reports leave from the I/O pool: this may be a scheduled op being applied, under the
+    // control graph's lock.
+    auto report = [this](rpc::RunDone d) {
+      io_pool_.Schedule([this, d = std::move(d)]() mutable { control_.ReportDone(std::move(d)); });
+    };
+    if (shards == 0) {
+      report(std::move(done));
+    } else {
+      tracker = std::make_shared<RunTracker>(shards, std::move(done), std::move(report));
+    }
+  }
+  // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
+  // now, before any of them has run.
+  for (int n = run.first_node(); n <= run.last_node(); ++n) {
+    std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
+    const NodePlan& plan = entry->nodes[n];
+    for (const ShardPlan& shard : plan.shards) ExecuteShard(entry, n, shard, run, tracker);
+    if (auto receiver = plan.receiver_index.find(name()); receiver != plan.receiver_index.end()) {
+      (void)entry->engine->CloseInput(plan.arm_node, receiver->second, run.epoch());  // expecting all blocks now
+    }
+    auto sender = plan.sender_index.find(name());
+    if (sender == plan.sender_index.end()) continue;
+    // This host's part of the node's exchange ends once every block it owes is handed over.
+    AllDone(sends).OnReady([entry, node = plan.send_node, shard = sender->second,
+                            epoch = run.epoch()](const absl::StatusOr<Unit>&) {
+      (void)entry->engine->CloseInput(node, shard, epoch);
+    });
+  }
+  // Intermediates whose last consumer is now set up leave the store; their consumers and sends
+  // hold their own references until they are done with them.
+  for (int n = run.first_node(); n <= run.last_node(); ++n) {
+    for (int64_t offset : program->dropped_after(n)) store_.FreeArray(client, run.output_array_base() + offset);
+  }
+  return absl::OkStatus();
+}
+
+void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch, int node) {
+  int failed = store_.FailUndeliveredTransfers(
+      client, epoch, node, node,
+      absl::InternalError(absl::StrCat("epoch ", epoch, ": a block of node ", node,
+                                       " that every sender has accounted for never reached ", name())));
+  if (failed > 0) PW_LOG(Error) << failed << " blocks of epoch " << epoch << " never reached " << name();
+}
+
+namespace {
+
+ArrayId ValueArrayId(const LoweredProgram& program, const LoweredValue& v, const rpc::RunProgramOp& run) {
+  if (v.is_arg) return run.arg_array_ids(v.index);
+  return run.output_array_base() + program.nodes()[v.index].output_offset + v.output;
+}
+
+}  // namespace
+
+std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<Program>& entry, int node_index,
+                                                   const rpc::RunProgramOp& run) {
+  const LoweredNode& node = entry->lowered->nodes()[node_index];
+  std::vector<Future<Unit>> sends;
+  for (const PlannedSend& p : entry->nodes[node_index].sends) {
+    const ArrayId array = ValueArrayId(*entry->lowered, node.inputs[p.input], run);
+    sends.push_back(Send(entry, {array, static_cast<int32_t>(p.src_shard)}, p.region, p.dest,
+                         {run.epoch(), node_index, p.input, p.dst_shard, p.src_shard}));
+  }
+  return sends;
+}
+
+// Counts a run's shards on this host down to done, adding up their device time, and reports.
+struct HostRuntime::RunTracker {
+  RunTracker(int shards, rpc::RunDone done, std::function<void(rpc::RunDone)> report)
+      : left(shards), shards(shards), done(std::move(done)), report(std::move(report)) {}
+  void ShardDone(int64_t device_us) {
+    const int64_t total = device_us_.fetch_add(device_us) + device_us;
+    if (left.fetch_sub(1) != 1) return;
+    done.set_device_us(total / shards);
+    report(std::move(done));
+  }
+  std::atomic<int> left;
+  const int shards;
+  std::atomic<int64_t> device_us_{0};
+  rpc::RunDone done;
+  std::function<void(rpc::RunDone)> report;
+};
+
+void HostRuntime::ExecuteShard(const std::shared_ptr<const Program>& entry, int node_index,
+                               const ShardPlan& shard_plan, const rpc::RunProgramOp& run,
+                               std::shared_ptr<RunTracker> tracker) {
+  const LoweredProgram& program = *entry->lowered;
+  const std::string& client = entry->client;
+  const LoweredNode& node = program.nodes()[node_index];
+  const int64_t shard = shard_plan.shard;
+  const int32_t shard32 = static_cast<int32_t>(shard);
+  // Output entries exist from now on, so later nodes and runs can consume them before they are
+  // computed.
+  auto outputs = std::make_shared<std::vector<Promise<BufferPtr>>>(node.output_specs.size());
+  for (size_t j = 0; j < node.output_specs.size(); ++j) {
+    store_.Put(client, {run.output_array_base() + node.output_offset + static_cast<int64_t>(j), shard32},
+               (*outputs)[j].future());
+  }
+  auto fail = [outputs](const absl::Status& s) {
+    for (auto& p : *outputs) p.Set(s);
+  };
+  std::shared_ptr<const Executable> exe = functions_.Lookup(node.function_key);
+  if (exe == nullptr) {
+    fail(absl::NotFoundError(absl::StrCat("function '", node.function_name, "' is not compiled on host ", name())));
+    if (tracker) tracker->ShardDone(0);
+    return;
+  }
+  auto plans = std::make_shared<std::vector<InputPlan>>();
+  std::vector<Future<BufferPtr>> piece_futures;
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    Placement src = program.PlacementOf(node.inputs[i]);
+    const ArrayId array = ValueArrayId(program, node.inputs[i], run);
+    InputPlan plan;
+    plan.spec = {node.input_specs[i].dtype, node.in_shardings[i].local_shape()};
+    plan.first_piece = piece_futures.size();
+    for (const Piece& p : shard_plan.inputs[i]) {
+      if ((*src.devices)[p.src_shard].host == name()) {
+        piece_futures.push_back(store_.Get(client, {array, static_cast<int32_t>(p.src_shard)}));
+        plan.src_regions.push_back(p.src_region);
+      } else {
+        piece_futures.push_back(store_.ExpectTransfer(
+            client, {run.epoch(), node_index, static_cast<int32_t>(i), shard32, p.src_shard},
+            (*src.devices)[p.src_shard].host));
+        plan.src_regions.push_back({Shape(p.src_region.size.size(), 0), p.src_region.size});
+      }
+      plan.dst_starts.push_back(p.dst_start);
+    }
+    plans->push_back(std::move(plan));
+  }
+  Device* device = devices_[node.slice->local_devices[shard]].get();
+  WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
+  collective::CollectiveHub* hub = &collectives_;
+  // Enqueued now, in the order runs are applied here; the device waits for the inputs when it
+  // reaches the item (an in-order stream, like an accelerator's).
+  Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
+  // The closure holds the program, and so the node's plan, until the work is done (the client
+  // may be collected meanwhile).
+  device->Enqueue([device, exe, plans, outputs, entry, node_index, shard, fail, label, hub,
+                   memory_wait = options_.memory_wait, inputs = std::move(inputs), tracker = std::move(tracker)]() {
+    const NodePlan& node_plan = entry->nodes[node_index];
+    const std::string& function_name = label.name;
+    // Work of a client that went away still runs once it is on the device: every host of the
+    // island stopped that client at the same point of the island's order, so its gangs run
+    // everywhere or nowhere. What it produces is freed as soon as it is done.
+    const absl::StatusOr<std::vector<BufferPtr>>& pieces = inputs.Await();
+    if (!pieces.ok()) {
+      fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
+                                                             "): ", pieces.status().message())));
+      if (tracker) tracker->ShardDone(0);
+      return;
+    }
+    auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
+      std::vector<BufferPtr> inputs;
+      for (size_t i = 0; i < plans->size(); ++i) {
+        auto in = AssembleInput(*device, memory_wait, (*plans)[i], *pieces);
+        if (!in.ok()) {
+          return absl::Status(in.status().code(), absl::StrCat("function '", function_name, "' input ", i,
+                                                               " (shard ", shard, "): ", in.status().message()));
+        }
+        inputs.push_back(*std::move(in));
+      }
+      std::vector<BufferPtr> results;
+      for (const TensorSpec& spec : node_plan.out_specs) {
+        PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape, memory_wait));
+        results.push_back(std::move(out));
+      }
+      std::vector<const DeviceBuffer*> in_ptrs;
+      for (auto& b : inputs) in_ptrs.push_back(b.get());
+      std::vector<DeviceBuffer*> out_ptrs;
+      for (auto& b : results) out_ptrs.push_back(b.get());
+      // The body's collectives meet the node's other shards of this run.
+      collective::ShardCollectives collectives(*hub, node_plan.gang, {&label.client, label.program, label.run, label.node},
+                                               shard);
+      collective::ScopedShardCollectives scope(&collectives);
+      PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
+      return results;
+    };
+    const int64_t start_us = absl::ToUnixMicros(absl::Now());
+    auto results = run();
+    const int64_t end_us = absl::ToUnixMicros(absl::Now());
+    device->RecordTrace({label, start_us, end_us});  // before results show
+    if (tracker) tracker->ShardDone(end_us - start_us);
+    if (!results.ok()) {
+      fail(results.status());
+      return;
+    }
+    for (size_t j = 0; j < results->size(); ++j) (*outputs)[j].Set((*results)[j]);
+  });
+}
+
+}  // namespace pathways
