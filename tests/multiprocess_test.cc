@@ -717,7 +717,9 @@ TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgai
 
   ASSERT_TRUE(client_->RemapSlice(slice).ok());
   ShardedArray y = *client_->Put(Pattern({8}, 2.0f), slice, {"x"});
-  auto again = client_->Fetch((*client_->Call(inc, slice, {y}))[0]).AwaitFor(absl::Seconds(30));
+  auto call = client_->Call(inc, slice, {y});
+  ASSERT_TRUE(call.ok()) << call.status();
+  auto again = client_->Fetch((*call)[0]).AwaitFor(absl::Seconds(30));
   ASSERT_TRUE(again.ok()) << again.status();
   for (int i = 0; i < 8; ++i) EXPECT_EQ(again->data<float>()[i], Pattern({8}, 2.0f).data<float>()[i] + 1);
 }

@@ -147,9 +147,10 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
   data->id = response.slice_id();
   data->mesh = std::move(mesh);
   data->owner = core_.get();
+  std::shared_ptr<const SliceMapping> mapping = core_->NewMapping(response);
   {
     absl::MutexLock lock(&data->mu);  // not shared yet, but mappings are guarded
-    data->mappings.push_back(core_->NewMapping(response));
+    data->mappings.push_back(std::move(mapping));
   }
   VirtualSlice slice;
   slice.data_ = std::move(data);

@@ -20,6 +20,11 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
       mapping->hosts.push_back(d.host_address());
     }
   }
+  // The controller placed the slice on live hosts; one that restarted since this client last
+  // used it has a channel still waiting to reconnect. Bounded: a host that does not answer is
+  // reported by the calls that need it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (const std::string& host : mapping->hosts) (void)worker(host)->WaitUntilConnected(deadline);
   return mapping;
 }
 

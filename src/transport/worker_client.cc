@@ -62,6 +62,10 @@ Future<rpc::GetTraceResponse> WorkerClient::GetTrace(const rpc::GetTraceRequest&
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->GetTrace(ctx, req, resp, std::move(done)); });
 }
 
+bool WorkerClient::WaitUntilConnected(absl::Time deadline) {
+  return channel_->WaitForConnected(absl::ToChronoTime(deadline));
+}
+
 std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& slot = clients_[address];

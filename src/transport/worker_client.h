@@ -23,6 +23,10 @@ class WorkerClient {
  public:
   explicit WorkerClient(std::string address);
   const std::string& address() const { return address_; }
+  // Connects the channel, waiting until `deadline`; false if it is not connected by then. A
+  // worker that restarted at this address is only reached once the channel reconnects, and
+  // calls fail at once until then.
+  bool WaitUntilConnected(absl::Time deadline);
 
   Future<rpc::CompileResponse> Compile(const rpc::CompileRequest& request);
   Future<rpc::EnqueueResponse> Enqueue(const rpc::EnqueueRequest& request);
