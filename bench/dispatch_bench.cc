@@ -9,7 +9,7 @@
 #include <functional>
 
 #include "bench_util.h"
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "client/program.h"
 #include "core/process.h"
 #include "tools/flags.h"

@@ -18,7 +18,7 @@
 
 #include "bench_util.h"
 #include "absl/strings/str_split.h"
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "core/process.h"
 #include "tools/flags.h"
 

@@ -14,7 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "bench_util.h"
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "compute/executable.h"
 #include "core/process.h"
 #include "device/cpu_device.h"

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "client/client.h"
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "client/program.h"
 #include "gtest/gtest.h"
 

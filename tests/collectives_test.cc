@@ -7,7 +7,7 @@
 #include <functional>
 
 #include "client/client.h"
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "collective/collective.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"

@@ -1,6 +1,6 @@
 // The emulated data-centre network on an embedded cluster: an array computed on one island and
 // consumed on the other crosses it, and waits for it; collectives over both islands too.
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "gtest/gtest.h"
 
 namespace pathways {

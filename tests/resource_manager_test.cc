@@ -2,7 +2,7 @@
 // lost, runs on them fail naming the host, and a remapped slice runs again (its programs lowered
 // for the new devices); a worker started later is usable.
 #include "client/client.h"
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "client/program.h"
 #include "gtest/gtest.h"
 

@@ -266,7 +266,7 @@ struct SegmentedDispatch {
       // Each op is one epoch of the program's dataflow. Hosts require a client's epochs to arrive
       // in increasing order, so numbering and pushing happen together.
       absl::MutexLock lock(&d->core->epoch_mu());
-      const int64_t epoch = d->core->NextRunId();
+      const Epoch epoch = d->core->NextEpoch();
       rpc::RunProgramOp op = d->op;
       op.set_first_node(seg.first);
       op.set_last_node(seg.last);

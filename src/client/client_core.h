@@ -65,7 +65,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   absl::Mutex& epoch_mu() ABSL_LOCK_RETURNED(epoch_mu_) { return epoch_mu_; }
   // A contiguous block of `n` array ids (a run's outputs are named base + offset on the hosts).
   ArrayId ReserveArrayIds(int64_t n) { return array_ids_.Reserve(n); }
-  int64_t NextRunId() { return run_ids_.Next(); }
+  RunId NextRunId() { return run_ids_.Next(); }
+  // Strictly increasing per client: hosts require a client's epochs in increasing order.
+  Epoch NextEpoch() { return epochs_.Next(); }
 
   // Every op the client sends goes through here, so the stats see all of them.
   // Returns the op's place in the client's sequence on the host.
@@ -134,6 +136,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::thread lease_thread_;
   IdGenerator array_ids_;
   IdGenerator run_ids_;
+  IdGenerator epochs_;
+  IdGenerator lowered_program_ids_;
   IdGenerator mapping_ids_;
   absl::Mutex epoch_mu_;
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
@@ -201,7 +205,7 @@ struct ShardedArray::State {
 };
 
 struct ClientCore::Lowering {
-  int64_t id;                      // the program id hosts know this lowering by
+  LoweredProgramId id;             // the program id hosts know this lowering by
   rpc::ProgramProto proto;
   std::vector<std::string> hosts;  // every host that runs, holds or sends anything in it
   std::vector<std::vector<std::string>> node_hosts;  // per node: its slice's and its inputs' hosts

@@ -3,7 +3,7 @@
 #include <numeric>
 #include <thread>
 
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "client/program.h"
 #include "gtest/gtest.h"
 

@@ -48,7 +48,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
     if (it != lowerings_cache_.end()) return it->second;
   }
   auto lowering = std::make_shared<Lowering>();
-  lowering->id = run_ids_.Next();
+  lowering->id = lowered_program_ids_.Next();
   rpc::ProgramProto& proto = lowering->proto;
   proto.set_program_id(lowering->id);
   proto.set_name(program.name());

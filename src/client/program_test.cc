@@ -1,6 +1,6 @@
 #include "client/program.h"
 
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "gtest/gtest.h"
 
 namespace pathways {

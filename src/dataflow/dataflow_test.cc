@@ -3,7 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "dataflow/engine.h"
 #include "dataflow/grpc_transport.h"
-#include "dataflow/sparse_sum_graph.h"
+#include "testing/sparse_sum_graph.h"
 #include "gtest/gtest.h"
 #include "testing/subprocess.h"
 

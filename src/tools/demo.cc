@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 #include "client/program.h"
 #include "compute/executable.h"
 #include "core/status_macros.h"

@@ -1,4 +1,4 @@
-#include "client/local_cluster.h"
+#include "cluster/local_cluster.h"
 
 #include "core/status_macros.h"
 

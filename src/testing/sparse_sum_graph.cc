@@ -1,4 +1,4 @@
-#include "dataflow/sparse_sum_graph.h"
+#include "testing/sparse_sum_graph.h"
 
 #include <algorithm>
 #include <random>

@@ -7,7 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "dataflow/grpc_transport.h"
-#include "dataflow/sparse_sum_graph.h"
+#include "testing/sparse_sum_graph.h"
 
 using namespace pathways;
 using namespace pathways::dataflow;
