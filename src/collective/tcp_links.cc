@@ -14,6 +14,7 @@
 #include "collective/socket_util.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "openssl/crypto.h"
 #include "openssl/evp.h"
 #include "openssl/hmac.h"
 #include "openssl/rand.h"
@@ -35,11 +36,13 @@ struct HelloHeader {
 constexpr size_t kChallengeBytes = 16;
 constexpr size_t kProofBytes = 32;
 
-// What a dialer appends to its hello: HMAC-SHA256 under the cluster's secret of the listener's
-// challenge and the hello's key and host (each length-prefixed by the header).
-std::string Proof(const std::string& secret, const std::string& challenge, const HelloHeader& header,
+// Each side proves the cluster's secret to the other: HMAC-SHA256 under it of its role, both
+// sides' challenges and the hello (key and host, each length-prefixed by the header). The
+// dialer's proof ends its hello; the listener answers with its own once it checked the dialer's.
+std::string Proof(const std::string& secret, char role, const std::string& challenges, const HelloHeader& header,
                   const std::string& key, const std::string& host) {
-  std::string message = challenge;
+  std::string message(1, role);
+  message += challenges;
   message.append(reinterpret_cast<const char*>(&header), sizeof(header));
   message += key;
   message += host;
@@ -50,12 +53,8 @@ std::string Proof(const std::string& secret, const std::string& challenge, const
   return std::string(reinterpret_cast<const char*>(mac), kProofBytes);
 }
 
-// Compares without stopping at the first difference.
 bool SameProof(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;  // constant time
 }
 
 }  // namespace
@@ -148,13 +147,14 @@ void TcpLinks::AcceptLoop() {
       }
       continue;
     }
-    // The listener challenges; the hello names the mesh and the dialing host and proves the
-    // secret. It is small and sent at once after connecting; a peer that does not send it in time
-    // is dropped.
+    // The listener challenges; the hello names the mesh and the dialing host, carries the
+    // dialer's challenge and proves the secret; the listener proves it back. The hello is small
+    // and sent at once after connecting; a peer that does not send it in time is dropped.
     const absl::Time deadline = absl::Now() + absl::Seconds(2);
-    std::string challenge(kChallengeBytes, '\0');
-    RAND_bytes(reinterpret_cast<unsigned char*>(challenge.data()), static_cast<int>(challenge.size()));
-    absl::Status s = TransferAll(fd, challenge.data(), challenge.size(), true, deadline, "challenge");
+    std::string challenges(2 * kChallengeBytes, '\0');  // the listener's, then the dialer's
+    absl::Status s = RAND_bytes(reinterpret_cast<unsigned char*>(challenges.data()), kChallengeBytes) == 1
+                         ? TransferAll(fd, challenges.data(), kChallengeBytes, true, deadline, "challenge")
+                         : absl::InternalError("no random bytes for a challenge");
     HelloHeader hello{};
     std::string key, peer, proof(kProofBytes, '\0');
     if (s.ok()) s = TransferAll(fd, reinterpret_cast<char*>(&hello), sizeof(hello), false, deadline, "hello");
@@ -166,11 +166,16 @@ void TcpLinks::AcceptLoop() {
       peer.resize(hello.host_bytes);
       s = TransferAll(fd, key.data(), key.size(), false, deadline, "hello");
       if (s.ok()) s = TransferAll(fd, peer.data(), peer.size(), false, deadline, "hello");
+      if (s.ok()) s = TransferAll(fd, challenges.data() + kChallengeBytes, kChallengeBytes, false, deadline, "hello");
       if (s.ok()) s = TransferAll(fd, proof.data(), proof.size(), false, deadline, "hello");
     }
-    if (s.ok() && !SameProof(proof, Proof(secret_, challenge, hello, key, peer))) {
+    if (s.ok() && !SameProof(proof, Proof(secret_, 'D', challenges, hello, key, peer))) {
       s = absl::UnauthenticatedError(absl::StrCat("a connection claiming to be host ", peer.substr(0, 64),
                                                   " did not prove the cluster token"));
+    }
+    if (s.ok()) {
+      std::string mine = Proof(secret_, 'L', challenges, hello, key, peer);
+      s = TransferAll(fd, mine.data(), mine.size(), true, deadline, "proof");
     }
     if (!s.ok()) {
       PW_LOG(Warning) << "collective listener of " << host_ << " dropped a connection: " << s;
@@ -261,15 +266,25 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
     }
     if (s.ok()) {
       Configure(fd);
-      std::string challenge(kChallengeBytes, '\0');
-      s = TransferAll(fd, challenge.data(), challenge.size(), false, deadline, "challenge");
+      std::string challenges(2 * kChallengeBytes, '\0');  // the listener's, then ours
+      s = TransferAll(fd, challenges.data(), kChallengeBytes, false, deadline, "challenge");
+      if (s.ok() && RAND_bytes(reinterpret_cast<unsigned char*>(challenges.data()) + kChallengeBytes,
+                               kChallengeBytes) != 1) {
+        s = absl::InternalError("no random bytes for a challenge");
+      }
       std::string hello(sizeof(HelloHeader), '\0');
       const HelloHeader h{kHelloMagic, static_cast<uint32_t>(key.size()), static_cast<uint32_t>(host_.size())};
       std::memcpy(hello.data(), &h, sizeof(h));
       hello += key;
       hello += host_;
-      hello += Proof(secret_, challenge, h, key, host_);
+      hello.append(challenges, kChallengeBytes, kChallengeBytes);
+      hello += Proof(secret_, 'D', challenges, h, key, host_);
       if (s.ok()) s = TransferAll(fd, hello.data(), hello.size(), true, deadline, "hello");
+      std::string theirs(kProofBytes, '\0');
+      if (s.ok()) s = TransferAll(fd, theirs.data(), theirs.size(), false, deadline, "proof");
+      if (s.ok() && !SameProof(theirs, Proof(secret_, 'L', challenges, h, key, host_))) {
+        s = absl::UnauthenticatedError(absl::StrCat("the listener at ", address, " did not prove the cluster token"));
+      }
       if (s.ok()) return fd;
     }
     close(fd);

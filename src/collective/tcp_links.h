@@ -30,10 +30,11 @@ namespace pathways::collective {
 class TcpLinks {
  public:
   // Listens on `ip` (port chosen by the kernel). `host` is this host's name in Member::host.
-  // `dcn` (not owned, may be null) emulates the network between islands. Every connection proves
-  // that its dialer holds `secret` (the cluster token), without sending it: the listener sends a
-  // random challenge, and the dialer's hello ends with an HMAC-SHA256 of it, the key and the
-  // host under the secret. Connections without the proof are dropped.
+  // `dcn` (not owned, may be null) emulates the network between islands. Both ends of every
+  // connection prove that they hold `secret` (the cluster token) without sending it: each sends a
+  // random challenge and answers the other's with an HMAC-SHA256 under the secret (see Proof in
+  // tcp_links.cc). A connection that fails either proof is closed. The traffic itself is not
+  // encrypted.
   static absl::StatusOr<std::unique_ptr<TcpLinks>> Create(std::string host, const std::string& ip,
                                                           std::shared_ptr<KeyValueStore> store,
                                                           DcnEmulation* dcn = nullptr, std::string secret = "");

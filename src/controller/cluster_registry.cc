@@ -201,6 +201,7 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
     }
   }
   slice.request = r;
+  slice.request.clear_credential();  // checked already; not kept
   slice.devices.clear();
   for (const Candidate& c : candidates) {
     ++c.device->slices;

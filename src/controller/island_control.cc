@@ -60,17 +60,12 @@ IslandControlPlane::IslandControlPlane(IslandControlOptions options) : options_(
 
 IslandControlPlane::~IslandControlPlane() {
   Stop();
-  std::vector<std::shared_ptr<dataflow::Engine>> engines;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [number, g] : generations_) {
-      options_.service->RemoveEngine(g->engine->graph().name());
-      engines.push_back(g->engine);
-    }
+    for (auto& [number, g] : generations_) options_.service->RemoveEngine(g->engine->graph().name());
     generations_.clear();
   }
-  // Batches still queued hold the engines; their operators refer to this plane.
-  for (auto& engine : engines) engine->Shutdown();
+  engines_.ShutdownAll();  // batches still queued hold them; their operators refer to this plane
 }
 
 void IslandControlPlane::Stop() {
@@ -159,6 +154,7 @@ void IslandControlPlane::SetMembers(std::vector<Member> members) {
             },
             *options_.transport, *options_.executor);
         options_.service->AddEngine(g->engine.get());
+        engines_.Add(g->engine);
         for (const Member& m : members_) joins.emplace_back(m.address, g->def);
         PW_LOG(Info) << "island " << options_.island << ": control generation " << number << " over "
                      << members_.size() << " hosts";

@@ -85,6 +85,7 @@ class IslandControlPlane : public ScheduledOpSink {
   void DropIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const IslandControlOptions options_;
+  dataflow::OwnedEngines engines_;
   mutable absl::Mutex mu_;
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);  // sorted
   std::map<int64_t, std::unique_ptr<Generation>> generations_ ABSL_GUARDED_BY(mu_);

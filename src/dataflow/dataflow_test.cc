@@ -271,7 +271,7 @@ TEST(EngineTest, AfterShutdownOperatorsAreGoneAndInputIsDropped) {
   EXPECT_EQ(calls.load(), 2);  // the message and the epoch's end
   engine->Shutdown();
   EXPECT_TRUE(destroyed.load());
-  EXPECT_TRUE(engine->InjectAll(a, 0, 2, {"y"}).ok());
+  EXPECT_EQ(engine->InjectAll(a, 0, 2, {"y"}).code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(calls.load(), 2);
   pool.Shutdown();
 }

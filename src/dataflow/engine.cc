@@ -64,6 +64,7 @@ absl::Status Engine::InjectAll(int node, int shard, int64_t epoch, std::vector<s
 }
 
 absl::Status Engine::Feed(int node, int shard, int64_t epoch, std::vector<std::string> payloads, bool close) {
+  if (stopped_.load()) return absl::CancelledError(absl::StrCat("dataflow ", graph_->name(), " was shut down"));
   Shard* s = FindShard(node, shard);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("shard ", shard, " of node ", node, " is not on ", host_));
   if (!graph_->in_edges(node).empty()) return absl::InvalidArgumentError("input can only be fed to sources");
@@ -97,14 +98,34 @@ class Dropped : public Operator {
 }  // namespace
 
 void Engine::Shutdown() {
+  stopped_.store(true);
   for (auto& [key, shard] : shards_) {
     absl::MutexLock lock(&shard->mu);  // waits for a callback in progress
     shard->op = std::make_unique<Dropped>();
   }
 }
 
+void OwnedEngines::Add(const std::shared_ptr<Engine>& engine) {
+  absl::MutexLock lock(&mu_);
+  std::erase_if(engines_, [](const std::weak_ptr<Engine>& e) { return e.expired(); });
+  engines_.push_back(engine);
+}
+
+void OwnedEngines::ShutdownAll() {
+  std::vector<std::shared_ptr<Engine>> alive;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::weak_ptr<Engine>& e : engines_) {
+      if (auto engine = e.lock()) alive.push_back(std::move(engine));
+    }
+    engines_.clear();
+  }
+  for (auto& engine : alive) engine->Shutdown();
+}
+
 void Engine::Deliver(std::vector<Envelope> batch) {
   executor_.Schedule([self = shared_from_this(), batch = std::move(batch)]() {
+    if (self->stopped_.load()) return;
     for (const Envelope& e : batch) self->Handle(e);
     self->Flush();  // everything produced while handling one batch leaves together
   });
@@ -187,6 +208,7 @@ void Engine::Flush() {
   {
     absl::MutexLock lock(&out_mu_);
     out.swap(outbox_);
+    if (stopped_.load()) return;  // what a shut-down engine produced goes nowhere
     for (const auto& [host, batch] : out) {
       if (host == host_) continue;
       envelopes_sent_ += static_cast<int64_t>(batch.size());

@@ -11,6 +11,7 @@
 // input for it is closed.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -98,9 +99,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::Status InjectAll(int node, int shard, int64_t epoch, std::vector<std::string> payloads);
   // A batch from another host (or this one). Processed in order on the executor.
   void Deliver(std::vector<Envelope> batch);
-  // Stops calling operators: callbacks in progress finish first, later input is dropped. Work
-  // already queued holds the engine, not its operators' owner, so an owner whose operators refer
-  // to it calls this before it goes (and not under a lock its operators take).
+  // Stops calling operators: callbacks in progress finish first, later input is dropped and
+  // nothing more is sent. Work already queued holds the engine, not its operators' owner, so an
+  // owner whose operators refer to it calls this before it goes (see OwnedEngines), and never
+  // under a lock its operators take.
   void Shutdown();
 
   // Envelopes sent to other hosts and batches they travelled in: batching shows as the ratio.
@@ -143,6 +145,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
             std::string payload);
   void Flush();
 
+  std::atomic<bool> stopped_{false};
   const std::string host_;
   const std::shared_ptr<const GraphDef> graph_;
   Transport& transport_;
@@ -164,6 +167,19 @@ class LocalTransport : public Transport {
 
  private:
   std::map<std::pair<std::string, std::string>, Engine*> engines_;
+};
+
+// The engines one owner made, whose operators refer to the owner: it shuts them all down before
+// it goes, those it already let go of included (a batch still queued may hold one). Thread-safe.
+class OwnedEngines {
+ public:
+  void Add(const std::shared_ptr<Engine>& engine);
+  // Call from the owner's destructor, holding no lock that its operators take.
+  void ShutdownAll();
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::weak_ptr<Engine>> engines_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways::dataflow

@@ -110,6 +110,12 @@ absl::Status RunController(const Flags& flags) {
   options.scheduler.window = absl::Microseconds(window_us);
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
+  if (!options.token.empty() && options.cluster_token == options.token) {
+    std::fprintf(stderr,
+                 "pathways controller: warning: the cluster token is the tenants' token, so a tenant can pose as "
+                 "a host (and reach other tenants' data through it); give the controller and workers "
+                 "--cluster-token (or PATHWAYS_CLUSTER_TOKEN) to tell them apart\n");
+  }
   // Undocumented, for the test that shows what the cross-island order prevents.
   options.TEST_unordered_islands = flags.Has("test-unordered-islands");
   SetCallToken(options.cluster_token);  // its own calls to workers

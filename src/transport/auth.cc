@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/synchronization/mutex.h"
 #include "core/logging.h"
+#include "openssl/crypto.h"
 #include "openssl/rand.h"
 #include "openssl/sha.h"
 
@@ -27,12 +28,9 @@ std::string EnvToken() {
   return env == nullptr ? "" : env;
 }
 
-// Compares without stopping at the first difference, so timing does not tell how much matched.
+// Compares in constant time, so timing does not tell how much matched.
 bool SameSecret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace

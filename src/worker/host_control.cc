@@ -51,15 +51,12 @@ HostControl::HostControl(HostControlOptions options) : options_(std::move(option
 HostControl::~HostControl() { Shutdown(); }
 
 void HostControl::Shutdown() {
-  std::vector<std::shared_ptr<dataflow::Engine>> engines;
   {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
-    for (const Generation& g : generations_) engines.push_back(g.engine);
     LeaveAllLocked();
   }
-  // Batches still queued hold the engines; their operators refer to this host's control.
-  for (auto& engine : engines) engine->Shutdown();
+  engines_.ShutdownAll();  // batches still queued hold them; their operators refer to this object
 }
 
 void HostControl::LeaveAllLocked() {
@@ -115,6 +112,7 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
   while (at != generations_.begin() && std::prev(at)->def.generation() > def.generation()) --at;
   generations_.insert(at, Generation{def, shard, engine});
   options_.service->AddEngine(engine.get());  // hands over what came before the join
+  engines_.Add(engine);
   // Graphs the controller no longer uses go (their stragglers are dropped by the service).
   while (generations_.size() > kMaxGenerations ||
          (!generations_.empty() && generations_.front().def.generation() < oldest_generation_)) {

@@ -63,6 +63,7 @@ class HostControl {
   void OnScheduled(const std::string& controller_incarnation, const std::string& bytes);
 
   const HostControlOptions options_;
+  dataflow::OwnedEngines engines_;
   absl::Mutex mu_;
   std::string controller_incarnation_ ABSL_GUARDED_BY(mu_);
   std::deque<Generation> generations_ ABSL_GUARDED_BY(mu_);  // oldest first

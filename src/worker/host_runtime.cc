@@ -65,17 +65,12 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
 HostRuntime::~HostRuntime() {
   LeaveInProcessDirectory();
   control_.Shutdown();
-  blocks_.reset();  // fails blocks still queued; nothing lands in the store after this
-  std::vector<std::shared_ptr<dataflow::Engine>> engines;
   if (options_.dataflow_service != nullptr) {
     absl::MutexLock lock(&programs_mu_);
-    for (const auto& [key, program] : programs_) {
-      options_.dataflow_service->RemoveEngine(program->engine->graph().name());
-      engines.push_back(program->engine);
-    }
+    for (const auto& [key, program] : programs_) options_.dataflow_service->RemoveEngine(program->engine->graph().name());
   }
-  // Batches still queued hold the engines; their operators refer to this host.
-  for (auto& engine : engines) engine->Shutdown();
+  engines_.ShutdownAll();  // batches still queued hold them; their operators refer to this host
+  blocks_.reset();  // fails blocks still queued; nothing lands in the store after this
   io_pool_.Shutdown();
   BeginShutdown();  // work still queued on the devices ends quickly
   for (auto& d : devices_) d->Shutdown();

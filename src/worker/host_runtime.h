@@ -217,6 +217,7 @@ class HostRuntime {
   ThreadPool io_pool_;  // transfers, dataflow work and fetch responses, off device threads
   dataflow::GrpcTransport dataflow_transport_;
   std::unique_ptr<dataflow::DcnTransport> dcn_transport_;  // over dataflow_transport_, when emulating
+  dataflow::OwnedEngines engines_;  // every program's, shut down before the host goes
   absl::Mutex programs_mu_;
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
       ABSL_GUARDED_BY(programs_mu_);

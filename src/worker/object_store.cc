@@ -1,5 +1,7 @@
 #include "worker/object_store.h"
 
+#include <limits>
+
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -36,9 +38,12 @@ Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) cons
 
 void ObjectStore::FailArrays(const std::string& client, ArrayId first, int64_t count, const absl::Status& why) {
   if (count <= 0 || why.ok()) return;
+  // Ids come from the client: a range that would pass the largest id ends there.
+  const ArrayId end = first > std::numeric_limits<ArrayId>::max() - count ? std::numeric_limits<ArrayId>::max()
+                                                                          : first + count;
   absl::MutexLock lock(&mu_);
   std::deque<FailedArrays>& ranges = failed_[client];
-  ranges.push_back({first, first + count, why});
+  ranges.push_back({first, end, why});
   if (ranges.size() > kFailedRangesPerClient) ranges.pop_front();
 }
 
