@@ -104,9 +104,13 @@ std::pair<int64_t, int64_t> RunThreeGrpcHostsOneJoiningLate(bool in_process) {
     traffic.second += t->batches_in_process();
   }
   for (int i = 0; i < 3; ++i) servers[i]->service.RemoveEngine(engines[i]->graph().name());
-  transports.clear();  // finish the streams before the servers go
-  servers.clear();
+  // Trailing punctuations may still be queued on the pools, and they send through the transports
+  // (UBSan caught one sending through a transport already destroyed): stop the engines, then
+  // their pools, then the transports, whose streams finish before the servers go.
+  for (auto& e : engines) e->Shutdown();
   for (auto& p : pools) p->Shutdown();
+  transports.clear();
+  servers.clear();
   return traffic;
 }
 

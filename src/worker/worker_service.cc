@@ -4,6 +4,15 @@
 #include "transport/rpc_util.h"
 
 namespace pathways {
+namespace {
+
+// The check of the credential of the client a request acts for.
+template <typename Request>
+absl::Status ClientOf(const Request& request) {
+  return CheckClientCredential(request.client_id(), request.credential());
+}
+
+}  // namespace
 
 // Runs `handle(runtime, reactor)` once the call is admitted and the runtime is attached. Admitted:
 // it carries the token (the cluster token when `cluster_only`), and `client` is OK (the check of
@@ -29,7 +38,8 @@ grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* cont
 
 grpc::ServerUnaryReactor* WorkerService::Ping(grpc::CallbackServerContext* context, const rpc::PingRequest*,
                                               rpc::PingResponse*) {
-  return Serve(context, absl::OkStatus(), [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) { reactor->Finish(grpc::Status::OK); });
+  return Serve(context, absl::OkStatus(),
+               [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) { reactor->Finish(grpc::Status::OK); });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* context,
@@ -45,7 +55,7 @@ grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* context,
                                                  const rpc::EnqueueRequest* request,
                                                  rpc::EnqueueResponse*) {
-  return Serve(context, CheckClientCredential(request->client_id(), request->credential()), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, ClientOf(*request), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     reactor->Finish(ToGrpc(rt.Enqueue(*request)));
   });
 }
@@ -61,7 +71,7 @@ grpc::ServerUnaryReactor* WorkerService::JoinControlGraph(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* context,
                                                   const rpc::GetTraceRequest* request,
                                                   rpc::GetTraceResponse* response) {
-  return Serve(context, CheckClientCredential(request->client_id(), request->credential()), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, ClientOf(*request), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     *response = rt.GetTrace(*request);
     reactor->Finish(grpc::Status::OK);
   });
@@ -71,7 +81,7 @@ grpc::ServerUnaryReactor* WorkerService::GetTrace(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* WorkerService::Fetch(grpc::CallbackServerContext* context,
                                                const rpc::FetchRequest* request,
                                                rpc::FetchResponse* response) {
-  return Serve(context, CheckClientCredential(request->client_id(), request->credential()), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+  return Serve(context, ClientOf(*request), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
     rt.Fetch(*request).OnReady([reactor, response](const absl::StatusOr<rpc::FetchResponse>& r) {
       if (r.ok()) *response = *r;
       reactor->Finish(ToGrpc(r.status()));
