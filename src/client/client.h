@@ -225,7 +225,8 @@ class Client {
   Future<Unit> Ready(const ShardedArray& array);
   // Completes once the run that produces the array is enqueued on every host it runs on (its
   // island schedulers took it and passed it on), without waiting for the computation; or with
-  // why it never will be. Put arrays are enqueued when Put returns. A client that wants few
+  // why it never will be. A host applies it once it has the client's earlier ops (a Put or Free
+  // still on its way is waited for). Put arrays are enqueued when Put returns. A client that wants few
   // runs in flight, or the paper's OpByOp client, waits on this before its next call.
   Future<Unit> Enqueued(const ShardedArray& array);
 

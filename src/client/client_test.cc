@@ -307,9 +307,14 @@ TEST_F(ClientTest, EnqueuedCompletesOnceTheRunIsOnItsHosts) {
   // order), and its output would not have an entry yet when the run is acknowledged.
   ASSERT_TRUE(client_->Ready(x).Await().ok());
   // The paper's OpByOp client: each call waits for its run to be enqueued before the next.
+  // Every output is kept: dropping one would send a Free straight to the host, and a run that
+  // reaches the host before an earlier Free of its client waits there for it (the client's
+  // order), enqueued but not yet applied.
   ObjectStore& store = cluster_->worker(0).runtime().store();  // island 0's one host
+  std::vector<ShardedArray> outputs;
   for (int i = 0; i < 5; ++i) {
     x = (*client_->Call(fn, island0_, {x}))[0];
+    outputs.push_back(x);
     ASSERT_TRUE(client_->Enqueued(x).Await().ok());
     // The host has applied the run: its output has an entry (computed or not), not NotFound.
     Future<BufferPtr> out = store.Get(client_->id(), {x.id(), 0});
