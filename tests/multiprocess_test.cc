@@ -482,6 +482,19 @@ TEST_F(MultiProcessTest, AClientThatDiesWhileTheControllerIsDownIsCollectedAfter
 
 // Access control: a controller and worker that require a token refuse every call without it,
 // with Unauthenticated; status says so; with the token everything works.
+// A client's job on two devices (add_one on a put array) gives the right result.
+void ExpectAJobOnTwoDevicesRuns(Client& client) {
+  VirtualSlice slice = *client.CreateSlice({.mesh_shape = {2}});
+  const TensorSpec row{DType::kF32, {2}};
+  auto inc = *client.Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client.Put(Pattern({2}, 1.0f), slice, {"x"});
+  auto call = client.Call(inc, slice, {x});
+  ASSERT_TRUE(call.ok()) << call.status();
+  auto got = client.Fetch((*call)[0]).Await();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->data<float>()[1], Pattern({2}, 1.0f).data<float>()[1] + 1);
+}
+
 TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
   Subprocess controller, worker;
   ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", "s3cret"}).ok());
@@ -513,13 +526,7 @@ TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
   SetCallToken("s3cret");
   auto client = Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
-  VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
-  const TensorSpec row{DType::kF32, {2}};
-  auto inc = *(*client)->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
-  ShardedArray x = *(*client)->Put(Pattern({2}, 1.0f), slice, {"x"});
-  auto got = (*client)->Fetch((*(*client)->Call(inc, slice, {x}))[0]).Await();
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->data<float>()[1], Pattern({2}, 1.0f).data<float>()[1] + 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
   client->reset();
   SetCallToken("");  // the fixture's cluster needs none
   EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
@@ -656,15 +663,7 @@ TEST_F(MultiProcessTest, ClustersServeTlsWhenGivenACertificate) {
 // restarted worker again (a new sequence of ops for it; the new process knows nothing of the old).
 // Runs `pathways args...` to its end; its exit status and everything it printed.
 std::pair<int, std::string> RunToEnd(const std::string& args) {
-  Subprocess p;
-  EXPECT_TRUE(p.Start({"/bin/sh", "-c", absl::StrCat("exec ", PATHWAYS_BINARY, " ", args, " 2>&1")}).ok());
-  std::string out;
-  for (int n = 0; n < 100; ++n) {
-    auto line = p.ReadLine(absl::Seconds(60));
-    if (!line.ok()) break;
-    out += *line + "\n";
-  }
-  return {p.Wait(), out};
+  return RunShell(absl::StrCat("exec ", PATHWAYS_BINARY, " ", args), absl::Seconds(60));
 }
 
 TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
@@ -753,12 +752,7 @@ TEST_F(MultiProcessTest, ATenantsTokenDoesNotOpenTheCallsOfHosts) {
   {
     auto client = Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
-    VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
-    const TensorSpec row{DType::kF32, {2}};
-    auto inc = *(*client)->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
-    ShardedArray x = *(*client)->Put(Pattern({2}, 1.0f), slice, {"x"});
-    auto got = (*client)->Fetch((*(*client)->Call(inc, slice, {x}))[0]).Await();
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
 
     ControllerClient as_host(address);
     rpc::RegisterWorkerRequest reg;
@@ -774,8 +768,7 @@ TEST_F(MultiProcessTest, ATenantsTokenDoesNotOpenTheCallsOfHosts) {
     EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnauthenticated) << joined.status();
 
     // The cluster still serves the tenant.
-    auto again = (*client)->Fetch((*(*client)->Call(inc, slice, {x}))[0]).Await();
-    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
   }
   SetCallToken("");  // the fixture's cluster needs none
   EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);

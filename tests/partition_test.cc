@@ -22,17 +22,7 @@ namespace {
 constexpr absl::Duration kStartTimeout = absl::Seconds(60);
 
 // Runs a shell command to its end; its status and output.
-std::pair<int, std::string> Sh(const std::string& command) {
-  Subprocess p;
-  if (!p.Start({"/bin/sh", "-c", command + " 2>&1"}).ok()) return {-1, "cannot start /bin/sh"};
-  std::string out;
-  for (int n = 0; n < 200; ++n) {
-    auto line = p.ReadLine(absl::Seconds(120));
-    if (!line.ok()) break;
-    out += *line + "\n";
-  }
-  return {p.Wait(), out};
-}
+std::pair<int, std::string> Sh(const std::string& command) { return RunShell(command, absl::Seconds(120)); }
 
 // The namespaces and links of one test, removed (with the processes' sockets in them) when it ends.
 class Network {

@@ -143,4 +143,18 @@ absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, abs
   return out;
 }
 
+std::pair<int, std::string> RunShell(const std::string& command, absl::Duration timeout) {
+  Subprocess p;
+  if (absl::Status s = p.Start({"/bin/sh", "-c", command + " 2>&1"}); !s.ok()) return {-1, s.ToString()};
+  std::string out;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto line = p.ReadLine(deadline - absl::Now());
+    if (!line.ok()) break;
+    absl::StrAppend(&out, *line, "\n");
+  }
+  if (absl::Now() >= deadline) return {p.Stop(SIGKILL), out};
+  return {p.Wait(), out};
+}
+
 }  // namespace pathways

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,5 +49,9 @@ class Subprocess {
 
 // Runs a command to completion and returns its stdout (bounded by `timeout`).
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
+
+// Runs `command` with /bin/sh, its stderr into its stdout, to completion: its wait status and
+// everything it printed. Killed once `timeout` passes.
+std::pair<int, std::string> RunShell(const std::string& command, absl::Duration timeout);
 
 }  // namespace pathways

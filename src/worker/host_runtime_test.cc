@@ -23,6 +23,18 @@ rpc::Op PutOp(int64_t seq, int64_t array_id, int device, const std::vector<float
   return op;
 }
 
+// A run of `program` whose outputs take ids base .. base + outputs - 1.
+rpc::Op RunOp(int64_t seq, int64_t program, int64_t base, int64_t outputs) {
+  rpc::Op op;
+  op.set_seq(seq);
+  op.set_session(1);
+  op.mutable_run()->set_program_id(program);
+  op.mutable_run()->set_output_array_base(base);
+  op.mutable_run()->set_num_output_arrays(outputs);
+  op.mutable_run()->set_epoch(seq);
+  return op;
+}
+
 rpc::Op Skip(int64_t seq) {
   rpc::Op op;
   op.mutable_skip();
@@ -83,13 +95,7 @@ TEST_F(HostRuntimeTest, AMalformedOpIsReportedAndLaterOpsStillApply) {
 TEST_F(HostRuntimeTest, ARunThatCannotStartFailsItsOutputsWithTheReason) {
   rpc::EnqueueRequest request;
   request.set_client_id("c");
-  rpc::Op* run = request.add_ops();
-  run->set_seq(1);
-  run->set_session(1);
-  run->mutable_run()->set_program_id(7);
-  run->mutable_run()->set_output_array_base(100);
-  run->mutable_run()->set_num_output_arrays(3);
-  run->mutable_run()->set_epoch(1);
+  *request.add_ops() = RunOp(1, /*program=*/7, /*base=*/100, /*outputs=*/3);
   ASSERT_TRUE(host_.Enqueue(request).ok());
   for (int64_t id : {100, 102}) {
     auto got = FetchAfter(id, 1);
@@ -107,13 +113,7 @@ TEST_F(HostRuntimeTest, ARunOfAProgramThatFailedToRegisterSaysWhy) {
   reg->set_seq(1);
   reg->set_session(1);
   reg->mutable_register_program()->mutable_program()->set_program_id(7);
-  rpc::Op* run = request.add_ops();
-  run->set_seq(2);
-  run->set_session(1);
-  run->mutable_run()->set_program_id(7);
-  run->mutable_run()->set_output_array_base(100);
-  run->mutable_run()->set_num_output_arrays(1);
-  run->mutable_run()->set_epoch(1);
+  *request.add_ops() = RunOp(2, /*program=*/7, /*base=*/100, /*outputs=*/1);
   ASSERT_TRUE(host_.Enqueue(request).ok());
   auto got = FetchAfter(100, 2);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
