@@ -480,8 +480,6 @@ TEST_F(MultiProcessTest, AClientThatDiesWhileTheControllerIsDownIsCollectedAfter
   EXPECT_EQ(wait_for([](int64_t used) { return used == 0; }), 0);
 }
 
-// Access control: a controller and worker that require a token refuse every call without it,
-// with Unauthenticated; status says so; with the token everything works.
 // A client's job on two devices (add_one on a put array) gives the right result.
 void ExpectAJobOnTwoDevicesRuns(Client& client) {
   VirtualSlice slice = *client.CreateSlice({.mesh_shape = {2}});
@@ -495,6 +493,8 @@ void ExpectAJobOnTwoDevicesRuns(Client& client) {
   EXPECT_EQ(got->data<float>()[1], Pattern({2}, 1.0f).data<float>()[1] + 1);
 }
 
+// Access control: a controller and worker that require a token refuse every call without it,
+// with Unauthenticated; status says so; with the token everything works.
 TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
   Subprocess controller, worker;
   ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", "s3cret"}).ok());
