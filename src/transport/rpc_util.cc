@@ -22,9 +22,11 @@ grpc::ChannelArguments ChannelArgs() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveMs);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // A peer that restarts (a worker at the same address, a controller) is back within a second:
-  // gRPC's default backoff grows to two minutes, during which calls to it fail at once.
+  // gRPC's default backoff grows to two minutes, during which calls to it fail at once. The
+  // minimum is left alone: gRPC also uses it as the time a connection attempt may take, and at
+  // 100 ms attempts on a loaded machine timed out before the handshake ("before receiving
+  // SETTINGS frame"), so a worker could fail to re-register for good.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
 }
