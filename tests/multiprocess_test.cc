@@ -1,8 +1,13 @@
 // The cluster as real processes on loopback: a controller and two workers started from the
 // `pathways` binary, driven by a client in this process.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "client/client.h"
 #include "client/program.h"
@@ -875,6 +880,51 @@ TEST(CrossIslandTest, ASliceLargerThanAnyIslandIsRefusedUnlessItMaySpanIslands) 
   client->reset();
   for (auto& w : workers) w.Stop(SIGTERM);
   controller.Stop(SIGTERM);
+}
+
+// Connections are a bounded resource: a controller allowed 128 descriptors, flooded with 300
+// connections that never speak, drops what it cannot hold and serves again once they close.
+// (gRPC 1.51's listener stops accepting for good after one accept fails with EMFILE.)
+TEST(ConnectionFloodTest, AServerOutOfDescriptorsServesAgainOnceTheyClose) {
+  Subprocess controller;
+  ASSERT_TRUE(controller
+                  .Start({"/usr/bin/prlimit", "--nofile=128:128", PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"})
+                  .ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  auto open_descriptors = [&] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& entry :
+         std::filesystem::directory_iterator(absl::StrCat("/proc/", controller.pid(), "/fd"))) {
+      ++n;
+    }
+    return n;
+  };
+  std::vector<int> flood;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
+    flood.push_back(fd);
+  }
+  // The controller takes connections until its descriptors run out (bounded wait on its table).
+  for (int i = 0; i < 200 && open_descriptors() < 120; ++i) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GE(open_descriptors(), 120);
+  for (int fd : flood) close(fd);
+  // Once they are closed it serves: a status call and a worker's registration.
+  auto status = RunShell(absl::StrCat("exec ", PATHWAYS_BINARY, " status --controller ", address), absl::Seconds(60));
+  EXPECT_TRUE(WIFEXITED(status.first) && WEXITSTATUS(status.first) == 0) << status.second;
+  Subprocess worker;
+  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1"}).ok());
+  EXPECT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());
+  EXPECT_EQ(worker.Stop(SIGTERM), 0);
+  EXPECT_EQ(controller.Stop(SIGTERM), 0);
 }
 
 }  // namespace

@@ -1,9 +1,82 @@
 #include "core/process.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "core/logging.h"
+
+namespace pathways {
+namespace {
+
+// A descriptor held back for the moment the process runs out: closing it makes room to accept
+// and close a pending connection (see accept4 below).
+bool guard_on = false;  // from InitServingProcess on
+int spare_descriptor = -1;
+absl::Mutex spare_mu;
+std::atomic<int64_t> last_warning_ns{0};
+
+int RawAccept4(int fd, sockaddr* addr, socklen_t* length, int flags) {
+  return static_cast<int>(syscall(SYS_accept4, fd, addr, length, flags));
+}
+
+}  // namespace
+}  // namespace pathways
+
+// Servers keep accepting after running out of descriptors. gRPC 1.51's listener gives up for
+// good the first time accept4() fails with EMFILE (it retries only EAGAIN and ECONNABORTED), so a
+// burst of connections up to the descriptor limit left a server unreachable after they closed.
+// This definition takes the place of libc's for the whole process (the executable's symbols come
+// first): while descriptors are out, pending connections are accepted with the spare descriptor
+// and closed at once (their clients see the connection closed and retry later), and the caller
+// hears ECONNABORTED, which keeps gRPC's listener armed. The usual way servers (nginx, libuv) live
+// through EMFILE. Only after InitServingProcess; otherwise exactly libc's call.
+extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict length, int flags) {
+  using pathways::RawAccept4;
+  int accepted = RawAccept4(fd, addr, length, flags);
+  if (accepted >= 0 || (errno != EMFILE && errno != ENFILE)) return accepted;
+  int dropped = 0;
+  {
+    absl::MutexLock lock(&pathways::spare_mu);
+    if (!pathways::guard_on) {
+      errno = EMFILE;
+      return -1;
+    }
+    // The spare is lost when another thread took its slot while it was closed: take it back.
+    if (pathways::spare_descriptor < 0) pathways::spare_descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    // Bounded: a flood that goes on is answered again at its next connection.
+    for (int i = 0; i < 1024 && pathways::spare_descriptor >= 0; ++i) {
+      close(pathways::spare_descriptor);
+      const int pending = RawAccept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (pending >= 0) {
+        close(pending);
+        ++dropped;
+      }
+      pathways::spare_descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (pending < 0) break;  // none left (EAGAIN), or another thread took the spare slot
+      accepted = RawAccept4(fd, addr, length, flags);
+      if (accepted >= 0) return accepted;  // descriptors are free again
+      if (errno != EMFILE && errno != ENFILE) break;
+    }
+  }
+  const int64_t now = absl::GetCurrentTimeNanos();
+  int64_t last = pathways::last_warning_ns.load(std::memory_order_relaxed);
+  if (now - last > int64_t{10'000'000'000} &&
+      pathways::last_warning_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+    PW_LOG(Warning) << "out of descriptors: closed " << dropped
+                    << " incoming connection(s) unserved; new ones are served again once others close";
+  }
+  errno = ECONNABORTED;
+  return -1;
+}
 
 namespace pathways {
 
@@ -23,6 +96,9 @@ void InitServingProcess() {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
+  absl::MutexLock lock(&spare_mu);
+  guard_on = true;
+  if (spare_descriptor < 0) spare_descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
 }  // namespace pathways
