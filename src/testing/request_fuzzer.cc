@@ -51,7 +51,11 @@ void RequestFuzzer::Feed(const uint8_t* data, size_t size) {
     case kFetch:
       Decode<rpc::FetchRequest>(payload, length, [&](rpc::FetchRequest& request) {
         request.set_after_seq(0);  // waiting for ops that never come is allowed, not useful here
-        (void)runtime_->Fetch(request).AwaitFor(absl::Milliseconds(5));
+        // The response lives until the fetch is done, however long the fuzzer waits.
+        auto response = std::make_shared<rpc::FetchResponse>();
+        Future<Unit> done = runtime_->Fetch(request, response.get());
+        done.OnReady([response](const absl::StatusOr<Unit>&) {});
+        (void)done.AwaitFor(absl::Milliseconds(5));
       });
       return;
     case kAllocateSlice:

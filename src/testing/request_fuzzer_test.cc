@@ -132,10 +132,11 @@ void ExpectStillServing(RequestFuzzer& fuzzer, const std::string& client) {
   fetch.set_client_id(client);
   fetch.set_array_id(5);
   fetch.add_shards(0);
-  auto got = fuzzer.runtime().Fetch(fetch).AwaitFor(absl::Seconds(30));
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->shards_size(), 1);
-  EXPECT_EQ(got->shards(0).data(), op->put().data());
+  rpc::FetchResponse got;
+  auto done = fuzzer.runtime().Fetch(fetch, &got).Await();
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(got.shards_size(), 1);
+  EXPECT_EQ(got.shards(0).data(), op->put().data());
 }
 
 TEST(RequestFuzzerTest, HostileRequestsGetClearErrors) {
@@ -170,13 +171,14 @@ TEST(RequestFuzzerTest, HostileRequestsGetClearErrors) {
   // A handle that does not exist, and one that belongs to another client.
   ExpectStillServing(fuzzer, "owner");
   rpc::FetchRequest fetch;
+  rpc::FetchResponse response;
   fetch.set_client_id("owner");
   fetch.set_array_id(404);
   fetch.add_shards(0);
-  EXPECT_EQ(fuzzer.runtime().Fetch(fetch).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fuzzer.runtime().Fetch(fetch, &response).Await().status().code(), absl::StatusCode::kNotFound);
   fetch.set_client_id("thief");
   fetch.set_array_id(5);
-  EXPECT_EQ(fuzzer.runtime().Fetch(fetch).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fuzzer.runtime().Fetch(fetch, &response).Await().status().code(), absl::StatusCode::kNotFound);
   // A program whose values refer forward, to a slice that does not exist.
   rpc::ProgramProto bad = ValidProgram();
   bad.mutable_nodes(0)->mutable_inputs(0)->set_is_arg(false);

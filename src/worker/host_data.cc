@@ -50,43 +50,42 @@ rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request)
   return response;
 }
 
-Future<rpc::FetchResponse> HostRuntime::Fetch(const rpc::FetchRequest& request) {
+Future<Unit> HostRuntime::Fetch(const rpc::FetchRequest& request, rpc::FetchResponse* response) {
   if (!request.incarnation().empty() && !options_.incarnation.empty() && request.incarnation() != options_.incarnation) {
-    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
+    return Future<Unit>::Ready(absl::UnavailableError(
         absl::StrCat("host ", name(), " restarted after array ", request.array_id(), " was placed on it; it is gone")));
   }
   if (request.after_seq() > 0) {
     // Read only once the ops that produce the array have been applied here.
     return sequencer_.WhenApplied(request.client_id(), request.session(), request.after_seq())
-        .FlatThen([this, request](const Unit&) {
+        .FlatThen([this, request, response](const Unit&) {
           rpc::FetchRequest now = request;
           now.set_after_seq(0);
-          return Fetch(now);
+          return Fetch(now, response);
         });
   }
   std::vector<Future<BufferPtr>> shards;
   for (int32_t s : request.shards()) shards.push_back(store_.Get(request.client_id(), {request.array_id(), s}));
-  Promise<rpc::FetchResponse> promise;
-  Future<rpc::FetchResponse> result = promise.future();
+  Promise<Unit> promise;
+  Future<Unit> result = promise.future();
   std::vector<int32_t> indices(request.shards().begin(), request.shards().end());
   bool status_only = request.status_only();
-  JoinAll(shards).OnReady(io_pool_, [promise = std::move(promise), indices, status_only](
+  JoinAll(shards).OnReady(io_pool_, [promise = std::move(promise), indices, status_only, response](
                                          const absl::StatusOr<std::vector<BufferPtr>>& r) mutable {
     if (!r.ok()) {
       promise.Set(r.status());
       return;
     }
-    rpc::FetchResponse response;
     if (!status_only) {
       for (size_t i = 0; i < r->size(); ++i) {
         const DeviceBuffer& b = *(*r)[i];
-        rpc::ShardData* d = response.add_shards();
+        rpc::ShardData* d = response->add_shards();
         d->set_shard(indices[i]);
         *d->mutable_spec() = ToProto(TensorSpec{b.dtype(), b.shape()});
         d->set_data(b.data(), static_cast<size_t>(b.byte_size()));
       }
     }
-    promise.Set(std::move(response));
+    promise.Set(Unit{});
   });
   return result;
 }

@@ -87,8 +87,9 @@ class HostRuntime {
   // island's control graph, which the controller asks the host to join.
   absl::Status ApplyScheduled(std::vector<rpc::ScheduledOp> ops);
   absl::Status JoinControlGraph(const rpc::ControlGraph& graph) { return control_.Join(graph); }
-  // Completes once the requested shards are computed.
-  Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
+  // Completes once the requested shards are computed and copied into `*response` (once each,
+  // from device memory; the caller keeps `response` alive until then).
+  Future<Unit> Fetch(const rpc::FetchRequest& request, rpc::FetchResponse* response);
   // The client went away (it said goodbye, or its lease lapsed): everything it owns here is
   // freed (buffers that queued work still uses, once that work is done). Runs from the island
   // scheduler's retirement of the client, which also refuses its later ops. Idempotent;

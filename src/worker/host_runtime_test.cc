@@ -52,7 +52,8 @@ class HostRuntimeTest : public ::testing::Test {
     request.add_shards(0);
     request.set_after_seq(seq);
     request.set_session(1);
-    PW_ASSIGN_OR_RETURN(rpc::FetchResponse response, host_.Fetch(request).AwaitFor(absl::Seconds(30)));
+    rpc::FetchResponse response;
+    PW_RETURN_IF_ERROR(host_.Fetch(request, &response).AwaitFor(absl::Seconds(30)).status());
     if (response.shards_size() != 1) return absl::InternalError("expected one shard");
     const std::string& data = response.shards(0).data();
     std::vector<float> values(data.size() / sizeof(float));

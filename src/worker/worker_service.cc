@@ -12,6 +12,18 @@ absl::Status ClientOf(const Request& request) {
   return CheckClientCredential(request.client_id(), request.credential());
 }
 
+// Whether applying the ops is long work for a gRPC thread: they register a program (planning)
+// or put more than a few pages of data (copies into device memory).
+bool IsLongWork(const rpc::EnqueueRequest& request) {
+  constexpr size_t kShortPutBytes = 64 << 10;
+  size_t put_bytes = 0;
+  for (const rpc::Op& op : request.ops()) {
+    if (op.has_register_program()) return true;
+    if (op.has_put()) put_bytes += op.put().data().size();
+  }
+  return put_bytes > kShortPutBytes;
+}
+
 }  // namespace
 
 // Runs `handle(runtime, reactor)` once the call is admitted and the runtime is attached. Admitted:
@@ -46,9 +58,11 @@ grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* co
                                                  const rpc::CompileRequest* request,
                                                  rpc::CompileResponse* response) {
   return Serve(context, absl::OkStatus(), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
-    auto key = rt.Compile(request->body());
-    if (key.ok()) response->set_function_key(*key);
-    reactor->Finish(ToGrpc(key.status()));
+    intake_.Schedule([&rt, request, response, reactor] {
+      auto key = rt.Compile(request->body());
+      if (key.ok()) response->set_function_key(*key);
+      reactor->Finish(ToGrpc(key.status()));
+    });
   });
 }
 
@@ -56,7 +70,11 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
                                                  const rpc::EnqueueRequest* request,
                                                  rpc::EnqueueResponse*) {
   return Serve(context, ClientOf(*request), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
-    reactor->Finish(ToGrpc(rt.Enqueue(*request)));
+    if (!IsLongWork(*request)) {
+      reactor->Finish(ToGrpc(rt.Enqueue(*request)));
+      return;
+    }
+    intake_.Schedule([&rt, request, reactor] { reactor->Finish(ToGrpc(rt.Enqueue(*request))); });
   });
 }
 
@@ -82,8 +100,7 @@ grpc::ServerUnaryReactor* WorkerService::Fetch(grpc::CallbackServerContext* cont
                                                const rpc::FetchRequest* request,
                                                rpc::FetchResponse* response) {
   return Serve(context, ClientOf(*request), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
-    rt.Fetch(*request).OnReady([reactor, response](const absl::StatusOr<rpc::FetchResponse>& r) {
-      if (r.ok()) *response = *r;
+    rt.Fetch(*request, response).OnReady([reactor](const absl::StatusOr<Unit>& r) {
       reactor->Finish(ToGrpc(r.status()));
     });
   });

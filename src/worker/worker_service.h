@@ -1,9 +1,11 @@
-// The gRPC face of a HostRuntime. Handlers never block: long waits (Fetch) finish from
-// continuations.
+// The gRPC face of a HostRuntime. Handlers never block and never do long work on gRPC's threads
+// (which serve every call of this worker): long waits (Fetch) finish from continuations, and
+// compilation, large puts and program registrations are handed to an executor of their own.
 #pragma once
 
 #include <atomic>
 
+#include "core/executor.h"
 #include "proto/pathways.grpc.pb.h"
 #include "worker/host_runtime.h"
 
@@ -42,7 +44,10 @@ class WorkerService final : public rpc::Worker::CallbackService {
   template <typename Handler>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, absl::Status client, Handler handle,
                                   bool cluster_only = false);
-  std::atomic<HostRuntime*> runtime_{nullptr};  // not owned
+  std::atomic<HostRuntime*> runtime_{nullptr};  // not owned; outlives this service
+  // One thread: TorchScript compilation and copies of put data (the sequencer applies ops in
+  // their clients' order whichever thread adds them). Destroyed, it runs what it holds first.
+  ThreadPool intake_{"worker-intake", 1};
   std::string token_;
   std::string cluster_token_;
 };
