@@ -88,7 +88,7 @@ void InitServingProcess() {
   // threshold is set), and freed heap memory up to the trim threshold stays in the process for
   // the next call instead of being faulted in again.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 32 << 20);
   // Connections are descriptors: take every one the system allows this process (the soft limit
   // is often far below the hard one), so a burst of connections does not run a server out.
   rlimit files{};

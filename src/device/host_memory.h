@@ -19,7 +19,7 @@ class HostMemory {
  public:
   // Allocations of at least this many bytes are mapped pages, cached when freed.
   static constexpr size_t kCachedMinBytes = 1 << 20;
-  static constexpr size_t kDefaultCacheLimitBytes = size_t{1} << 30;
+  static constexpr size_t kDefaultCacheLimitBytes = size_t{256} << 20;
 
   // 64-byte aligned, at least `bytes` long (at least one byte when 0); null when the system has
   // no memory left.
