@@ -584,13 +584,13 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
         rpc::FetchRequest fetch;
         fetch.set_client_id(victim);
         fetch.set_credential(credential);
-        fetch.set_array_id(id);
+        fetch.set_array_id(id.value());
         for (int s = 0; s < 8; ++s) fetch.add_shards(s);
         refused(worker->Fetch(fetch).AwaitFor(absl::Seconds(30)).status(), "Fetch");
         rpc::EnqueueRequest free;
         free.set_client_id(victim);
         free.set_credential(credential);
-        free.add_ops()->mutable_free()->set_array_id(id);
+        free.add_ops()->mutable_free()->set_array_id(id.value());
         refused(worker->Enqueue(free).AwaitFor(absl::Seconds(30)).status(), "Enqueue");
       }
       rpc::GetTraceRequest trace;
@@ -604,7 +604,7 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
     rpc::FetchRequest fetch;
     fetch.set_client_id(thief.id);
     fetch.set_credential(thief.credential);
-    fetch.set_array_id(x.id());
+    fetch.set_array_id(x.id().value());
     fetch.add_shards(0);
     auto got = WorkerClientCache::Global().Get(host)->Fetch(fetch).AwaitFor(absl::Seconds(30));
     EXPECT_FALSE(got.ok());

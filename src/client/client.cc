@@ -87,7 +87,7 @@ const TensorSpec& ShardedArray::spec() const { return state_->spec; }
 const Sharding& ShardedArray::sharding() const { return state_->sharding; }
 const VirtualSlice& ShardedArray::slice() const { return state_->slice; }
 std::string ShardedArray::ToString() const {
-  return absl::StrCat("array ", id(), " ", spec().ToString(), " sharded ",
+  return absl::StrCat("array ", id().value(), " ", spec().ToString(), " sharded ",
                       PartitionSpecToString(sharding().spec()), " over ", slice().ToString());
 }
 
@@ -223,7 +223,7 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
     Region region = sharding.ShardRegion(s);
     rpc::Op op;
     rpc::PutOp* put = op.mutable_put();
-    put->mutable_dest()->set_array_id(state->id);
+    put->mutable_dest()->set_array_id(state->id.value());
     put->mutable_dest()->set_shard(static_cast<int32_t>(s));
     put->set_local_device(dev.local_index);
     *put->mutable_spec() = ToProto(TensorSpec{data.dtype(), sharding.local_shape()});
@@ -270,7 +270,7 @@ struct SegmentedDispatch {
       rpc::RunProgramOp op = d->op;
       op.set_first_node(seg.first);
       op.set_last_node(seg.last);
-      op.set_epoch(epoch);
+      op.set_epoch(epoch.value());
       ClientCore::PushedRun pushed = d->core->PushRun(seg.hosts, op);
       for (const auto& [host, seq] : pushed.seqs) (*d->produced_at)[host] = seq;
       d->deliveries.push_back(pushed.delivered);
@@ -379,11 +379,11 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
   auto dispatch = std::make_shared<SegmentedDispatch>();
   dispatch->core = core_;
   rpc::RunProgramOp& op = dispatch->op;
-  op.set_program_id(lowering->id);
-  op.set_run_id(core_->NextRunId());
-  for (const ShardedArray& a : args) op.add_arg_array_ids(a.id());
+  op.set_program_id(lowering->id.value());
+  op.set_run_id(core_->NextRunId().value());
+  for (const ShardedArray& a : args) op.add_arg_array_ids(a.id().value());
   const ArrayId base = core_->ReserveArrayIds(lowering->num_outputs);
-  op.set_output_array_base(base);
+  op.set_output_array_base(base.value());
   op.set_num_output_arrays(lowering->num_outputs);
   dispatch->segments = std::move(segments);
   // With one segment (parallel dispatch, no data-dependent node) this is ready when Run returns.

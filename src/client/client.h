@@ -80,7 +80,7 @@ struct PhysicalDeviceInfo {
 
 // Where a slice's virtual devices are, at one time. Immutable; remapping a slice makes a new one.
 struct SliceMapping {
-  int64_t id;  // unique within the client: names this mapping in lowered programs
+  MappingId id;  // unique within the client: names this mapping in lowered programs
   std::vector<PhysicalDeviceInfo> devices;  // row-major over the mesh
   std::vector<std::string> hosts;           // distinct host addresses, in device order
 };

@@ -134,11 +134,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::shared_ptr<ControllerClient> controller_;  // shared with calls in flight
   absl::Notification lease_stop_;
   std::thread lease_thread_;
-  IdGenerator array_ids_;
-  IdGenerator run_ids_;
-  IdGenerator epochs_;
-  IdGenerator lowered_program_ids_;
-  IdGenerator mapping_ids_;
+  IdGenerator<ArrayId> array_ids_;
+  IdGenerator<RunId> run_ids_;
+  IdGenerator<Epoch> epochs_;
+  IdGenerator<LoweredProgramId> lowered_program_ids_;
+  IdGenerator<MappingId> mapping_ids_;
   absl::Mutex epoch_mu_;
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
   absl::Mutex mu_;
@@ -196,7 +196,7 @@ struct ShardedArray::State {
     auto free = [core = core, id = id, hosts = placed_on->hosts](const absl::StatusOr<Unit>&) {
       for (const std::string& host : hosts) {
         rpc::Op op;
-        op.mutable_free()->set_array_id(id);
+        op.mutable_free()->set_array_id(id.value());
         core->Push(host, std::move(op));
       }
     };

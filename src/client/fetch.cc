@@ -64,7 +64,7 @@ Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<Client
     rpc::FetchRequest request;
     request.set_client_id(core->id());
     request.set_credential(core->credential());
-    request.set_array_id(state.id);
+    request.set_array_id(state.id.value());
     request.set_status_only(status_only);
     request.set_incarnation(incarnation[host]);
     for (int32_t s : host_shards) request.add_shards(s);

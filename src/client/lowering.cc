@@ -36,12 +36,12 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
   // Remapping a slice gives it a new mapping, so its programs are lowered again.
   std::vector<std::shared_ptr<const SliceMapping>> node_mappings;
   for (const Program::Call& c : program.calls()) node_mappings.push_back(c.slice.mapping());
-  std::string key = absl::StrCat(program.id());
+  std::string key = absl::StrCat(program.id().value());
   for (const ShardedArray& a : args) {
-    absl::StrAppend(&key, "|", a.state_->placed_on->id, PartitionSpecToString(a.sharding().spec()));
+    absl::StrAppend(&key, "|", a.state_->placed_on->id.value(), PartitionSpecToString(a.sharding().spec()));
   }
   absl::StrAppend(&key, "|");
-  for (const auto& m : node_mappings) absl::StrAppend(&key, m->id, ",");
+  for (const auto& m : node_mappings) absl::StrAppend(&key, m->id.value(), ",");
   {
     absl::MutexLock lock(&mu_);
     auto it = lowerings_cache_.find(key);
@@ -50,11 +50,11 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
   auto lowering = std::make_shared<Lowering>();
   lowering->id = lowered_program_ids_.Next();
   rpc::ProgramProto& proto = lowering->proto;
-  proto.set_program_id(lowering->id);
+  proto.set_program_id(lowering->id.value());
   proto.set_name(program.name());
   // Slices in the lowered program are mappings: an argument placed before a remap and a call on
   // the remapped slice are on different devices.
-  std::map<int64_t, std::pair<const Mesh*, std::shared_ptr<const SliceMapping>>> slices;
+  std::map<MappingId, std::pair<const Mesh*, std::shared_ptr<const SliceMapping>>> slices;
   for (const ShardedArray& a : args) slices.emplace(a.state_->placed_on->id, std::make_pair(&a.slice().mesh(), a.state_->placed_on));
   for (size_t n = 0; n < program.calls().size(); ++n) {
     const Program::Call& c = program.calls()[n];
@@ -71,7 +71,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
   for (const auto& [id, slice] : slices) {
     const auto& [mesh, mapping] = slice;
     rpc::SliceProto* sp = proto.add_slices();
-    sp->set_slice_id(id);
+    sp->set_slice_id(id.value());
     for (int64_t d : mesh->dims) sp->add_mesh_dims(d);
     for (const std::string& n : mesh->axis_names) sp->add_axis_names(n);
     for (const PhysicalDeviceInfo& d : mapping->devices) {
@@ -86,7 +86,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
   for (const ShardedArray& a : args) {
     rpc::ProgramArg* pa = proto.add_args();
     *pa->mutable_spec() = pathways::ToProto(a.spec());
-    pa->set_slice_id(a.state_->placed_on->id);
+    pa->set_slice_id(a.state_->placed_on->id.value());
     *pa->mutable_sharding() = ToProto(a.sharding().spec(), a.spec().shape.size());
   }
   auto value_mapping = [&](const Program::Value& v) -> const SliceMapping& {
@@ -99,7 +99,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
     rpc::ProgramNode* node = proto.add_nodes();
     node->set_function_key(c.function.state_->key);
     node->set_function_name(name);
-    node->set_slice_id(node_mappings[n]->id);
+    node->set_slice_id(node_mappings[n]->id.value());
     std::vector<std::string> hosts;
     AddHosts(*node_mappings[n], hosts);
     for (size_t i = 0; i < c.inputs.size(); ++i) {

@@ -7,8 +7,8 @@
 namespace pathways {
 namespace {
 
-IdGenerator& ProgramIds() {
-  static IdGenerator ids;
+IdGenerator<TracedProgramId>& ProgramIds() {
+  static IdGenerator<TracedProgramId> ids;
   return ids;
 }
 

@@ -45,7 +45,7 @@ class Program {
     bool data_dependent_shapes;
   };
 
-  int64_t id() const { return data_->id; }
+  TracedProgramId id() const { return data_->id; }
   const std::string& name() const { return data_->name; }
   const std::vector<TensorSpec>& arg_specs() const { return data_->args; }
   const std::vector<Call>& calls() const { return data_->calls; }
@@ -60,7 +60,7 @@ class Program {
  private:
   friend class ProgramBuilder;
   struct Data {
-    int64_t id;
+    TracedProgramId id;
     std::string name;
     std::vector<TensorSpec> args;
     std::vector<Call> calls;

@@ -1,5 +1,6 @@
-// The glossary of identifiers and orderings. Plain integers or strings on the wire; each has its
-// own name here and its own counter where it is made.
+// The glossary of identifiers and orderings. Plain integers or strings on the wire; here the
+// client's ids each have a type of their own (Id<Tag>: one kind cannot be passed for another)
+// and a counter of their own where they are made; they become integers only at the wire.
 //
 // Identifiers
 // - ClientId (string): a client, the hash of its credential (transport/auth.h). Everything a host
@@ -12,8 +13,11 @@
 // - ArrayId: a logical sharded array of one client; a run's outputs take a contiguous block.
 // - LoweredProgramId: a program lowered for one placement of its inputs and registered on hosts
 //   under this id (the traced form is a Program, the lowered form a ProgramProto/LoweredProgram,
-//   the host-planned form a HostRuntime::Program of NodePlans).
+//   the host-planned form a HostRuntime::HostProgram of NodePlans).
 // - RunId: one call of Client::Run (or Call), for traces.
+// - TracedProgramId: one traced Program (ProgramBuilder::Build), process-wide; lowerings are
+//   cached by it and the placements of their inputs.
+// - MappingId: one placement of a client's virtual slice; lowered programs name slices by it.
 //
 // Orderings, and what each orders
 // - (session, seq): a client's ops on one host, in the client's order. A session is one
@@ -28,28 +32,55 @@
 #pragma once
 
 #include <atomic>
+#include <compare>
 #include <cstdint>
+#include <ostream>
 #include <string>
+#include <utility>
 
 namespace pathways {
 
-using ArrayId = int64_t;     // one logical ShardedArray, unique within its client
-using LoweredProgramId = int64_t;
-using RunId = int64_t;
-using Epoch = int64_t;
+// An identifier of one kind: an int64 on the wire, a type of its own here, so that an array id
+// cannot be passed where a run id or an epoch is meant. 0 is "none"; made ones start at 1.
+template <typename Tag>
+class Id {
+ public:
+  constexpr Id() = default;
+  constexpr explicit Id(int64_t value) : value_(value) {}
+  constexpr int64_t value() const { return value_; }
+  // Consecutive ids (a run's outputs take a block of array ids).
+  constexpr Id operator+(int64_t n) const { return Id(value_ + n); }
+  constexpr int64_t operator-(Id other) const { return value_ - other.value_; }
+  friend constexpr auto operator<=>(Id, Id) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, Id id) {
+    return H::combine(std::move(h), id.value_);
+  }
+  friend std::ostream& operator<<(std::ostream& os, Id id) { return os << id.value_; }
+
+ private:
+  int64_t value_ = 0;
+};
+
+using ArrayId = Id<struct ArrayIdTag>;                    // one logical ShardedArray of a client
+using RunId = Id<struct RunIdTag>;                        // one Client::Run or Call, for traces
+using Epoch = Id<struct EpochTag>;                        // one run op of a client (see above)
+using TracedProgramId = Id<struct TracedProgramIdTag>;    // one traced Program, process-wide
+using LoweredProgramId = Id<struct LoweredProgramIdTag>;  // one lowering registered on hosts
+using MappingId = Id<struct MappingIdTag>;                // one placement of a virtual slice
 using HostId = int32_t;      // one worker process, assigned by the controller
 using DeviceId = int32_t;    // one physical device, cluster-wide, assigned by the controller
 
-// Process-unique, monotonically increasing ids. Thread-safe.
+// Process-unique, increasing ids of one kind, from 1. Thread-safe.
+template <typename IdT>
 class IdGenerator {
  public:
-  explicit IdGenerator(int64_t first = 1) : next_(first) {}
-  int64_t Next() { return next_.fetch_add(1, std::memory_order_relaxed); }
+  IdT Next() { return IdT(next_.fetch_add(1, std::memory_order_relaxed)); }
   // The first of `n` consecutive ids.
-  int64_t Reserve(int64_t n) { return next_.fetch_add(n, std::memory_order_relaxed); }
+  IdT Reserve(int64_t n) { return IdT(next_.fetch_add(n, std::memory_order_relaxed)); }
 
  private:
-  std::atomic<int64_t> next_;
+  std::atomic<int64_t> next_{1};
 };
 
 // A random 64-bit id, for names that must not collide across processes (client ids).

@@ -120,7 +120,7 @@ rpc::TransferRequest HostRuntime::BlockHeader(const std::string& client, const O
   return request;
 }
 
-void HostRuntime::SendInline(const std::shared_ptr<Program>& entry, const ObjectStore::TransferId& id,
+void HostRuntime::SendInline(const std::shared_ptr<HostProgram>& entry, const ObjectStore::TransferId& id,
                              const std::string& dest, const rpc::TransferRequest& request) {
   const NodePlan& exchange = entry->nodes[id.node];
   const int32_t dest_shard = exchange.receiver_index.at(dest);
@@ -132,7 +132,7 @@ void HostRuntime::SendInline(const std::shared_ptr<Program>& entry, const Object
   if (!injected.ok()) PW_LOG(Error) << "block of epoch " << id.epoch << " not sent: " << injected;
 }
 
-void HostRuntime::SendFailure(const std::shared_ptr<Program>& entry, const ObjectStore::TransferId& id,
+void HostRuntime::SendFailure(const std::shared_ptr<HostProgram>& entry, const ObjectStore::TransferId& id,
                               const std::string& dest, const absl::Status& status) {
   rpc::TransferRequest request = BlockHeader(entry->client, id);
   request.set_error_code(static_cast<int>(status.code()));
@@ -140,7 +140,7 @@ void HostRuntime::SendFailure(const std::shared_ptr<Program>& entry, const Objec
   SendInline(entry, id, dest, request);
 }
 
-Future<Unit> HostRuntime::Send(const std::shared_ptr<Program>& entry, ObjectStore::ShardKey source,
+Future<Unit> HostRuntime::Send(const std::shared_ptr<HostProgram>& entry, ObjectStore::ShardKey source,
                                const Region& region, const std::string& dest, const ObjectStore::TransferId& id) {
   Promise<Unit> handed;
   Future<Unit> result = handed.future();

@@ -13,7 +13,7 @@ namespace pathways {
 void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
   TensorSpec spec = *FromProto(op.spec());
   Promise<BufferPtr> promise;
-  store_.Put(client, {op.dest().array_id(), op.dest().shard()}, promise.future());
+  store_.Put(client, {ArrayId(op.dest().array_id()), op.dest().shard()}, promise.future());
   auto size = ByteSize(spec.dtype, spec.shape);
   if (static_cast<int64_t>(op.data().size()) != *size) {
     promise.Set(absl::InvalidArgumentError(absl::StrCat("put of ", spec.ToString(), " carries ",
@@ -65,7 +65,7 @@ Future<Unit> HostRuntime::Fetch(const rpc::FetchRequest& request, rpc::FetchResp
         });
   }
   std::vector<Future<BufferPtr>> shards;
-  for (int32_t s : request.shards()) shards.push_back(store_.Get(request.client_id(), {request.array_id(), s}));
+  for (int32_t s : request.shards()) shards.push_back(store_.Get(request.client_id(), {ArrayId(request.array_id()), s}));
   Promise<Unit> promise;
   Future<Unit> result = promise.future();
   std::vector<int32_t> indices(request.shards().begin(), request.shards().end());

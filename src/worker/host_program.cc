@@ -15,7 +15,7 @@ namespace pathways {
 
 absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::ProgramProto& proto) {
   if (options_.dataflow_service == nullptr) return absl::FailedPreconditionError("host has no dataflow service");
-  auto program = std::make_shared<Program>();
+  auto program = std::make_shared<HostProgram>();
   PW_ASSIGN_OR_RETURN(program->lowered, LoweredProgram::Create(proto, name(), num_devices()));
   program->client = client;
   if (dcn_ != nullptr) {
@@ -102,7 +102,7 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
       },
       dcn_transport_ != nullptr ? static_cast<dataflow::Transport&>(*dcn_transport_) : dataflow_transport_, io_pool_);
   absl::MutexLock lock(&programs_mu_);
-  auto& slot = programs_[{client, proto.program_id()}];
+  auto& slot = programs_[{client, LoweredProgramId(proto.program_id())}];
   if (slot != nullptr) return absl::AlreadyExistsError(absl::StrCat("program ", proto.program_id(), " is already registered"));
   options_.dataflow_service->AddEngine(program->engine.get());
   engines_.Add(program->engine);

@@ -16,7 +16,7 @@ namespace pathways {
 
 absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunProgramOp& run) {
   if (int64_t delay = test_run_delay_us_.load(); delay > 0) absl::SleepFor(absl::Microseconds(delay));
-  std::shared_ptr<Program> entry;
+  std::shared_ptr<HostProgram> entry;
   {
     absl::MutexLock lock(&programs_mu_);
     int64_t& last = last_epoch_[client];
@@ -24,7 +24,7 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
       return absl::InvalidArgumentError(absl::StrCat("run epoch ", run.epoch(), " is not after epoch ", last));
     }
     last = run.epoch();
-    auto it = programs_.find({client, run.program_id()});
+    auto it = programs_.find({client, LoweredProgramId(run.program_id())});
     if (it != programs_.end()) entry = it->second;
   }
   if (entry == nullptr) {
@@ -85,7 +85,7 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   // Intermediates whose last consumer is now set up leave the store; their consumers and sends
   // hold their own references until they are done with them.
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
-    for (int64_t offset : program->dropped_after(n)) store_.FreeArray(client, run.output_array_base() + offset);
+    for (int64_t offset : program->dropped_after(n)) store_.FreeArray(client, ArrayId(run.output_array_base()) + offset);
   }
   return absl::OkStatus();
 }
@@ -101,13 +101,13 @@ void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch, int node
 namespace {
 
 ArrayId ValueArrayId(const LoweredProgram& program, const LoweredValue& v, const rpc::RunProgramOp& run) {
-  if (v.is_arg) return run.arg_array_ids(v.index);
-  return run.output_array_base() + program.nodes()[v.index].output_offset + v.output;
+  if (v.is_arg) return ArrayId(run.arg_array_ids(v.index));
+  return ArrayId(run.output_array_base()) + program.nodes()[v.index].output_offset + v.output;
 }
 
 }  // namespace
 
-std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<Program>& entry, int node_index,
+std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<HostProgram>& entry, int node_index,
                                                    const rpc::RunProgramOp& run) {
   const LoweredNode& node = entry->lowered->nodes()[node_index];
   std::vector<Future<Unit>> sends;
@@ -136,7 +136,7 @@ struct HostRuntime::RunTracker {
   std::function<void(rpc::RunDone)> report;
 };
 
-void HostRuntime::ExecuteShard(const std::shared_ptr<const Program>& entry, int node_index,
+void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, int node_index,
                                const ShardPlan& shard_plan, const rpc::RunProgramOp& run,
                                std::shared_ptr<RunTracker> tracker) {
   const LoweredProgram& program = *entry->lowered;
@@ -148,7 +148,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const Program>& entry, int 
   // computed.
   auto outputs = std::make_shared<std::vector<Promise<BufferPtr>>>(node.output_specs.size());
   for (size_t j = 0; j < node.output_specs.size(); ++j) {
-    store_.Put(client, {run.output_array_base() + node.output_offset + static_cast<int64_t>(j), shard32},
+    store_.Put(client, {ArrayId(run.output_array_base()) + node.output_offset + static_cast<int64_t>(j), shard32},
                (*outputs)[j].future());
   }
   auto fail = [outputs](const absl::Status& s) {

@@ -157,7 +157,7 @@ absl::Status HostRuntime::ApplyScheduled(std::vector<rpc::ScheduledOp> ops) {
 }
 
 bool HostRuntime::CollectClient(const std::string& client) {
-  std::vector<std::shared_ptr<Program>> programs;
+  std::vector<std::shared_ptr<HostProgram>> programs;
   {
     absl::MutexLock lock(&programs_mu_);
     if (!collected_.insert(client).second) return false;
@@ -197,12 +197,12 @@ void HostRuntime::ApplyOp(const std::string& client, const rpc::Op& op) {
       s = RunProgram(client, op.run());
       // Nothing of the run was set up here: what it was to make fails with the reason.
       if (!s.ok()) {
-        store_.FailArrays(client, op.run().output_array_base(),
+        store_.FailArrays(client, ArrayId(op.run().output_array_base()),
                           std::clamp<int64_t>(op.run().num_output_arrays(), 0, int64_t{1} << 20), s);
       }
       break;
     case rpc::Op::kPut: Put(client, op.put()); break;
-    case rpc::Op::kFree: store_.FreeArray(client, op.free().array_id()); break;
+    case rpc::Op::kFree: store_.FreeArray(client, ArrayId(op.free().array_id())); break;
     case rpc::Op::kSkip: break;
     default: s = absl::InternalError("op of unknown kind was applied"); break;  // ValidateOp refuses these
   }

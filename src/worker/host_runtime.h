@@ -156,10 +156,10 @@ class HostRuntime {
     std::shared_ptr<const collective::GangLayout> gang;  // who the node's shards meet in collectives
     std::vector<TensorSpec> out_specs;  // of each output's local shard
   };
-  // A registered program. Each RunProgramOp is one epoch of its dataflow graph: a host closes
-  // its sending shards once it has handed over every block it owes, so receivers learn when all
-  // their blocks are in.
-  struct Program {
+  // A registered program as this host planned it (see core/ids.h). Each RunProgramOp is one
+  // epoch of its dataflow graph: a host closes its sending shards once it has handed over every
+  // block it owes, so receivers learn when all their blocks are in.
+  struct HostProgram {
     std::shared_ptr<const LoweredProgram> lowered;
     std::string client;
     std::vector<NodePlan> nodes;  // per program node
@@ -172,25 +172,25 @@ class HostRuntime {
   std::unique_ptr<dataflow::Operator> MakeBlockReceiver(const std::string& client, int program_node);
   // Sends every block that this host holds and another host's shards of `node` need. Returns
   // one future per block, ready once it is handed to the dataflow engine.
-  std::vector<Future<Unit>> SendInputs(const std::shared_ptr<Program>& program, int node_index,
+  std::vector<Future<Unit>> SendInputs(const std::shared_ptr<HostProgram>& program, int node_index,
                                        const rpc::RunProgramOp& run);
   // Wires one local shard of `node` to its inputs and enqueues it on its device.
   struct RunTracker;
-  void ExecuteShard(const std::shared_ptr<const Program>& program, int node_index, const ShardPlan& plan,
+  void ExecuteShard(const std::shared_ptr<const HostProgram>& program, int node_index, const ShardPlan& plan,
                     const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker);
   // Hands a block to the host that needs it: the buffer itself to a host of this process, over
   // the block streams to any other (from the producer's memory when the region is contiguous),
   // or inline in the dataflow graph when the host has no streams. Ready once the block is in
   // the receiver's object store, or its failure went into the dataflow graph for the receiver.
-  Future<Unit> Send(const std::shared_ptr<Program>& program, ObjectStore::ShardKey source, const Region& region,
+  Future<Unit> Send(const std::shared_ptr<HostProgram>& program, ObjectStore::ShardKey source, const Region& region,
                     const std::string& dest, const ObjectStore::TransferId& id);
   // A block's header, and its data when it travels inline.
   static rpc::TransferRequest BlockHeader(const std::string& client, const ObjectStore::TransferId& id);
   // Sends an inline block (or a failure) through the node's exchange in the dataflow graph.
-  void SendInline(const std::shared_ptr<Program>& program, const ObjectStore::TransferId& id, const std::string& dest,
+  void SendInline(const std::shared_ptr<HostProgram>& program, const ObjectStore::TransferId& id, const std::string& dest,
                   const rpc::TransferRequest& request);
   // The consumer fails with `status` instead of waiting for the block.
-  void SendFailure(const std::shared_ptr<Program>& program, const ObjectStore::TransferId& id,
+  void SendFailure(const std::shared_ptr<HostProgram>& program, const ObjectStore::TransferId& id,
                    const std::string& dest, const absl::Status& status);
   // Where a block from the block streams lands: a staging buffer for the header's spec.
   absl::StatusOr<collective::BlockStreams::Landing> LandBlock(const std::string& from, const std::string& header,
@@ -220,7 +220,7 @@ class HostRuntime {
   std::unique_ptr<dataflow::DcnTransport> dcn_transport_;  // over dataflow_transport_, when emulating
   dataflow::OwnedEngines engines_;  // every program's, shut down before the host goes
   absl::Mutex programs_mu_;
-  absl::flat_hash_map<std::pair<std::string, int64_t>, std::shared_ptr<Program>> programs_
+  absl::flat_hash_map<std::pair<std::string, LoweredProgramId>, std::shared_ptr<HostProgram>> programs_
       ABSL_GUARDED_BY(programs_mu_);
   absl::flat_hash_set<std::string> collected_ ABSL_GUARDED_BY(programs_mu_);  // clients that went away
   std::atomic<int64_t> test_run_delay_us_{0};

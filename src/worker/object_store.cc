@@ -28,19 +28,19 @@ Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) cons
       for (const FailedArrays& range : f->second) {
         if (key.array_id < range.first || key.array_id >= range.end) continue;
         return Future<BufferPtr>::Ready(absl::Status(
-            range.why.code(), absl::StrCat("array ", key.array_id, " was not made on this host: ", range.why.message())));
+            range.why.code(), absl::StrCat("array ", key.array_id.value(), " was not made on this host: ", range.why.message())));
       }
     }
   }
   return Future<BufferPtr>::Ready(absl::NotFoundError(
-      absl::StrCat("no shard ", key.shard, " of array ", key.array_id, " on this host")));
+      absl::StrCat("no shard ", key.shard, " of array ", key.array_id.value(), " on this host")));
 }
 
 void ObjectStore::FailArrays(const std::string& client, ArrayId first, int64_t count, const absl::Status& why) {
   if (count <= 0 || why.ok()) return;
   // Ids come from the client: a range that would pass the largest id ends there.
-  const ArrayId end = first > std::numeric_limits<ArrayId>::max() - count ? std::numeric_limits<ArrayId>::max()
-                                                                          : first + count;
+  constexpr int64_t kLast = std::numeric_limits<int64_t>::max();
+  const ArrayId end = first.value() > kLast - count ? ArrayId(kLast) : first + count;
   absl::MutexLock lock(&mu_);
   std::deque<FailedArrays>& ranges = failed_[client];
   ranges.push_back({first, end, why});

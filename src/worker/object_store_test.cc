@@ -9,21 +9,21 @@ namespace {
 TEST(ObjectStoreTest, HandlesResolveOnlyWithinTheirClient) {
   CpuDevice device(0, 1 << 20);
   ObjectStore store;
-  store.Put("alice", {1, 0}, Future<BufferPtr>::Ready(*device.Allocate(DType::kF32, {4})));
-  EXPECT_TRUE(store.Get("alice", {1, 0}).Await().ok());
-  EXPECT_EQ(store.Get("bob", {1, 0}).Await().status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.Get("alice", {1, 1}).Await().status().code(), absl::StatusCode::kNotFound);
+  store.Put("alice", {ArrayId(1), 0}, Future<BufferPtr>::Ready(*device.Allocate(DType::kF32, {4})));
+  EXPECT_TRUE(store.Get("alice", {ArrayId(1), 0}).Await().ok());
+  EXPECT_EQ(store.Get("bob", {ArrayId(1), 0}).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Get("alice", {ArrayId(1), 1}).Await().status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(ObjectStoreTest, FreeDropsBuffersButNotWhatQueuedWorkHolds) {
   CpuDevice device(0, 1 << 20);
   ObjectStore store;
   for (int s = 0; s < 3; ++s) {
-    store.Put("c", {7, s}, Future<BufferPtr>::Ready(*device.Allocate(DType::kF32, {256})));
+    store.Put("c", {ArrayId(7), s}, Future<BufferPtr>::Ready(*device.Allocate(DType::kF32, {256})));
   }
-  Future<BufferPtr> held = store.Get("c", {7, 1});
+  Future<BufferPtr> held = store.Get("c", {ArrayId(7), 1});
   EXPECT_EQ(device.stats().memory_used, 3 * 1024);
-  EXPECT_EQ(store.FreeArray("c", 7), 3);
+  EXPECT_EQ(store.FreeArray("c", ArrayId(7)), 3);
   EXPECT_EQ(store.num_buffers(), 0u);
   EXPECT_EQ(device.stats().memory_used, 1024);  // the held shard is still alive
   held = Future<BufferPtr>();
@@ -90,19 +90,19 @@ TEST(ObjectStoreTest, UndeliveredTransfersOfAFinishedEpochFail) {
 
 TEST(ObjectStoreTest, ArraysWhoseOpFailedReadAsThatFailureUntilTheClientGoes) {
   ObjectStore store;
-  store.FailArrays("c", 10, 2, absl::ResourceExhaustedError("device 0 is full"));
-  auto failed = store.Get("c", {11, 0}).Await();
+  store.FailArrays("c", ArrayId(10), 2, absl::ResourceExhaustedError("device 0 is full"));
+  auto failed = store.Get("c", {ArrayId(11), 0}).Await();
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(failed.status().message().find("device 0 is full"), std::string::npos) << failed.status();
-  EXPECT_EQ(store.Get("c", {12, 0}).Await().status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.Get("other", {11, 0}).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Get("c", {ArrayId(12), 0}).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Get("other", {ArrayId(11), 0}).Await().status().code(), absl::StatusCode::kNotFound);
   for (int i = 0; i < static_cast<int>(ObjectStore::kFailedRangesPerClient); ++i) {
-    store.FailArrays("c", 1000 + i, 1, absl::InternalError("x"));
+    store.FailArrays("c", ArrayId(1000 + i), 1, absl::InternalError("x"));
   }
-  EXPECT_EQ(store.Get("c", {11, 0}).Await().status().code(), absl::StatusCode::kNotFound);  // bounded: forgotten
-  store.FailArrays("c", 10, 2, absl::ResourceExhaustedError("device 0 is full"));
+  EXPECT_EQ(store.Get("c", {ArrayId(11), 0}).Await().status().code(), absl::StatusCode::kNotFound);  // bounded: forgotten
+  store.FailArrays("c", ArrayId(10), 2, absl::ResourceExhaustedError("device 0 is full"));
   store.DropClient("c", absl::CancelledError("gone"));
-  EXPECT_EQ(store.Get("c", {11, 0}).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Get("c", {ArrayId(11), 0}).Await().status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
