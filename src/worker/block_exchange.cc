@@ -1,4 +1,4 @@
-// A program node's block exchange on this host (see HostRuntime::NodePlan): the operators of its
+// A program node's block exchange on this host (see NodePlan in worker/program_plan.h): the operators of its
 // dataflow graph, and how blocks travel: as buffers to hosts of this process, over the block
 // streams (collective/block_streams.h) to other processes, landing in staging buffers. The
 // dataflow graph carries a block itself (a TransferRequest behind the receiving shard's index)
@@ -19,7 +19,7 @@
 namespace pathways {
 namespace {
 
-// The operators of a program node's block exchange (see HostRuntime::NodePlan). The sender
+// The operators of a program node's block exchange (see NodePlan in worker/program_plan.h). The sender
 // routes an injected block to the receiving shard named in its first four bytes; the receiver
 // hands blocks to the object store and, when its epoch is complete, fails whatever never came.
 

@@ -24,6 +24,7 @@
 #include "worker/host_control.h"
 #include "worker/object_store.h"
 #include "worker/op_sequencer.h"
+#include "worker/program_plan.h"
 #include "core/dcn_emulation.h"
 #include "dataflow/dcn_transport.h"
 
@@ -124,38 +125,6 @@ class HostRuntime {
   absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
   absl::Status RunProgram(const std::string& client, const rpc::RunProgramOp& op);
 
-  // What this host does for one program node, planned once when the program is registered
-  // (every host derives the same plans from the shardings, so they agree without talking):
-  // - which blocks of its inputs it owes other hosts, and which pieces each of its own shards
-  //   reads from where;
-  // - the node's block exchange in the program's dataflow graph: a sending node (a shard per
-  //   sending host) joined by a sparse edge to a receiving node (a shard per receiving host),
-  //   which also has a one-to-one edge from an arming node on the receiving hosts. A receiving
-  //   host closes its arming shard once it has set up the node's shards, so a receiver's epoch
-  //   ends only when every sender is done and the host waits for exactly the blocks it will get.
-  //   A node whose inputs never cross hosts has no exchange and costs no dataflow traffic.
-  struct PlannedSend {
-    int input;
-    int64_t src_shard;
-    Region region;  // in the source shard
-    std::string dest;
-    int32_t dst_shard;
-  };
-  struct ShardPlan {
-    int64_t shard;
-    std::vector<std::vector<Piece>> inputs;  // per input, the pieces it is assembled from
-  };
-  struct NodePlan {
-    std::vector<PlannedSend> sends;
-    std::vector<ShardPlan> shards;  // this host's shards of the node
-    int send_node = -1;  // dataflow graph node ids; -1 when the node moves nothing between hosts
-    int arm_node = -1;
-    int recv_node = -1;
-    int edge = -1;  // send -> recv
-    std::map<std::string, int> sender_index, receiver_index;
-    std::shared_ptr<const collective::GangLayout> gang;  // who the node's shards meet in collectives
-    std::vector<TensorSpec> out_specs;  // of each output's local shard
-  };
   // A registered program as this host planned it (see core/ids.h). Each RunProgramOp is one
   // epoch of its dataflow graph: a host closes its sending shards once it has handed over every
   // block it owes, so receivers learn when all their blocks are in.

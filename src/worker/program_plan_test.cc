@@ -1,0 +1,129 @@
+#include "worker/program_plan.h"
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+// Slice 1: two devices on host A, slice 2: two devices on host B, both a mesh {x: 2}. The
+// argument f32[8] is split over slice 1. Node 0 (on slice 1) keeps it split; node 1 (on slice 2)
+// reads node 0's output split the same way (each of B's shards needs one block from A); node 2
+// (on slice 2) reads it whole on every shard (each of B's shards needs both of A's blocks).
+rpc::ProgramProto TwoHostProgram() {
+  rpc::ProgramProto p;
+  p.set_program_id(3);
+  p.set_name("two_hosts");
+  for (int s = 1; s <= 2; ++s) {
+    rpc::SliceProto* slice = p.add_slices();
+    slice->set_slice_id(s);
+    slice->add_mesh_dims(2);
+    slice->add_axis_names("x");
+    for (int d = 0; d < 2; ++d) {
+      rpc::SliceDevice* device = slice->add_devices();
+      device->set_device_id((s - 1) * 2 + d);
+      device->set_host_address(s == 1 ? "A" : "B");
+      device->set_local_index(d);
+    }
+  }
+  rpc::TensorSpecProto spec;
+  spec.set_dtype(static_cast<int>(DType::kF32));
+  spec.add_shape(8);
+  rpc::PartitionSpecProto split, whole;
+  split.add_dims("x");
+  whole.add_dims("");
+  rpc::ProgramArg* arg = p.add_args();
+  *arg->mutable_spec() = spec;
+  arg->set_slice_id(1);
+  *arg->mutable_sharding() = split;
+  auto add_node = [&](int slice, bool input_is_arg, const rpc::PartitionSpecProto& in) {
+    rpc::ProgramNode* node = p.add_nodes();
+    node->set_function_key("key");
+    node->set_function_name("f");
+    node->set_slice_id(slice);
+    rpc::ValueRef* v = node->add_inputs();
+    v->set_is_arg(input_is_arg);
+    v->set_index(0);
+    *node->add_input_specs() = spec;
+    *node->add_in_shardings() = in;
+    *node->add_output_specs() = spec;
+    *node->add_out_shardings() = split;
+  };
+  add_node(1, true, split);
+  add_node(2, false, split);
+  add_node(2, false, whole);
+  for (int n = 1; n <= 2; ++n) p.add_results()->set_index(n);
+  return p;
+}
+
+ProgramPlan Plan(const std::string& host) {
+  auto lowered = LoweredProgram::Create(TwoHostProgram(), host, 2);
+  EXPECT_TRUE(lowered.ok()) << lowered.status();
+  auto plan = PlanProgram(**lowered, host, "client/3");
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *std::move(plan);
+}
+
+TEST(ProgramPlanTest, ANodeWhoseInputsStayOnItsHostExchangesNothing) {
+  const ProgramPlan a = Plan("A"), b = Plan("B");
+  for (const ProgramPlan* plan : {&a, &b}) {
+    const NodePlan& node = plan->nodes[0];
+    EXPECT_TRUE(node.sends.empty());
+    EXPECT_EQ(node.send_node, -1);
+    EXPECT_EQ(node.recv_node, -1);
+  }
+  // A computes both shards of node 0, each from its own whole shard of the argument.
+  const NodePlan& on_a = a.nodes[0];
+  ASSERT_EQ(on_a.shards.size(), 2u);
+  for (const ShardPlan& shard : on_a.shards) ASSERT_EQ(shard.inputs[0].size(), 1u);
+  EXPECT_EQ(on_a.shards[0].inputs[0][0].src_shard, 0);
+  EXPECT_EQ(on_a.shards[1].inputs[0][0].src_shard, 1);
+  EXPECT_TRUE(b.nodes[0].shards.empty());
+  EXPECT_EQ(on_a.out_specs[0].shape, (Shape{4}));  // each local shard holds half
+}
+
+TEST(ProgramPlanTest, TheSenderOwesEachBlockTheReceiverAssemblesFrom) {
+  const ProgramPlan a = Plan("A"), b = Plan("B");
+  // Split the same way: shard d of B reads shard d of A, one block each.
+  const NodePlan& send = a.nodes[1];
+  ASSERT_EQ(send.sends.size(), 2u);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(send.sends[d].dest, "B");
+    EXPECT_EQ(send.sends[d].src_shard, d);
+    EXPECT_EQ(send.sends[d].dst_shard, d);
+  }
+  EXPECT_TRUE(send.shards.empty());  // A computes nothing of node 1
+  const NodePlan& receive = b.nodes[1];
+  EXPECT_TRUE(receive.sends.empty());
+  ASSERT_EQ(receive.shards.size(), 2u);
+  for (int d = 0; d < 2; ++d) {
+    ASSERT_EQ(receive.shards[d].inputs[0].size(), 1u);
+    EXPECT_EQ(receive.shards[d].inputs[0][0].src_shard, d);
+  }
+  // Read whole: every shard of B needs both of A's shards, so A owes four blocks.
+  EXPECT_EQ(a.nodes[2].sends.size(), 4u);
+  for (const ShardPlan& shard : b.nodes[2].shards) EXPECT_EQ(shard.inputs[0].size(), 2u);
+}
+
+TEST(ProgramPlanTest, EveryHostDerivesTheSameGraph) {
+  const ProgramPlan a = Plan("A"), b = Plan("B");
+  EXPECT_EQ(a.graph->name(), "client/3");
+  ASSERT_EQ(a.graph->nodes().size(), b.graph->nodes().size());
+  EXPECT_EQ(a.graph->nodes().size(), 6u);  // send, arm and receive for nodes 1 and 2
+  for (size_t n = 0; n < a.graph->nodes().size(); ++n) {
+    EXPECT_EQ(a.graph->nodes()[n].name, b.graph->nodes()[n].name);
+    EXPECT_EQ(a.graph->nodes()[n].shard_hosts, b.graph->nodes()[n].shard_hosts);
+  }
+  for (int n = 1; n <= 2; ++n) {
+    EXPECT_EQ(a.nodes[n].send_node, b.nodes[n].send_node);
+    EXPECT_EQ(a.nodes[n].recv_node, b.nodes[n].recv_node);
+    EXPECT_EQ(a.nodes[n].sender_index.at("A"), 0);
+    EXPECT_EQ(b.nodes[n].receiver_index.at("B"), 0);
+  }
+  // The gang of a node is its slice's devices, shared by the nodes on one slice.
+  EXPECT_EQ(a.nodes[1].gang, a.nodes[2].gang);
+  ASSERT_EQ(a.nodes[1].gang->members.size(), 2u);
+  EXPECT_EQ(a.nodes[1].gang->members[0].host, "B");
+}
+
+}  // namespace
+}  // namespace pathways
