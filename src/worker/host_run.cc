@@ -1,6 +1,7 @@
 // Running a registered program on a host: each run op sets up every node's outputs, input wiring
 // and sends at once (parallel asynchronous dispatch), then enqueues each local shard on its device.
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -46,6 +47,14 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   if (run.first_node() < 0 || run.last_node() >= num_nodes || run.first_node() > run.last_node()) {
     return absl::InvalidArgumentError(absl::StrCat("nodes ", run.first_node(), "..", run.last_node(),
                                                    " are not in program '", program->name(), "' of ", num_nodes, " nodes"));
+  }
+  // Output ids are the base plus offsets below the program's output count: ids from a client
+  // must not pass the largest id.
+  const LoweredNode& last = program->nodes().back();
+  const int64_t num_outputs = last.output_offset + static_cast<int64_t>(last.output_specs.size());
+  if (run.output_array_base() < 0 || run.output_array_base() > std::numeric_limits<int64_t>::max() - num_outputs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run's output array base ", run.output_array_base(), " leaves no room for ", num_outputs, " ids"));
   }
   std::shared_ptr<RunTracker> tracker;
   if (run.report_done()) {
