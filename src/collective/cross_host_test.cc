@@ -387,5 +387,36 @@ TEST(PeerMeshTest, AHostWithoutTheClusterSecretCannotJoinAMesh) {
   EXPECT_EQ(v[0], 11);
 }
 
+// Connections that open and say nothing (a scanner, a stalled peer, a hostile tenant) hold up no
+// one: hellos are read side by side, so the hosts meet while 20 silent connections sit on each
+// listener (read one after another, at 2 s each, they held the listener for 40 s).
+TEST(PeerMeshTest, SilentConnectionsDoNotHoldUpTheListener) {
+  Hosts hosts(2);
+  std::vector<int> silent;
+  for (int h = 0; h < hosts.size(); ++h) {
+    ASSERT_TRUE(hosts.links(h).Publish().ok());
+    const std::string address = hosts.links(h).address();
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < 20; ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
+      silent.push_back(fd);
+    }
+  }
+  int32_t v[2] = {5, 6};
+  ExpectAllOk(hosts.Run(
+      "k", 1,
+      [&](int h, MeshSteps& s) {
+        char* p = reinterpret_cast<char*>(&v[h]);
+        return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
+      },
+      absl::Seconds(10)));
+  EXPECT_EQ(v[0], 11);
+  for (int fd : silent) close(fd);
+}
+
 }  // namespace
 }  // namespace pathways::collective

@@ -27,6 +27,10 @@ constexpr uint32_t kMaxKeyBytes = 1 << 20;
 constexpr uint32_t kMaxHostBytes = 1024;
 // Connections dialed in and not yet taken by a mesh: each is a descriptor held for a peer.
 constexpr size_t kMaxWaitingDialIns = 4096;
+// Connections whose hello is still arriving (the oldest goes first beyond this), and how long a
+// hello may take. A dialer sends it at once after connecting; it is small.
+constexpr size_t kMaxPendingHellos = 256;
+constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
 
 struct HelloHeader {
   uint32_t magic;
@@ -126,18 +130,145 @@ absl::Status TcpLinks::EnsurePublished() {
   return Publish();
 }
 
-void TcpLinks::AcceptLoop() {
+namespace {
+
+// A connection dialed in whose hello is still arriving. The listener sent its challenge at once;
+// the hello (header, key, host, the dialer's challenge, its proof) is read as it comes, beside
+// every other connection's, so a peer that connects and says nothing holds up no one.
+struct PendingHello {
+  int fd;
+  absl::Time deadline;
+  std::string challenges;  // the listener's
+  std::string received;    // the hello so far
+};
+
+// The whole hello's length once its header is in; 0 before (or for a header that is not one).
+size_t HelloBytes(const std::string& received) {
+  if (received.size() < sizeof(HelloHeader)) return 0;
+  HelloHeader h;
+  std::memcpy(&h, received.data(), sizeof(h));
+  if (h.magic != kHelloMagic || h.key_bytes > kMaxKeyBytes || h.host_bytes > kMaxHostBytes) return 0;
+  return sizeof(h) + h.key_bytes + h.host_bytes + kChallengeBytes + kProofBytes;
+}
+
+// Reads what has arrived. OK with `complete` once the whole hello is in; an error for a peer that
+// closed, broke, or sent something that is not a hello.
+absl::Status ReadHello(PendingHello& p, bool& complete) {
+  char buffer[4096];
   while (true) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR) {
-      PW_LOG(Error) << "collective listener of " << host_ << ": poll: " << Errno(errno);
+    size_t want = sizeof(HelloHeader) - std::min(p.received.size(), sizeof(HelloHeader));
+    if (want == 0) {
+      const size_t total = HelloBytes(p.received);
+      if (total == 0) return absl::InvalidArgumentError("a connection that is not a collective peer's");
+      want = total - p.received.size();
+    }
+    if (want == 0) {
+      complete = true;
+      return absl::OkStatus();
+    }
+    const ssize_t n = recv(p.fd, buffer, std::min(want, sizeof(buffer)), 0);
+    if (n > 0) {
+      p.received.append(buffer, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return absl::OkStatus();
+    if (n < 0 && errno == EINTR) continue;
+    return absl::UnavailableError(n == 0 ? std::string("closed before its hello") : Errno(errno));
+  }
+}
+
+}  // namespace
+
+absl::Status TcpLinks::FinishHello(int fd, absl::Time deadline, std::string challenges, const std::string& received,
+                                   std::string& key, std::string& peer) {
+  HelloHeader hello;
+  std::memcpy(&hello, received.data(), sizeof(hello));
+  size_t at = sizeof(hello);
+  key = received.substr(at, hello.key_bytes);
+  at += hello.key_bytes;
+  peer = received.substr(at, hello.host_bytes);
+  at += hello.host_bytes;
+  challenges += received.substr(at, kChallengeBytes);
+  at += kChallengeBytes;
+  const std::string proof = received.substr(at, kProofBytes);
+  if (!SameProof(proof, Proof(secret_, 'D', challenges, hello, key, peer))) {
+    return absl::UnauthenticatedError(absl::StrCat("a connection claiming to be host ", peer.substr(0, 64),
+                                                   " did not prove the cluster token"));
+  }
+  std::string mine = Proof(secret_, 'L', challenges, hello, key, peer);
+  // 32 bytes on a connection that has sent nothing else: the socket buffer takes them at once.
+  return TransferAll(fd, mine.data(), mine.size(), true, deadline, "proof");
+}
+
+void TcpLinks::TakeConnection(int fd, std::string key, std::string peer) {
+  Configure(fd);
+  {
+    absl::MutexLock handlers(&handlers_mu_);
+    if (auto it = stream_handlers_.find(key); it != stream_handlers_.end()) {
+      it->second(fd, peer);
       return;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (dialed_in_.size() >= kMaxWaitingDialIns) {
+    PW_LOG(Warning) << "collective listener of " << host_ << ": " << kMaxWaitingDialIns
+                    << " connections wait to be used; dropped one from " << peer;
+    close(fd);
+    return;
+  }
+  auto [it, inserted] = dialed_in_.try_emplace({std::move(key), std::move(peer)}, fd);
+  if (!inserted) {
+    close(it->second);
+    it->second = fd;
+  }
+  dial_ins_.fetch_add(1, std::memory_order_release);
+}
+
+void TcpLinks::AcceptLoop() {
+  std::vector<PendingHello> pending;
+  auto drop = [&](size_t i, const absl::Status& why) {
+    PW_LOG(Warning) << "collective listener of " << host_ << " dropped a connection: " << why;
+    close(pending[i].fd);
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+  };
+  while (true) {
+    std::vector<pollfd> polled = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    absl::Time next = absl::InfiniteFuture();
+    for (const PendingHello& p : pending) {
+      polled.push_back({p.fd, POLLIN, 0});
+      next = std::min(next, p.deadline);
+    }
+    const int timeout = next == absl::InfiniteFuture() ? -1 : RemainingMs(next);
+    if (poll(polled.data(), polled.size(), timeout) < 0 && errno != EINTR) {
+      PW_LOG(Error) << "collective listener of " << host_ << ": poll: " << Errno(errno);
+      break;
     }
     {
       absl::MutexLock lock(&mu_);
-      if (stop_) return;
+      if (stop_) break;
     }
-    if ((p[0].revents & POLLIN) == 0) continue;
+    // Hellos that arrived, completed or ran out of time. Backwards: finished ones leave.
+    const absl::Time now = absl::Now();
+    for (size_t i = pending.size(); i-- > 0;) {
+      bool complete = false;
+      absl::Status s = (polled[2 + i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 ? ReadHello(pending[i], complete)
+                                                                                    : absl::OkStatus();
+      std::string key, peer;
+      if (s.ok() && complete) {
+        const PendingHello& p = pending[i];
+        s = FinishHello(p.fd, p.deadline, p.challenges, p.received, key, peer);
+      }
+      if (!s.ok()) {
+        drop(i, s);
+      } else if (complete) {
+        const int fd = pending[i].fd;
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        TakeConnection(fd, std::move(key), std::move(peer));
+      } else if (now >= pending[i].deadline) {
+        drop(i, absl::DeadlineExceededError("its hello did not come in time"));
+      }
+    }
+    if ((polled[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       // Out of descriptors: the pending connection stays queued and poll() would return at once.
@@ -147,63 +278,20 @@ void TcpLinks::AcceptLoop() {
       }
       continue;
     }
-    // The listener challenges; the hello names the mesh and the dialing host, carries the
-    // dialer's challenge and proves the secret; the listener proves it back. The hello is small
-    // and sent at once after connecting; a peer that does not send it in time is dropped.
-    const absl::Time deadline = absl::Now() + absl::Seconds(2);
-    std::string challenges(2 * kChallengeBytes, '\0');  // the listener's, then the dialer's
-    absl::Status s = RAND_bytes(reinterpret_cast<unsigned char*>(challenges.data()), kChallengeBytes) == 1
-                         ? TransferAll(fd, challenges.data(), kChallengeBytes, true, deadline, "challenge")
+    // The listener challenges first; the dialer's hello proves the secret over both challenges.
+    PendingHello hello{fd, absl::Now() + kHelloTimeout, std::string(kChallengeBytes, '\0'), ""};
+    absl::Status s = RAND_bytes(reinterpret_cast<unsigned char*>(hello.challenges.data()), kChallengeBytes) == 1
+                         ? TransferAll(fd, hello.challenges.data(), kChallengeBytes, true, hello.deadline, "challenge")
                          : absl::InternalError("no random bytes for a challenge");
-    HelloHeader hello{};
-    std::string key, peer, proof(kProofBytes, '\0');
-    if (s.ok()) s = TransferAll(fd, reinterpret_cast<char*>(&hello), sizeof(hello), false, deadline, "hello");
-    if (s.ok() && (hello.magic != kHelloMagic || hello.key_bytes > kMaxKeyBytes || hello.host_bytes > kMaxHostBytes)) {
-      s = absl::InvalidArgumentError("a connection that is not a collective peer's");
-    }
-    if (s.ok()) {
-      key.resize(hello.key_bytes);
-      peer.resize(hello.host_bytes);
-      s = TransferAll(fd, key.data(), key.size(), false, deadline, "hello");
-      if (s.ok()) s = TransferAll(fd, peer.data(), peer.size(), false, deadline, "hello");
-      if (s.ok()) s = TransferAll(fd, challenges.data() + kChallengeBytes, kChallengeBytes, false, deadline, "hello");
-      if (s.ok()) s = TransferAll(fd, proof.data(), proof.size(), false, deadline, "hello");
-    }
-    if (s.ok() && !SameProof(proof, Proof(secret_, 'D', challenges, hello, key, peer))) {
-      s = absl::UnauthenticatedError(absl::StrCat("a connection claiming to be host ", peer.substr(0, 64),
-                                                  " did not prove the cluster token"));
-    }
-    if (s.ok()) {
-      std::string mine = Proof(secret_, 'L', challenges, hello, key, peer);
-      s = TransferAll(fd, mine.data(), mine.size(), true, deadline, "proof");
-    }
     if (!s.ok()) {
       PW_LOG(Warning) << "collective listener of " << host_ << " dropped a connection: " << s;
       close(fd);
       continue;
     }
-    Configure(fd);
-    {
-      absl::MutexLock handlers(&handlers_mu_);
-      if (auto it = stream_handlers_.find(key); it != stream_handlers_.end()) {
-        it->second(fd, peer);
-        continue;
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    if (dialed_in_.size() >= kMaxWaitingDialIns) {
-      PW_LOG(Warning) << "collective listener of " << host_ << ": " << kMaxWaitingDialIns
-                      << " connections wait to be used; dropped one from " << peer;
-      close(fd);
-      continue;
-    }
-    auto [it, inserted] = dialed_in_.try_emplace({std::move(key), std::move(peer)}, fd);
-    if (!inserted) {
-      close(it->second);
-      it->second = fd;
-    }
-    dial_ins_.fetch_add(1, std::memory_order_release);
+    pending.push_back(std::move(hello));
+    if (pending.size() > kMaxPendingHellos) drop(0, absl::ResourceExhaustedError("too many hellos in progress"));
   }
+  for (const PendingHello& p : pending) close(p.fd);
 }
 
 int TcpLinks::TakeDialIn(const std::string& peer, const std::string& key) {

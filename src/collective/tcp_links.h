@@ -70,7 +70,14 @@ class TcpLinks {
   // Takes a newer connection dialed in from `peer` for `key`, if one arrived; -1 otherwise.
   int TakeDialIn(const std::string& peer, const std::string& key);
   absl::Status EnsurePublished();
+  // Accepts connections and reads their hellos side by side (see PendingHello in the .cc).
   void AcceptLoop();
+  // Checks a complete hello (`received`, after the listener's `challenges`) and answers with this
+  // host's proof; fills the hello's key and host.
+  absl::Status FinishHello(int fd, absl::Time deadline, std::string challenges, const std::string& received,
+                           std::string& key, std::string& peer);
+  // A proven connection: to its stream handler, or to the meshes' dialed-in connections.
+  void TakeConnection(int fd, std::string key, std::string peer);
 
   const std::string host_;
   const int listen_fd_;
