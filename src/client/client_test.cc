@@ -5,6 +5,7 @@
 
 #include "cluster/local_cluster.h"
 #include "client/program.h"
+#include "compute/counter_rng.h"
 #include "gtest/gtest.h"
 
 namespace pathways {
@@ -323,6 +324,57 @@ TEST_F(ClientTest, EnqueuedCompletesOnceTheRunIsOnItsHosts) {
   std::vector<float> expected = Values(Iota({4}));
   for (float& v : expected) v += 5.0f;
   EXPECT_EQ(Values(*client_->Fetch(x).Await()), expected);
+}
+
+// Random numbers in compiled functions: each shard draws its block of one global array, so the
+// fetched array is the global draw whatever the sharding, replicas agree, and dropout's mask is
+// the same draw.
+TEST_F(ClientTest, RandomNumbersAreOneGlobalDrawAcrossShards) {
+  const TensorSpec dummy{DType::kF32, {2, 4}};
+  const TensorSpec global{DType::kF32, {8, 16}};
+  // On the 2x4 mesh, rows split over x (local [4, 16]) and replicated over y.
+  auto draw = client_->Compile(FunctionSpec::Script(
+      "draw",
+      "def draw(d):\n"
+      "    u = pathways.uniform([4, 16], ['x', ''], 7, 3)\n"
+      "    spread = pathways.all_reduce(u, 'y', 'max') - pathways.all_reduce(u, 'y', 'min')\n"
+      "    return u, spread, pathways.dropout(torch.ones([4, 16]), 0.25, ['x'], 7, 3)\n",
+      {dummy}, {global, global, global}, {{"x", "y"}}, {{"x", ""}, {"x", ""}, {"x", ""}}));
+  ASSERT_TRUE(draw.ok()) << draw.status();
+  auto d = client_->Put(Iota({2, 4}), slice8_, {"x", "y"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto out = client_->Call(*draw, slice8_, {*d});
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto u = client_->Fetch((*out)[0]).Await();
+  auto spread = client_->Fetch((*out)[1]).Await();
+  auto dropped = client_->Fetch((*out)[2]).Await();
+  ASSERT_TRUE(u.ok() && spread.ok() && dropped.ok()) << u.status() << spread.status() << dropped.status();
+  std::vector<float> expected(8 * 16);
+  FillRandom(RandomDistribution::kUniform, 7, 3, {8, 16}, {0, 0}, {8, 16}, expected.data());
+  for (int i = 0; i < 8 * 16; ++i) {
+    EXPECT_EQ(u->data<float>()[i], expected[i]) << i;
+    EXPECT_EQ(spread->data<float>()[i], 0.0f) << i;  // the four replicas over y agree
+    EXPECT_EQ(dropped->data<float>()[i], expected[i] >= 0.25f ? 1.0f / 0.75f : 0.0f) << i;
+  }
+  // Two row blocks of one draw differ.
+  EXPECT_NE(std::vector<float>(u->data<float>(), u->data<float>() + 64),
+            std::vector<float>(u->data<float>() + 64, u->data<float>() + 128));
+}
+
+// A collective on a constant: TorchScript's optimiser once ran it at the first call, on one
+// shard's thread, and that shard waited for members that waited for the optimiser.
+TEST_F(ClientTest, ACollectiveOfAConstantRunsOnEveryShard) {
+  auto f = client_->Compile(FunctionSpec::Script(
+      "count", "def count(d):\n    return pathways.all_reduce(torch.ones([1, 1]), 'y') + d\n",
+      {{DType::kF32, {2, 4}}}, {{DType::kF32, {2, 4}}}, {{"x", "y"}}, {{"x", "y"}}));
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto d = client_->Put(Iota({2, 4}), slice8_, {"x", "y"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto out = client_->Call(*f, slice8_, {*d});
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto r = client_->Fetch((*out)[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(r->data<float>()[i], Iota({2, 4}).data<float>()[i] + 4) << i;
 }
 
 }  // namespace

@@ -172,6 +172,10 @@ class ShardCollectives {
   absl::Status Run(absl::string_view axes, const CollectiveCall& call);
   // The number of members of the shard's group over `axes`, for kernels that size their output.
   absl::StatusOr<int> GroupSize(absl::string_view axes);
+  // The shard's group over `axes` (its rank: the shard's position along them, row-major as
+  // named), without placing it on hosts: for kernels that need where their shard sits in the
+  // global array (random numbers).
+  absl::StatusOr<Group> GroupOver(absl::string_view axes) const { return GroupOf(*layout_, shard_, axes); }
   // The first error a collective of this shard returned: kernels report failures by throwing,
   // and the compute layer turns the exception back into this Status (keeping its code).
   const absl::Status& first_error() const { return first_error_; }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "collective/collective.h"
+#include "compute/counter_rng.h"
 #include "compute/executable.h"
 #include "device/host_memory.h"
 
@@ -161,12 +162,64 @@ at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
   return out;
 }
 
+// Random numbers (compute/counter_rng.h). `shape` is the shard's local shape and `spec` names,
+// per dimension, the mesh axes that split it ("" or absent: not split; "x,y": both), as the
+// output's partition spec does: each shard draws its block of one global array, so replicas
+// agree and the pieces of a split array differ. Outside a slice every dimension is whole.
+at::Tensor Random(RandomDistribution distribution, const std::vector<int64_t>& shape,
+                  const std::vector<std::string>& spec, int64_t seed, int64_t step) {
+  TORCH_CHECK(spec.size() <= shape.size(), "random numbers: a spec of ", spec.size(), " entries for a shape of rank ",
+              shape.size());
+  std::vector<int64_t> global = shape, origin(shape.size(), 0);
+  collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+  for (size_t d = 0; d < shape.size(); ++d) {
+    TORCH_CHECK(shape[d] >= 0, "random numbers: dimension ", d, " of size ", shape[d]);
+    if (d >= spec.size() || spec[d].empty() || shard == nullptr) continue;
+    auto group = shard->GroupOver(spec[d]);
+    TORCH_CHECK(group.ok(), "random numbers: ", group.status().message());
+    origin[d] = group->rank * shape[d];
+    global[d] = shape[d] * static_cast<int64_t>(group->shards.size());
+  }
+  at::Tensor out = torch::empty(shape, at::kFloat);
+  FillRandom(distribution, static_cast<uint64_t>(seed), static_cast<uint64_t>(step), global, origin, shape,
+             out.data_ptr<float>());
+  return out;
+}
+
+at::Tensor Uniform(std::vector<int64_t> shape, std::vector<std::string> spec, int64_t seed, int64_t step) {
+  return Random(RandomDistribution::kUniform, shape, spec, seed, step);
+}
+
+at::Tensor Normal(std::vector<int64_t> shape, std::vector<std::string> spec, int64_t seed, int64_t step) {
+  return Random(RandomDistribution::kNormal, shape, spec, seed, step);
+}
+
+// Zeroes each element with probability `p` and scales the rest by 1 / (1 - p); the mask is a
+// uniform draw over `x`'s shape under `spec`, so it is the same wherever `x` is replicated.
+at::Tensor Dropout(const at::Tensor& x, double p, std::vector<std::string> spec, int64_t seed, int64_t step) {
+  TORCH_CHECK(p >= 0 && p < 1, "dropout: probability ", p, " is not in [0, 1)");
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "dropout needs a floating-point tensor");
+  if (p == 0) return x;
+  at::Tensor keep = Random(RandomDistribution::kUniform, x.sizes().vec(), spec, seed, step).ge(p);
+  return x * keep.to(x.scalar_type()) / (1 - p);
+}
+
+// Every op depends on where its shard runs (its group, its place in the mesh) and the
+// collectives exchange data with other shards: none is a pure function of its arguments. They are
+// registered as having side effects (conservative alias analysis), so TorchScript's optimiser
+// never runs one at compile time on constant arguments (a collective run then, on one shard's
+// thread, waited for members that waited for the optimiser; random numbers would have been one
+// shard's, baked into every shard), merges two of them or drops one whose result is unused.
 TORCH_LIBRARY(pathways, m) {
-  m.def("all_reduce(Tensor x, str axes='', str op='sum') -> Tensor", &AllReduce);
-  m.def("all_gather(Tensor x, str axes='', int dim=0) -> Tensor", &AllGather);
-  m.def("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor", &ReduceScatter);
-  m.def("all_to_all(Tensor x, str axes='', int dim=0) -> Tensor", &AllToAll);
-  m.def("broadcast(Tensor x, str axes='', int root=0) -> Tensor", &Broadcast);
+  auto op = [](const char* schema) { return torch::schema(schema, c10::AliasAnalysisKind::CONSERVATIVE); };
+  m.def(op("uniform(int[] shape, str[] spec, int seed, int step) -> Tensor"), &Uniform);
+  m.def(op("normal(int[] shape, str[] spec, int seed, int step) -> Tensor"), &Normal);
+  m.def(op("dropout(Tensor x, float p, str[] spec, int seed, int step) -> Tensor"), &Dropout);
+  m.def(op("all_reduce(Tensor x, str axes='', str op='sum') -> Tensor"), &AllReduce);
+  m.def(op("all_gather(Tensor x, str axes='', int dim=0) -> Tensor"), &AllGather);
+  m.def(op("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor"), &ReduceScatter);
+  m.def(op("all_to_all(Tensor x, str axes='', int dim=0) -> Tensor"), &AllToAll);
+  m.def(op("broadcast(Tensor x, str axes='', int root=0) -> Tensor"), &Broadcast);
 }
 
 // Built-in kernels. Collective ones take the mesh axes after an '@' in their name
