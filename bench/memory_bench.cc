@@ -1,7 +1,7 @@
 // A worker's resident memory against its device budget over cycles of filling its device and
 // freeing it: each cycle puts arrays filling about 3/8 of the budget, computes `add_one` of each
 // (outputs take another 3/8, libtorch temporaries come and go), fetches one, and drops them all.
-// Prints the worker process's RSS after each cycle and its peak; see docs/benchmarks.md.
+// Prints the worker process's RSS 1.5 s after each cycle and its peak; see docs/benchmarks.md.
 //
 //   build/bin/memory_bench [--device-memory 512MiB] [--cycles 6]
 #include <signal.h>
@@ -43,18 +43,29 @@ int Main(int argc, char** argv) {
     return 2;
   }
   Subprocess controller, worker;
-  (void)controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
-  const std::string line = *controller.WaitForLine("listening on", absl::Seconds(60));
-  const std::string address = line.substr(line.rfind(' ') + 1);
-  (void)worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1", "--device-memory",
-                      std::to_string(*budget)});
-  (void)worker.WaitForLine("serving", absl::Seconds(60));
-  auto client = *Client::Connect(address);
-  VirtualSlice slice = *client->CreateSlice({.mesh_shape = {1}});
+  auto line = controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}).ok()
+                  ? controller.WaitForLine("listening on", absl::Seconds(60))
+                  : absl::UnavailableError("the controller did not start");
+  if (!line.ok()) {
+    std::fprintf(stderr, "%s\n", line.status().ToString().c_str());
+    return 1;
+  }
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  auto serving = worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1",
+                               "--device-memory", std::to_string(*budget)})
+                         .ok()
+                     ? worker.WaitForLine("serving", absl::Seconds(60))
+                     : absl::UnavailableError("the worker did not start");
+  auto client = serving.ok() ? Client::Connect(address) : serving.status();
+  auto slice = client.ok() ? (*client)->CreateSlice({.mesh_shape = {1}}) : client.status();
+  if (!slice.ok()) {
+    std::fprintf(stderr, "%s\n", slice.status().ToString().c_str());
+    return 1;
+  }
   constexpr int kArrays = 6;
   const int64_t elements = *budget * 3 / 8 / kArrays / 4;
   const TensorSpec spec{DType::kF32, {elements}};
-  CompiledFunction inc = *client->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{""}}, {{""}}));
+  CompiledFunction inc = *(*client)->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{""}}, {{""}}));
   HostArray ones = *HostArray::Create(DType::kF32, {elements});
   const double budget_mib = static_cast<double>(*budget) / (1 << 20);
   std::printf("One worker process, one device of %.0f MiB; each cycle fills 3/4 of it and frees it.\n\n",
@@ -65,23 +76,25 @@ int Main(int argc, char** argv) {
   for (int64_t c = 1; c <= *cycles; ++c) {
     {
       std::vector<ShardedArray> inputs, outputs;
-      for (int i = 0; i < kArrays; ++i) inputs.push_back(*client->Put(ones, slice, {""}));
-      for (const ShardedArray& x : inputs) outputs.push_back((*client->Call(inc, slice, {x}))[0]);
-      auto fetched = client->Fetch(outputs.back()).Await();
+      for (int i = 0; i < kArrays; ++i) inputs.push_back(*(*client)->Put(ones, *slice, {""}));
+      for (const ShardedArray& x : inputs) outputs.push_back((*(*client)->Call(inc, *slice, {x}))[0]);
+      auto fetched = (*client)->Fetch(outputs.back()).Await();
       if (!fetched.ok()) {
         std::fprintf(stderr, "cycle %lld: %s\n", static_cast<long long>(c), fetched.status().ToString().c_str());
         return 1;
       }
     }
     // The frees reach the worker in order with later ops: a status-only read after them.
-    (void)client->Ready(*client->Put(*HostArray::Create(DType::kF32, {1}), slice, {""})).Await();
+    (void)(*client)->Ready(*(*client)->Put(*HostArray::Create(DType::kF32, {1}), *slice, {""})).Await();
+    // What the worker holds once settled: its allocator hands free memory back once a second.
+    absl::SleepFor(absl::Milliseconds(1500));
     const double rss = StatusMiB(worker.pid(), "VmRSS");
     std::printf("| %lld | %.0f | %.0f |\n", static_cast<long long>(c), rss, rss - budget_mib);
     std::fflush(stdout);
   }
   std::printf("\nPeak RSS of the worker: %.0f MiB (budget %.0f MiB).\n", StatusMiB(worker.pid(), "VmHWM"),
               budget_mib);
-  client.reset();
+  client->reset();
   worker.Stop(SIGTERM);
   controller.Stop(SIGTERM);
   return 0;

@@ -30,6 +30,7 @@ constexpr size_t kMaxWaitingDialIns = 4096;
 // Connections whose hello is still arriving (the oldest goes first beyond this), and how long a
 // hello may take. A dialer sends it at once after connecting; it is small.
 constexpr size_t kMaxPendingHellos = 256;
+constexpr size_t kMaxPendingHelloBytes = 16 << 20;  // what they may make the listener hold
 constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
 
 struct HelloHeader {
@@ -70,7 +71,7 @@ absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, con
   auto addr = ParseAddress(absl::StrCat(ip, ":1"), &len);
   if (!addr.ok()) return addr.status();
   reinterpret_cast<sockaddr_in*>(&*addr)->sin_port = 0;  // same offset in sockaddr_in6
-  const int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("collective socket: ", Errno(errno)));
   if (bind(fd, reinterpret_cast<sockaddr*>(&*addr), len) != 0 || listen(fd, 128) != 0) {
     const int err = errno;
@@ -268,11 +269,20 @@ void TcpLinks::AcceptLoop() {
         drop(i, absl::DeadlineExceededError("its hello did not come in time"));
       }
     }
+    // Hellos may be long (a key names every device of a gang); strangers may not make the
+    // listener hold more than kMaxPendingHelloBytes: the oldest go first.
+    size_t held = 0;
+    for (const PendingHello& p : pending) held += p.received.size();
+    while (held > kMaxPendingHelloBytes) {
+      held -= pending[0].received.size();
+      drop(0, absl::ResourceExhaustedError("hellos in progress hold too many bytes"));
+    }
     if ((polled[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      // Out of descriptors: the pending connection stays queued and poll() would return at once.
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      // Out of descriptors (serving processes report it as ECONNABORTED, see core/process.cc):
+      // the pending connection may stay queued and poll() would return at once.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM || errno == ECONNABORTED) {
         PW_LOG(Warning) << "collective listener of " << host_ << ": " << Errno(errno);
         absl::SleepFor(absl::Milliseconds(50));
       }

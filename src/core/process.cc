@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -19,7 +20,7 @@ namespace {
 
 // A descriptor held back for the moment the process runs out: closing it makes room to accept
 // and close a pending connection (see accept4 below).
-bool guard_on = false;  // from InitServingProcess on
+std::atomic<bool> guard_on{false};  // from InitServingProcess on
 int spare_descriptor = -1;
 absl::Mutex spare_mu;
 std::atomic<int64_t> last_warning_ns{0};
@@ -38,18 +39,23 @@ int RawAccept4(int fd, sockaddr* addr, socklen_t* length, int flags) {
 // first): while descriptors are out, pending connections are accepted with the spare descriptor
 // and closed at once (their clients see the connection closed and retry later), and the caller
 // hears ECONNABORTED, which keeps gRPC's listener armed. The usual way servers (nginx, libuv) live
-// through EMFILE. Only after InitServingProcess; otherwise exactly libc's call.
+// through EMFILE. Only for non-blocking listeners, after InitServingProcess; otherwise exactly
+// libc's call.
 extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict length, int flags) {
   using pathways::RawAccept4;
   int accepted = RawAccept4(fd, addr, length, flags);
-  if (accepted >= 0 || (errno != EMFILE && errno != ENFILE)) return accepted;
+  const int error = errno;
+  if (accepted >= 0 || (error != EMFILE && error != ENFILE)) return accepted;
+  // Only non-blocking listeners: on a blocking one the accept below would wait for a connection
+  // (Linux reports EMFILE before it looks at the queue).
+  const int listener_flags = fcntl(fd, F_GETFL);
+  if (!pathways::guard_on || listener_flags < 0 || (listener_flags & O_NONBLOCK) == 0) {
+    errno = error;
+    return -1;
+  }
   int dropped = 0;
   {
     absl::MutexLock lock(&pathways::spare_mu);
-    if (!pathways::guard_on) {
-      errno = EMFILE;
-      return -1;
-    }
     // The spare is lost when another thread took its slot while it was closed: take it back.
     if (pathways::spare_descriptor < 0) pathways::spare_descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC);
     // Bounded: a flood that goes on is answered again at its next connection.
@@ -74,6 +80,8 @@ extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict 
     PW_LOG(Warning) << "out of descriptors: closed " << dropped
                     << " incoming connection(s) unserved; new ones are served again once others close";
   }
+  // Even when nothing could be dropped (another thread took the spare's slot): EMFILE would stop
+  // gRPC's listener for good; the connection stays queued for the next try.
   errno = ECONNABORTED;
   return -1;
 }
@@ -89,6 +97,16 @@ void InitServingProcess() {
   // the next call instead of being faulted in again.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_TRIM_THRESHOLD, 32 << 20);
+  // That threshold holds per arena, and threads get arenas of their own (up to 8 per core): free
+  // memory of gRPC's received messages, spread over many, stayed in the process. Once a second,
+  // what the arenas hold free goes back to the system.
+  static std::thread* trimmer = new std::thread([] {
+    while (true) {
+      absl::SleepFor(absl::Seconds(1));
+      malloc_trim(0);
+    }
+  });
+  trimmer->detach();
   // Connections are descriptors: take every one the system allows this process (the soft limit
   // is often far below the hard one), so a burst of connections does not run a server out.
   rlimit files{};

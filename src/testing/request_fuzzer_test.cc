@@ -132,11 +132,13 @@ void ExpectStillServing(RequestFuzzer& fuzzer, const std::string& client) {
   fetch.set_client_id(client);
   fetch.set_array_id(5);
   fetch.add_shards(0);
-  rpc::FetchResponse got;
-  auto done = fuzzer.runtime().Fetch(fetch, &got).Await();
+  auto got = std::make_shared<rpc::FetchResponse>();  // written until the fetch completes
+  Future<Unit> fetched = fuzzer.runtime().Fetch(fetch, got.get());
+  fetched.OnReady([got](const absl::StatusOr<Unit>&) {});
+  auto done = fetched.AwaitFor(absl::Seconds(30));
   ASSERT_TRUE(done.ok()) << done.status();
-  ASSERT_EQ(got.shards_size(), 1);
-  EXPECT_EQ(got.shards(0).data(), op->put().data());
+  ASSERT_EQ(got->shards_size(), 1);
+  EXPECT_EQ(got->shards(0).data(), op->put().data());
 }
 
 TEST(RequestFuzzerTest, HostileRequestsGetClearErrors) {

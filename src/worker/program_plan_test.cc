@@ -55,16 +55,21 @@ rpc::ProgramProto TwoHostProgram() {
   return p;
 }
 
+// The plan on `host`; one of no nodes when planning failed (the failure is reported).
 ProgramPlan Plan(const std::string& host) {
   auto lowered = LoweredProgram::Create(TwoHostProgram(), host, 2);
   EXPECT_TRUE(lowered.ok()) << lowered.status();
+  if (!lowered.ok()) return {{}, std::make_shared<dataflow::GraphDef>("")};
   auto plan = PlanProgram(**lowered, host, "client/3");
   EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return {{}, std::make_shared<dataflow::GraphDef>("")};
   return *std::move(plan);
 }
 
 TEST(ProgramPlanTest, ANodeWhoseInputsStayOnItsHostExchangesNothing) {
   const ProgramPlan a = Plan("A"), b = Plan("B");
+  ASSERT_EQ(a.nodes.size(), 3u);
+  ASSERT_EQ(b.nodes.size(), 3u);
   for (const ProgramPlan* plan : {&a, &b}) {
     const NodePlan& node = plan->nodes[0];
     EXPECT_TRUE(node.sends.empty());
@@ -83,6 +88,8 @@ TEST(ProgramPlanTest, ANodeWhoseInputsStayOnItsHostExchangesNothing) {
 
 TEST(ProgramPlanTest, TheSenderOwesEachBlockTheReceiverAssemblesFrom) {
   const ProgramPlan a = Plan("A"), b = Plan("B");
+  ASSERT_EQ(a.nodes.size(), 3u);
+  ASSERT_EQ(b.nodes.size(), 3u);
   // Split the same way: shard d of B reads shard d of A, one block each.
   const NodePlan& send = a.nodes[1];
   ASSERT_EQ(send.sends.size(), 2u);
@@ -106,6 +113,8 @@ TEST(ProgramPlanTest, TheSenderOwesEachBlockTheReceiverAssemblesFrom) {
 
 TEST(ProgramPlanTest, EveryHostDerivesTheSameGraph) {
   const ProgramPlan a = Plan("A"), b = Plan("B");
+  ASSERT_EQ(a.nodes.size(), 3u);
+  ASSERT_EQ(b.nodes.size(), 3u);
   EXPECT_EQ(a.graph->name(), "client/3");
   ASSERT_EQ(a.graph->nodes().size(), b.graph->nodes().size());
   EXPECT_EQ(a.graph->nodes().size(), 6u);  // send, arm and receive for nodes 1 and 2
@@ -113,8 +122,16 @@ TEST(ProgramPlanTest, EveryHostDerivesTheSameGraph) {
     EXPECT_EQ(a.graph->nodes()[n].name, b.graph->nodes()[n].name);
     EXPECT_EQ(a.graph->nodes()[n].shard_hosts, b.graph->nodes()[n].shard_hosts);
   }
+  ASSERT_EQ(a.graph->edges().size(), b.graph->edges().size());
+  EXPECT_EQ(a.graph->edges().size(), 4u);  // per exchange: send -> recv (sparse), arm -> recv
+  for (size_t e = 0; e < a.graph->edges().size(); ++e) {
+    EXPECT_EQ(a.graph->edges()[e].from, b.graph->edges()[e].from);
+    EXPECT_EQ(a.graph->edges()[e].to, b.graph->edges()[e].to);
+    EXPECT_EQ(a.graph->edges()[e].kind, b.graph->edges()[e].kind);
+  }
   for (int n = 1; n <= 2; ++n) {
     EXPECT_EQ(a.nodes[n].send_node, b.nodes[n].send_node);
+    EXPECT_EQ(a.nodes[n].edge, b.nodes[n].edge);
     EXPECT_EQ(a.nodes[n].recv_node, b.nodes[n].recv_node);
     EXPECT_EQ(a.nodes[n].sender_index.at("A"), 0);
     EXPECT_EQ(b.nodes[n].receiver_index.at("B"), 0);

@@ -58,7 +58,8 @@ grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* co
                                                  const rpc::CompileRequest* request,
                                                  rpc::CompileResponse* response) {
   return Serve(context, absl::OkStatus(), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
-    intake_.Schedule([&rt, request, response, reactor] {
+    compile_.Schedule([&rt, context, request, response, reactor] {
+      if (context->IsCancelled()) return reactor->Finish(grpc::Status::CANCELLED);
       auto key = rt.Compile(request->body());
       if (key.ok()) response->set_function_key(*key);
       reactor->Finish(ToGrpc(key.status()));
@@ -74,7 +75,10 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
       reactor->Finish(ToGrpc(rt.Enqueue(*request)));
       return;
     }
-    intake_.Schedule([&rt, request, reactor] { reactor->Finish(ToGrpc(rt.Enqueue(*request))); });
+    intake_.Schedule([&rt, context, request, reactor] {
+      if (context->IsCancelled()) return reactor->Finish(grpc::Status::CANCELLED);
+      reactor->Finish(ToGrpc(rt.Enqueue(*request)));
+    });
   });
 }
 

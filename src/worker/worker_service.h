@@ -45,8 +45,11 @@ class WorkerService final : public rpc::Worker::CallbackService {
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, absl::Status client, Handler handle,
                                   bool cluster_only = false);
   std::atomic<HostRuntime*> runtime_{nullptr};  // not owned; outlives this service
-  // One thread: TorchScript compilation and copies of put data (the sequencer applies ops in
-  // their clients' order whichever thread adds them). Destroyed, it runs what it holds first.
+  // Long work, each on a thread of its own so that one kind does not wait behind the other:
+  // TorchScript compilation, and ops with large puts or program registrations (the sequencer
+  // applies ops in their clients' order whichever thread adds them). A call cancelled while it
+  // waited (the server is shutting down, the client went) is answered without doing the work.
+  ThreadPool compile_{"worker-compile", 1};
   ThreadPool intake_{"worker-intake", 1};
   std::string token_;
   std::string cluster_token_;
