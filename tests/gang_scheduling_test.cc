@@ -111,5 +111,34 @@ TEST_F(GangSchedulingTest, WithoutTheSchedulerTheSameTenantsDeadlock) {
   EXPECT_GT(deadlocked, 0);
 }
 
+// Clients state their own weights; the operator bounds them. A client stating more than the
+// cluster allows has its runs refused with the reason; one within the bound runs.
+TEST(SchedulingWeightTest, AWeightAboveTheClustersLimitIsRefused) {
+  LocalClusterOptions options;
+  options.num_islands = 1;
+  options.hosts_per_island = 1;
+  options.devices_per_host = 1;
+  options.scheduler.policy = SchedulingPolicy::kProportionalShare;
+  options.scheduler.max_client_weight = 4;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const TensorSpec spec{DType::kF32, {2}};
+  for (double weight : {4.0, 100.0}) {
+    auto client = Client::Connect((*cluster)->controller_address(), {.weight = weight});
+    ASSERT_TRUE(client.ok()) << client.status();
+    VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {1}});
+    CompiledFunction inc = *(*client)->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{""}}, {{""}}));
+    ShardedArray x = *(*client)->Put(*HostArray::FromVector<float>(DType::kF32, {2}, {1, 2}), slice, {""});
+    auto out = (*client)->Call(inc, slice, {x});
+    absl::Status s = out.ok() ? (*client)->Fetch((*out)[0]).AwaitFor(absl::Seconds(30)).status() : out.status();
+    if (weight <= 4) {
+      EXPECT_TRUE(s.ok()) << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("scheduling weight 100"), std::string::npos) << s;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pathways

@@ -225,8 +225,10 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   absl::StatusOr<std::vector<Future<Unit>>> Submit(const rpc::ScheduleRequest& request) {
     if (controller_.stop_.HasBeenNotified()) return absl::UnavailableError("the controller is shutting down");
     if (request.client_id().empty()) return absl::InvalidArgumentError("schedule request has no client id");
-    if (!(request.weight() >= 0) || request.weight() > 1e6) {
-      return absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request.weight(), " is not in [0, 1e6]"));
+    const double max_weight = controller_.options_.scheduler.max_client_weight;
+    if (!(request.weight() >= 0) || request.weight() > max_weight) {
+      return absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request.weight(), " is not in [0, ",
+                                                     max_weight, "], this cluster's range (--max-client-weight)"));
     }
     const absl::Time now = absl::Now();
     // A batch's runs name the same few hosts over and over: look each up once.

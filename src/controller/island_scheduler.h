@@ -35,6 +35,9 @@ struct IslandSchedulerOptions {
   // Proportional share: a run whose hosts have not all reported done by then stops counting
   // against the window (a report lost with its host must not stall the island).
   absl::Duration done_timeout = absl::Seconds(2);
+  // The largest weight a client may state (clients choose their own): an operator bounds what
+  // one tenant can claim over the others. Runs of a client stating more are refused.
+  double max_client_weight = 1e6;
 };
 
 // Where the scheduler's ops go (the island control graph in the controller, memory in tests).

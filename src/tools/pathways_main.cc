@@ -32,7 +32,7 @@ constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
-    "             [--cluster-token C]\n"
+    "             [--cluster-token C] [--max-client-weight W]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
@@ -108,6 +108,9 @@ absl::Status RunController(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t window_us, flags.GetInt("share-window-us", 2000));
   if (window_us < 1 || window_us > 10'000'000) return absl::InvalidArgumentError("--share-window-us must be 1..1e7");
   options.scheduler.window = absl::Microseconds(window_us);
+  PW_ASSIGN_OR_RETURN(int64_t max_weight, flags.GetInt("max-client-weight", 1'000'000));
+  if (max_weight < 1 || max_weight > 1'000'000) return absl::InvalidArgumentError("--max-client-weight must be 1..1e6");
+  options.scheduler.max_client_weight = static_cast<double>(max_weight);
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
   if (!options.token.empty() && options.cluster_token == options.token) {
@@ -252,7 +255,7 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
