@@ -882,17 +882,53 @@ TEST(CrossIslandTest, ASliceLargerThanAnyIslandIsRefusedUnlessItMaySpanIslands) 
   controller.Stop(SIGTERM);
 }
 
+// Opens `count` connections to `port` that never speak, waits (bounded) until process `pid`
+// holds 120 descriptors or more, then closes them. Whether the process ran out.
+bool FloodThenClose(pid_t pid, int port, int count) {
+  auto open_descriptors = [&] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"))) {
+      ++n;
+    }
+    return n;
+  };
+  std::vector<int> flood;
+  for (int i = 0; i < count; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+      ADD_FAILURE() << "connection " << i << ": " << std::strerror(errno);
+      if (fd >= 0) close(fd);
+      break;
+    }
+    flood.push_back(fd);
+  }
+  for (int i = 0; i < 200 && open_descriptors() < 120; ++i) absl::SleepFor(absl::Milliseconds(50));
+  const bool ran_out = open_descriptors() >= 120;
+  for (int fd : flood) close(fd);
+  return ran_out;
+}
+
+// UBSan's own checks need descriptors (it probes whether memory is readable through a pipe):
+// out of them, it reports every virtual call as on an "invalid vptr" and aborts the server.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PW_SKIP_UNDER_SANITIZERS() \
+  GTEST_SKIP() << "not under sanitizers: their runtime needs descriptors the test takes away"
+#endif
+#endif
+#ifndef PW_SKIP_UNDER_SANITIZERS
+#define PW_SKIP_UNDER_SANITIZERS() (void)0
+#endif
+
 // Connections are a bounded resource: a controller allowed 128 descriptors, flooded with 300
 // connections that never speak, drops what it cannot hold and serves again once they close.
 // (gRPC 1.51's listener stops accepting for good after one accept fails with EMFILE.)
 TEST(ConnectionFloodTest, AServerOutOfDescriptorsServesAgainOnceTheyClose) {
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-  // UBSan's own checks need descriptors (it probes whether memory is readable through a pipe):
-  // out of them, it reports every virtual call as on an "invalid vptr" and aborts the server.
-  GTEST_SKIP() << "not under sanitizers: their runtime needs descriptors the test takes away";
-#endif
-#endif
+  PW_SKIP_UNDER_SANITIZERS();
   Subprocess controller;
   ASSERT_TRUE(controller
                   .Start({"/usr/bin/prlimit", "--nofile=128:128", PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"})
@@ -900,36 +936,45 @@ TEST(ConnectionFloodTest, AServerOutOfDescriptorsServesAgainOnceTheyClose) {
   auto line = controller.WaitForLine("listening on", kStartTimeout);
   ASSERT_TRUE(line.ok()) << line.status();
   const std::string address = line->substr(line->rfind(' ') + 1);
-  const int port = std::stoi(address.substr(address.rfind(':') + 1));
-  auto open_descriptors = [&] {
-    int n = 0;
-    for ([[maybe_unused]] const auto& entry :
-         std::filesystem::directory_iterator(absl::StrCat("/proc/", controller.pid(), "/fd"))) {
-      ++n;
-    }
-    return n;
-  };
-  std::vector<int> flood;
-  for (int i = 0; i < 300; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(port);
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
-    flood.push_back(fd);
-  }
-  // The controller takes connections until its descriptors run out (bounded wait on its table).
-  for (int i = 0; i < 200 && open_descriptors() < 120; ++i) absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_GE(open_descriptors(), 120);
-  for (int fd : flood) close(fd);
+  EXPECT_TRUE(FloodThenClose(controller.pid(), std::stoi(address.substr(address.rfind(':') + 1)), 300));
   // Once they are closed it serves: a status call and a worker's registration.
   auto status = RunShell(absl::StrCat("exec ", PATHWAYS_BINARY, " status --controller ", address), absl::Seconds(60));
   EXPECT_TRUE(WIFEXITED(status.first) && WEXITSTATUS(status.first) == 0) << status.second;
   Subprocess worker;
   ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1"}).ok());
   EXPECT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());
+  EXPECT_EQ(worker.Stop(SIGTERM), 0);
+  EXPECT_EQ(controller.Stop(SIGTERM), 0);
+}
+
+// The same for a worker: flooded past its descriptors, it still runs a client's job afterwards.
+TEST(ConnectionFloodTest, AWorkerOutOfDescriptorsRunsJobsAgainOnceTheyClose) {
+  PW_SKIP_UNDER_SANITIZERS();
+  Subprocess controller, worker;
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}).ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker
+                  .Start({"/usr/bin/prlimit", "--nofile=128:128", PATHWAYS_BINARY, "worker", "--controller", address,
+                          "--devices", "2", "--device-memory", "64MiB"})
+                  .ok());
+  auto serving = worker.WaitForLine("serving", kStartTimeout);
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  const std::string worker_address = serving->substr(7, serving->find(' ', 7) - 7);  // "worker <address> serving"
+  EXPECT_TRUE(FloodThenClose(worker.pid(), std::stoi(worker_address.substr(worker_address.rfind(':') + 1)), 300));
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
+  const TensorSpec row{DType::kF32, {8}};
+  auto sum = *(*client)->Compile(FunctionSpec::Builtin("all_reduce_sum@x", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *(*client)->Put(Pattern({8}, 1.0f), slice, {"x"});
+  auto call = (*client)->Call(sum, slice, {x});
+  ASSERT_TRUE(call.ok()) << call.status();
+  auto out = (*client)->Fetch((*call)[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->data<float>()[0], Pattern({8}, 1.0f).data<float>()[0] + Pattern({8}, 1.0f).data<float>()[4]);
+  client->reset();
   EXPECT_EQ(worker.Stop(SIGTERM), 0);
   EXPECT_EQ(controller.Stop(SIGTERM), 0);
 }
