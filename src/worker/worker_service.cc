@@ -12,16 +12,22 @@ absl::Status ClientOf(const Request& request) {
   return CheckClientCredential(request.client_id(), request.credential());
 }
 
-// Whether applying the ops is long work for a gRPC thread: they register a program (planning)
-// or put more than a few pages of data (copies into device memory).
+// Whether applying the ops is long work for a gRPC thread: they put more than a few pages of data
+// (copies into device memory) or register large programs (planning grows with nodes and
+// shards). Small requests are applied where they arrive: a hop to another thread would cost
+// more than the work, and the client's next run may already wait on the host for them.
 bool IsLongWork(const rpc::EnqueueRequest& request) {
-  constexpr size_t kShortPutBytes = 64 << 10;
-  size_t put_bytes = 0;
+  constexpr size_t kShortBytes = 64 << 10;
+  constexpr int kShortProgramNodes = 64;
+  size_t bytes = 0;
   for (const rpc::Op& op : request.ops()) {
-    if (op.has_register_program()) return true;
-    if (op.has_put()) put_bytes += op.put().data().size();
+    if (op.has_put()) bytes += op.put().data().size();
+    if (op.has_register_program()) {
+      if (op.register_program().program().nodes_size() > kShortProgramNodes) return true;
+      bytes += op.register_program().ByteSizeLong();
+    }
   }
-  return put_bytes > kShortPutBytes;
+  return bytes > kShortBytes;
 }
 
 }  // namespace
