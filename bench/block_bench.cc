@@ -87,13 +87,10 @@ int Main(int argc, char** argv) {
   }
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
   Subprocess controller, worker_a, worker_b;
-  (void)controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
-  std::string line = *controller.WaitForLine("listening on", absl::Seconds(60));
-  const std::string address = line.substr(line.rfind(' ') + 1);
+  const std::string address = *StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
   for (Subprocess* w : {&worker_a, &worker_b}) {
-    (void)w->Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1", "--device-memory",
-                    std::to_string(4 * largest + (64 << 20))});
-    (void)w->WaitForLine("serving", absl::Seconds(60));
+    (void)StartWorker(*w, {PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1", "--device-memory",
+                           std::to_string(4 * largest + (64 << 20))});
   }
   auto client = *Client::Connect(address);
   VirtualSlice a = *client->CreateSlice({.mesh_shape = {1}});

@@ -43,20 +43,11 @@ int Main(int argc, char** argv) {
     return 2;
   }
   Subprocess controller, worker;
-  auto line = controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}).ok()
-                  ? controller.WaitForLine("listening on", absl::Seconds(60))
-                  : absl::UnavailableError("the controller did not start");
-  if (!line.ok()) {
-    std::fprintf(stderr, "%s\n", line.status().ToString().c_str());
-    return 1;
-  }
-  const std::string address = line->substr(line->rfind(' ') + 1);
-  auto serving = worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1",
-                               "--device-memory", std::to_string(*budget)})
-                         .ok()
-                     ? worker.WaitForLine("serving", absl::Seconds(60))
-                     : absl::UnavailableError("the worker did not start");
-  auto client = serving.ok() ? Client::Connect(address) : serving.status();
+  auto address = StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
+  auto serving = address.ok() ? StartWorker(worker, {PATHWAYS_BINARY, "worker", "--controller", *address, "--devices",
+                                                     "1", "--device-memory", std::to_string(*budget)})
+                              : address.status();
+  auto client = serving.ok() ? Client::Connect(*address) : serving.status();
   auto slice = client.ok() ? (*client)->CreateSlice({.mesh_shape = {1}}) : client.status();
   if (!slice.ok()) {
     std::fprintf(stderr, "%s\n", slice.status().ToString().c_str());

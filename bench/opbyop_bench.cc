@@ -131,12 +131,9 @@ int Main(int argc, char** argv) {
   cluster.reset();
 
   Subprocess controller, worker;
-  (void)controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
-  std::string line = *controller.WaitForLine("listening on", absl::Seconds(60));
-  std::string address = line.substr(line.rfind(' ') + 1);
-  (void)worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices",
-                      std::to_string(devices), "--device-memory", "64MiB"});
-  (void)worker.WaitForLine("serving", absl::Seconds(60));
+  const std::string address = *StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
+  (void)StartWorker(worker, {PATHWAYS_BINARY, "worker", "--controller", address, "--devices", std::to_string(devices),
+                             "--device-memory", "64MiB"});
   Figures multi = Measure(**Client::Connect(address), devices, calls, repeats);
   multi.grpc_us = MeasureGrpc(multi.hosts.front(), std::max<int64_t>(1, calls / 10), repeats);
   worker.Stop(SIGTERM);

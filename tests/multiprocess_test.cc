@@ -930,19 +930,17 @@ bool FloodThenClose(pid_t pid, int port, int count) {
 TEST(ConnectionFloodTest, AServerOutOfDescriptorsServesAgainOnceTheyClose) {
   PW_SKIP_UNDER_SANITIZERS();
   Subprocess controller;
-  ASSERT_TRUE(controller
-                  .Start({"/usr/bin/prlimit", "--nofile=128:128", PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"})
-                  .ok());
-  auto line = controller.WaitForLine("listening on", kStartTimeout);
-  ASSERT_TRUE(line.ok()) << line.status();
-  const std::string address = line->substr(line->rfind(' ') + 1);
+  auto started = StartController(
+      controller, {"/usr/bin/prlimit", "--nofile=128:128", PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string address = *started;
   EXPECT_TRUE(FloodThenClose(controller.pid(), std::stoi(address.substr(address.rfind(':') + 1)), 300));
   // Once they are closed it serves: a status call and a worker's registration.
   auto status = RunShell(absl::StrCat("exec ", PATHWAYS_BINARY, " status --controller ", address), absl::Seconds(60));
   EXPECT_TRUE(WIFEXITED(status.first) && WEXITSTATUS(status.first) == 0) << status.second;
   Subprocess worker;
-  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1"}).ok());
-  EXPECT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());
+  auto registered = StartWorker(worker, {PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1"});
+  EXPECT_TRUE(registered.ok()) << registered.status();
   EXPECT_EQ(worker.Stop(SIGTERM), 0);
   EXPECT_EQ(controller.Stop(SIGTERM), 0);
 }
@@ -951,18 +949,13 @@ TEST(ConnectionFloodTest, AServerOutOfDescriptorsServesAgainOnceTheyClose) {
 TEST(ConnectionFloodTest, AWorkerOutOfDescriptorsRunsJobsAgainOnceTheyClose) {
   PW_SKIP_UNDER_SANITIZERS();
   Subprocess controller, worker;
-  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}).ok());
-  auto line = controller.WaitForLine("listening on", kStartTimeout);
-  ASSERT_TRUE(line.ok()) << line.status();
-  const std::string address = line->substr(line->rfind(' ') + 1);
-  ASSERT_TRUE(worker
-                  .Start({"/usr/bin/prlimit", "--nofile=128:128", PATHWAYS_BINARY, "worker", "--controller", address,
-                          "--devices", "2", "--device-memory", "64MiB"})
-                  .ok());
-  auto serving = worker.WaitForLine("serving", kStartTimeout);
+  auto started = StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string address = *started;
+  auto serving = StartWorker(worker, {"/usr/bin/prlimit", "--nofile=128:128", PATHWAYS_BINARY, "worker", "--controller",
+                                      address, "--devices", "2", "--device-memory", "64MiB"});
   ASSERT_TRUE(serving.ok()) << serving.status();
-  const std::string worker_address = serving->substr(7, serving->find(' ', 7) - 7);  // "worker <address> serving"
-  EXPECT_TRUE(FloodThenClose(worker.pid(), std::stoi(worker_address.substr(worker_address.rfind(':') + 1)), 300));
+  EXPECT_TRUE(FloodThenClose(worker.pid(), std::stoi(serving->substr(serving->rfind(':') + 1)), 300));
   auto client = Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});

@@ -289,17 +289,16 @@ void TcpLinks::AcceptLoop() {
       continue;
     }
     // The listener challenges first; the dialer's hello proves the secret over both challenges.
-    PendingHello hello{fd, absl::Now() + kHelloTimeout, std::string(kChallengeBytes, '\0'), ""};
+    pending.push_back({fd, absl::Now() + kHelloTimeout, std::string(kChallengeBytes, '\0'), ""});
+    PendingHello& hello = pending.back();
     absl::Status s = RAND_bytes(reinterpret_cast<unsigned char*>(hello.challenges.data()), kChallengeBytes) == 1
                          ? TransferAll(fd, hello.challenges.data(), kChallengeBytes, true, hello.deadline, "challenge")
                          : absl::InternalError("no random bytes for a challenge");
     if (!s.ok()) {
-      PW_LOG(Warning) << "collective listener of " << host_ << " dropped a connection: " << s;
-      close(fd);
-      continue;
+      drop(pending.size() - 1, s);
+    } else if (pending.size() > kMaxPendingHellos) {
+      drop(0, absl::ResourceExhaustedError("too many hellos in progress"));
     }
-    pending.push_back(std::move(hello));
-    if (pending.size() > kMaxPendingHellos) drop(0, absl::ResourceExhaustedError("too many hellos in progress"));
   }
   for (const PendingHello& p : pending) close(p.fd);
 }

@@ -50,7 +50,6 @@ class Id {
   constexpr int64_t value() const { return value_; }
   // Consecutive ids (a run's outputs take a block of array ids).
   constexpr Id operator+(int64_t n) const { return Id(value_ + n); }
-  constexpr int64_t operator-(Id other) const { return value_ - other.value_; }
   friend constexpr auto operator<=>(Id, Id) = default;
   template <typename H>
   friend H AbslHashValue(H h, Id id) {

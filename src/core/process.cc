@@ -100,13 +100,16 @@ void InitServingProcess() {
   // That threshold holds per arena, and threads get arenas of their own (up to 8 per core): free
   // memory of gRPC's received messages, spread over many, stayed in the process. Once a second,
   // what the arenas hold free goes back to the system.
-  static std::thread* trimmer = new std::thread([] {
-    while (true) {
-      absl::SleepFor(absl::Seconds(1));
-      malloc_trim(0);
-    }
-  });
-  trimmer->detach();
+  static const bool trimming = [] {
+    std::thread([] {
+      while (true) {
+        absl::SleepFor(absl::Seconds(1));
+        malloc_trim(0);
+      }
+    }).detach();
+    return true;
+  }();
+  (void)trimming;
   // Connections are descriptors: take every one the system allows this process (the soft limit
   // is often far below the hard one), so a burst of connections does not run a server out.
   rlimit files{};

@@ -143,6 +143,23 @@ absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, abs
   return out;
 }
 
+absl::StatusOr<std::string> StartController(Subprocess& process, const std::vector<std::string>& argv,
+                                            absl::Duration timeout) {
+  if (absl::Status s = process.Start(argv); !s.ok()) return s;
+  absl::StatusOr<std::string> line = process.WaitForLine("listening on", timeout);  // "... listening on ADDR"
+  if (!line.ok()) return line.status();
+  return line->substr(line->rfind(' ') + 1);
+}
+
+absl::StatusOr<std::string> StartWorker(Subprocess& process, const std::vector<std::string>& argv,
+                                        absl::Duration timeout) {
+  if (absl::Status s = process.Start(argv); !s.ok()) return s;
+  absl::StatusOr<std::string> line = process.WaitForLine("serving", timeout);  // "worker ADDR serving ..."
+  if (!line.ok()) return line.status();
+  const size_t start = line->find("worker ") + 7;
+  return line->substr(start, line->find(' ', start) - start);
+}
+
 std::pair<int, std::string> RunShell(const std::string& command, absl::Duration timeout) {
   Subprocess p;
   if (absl::Status s = p.Start({"/bin/sh", "-c", command + " 2>&1"}); !s.ok()) return {-1, s.ToString()};

@@ -47,6 +47,13 @@ class Subprocess {
   std::string buffer_;
 };
 
+// Starts a `pathways controller` (or worker) from `argv` (the whole command line, which may start
+// with a wrapper such as prlimit) and waits for it to say it serves: the address it listens on.
+absl::StatusOr<std::string> StartController(Subprocess& process, const std::vector<std::string>& argv,
+                                            absl::Duration timeout = absl::Seconds(60));
+absl::StatusOr<std::string> StartWorker(Subprocess& process, const std::vector<std::string>& argv,
+                                        absl::Duration timeout = absl::Seconds(60));
+
 // Runs a command to completion and returns its stdout (bounded by `timeout`).
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
 

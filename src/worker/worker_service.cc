@@ -30,6 +30,15 @@ bool IsLongWork(const rpc::EnqueueRequest& request) {
   return bytes > kShortBytes;
 }
 
+// Runs `work` on `pool` and finishes the call with its status; a call cancelled while it waited
+// (the server is shutting down, the client went) is answered without doing the work.
+template <typename Work>
+void HandOff(ThreadPool& pool, grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor, Work work) {
+  pool.Schedule([context, reactor, work = std::move(work)]() mutable {
+    reactor->Finish(context->IsCancelled() ? grpc::Status::CANCELLED : ToGrpc(work()));
+  });
+}
+
 }  // namespace
 
 // Runs `handle(runtime, reactor)` once the call is admitted and the runtime is attached. Admitted:
@@ -64,11 +73,10 @@ grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* co
                                                  const rpc::CompileRequest* request,
                                                  rpc::CompileResponse* response) {
   return Serve(context, absl::OkStatus(), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
-    compile_.Schedule([&rt, context, request, response, reactor] {
-      if (context->IsCancelled()) return reactor->Finish(grpc::Status::CANCELLED);
+    HandOff(compile_, context, reactor, [&rt, request, response] {
       auto key = rt.Compile(request->body());
       if (key.ok()) response->set_function_key(*key);
-      reactor->Finish(ToGrpc(key.status()));
+      return key.status();
     });
   });
 }
@@ -81,10 +89,7 @@ grpc::ServerUnaryReactor* WorkerService::Enqueue(grpc::CallbackServerContext* co
       reactor->Finish(ToGrpc(rt.Enqueue(*request)));
       return;
     }
-    intake_.Schedule([&rt, context, request, reactor] {
-      if (context->IsCancelled()) return reactor->Finish(grpc::Status::CANCELLED);
-      reactor->Finish(ToGrpc(rt.Enqueue(*request)));
-    });
+    HandOff(intake_, context, reactor, [&rt, request] { return rt.Enqueue(*request); });
   });
 }
 
