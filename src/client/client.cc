@@ -79,6 +79,59 @@ FunctionSpec FunctionSpec::Script(std::string name, std::string source,
                       std::move(out_shardings)};
 }
 
+absl::StatusOr<FunctionSpec> FunctionSpec::Vjp(const FunctionSpec& primal, std::vector<int> wrt, bool with_outputs) {
+  PW_RETURN_IF_ERROR(ValidateFunctionSpec(primal));
+  const std::string& name = primal.body.name;
+  if (primal.body.gradient) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is already a gradient; gradients of gradients are not supported"));
+  }
+  auto floating = [](DType d) { return d == DType::kF32 || d == DType::kF64; };
+  if (wrt.empty()) {
+    for (size_t i = 0; i < primal.inputs.size(); ++i) {
+      if (floating(primal.inputs[i].dtype)) wrt.push_back(static_cast<int>(i));
+    }
+  }
+  auto in_sharding = [&](size_t i) { return primal.in_shardings.empty() ? PartitionSpec{} : primal.in_shardings[i]; };
+  auto out_sharding = [&](size_t k) { return primal.out_shardings.empty() ? PartitionSpec{} : primal.out_shardings[k]; };
+  FunctionSpec vjp;
+  vjp.body = primal.body;
+  vjp.body.name = name;
+  FunctionBody::Gradient gradient;
+  gradient.wrt = wrt;
+  gradient.with_outputs = with_outputs;
+  for (size_t i = 0; i < primal.inputs.size(); ++i) {
+    vjp.inputs.push_back(primal.inputs[i]);
+    vjp.in_shardings.push_back(in_sharding(i));
+    gradient.in_specs.push_back(in_sharding(i));
+  }
+  for (size_t k = 0; k < primal.outputs.size(); ++k) {
+    gradient.out_specs.push_back(out_sharding(k));
+    if (with_outputs) {
+      vjp.outputs.push_back(primal.outputs[k]);
+      vjp.out_shardings.push_back(out_sharding(k));
+    }
+    if (!floating(primal.outputs[k].dtype)) continue;
+    vjp.inputs.push_back(primal.outputs[k]);
+    vjp.in_shardings.push_back(out_sharding(k));
+  }
+  for (int i : wrt) {
+    if (i < 0 || i >= static_cast<int>(primal.inputs.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' with respect to input ", i,
+                                                     ", but it has ", primal.inputs.size(), " inputs"));
+    }
+    if (!floating(primal.inputs[i].dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' with respect to input ", i, ", which is ",
+                                                     DTypeName(primal.inputs[i].dtype), ", not floating point"));
+    }
+    vjp.outputs.push_back(primal.inputs[i]);
+    vjp.out_shardings.push_back(in_sharding(i));
+  }
+  vjp.body.gradient = std::move(gradient);
+  PW_RETURN_IF_ERROR(ValidateFunctionBody(vjp.body));
+  vjp.data_dependent_shapes = primal.data_dependent_shapes;
+  return vjp;
+}
+
 const std::string& CompiledFunction::name() const { return state_->spec.body.name; }
 const FunctionSpec& CompiledFunction::spec() const { return state_->spec; }
 

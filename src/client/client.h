@@ -134,6 +134,14 @@ struct FunctionSpec {
                              std::vector<TensorSpec> outputs,
                              std::vector<PartitionSpec> in_shardings = {},
                              std::vector<PartitionSpec> out_shardings = {});
+  // The vector-Jacobian product of `primal` (see FunctionBody::Gradient): it takes the primal's
+  // inputs and then one cotangent per floating-point output (laid out as that output), and
+  // returns the primal's outputs when `with_outputs` (a loss and its gradients in one call), then
+  // the cotangents of inputs `wrt` (default: every floating-point input), each laid out as its
+  // input. Cotangents are of the global function: what the body computes on shards, with its
+  // collectives, is differentiated as the function of whole arrays that it is.
+  static absl::StatusOr<FunctionSpec> Vjp(const FunctionSpec& primal, std::vector<int> wrt = {},
+                                          bool with_outputs = false);
 };
 
 // A function compiled on the cluster's workers. Cheap to copy; thread-safe.

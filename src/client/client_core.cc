@@ -6,6 +6,7 @@
 #include "client/client_core.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "transport/rpc_util.h"
 
 namespace pathways {
 
@@ -120,9 +121,7 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
 absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,
                                    const std::vector<std::string>& hosts) {
   rpc::CompileRequest request;
-  request.mutable_body()->set_kind(static_cast<int>(fn.spec.body.kind));
-  request.mutable_body()->set_name(fn.spec.body.name);
-  request.mutable_body()->set_source(fn.spec.body.source);
+  *request.mutable_body() = ToProto(fn.spec.body);
   std::vector<Future<rpc::CompileResponse>> calls;
   for (const std::string& host : hosts) calls.push_back(worker(host)->Compile(request));
   for (size_t i = 0; i < calls.size(); ++i) {

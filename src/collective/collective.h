@@ -176,6 +176,8 @@ class ShardCollectives {
   // named), without placing it on hosts: for kernels that need where their shard sits in the
   // global array (random numbers).
   absl::StatusOr<Group> GroupOver(absl::string_view axes) const { return GroupOf(*layout_, shard_, axes); }
+  // The gang's mesh axis names, in mesh order.
+  const std::vector<std::string>& axis_names() const { return layout_->axis_names; }
   // The first error a collective of this shard returned: kernels report failures by throwing,
   // and the compute layer turns the exception back into this Status (keeping its code).
   const absl::Status& first_error() const { return first_error_; }

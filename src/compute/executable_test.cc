@@ -1,5 +1,6 @@
 #include "compute/executable.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "device/cpu_device.h"
@@ -97,6 +98,75 @@ TEST_F(ExecutableTest, WrongOutputShapeAndRuntimeErrorsAreStatuses) {
   s = mm->Run(mm_ins, mm_outs);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'matmul' failed at run time"), std::string::npos) << s;
+}
+
+
+// f(a, b, n) = (tanh(a) * b, sum(a)); n is an integer input with no gradient.
+constexpr char kTanhSource[] = "def f(a, b, n):\n    return torch.tanh(a) * b, a.sum() + n.sum().float()\n";
+
+FunctionBody TanhGradient(std::vector<int> wrt, bool with_outputs) {
+  FunctionBody body{FunctionBody::Kind::kTorchScript, "f", kTanhSource};
+  body.gradient = FunctionBody::Gradient{wrt, {{}, {}, {}}, {{}, {}}, with_outputs};
+  return body;
+}
+
+TEST_F(ExecutableTest, GradientMatchesTheDerivativeWorkedOutByHand) {
+  auto exe = cache_.Compile(TanhGradient({0, 1}, /*with_outputs=*/true));
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey(TanhGradient({0, 1}, false)));
+  EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey({FunctionBody::Kind::kTorchScript, "f", kTanhSource}));
+  const std::vector<float> a = {0.5f, -1, 2}, b = {3, 1, -2}, dy = {1, -0.5f, 2};
+  const float ds = 0.25f;
+  BufferPtr ba = MakeF32({3}, a), bb = MakeF32({3}, b), dy1 = MakeF32({3}, dy), dy2 = MakeF32({}, {ds});
+  BufferPtr n = *device_.Allocate(DType::kI32, {2});
+  std::memset(n->data(), 0, 8);
+  BufferPtr y1 = *device_.Allocate(DType::kF32, {3}), y2 = *device_.Allocate(DType::kF32, {});
+  BufferPtr da = *device_.Allocate(DType::kF32, {3}), db = *device_.Allocate(DType::kF32, {3});
+  const DeviceBuffer* ins[] = {ba.get(), bb.get(), n.get(), dy1.get(), dy2.get()};
+  DeviceBuffer* outs[] = {y1.get(), y2.get(), da.get(), db.get()};
+  ASSERT_TRUE((*exe)->Run(ins, outs).ok());
+  for (int i = 0; i < 3; ++i) {
+    const float t = std::tanh(a[i]);
+    EXPECT_NEAR(Values(*y1)[i], t * b[i], 1e-6);
+    EXPECT_NEAR(Values(*da)[i], dy[i] * b[i] * (1 - t * t) + ds, 1e-5) << i;
+    EXPECT_NEAR(Values(*db)[i], dy[i] * t, 1e-5) << i;
+  }
+  EXPECT_NEAR(Values(*y2)[0], 1.5f, 1e-6);
+  // The inputs are untouched: the body differentiated copies of nothing, views of them.
+  EXPECT_EQ(Values(*ba), a);
+}
+
+TEST_F(ExecutableTest, GradientOfAnInputTheOutputsIgnoreIsZeroAndBadGradientsAreErrors) {
+  FunctionBody body{FunctionBody::Kind::kTorchScript, "g", "def g(a, b):\n    return a * 2.0\n"};
+  body.gradient = FunctionBody::Gradient{{1}, {{}, {}}, {{}}, false};
+  auto exe = cache_.Compile(body);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  BufferPtr a = MakeF32({2}, {1, 2}), b = MakeF32({2}, {3, 4}), dy = MakeF32({2}, {1, 1});
+  BufferPtr db = MakeF32({2}, {7, 7});
+  const DeviceBuffer* ins[] = {a.get(), b.get(), dy.get()};
+  DeviceBuffer* outs[] = {db.get()};
+  ASSERT_TRUE((*exe)->Run(ins, outs).ok());
+  EXPECT_EQ(Values(*db), (std::vector<float>{0, 0}));
+
+  // A cotangent of the wrong shape, a missing one, an integer input, an input out of range.
+  BufferPtr wrong = MakeF32({3}, {1, 1, 1});
+  const DeviceBuffer* bad[] = {a.get(), b.get(), wrong.get()};
+  absl::Status s = (*exe)->Run(bad, outs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cotangent of output 0"), std::string::npos) << s;
+  const DeviceBuffer* missing[] = {a.get(), b.get()};
+  s = (*exe)->Run(missing, outs);
+  EXPECT_NE(s.message().find("no cotangent for output 0"), std::string::npos) << s;
+  auto integer = cache_.Compile(TanhGradient({2}, false));
+  ASSERT_TRUE(integer.ok());
+  BufferPtr n = *device_.Allocate(DType::kI32, {2});
+  BufferPtr dn = *device_.Allocate(DType::kI32, {2});
+  const DeviceBuffer* int_ins[] = {a.get(), b.get(), n.get(), a.get(), dy.get()};
+  DeviceBuffer* int_outs[] = {dn.get()};
+  s = (*integer)->Run(int_ins, int_outs);
+  EXPECT_NE(s.message().find("input 2 is not floating point"), std::string::npos) << s;
+  EXPECT_EQ(cache_.Compile(TanhGradient({3}, false)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_.Compile(TanhGradient({0, 0}, false)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,20 +1,62 @@
 #include "compute/function_body.h"
 
+#include <set>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "openssl/sha.h"
 
 namespace pathways {
+namespace {
+
+void AppendField(std::string& out, const std::string& field) { absl::StrAppend(&out, field.size(), ":", field); }
+
+void AppendSpecs(std::string& out, const std::vector<std::vector<std::string>>& specs) {
+  absl::StrAppend(&out, "[", specs.size());
+  for (const auto& spec : specs) {
+    absl::StrAppend(&out, "(", spec.size());
+    for (const std::string& axis : spec) AppendField(out, axis);
+  }
+}
+
+}  // namespace
 
 std::string FunctionKey(const FunctionBody& body) {
   // SHA-256 of a length-prefixed encoding: hosts cache compiled functions by this key for every
   // tenant, so a tenant must not be able to make its body collide with another's (a fast
   // non-cryptographic hash would let it put its code in place of someone else's).
-  const std::string encoded = absl::StrCat(static_cast<int>(body.kind), ":", body.name.size(), ":",
-                                           body.name, ":", body.source);
+  std::string encoded = absl::StrCat(static_cast<int>(body.kind), ":", body.name.size(), ":", body.name, ":", body.source);
+  if (body.gradient) {
+    const FunctionBody::Gradient& g = *body.gradient;
+    absl::StrAppend(&encoded, "|vjp", g.with_outputs ? "+" : "-", g.wrt.size());
+    for (int i : g.wrt) absl::StrAppend(&encoded, ",", i);
+    AppendSpecs(encoded, g.in_specs);
+    AppendSpecs(encoded, g.out_specs);
+  }
   unsigned char digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(encoded.data()), encoded.size(), digest);
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+}
+
+absl::Status ValidateFunctionBody(const FunctionBody& body) {
+  if (body.kind != FunctionBody::Kind::kTorchScript && body.kind != FunctionBody::Kind::kBuiltin) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown function body kind ", static_cast<int>(body.kind)));
+  }
+  if (body.name.empty()) return absl::InvalidArgumentError("a function body needs a name");
+  if (!body.gradient) return absl::OkStatus();
+  const FunctionBody::Gradient& g = *body.gradient;
+  std::set<int> seen;
+  for (int i : g.wrt) {
+    if (i < 0 || i >= static_cast<int>(g.in_specs.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of '", body.name, "' with respect to input ", i,
+                                                     ", but the function has ", g.in_specs.size(), " inputs"));
+    }
+    if (!seen.insert(i).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of '", body.name, "' names input ", i, " twice"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pathways

@@ -2,7 +2,11 @@
 // the client library can name bodies without linking the compute layer.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "absl/status/status.h"
 
 namespace pathways {
 
@@ -11,10 +15,33 @@ struct FunctionBody {
   Kind kind = Kind::kBuiltin;
   std::string name;    // the function's name; for TorchScript, the `def` to call
   std::string source;  // TorchScript source; empty for built-ins
+
+  // Set when the body is the vector-Jacobian product of the function that kind, name and source
+  // describe (the primal). Its inputs are the primal's inputs, then one cotangent per
+  // floating-point output of the primal; its outputs are the primal's outputs when
+  // `with_outputs`, then the cotangents of the inputs in `wrt`. The body runs the primal's
+  // forward pass again under libtorch's autograd (rematerialisation) and differentiates it.
+  //
+  // The partition specs of the primal's inputs and outputs (one mesh axis name or "" per
+  // dimension) say along which mesh axes each value is replicated: a replicated output's
+  // cotangent is shared among its replicas, and a replicated input's cotangent is the sum of
+  // what each replica's shard contributes (an all_reduce over those axes).
+  struct Gradient {
+    std::vector<int> wrt;
+    std::vector<std::vector<std::string>> in_specs;   // one per primal input
+    std::vector<std::vector<std::string>> out_specs;  // one per primal output
+    bool with_outputs = false;
+    bool operator==(const Gradient&) const = default;
+  };
+  std::optional<Gradient> gradient;
 };
 
 // Stable content hash of a body, as hex. Equal bodies get equal keys in every process, so a
 // worker compiles each body once whoever sends it.
 std::string FunctionKey(const FunctionBody& body);
+
+// Checks what a body says about itself, for bodies that arrive from elsewhere: a known kind, a
+// name, and a gradient whose inputs to differentiate are distinct primal inputs.
+absl::Status ValidateFunctionBody(const FunctionBody& body);
 
 }  // namespace pathways

@@ -17,9 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "collective/collective.h"
 #include "compute/counter_rng.h"
 #include "compute/executable.h"
+#include "core/status_macros.h"
 #include "device/host_memory.h"
 
 namespace pathways {
@@ -107,7 +110,7 @@ void CheckSplits(const at::Tensor& x, int64_t dim, int members, const char* what
               " does not split into ", members, " equal chunks");
 }
 
-at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) {
+at::Tensor AllReduceRaw(const at::Tensor& x, const std::string& axes, const std::string& op) {
   const bool mean = op == "mean";
   TORCH_CHECK(!mean || at::isFloatingType(x.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
   auto reduce = collective::ParseReduceOp(mean ? "sum" : op);
@@ -119,7 +122,7 @@ at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) {
   return out;
 }
 
-at::Tensor AllGather(const at::Tensor& x, std::string axes, int64_t dim) {
+at::Tensor AllGatherRaw(const at::Tensor& x, const std::string& axes, int64_t dim) {
   CheckDim(x, dim, "all_gather");
   const int members = GroupSize(axes);
   at::Tensor in = x.movedim(dim, 0).contiguous();
@@ -130,7 +133,7 @@ at::Tensor AllGather(const at::Tensor& x, std::string axes, int64_t dim) {
   return out.movedim(0, dim);
 }
 
-at::Tensor ReduceScatter(const at::Tensor& x, std::string axes, std::string op, int64_t dim) {
+at::Tensor ReduceScatterRaw(const at::Tensor& x, const std::string& axes, const std::string& op, int64_t dim) {
   auto reduce = collective::ParseReduceOp(op);
   TORCH_CHECK(reduce.ok(), reduce.status().message());
   const int members = GroupSize(axes);
@@ -144,7 +147,7 @@ at::Tensor ReduceScatter(const at::Tensor& x, std::string axes, std::string op, 
 }
 
 // Chunk j of member i's tensor goes to member j, which concatenates its chunks in member order.
-at::Tensor AllToAll(const at::Tensor& x, std::string axes, int64_t dim) {
+at::Tensor AllToAllRaw(const at::Tensor& x, const std::string& axes, int64_t dim) {
   CheckSplits(x, dim, GroupSize(axes), "all_to_all");
   at::Tensor in = x.movedim(dim, 0).contiguous();
   at::Tensor out = torch::empty_like(in);
@@ -152,7 +155,7 @@ at::Tensor AllToAll(const at::Tensor& x, std::string axes, int64_t dim) {
   return out.movedim(0, dim);
 }
 
-at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
+at::Tensor BroadcastRaw(const at::Tensor& x, const std::string& axes, int64_t root) {
   const int members = GroupSize(axes);
   TORCH_CHECK(root >= 0 && root < members, "broadcast: root ", root, " is not a member of a group of ", members);
   at::Tensor in = x.contiguous();
@@ -160,6 +163,93 @@ at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
   RunCollective(collective::CollectiveKind::kBroadcast, axes, in, out, collective::ReduceOp::kSum,
                 static_cast<int>(root));
   return out;
+}
+
+// Gradients of the collectives (their transposes), for bodies differentiated by a gradient body.
+// A value replicated over a group carries, per shard, a part of its cotangent: the cotangent of
+// the global value is the sum of the parts (see FunctionBody::Gradient). So all_reduce(sum)
+// transposes to all_reduce(sum), all_gather to reduce_scatter(sum) and back, all_to_all to
+// itself, and broadcast to a sum that lands on the root.
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+struct AllReduceGrad : torch::autograd::Function<AllReduceGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, const std::string& op) {
+    ctx->saved_data["axes"] = axes;
+    ctx->saved_data["op"] = op;
+    return AllReduceRaw(x, axes, op);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
+    const std::string op = ctx->saved_data["op"].toStringRef();
+    TORCH_CHECK(op == "sum" || op == "mean", "all_reduce '", op, "' has no gradient (only 'sum' and 'mean' do)");
+    return {AllReduceRaw(g[0], ctx->saved_data["axes"].toStringRef(), op), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct AllGatherGrad : torch::autograd::Function<AllGatherGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t dim) {
+    ctx->saved_data["axes"] = axes;
+    ctx->saved_data["dim"] = dim;
+    return AllGatherRaw(x, axes, dim);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
+    return {ReduceScatterRaw(g[0], ctx->saved_data["axes"].toStringRef(), "sum", ctx->saved_data["dim"].toInt()),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ReduceScatterGrad : torch::autograd::Function<ReduceScatterGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, const std::string& op,
+                            int64_t dim) {
+    ctx->saved_data["axes"] = axes;
+    ctx->saved_data["op"] = op;
+    ctx->saved_data["dim"] = dim;
+    return ReduceScatterRaw(x, axes, op, dim);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
+    const std::string op = ctx->saved_data["op"].toStringRef();
+    TORCH_CHECK(op == "sum", "reduce_scatter '", op, "' has no gradient (only 'sum' does)");
+    return {AllGatherRaw(g[0], ctx->saved_data["axes"].toStringRef(), ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+struct AllToAllGrad : torch::autograd::Function<AllToAllGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t dim) {
+    ctx->saved_data["axes"] = axes;
+    ctx->saved_data["dim"] = dim;
+    return AllToAllRaw(x, axes, dim);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
+    return {AllToAllRaw(g[0], ctx->saved_data["axes"].toStringRef(), ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t root) {
+    ctx->saved_data["axes"] = axes;
+    ctx->saved_data["root"] = root;
+    return BroadcastRaw(x, axes, root);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
+    const std::string axes = ctx->saved_data["axes"].toStringRef();
+    at::Tensor sum = AllReduceRaw(g[0], axes, "sum");
+    auto group = CurrentShard().GroupOver(axes);
+    TORCH_CHECK(group.ok(), group.status().ToString());
+    if (group->rank != ctx->saved_data["root"].toInt()) sum.zero_();
+    return {sum, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) { return AllReduceGrad::apply(x, axes, op); }
+at::Tensor AllGather(const at::Tensor& x, std::string axes, int64_t dim) { return AllGatherGrad::apply(x, axes, dim); }
+at::Tensor ReduceScatter(const at::Tensor& x, std::string axes, std::string op, int64_t dim) {
+  return ReduceScatterGrad::apply(x, axes, op, dim);
+}
+at::Tensor AllToAll(const at::Tensor& x, std::string axes, int64_t dim) { return AllToAllGrad::apply(x, axes, dim); }
+at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
+  return BroadcastGrad::apply(x, axes, root);
 }
 
 // Random numbers (compute/counter_rng.h). `shape` is the shard's local shape and `spec` names,
@@ -286,7 +376,10 @@ class TorchExecutable : public Executable {
                    absl::Span<DeviceBuffer* const> outputs) const override {
     std::vector<at::Tensor> results;
     try {
-      c10::InferenceMode inference;
+      // Bodies run without autograd's bookkeeping, except those that differentiate: their
+      // inputs must not be inference tensors, which autograd cannot record.
+      c10::optional<c10::InferenceMode> inference;
+      if (!differentiates()) inference.emplace();
       std::vector<at::Tensor> args;
       args.reserve(inputs.size());
       for (const DeviceBuffer* b : inputs) args.push_back(View(*b));
@@ -309,7 +402,7 @@ class TorchExecutable : public Executable {
               " but its signature says ", DTypeName(out.dtype()), ShapeToString(out.shape()),
               " (local shard)"));
         }
-        std::memcpy(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
+        if (t.data_ptr() != out.data()) std::memcpy(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
       }
     } catch (const std::exception& e) {
       // A collective that failed keeps its code (DeadlineExceeded, Unavailable, ...).
@@ -324,8 +417,11 @@ class TorchExecutable : public Executable {
     return absl::OkStatus();
   }
 
- protected:
+  // Runs the body on torch views of the inputs.
   virtual absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const = 0;
+
+ protected:
+  virtual bool differentiates() const { return false; }
 
  private:
   std::string name_;
@@ -336,7 +432,7 @@ class BuiltinExecutable : public TorchExecutable {
   BuiltinExecutable(std::string name, const BuiltinKernel& kernel, std::string axes)
       : TorchExecutable(std::move(name)), kernel_(kernel), axes_(std::move(axes)) {}
 
- protected:
+ public:
   absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const override {
     if (static_cast<int>(args.size()) != kernel_.arity) {
       return absl::InvalidArgumentError(absl::StrCat("built-in kernel '", name(), "' takes ",
@@ -356,7 +452,7 @@ class ScriptExecutable : public TorchExecutable {
                    torch::jit::Function* function)
       : TorchExecutable(std::move(name)), unit_(std::move(unit)), function_(function) {}
 
- protected:
+ public:
   absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const override {
     std::vector<c10::IValue> stack(args.begin(), args.end());
     c10::IValue result = (*function_)(std::move(stack));
@@ -385,7 +481,113 @@ class ScriptExecutable : public TorchExecutable {
   torch::jit::Function* function_;
 };
 
-absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody& body) {
+
+// The vector-Jacobian product of a primal body (FunctionBody::Gradient). The forward pass runs
+// again here under autograd rather than keeping its residuals from an earlier call: a residual
+// would be one more output per intermediate, held on the device between the forward and the
+// backward call (for every microbatch in flight, in a pipeline), and tied to how the primal was
+// written; recomputing costs one more forward pass and keeps the primal's signature as the user
+// wrote it (GPipe rematerialises the same way). Random ops draw from counters, so the recomputed
+// pass sees the same numbers as the original one.
+class VjpExecutable : public TorchExecutable {
+ public:
+  VjpExecutable(std::string name, std::shared_ptr<const TorchExecutable> primal, FunctionBody::Gradient gradient)
+      : TorchExecutable(std::move(name)), primal_(std::move(primal)), gradient_(std::move(gradient)) {}
+
+  absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const override {
+    const size_t num_inputs = gradient_.in_specs.size();
+    if (args.size() < num_inputs) return Invalid(absl::StrCat("takes at least ", num_inputs, " inputs, got ", args.size()));
+    std::vector<at::Tensor> primal_args(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(num_inputs));
+    std::vector<at::Tensor> wrt;
+    for (int i : gradient_.wrt) {
+      at::Tensor& x = primal_args[static_cast<size_t>(i)];
+      if (!at::isFloatingType(x.scalar_type())) {
+        return Invalid(absl::StrCat("input ", i, " is not floating point and has no gradient"));
+      }
+      x = x.detach().requires_grad_(true);
+      wrt.push_back(x);
+    }
+    std::vector<at::Tensor> outputs;
+    {
+      at::AutoGradMode grad(true);
+      PW_ASSIGN_OR_RETURN(outputs, primal_->Invoke(primal_args));
+    }
+    if (outputs.size() != gradient_.out_specs.size()) {
+      return Invalid(absl::StrCat("its primal returned ", outputs.size(), " values, its signature has ",
+                                  gradient_.out_specs.size(), " outputs"));
+    }
+    // One cotangent per floating-point output, each shared among the output's replicas.
+    std::vector<at::Tensor> differentiated, seeds;
+    size_t next = num_inputs;
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (!at::isFloatingType(outputs[k].scalar_type())) continue;
+      if (next >= args.size()) return Invalid(absl::StrCat("has no cotangent for output ", k));
+      const at::Tensor& cotangent = args[next++];
+      if (cotangent.sizes() != outputs[k].sizes() || cotangent.scalar_type() != outputs[k].scalar_type()) {
+        return Invalid(absl::StrCat("the cotangent of output ", k, " is ", c10::toString(cotangent.scalar_type()),
+                                    c10::str(cotangent.sizes()), " but the output is ",
+                                    c10::toString(outputs[k].scalar_type()), c10::str(outputs[k].sizes())));
+      }
+      if (!outputs[k].requires_grad()) continue;  // does not depend on what is differentiated
+      differentiated.push_back(outputs[k]);
+      const int replicas = Replicas(gradient_.out_specs[k]);
+      seeds.push_back(replicas == 1 ? cotangent : cotangent / replicas);
+    }
+    if (next != args.size()) {
+      return Invalid(absl::StrCat("takes ", next, " inputs (", num_inputs, " and one cotangent per floating-point output), got ",
+                                  args.size()));
+    }
+    std::vector<at::Tensor> grads(wrt.size());
+    if (!differentiated.empty() && !wrt.empty()) {
+      grads = torch::autograd::grad(differentiated, wrt, seeds, /*retain_graph=*/false, /*create_graph=*/false,
+                                    /*allow_unused=*/true);
+    }
+    std::vector<at::Tensor> results;
+    if (gradient_.with_outputs) {
+      for (const at::Tensor& y : outputs) results.push_back(y.detach());
+    }
+    for (size_t j = 0; j < wrt.size(); ++j) {
+      at::Tensor g = grads[j].defined() ? grads[j] : torch::zeros_like(wrt[j]);
+      // A replicated input's cotangent is the sum of its replicas' parts.
+      const std::string axes = ReplicatedAxes(gradient_.in_specs[static_cast<size_t>(gradient_.wrt[j])]);
+      if (!axes.empty() && GroupSize(axes) > 1) g = AllReduceRaw(g.contiguous(), axes, "sum");
+      results.push_back(g.detach());
+    }
+    return results;
+  }
+
+ protected:
+  bool differentiates() const override { return true; }
+
+ private:
+  absl::Status Invalid(const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat("gradient '", name(), "' ", what));
+  }
+  // The mesh axes a value laid out by `spec` is replicated along: those no dimension names.
+  // Outside a slice there are none.
+  static std::string ReplicatedAxes(const std::vector<std::string>& spec) {
+    collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+    if (shard == nullptr) return "";
+    std::vector<std::string> replicated;
+    for (const std::string& axis : shard->axis_names()) {
+      bool splits = false;
+      for (const std::string& d : spec) {
+        for (absl::string_view a : absl::StrSplit(d, ',')) splits = splits || absl::StripAsciiWhitespace(a) == axis;
+      }
+      if (!splits) replicated.push_back(axis);
+    }
+    return absl::StrJoin(replicated, ",");
+  }
+  static int Replicas(const std::vector<std::string>& spec) {
+    const std::string axes = ReplicatedAxes(spec);
+    return axes.empty() ? 1 : GroupSize(axes);
+  }
+
+  const std::shared_ptr<const TorchExecutable> primal_;
+  const FunctionBody::Gradient gradient_;
+};
+
+absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const FunctionBody& body) {
   if (body.kind == FunctionBody::Kind::kBuiltin) {
     const size_t at = body.name.find('@');
     const std::string kernel = body.name.substr(0, at);
@@ -414,6 +616,15 @@ absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody
         absl::StrCat("TorchScript source defines no function named '", body.name, "'"));
   }
   return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn);
+}
+
+absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody& body) {
+  PW_RETURN_IF_ERROR(ValidateFunctionBody(body));
+  FunctionBody primal_body = body;
+  primal_body.gradient.reset();
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<const TorchExecutable> primal, CompilePrimal(primal_body));
+  if (!body.gradient) return primal;
+  return std::make_shared<VjpExecutable>(absl::StrCat("vjp(", body.name, ")"), std::move(primal), *body.gradient);
 }
 
 }  // namespace

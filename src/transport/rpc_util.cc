@@ -90,4 +90,36 @@ Region FromProto(const rpc::RegionProto& proto) {
                 Shape(proto.size().begin(), proto.size().end())};
 }
 
+rpc::FunctionBodyProto ToProto(const FunctionBody& body) {
+  rpc::FunctionBodyProto proto;
+  proto.set_kind(static_cast<int>(body.kind));
+  proto.set_name(body.name);
+  proto.set_source(body.source);
+  if (body.gradient) {
+    rpc::GradientProto* g = proto.mutable_gradient();
+    for (int i : body.gradient->wrt) g->add_wrt(i);
+    for (const auto& spec : body.gradient->in_specs) *g->add_in_specs()->mutable_dims() = {spec.begin(), spec.end()};
+    for (const auto& spec : body.gradient->out_specs) *g->add_out_specs()->mutable_dims() = {spec.begin(), spec.end()};
+    g->set_with_outputs(body.gradient->with_outputs);
+  }
+  return proto;
+}
+
+absl::StatusOr<FunctionBody> FromProto(const rpc::FunctionBodyProto& proto) {
+  FunctionBody body;
+  body.kind = static_cast<FunctionBody::Kind>(proto.kind());
+  body.name = proto.name();
+  body.source = proto.source();
+  if (proto.has_gradient()) {
+    FunctionBody::Gradient g;
+    g.wrt.assign(proto.gradient().wrt().begin(), proto.gradient().wrt().end());
+    for (const auto& spec : proto.gradient().in_specs()) g.in_specs.emplace_back(spec.dims().begin(), spec.dims().end());
+    for (const auto& spec : proto.gradient().out_specs()) g.out_specs.emplace_back(spec.dims().begin(), spec.dims().end());
+    g.with_outputs = proto.gradient().with_outputs();
+    body.gradient = std::move(g);
+  }
+  if (absl::Status s = ValidateFunctionBody(body); !s.ok()) return s;
+  return body;
+}
+
 }  // namespace pathways

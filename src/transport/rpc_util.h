@@ -3,6 +3,7 @@
 
 #include "absl/status/status.h"
 #include "array/sharding.h"
+#include "compute/function_body.h"
 #include "core/types.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -36,5 +37,9 @@ absl::StatusOr<TensorSpec> FromProto(const rpc::TensorSpecProto& proto);
 
 rpc::RegionProto ToProto(const Region& region);
 Region FromProto(const rpc::RegionProto& proto);
+
+rpc::FunctionBodyProto ToProto(const FunctionBody& body);
+// Validates what the body says about itself (ValidateFunctionBody).
+absl::StatusOr<FunctionBody> FromProto(const rpc::FunctionBodyProto& proto);
 
 }  // namespace pathways

@@ -91,11 +91,7 @@ void HostRuntime::PublishLinks() {
 }
 
 absl::StatusOr<std::string> HostRuntime::Compile(const rpc::FunctionBodyProto& proto) {
-  if (proto.kind() != static_cast<int>(FunctionBody::Kind::kTorchScript) &&
-      proto.kind() != static_cast<int>(FunctionBody::Kind::kBuiltin)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown function body kind ", proto.kind()));
-  }
-  FunctionBody body{static_cast<FunctionBody::Kind>(proto.kind()), proto.name(), proto.source()};
+  PW_ASSIGN_OR_RETURN(FunctionBody body, FromProto(proto));
   PW_ASSIGN_OR_RETURN(auto exe, functions_.Compile(body));
   (void)exe;
   return FunctionKey(body);
