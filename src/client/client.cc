@@ -41,7 +41,31 @@ absl::Status ValidateFunctionSpec(const FunctionSpec& spec) {
                                                    " outputs but ", spec.out_shardings.size(),
                                                    " output shardings"));
   }
+  std::set<int> donated;
+  for (int i : spec.donated_inputs) {
+    if (i < 0 || i >= static_cast<int>(spec.inputs.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("function '", name, "' donates input ", i, " but has ", spec.inputs.size(), " inputs"));
+    }
+    if (!donated.insert(i).second) {
+      return absl::InvalidArgumentError(absl::StrCat("function '", name, "' donates input ", i, " twice"));
+    }
+  }
+  const std::vector<int> donors = spec.OutputDonors();
+  for (int i : spec.donated_inputs) {
+    if (std::find(donors.begin(), donors.end(), i) == donors.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("function '", name, "' donates input ", i, " (",
+                                                     spec.inputs[i].ToString(), ") but no output has its spec and sharding"));
+    }
+  }
   return absl::OkStatus();
+}
+
+// A partition spec with one entry per dimension ("" where not split), so that equal layouts compare equal.
+PartitionSpec Padded(const std::vector<PartitionSpec>& specs, size_t index, size_t rank) {
+  PartitionSpec spec = specs.empty() ? PartitionSpec{} : specs[index];
+  spec.resize(std::max(spec.size(), rank));
+  return spec;
 }
 
 }  // namespace
@@ -77,6 +101,21 @@ FunctionSpec FunctionSpec::Script(std::string name, std::string source,
   return FunctionSpec{{FunctionBody::Kind::kTorchScript, std::move(name), std::move(source)},
                       std::move(inputs), std::move(outputs), std::move(in_shardings),
                       std::move(out_shardings)};
+}
+
+std::vector<int> FunctionSpec::OutputDonors() const {
+  std::vector<int> donors(outputs.size(), -1);
+  for (int i : donated_inputs) {
+    if (i < 0 || i >= static_cast<int>(inputs.size())) continue;
+    const PartitionSpec in = Padded(in_shardings, i, inputs[i].shape.size());
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      if (donors[j] == -1 && outputs[j] == inputs[i] && Padded(out_shardings, j, outputs[j].shape.size()) == in) {
+        donors[j] = i;
+        break;
+      }
+    }
+  }
+  return donors;
 }
 
 absl::StatusOr<FunctionSpec> FunctionSpec::Vjp(const FunctionSpec& primal, std::vector<int> wrt, bool with_outputs) {
@@ -307,6 +346,9 @@ struct SegmentedDispatch {
   rpc::RunProgramOp op;
   std::vector<Segment> segments;
   std::vector<std::vector<std::shared_ptr<const ShardedArray::State>>> node_outputs;
+  // The run's arguments, until its last op is pushed: an argument the caller drops is freed
+  // behind every op that reads it, not between two of the run's ops.
+  std::vector<std::shared_ptr<const ShardedArray::State>> args;
   // Shared with the outputs' states; complete when `done` is set.
   std::shared_ptr<std::map<std::string, SeqRef>> produced_at = std::make_shared<std::map<std::string, SeqRef>>();
   Promise<Unit> done;       // every segment pushed
@@ -329,6 +371,7 @@ struct SegmentedDispatch {
       d->deliveries.push_back(pushed.delivered);
     }
     if (k + 1 == d->segments.size()) {
+      d->args.clear();
       d->done.Set(Unit{});
       AllDone(d->deliveries).OnReady([d](const absl::StatusOr<Unit>& r) { d->delivered.Set(r); });
       return;
@@ -362,6 +405,10 @@ absl::Status Client::CheckArrays(const std::string& what, const char* noun,
     if (!Owns(arrays[i])) {
       return absl::InvalidArgumentError(absl::StrCat(what, " ", noun, " ", i, " is not an array of this client"));
     }
+    if (arrays[i].state_->donated.load()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", noun, " ", i, " (array ", arrays[i].id().value(),
+                                                     ") was donated to an earlier call and is no longer valid"));
+    }
     if (arrays[i].spec() != specs[i]) {
       return absl::InvalidArgumentError(absl::StrCat(what, " ", noun, " ", i, " must be ", specs[i].ToString(),
                                                      ", got ", arrays[i].spec().ToString()));
@@ -370,11 +417,42 @@ absl::Status Client::CheckArrays(const std::string& what, const char* noun,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<const ShardedArray::State>>> Client::Donate(
+    const std::string& what, const std::vector<int>& positions, absl::Span<const ShardedArray> arrays) {
+  std::vector<std::shared_ptr<const ShardedArray::State>> spent;
+  auto restore = [&spent] {
+    for (const auto& s : spent) s->donated.store(false);
+  };
+  for (int p : positions) {
+    const auto& state = arrays[p].state_;
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      if (static_cast<int>(i) != p && arrays[i].state_ == state) {
+        restore();
+        return absl::InvalidArgumentError(absl::StrCat(what, " is given array ", state->id.value(), " at ", p,
+                                                       ", a donated position, and again at ", i));
+      }
+    }
+    if (state->donated.exchange(true)) {  // another thread donated it meanwhile
+      restore();
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " input ", p, " (array ", state->id.value(), ") was donated to another call"));
+    }
+    spent.push_back(state);
+  }
+  for (const auto& s : spent) s->AwaitReads();
+  return spent;
+}
+
 absl::StatusOr<std::vector<ShardedArray>> Client::Run(const Program& program, absl::Span<const ShardedArray> args,
                                                       const RunOptions& options) {
-  PW_RETURN_IF_ERROR(CheckArrays(absl::StrCat("program '", program.name(), "'"), "argument",
-                                 program.arg_specs(), args));
-  return RunChecked(program, args, options);
+  const std::string what = absl::StrCat("program '", program.name(), "'");
+  PW_RETURN_IF_ERROR(CheckArrays(what, "argument", program.arg_specs(), args));
+  PW_ASSIGN_OR_RETURN(auto spent, Donate(what, program.donated_args(), args));
+  auto results = RunChecked(program, args, options);
+  if (!results.ok()) {
+    for (const auto& s : spent) s->donated.store(false);
+  }
+  return results;
 }
 
 absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& program,
@@ -439,6 +517,9 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
   op.set_output_array_base(base.value());
   op.set_num_output_arrays(lowering->num_outputs);
   dispatch->segments = std::move(segments);
+  if (dispatch->segments.size() > 1) {
+    for (const ShardedArray& a : args) dispatch->args.push_back(a.state_);
+  }
   // With one segment (parallel dispatch, no data-dependent node) this is ready when Run returns.
   Future<Unit> dispatched = dispatch->done.future();
   // Handles only for what someone waits on: the results, and data-dependent nodes' outputs that
@@ -484,12 +565,17 @@ absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& f
   if (!slice.data_ || slice.data_->owner != core_.get()) {
     return absl::InvalidArgumentError("Call on a slice that this client did not create");
   }
-  PW_RETURN_IF_ERROR(CheckArrays(absl::StrCat("function '", function.name(), "'"), "input",
-                                 function.spec().inputs, inputs));
+  const std::string what = absl::StrCat("function '", function.name(), "'");
+  PW_RETURN_IF_ERROR(CheckArrays(what, "input", function.spec().inputs, inputs));
   // OpByOp is a one-node program, traced once per (function, slice) and then reused, so its
   // lowering is cached like any program's.
   PW_ASSIGN_OR_RETURN(Program program, core_->OneNodeProgram(function, slice));
-  return RunChecked(program, inputs, {});  // the inputs were just checked against the same specs
+  PW_ASSIGN_OR_RETURN(auto spent, Donate(what, function.spec().donated_inputs, inputs));
+  auto results = RunChecked(program, inputs, {});  // the inputs were just checked against the same specs
+  if (!results.ok()) {
+    for (const auto& s : spent) s->donated.store(false);
+  }
+  return results;
 }
 
 }  // namespace pathways

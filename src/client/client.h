@@ -125,6 +125,16 @@ struct FunctionSpec {
   // Declares that what the function's successors need depends on its computed values. Hosts
   // then set up the successors only after it has run (sequential dispatch), instead of at once.
   bool data_dependent_shapes = false;
+  // Inputs whose buffers the function takes for its outputs (donation): input i's buffer becomes
+  // the first output with the same spec and sharding that no earlier donated input took. The
+  // body sees the two as one buffer, so it may update the input in place (an optimizer step then
+  // holds one copy of the parameters, not two). A call invalidates the caller's handles to the
+  // arrays it is given at donated positions: using them afterwards is an error. Where a host
+  // cannot hand the buffer over (an earlier run still reads it), it copies it first, so the
+  // result is the same either way. Bodies must not update inputs that are not donated.
+  std::vector<int> donated_inputs;
+  // Per output, the donated input whose buffer it takes, or -1. Assumes a validated spec.
+  std::vector<int> OutputDonors() const;
 
   static FunctionSpec Builtin(std::string kernel, std::vector<TensorSpec> inputs,
                               std::vector<TensorSpec> outputs,
@@ -247,6 +257,12 @@ class Client {
   // Run, once the arguments are known to be right.
   absl::StatusOr<std::vector<ShardedArray>> RunChecked(const Program& program, absl::Span<const ShardedArray> args,
                                                        const RunOptions& options);
+  // Spends the handles of `arrays` at donated `positions`, once earlier fetches of them are done.
+  // An array given at a donated position may appear only once. Returns the spent handles, to
+  // restore if the run is not sent after all.
+  absl::StatusOr<std::vector<std::shared_ptr<const ShardedArray::State>>> Donate(const std::string& what,
+                                                                                 const std::vector<int>& positions,
+                                                                                 absl::Span<const ShardedArray> arrays);
   // Arrays given to a function or program: right number, right specs, this client's.
   absl::Status CheckArrays(const std::string& what, const char* noun, const std::vector<TensorSpec>& specs,
                            absl::Span<const ShardedArray> arrays) const;

@@ -189,6 +189,14 @@ struct ShardedArray::State {
   std::shared_ptr<std::map<std::string, SeqRef>> produced_at = std::make_shared<std::map<std::string, SeqRef>>();
   // False for a run's intermediates, which the hosts free themselves.
   bool owned = true;
+  // Set once the array is given to a call at a donated position: the handle is spent.
+  mutable std::atomic<bool> donated{false};
+  // Fetches and Ready waits in flight: a call that the array is donated to waits for them first,
+  // so that they see the array as it was.
+  void TrackRead(Future<Unit> read) const;
+  void AwaitReads() const;
+  mutable absl::Mutex reads_mu;
+  mutable std::vector<Future<Unit>> reads ABSL_GUARDED_BY(reads_mu);
 
   // Freeing goes through each host's ordered queue, behind every op that still reads the array.
   ~State() {

@@ -163,16 +163,39 @@ absl::Status Client::CheckOwned(const ShardedArray& array, const char* what) con
   if (!Owns(array)) {
     return absl::InvalidArgumentError(absl::StrCat(what, " of an array that is not this client's"));
   }
+  if (array.state_->donated.load()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of array ", array.id().value(), ", which was donated to a call and is no longer valid"));
+  }
   return absl::OkStatus();
+}
+
+void ShardedArray::State::TrackRead(Future<Unit> read) const {
+  absl::MutexLock lock(&reads_mu);
+  reads.erase(std::remove_if(reads.begin(), reads.end(), [](const Future<Unit>& r) { return r.IsReady(); }),
+              reads.end());
+  reads.push_back(std::move(read));
+}
+
+void ShardedArray::State::AwaitReads() const {
+  std::vector<Future<Unit>> pending;
+  {
+    absl::MutexLock lock(&reads_mu);
+    pending.swap(reads);
+  }
+  for (const Future<Unit>& r : pending) (void)r.Await();  // their errors are their callers'
 }
 
 Future<HostArray> Client::Fetch(const ShardedArray& array) {
   if (absl::Status s = CheckOwned(array, "Fetch"); !s.ok()) return Future<HostArray>::Ready(s);
   auto core = core_;
   auto state = array.state_;
-  return ReadOncePushed<std::vector<rpc::FetchResponse>>(
-             state, [core, state] { return FetchShards(core, *state, DistinctShards(state->sharding), false); })
-      .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
+  Future<HostArray> fetched =
+      ReadOncePushed<std::vector<rpc::FetchResponse>>(
+          state, [core, state] { return FetchShards(core, *state, DistinctShards(state->sharding), false); })
+          .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
+  state->TrackRead(fetched.Then([](const HostArray&) { return Unit{}; }));
+  return fetched;
 }
 
 Future<Unit> Client::Enqueued(const ShardedArray& array) {
@@ -184,7 +207,9 @@ Future<Unit> Client::Ready(const ShardedArray& array) {
   if (absl::Status s = CheckOwned(array, "Ready"); !s.ok()) return Future<Unit>::Ready(s);
   auto core = core_;
   auto state = array.state_;
-  return ReadOncePushed<Unit>(state, [core, state] { return ShardsReady(core, state); });
+  Future<Unit> ready = ReadOncePushed<Unit>(state, [core, state] { return ShardsReady(core, state); });
+  state->TrackRead(ready);
+  return ready;
 }
 
 }  // namespace pathways

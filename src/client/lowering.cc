@@ -128,6 +128,9 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
       outs.push_back(*std::move(sharding));
     }
     node->set_data_dependent(c.data_dependent_shapes);
+    if (!spec.donated_inputs.empty()) {
+      for (int donor : spec.OutputDonors()) node->add_output_donors(donor);
+    }
     lowering->out_shardings.push_back(std::move(outs));
     lowering->output_offsets.push_back(lowering->num_outputs);
     lowering->num_outputs += static_cast<int64_t>(spec.outputs.size());

@@ -51,7 +51,9 @@ std::string Program::ToString() const {
                     c.slice.id(), " ", c.slice.mesh().ToString(), " in ",
                     ShardingsToString(spec.in_shardings, spec.inputs.size()), " out ",
                     ShardingsToString(spec.out_shardings, spec.outputs.size()), " : ",
-                    absl::StrJoin(outputs, ", "), c.data_dependent_shapes ? "  [data-dependent]" : "", "\n");
+                    absl::StrJoin(outputs, ", "), c.data_dependent_shapes ? "  [data-dependent]" : "",
+                    spec.donated_inputs.empty() ? "" : absl::StrCat("  [donates ", absl::StrJoin(spec.donated_inputs, ","), "]"),
+                    "\n");
   }
   std::vector<std::string> results;
   for (const Value& v : data_->results) results.push_back(ValueName(v, data_->calls));
@@ -74,6 +76,11 @@ TracedValue ProgramBuilder::Arg(const TensorSpec& spec) {
   return v;
 }
 
+std::string ProgramBuilder::Describe(const ValueKey& key) const {
+  const auto& [is_arg, index, output] = key;
+  return is_arg ? absl::StrCat("argument ", index) : absl::StrCat("output ", output, " of call ", index);
+}
+
 absl::Status ProgramBuilder::Check(const TracedValue& v) const {
   if (v.builder_ != this) return absl::InvalidArgumentError("a traced value from another program builder");
   return absl::OkStatus();
@@ -89,15 +96,35 @@ absl::StatusOr<std::vector<TracedValue>> ProgramBuilder::Call(const CompiledFunc
                                                    " inputs, got ", inputs.size()));
   }
   Program::Call call{function, slice, {}, spec.data_dependent_shapes};
+  const int index = static_cast<int>(data_.calls.size());
+  std::map<ValueKey, int> uses_here;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (absl::Status s = Check(inputs[i]); !s.ok()) return s;
     if (inputs[i].spec() != spec.inputs[i]) {
       return absl::InvalidArgumentError(absl::StrCat("function '", name, "' input ", i, " must be ",
                                                      spec.inputs[i].ToString(), ", got ", inputs[i].spec().ToString()));
     }
+    const ValueKey key = Key(inputs[i]);
+    if (auto d = donated_.find(key); d != donated_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("function '", name, "' input ", i, ": ", Describe(key),
+                                                     " was donated to call ", d->second, " and cannot be used again"));
+    }
+    ++uses_here[key];
     call.inputs.push_back({inputs[i].is_arg_, inputs[i].index_, inputs[i].output_});
   }
-  const int index = static_cast<int>(data_.calls.size());
+  for (int i : spec.donated_inputs) {
+    const ValueKey key = Key(inputs[i]);
+    if (uses_[key] > 0 || uses_here[key] > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("function '", name, "' takes ", Describe(key), " at donated input ", i,
+                                                     ", but the program uses it elsewhere too; a donated value can have "
+                                                     "no other use"));
+    }
+  }
+  for (const auto& [key, n] : uses_here) uses_[key] += n;
+  for (int i : spec.donated_inputs) {
+    donated_[Key(inputs[i])] = index;
+    if (inputs[i].is_arg_) data_.donated_args.push_back(inputs[i].index_);
+  }
   data_.calls.push_back(std::move(call));
   std::vector<TracedValue> outputs;
   for (size_t j = 0; j < spec.outputs.size(); ++j) {
@@ -117,6 +144,10 @@ absl::StatusOr<Program> ProgramBuilder::Build(absl::Span<const TracedValue> resu
   for (const TracedValue& r : results) {
     if (absl::Status s = Check(r); !s.ok()) return s;
     if (r.is_arg_) return absl::InvalidArgumentError("a program result must be the output of a call");
+    if (auto d = donated_.find(Key(r)); d != donated_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program result ", Describe(Key(r)), " was donated to call ", d->second));
+    }
     data->results.push_back({false, r.index_, r.output_});
   }
   data_.id = ProgramIds().Next();  // a builder reused after Build makes a new program

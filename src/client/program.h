@@ -5,8 +5,10 @@
 // is Arg -> A -> B -> Result on 1 device or on 1024.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +52,8 @@ class Program {
   const std::vector<TensorSpec>& arg_specs() const { return data_->args; }
   const std::vector<Call>& calls() const { return data_->calls; }
   const std::vector<Value>& results() const { return data_->results; }
+  // Arguments that a call takes at a donated position: running the program spends their handles.
+  const std::vector<int>& donated_args() const { return data_->donated_args; }
   // The graph: one node per argument, one per call and one Result node; one edge per use of a
   // value by a call or by the Result node. Independent of shard counts.
   int64_t num_graph_nodes() const;
@@ -65,6 +69,7 @@ class Program {
     std::vector<TensorSpec> args;
     std::vector<Call> calls;
     std::vector<Value> results;
+    std::vector<int> donated_args;
   };
   std::shared_ptr<const Data> data_;
 };
@@ -74,7 +79,8 @@ class ProgramBuilder {
  public:
   explicit ProgramBuilder(std::string name);
   TracedValue Arg(const TensorSpec& spec);
-  // Checks the call against the function's signature, as Client::Call does, and records it.
+  // Checks the call against the function's signature, as Client::Call does, and records it. A
+  // value given at a donated position may have no other use, before or after, in the program.
   absl::StatusOr<std::vector<TracedValue>> Call(const CompiledFunction& function,
                                                 const VirtualSlice& slice,
                                                 absl::Span<const TracedValue> inputs);
@@ -83,7 +89,12 @@ class ProgramBuilder {
 
  private:
   absl::Status Check(const TracedValue& v) const;
+  using ValueKey = std::tuple<bool, int, int>;  // is_arg, index, output
+  static ValueKey Key(const TracedValue& v) { return {v.is_arg_, v.index_, v.output_}; }
+  std::string Describe(const ValueKey& key) const;
   Program::Data data_;
+  std::map<ValueKey, int> uses_;     // calls that used each value
+  std::map<ValueKey, int> donated_;  // the call each donated value went to
   std::vector<std::vector<TensorSpec>> call_outputs_;
 };
 

@@ -50,6 +50,14 @@ DType FromTorch(at::ScalarType t) {
   }
 }
 
+// Whether `t`'s storage and `buffer` overlap.
+bool SharesMemory(const at::Tensor& t, const DeviceBuffer& buffer) {
+  if (!t.defined() || !t.has_storage()) return false;
+  const char* begin = static_cast<const char*>(t.storage().data());
+  const char* end = begin + t.storage().nbytes();
+  return begin < buffer.data() + buffer.byte_size() && buffer.data() < end;
+}
+
 at::Tensor View(const DeviceBuffer& buffer) {
   return torch::from_blob(const_cast<char*>(buffer.data()), buffer.shape(),
                           torch::TensorOptions().dtype(*ToTorch(buffer.dtype())));
@@ -391,6 +399,16 @@ class TorchExecutable : public Executable {
                                                        results.size(), " values, its signature has ",
                                                        outputs.size(), " outputs"));
       }
+      // An output that takes a donated input's buffer is written over that input: a result that
+      // is a view of it (returned unchanged, say) is copied out before any output is written.
+      for (size_t i = 0; i < results.size(); ++i) {
+        for (size_t m = 0; m < outputs.size(); ++m) {
+          if (m != i && SharesMemory(results[i], *outputs[m])) {
+            results[i] = results[i].clone();
+            break;
+          }
+        }
+      }
       for (size_t i = 0; i < results.size(); ++i) {
         at::Tensor t = results[i].contiguous();
         DeviceBuffer& out = *outputs[i];
@@ -402,7 +420,7 @@ class TorchExecutable : public Executable {
               " but its signature says ", DTypeName(out.dtype()), ShapeToString(out.shape()),
               " (local shard)"));
         }
-        if (t.data_ptr() != out.data()) std::memcpy(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
+        if (t.data_ptr() != out.data()) std::memmove(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
       }
     } catch (const std::exception& e) {
       // A collective that failed keeps its code (DeadlineExceeded, Unavailable, ...).

@@ -76,10 +76,11 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   }
   // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
   // now, before any of them has run.
+  Promise<Unit> donations_dropped;
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
     std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
     const NodePlan& plan = entry->nodes[n];
-    for (const ShardPlan& shard : plan.shards) ExecuteShard(entry, n, shard, run, tracker);
+    for (const ShardPlan& shard : plan.shards) ExecuteShard(entry, n, shard, run, tracker, donations_dropped.future());
     if (auto receiver = plan.receiver_index.find(name()); receiver != plan.receiver_index.end()) {
       (void)entry->engine->CloseInput(plan.arm_node, receiver->second, run.epoch());  // expecting all blocks now
     }
@@ -93,9 +94,13 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   }
   // Intermediates whose last consumer is now set up leave the store; their consumers and sends
   // hold their own references until they are done with them.
+  // So do arguments given to a node at a donated position: nothing but that node reads them from
+  // now on, and once no earlier reader holds them either, the node takes their buffers.
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
     for (int64_t offset : program->dropped_after(n)) store_.FreeArray(client, ArrayId(run.output_array_base()) + offset);
+    for (int arg : program->args_donated_to(n)) store_.FreeArray(client, ArrayId(run.arg_array_ids(arg)));
   }
+  donations_dropped.Set(Unit{});
   return absl::OkStatus();
 }
 
@@ -145,9 +150,23 @@ struct HostRuntime::RunTracker {
   std::function<void(rpc::RunDone)> report;
 };
 
+namespace {
+
+// The buffer for an output that takes donated input `input`: the input's own when nothing but this
+// shard's work holds it (`held` references), so the body updates it in place; otherwise (an
+// earlier run or a fetch still reads it) a copy, so that they see it unchanged.
+absl::StatusOr<BufferPtr> DonatedBuffer(Device& device, absl::Duration memory_wait, const BufferPtr& input, long held) {
+  if (input.use_count() <= held && input->device_index() == device.local_index()) return input;
+  PW_ASSIGN_OR_RETURN(BufferPtr copy, device.Allocate(input->dtype(), input->shape(), memory_wait));
+  std::memcpy(copy->data(), input->data(), static_cast<size_t>(input->byte_size()));
+  return copy;
+}
+
+}  // namespace
+
 void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, int node_index,
                                const ShardPlan& shard_plan, const rpc::RunProgramOp& run,
-                               std::shared_ptr<RunTracker> tracker) {
+                               std::shared_ptr<RunTracker> tracker, Future<Unit> donations_dropped) {
   const LoweredProgram& program = *entry->lowered;
   const std::string& client = entry->client;
   const LoweredNode& node = program.nodes()[node_index];
@@ -197,11 +216,16 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
   // Enqueued now, in the order runs are applied here; the device waits for the inputs when it
   // reaches the item (an in-order stream, like an accelerator's).
   Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
+  const bool takes_donations = std::any_of(node.output_donors.begin(), node.output_donors.end(), [](int d) { return d >= 0; });
+  if (!takes_donations) donations_dropped = Future<Unit>::Ready(Unit{});
   // The closure holds the program, and so the node's plan, until the work is done (the client
   // may be collected meanwhile).
   device->Enqueue([device, exe, plans, outputs, entry, node_index, shard, fail, label, hub,
-                   memory_wait = options_.memory_wait, inputs = std::move(inputs), tracker = std::move(tracker)]() {
+                   memory_wait = options_.memory_wait, inputs = std::move(inputs), tracker = std::move(tracker),
+                   donations_dropped = std::move(donations_dropped)]() {
     const NodePlan& node_plan = entry->nodes[node_index];
+    const std::vector<int>& donors = entry->lowered->nodes()[node_index].output_donors;
+    (void)donations_dropped.Await();  // at once, unless the run's op is still being set up
     const std::string& function_name = label.name;
     // Work of a client that went away still runs once it is on the device: every host of the
     // island stopped that client at the same point of the island's order, so its gangs run
@@ -224,7 +248,18 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
         inputs.push_back(*std::move(in));
       }
       std::vector<BufferPtr> results;
-      for (const TensorSpec& spec : node_plan.out_specs) {
+      for (size_t j = 0; j < node_plan.out_specs.size(); ++j) {
+        const TensorSpec& spec = node_plan.out_specs[j];
+        const int donor = donors.empty() ? -1 : donors[j];
+        if (donor >= 0) {
+          // References this work holds itself: `inputs`, and the pieces it was assembled from.
+          BufferPtr& in = inputs[static_cast<size_t>(donor)];
+          const long held = 1 + std::count(pieces->begin(), pieces->end(), in);
+          PW_ASSIGN_OR_RETURN(BufferPtr out, DonatedBuffer(*device, memory_wait, in, held));
+          in = out;  // the body sees input and output as one buffer
+          results.push_back(std::move(out));
+          continue;
+        }
         PW_ASSIGN_OR_RETURN(BufferPtr out, device->Allocate(spec.dtype, spec.shape, memory_wait));
         results.push_back(std::move(out));
       }

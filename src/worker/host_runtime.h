@@ -143,10 +143,11 @@ class HostRuntime {
   // one future per block, ready once it is handed to the dataflow engine.
   std::vector<Future<Unit>> SendInputs(const std::shared_ptr<HostProgram>& program, int node_index,
                                        const rpc::RunProgramOp& run);
-  // Wires one local shard of `node` to its inputs and enqueues it on its device.
+  // Wires one local shard of `node` to its inputs and enqueues it on its device. A node that
+  // takes donated buffers starts once `donations_dropped` is ready: the store no longer holds them.
   struct RunTracker;
   void ExecuteShard(const std::shared_ptr<const HostProgram>& program, int node_index, const ShardPlan& plan,
-                    const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker);
+                    const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker, Future<Unit> donations_dropped);
   // Hands a block to the host that needs it: the buffer itself to a host of this process, over
   // the block streams to any other (from the producer's memory when the region is contiguous),
   // or inline in the dataflow graph when the host has no streams. Ready once the block is in

@@ -1,5 +1,7 @@
 #include "worker/lowered_program.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "transport/rpc_util.h"
@@ -123,6 +125,28 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
       node.output_specs.push_back(spec);
       node.out_shardings.push_back(std::move(s));
     }
+    if (pn.output_donors_size() != 0 && pn.output_donors_size() != pn.output_specs_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", pn.output_donors_size(), " output donors for ",
+                                                     pn.output_specs_size(), " outputs"));
+    }
+    std::vector<int> donated_args;
+    for (int j = 0; j < pn.output_donors_size(); ++j) {
+      const int donor = pn.output_donors(j);
+      node.output_donors.push_back(donor);
+      if (donor == -1) continue;
+      if (donor < 0 || donor >= pn.inputs_size() ||
+          std::count(pn.output_donors().begin(), pn.output_donors().end(), donor) > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " output ", j, " takes the buffer of input ", donor,
+                                                       ", which is not one input given to one output"));
+      }
+      if (node.input_specs[donor].dtype != node.output_specs[j].dtype ||
+          node.in_shardings[donor].local_shape() != node.out_shardings[j].local_shape()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " output ", j, " takes the buffer of input ", donor,
+                                                       ", whose shards differ from its own"));
+      }
+      if (node.inputs[donor].is_arg) donated_args.push_back(node.inputs[donor].index);
+    }
+    program->args_donated_to_.push_back(std::move(donated_args));
     node.output_offset = offset;
     offset += pn.output_specs_size();
     program->nodes_.push_back(std::move(node));

@@ -39,6 +39,7 @@ struct LoweredNode {
   std::vector<TensorSpec> output_specs; // global
   std::vector<Sharding> out_shardings;  // on the node's slice
   int64_t output_offset;                // outputs of the nodes before this one
+  std::vector<int> output_donors;       // per output: the input whose buffer it takes, or -1
 };
 
 struct LoweredArg {
@@ -63,6 +64,9 @@ class LoweredProgram {
   // `node` is set up: intermediates whose last consumer is `node` (see ProgramProto). Results
   // never appear; the client frees them.
   const std::vector<int64_t>& dropped_after(int node) const { return dropped_after_[node]; }
+  // Arguments that node `node` takes at donated positions: hosts drop them from the store once
+  // the op containing the node is set up, so that the node can take their buffers.
+  const std::vector<int>& args_donated_to(int node) const { return args_donated_to_[node]; }
   // Every host of every slice, in the order the program lists them: the same on every host.
   const std::vector<std::string>& hosts() const { return hosts_; }
   // The placement of a value: its sharding and the devices holding its shards.
@@ -75,6 +79,7 @@ class LoweredProgram {
   std::vector<LoweredArg> args_;
   std::vector<LoweredNode> nodes_;
   std::vector<std::vector<int64_t>> dropped_after_;
+  std::vector<std::vector<int>> args_donated_to_;
   std::vector<std::string> hosts_;
 };
 
