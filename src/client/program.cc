@@ -114,13 +114,11 @@ absl::StatusOr<std::vector<TracedValue>> ProgramBuilder::Call(const CompiledFunc
   }
   for (int i : spec.donated_inputs) {
     const ValueKey key = Key(inputs[i]);
-    if (uses_[key] > 0 || uses_here[key] > 1) {
+    if (uses_here[key] > 1) {
       return absl::InvalidArgumentError(absl::StrCat("function '", name, "' takes ", Describe(key), " at donated input ", i,
-                                                     ", but the program uses it elsewhere too; a donated value can have "
-                                                     "no other use"));
+                                                     " and at another input too"));
     }
   }
-  for (const auto& [key, n] : uses_here) uses_[key] += n;
   for (int i : spec.donated_inputs) {
     donated_[Key(inputs[i])] = index;
     if (inputs[i].is_arg_) data_.donated_args.push_back(inputs[i].index_);

@@ -80,7 +80,8 @@ class ProgramBuilder {
   explicit ProgramBuilder(std::string name);
   TracedValue Arg(const TensorSpec& spec);
   // Checks the call against the function's signature, as Client::Call does, and records it. A
-  // value given at a donated position may have no other use, before or after, in the program.
+  // value given at a donated position cannot be used after that call, nor at another of its
+  // inputs; calls before it may read it (hosts hand its buffer over once they are done with it).
   absl::StatusOr<std::vector<TracedValue>> Call(const CompiledFunction& function,
                                                 const VirtualSlice& slice,
                                                 absl::Span<const TracedValue> inputs);
@@ -93,7 +94,6 @@ class ProgramBuilder {
   static ValueKey Key(const TracedValue& v) { return {v.is_arg_, v.index_, v.output_}; }
   std::string Describe(const ValueKey& key) const;
   Program::Data data_;
-  std::map<ValueKey, int> uses_;     // calls that used each value
   std::map<ValueKey, int> donated_;  // the call each donated value went to
   std::vector<std::vector<TensorSpec>> call_outputs_;
 };
