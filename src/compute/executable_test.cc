@@ -169,5 +169,36 @@ TEST_F(ExecutableTest, GradientOfAnInputTheOutputsIgnoreIsZeroAndBadGradientsAre
   EXPECT_EQ(cache_.Compile(TanhGradient({0, 0}, false)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+
+TEST_F(ExecutableTest, KernelTemporariesAreChargedToTheDeviceRunningThem) {
+  ConfigureComputeThreads(1);  // installs the allocator that charges them, as workers do
+  // A 4 MiB temporary (x expanded to 1M elements), summed back to a scalar.
+  auto exe = cache_.Compile({FunctionBody::Kind::kTorchScript, "wide",
+                             "def wide(x):\n    return x.expand(1048576).contiguous().sum()\n"});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  BufferPtr in = MakeF32({1}, {2});
+  BufferPtr out = *device_.Allocate(DType::kF32, {});
+  const DeviceBuffer* ins[] = {in.get()};
+  DeviceBuffer* outs[] = {out.get()};
+  auto small = std::make_shared<MemoryBudget>("small", 1 << 20);
+  {
+    MemoryBudget::ScopedCurrent scope(small);
+    absl::Status s = (*exe)->Run(ins, outs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("'wide' ran out of device memory"), std::string::npos) << s;
+  }
+  EXPECT_EQ(small->used(), 0);
+  auto large = std::make_shared<MemoryBudget>("large", 16 << 20);
+  {
+    MemoryBudget::ScopedCurrent scope(large);
+    ASSERT_TRUE((*exe)->Run(ins, outs).ok());
+  }
+  EXPECT_EQ(Values(*out)[0], 2.0f * 1048576);
+  EXPECT_EQ(large->used(), 0);
+  EXPECT_GE(large->peak(), 4 << 20);
+  large->ResetPeak();
+  EXPECT_EQ(large->peak(), 0);
+}
+
 }  // namespace
 }  // namespace pathways

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,12 @@ DType FromTorch(at::ScalarType t) {
     case at::kBool: return DType::kBool;
     default: return DType::kInvalid;
   }
+}
+
+// The allocation a kernel on this thread was refused (device memory), if any.
+absl::Status& KernelMemoryFailure() {
+  thread_local absl::Status failure;
+  return failure;
 }
 
 // Whether `t`'s storage and `buffer` overlap.
@@ -383,6 +390,7 @@ class TorchExecutable : public Executable {
   absl::Status Run(absl::Span<const DeviceBuffer* const> inputs,
                    absl::Span<DeviceBuffer* const> outputs) const override {
     std::vector<at::Tensor> results;
+    KernelMemoryFailure() = absl::OkStatus();
     try {
       // Bodies run without autograd's bookkeeping, except those that differentiate: their
       // inputs must not be inference tensors, which autograd cannot record.
@@ -423,6 +431,13 @@ class TorchExecutable : public Executable {
         if (t.data_ptr() != out.data()) std::memmove(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
       }
     } catch (const std::exception& e) {
+      // The TorchScript interpreter rethrows what a kernel threw as its own error: a refused
+      // allocation is known by what the allocator recorded.
+      if (!KernelMemoryFailure().ok()) {
+        absl::Status refused = std::exchange(KernelMemoryFailure(), absl::OkStatus());
+        return absl::ResourceExhaustedError(
+            absl::StrCat("function '", name_, "' ran out of device memory: ", refused.message()));
+      }
       // A collective that failed keeps its code (DeadlineExceeded, Unavailable, ...).
       collective::ShardCollectives* shard = collective::ShardCollectives::Current();
       if (shard != nullptr && !shard->first_error().ok()) {
@@ -681,19 +696,48 @@ size_t FunctionCache::size() const {
 namespace {
 
 // libtorch's CPU allocations (kernel outputs and temporaries) through HostMemory: a large one
-// reuses the pages of an earlier one of its size instead of faulting in fresh ones. The data
-// pointer is its own context, so raw_allocate works too.
+// reuses the pages of an earlier one of its size instead of faulting in fresh ones. On a device's
+// stream they are charged to the device's budget, as an accelerator's kernels take their
+// temporaries from its memory: activations a gradient keeps, results before they are copied into
+// their output buffers. One that does not fit waits, as output buffers do, for others to be
+// released (by clients, or by transfers to other devices), then fails the kernel
+// (ResourceExhausted). A header in front of the data says
+// what to release; the data pointer is its own context, so raw_allocate works too.
 class CachingHostAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) const override {
-    char* data = HostMemory::Allocate(bytes);
-    if (data == nullptr) throw std::bad_alloc();
+    const std::shared_ptr<MemoryBudget>* budget = MemoryBudget::Current();
+    if (budget != nullptr) {
+      absl::Status charged = (*budget)->Charge(static_cast<int64_t>(bytes), (*budget)->kernel_wait());
+      if (!charged.ok()) KernelMemoryFailure() = charged;
+      TORCH_CHECK_WITH(OutOfMemoryError, charged.ok(), charged.message());
+    }
+    char* block = HostMemory::Allocate(bytes + kHeaderBytes);
+    if (block == nullptr) {
+      if (budget != nullptr) (*budget)->Release(static_cast<int64_t>(bytes));
+      throw std::bad_alloc();
+    }
+    new (block) Header{budget != nullptr ? *budget : nullptr, static_cast<int64_t>(bytes)};
+    char* data = block + kHeaderBytes;
     return {data, data, &Delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
 
  private:
-  static void Delete(void* data) { HostMemory::Free(data); }
+  struct Header {
+    std::shared_ptr<MemoryBudget> budget;
+    int64_t bytes;
+  };
+  static constexpr size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned
+  static_assert(sizeof(Header) <= kHeaderBytes);
+  static void Delete(void* data) {
+    if (data == nullptr) return;
+    char* block = static_cast<char*>(data) - kHeaderBytes;
+    Header* header = reinterpret_cast<Header*>(block);
+    if (header->budget != nullptr) header->budget->Release(header->bytes);
+    header->~Header();
+    HostMemory::Free(block);
+  }
 };
 
 }  // namespace

@@ -83,6 +83,7 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
     if (d.local_index() < 0 || d.local_index() >= static_cast<int>(host.devices.size())) continue;
     rpc::DeviceInfo& info = host.devices[d.local_index()].info;
     info.set_memory_used(d.memory_used());
+    info.set_memory_peak(d.memory_peak());
     info.set_executed(d.executed());
     info.set_busy_micros(d.busy_micros());
     *info.mutable_client_time() = d.client_time();

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -23,8 +24,32 @@ absl::Status MemoryBudget::Charge(int64_t bytes, absl::Duration wait) {
                                     : ""));
   }
   used_ += bytes;
+  peak_ = std::max(peak_, used_);
   return absl::OkStatus();
 }
+
+int64_t MemoryBudget::peak() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+void MemoryBudget::ResetPeak() {
+  absl::MutexLock lock(&mu_);
+  peak_ = used_;
+}
+
+namespace {
+thread_local const std::shared_ptr<MemoryBudget>* current_budget = nullptr;
+}  // namespace
+
+const std::shared_ptr<MemoryBudget>* MemoryBudget::Current() { return current_budget; }
+
+MemoryBudget::ScopedCurrent::ScopedCurrent(std::shared_ptr<MemoryBudget> budget)
+    : budget_(std::move(budget)), previous_(current_budget) {
+  current_budget = &budget_;
+}
+
+MemoryBudget::ScopedCurrent::~ScopedCurrent() { current_budget = previous_; }
 
 void MemoryBudget::Release(int64_t bytes) {
   absl::MutexLock lock(&mu_);
@@ -59,10 +84,11 @@ DeviceBuffer::~DeviceBuffer() {
   budget_->Release(byte_size_);
 }
 
-CpuDevice::CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name)
+CpuDevice::CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name,
+                     absl::Duration kernel_memory_wait)
     : local_index_(local_index),
       name_(absl::StrCat(host_name, "/cpu:", local_index)),
-      budget_(std::make_shared<MemoryBudget>(name_, memory_capacity_bytes)) {
+      budget_(std::make_shared<MemoryBudget>(name_, memory_capacity_bytes, kernel_memory_wait)) {
   stream_ = std::thread([this] {
     std::string thread_name = absl::StrCat("cpu-dev-", local_index_);
     pthread_setname_np(pthread_self(), thread_name.c_str());
@@ -130,6 +156,7 @@ DeviceStats CpuDevice::stats() const {
   DeviceStats s;
   s.memory_capacity = budget_->capacity();
   s.memory_used = budget_->used();
+  s.memory_peak = budget_->peak();
   absl::MutexLock lock(&mu_);
   s.executed = executed_;
   s.busy_micros = busy_micros_;
@@ -138,6 +165,7 @@ DeviceStats CpuDevice::stats() const {
 }
 
 void CpuDevice::StreamLoop() {
+  MemoryBudget::ScopedCurrent kernels_charge_here(budget_);
   while (true) {
     absl::AnyInvocable<void() &&> work;
     {

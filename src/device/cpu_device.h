@@ -14,12 +14,15 @@ namespace pathways {
 // stream.
 class CpuDevice : public Device {
  public:
-  CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name = "host");
+  // Kernels running on the stream wait up to `kernel_memory_wait` for their temporaries to fit.
+  CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name = "host",
+            absl::Duration kernel_memory_wait = absl::ZeroDuration());
   ~CpuDevice() override;
 
   int local_index() const override { return local_index_; }
   std::string kind() const override { return "cpu"; }
   std::string name() const override { return name_; }
+  void ResetMemoryPeak() override { budget_->ResetPeak(); }
   absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape,
                                      absl::Duration wait = absl::ZeroDuration()) override;
   void Enqueue(absl::AnyInvocable<void() &&> work) override;

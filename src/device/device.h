@@ -19,22 +19,45 @@ namespace pathways {
 // buffer that outlives its device still releases its charge safely.
 class MemoryBudget {
  public:
-  MemoryBudget(std::string device_name, int64_t capacity_bytes)
-      : device_name_(std::move(device_name)), capacity_(capacity_bytes) {}
+  // Kernels wait up to `kernel_wait` for their temporaries to fit (see Current).
+  MemoryBudget(std::string device_name, int64_t capacity_bytes, absl::Duration kernel_wait = absl::ZeroDuration())
+      : device_name_(std::move(device_name)), capacity_(capacity_bytes), kernel_wait_(kernel_wait) {}
   // Charges `bytes`, waiting up to `wait` for other buffers to be released when they do not fit
   // now. ResourceExhausted, naming the device and the sizes, when they still do not.
   absl::Status Charge(int64_t bytes, absl::Duration wait = absl::ZeroDuration());
   void Release(int64_t bytes);
   int64_t capacity() const { return capacity_; }
+  absl::Duration kernel_wait() const { return kernel_wait_; }
   int64_t used() const;
   // Blocks until at most `bytes` are in use; false if that has not happened within `timeout`.
   bool WaitForUsedAtMost(int64_t bytes, absl::Duration timeout) const;
+  // The most bytes in use at once since the budget was made or its peak was last reset.
+  int64_t peak() const;
+  void ResetPeak();
+
+  // The budget of the device whose stream runs on this thread (null elsewhere): kernels charge
+  // their temporaries to it, as an accelerator's kernels take theirs from its memory.
+  static const std::shared_ptr<MemoryBudget>* Current();
+  // Makes `budget` the current thread's for the scope's lifetime.
+  class ScopedCurrent {
+   public:
+    explicit ScopedCurrent(std::shared_ptr<MemoryBudget> budget);
+    ~ScopedCurrent();
+    ScopedCurrent(const ScopedCurrent&) = delete;
+    ScopedCurrent& operator=(const ScopedCurrent&) = delete;
+
+   private:
+    std::shared_ptr<MemoryBudget> budget_;
+    const std::shared_ptr<MemoryBudget>* previous_;
+  };
 
  private:
   const std::string device_name_;
   const int64_t capacity_;
+  const absl::Duration kernel_wait_;
   mutable absl::Mutex mu_;
   int64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A dense row-major array in one device's memory. Owns its storage and its charge against the
@@ -86,6 +109,7 @@ struct TraceEvent {
 struct DeviceStats {
   int64_t memory_capacity = 0;
   int64_t memory_used = 0;
+  int64_t memory_peak = 0;  // since the device started or its peak was last reset
   int64_t executed = 0;     // work items run on the stream
   int64_t busy_micros = 0;  // traced time computing (not time an item spent waiting for inputs)
   // Traced device time per client: what multi-tenant shares are measured in.
@@ -116,6 +140,8 @@ class Device {
   // recent ones only (a bounded ring).
   virtual std::vector<TraceEvent> Trace(int64_t since_us = 0) const = 0;
   virtual DeviceStats stats() const = 0;
+  // Starts stats().memory_peak again from what is in use now (benchmarks measuring one phase).
+  virtual void ResetMemoryPeak() = 0;
   // Blocks until at most `bytes` of the device's memory are in use, or `timeout` passes (false).
   // Buffers are freed asynchronously (when the last work item or transfer using them is done),
   // so this is how a caller waits for memory to come back without polling.

@@ -220,9 +220,10 @@ absl::Status RunStatus(const Flags& flags) {
       std::printf("  host %d  %-21s %-5s heartbeat %lld ms ago\n", h->host_id(), h->address().c_str(),
                   h->alive() ? "alive" : "DEAD", static_cast<long long>(h->millis_since_heartbeat()));
       for (const auto& d : h->devices()) {
-        std::printf("    device %-4d %s:%d  at (%s)  memory %lld / %lld bytes used  ran %lld  busy %lld us\n",
+        std::printf("    device %-4d %s:%d  at (%s)  memory %lld / %lld bytes used (peak %lld)  ran %lld  busy %lld us\n",
                     d.device_id(), d.kind().c_str(), d.local_index(), absl::StrJoin(d.coords(), ",").c_str(),
                     static_cast<long long>(d.memory_used()), static_cast<long long>(d.memory_capacity()),
+                    static_cast<long long>(d.memory_peak()),
                     static_cast<long long>(d.executed()), static_cast<long long>(d.busy_micros()));
       }
     }

@@ -47,7 +47,7 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
                 [this](std::vector<rpc::ScheduledOp> ops) { return ApplyScheduled(std::move(ops)); }}) {
   ConfigureComputeThreads(options_.intra_op_threads);
   for (int i = 0; i < options_.num_devices; ++i) {
-    devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name));
+    devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name, options_.memory_wait));
   }
   if (links_ != nullptr) {
     blocks_ = std::make_unique<collective::BlockStreams>(

@@ -100,6 +100,7 @@ void Worker::DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>
     d->set_kind(runtime_->device(i).kind());
     d->set_memory_capacity(s.memory_capacity);
     d->set_memory_used(s.memory_used);
+    d->set_memory_peak(s.memory_peak);
     d->set_executed(s.executed);
     d->set_busy_micros(s.busy_micros);
     for (const auto& [client, micros] : s.busy_micros_by_client) {
