@@ -1,5 +1,7 @@
 // Donating inputs to calls: the output takes the input's buffer (updated in place), the caller's
 // handle is spent, and a device holds one copy of what an update step rewrites, not two.
+#include <thread>
+
 #include "client/client.h"
 #include "client/program.h"
 #include "cluster/local_cluster.h"
@@ -212,6 +214,29 @@ TEST_F(DonationTest, CallsBeforeTheDonatingOneReadTheValueBefore) {
     auto value = client_->Fetch((*out)[1]).Await();
     ASSERT_TRUE(value.ok()) << value.status();
     EXPECT_FLOAT_EQ(value->data<float>()[9], 1 + 9 % 7 - 0.5f * (2 + 9 % 7)) << round;
+  }
+}
+
+TEST_F(DonationTest, OfThreadsDonatingOneArrayAtOnceExactlyOneDoes) {
+  const int64_t n = 8;
+  CompiledFunction step = Step(n, true);
+  ShardedArray g = *client_->Put(Filled({n}, 2), slice_, {"x"});
+  for (int round = 0; round < 10; ++round) {
+    ShardedArray p = *client_->Put(Filled({n}, 1), slice_, {"x"});
+    std::vector<absl::StatusOr<std::vector<ShardedArray>>> results(4, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) threads.emplace_back([&, t] { results[t] = client_->Call(step, slice_, {p, g}); });
+    for (auto& t : threads) t.join();
+    int succeeded = 0;
+    for (const auto& r : results) {
+      if (r.ok()) {
+        ++succeeded;
+        EXPECT_TRUE(client_->Fetch((*r)[0]).Await().ok());
+      } else {
+        EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+      }
+    }
+    EXPECT_EQ(succeeded, 1) << round;
   }
 }
 

@@ -142,5 +142,36 @@ TEST(ProgramPlanTest, EveryHostDerivesTheSameGraph) {
   EXPECT_EQ(a.nodes[1].gang->members[0].host, "B");
 }
 
+
+// What a client says about donation is checked like the rest of a program: a donor per output,
+// each an input of the node with the output's dtype and shard shape, given to one output only.
+TEST(ProgramPlanTest, OutputDonorsAreChecked) {
+  rpc::ProgramProto good = TwoHostProgram();
+  good.mutable_nodes(0)->add_output_donors(0);
+  auto lowered = LoweredProgram::Create(good, "A", 2);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ((*lowered)->args_donated_to(0), std::vector<int>{0});
+  EXPECT_EQ((*lowered)->nodes()[0].output_donors, std::vector<int>{0});
+
+  auto refused = [](rpc::ProgramProto p, const std::string& what) {
+    auto l = LoweredProgram::Create(p, "A", 2);
+    ASSERT_FALSE(l.ok()) << what;
+    EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << l.status();
+  };
+  rpc::ProgramProto out_of_range = TwoHostProgram();
+  out_of_range.mutable_nodes(0)->add_output_donors(1);
+  refused(out_of_range, "an input the node does not have");
+  rpc::ProgramProto negative = TwoHostProgram();
+  negative.mutable_nodes(0)->add_output_donors(-7);
+  refused(negative, "a negative donor");
+  rpc::ProgramProto too_many = TwoHostProgram();
+  too_many.mutable_nodes(0)->add_output_donors(0);
+  too_many.mutable_nodes(0)->add_output_donors(0);
+  refused(too_many, "more donors than outputs");
+  rpc::ProgramProto reshaped = TwoHostProgram();
+  reshaped.mutable_nodes(2)->add_output_donors(0);  // whole input, split output: shards differ
+  refused(reshaped, "shards of another shape");
+}
+
 }  // namespace
 }  // namespace pathways
