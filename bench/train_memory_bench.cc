@@ -14,6 +14,7 @@
 #include "client/program.h"
 #include "cluster/local_cluster.h"
 #include "core/status_macros.h"
+#include "testing/host_arrays.h"
 #include "tools/flags.h"
 
 namespace pathways {
@@ -21,15 +22,7 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 
-HostArray Random(Shape shape, uint32_t seed, float scale) {
-  HostArray a = *HostArray::Create(DType::kF32, std::move(shape));
-  uint32_t state = seed * 2654435761u + 11u;
-  for (int64_t i = 0; i < a.num_elements(); ++i) {
-    state = state * 1664525u + 1013904223u;
-    a.mutable_data<float>()[i] = scale * (static_cast<float>(state >> 8) / static_cast<float>(1 << 24) * 2 - 1);
-  }
-  return a;
-}
+using testing::RandomF32;
 
 struct Measured {
   double peak_mib = 0;
@@ -78,7 +71,7 @@ absl::StatusOr<Measured> Train(LocalCluster& cluster, int64_t batch, int64_t wid
 
   std::vector<ShardedArray> state;  // w0..w3, then m, v, count per parameter
   for (size_t i = 0; i < params.size(); ++i) {
-    PW_ASSIGN_OR_RETURN(ShardedArray a, client->Put(Random(params[i].shape, static_cast<uint32_t>(i), 0.05f), slice));
+    PW_ASSIGN_OR_RETURN(ShardedArray a, client->Put(RandomF32(params[i].shape, static_cast<uint32_t>(i), 0.05f), slice));
     state.push_back(a);
   }
   for (const TensorSpec& p : params) {
@@ -87,8 +80,8 @@ absl::StatusOr<Measured> Train(LocalCluster& cluster, int64_t batch, int64_t wid
       state.push_back(a);
     }
   }
-  PW_ASSIGN_OR_RETURN(ShardedArray x_arr, client->Put(Random(data.shape, 10, 1), slice));
-  PW_ASSIGN_OR_RETURN(ShardedArray y_arr, client->Put(Random(data.shape, 11, 1), slice));
+  PW_ASSIGN_OR_RETURN(ShardedArray x_arr, client->Put(RandomF32(data.shape, 10, 1), slice));
+  PW_ASSIGN_OR_RETURN(ShardedArray y_arr, client->Put(RandomF32(data.shape, 11, 1), slice));
   HostArray one_host = *HostArray::Create(DType::kF32, {});
   one_host.mutable_data<float>()[0] = 1;
   PW_ASSIGN_OR_RETURN(ShardedArray one_arr, client->Put(one_host, slice));

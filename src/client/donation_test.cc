@@ -163,7 +163,7 @@ TEST_F(DonationTest, ProgramsDonateArgumentsAndIntermediates) {
   for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(value->data<float>()[i], 10 + i % 7 - 6 * 0.5f * (2 + i % 7)) << i;
 }
 
-TEST_F(DonationTest, AHostCopiesABufferThatSomethingElseStillHolds) {
+TEST_F(DonationTest, DonatingAValueTheStoreStillHoldsGivesTheSameResult) {
   // The output of a data-dependent call stays in the store until the run ends (the client waits
   // on it): the step that takes it at a donated position gets a copy, with the same result.
   const int64_t n = 16;

@@ -6,19 +6,12 @@
 #include "client/client.h"
 #include "cluster/local_cluster.h"
 #include "gtest/gtest.h"
+#include "testing/host_arrays.h"
 
 namespace pathways {
 namespace {
 
-HostArray Random(Shape shape, uint32_t seed) {
-  HostArray a = *HostArray::Create(DType::kF32, std::move(shape));
-  uint32_t state = seed * 2654435761u + 12345u;
-  for (int64_t i = 0; i < a.num_elements(); ++i) {
-    state = state * 1664525u + 1013904223u;
-    a.mutable_data<float>()[i] = static_cast<float>(state >> 8) / static_cast<float>(1 << 24) * 2.0f - 1.0f;
-  }
-  return a;
-}
+using testing::RandomF32;
 
 class GradientTest : public ::testing::Test {
  protected:
@@ -109,8 +102,8 @@ TEST_F(GradientTest, TensorParallelMlpAndItsLoss) {
   const std::vector<TensorSpec> in = {F32({4, 6}), F32({6, 8}), F32({8, 6})}, out = {F32({4, 6}), F32({})};
   auto sharded = FunctionSpec::Script("mlp", sharded_source, in, out, {{"x", ""}, {"", "y"}, {"y", ""}}, {{"x", ""}, {}});
   auto whole = FunctionSpec::Script("mlp", whole_source, in, out);
-  ExpectSameGradients(sharded, whole, {Random({4, 6}, 1), Random({6, 8}, 2), Random({8, 6}, 3)},
-                      {Random({4, 6}, 4), Random({}, 5)});
+  ExpectSameGradients(sharded, whole, {RandomF32({4, 6}, 1), RandomF32({6, 8}, 2), RandomF32({8, 6}, 3)},
+                      {RandomF32({4, 6}, 4), RandomF32({}, 5)});
 }
 
 // all_gather, reduce_scatter, all_to_all and broadcast, each against what it computes on the
@@ -130,7 +123,7 @@ TEST_F(GradientTest, CollectivesTransposeToTheirAdjoints) {
   const std::vector<TensorSpec> in = {F32({8, 4})}, out = {F32({8, 4}), F32({8, 4}), F32({2, 4})};
   auto sharded = FunctionSpec::Script("moves", sharded_source, in, out, {{"y", ""}}, {{"y", ""}, {"y", ""}, {}});
   auto whole = FunctionSpec::Script("moves", whole_source, in, out);
-  ExpectSameGradients(sharded, whole, {Random({8, 4}, 6)}, {Random({8, 4}, 7), Random({8, 4}, 8), Random({2, 4}, 9)});
+  ExpectSameGradients(sharded, whole, {RandomF32({8, 4}, 6)}, {RandomF32({8, 4}, 7), RandomF32({8, 4}, 8), RandomF32({2, 4}, 9)});
 }
 
 // Dropout draws the same mask when the forward pass runs again for the gradient, and a mean over
@@ -145,7 +138,7 @@ TEST_F(GradientTest, DropoutAndMeanDifferentiateThroughTheRecomputedForwardPass)
   const std::vector<TensorSpec> in = {F32({4, 6})}, out = {F32({4, 6})};
   auto sharded = FunctionSpec::Script("drop", sharded_source, in, out, {{"x", ""}}, {{"x", ""}});
   auto whole = FunctionSpec::Script("drop", whole_source, in, out);
-  ExpectSameGradients(sharded, whole, {Random({4, 6}, 10)}, {Random({4, 6}, 11)});
+  ExpectSameGradients(sharded, whole, {RandomF32({4, 6}, 10)}, {RandomF32({4, 6}, 11)});
 }
 
 TEST_F(GradientTest, WhatHasNoGradientIsAClearError) {
@@ -164,13 +157,13 @@ TEST_F(GradientTest, WhatHasNoGradientIsAClearError) {
   // devices carry on.
   auto max = FunctionSpec::Script("top", "def top(x):\n    return pathways.all_reduce(x, 'y', 'max')\n", {F32({4})},
                                   {F32({4})}, {{}}, {{}});
-  auto result = ValueAndGradient(max, mesh_, {Random({4}, 12)}, {Random({4}, 13)});
+  auto result = ValueAndGradient(max, mesh_, {RandomF32({4}, 12)}, {RandomF32({4}, 13)});
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("all_reduce 'max' has no gradient"), std::string::npos) << result.status();
   auto again = ValueAndGradient(FunctionSpec::Script("twice", "def twice(x):\n    return x * 2.0\n", {F32({4})}, {F32({4})}),
-                                mesh_, {Random({4}, 14)}, {Random({4}, 15)});
+                                mesh_, {RandomF32({4}, 14)}, {RandomF32({4}, 15)});
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_NEAR((*again)[1].data<float>()[0], 2 * Random({4}, 15).data<float>()[0], 1e-6);
+  EXPECT_NEAR((*again)[1].data<float>()[0], 2 * RandomF32({4}, 15).data<float>()[0], 1e-6);
 }
 
 }  // namespace

@@ -6,19 +6,12 @@
 #include "compute/markov.h"
 #include "cluster/local_cluster.h"
 #include "gtest/gtest.h"
+#include "testing/host_arrays.h"
 
 namespace pathways {
 namespace {
 
-HostArray Random(Shape shape, uint32_t seed, float scale = 1) {
-  HostArray a = *HostArray::Create(DType::kF32, std::move(shape));
-  uint32_t state = seed * 2654435761u + 7u;
-  for (int64_t i = 0; i < a.num_elements(); ++i) {
-    state = state * 1664525u + 1013904223u;
-    a.mutable_data<float>()[i] = scale * (static_cast<float>(state >> 8) / static_cast<float>(1 << 24) * 2 - 1);
-  }
-  return a;
-}
+using testing::RandomF32;
 
 HostArray Zeros(Shape shape) { return *HostArray::Create(DType::kF32, std::move(shape)); }
 
@@ -49,14 +42,14 @@ TEST_F(OptimizerTest, AdamMatchesTheUpdateWrittenOut) {
   ASSERT_TRUE(adam_spec.ok()) << adam_spec.status();
   auto adam = client_->Compile(*adam_spec);
   ASSERT_TRUE(adam.ok()) << adam.status();
-  HostArray p_host = Random({8, 6}, 1);
+  HostArray p_host = RandomF32({8, 6}, 1);
   std::vector<double> p(p_host.data<float>(), p_host.data<float>() + 48), m(48, 0), v(48, 0);
   ShardedArray param = *client_->Put(p_host, slice_, {"x", "y"});
   ShardedArray m_arr = *client_->Put(Zeros({8, 6}), slice_, {"x", "y"});
   ShardedArray v_arr = *client_->Put(Zeros({8, 6}), slice_, {"x", "y"});
   ShardedArray count = *client_->Put(Zeros({}), slice_);
   for (int step = 1; step <= 5; ++step) {
-    HostArray g = Random({8, 6}, 100 + step);
+    HostArray g = RandomF32({8, 6}, 100 + step);
     auto out = client_->Call(*adam, slice_, {param, *client_->Put(g, slice_, {"x", "y"}), m_arr, v_arr, count});
     ASSERT_TRUE(out.ok()) << out.status();
     param = (*out)[0];
@@ -114,7 +107,7 @@ TEST_F(OptimizerTest, AProgramOfGradientAndAdamFitsALinearModel) {
   ASSERT_TRUE(updated.ok()) << updated.status();
   Program step = *b.Build({(*lg)[0], (*updated)[0], (*updated)[1], (*updated)[2], (*updated)[3]});
 
-  HostArray x_host = Random({batch, in}, 7), w_true = Random({in, out}, 8);
+  HostArray x_host = RandomF32({batch, in}, 7), w_true = RandomF32({in, out}, 8);
   HostArray y_host = Zeros({batch, out});
   for (int64_t i = 0; i < batch; ++i) {
     for (int64_t j = 0; j < out; ++j) {

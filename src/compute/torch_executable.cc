@@ -2,61 +2,23 @@
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/csrc/jit/frontend/sugared_value.h>
-#include <torch/library.h>
 #include <torch/script.h>
-#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
-#include <dlfcn.h>
-
-#include <functional>
-#include <map>
-#include <mutex>
+#include <cstring>
 #include <utility>
 
-#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "collective/collective.h"
-#include "compute/counter_rng.h"
-#include "compute/markov.h"
 #include "compute/executable.h"
+#include "compute/torch_ops.h"
 #include "core/status_macros.h"
-#include "device/host_memory.h"
 
 namespace pathways {
 namespace {
-
-absl::StatusOr<at::ScalarType> ToTorch(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return at::kFloat;
-    case DType::kF64: return at::kDouble;
-    case DType::kI32: return at::kInt;
-    case DType::kI64: return at::kLong;
-    case DType::kBool: return at::kBool;
-    default: return absl::InvalidArgumentError(absl::StrCat("no torch type for ", DTypeName(dtype)));
-  }
-}
-
-DType FromTorch(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kDouble: return DType::kF64;
-    case at::kInt: return DType::kI32;
-    case at::kLong: return DType::kI64;
-    case at::kBool: return DType::kBool;
-    default: return DType::kInvalid;
-  }
-}
-
-// The allocation a kernel on this thread was refused (device memory), if any.
-absl::Status& KernelMemoryFailure() {
-  thread_local absl::Status failure;
-  return failure;
-}
 
 // Whether `t`'s storage and `buffer` overlap.
 bool SharesMemory(const at::Tensor& t, const DeviceBuffer& buffer) {
@@ -69,331 +31,6 @@ bool SharesMemory(const at::Tensor& t, const DeviceBuffer& buffer) {
 at::Tensor View(const DeviceBuffer& buffer) {
   return torch::from_blob(const_cast<char*>(buffer.data()), buffer.shape(),
                           torch::TensorOptions().dtype(*ToTorch(buffer.dtype())));
-}
-
-// Collectives, as torch ops: `pathways.all_reduce(x, "x")` in TorchScript, and the collective
-// built-in kernels. Each hands the shard's contiguous input and a fresh output to the runtime
-// (collective/collective.h), which moves and reduces the bytes in place. Collectives along a
-// dimension other than 0 move that dimension to the front first, so that the chunks members
-// exchange are contiguous. Failures throw, as torch ops do; the executable turns them back into
-// the collective's Status.
-
-collective::ShardCollectives& CurrentShard() {
-  collective::ShardCollectives* shard = collective::ShardCollectives::Current();
-  TORCH_CHECK(shard != nullptr, "pathways collectives run only inside a compiled function running on a slice");
-  return *shard;
-}
-
-int GroupSize(const std::string& axes) {
-  auto size = CurrentShard().GroupSize(axes);
-  TORCH_CHECK(size.ok(), size.status().ToString());
-  return *size;
-}
-
-// Runs `kind` with `x` (contiguous) as input and `out` as output. Collectives that only move
-// data take any element type, as bytes; reductions need one the runtime can add.
-void RunCollective(collective::CollectiveKind kind, const std::string& axes, const at::Tensor& x, at::Tensor& out,
-                   collective::ReduceOp op = collective::ReduceOp::kSum, int root = 0) {
-  const bool reduces =
-      kind == collective::CollectiveKind::kAllReduce || kind == collective::CollectiveKind::kReduceScatter;
-  DType dtype = FromTorch(x.scalar_type());
-  size_t count = static_cast<size_t>(x.numel());
-  if (!reduces) {
-    dtype = DType::kBool;  // one byte per element
-    count = x.nbytes();
-  }
-  TORCH_CHECK(dtype != DType::kInvalid, collective::CollectiveName(kind), ": cannot reduce tensors of type ",
-              x.scalar_type());
-  collective::CollectiveCall call;
-  call.kind = kind;
-  call.dtype = dtype;
-  call.op = op;
-  call.root = root;
-  call.count = count;
-  call.in = static_cast<const char*>(x.data_ptr());
-  call.out = static_cast<char*>(out.data_ptr());
-  absl::Status s = CurrentShard().Run(axes, call);
-  TORCH_CHECK(s.ok(), s.ToString());
-}
-
-void CheckDim(const at::Tensor& x, int64_t dim, const char* what) {
-  TORCH_CHECK(dim >= 0 && dim < x.dim(), what, ": dimension ", dim, " is not in a tensor of rank ", x.dim());
-}
-
-void CheckSplits(const at::Tensor& x, int64_t dim, int members, const char* what) {
-  CheckDim(x, dim, what);
-  TORCH_CHECK(x.size(dim) % members == 0, what, ": dimension ", dim, " of size ", x.size(dim),
-              " does not split into ", members, " equal chunks");
-}
-
-at::Tensor AllReduceRaw(const at::Tensor& x, const std::string& axes, const std::string& op) {
-  const bool mean = op == "mean";
-  TORCH_CHECK(!mean || at::isFloatingType(x.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
-  auto reduce = collective::ParseReduceOp(mean ? "sum" : op);
-  TORCH_CHECK(reduce.ok(), reduce.status().message());
-  at::Tensor in = x.contiguous();
-  at::Tensor out = torch::empty_like(in);
-  RunCollective(collective::CollectiveKind::kAllReduce, axes, in, out, *reduce);
-  if (mean) out.div_(GroupSize(axes));
-  return out;
-}
-
-at::Tensor AllGatherRaw(const at::Tensor& x, const std::string& axes, int64_t dim) {
-  CheckDim(x, dim, "all_gather");
-  const int members = GroupSize(axes);
-  at::Tensor in = x.movedim(dim, 0).contiguous();
-  std::vector<int64_t> sizes = in.sizes().vec();
-  sizes[0] *= members;
-  at::Tensor out = torch::empty(sizes, in.options());
-  RunCollective(collective::CollectiveKind::kAllGather, axes, in, out);
-  return out.movedim(0, dim);
-}
-
-at::Tensor ReduceScatterRaw(const at::Tensor& x, const std::string& axes, const std::string& op, int64_t dim) {
-  auto reduce = collective::ParseReduceOp(op);
-  TORCH_CHECK(reduce.ok(), reduce.status().message());
-  const int members = GroupSize(axes);
-  CheckSplits(x, dim, members, "reduce_scatter");
-  at::Tensor in = x.movedim(dim, 0).contiguous();
-  std::vector<int64_t> sizes = in.sizes().vec();
-  sizes[0] /= members;
-  at::Tensor out = torch::empty(sizes, in.options());
-  RunCollective(collective::CollectiveKind::kReduceScatter, axes, in, out, *reduce);
-  return out.movedim(0, dim);
-}
-
-// Chunk j of member i's tensor goes to member j, which concatenates its chunks in member order.
-at::Tensor AllToAllRaw(const at::Tensor& x, const std::string& axes, int64_t dim) {
-  CheckSplits(x, dim, GroupSize(axes), "all_to_all");
-  at::Tensor in = x.movedim(dim, 0).contiguous();
-  at::Tensor out = torch::empty_like(in);
-  RunCollective(collective::CollectiveKind::kAllToAll, axes, in, out);
-  return out.movedim(0, dim);
-}
-
-at::Tensor BroadcastRaw(const at::Tensor& x, const std::string& axes, int64_t root) {
-  const int members = GroupSize(axes);
-  TORCH_CHECK(root >= 0 && root < members, "broadcast: root ", root, " is not a member of a group of ", members);
-  at::Tensor in = x.contiguous();
-  at::Tensor out = torch::empty_like(in);
-  RunCollective(collective::CollectiveKind::kBroadcast, axes, in, out, collective::ReduceOp::kSum,
-                static_cast<int>(root));
-  return out;
-}
-
-// Gradients of the collectives (their transposes), for bodies differentiated by a gradient body.
-// A value replicated over a group carries, per shard, a part of its cotangent: the cotangent of
-// the global value is the sum of the parts (see FunctionBody::Gradient). So all_reduce(sum)
-// transposes to all_reduce(sum), all_gather to reduce_scatter(sum) and back, all_to_all to
-// itself, and broadcast to a sum that lands on the root.
-using torch::autograd::AutogradContext;
-using torch::autograd::tensor_list;
-
-struct AllReduceGrad : torch::autograd::Function<AllReduceGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, const std::string& op) {
-    ctx->saved_data["axes"] = axes;
-    ctx->saved_data["op"] = op;
-    return AllReduceRaw(x, axes, op);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
-    const std::string op = ctx->saved_data["op"].toStringRef();
-    TORCH_CHECK(op == "sum" || op == "mean", "all_reduce '", op, "' has no gradient (only 'sum' and 'mean' do)");
-    return {AllReduceRaw(g[0], ctx->saved_data["axes"].toStringRef(), op), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct AllGatherGrad : torch::autograd::Function<AllGatherGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t dim) {
-    ctx->saved_data["axes"] = axes;
-    ctx->saved_data["dim"] = dim;
-    return AllGatherRaw(x, axes, dim);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
-    return {ReduceScatterRaw(g[0], ctx->saved_data["axes"].toStringRef(), "sum", ctx->saved_data["dim"].toInt()),
-            at::Tensor(), at::Tensor()};
-  }
-};
-
-struct ReduceScatterGrad : torch::autograd::Function<ReduceScatterGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, const std::string& op,
-                            int64_t dim) {
-    ctx->saved_data["axes"] = axes;
-    ctx->saved_data["op"] = op;
-    ctx->saved_data["dim"] = dim;
-    return ReduceScatterRaw(x, axes, op, dim);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
-    const std::string op = ctx->saved_data["op"].toStringRef();
-    TORCH_CHECK(op == "sum", "reduce_scatter '", op, "' has no gradient (only 'sum' does)");
-    return {AllGatherRaw(g[0], ctx->saved_data["axes"].toStringRef(), ctx->saved_data["dim"].toInt()), at::Tensor(),
-            at::Tensor(), at::Tensor()};
-  }
-};
-
-struct AllToAllGrad : torch::autograd::Function<AllToAllGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t dim) {
-    ctx->saved_data["axes"] = axes;
-    ctx->saved_data["dim"] = dim;
-    return AllToAllRaw(x, axes, dim);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
-    return {AllToAllRaw(g[0], ctx->saved_data["axes"].toStringRef(), ctx->saved_data["dim"].toInt()), at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t root) {
-    ctx->saved_data["axes"] = axes;
-    ctx->saved_data["root"] = root;
-    return BroadcastRaw(x, axes, root);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
-    const std::string axes = ctx->saved_data["axes"].toStringRef();
-    at::Tensor sum = AllReduceRaw(g[0], axes, "sum");
-    auto group = CurrentShard().GroupOver(axes);
-    TORCH_CHECK(group.ok(), group.status().ToString());
-    if (group->rank != ctx->saved_data["root"].toInt()) sum.zero_();
-    return {sum, at::Tensor(), at::Tensor()};
-  }
-};
-
-at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) { return AllReduceGrad::apply(x, axes, op); }
-at::Tensor AllGather(const at::Tensor& x, std::string axes, int64_t dim) { return AllGatherGrad::apply(x, axes, dim); }
-at::Tensor ReduceScatter(const at::Tensor& x, std::string axes, std::string op, int64_t dim) {
-  return ReduceScatterGrad::apply(x, axes, op, dim);
-}
-at::Tensor AllToAll(const at::Tensor& x, std::string axes, int64_t dim) { return AllToAllGrad::apply(x, axes, dim); }
-at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
-  return BroadcastGrad::apply(x, axes, root);
-}
-
-// Random numbers (compute/counter_rng.h). `shape` is the shard's local shape and `spec` names,
-// per dimension, the mesh axes that split it ("" or absent: not split; "x,y": both), as the
-// output's partition spec does: each shard draws its block of one global array, so replicas
-// agree and the pieces of a split array differ. Outside a slice every dimension is whole.
-at::Tensor Random(RandomDistribution distribution, const std::vector<int64_t>& shape,
-                  const std::vector<std::string>& spec, int64_t seed, int64_t step) {
-  TORCH_CHECK(spec.size() <= shape.size(), "random numbers: a spec of ", spec.size(), " entries for a shape of rank ",
-              shape.size());
-  std::vector<int64_t> global = shape, origin(shape.size(), 0);
-  collective::ShardCollectives* shard = collective::ShardCollectives::Current();
-  for (size_t d = 0; d < shape.size(); ++d) {
-    TORCH_CHECK(shape[d] >= 0, "random numbers: dimension ", d, " of size ", shape[d]);
-    if (d >= spec.size() || spec[d].empty() || shard == nullptr) continue;
-    auto group = shard->GroupOver(spec[d]);
-    TORCH_CHECK(group.ok(), "random numbers: ", group.status().message());
-    origin[d] = group->rank * shape[d];
-    global[d] = shape[d] * static_cast<int64_t>(group->shards.size());
-  }
-  at::Tensor out = torch::empty(shape, at::kFloat);
-  FillRandom(distribution, static_cast<uint64_t>(seed), static_cast<uint64_t>(step), global, origin, shape,
-             out.data_ptr<float>());
-  return out;
-}
-
-at::Tensor Uniform(std::vector<int64_t> shape, std::vector<std::string> spec, int64_t seed, int64_t step) {
-  return Random(RandomDistribution::kUniform, shape, spec, seed, step);
-}
-
-at::Tensor Normal(std::vector<int64_t> shape, std::vector<std::string> spec, int64_t seed, int64_t step) {
-  return Random(RandomDistribution::kNormal, shape, spec, seed, step);
-}
-
-// Zeroes each element with probability `p` and scales the rest by 1 / (1 - p); the mask is a
-// uniform draw over `x`'s shape under `spec`, so it is the same wherever `x` is replicated.
-at::Tensor Dropout(const at::Tensor& x, double p, std::vector<std::string> spec, int64_t seed, int64_t step) {
-  TORCH_CHECK(p >= 0 && p < 1, "dropout: probability ", p, " is not in [0, 1)");
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "dropout needs a floating-point tensor");
-  if (p == 0) return x;
-  at::Tensor keep = Random(RandomDistribution::kUniform, x.sizes().vec(), spec, seed, step).ge(p);
-  return x * keep.to(x.scalar_type()) / (1 - p);
-}
-
-// Token sequences of the built-in Markov data set (compute/markov.h): `batch` sequences of
-// `length` tokens for this shard, whose place in the global batch is its rank over `batch_axes`
-// (the mesh axes splitting the batch; "" for none), so the shards of a batch hold its pieces.
-at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t chain_seed, int64_t data_seed,
-                        int64_t step, std::string batch_axes, double sharpness) {
-  TORCH_CHECK(batch >= 0 && length >= 0 && batch <= (int64_t{1} << 30) && length <= (int64_t{1} << 30) &&
-                  batch * length <= (int64_t{1} << 30),
-              "markov_tokens: ", batch, " sequences of ", length, " tokens");
-  TORCH_CHECK(vocab <= MarkovSource::kMaxVocab, "markov_tokens: a vocabulary of ", vocab, " tokens");
-  auto source = MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
-  TORCH_CHECK(source.ok(), "markov_tokens: ", source.status().message());
-  int64_t first = 0;
-  if (collective::ShardCollectives* shard = collective::ShardCollectives::Current();
-      shard != nullptr && !batch_axes.empty()) {
-    auto group = shard->GroupOver(batch_axes);
-    TORCH_CHECK(group.ok(), "markov_tokens: ", group.status().message());
-    first = group->rank * batch;
-  }
-  at::Tensor out = torch::empty({batch, length}, at::kLong);
-  (*source)->Sample(static_cast<uint64_t>(data_seed), static_cast<uint64_t>(step), first, batch, length,
-                    out.data_ptr<int64_t>());
-  return out;
-}
-
-// Every op depends on where its shard runs (its group, its place in the mesh) and the
-// collectives exchange data with other shards: none is a pure function of its arguments. They are
-// registered as having side effects (conservative alias analysis), so TorchScript's optimiser
-// never runs one at compile time on constant arguments (a collective run then, on one shard's
-// thread, waited for members that waited for the optimiser; random numbers would have been one
-// shard's, baked into every shard), merges two of them or drops one whose result is unused.
-TORCH_LIBRARY(pathways, m) {
-  auto op = [](const char* schema) { return torch::schema(schema, c10::AliasAnalysisKind::CONSERVATIVE); };
-  m.def(op("uniform(int[] shape, str[] spec, int seed, int step) -> Tensor"), &Uniform);
-  m.def(op("normal(int[] shape, str[] spec, int seed, int step) -> Tensor"), &Normal);
-  m.def(op("dropout(Tensor x, float p, str[] spec, int seed, int step) -> Tensor"), &Dropout);
-  m.def(op("markov_tokens(int batch, int length, int vocab, int chain_seed, int data_seed, int step, "
-           "str batch_axes='', float sharpness=2.0) -> Tensor"),
-        &MarkovTokens);
-  m.def(op("all_reduce(Tensor x, str axes='', str op='sum') -> Tensor"), &AllReduce);
-  m.def(op("all_gather(Tensor x, str axes='', int dim=0) -> Tensor"), &AllGather);
-  m.def(op("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor"), &ReduceScatter);
-  m.def(op("all_to_all(Tensor x, str axes='', int dim=0) -> Tensor"), &AllToAll);
-  m.def(op("broadcast(Tensor x, str axes='', int root=0) -> Tensor"), &Broadcast);
-}
-
-// Built-in kernels. Collective ones take the mesh axes after an '@' in their name
-// ("all_reduce_sum@x,y"); without one they span the whole mesh.
-using V = std::vector<at::Tensor>;
-using Kernel = std::function<V(const V&, const std::string& axes)>;
-
-struct BuiltinKernel {
-  int arity;
-  Kernel fn;
-  bool collective = false;
-};
-
-const std::map<std::string, BuiltinKernel>& Builtins() {
-  auto plain = [](int arity, std::function<V(const V&)> f) {
-    return BuiltinKernel{arity, [f](const V& x, const std::string&) { return f(x); }};
-  };
-  auto collective = [](std::function<at::Tensor(const at::Tensor&, const std::string&)> f) {
-    return BuiltinKernel{1, [f](const V& x, const std::string& axes) { return V{f(x[0], axes)}; }, true};
-  };
-  static const auto* kernels = new std::map<std::string, BuiltinKernel>{
-      {"identity", plain(1, [](const V& x) { return V{x[0].clone()}; })},
-      {"add_one", plain(1, [](const V& x) { return V{x[0] + 1}; })},
-      {"negate", plain(1, [](const V& x) { return V{-x[0]}; })},
-      {"relu", plain(1, [](const V& x) { return V{torch::relu(x[0])}; })},
-      {"tanh", plain(1, [](const V& x) { return V{torch::tanh(x[0])}; })},
-      {"add", plain(2, [](const V& x) { return V{x[0] + x[1]}; })},
-      {"multiply", plain(2, [](const V& x) { return V{x[0] * x[1]}; })},
-      {"matmul", plain(2, [](const V& x) { return V{torch::matmul(x[0], x[1])}; })},
-      {"sum", plain(1, [](const V& x) { return V{x[0].sum()}; })},
-      {"all_reduce_sum", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "sum"); })},
-      {"all_reduce_max", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "max"); })},
-      {"all_reduce_min", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "min"); })},
-      {"all_reduce_mean", collective([](const at::Tensor& x, const std::string& a) { return AllReduce(x, a, "mean"); })},
-      {"all_gather", collective([](const at::Tensor& x, const std::string& a) { return AllGather(x, a, 0); })},
-      {"reduce_scatter_sum",
-       collective([](const at::Tensor& x, const std::string& a) { return ReduceScatter(x, a, "sum", 0); })},
-      {"all_to_all", collective([](const at::Tensor& x, const std::string& a) { return AllToAll(x, a, 0); })},
-      {"broadcast", collective([](const at::Tensor& x, const std::string& a) { return Broadcast(x, a, 0); })},
-  };
-  return *kernels;
 }
 
 // Script source sees the collectives as `pathways.<op>`.
@@ -611,7 +248,7 @@ class VjpExecutable : public TorchExecutable {
       at::Tensor g = grads[j].defined() ? grads[j] : torch::zeros_like(wrt[j]);
       // A replicated input's cotangent is the sum of its replicas' parts.
       const std::string axes = ReplicatedAxes(gradient_.in_specs[static_cast<size_t>(gradient_.wrt[j])]);
-      if (!axes.empty() && GroupSize(axes) > 1) g = AllReduceRaw(g.contiguous(), axes, "sum");
+      if (!axes.empty() && ShardGroupSize(axes) > 1) g = AllReduceNoGrad(g.contiguous(), axes, "sum");
       results.push_back(g.detach());
     }
     return results;
@@ -641,7 +278,7 @@ class VjpExecutable : public TorchExecutable {
   }
   static int Replicas(const std::vector<std::string>& spec) {
     const std::string axes = ReplicatedAxes(spec);
-    return axes.empty() ? 1 : GroupSize(axes);
+    return axes.empty() ? 1 : ShardGroupSize(axes);
   }
 
   const std::shared_ptr<const TorchExecutable> primal_;
@@ -652,8 +289,8 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
   if (body.kind == FunctionBody::Kind::kBuiltin) {
     const size_t at = body.name.find('@');
     const std::string kernel = body.name.substr(0, at);
-    auto it = Builtins().find(kernel);
-    if (it == Builtins().end()) {
+    auto it = BuiltinKernels().find(kernel);
+    if (it == BuiltinKernels().end()) {
       return absl::NotFoundError(absl::StrCat("unknown built-in kernel '", kernel,
                                               "'; known: ", absl::StrJoin(BuiltinKernelNames(), ", ")));
     }
@@ -692,7 +329,7 @@ absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody
 
 std::vector<std::string> BuiltinKernelNames() {
   std::vector<std::string> names;
-  for (const auto& [name, kernel] : Builtins()) names.push_back(name);
+  for (const auto& [name, kernel] : BuiltinKernels()) names.push_back(name);
   return names;
 }
 
@@ -719,69 +356,6 @@ std::shared_ptr<const Executable> FunctionCache::Lookup(const std::string& key) 
 size_t FunctionCache::size() const {
   absl::MutexLock lock(&mu_);
   return cache_.size();
-}
-
-namespace {
-
-// libtorch's CPU allocations (kernel outputs and temporaries) through HostMemory: a large one
-// reuses the pages of an earlier one of its size instead of faulting in fresh ones. On a device's
-// stream they are charged to the device's budget, as an accelerator's kernels take their
-// temporaries from its memory: activations a gradient keeps, results before they are copied into
-// their output buffers. One that does not fit waits, as output buffers do, for others to be
-// released (by clients, or by transfers to other devices), then fails the kernel
-// (ResourceExhausted). A header in front of the data says
-// what to release; the data pointer is its own context, so raw_allocate works too.
-class CachingHostAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t bytes) const override {
-    const std::shared_ptr<MemoryBudget>* budget = MemoryBudget::Current();
-    if (budget != nullptr) {
-      absl::Status charged = (*budget)->Charge(static_cast<int64_t>(bytes), (*budget)->kernel_wait());
-      if (!charged.ok()) KernelMemoryFailure() = charged;
-      TORCH_CHECK_WITH(OutOfMemoryError, charged.ok(), charged.message());
-    }
-    char* block = HostMemory::Allocate(bytes + kHeaderBytes);
-    if (block == nullptr) {
-      if (budget != nullptr) (*budget)->Release(static_cast<int64_t>(bytes));
-      throw std::bad_alloc();
-    }
-    new (block) Header{budget != nullptr ? *budget : nullptr, static_cast<int64_t>(bytes)};
-    char* data = block + kHeaderBytes;
-    return {data, data, &Delete, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
-
- private:
-  struct Header {
-    std::shared_ptr<MemoryBudget> budget;
-    int64_t bytes;
-  };
-  static constexpr size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned
-  static_assert(sizeof(Header) <= kHeaderBytes);
-  static void Delete(void* data) {
-    if (data == nullptr) return;
-    char* block = static_cast<char*>(data) - kHeaderBytes;
-    Header* header = reinterpret_cast<Header*>(block);
-    if (header->budget != nullptr) header->budget->Release(header->bytes);
-    header->~Header();
-    HostMemory::Free(block);
-  }
-};
-
-}  // namespace
-
-void ConfigureComputeThreads(int intra_op_threads) {
-  static std::once_flag allocator_installed;
-  std::call_once(allocator_installed, [] {
-    static CachingHostAllocator allocator;
-    c10::SetCPUAllocator(&allocator, /*priority=*/1);
-  });
-  at::set_num_threads(intra_op_threads);
-  // OpenBLAS keeps its own pool; bound it too when the library is loaded.
-  using SetThreads = void (*)(int);
-  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    fn(intra_op_threads);
-  }
 }
 
 }  // namespace pathways

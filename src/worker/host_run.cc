@@ -76,11 +76,15 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   }
   // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
   // now, before any of them has run.
+  // Only a run with a node that takes donated buffers needs the gate (see ExecuteShard).
   Promise<Unit> donations_dropped;
+  bool takes_donations = false;
+  for (int n = run.first_node(); n <= run.last_node(); ++n) takes_donations |= !program->nodes()[n].output_donors.empty();
+  const Future<Unit> gate = takes_donations ? donations_dropped.future() : Future<Unit>();
   for (int n = run.first_node(); n <= run.last_node(); ++n) {
     std::vector<Future<Unit>> sends = SendInputs(entry, n, run);
     const NodePlan& plan = entry->nodes[n];
-    for (const ShardPlan& shard : plan.shards) ExecuteShard(entry, n, shard, run, tracker, donations_dropped.future());
+    for (const ShardPlan& shard : plan.shards) ExecuteShard(entry, n, shard, run, tracker, gate);
     if (auto receiver = plan.receiver_index.find(name()); receiver != plan.receiver_index.end()) {
       (void)entry->engine->CloseInput(plan.arm_node, receiver->second, run.epoch());  // expecting all blocks now
     }
@@ -100,7 +104,7 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     for (int64_t offset : program->dropped_after(n)) store_.FreeArray(client, ArrayId(run.output_array_base()) + offset);
     for (int arg : program->args_donated_to(n)) store_.FreeArray(client, ArrayId(run.arg_array_ids(arg)));
   }
-  donations_dropped.Set(Unit{});
+  if (takes_donations) donations_dropped.Set(Unit{});
   return absl::OkStatus();
 }
 
@@ -216,8 +220,6 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
   // Enqueued now, in the order runs are applied here; the device waits for the inputs when it
   // reaches the item (an in-order stream, like an accelerator's).
   Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
-  const bool takes_donations = std::any_of(node.output_donors.begin(), node.output_donors.end(), [](int d) { return d >= 0; });
-  if (!takes_donations) donations_dropped = Future<Unit>::Ready(Unit{});
   // The closure holds the program, and so the node's plan, until the work is done (the client
   // may be collected meanwhile).
   device->Enqueue([device, exe, plans, outputs, entry, node_index, shard, fail, label, hub,
@@ -225,7 +227,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
                    donations_dropped = std::move(donations_dropped)]() {
     const NodePlan& node_plan = entry->nodes[node_index];
     const std::vector<int>& donors = entry->lowered->nodes()[node_index].output_donors;
-    (void)donations_dropped.Await();  // at once, unless the run's op is still being set up
+    if (!donors.empty()) (void)donations_dropped.Await();  // at once, unless the run's op is still being set up
     const std::string& function_name = label.name;
     // Work of a client that went away still runs once it is on the device: every host of the
     // island stopped that client at the same point of the island's order, so its gangs run
@@ -250,7 +252,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
       std::vector<BufferPtr> results;
       for (size_t j = 0; j < node_plan.out_specs.size(); ++j) {
         const TensorSpec& spec = node_plan.out_specs[j];
-        const int donor = donors.empty() ? -1 : donors[j];
+        const int donor = donors.empty() ? -1 : donors[j];  // empty: the node takes none
         if (donor >= 0) {
           // References this work holds itself: `inputs`, and the pieces it was assembled from.
           BufferPtr& in = inputs[static_cast<size_t>(donor)];

@@ -144,7 +144,8 @@ class HostRuntime {
   std::vector<Future<Unit>> SendInputs(const std::shared_ptr<HostProgram>& program, int node_index,
                                        const rpc::RunProgramOp& run);
   // Wires one local shard of `node` to its inputs and enqueues it on its device. A node that
-  // takes donated buffers starts once `donations_dropped` is ready: the store no longer holds them.
+  // takes donated buffers starts once `donations_dropped` is ready: the store no longer holds them
+  // (the future is unset for runs whose nodes take none).
   struct RunTracker;
   void ExecuteShard(const std::shared_ptr<const HostProgram>& program, int node_index, const ShardPlan& plan,
                     const rpc::RunProgramOp& run, std::shared_ptr<RunTracker> tracker, Future<Unit> donations_dropped);

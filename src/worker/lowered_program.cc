@@ -146,6 +146,10 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
       }
       if (node.inputs[donor].is_arg) donated_args.push_back(node.inputs[donor].index);
     }
+    if (std::count(node.output_donors.begin(), node.output_donors.end(), -1) ==
+        static_cast<std::ptrdiff_t>(node.output_donors.size())) {
+      node.output_donors.clear();  // empty: the node takes no donated buffer
+    }
     program->args_donated_to_.push_back(std::move(donated_args));
     node.output_offset = offset;
     offset += pn.output_specs_size();

@@ -39,7 +39,7 @@ struct LoweredNode {
   std::vector<TensorSpec> output_specs; // global
   std::vector<Sharding> out_shardings;  // on the node's slice
   int64_t output_offset;                // outputs of the nodes before this one
-  std::vector<int> output_donors;       // per output: the input whose buffer it takes, or -1
+  std::vector<int> output_donors;       // per output: the input whose buffer it takes, or -1; empty if none does
 };
 
 struct LoweredArg {

@@ -1,0 +1,42 @@
+// Internal to the compute layer, the only one that includes torch: the `pathways.*` torch ops
+// (collectives and their gradients, random numbers, training data; torch_ops.cc), the built-in
+// kernels, and what the executables (torch_executable.cc) and the allocator (torch_allocator.cc)
+// share.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/types.h"
+
+namespace pathways {
+
+absl::StatusOr<at::ScalarType> ToTorch(DType dtype);
+// kInvalid for a type the runtime has no dtype for.
+DType FromTorch(at::ScalarType t);
+
+// The number of members of the running shard's group over `axes`. Throws outside a slice.
+int ShardGroupSize(const std::string& axes);
+// all_reduce ('sum', 'max', 'min' or 'mean') over `axes`, recording no gradient. Throws on failure.
+at::Tensor AllReduceNoGrad(const at::Tensor& x, const std::string& axes, const std::string& op);
+
+struct BuiltinKernel {
+  int arity;
+  std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&, const std::string& axes)> fn;
+  bool collective = false;
+};
+// By name. Collective ones take the mesh axes after an '@' in a body's name ("all_reduce_sum@x,y").
+const std::map<std::string, BuiltinKernel>& BuiltinKernels();
+
+// The allocation a kernel on this thread was last refused for want of device memory (OK if
+// none): set by the allocator, read and cleared by the executable that ran the kernel. The
+// TorchScript interpreter rethrows kernels' exceptions as its own, so their type is lost.
+absl::Status& KernelMemoryFailure();
+
+}  // namespace pathways
