@@ -28,4 +28,12 @@ struct AdamOptions {
 absl::StatusOr<FunctionSpec> AdamUpdate(const TensorSpec& param, const PartitionSpec& sharding,
                                         const AdamOptions& options = {});
 
+// The update of several parameters (all on one slice) in one call, sharing one step count:
+// inputs (params..., grads..., m..., v..., count), outputs (params..., m..., v..., count), each
+// group in the order of `params`. A model's step then costs one call per slice, not one per
+// parameter. AdamUpdate is the group of one.
+absl::StatusOr<FunctionSpec> AdamUpdateGroup(const std::vector<TensorSpec>& params,
+                                             const std::vector<PartitionSpec>& shardings,
+                                             const AdamOptions& options = {});
+
 }  // namespace pathways

@@ -276,22 +276,23 @@ at::Tensor Dropout(const at::Tensor& x, double p, std::vector<std::string> spec,
 }
 
 // Token sequences of the built-in Markov data set (compute/markov.h): `batch` sequences of
-// `length` tokens for this shard, whose place in the global batch is its rank over `batch_axes`
-// (the mesh axes splitting the batch; "" for none), so the shards of a batch hold its pieces.
+// `length` tokens for this shard, whose place in the global batch is `first` plus its rank over
+// `batch_axes` (the mesh axes splitting the batch; "" for none) times `batch`, so the shards of a
+// batch hold its pieces (and microbatch k of a step starts at first = k x its size).
 at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t chain_seed, int64_t data_seed,
-                        int64_t step, std::string batch_axes, double sharpness) {
+                        int64_t step, std::string batch_axes, double sharpness, int64_t first) {
   TORCH_CHECK(batch >= 0 && length >= 0 && batch <= (int64_t{1} << 30) && length <= (int64_t{1} << 30) &&
                   batch * length <= (int64_t{1} << 30),
               "markov_tokens: ", batch, " sequences of ", length, " tokens");
   TORCH_CHECK(vocab <= MarkovSource::kMaxVocab, "markov_tokens: a vocabulary of ", vocab, " tokens");
   auto source = MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
   TORCH_CHECK(source.ok(), "markov_tokens: ", source.status().message());
-  int64_t first = 0;
+  TORCH_CHECK(first >= 0 && first <= (int64_t{1} << 40), "markov_tokens: first sequence ", first);
   if (collective::ShardCollectives* shard = collective::ShardCollectives::Current();
       shard != nullptr && !batch_axes.empty()) {
     auto group = shard->GroupOver(batch_axes);
     TORCH_CHECK(group.ok(), "markov_tokens: ", group.status().message());
-    first = group->rank * batch;
+    first += group->rank * batch;
   }
   at::Tensor out = torch::empty({batch, length}, at::kLong);
   (*source)->Sample(static_cast<uint64_t>(data_seed), static_cast<uint64_t>(step), first, batch, length,
@@ -311,7 +312,7 @@ TORCH_LIBRARY(pathways, m) {
   m.def(op("normal(int[] shape, str[] spec, int seed, int step) -> Tensor"), &Normal);
   m.def(op("dropout(Tensor x, float p, str[] spec, int seed, int step) -> Tensor"), &Dropout);
   m.def(op("markov_tokens(int batch, int length, int vocab, int chain_seed, int data_seed, int step, "
-           "str batch_axes='', float sharpness=2.0) -> Tensor"),
+           "str batch_axes='', float sharpness=2.0, int first=0) -> Tensor"),
         &MarkovTokens);
   m.def(op("all_reduce(Tensor x, str axes='', str op='sum') -> Tensor"), &AllReduce);
   m.def(op("all_gather(Tensor x, str axes='', int dim=0) -> Tensor"), &AllGather);

@@ -20,6 +20,7 @@
 #include "core/status_macros.h"
 #include "tools/demo.h"
 #include "tools/tenant.h"
+#include "tools/train.h"
 #include "transport/auth.h"
 #include "tools/flags.h"
 #include "transport/controller_client.h"
@@ -40,6 +41,11 @@ constexpr char kUsage[] =
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
     "         [--token T] [--span-islands]\n"
+    "  train [--controller HOST:PORT] [--model tiny|small|medium|large] [--steps N] [--batch N]\n"
+    "        [--seq-len N] [--vocab N] [--data-parallel D] [--tensor-parallel T] [--pipeline-stages S]\n"
+    "        [--microbatches M] [--islands I] [--seed N] [--data markov] [--learning-rate LR]\n"
+    "        [--trace FILE] [--metrics-jsonl FILE] [--device-memory SIZE] [--dcn-latency-us N]\n"
+    "        [--dcn-gbps G] [--token T]\n"
     "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n"
     "Tenants show the token; the controller and workers show each other the cluster token\n"
     "(--cluster-token, else PATHWAYS_CLUSTER_TOKEN, else the token), so tenants cannot act as hosts.\n"
@@ -261,6 +267,9 @@ int main(int argc, char** argv) {
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},
+      {"train", {"controller", "model", "steps", "batch", "seq-len", "vocab", "data-parallel", "tensor-parallel",
+                 "pipeline-stages", "microbatches", "islands", "seed", "data", "learning-rate", "trace",
+                 "metrics-jsonl", "device-memory", "dcn-latency-us", "dcn-gbps", "token", "tls-ca"}, {}, RunTrain},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;

@@ -1,0 +1,185 @@
+#include "tools/train.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "cluster/local_cluster.h"
+#include "core/status_macros.h"
+#include "train/trainer.h"
+#include "transport/auth.h"
+
+namespace pathways {
+namespace {
+
+absl::StatusOr<TrainOptions> OptionsFromFlags(const Flags& flags) {
+  TrainOptions o;
+  PW_ASSIGN_OR_RETURN(o.model, TransformerPreset(flags.Get("model", "tiny")));
+  PW_ASSIGN_OR_RETURN(int64_t seq_len, flags.GetInt("seq-len", o.model.seq_len));
+  PW_ASSIGN_OR_RETURN(int64_t vocab, flags.GetInt("vocab", o.model.vocab));
+  PW_ASSIGN_OR_RETURN(o.batch, flags.GetInt("batch", 16));
+  PW_ASSIGN_OR_RETURN(o.layout.data, flags.GetInt("data-parallel", 1));
+  PW_ASSIGN_OR_RETURN(o.layout.tensor, flags.GetInt("tensor-parallel", 1));
+  PW_ASSIGN_OR_RETURN(o.layout.stages, flags.GetInt("pipeline-stages", 1));
+  PW_ASSIGN_OR_RETURN(o.microbatches, flags.GetInt("microbatches", 1));
+  PW_ASSIGN_OR_RETURN(int64_t islands, flags.GetInt("islands", 1));
+  PW_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
+  const std::string lr = flags.Get("learning-rate", "3e-3");
+  char* end = nullptr;
+  o.adam.learning_rate = std::strtod(lr.c_str(), &end);
+  if (end == lr.c_str() || *end != '\0' || !(o.adam.learning_rate > 0) || o.adam.learning_rate > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--learning-rate '", lr, "' is not a number in (0, 1]"));
+  }
+  if (seq_len < 1 || seq_len > 4096 || vocab < 2 || vocab > 4096 || islands < 1 || islands > 64 || seed < 0) {
+    return absl::InvalidArgumentError(
+        "need 1 <= --seq-len <= 4096, 2 <= --vocab <= 4096, 1 <= --islands <= 64 and --seed >= 0");
+  }
+  const std::string data = flags.Get("data", "markov");
+  if (data != "markov") {
+    return absl::InvalidArgumentError(absl::StrCat("--data '", data, "': the data sources are: markov"));
+  }
+  o.model.seq_len = seq_len;
+  o.model.vocab = vocab;
+  o.model.init_seed = static_cast<uint64_t>(seed);
+  o.data_seed = static_cast<uint64_t>(seed) + 1;
+  o.islands = static_cast<int>(islands);
+  return o;
+}
+
+// One line of progress: a bar redrawn in place on a terminal, plain lines otherwise.
+class Progress {
+ public:
+  explicit Progress(int64_t steps) : steps_(steps), terminal_(isatty(fileno(stdout)) == 1) {}
+  void Show(int64_t step, double loss, double tokens_per_s) {
+    if (terminal_) {
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(kWidth * step / steps_);
+      std::printf("\r  [%s%s] step %lld/%lld  loss %.4f  %.0f tokens/s ", std::string(filled, '#').c_str(),
+                  std::string(kWidth - filled, '.').c_str(), static_cast<long long>(step),
+                  static_cast<long long>(steps_), loss, tokens_per_s);
+      if (step == steps_) std::printf("\n");
+    } else if (step == 1 || step == steps_ || step % std::max<int64_t>(1, steps_ / 20) == 0) {
+      std::printf("  step %lld/%lld  loss %.4f  %.0f tokens/s\n", static_cast<long long>(step),
+                  static_cast<long long>(steps_), loss, tokens_per_s);
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  const int64_t steps_;
+  const bool terminal_;
+};
+
+// Devices for an embedded cluster that fits the layout: islands of hosts of `tensor` devices
+// each (a tensor-parallel group shares a host, as it would share a chip's interconnect).
+LocalClusterOptions EmbeddedCluster(const TrainOptions& o, int64_t device_memory) {
+  const int64_t devices = o.layout.data * o.layout.tensor * o.layout.stages;
+  const int64_t per_island = (devices + o.islands - 1) / o.islands;
+  const int64_t per_host = std::min<int64_t>(o.layout.tensor, per_island);
+  LocalClusterOptions c;
+  c.num_islands = o.islands;
+  c.devices_per_host = static_cast<int>(per_host);
+  c.hosts_per_island = static_cast<int>((per_island + per_host - 1) / per_host);
+  c.device_memory_bytes = device_memory;
+  return c;
+}
+
+}  // namespace
+
+absl::Status RunTrain(const Flags& flags) {
+  PW_ASSIGN_OR_RETURN(TrainOptions options, OptionsFromFlags(flags));
+  PW_ASSIGN_OR_RETURN(int64_t steps, flags.GetInt("steps", 200));
+  PW_ASSIGN_OR_RETURN(int64_t device_memory, flags.GetBytes("device-memory", int64_t{1} << 30));
+  PW_ASSIGN_OR_RETURN(int64_t dcn_latency_us, flags.GetInt("dcn-latency-us", 0));
+  PW_ASSIGN_OR_RETURN(int64_t dcn_gbps, flags.GetInt("dcn-gbps", 0));
+  if (steps < 1 || steps > 100'000'000 || dcn_latency_us < 0 || dcn_latency_us > 10'000'000 || dcn_gbps < 0) {
+    return absl::InvalidArgumentError("need 1 <= --steps <= 1e8, 0 <= --dcn-latency-us <= 1e7, --dcn-gbps >= 0");
+  }
+  std::unique_ptr<LocalCluster> cluster;
+  std::unique_ptr<Client> client;
+  if (flags.Has("controller")) {
+    SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
+    PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
+    PW_ASSIGN_OR_RETURN(client, Client::Connect(address));
+  } else {
+    LocalClusterOptions c = EmbeddedCluster(options, device_memory);
+    c.dcn.latency = absl::Microseconds(dcn_latency_us);
+    c.dcn.gbps = static_cast<double>(dcn_gbps);
+    std::printf("embedded cluster: %d islands x %d hosts x %d devices\n", c.num_islands, c.hosts_per_island,
+                c.devices_per_host);
+    PW_ASSIGN_OR_RETURN(cluster, LocalCluster::Start(c));
+    PW_ASSIGN_OR_RETURN(client, cluster->Connect());
+  }
+  std::FILE* metrics = nullptr;
+  if (flags.Has("metrics-jsonl")) {
+    metrics = std::fopen(flags.Get("metrics-jsonl").c_str(), "w");
+    if (metrics == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-jsonl ", flags.Get("metrics-jsonl"), ": cannot write: ", std::strerror(errno)));
+    }
+  }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
+    return f == nullptr ? 0 : std::fclose(f);
+  });
+  const absl::Time start = absl::Now();
+  PW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(*client, options));
+  const TrainOptions& o = options;
+  std::printf("model: %s\n", o.model.ToString().c_str());
+  std::printf("layout: data %lld x tensor %lld x %lld stages, %lld microbatches, %d islands; batch %lld x %lld tokens\n",
+              static_cast<long long>(o.layout.data), static_cast<long long>(o.layout.tensor),
+              static_cast<long long>(o.layout.stages), static_cast<long long>(o.microbatches), o.islands,
+              static_cast<long long>(o.batch), static_cast<long long>(o.model.seq_len));
+  std::printf("step: one program of %zu calls, set up in %.1f s; data: Markov chain over %lld tokens, entropy %.4f nats\n",
+              trainer->step_program().calls().size(), absl::ToDoubleSeconds(absl::Now() - start),
+              static_cast<long long>(o.model.vocab), trainer->entropy());
+  std::fflush(stdout);
+
+  // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.
+  Progress progress(steps);
+  std::deque<Future<double>> in_flight;
+  double last_loss = 0, first_loss = 0;
+  const absl::Time train_start = absl::Now();
+  absl::Time last = train_start;
+  int64_t done = 0;
+  auto finish_oldest = [&]() -> absl::Status {
+    PW_ASSIGN_OR_RETURN(last_loss, in_flight.front().Await());
+    in_flight.pop_front();
+    ++done;
+    if (done == 1) first_loss = last_loss;
+    const absl::Time now = absl::Now();
+    const double tokens_per_s = static_cast<double>(trainer->tokens_per_step()) / absl::ToDoubleSeconds(now - last);
+    last = now;
+    progress.Show(done, last_loss, tokens_per_s);
+    if (metrics != nullptr) {
+      std::fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                   static_cast<long long>(done), last_loss, tokens_per_s, absl::ToDoubleSeconds(now - train_start));
+    }
+    return absl::OkStatus();
+  };
+  for (int64_t i = 0; i < steps; ++i) {
+    if (in_flight.size() == 2) PW_RETURN_IF_ERROR(finish_oldest());
+    PW_ASSIGN_OR_RETURN(Future<double> loss, trainer->Step());
+    in_flight.push_back(loss);
+  }
+  while (!in_flight.empty()) PW_RETURN_IF_ERROR(finish_oldest());
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - train_start);
+  std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f, against the data's entropy %.4f "
+              "nats (%.1f%% above it; uniform guessing is %.4f)\n",
+              static_cast<long long>(steps), seconds,
+              static_cast<double>(steps * trainer->tokens_per_step()) / seconds, first_loss, last_loss,
+              trainer->entropy(), 100 * (last_loss / trainer->entropy() - 1),
+              std::log(static_cast<double>(o.model.vocab)));
+  if (flags.Has("trace")) {
+    PW_RETURN_IF_ERROR(client->WriteTrace(flags.Get("trace"), absl::Now() - absl::Seconds(2)));
+    std::printf("trace of the last 2 s of device work: %s\n", flags.Get("trace").c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pathways

@@ -1,0 +1,226 @@
+#include "train/trainer.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "compute/markov.h"
+#include "core/status_macros.h"
+
+namespace pathways {
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Client& client, const TrainOptions& options) {
+  const TrainOptions& o = options;
+  const ParallelLayout& l = o.layout;
+  if (o.microbatches < 1 || o.batch < 1 || o.batch % (l.data * o.microbatches) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", o.batch, " sequences does not split into ",
+                                                   o.microbatches, " microbatches over data parallelism ", l.data,
+                                                   " (it must be a multiple of ", l.data * o.microbatches, ")"));
+  }
+  if (o.islands < 1 || (l.stages > 1 && o.islands > l.stages) || (l.stages == 1 && l.data % o.islands != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.islands, " islands for ", l.stages, " stages and data parallelism ", l.data,
+        ": islands hold whole stages, or (one stage) split its data axis, so they must divide it"));
+  }
+  if (o.model.vocab > MarkovSource::kMaxVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a vocabulary of ", o.model.vocab, " is larger than the data's ", MarkovSource::kMaxVocab));
+  }
+  auto model = BuildTransformer(o.model, l, o.batch / o.microbatches);
+  if (!model.ok()) return model.status();
+  auto source = MarkovSource::Get(static_cast<int>(o.model.vocab), o.chain_seed, o.sharpness);
+  if (!source.ok()) return source.status();
+  std::unique_ptr<Trainer> trainer(new Trainer(client, options));
+  trainer->model_ = *std::move(model);
+  trainer->entropy_ = (*source)->EntropyRate();
+  PW_RETURN_IF_ERROR(trainer->Init());
+  return trainer;
+}
+
+absl::Status Trainer::Init() {
+  const ParallelLayout& l = options_.layout;
+  const int64_t stages = l.stages;
+  for (int s = 0; s < stages; ++s) {
+    SliceSpec spec{.mesh_shape = {l.data, l.tensor}, .axis_names = {"d", "t"}};
+    if (options_.islands > 1) {
+      if (stages > 1) {
+        spec.island = static_cast<int>(s * options_.islands / stages);
+      } else {
+        spec.span_islands = true;
+      }
+    }
+    auto slice = client_.CreateSlice(spec);
+    if (!slice.ok()) {
+      return absl::Status(slice.status().code(),
+                          absl::StrCat("stage ", s, "'s slice of ", l.data, " x ", l.tensor, " devices",
+                                       spec.island ? absl::StrCat(" on island ", *spec.island) : "", ": ",
+                                       slice.status().message()));
+    }
+    slices_.push_back(*slice);
+  }
+
+  // The functions. Each is compiled once whatever the number of slices that call it.
+  auto compile = [&](const FunctionSpec& spec) -> absl::StatusOr<CompiledFunction> { return client_.Compile(spec); };
+  for (const TransformerStage& stage : model_.stages) {
+    StageFunctions f;
+    PW_ASSIGN_OR_RETURN(f.forward, compile(stage.forward));
+    std::vector<int> wrt;
+    if (!stage.first) wrt.push_back(0);
+    const int params_at = static_cast<int>(stage.forward.inputs.size() - stage.params.size());
+    for (size_t i = 0; i < stage.params.size(); ++i) wrt.push_back(params_at + static_cast<int>(i));
+    PW_ASSIGN_OR_RETURN(FunctionSpec vjp, FunctionSpec::Vjp(stage.forward, wrt, /*with_outputs=*/stage.last));
+    PW_ASSIGN_OR_RETURN(f.vjp, compile(vjp));
+    PW_ASSIGN_OR_RETURN(f.init, compile(stage.init));
+    PW_ASSIGN_OR_RETURN(f.accumulate, compile(stage.accumulate));
+    std::vector<TensorSpec> specs;
+    std::vector<PartitionSpec> shardings;
+    for (const TransformerParam& p : stage.params) {
+      specs.push_back(p.spec);
+      shardings.push_back(p.sharding);
+    }
+    PW_ASSIGN_OR_RETURN(FunctionSpec adam, AdamUpdateGroup(specs, shardings, options_.adam));
+    PW_ASSIGN_OR_RETURN(f.adam, compile(adam));
+    functions_.push_back(std::move(f));
+  }
+  const int64_t microbatch = model_.microbatch, local = microbatch / l.data;
+  for (int64_t m = 0; m < options_.microbatches; ++m) {
+    // Microbatch m of a step is sequences [m x microbatch, (m + 1) x microbatch) of its batch;
+    // each device draws its rank's share of them. The step number is Adam's count before the
+    // step's update, on the devices: nothing about the data comes from the client.
+    const std::string body = absl::StrCat(
+        "def data(count):\n    return pathways.markov_tokens(", local, ", ", options_.model.seq_len + 1, ", ",
+        options_.model.vocab, ", ", options_.chain_seed % (uint64_t{1} << 62), ", ",
+        options_.data_seed % (uint64_t{1} << 62), ", int(count.item()), 'd', ",
+        absl::StrFormat("%#.17g", options_.sharpness), ", ", m * microbatch, ")\n");  // '#': a float literal
+    PW_ASSIGN_OR_RETURN(CompiledFunction data,
+                        compile(FunctionSpec::Script("data", body, {{DType::kF32, {}}}, {model_.tokens}, {{}},
+                                                     {model_.tokens_sharding})));
+    data_.push_back(std::move(data));
+  }
+
+  // Parameters and optimizer state are made on the devices.
+  for (int s = 0; s < stages; ++s) {
+    stage_offset_.push_back(state_.size());
+    PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> made, client_.Call(functions_[s].init, slices_[s], {}));
+    state_.insert(state_.end(), made.begin(), made.end());
+  }
+  PW_ASSIGN_OR_RETURN(HostArray cotangent, HostArray::Create(DType::kF32, {}));
+  cotangent.mutable_data<float>()[0] = 1.0f / static_cast<float>(options_.microbatches);
+  PW_ASSIGN_OR_RETURN(ShardedArray cot, client_.Put(cotangent, slices_.back()));
+  state_.push_back(cot);
+  PW_ASSIGN_OR_RETURN(step_, TraceStep());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Program> Trainer::TraceStep() {
+  const int stages = static_cast<int>(model_.stages.size());
+  const int64_t microbatches = options_.microbatches;
+  ProgramBuilder b("train_step");
+  struct StageValues {
+    std::vector<TracedValue> params, m, v;
+    TracedValue count;
+  };
+  std::vector<StageValues> values(stages);
+  for (int s = 0; s < stages; ++s) {
+    const size_t n = model_.stages[s].params.size();
+    for (int group = 0; group < 3; ++group) {
+      for (size_t i = 0; i < n; ++i) {
+        TracedValue v = b.Arg(model_.stages[s].params[i].spec);
+        (group == 0 ? values[s].params : group == 1 ? values[s].m : values[s].v).push_back(v);
+      }
+    }
+    values[s].count = b.Arg({DType::kF32, {}});
+  }
+  const TracedValue cotangent = b.Arg({DType::kF32, {}});
+  auto call = [&](const CompiledFunction& f, int s, std::vector<TracedValue> inputs) {
+    return b.Call(f, slices_[s], inputs);
+  };
+  auto with_params = [&](std::vector<TracedValue> inputs, int s) {
+    inputs.insert(inputs.end(), values[s].params.begin(), values[s].params.end());
+    return inputs;
+  };
+
+  // Forward: every microbatch through stages 0 .. S-2 (the last stage's forward runs inside its
+  // gradient). inputs[s][m] is what stage s reads for microbatch m.
+  std::vector<std::vector<TracedValue>> inputs(stages, std::vector<TracedValue>(microbatches));
+  std::vector<TracedValue> targets(microbatches);
+  for (int64_t m = 0; m < microbatches; ++m) {
+    PW_ASSIGN_OR_RETURN(auto tokens, call(data_[m], 0, {values[0].count}));
+    inputs[0][m] = tokens[0];
+    targets[m] = tokens[0];
+    if (stages > 1) {
+      PW_ASSIGN_OR_RETURN(auto last_tokens, call(data_[m], stages - 1, {values[stages - 1].count}));
+      targets[m] = last_tokens[0];
+    }
+    for (int s = 0; s + 1 < stages; ++s) {
+      PW_ASSIGN_OR_RETURN(auto out, call(functions_[s].forward, s, with_params({inputs[s][m]}, s)));
+      inputs[s + 1][m] = out[0];
+    }
+  }
+
+  // Backward, microbatch by microbatch from the last stage, accumulating each stage's gradients
+  // (and the loss) in place.
+  std::vector<std::vector<TracedValue>> grads(stages);
+  for (int64_t m = 0; m < microbatches; ++m) {
+    TracedValue upstream = cotangent;
+    for (int s = stages - 1; s >= 0; --s) {
+      const TransformerStage& stage = model_.stages[s];
+      std::vector<TracedValue> in;
+      if (stage.last && !stage.first) {
+        in = {inputs[s][m], targets[m]};
+      } else {
+        in = {inputs[s][m]};
+      }
+      in = with_params(in, s);
+      in.push_back(upstream);
+      PW_ASSIGN_OR_RETURN(auto out, call(functions_[s].vjp, s, in));
+      // Outputs: [loss when last], [input cotangent when not first], parameter cotangents.
+      size_t at = 0;
+      std::vector<TracedValue> acc;
+      TracedValue loss;
+      if (stage.last) loss = out[at++];
+      if (!stage.first) upstream = out[at++];
+      acc.assign(out.begin() + static_cast<long>(at), out.end());
+      if (stage.last) acc.push_back(loss);
+      if (m == 0) {
+        grads[s] = acc;
+      } else {
+        std::vector<TracedValue> a = grads[s];
+        a.insert(a.end(), acc.begin(), acc.end());
+        PW_ASSIGN_OR_RETURN(grads[s], call(functions_[s].accumulate, s, a));
+      }
+    }
+  }
+
+  // Adam on every stage, in place.
+  std::vector<TracedValue> results = {grads[stages - 1].back()};  // the loss, summed over microbatches
+  for (int s = 0; s < stages; ++s) {
+    const size_t n = model_.stages[s].params.size();
+    std::vector<TracedValue> in = values[s].params;
+    in.insert(in.end(), grads[s].begin(), grads[s].begin() + static_cast<long>(n));
+    in.insert(in.end(), values[s].m.begin(), values[s].m.end());
+    in.insert(in.end(), values[s].v.begin(), values[s].v.end());
+    in.push_back(values[s].count);
+    PW_ASSIGN_OR_RETURN(auto updated, call(functions_[s].adam, s, in));
+    results.insert(results.end(), updated.begin(), updated.end());
+  }
+  return b.Build(results);
+}
+
+absl::StatusOr<Future<double>> Trainer::Step() {
+  PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> out, client_.Run(step_, state_));
+  // Results: the loss, then per stage its params, moments and count: the next step's arguments
+  // in the same order (the cotangent stays).
+  std::copy(out.begin() + 1, out.end(), state_.begin());
+  ++steps_;
+  const double microbatches = static_cast<double>(options_.microbatches);
+  return client_.Fetch(out[0]).Then([microbatches](const HostArray& loss) -> double {
+    return static_cast<double>(loss.data<float>()[0]) / microbatches;
+  });
+}
+
+std::vector<ShardedArray> Trainer::Parameters(int stage) const {
+  const size_t n = model_.stages[stage].params.size();
+  return std::vector<ShardedArray>(state_.begin() + static_cast<long>(stage_offset_[stage]),
+                                   state_.begin() + static_cast<long>(stage_offset_[stage] + n));
+}
+
+}  // namespace pathways

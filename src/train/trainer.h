@@ -1,0 +1,87 @@
+// Training the Transformer (train/transformer.h) on a cluster: data, tensor and pipeline
+// parallelism composed in one run, the whole step one traced program run with one client call.
+//
+// A step of S stages and M microbatches (GPipe): each microbatch's tokens are drawn on the devices
+// of the first and last stages (never through the client), its activations go forward stage by
+// stage, then every stage's gradient function runs the stage's forward again under autograd
+// (rematerialisation: only the activations between stages are kept, one per microbatch) and
+// passes its input's cotangent back; gradients add up in place over microbatches, and one Adam
+// call per stage updates its parameters and moments in place (donated). The client only issues
+// the step: the hosts plan and move the activations between stages, and parallel asynchronous
+// dispatch keeps every stage's queue full.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "client/optimizer.h"
+#include "client/program.h"
+#include "train/transformer.h"
+
+namespace pathways {
+
+struct TrainOptions {
+  TransformerConfig model;
+  ParallelLayout layout;
+  int64_t batch = 16;  // sequences per step, over all microbatches and data-parallel replicas
+  int64_t microbatches = 1;
+  // Islands the stages are spread over (stage s on island s * islands / stages); with one stage,
+  // its slice spans this many islands (the data axis crosses them).
+  int islands = 1;
+  AdamOptions adam = {.learning_rate = 3e-3};
+  // The built-in Markov source (compute/markov.h) over the model's vocabulary.
+  uint64_t chain_seed = 0;
+  uint64_t data_seed = 1;
+  double sharpness = 2.0;
+};
+
+// Drives training on one client. Not thread-safe: one thread issues steps.
+class Trainer {
+ public:
+  // Checks the options, places one slice per stage, compiles the model's functions, initialises
+  // parameters and optimizer state on the devices and traces the step. Any error (a layout that
+  // does not divide the model or the batch, a mesh larger than the cluster) comes back here,
+  // before a step runs.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(Client& client, const TrainOptions& options);
+
+  // Issues the next step with one client call and returns at once: the future of its loss (the
+  // mean next-token cross-entropy over the step's batch, in nats).
+  absl::StatusOr<Future<double>> Step();
+
+  int64_t steps_issued() const { return steps_; }
+  int64_t tokens_per_step() const { return options_.batch * options_.model.seq_len; }
+  // The data's entropy rate: the best mean loss any model can reach.
+  double entropy() const { return entropy_; }
+  const TransformerModel& model() const { return model_; }
+  const Program& step_program() const { return step_; }
+  const std::vector<VirtualSlice>& slices() const { return slices_; }
+  // Stage `stage`'s parameters as they are after the steps issued so far, in the stage's order.
+  std::vector<ShardedArray> Parameters(int stage) const;
+
+ private:
+  Trainer(Client& client, TrainOptions options) : client_(client), options_(std::move(options)) {}
+  absl::Status Init();
+  absl::StatusOr<Program> TraceStep();
+
+  Client& client_;
+  const TrainOptions options_;
+  TransformerModel model_;
+  double entropy_ = 0;
+  std::vector<VirtualSlice> slices_;
+  struct StageFunctions {
+    CompiledFunction forward, vjp, init, accumulate, adam;
+  };
+  std::vector<StageFunctions> functions_;
+  std::vector<CompiledFunction> data_;  // per microbatch
+  Program step_;
+  // The step's arguments: per stage its params, Adam's first and second moments, and count; then
+  // the loss cotangent (1 / microbatches). Replaced by the step's results after each step.
+  std::vector<ShardedArray> state_;
+  std::vector<size_t> stage_offset_;  // where each stage's arguments start in state_
+  int64_t steps_ = 0;
+};
+
+}  // namespace pathways
