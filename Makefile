@@ -9,7 +9,7 @@ MAKEFLAGS += --no-print-directory
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
   protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev iproute2
 
-.PHONY: deps deps-fuzz deps-bench install-packages build test demo bench collective-bench fuzz sanitize clean
+.PHONY: deps deps-fuzz deps-bench deps-plot install-packages build test demo bench collective-bench fuzz sanitize clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -23,6 +23,10 @@ deps-fuzz: deps
 # dependency of `make test`.
 deps-bench: deps
 	@$(MAKE) install-packages PACKAGES="python3-torch openmpi-bin libopenmpi-dev"
+
+# What tools/plot_trace.py and tools/plot_multitenancy.py draw with. Never a dependency of `make test`.
+deps-plot:
+	@$(MAKE) install-packages PACKAGES="python3-matplotlib"
 
 install-packages:
 	@missing=""; for p in $(PACKAGES); do \
@@ -43,8 +47,12 @@ build: $(BUILD_DIR)/CMakeCache.txt
 test: deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 300
 
+# Trains a small Transformer language model on an embedded cluster of two islands (data parallel x
+# a two-stage pipeline, stage by island, over an emulated data-centre link), well under two minutes.
+DEMO_FLAGS ?= --model small --seq-len 32 --steps 1200 --batch 32 --learning-rate 1e-2 --data-parallel 2 \
+  --pipeline-stages 2 --microbatches 2 --islands 2 --dcn-latency-us 50 --dcn-gbps 10
 demo: deps build
-	$(BUILD_DIR)/bin/pathways demo --print-ir
+	$(BUILD_DIR)/bin/pathways train $(DEMO_FLAGS)
 
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench

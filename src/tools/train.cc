@@ -143,7 +143,8 @@ absl::Status RunTrain(const Flags& flags) {
   // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.
   Progress progress(steps);
   std::deque<Future<double>> in_flight;
-  double last_loss = 0, first_loss = 0;
+  double last_loss = 0, first_loss = 0, tail_sum = 0;
+  const int64_t tail = std::max<int64_t>(1, steps / 10);  // the closing line's loss: the mean of the last 10%
   const absl::Time train_start = absl::Now();
   absl::Time last = train_start;
   int64_t done = 0;
@@ -152,6 +153,7 @@ absl::Status RunTrain(const Flags& flags) {
     in_flight.pop_front();
     ++done;
     if (done == 1) first_loss = last_loss;
+    if (done > steps - tail) tail_sum += last_loss;
     const absl::Time now = absl::Now();
     const double tokens_per_s = static_cast<double>(trainer->tokens_per_step()) / absl::ToDoubleSeconds(now - last);
     last = now;
@@ -169,11 +171,12 @@ absl::Status RunTrain(const Flags& flags) {
   }
   while (!in_flight.empty()) PW_RETURN_IF_ERROR(finish_oldest());
   const double seconds = absl::ToDoubleSeconds(absl::Now() - train_start);
-  std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f, against the data's entropy %.4f "
-              "nats (%.1f%% above it; uniform guessing is %.4f)\n",
+  const double final_loss = tail_sum / static_cast<double>(tail);
+  std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f at the first step, %.4f over the last %lld, "
+              "against the data's entropy %.4f nats (%.1f%% above it; guessing uniformly gives %.4f)\n",
               static_cast<long long>(steps), seconds,
-              static_cast<double>(steps * trainer->tokens_per_step()) / seconds, first_loss, last_loss,
-              trainer->entropy(), 100 * (last_loss / trainer->entropy() - 1),
+              static_cast<double>(steps * trainer->tokens_per_step()) / seconds, first_loss, final_loss,
+              static_cast<long long>(tail), trainer->entropy(), 100 * (final_loss / trainer->entropy() - 1),
               std::log(static_cast<double>(o.model.vocab)));
   if (flags.Has("trace")) {
     PW_RETURN_IF_ERROR(client->WriteTrace(flags.Get("trace"), absl::Now() - absl::Seconds(2)));

@@ -1,0 +1,174 @@
+// Training throughput of the Transformer (train/trainer.h) on embedded clusters: the same model and
+// global batch SPMD over all devices against pipelines of 2, 4 and 8 stages, and data parallel over
+// two islands joined by an emulated data-centre link against one island of as many devices; with
+// the model FLOP/s utilisation against the machine's matmul FLOP/s measured in the same run.
+// Prints markdown tables; see docs/training.md.
+//
+//   build/bin/train_bench [--devices 8] [--layers 8] [--batch 32] [--steps 10] [--repeats 3]
+//                         [--dcn-latency-us 50] [--dcn-gbps 10] [--trace-prefix P]
+#include <cstdio>
+#include <string>
+
+#include "bench_util.h"
+#include "client/program.h"
+#include "cluster/local_cluster.h"
+#include "core/process.h"
+#include "tools/flags.h"
+#include "train/trainer.h"
+
+namespace pathways {
+namespace {
+
+using bench::Median;
+using bench::Seconds;
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, std::string(v.status().message()).c_str());
+    std::exit(1);
+  }
+  return *std::move(v);
+}
+
+// The machine's matmul rate: every device of a slice spanning all of a one-island cluster's
+// devices multiplies two n x n matrices, `calls` times.
+double MatmulFlops(LocalCluster& cluster, int64_t devices, int repeats) {
+  constexpr int64_t n = 512;
+  constexpr int kCalls = 20;
+  auto client = OrDie(cluster.Connect(), "connect");
+  VirtualSlice slice = OrDie(client->CreateSlice({.mesh_shape = {devices}}), "slice");
+  const TensorSpec spec{DType::kF32, {n, n}};
+  CompiledFunction mm = OrDie(client->Compile(FunctionSpec::Builtin("matmul", {spec, spec}, {spec})), "compile");
+  ShardedArray a = OrDie(client->Put(OrDie(HostArray::Create(DType::kF32, {n, n}), "array"), slice), "put");
+  std::vector<double> rates;
+  for (int r = 0; r <= repeats; ++r) {
+    const double s = Seconds([&] {
+      std::vector<ShardedArray> outs;
+      for (int i = 0; i < kCalls; ++i) outs.push_back(OrDie(client->Call(mm, slice, {a, a}), "call")[0]);
+      for (const ShardedArray& o : outs) (void)client->Ready(o).Await();
+    });
+    if (r > 0) rates.push_back(2.0 * n * n * n * kCalls * static_cast<double>(devices) / s);
+  }
+  return Median(rates);
+}
+
+// Model FLOPs per token (forward and backward, not counting the recomputed forward): 6 per
+// parameter outside the embeddings, plus attention's scores and weighted sums.
+double FlopsPerToken(const TransformerConfig& c) {
+  const double d = static_cast<double>(c.d_model), l = static_cast<double>(c.layers);
+  const double dense = l * (4 * d * d + 2 * d * static_cast<double>(c.mlp_hidden)) + d * static_cast<double>(c.vocab);
+  return 6 * dense + 12 * l * d * static_cast<double>(c.seq_len);
+}
+
+struct Result {
+  double tokens_per_s;
+  double loss;
+  size_t calls;
+};
+
+Result Measure(LocalCluster& cluster, const TrainOptions& options, int steps, int repeats,
+               const std::string& trace) {
+  auto client = OrDie(cluster.Connect(), "connect");
+  auto trainer = OrDie(Trainer::Create(*client, options), "trainer");
+  for (int i = 0; i < 2; ++i) (void)OrDie(trainer->Step(), "step").Await();  // warm up: compile, first runs
+  std::vector<double> rates;
+  double loss = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const absl::Time start = absl::Now();
+    const double s = Seconds([&] {
+      Future<double> last;
+      for (int i = 0; i < steps; ++i) last = OrDie(trainer->Step(), "step");
+      loss = *last.Await();
+    });
+    rates.push_back(static_cast<double>(steps * trainer->tokens_per_step()) / s);
+    if (!trace.empty() && r == repeats - 1) (void)client->WriteTrace(trace, start);
+  }
+  return {Median(rates), loss, trainer->step_program().calls().size()};
+}
+
+int Main(int argc, char** argv) {
+  InitServingProcess();
+  auto flags = OrDie(Flags::Parse(argc - 1, argv + 1,
+                                  {"devices", "layers", "batch", "steps", "repeats", "dcn-latency-us", "dcn-gbps",
+                                   "trace-prefix"}),
+                     "flags");
+  const int64_t devices = OrDie(flags.GetInt("devices", 8), "--devices");
+  const int64_t layers = OrDie(flags.GetInt("layers", 8), "--layers");
+  const int64_t batch = OrDie(flags.GetInt("batch", 32), "--batch");
+  const int steps = static_cast<int>(OrDie(flags.GetInt("steps", 10), "--steps"));
+  const int repeats = static_cast<int>(OrDie(flags.GetInt("repeats", 3), "--repeats"));
+  const int64_t latency_us = OrDie(flags.GetInt("dcn-latency-us", 50), "--dcn-latency-us");
+  const int64_t gbps = OrDie(flags.GetInt("dcn-gbps", 10), "--dcn-gbps");
+  const std::string trace_prefix = flags.Get("trace-prefix");
+  if (devices < 2 || devices % 2 != 0 || layers < 1 || batch < 1 || steps < 1 || repeats < 1) {
+    std::fprintf(stderr, "need an even --devices >= 2 and positive --layers, --batch, --steps, --repeats\n");
+    return 2;
+  }
+
+  TrainOptions base;
+  base.model = OrDie(TransformerPreset("small"), "model");
+  base.model.layers = layers;
+  base.batch = batch;
+  std::printf("Model: %s; global batch %lld x %lld tokens; %d steps per measurement, median of %d.\n\n",
+              base.model.ToString().c_str(), static_cast<long long>(batch),
+              static_cast<long long>(base.model.seq_len), steps, repeats);
+
+  // One island of `devices` devices, two per host.
+  auto one_island = OrDie(LocalCluster::Start({.num_islands = 1, .hosts_per_island = static_cast<int>(devices / 2),
+                                               .devices_per_host = 2, .device_memory_bytes = int64_t{1} << 30}),
+                          "cluster");
+  const double matmul = MatmulFlops(*one_island, devices, repeats);
+  const double per_token = FlopsPerToken(base.model);
+  std::printf("Matmul (512 x 512, every device at once): %.2f GFLOP/s. Model FLOPs per token: %.2f M.\n\n",
+              matmul / 1e9, per_token / 1e6);
+
+  std::printf("### SPMD against pipelines (%lld devices, one island)\n\n", static_cast<long long>(devices));
+  std::printf("| layout | calls per step | tokens/s | of SPMD | model FLOP/s utilisation | loss after |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  double spmd = 0;
+  for (int64_t stages = 1; stages <= std::min<int64_t>(8, std::min(devices, layers)); stages *= 2) {
+    TrainOptions o = base;
+    o.layout = {.data = devices / stages, .tensor = 1, .stages = stages};
+    o.microbatches = stages == 1 ? 1 : 2 * stages;
+    while (o.microbatches > 1 && batch % (o.layout.data * o.microbatches) != 0) o.microbatches /= 2;
+    const std::string trace = trace_prefix.empty() || stages == 1
+                                  ? ""
+                                  : absl::StrCat(trace_prefix, "pipeline_s", stages, ".json");
+    const Result r = Measure(*one_island, o, steps, repeats, trace);
+    if (stages == 1) spmd = r.tokens_per_s;
+    std::printf("| %s | %zu | %.0f | %.2f | %.1f%% | %.4f |\n",
+                stages == 1 ? absl::StrCat("SPMD: data ", devices).c_str()
+                            : absl::StrCat("S=", stages, " x data ", o.layout.data, ", M=", o.microbatches).c_str(),
+                r.calls, r.tokens_per_s, r.tokens_per_s / spmd, 100 * r.tokens_per_s * per_token / matmul, r.loss);
+    std::fflush(stdout);
+  }
+  one_island.reset();
+
+  std::printf("\n### Two islands over an emulated link (%lld us one way, %lld Gbit/s) against one island\n\n",
+              static_cast<long long>(latency_us), static_cast<long long>(gbps));
+  std::printf("| cluster | tokens/s | of one island | loss after |\n|---|---|---|---|\n");
+  double single = 0;
+  for (int islands : {1, 2}) {
+    LocalClusterOptions c{.num_islands = islands, .hosts_per_island = static_cast<int>(devices / 2 / islands),
+                          .devices_per_host = 2, .device_memory_bytes = int64_t{1} << 30};
+    if (islands == 2) c.dcn = {.latency = absl::Microseconds(latency_us), .gbps = static_cast<double>(gbps)};
+    auto cluster = OrDie(LocalCluster::Start(c), "cluster");
+    TrainOptions o = base;
+    o.layout = {.data = devices, .tensor = 1, .stages = 1};
+    o.islands = islands;
+    const std::string trace =
+        trace_prefix.empty() || islands == 1 ? "" : absl::StrCat(trace_prefix, "two_islands.json");
+    const Result r = Measure(*cluster, o, steps, repeats, trace);
+    if (islands == 1) single = r.tokens_per_s;
+    std::printf("| %d island%s x %lld devices | %.0f | %.3f | %.4f |\n", islands, islands == 1 ? "" : "s",
+                static_cast<long long>(devices / islands), r.tokens_per_s, r.tokens_per_s / single, r.loss);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pathways
+
+int main(int argc, char** argv) { return pathways::Main(argc, argv); }
