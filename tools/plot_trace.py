@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Draws a per-device timeline PNG from a pathways Chrome trace (Client::WriteTrace, demo --trace).
 
-    python3 tools/plot_trace.py trace.json trace.png
+    python3 tools/plot_trace.py trace.json trace.png [FIRST_MS]
 
 Needs Debian's python3-matplotlib. One row per (host, device); one bar per shard of a computation,
-coloured by function name.
+coloured by function name. With FIRST_MS, only the first FIRST_MS milliseconds (e.g. one training step).
 """
 import json
 import sys
@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     with open(argv[1]) as f:
@@ -30,6 +30,8 @@ def main(argv):
         print("no computations in the trace", file=sys.stderr)
         return 1
     t0 = min(e["ts"] for e in slices)
+    if len(argv) == 4:
+        slices = [e for e in slices if e["ts"] - t0 < float(argv[3]) * 1000.0]
     rows = sorted({(e["pid"], e["tid"]) for e in slices})
     row_of = {r: i for i, r in enumerate(rows)}
     names = sorted({e["name"] for e in slices})

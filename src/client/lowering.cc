@@ -95,7 +95,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
   for (size_t n = 0; n < program.calls().size(); ++n) {
     const Program::Call& c = program.calls()[n];
     const FunctionSpec& spec = c.function.spec();
-    const std::string& name = spec.body.name;
+    const std::string name = spec.body.DisplayName();
     rpc::ProgramNode* node = proto.add_nodes();
     node->set_function_key(c.function.state_->key);
     node->set_function_name(name);

@@ -47,7 +47,7 @@ std::string Program::ToString() const {
     std::vector<std::string> inputs, outputs;
     for (const Value& v : c.inputs) inputs.push_back(ValueName(v, data_->calls));
     for (const TensorSpec& o : spec.outputs) outputs.push_back(o.ToString());
-    absl::StrAppend(&out, "  %", n, " = ", spec.body.name, "(", absl::StrJoin(inputs, ", "), ") on slice ",
+    absl::StrAppend(&out, "  %", n, " = ", spec.body.DisplayName(), "(", absl::StrJoin(inputs, ", "), ") on slice ",
                     c.slice.id(), " ", c.slice.mesh().ToString(), " in ",
                     ShardingsToString(spec.in_shardings, spec.inputs.size()), " out ",
                     ShardingsToString(spec.out_shardings, spec.outputs.size()), " : ",

@@ -22,6 +22,8 @@ struct LocalClusterOptions {
   IslandSchedulerOptions scheduler;
   // Traffic between islands crosses an emulated data-centre network (core/dcn_emulation.h).
   DcnOptions dcn;
+  // Where compiled functions may read data files (WorkerOptions::data_directories).
+  std::vector<std::string> data_directories;
 };
 
 // Not copyable. The destructor stops the workers, then the controller.

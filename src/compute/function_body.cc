@@ -7,6 +7,8 @@
 #include "openssl/sha.h"
 
 namespace pathways {
+
+std::string FunctionBody::DisplayName() const { return gradient ? absl::StrCat("vjp(", name, ")") : name; }
 namespace {
 
 void AppendField(std::string& out, const std::string& field) { absl::StrAppend(&out, field.size(), ":", field); }

@@ -34,6 +34,9 @@ struct FunctionBody {
     bool operator==(const Gradient&) const = default;
   };
   std::optional<Gradient> gradient;
+
+  // How IR, traces and errors name the function: its name, or vjp(name) for a gradient.
+  std::string DisplayName() const;
 };
 
 // Stable content hash of a body, as hex. Equal bodies get equal keys in every process, so a

@@ -57,6 +57,7 @@ class TorchExecutable : public Executable {
                    absl::Span<DeviceBuffer* const> outputs) const override {
     std::vector<at::Tensor> results;
     KernelMemoryFailure() = absl::OkStatus();
+    OpFailure() = absl::OkStatus();
     try {
       // Bodies run without autograd's bookkeeping, except those that differentiate: their
       // inputs must not be inference tensors, which autograd cannot record.
@@ -103,6 +104,10 @@ class TorchExecutable : public Executable {
         absl::Status refused = std::exchange(KernelMemoryFailure(), absl::OkStatus());
         return absl::ResourceExhaustedError(
             absl::StrCat("function '", name_, "' ran out of device memory: ", refused.message()));
+      }
+      if (!OpFailure().ok()) {
+        absl::Status failed = std::exchange(OpFailure(), absl::OkStatus());
+        return absl::Status(failed.code(), absl::StrCat("function '", name_, "' failed: ", failed.message()));
       }
       // A collective that failed keeps its code (DeadlineExceeded, Unavailable, ...).
       collective::ShardCollectives* shard = collective::ShardCollectives::Current();

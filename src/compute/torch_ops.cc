@@ -9,6 +9,7 @@
 #include "collective/collective.h"
 #include "compute/counter_rng.h"
 #include "compute/markov.h"
+#include "compute/text_source.h"
 
 namespace pathways {
 
@@ -300,6 +301,28 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
   return out;
 }
 
+// Token sequences of a text file on the worker's host (compute/text_source.h): bytes as tokens,
+// this shard's `batch` sequences placed in the global batch as markov_tokens places them.
+at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t seed, int64_t step,
+                      std::string batch_axes, int64_t first) {
+  TORCH_CHECK(batch >= 0 && length >= 0 && batch <= (int64_t{1} << 30) && length <= (int64_t{1} << 30) &&
+                  batch * length <= (int64_t{1} << 30) && first >= 0 && first <= (int64_t{1} << 40),
+              "text_tokens: ", batch, " sequences of ", length, " tokens from sequence ", first);
+  auto source = TextSource::Open(path);
+  if (!source.ok()) OpFailure() = source.status();
+  TORCH_CHECK(source.ok(), "text_tokens: ", source.status().message());
+  if (collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+      shard != nullptr && !batch_axes.empty()) {
+    auto group = shard->GroupOver(batch_axes);
+    TORCH_CHECK(group.ok(), "text_tokens: ", group.status().message());
+    first += group->rank * batch;
+  }
+  at::Tensor out = torch::empty({batch, length}, at::kLong);
+  (*source)->Sample(static_cast<uint64_t>(seed), static_cast<uint64_t>(step), first, batch, length,
+                    out.data_ptr<int64_t>());
+  return out;
+}
+
 // Every op depends on where its shard runs (its group, its place in the mesh) and the
 // collectives exchange data with other shards: none is a pure function of its arguments. They are
 // registered as having side effects (conservative alias analysis), so TorchScript's optimiser
@@ -314,6 +337,8 @@ TORCH_LIBRARY(pathways, m) {
   m.def(op("markov_tokens(int batch, int length, int vocab, int chain_seed, int data_seed, int step, "
            "str batch_axes='', float sharpness=2.0, int first=0) -> Tensor"),
         &MarkovTokens);
+  m.def(op("text_tokens(str path, int batch, int length, int seed, int step, str batch_axes='', int first=0) -> Tensor"),
+        &TextTokens);
   m.def(op("all_reduce(Tensor x, str axes='', str op='sum') -> Tensor"), &AllReduce);
   m.def(op("all_gather(Tensor x, str axes='', int dim=0) -> Tensor"), &AllGather);
   m.def(op("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor"), &ReduceScatter);
@@ -364,5 +389,10 @@ at::Tensor AllReduceNoGrad(const at::Tensor& x, const std::string& axes, const s
 }
 
 const std::map<std::string, BuiltinKernel>& BuiltinKernels() { return Builtins(); }
+
+absl::Status& OpFailure() {
+  thread_local absl::Status failure;
+  return failure;
+}
 
 }  // namespace pathways

@@ -38,5 +38,8 @@ const std::map<std::string, BuiltinKernel>& BuiltinKernels();
 // none): set by the allocator, read and cleared by the executable that ran the kernel. The
 // TorchScript interpreter rethrows kernels' exceptions as its own, so their type is lost.
 absl::Status& KernelMemoryFailure();
+// The same for a `pathways` op that failed with a Status of its own (a data file it may not
+// read, say), so the function's error keeps that code.
+absl::Status& OpFailure();
 
 }  // namespace pathways

@@ -37,6 +37,7 @@ constexpr char kUsage[] =
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
+    "         [--data-dir DIR]  (files compiled functions may read as training data; none by default)\n"
     "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
@@ -172,6 +173,7 @@ absl::Status RunWorker(const Flags& flags) {
     return absl::InvalidArgumentError("--dcn-latency-us must be between 0 and 10000000");
   }
   options.dcn.latency = absl::Microseconds(dcn_latency_us);
+  if (flags.Has("data-dir")) options.data_directories.push_back(flags.Get("data-dir"));
   const std::string gbps = flags.Get("dcn-gbps", "0");
   if (!absl::SimpleAtod(gbps, &options.dcn.gbps) || !(options.dcn.gbps >= 0) || options.dcn.gbps > 1e6) {
     return absl::InvalidArgumentError(absl::StrCat("--dcn-gbps must be a number from 0 (unlimited) to 1e6, got '",
@@ -263,7 +265,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},

@@ -1,6 +1,11 @@
 #include "tools/train.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cmath>
 #include <cstdio>
@@ -8,6 +13,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cluster/local_cluster.h"
@@ -41,9 +47,7 @@ absl::StatusOr<TrainOptions> OptionsFromFlags(const Flags& flags) {
         "need 1 <= --seq-len <= 4096, 2 <= --vocab <= 4096, 1 <= --islands <= 64 and --seed >= 0");
   }
   const std::string data = flags.Get("data", "markov");
-  if (data != "markov") {
-    return absl::InvalidArgumentError(absl::StrCat("--data '", data, "': the data sources are: markov"));
-  }
+  if (data != "markov") o.text_file = data;  // a path on the workers' hosts
   o.model.seq_len = seq_len;
   o.model.vocab = vocab;
   o.model.init_seed = static_cast<uint64_t>(seed);
@@ -97,9 +101,11 @@ absl::Status RunTrain(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t steps, flags.GetInt("steps", 200));
   PW_ASSIGN_OR_RETURN(int64_t device_memory, flags.GetBytes("device-memory", int64_t{1} << 30));
   PW_ASSIGN_OR_RETURN(int64_t dcn_latency_us, flags.GetInt("dcn-latency-us", 0));
-  PW_ASSIGN_OR_RETURN(int64_t dcn_gbps, flags.GetInt("dcn-gbps", 0));
-  if (steps < 1 || steps > 100'000'000 || dcn_latency_us < 0 || dcn_latency_us > 10'000'000 || dcn_gbps < 0) {
-    return absl::InvalidArgumentError("need 1 <= --steps <= 1e8, 0 <= --dcn-latency-us <= 1e7, --dcn-gbps >= 0");
+  double dcn_gbps = 0;
+  if (!absl::SimpleAtod(flags.Get("dcn-gbps", "0"), &dcn_gbps) || !(dcn_gbps >= 0) || dcn_gbps > 1e6 || steps < 1 ||
+      steps > 100'000'000 || dcn_latency_us < 0 || dcn_latency_us > 10'000'000) {
+    return absl::InvalidArgumentError(
+        "need 1 <= --steps <= 1e8, 0 <= --dcn-latency-us <= 1e7 and --dcn-gbps from 0 (unlimited) to 1e6");
   }
   std::unique_ptr<LocalCluster> cluster;
   std::unique_ptr<Client> client;
@@ -109,10 +115,20 @@ absl::Status RunTrain(const Flags& flags) {
     PW_ASSIGN_OR_RETURN(client, Client::Connect(address));
   } else {
     LocalClusterOptions c = EmbeddedCluster(options, device_memory);
+    if (!options.text_file.empty()) {
+      // The embedded workers read the file where it is, and nothing beside it.
+      char resolved[PATH_MAX];
+      if (realpath(options.text_file.c_str(), resolved) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("--data ", options.text_file, ": ", std::strerror(errno)));
+      }
+      options.text_file = resolved;
+      c.data_directories.push_back(options.text_file.substr(0, options.text_file.rfind('/')));
+    }
     c.dcn.latency = absl::Microseconds(dcn_latency_us);
-    c.dcn.gbps = static_cast<double>(dcn_gbps);
+    c.dcn.gbps = dcn_gbps;
     std::printf("embedded cluster: %d islands x %d hosts x %d devices\n", c.num_islands, c.hosts_per_island,
                 c.devices_per_host);
+    std::fflush(stdout);
     PW_ASSIGN_OR_RETURN(cluster, LocalCluster::Start(c));
     PW_ASSIGN_OR_RETURN(client, cluster->Connect());
   }
@@ -135,9 +151,12 @@ absl::Status RunTrain(const Flags& flags) {
               static_cast<long long>(o.layout.data), static_cast<long long>(o.layout.tensor),
               static_cast<long long>(o.layout.stages), static_cast<long long>(o.microbatches), o.islands,
               static_cast<long long>(o.batch), static_cast<long long>(o.model.seq_len));
-  std::printf("step: one program of %zu calls, set up in %.1f s; data: Markov chain over %lld tokens, entropy %.4f nats\n",
-              trainer->step_program().calls().size(), absl::ToDoubleSeconds(absl::Now() - start),
-              static_cast<long long>(o.model.vocab), trainer->entropy());
+  const bool known_entropy = !std::isnan(trainer->entropy());
+  std::printf("step: one program of %zu calls, set up in %.1f s; data: %s\n", trainer->step_program().calls().size(),
+              absl::ToDoubleSeconds(absl::Now() - start),
+              known_entropy ? absl::StrFormat("Markov chain over %d tokens, entropy %.4f nats", o.model.vocab,
+                                              trainer->entropy()).c_str()
+                            : absl::StrCat("the bytes of ", o.text_file).c_str());
   std::fflush(stdout);
 
   // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.
@@ -172,12 +191,16 @@ absl::Status RunTrain(const Flags& flags) {
   while (!in_flight.empty()) PW_RETURN_IF_ERROR(finish_oldest());
   const double seconds = absl::ToDoubleSeconds(absl::Now() - train_start);
   const double final_loss = tail_sum / static_cast<double>(tail);
-  std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f at the first step, %.4f over the last %lld, "
-              "against the data's entropy %.4f nats (%.1f%% above it; guessing uniformly gives %.4f)\n",
+  std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f at the first step, %.4f over the last %lld",
               static_cast<long long>(steps), seconds,
               static_cast<double>(steps * trainer->tokens_per_step()) / seconds, first_loss, final_loss,
-              static_cast<long long>(tail), trainer->entropy(), 100 * (final_loss / trainer->entropy() - 1),
-              std::log(static_cast<double>(o.model.vocab)));
+              static_cast<long long>(tail));
+  if (known_entropy) {
+    std::printf(", against the data's entropy %.4f nats (%.1f%% above it; guessing uniformly gives %.4f)",
+                trainer->entropy(), 100 * (final_loss / trainer->entropy() - 1),
+                std::log(static_cast<double>(o.model.vocab)));
+  }
+  std::printf("\n");
   if (flags.Has("trace")) {
     PW_RETURN_IF_ERROR(client->WriteTrace(flags.Get("trace"), absl::Now() - absl::Seconds(2)));
     std::printf("trace of the last 2 s of device work: %s\n", flags.Get("trace").c_str());

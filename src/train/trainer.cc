@@ -1,8 +1,11 @@
 #include "train/trainer.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compute/markov.h"
+#include "compute/text_source.h"
 #include "core/status_macros.h"
 
 namespace pathways {
@@ -20,17 +23,30 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Client& client, const T
         o.islands, " islands for ", l.stages, " stages and data parallelism ", l.data,
         ": islands hold whole stages, or (one stage) split its data axis, so they must divide it"));
   }
-  if (o.model.vocab > MarkovSource::kMaxVocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a vocabulary of ", o.model.vocab, " is larger than the data's ", MarkovSource::kMaxVocab));
+  double entropy = std::numeric_limits<double>::quiet_NaN();
+  if (o.text_file.empty()) {
+    if (o.model.vocab > MarkovSource::kMaxVocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a vocabulary of ", o.model.vocab, " is larger than the data's ", MarkovSource::kMaxVocab));
+    }
+    auto source = MarkovSource::Get(static_cast<int>(o.model.vocab), o.chain_seed, o.sharpness);
+    if (!source.ok()) return source.status();
+    entropy = (*source)->EntropyRate();
+  } else {
+    if (o.model.vocab < TextSource::kVocab) {
+      return absl::InvalidArgumentError(absl::StrCat("a text file's tokens are its bytes: the vocabulary must be at least ",
+                                                     TextSource::kVocab, ", not ", o.model.vocab));
+    }
+    if (o.text_file.find_first_of("'\\\n\r") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data file name '", o.text_file, "' has a quote, backslash or line break"));
+    }
   }
   auto model = BuildTransformer(o.model, l, o.batch / o.microbatches);
   if (!model.ok()) return model.status();
-  auto source = MarkovSource::Get(static_cast<int>(o.model.vocab), o.chain_seed, o.sharpness);
-  if (!source.ok()) return source.status();
   std::unique_ptr<Trainer> trainer(new Trainer(client, options));
   trainer->model_ = *std::move(model);
-  trainer->entropy_ = (*source)->EntropyRate();
+  trainer->entropy_ = entropy;
   PW_RETURN_IF_ERROR(trainer->Init());
   return trainer;
 }
@@ -85,11 +101,16 @@ absl::Status Trainer::Init() {
     // Microbatch m of a step is sequences [m x microbatch, (m + 1) x microbatch) of its batch;
     // each device draws its rank's share of them. The step number is Adam's count before the
     // step's update, on the devices: nothing about the data comes from the client.
-    const std::string body = absl::StrCat(
-        "def data(count):\n    return pathways.markov_tokens(", local, ", ", options_.model.seq_len + 1, ", ",
-        options_.model.vocab, ", ", options_.chain_seed % (uint64_t{1} << 62), ", ",
-        options_.data_seed % (uint64_t{1} << 62), ", int(count.item()), 'd', ",
-        absl::StrFormat("%#.17g", options_.sharpness), ", ", m * microbatch, ")\n");  // '#': a float literal
+    const int64_t length = options_.model.seq_len + 1;
+    const uint64_t data_seed = options_.data_seed % (uint64_t{1} << 62);
+    const std::string body =
+        options_.text_file.empty()
+            ? absl::StrCat("def data(count):\n    return pathways.markov_tokens(", local, ", ", length, ", ",
+                           options_.model.vocab, ", ", options_.chain_seed % (uint64_t{1} << 62), ", ", data_seed,
+                           ", int(count.item()), 'd', ", absl::StrFormat("%#.17g", options_.sharpness),  // a float
+                           ", ", m * microbatch, ")\n")
+            : absl::StrCat("def data(count):\n    return pathways.text_tokens('", options_.text_file, "', ", local,
+                           ", ", length, ", ", data_seed, ", int(count.item()), 'd', ", m * microbatch, ")\n");
     PW_ASSIGN_OR_RETURN(CompiledFunction data,
                         compile(FunctionSpec::Script("data", body, {{DType::kF32, {}}}, {model_.tokens}, {{}},
                                                      {model_.tokens_sharding})));

@@ -32,10 +32,13 @@ struct TrainOptions {
   // its slice spans this many islands (the data axis crosses them).
   int islands = 1;
   AdamOptions adam = {.learning_rate = 3e-3};
-  // The built-in Markov source (compute/markov.h) over the model's vocabulary.
+  // The data: the built-in Markov source (compute/markov.h) over the model's vocabulary, or with
+  // `text_file` set, that file's bytes (compute/text_source.h: a path on the workers' hosts, under
+  // a directory they read data from; the vocabulary must hold the 256 byte values).
   uint64_t chain_seed = 0;
   uint64_t data_seed = 1;
   double sharpness = 2.0;
+  std::string text_file;
 };
 
 // Drives training on one client. Not thread-safe: one thread issues steps.
@@ -53,7 +56,8 @@ class Trainer {
 
   int64_t steps_issued() const { return steps_; }
   int64_t tokens_per_step() const { return options_.batch * options_.model.seq_len; }
-  // The data's entropy rate: the best mean loss any model can reach.
+  // The data's entropy rate: the best mean loss any model can reach; NaN where it is not known
+  // (a text file).
   double entropy() const { return entropy_; }
   const TransformerModel& model() const { return model_; }
   const Program& step_program() const { return step_; }

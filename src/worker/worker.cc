@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include "absl/strings/str_cat.h"
+#include "compute/text_source.h"
 #include "core/logging.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -38,6 +39,10 @@ absl::Status Worker::Start() {
   }
   if (options_.device_memory_bytes <= 0) {
     return absl::InvalidArgumentError("--device-memory must be positive");
+  }
+  for (const std::string& dir : options_.data_directories) {
+    absl::Status allowed = AllowDataDirectory(dir);
+    if (!allowed.ok()) return absl::InvalidArgumentError(absl::StrCat("--data-dir: ", allowed.message()));
   }
   service_ = std::make_unique<WorkerService>();
   const std::string token = TokenFromFlagOrEnv(options_.token);

@@ -38,6 +38,9 @@ struct WorkerOptions {
   absl::Duration register_timeout = absl::Seconds(30);
   // The emulated network to other islands' hosts (core/dcn_emulation.h); off by default.
   DcnOptions dcn;
+  // Directories whose files compiled functions may read as training data
+  // (`pathways.text_tokens`, compute/text_source.h); none by default. Process-wide once allowed.
+  std::vector<std::string> data_directories;
   // Called (from the heartbeat thread) when the controller says this worker was silent past its
   // heartbeat timeout and was declared dead: its state is stale (its runs failed elsewhere, its
   // peers gave up on it), so it leaves; a new process rejoins as a new incarnation. The

@@ -1,0 +1,44 @@
+// A text file of the user's as training data: its bytes are the tokens (a vocabulary of 256), and
+// sequence s of step k is the `length` bytes from an offset drawn from (seed, k, s), so any host
+// draws any part of any batch, the same on every run, with no reader state. Torch-free; the compute
+// layer offers it to bodies as `pathways.text_tokens`.
+//
+// Bodies run a tenant's code on a worker's host, so a worker reads data only from the directories
+// its operator named (`pathways worker --data-dir DIR`); by default from none. Paths are resolved
+// (symbolic links and `..` included) before they are checked.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace pathways {
+
+class TextSource {
+ public:
+  static constexpr int kVocab = 256;
+  // The file at `path`, mapped read-only; opened once per process and shared. PermissionDenied
+  // for a path outside every allowed directory, NotFound / InvalidArgument for one that cannot be
+  // read or is empty.
+  static absl::StatusOr<std::shared_ptr<const TextSource>> Open(const std::string& path);
+  ~TextSource();
+
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Sequences first .. first + count - 1 of batch `step` under `seed`, each `length` tokens,
+  // row-major into `out`. A sequence longer than the file wraps around to its start.
+  void Sample(uint64_t seed, uint64_t step, int64_t first, int64_t count, int64_t length, int64_t* out) const;
+
+ private:
+  TextSource() = default;
+  std::string path_;
+  const unsigned char* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// Lets bodies in this process read data files under `directory` (which must exist). Thread-safe.
+absl::Status AllowDataDirectory(const std::string& directory);
+
+}  // namespace pathways

@@ -1,0 +1,75 @@
+#include "compute/text_source.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+std::string TempDir() {
+  char pattern[] = "/tmp/text_source_test.XXXXXX";
+  return mkdtemp(pattern);
+}
+
+void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// Nothing is readable until a directory is allowed, and then only what lies under it, whatever
+// the path says (.., symbolic links out of it).
+TEST(TextSourceTest, OnlyFilesUnderAllowedDirectoriesAreRead) {
+  const std::string allowed = TempDir(), other = TempDir();
+  Write(allowed + "/a.txt", "hello world");
+  Write(other + "/secret.txt", "do not read");
+  EXPECT_EQ(TextSource::Open(allowed + "/a.txt").status().code(), absl::StatusCode::kPermissionDenied);
+  ASSERT_TRUE(AllowDataDirectory(allowed).ok());
+  EXPECT_TRUE(TextSource::Open(allowed + "/a.txt").ok());
+  auto escaped = TextSource::Open(allowed + "/../" + other.substr(5) + "/secret.txt");
+  EXPECT_EQ(escaped.status().code(), absl::StatusCode::kPermissionDenied) << escaped.status();
+  ASSERT_EQ(symlink((other + "/secret.txt").c_str(), (allowed + "/link.txt").c_str()), 0);
+  EXPECT_EQ(TextSource::Open(allowed + "/link.txt").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(TextSource::Open(allowed + "/missing.txt").status().code(), absl::StatusCode::kNotFound);
+  Write(allowed + "/empty.txt", "");
+  EXPECT_EQ(TextSource::Open(allowed + "/empty.txt").status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(mkdir((allowed + "/sub").c_str(), 0700), 0);
+  EXPECT_EQ(TextSource::Open(allowed + "/sub").status().code(), absl::StatusCode::kInvalidArgument);  // a directory
+  EXPECT_FALSE(AllowDataDirectory(allowed + "/a.txt").ok());
+}
+
+// Sequences are runs of the file's bytes (wrapping at its end), the same whoever draws them, and
+// different sequences start at different places.
+TEST(TextSourceTest, SequencesAreRunsOfTheFileDrawnByCounter) {
+  const std::string dir = TempDir();
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += static_cast<char>('a' + i % 26);
+  Write(dir + "/abc.txt", text);
+  ASSERT_TRUE(AllowDataDirectory(dir).ok());
+  auto source = TextSource::Open(dir + "/abc.txt");
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->size(), 1000);
+  constexpr int64_t kCount = 8, kLength = 40;
+  std::vector<int64_t> all(kCount * kLength), part(2 * kLength);
+  (*source)->Sample(3, 7, 0, kCount, kLength, all.data());
+  (*source)->Sample(3, 7, 5, 2, kLength, part.data());
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + 5 * kLength));
+  std::set<int64_t> starts;
+  for (int64_t s = 0; s < kCount; ++s) {
+    for (int64_t t = 1; t < kLength; ++t) {
+      const int64_t prev = all[s * kLength + t - 1], cur = all[s * kLength + t];
+      ASSERT_EQ(cur, 'a' + (prev - 'a' + 1) % 26) << "sequence " << s << " token " << t;
+    }
+    starts.insert(all[s * kLength]);
+  }
+  EXPECT_GT(starts.size(), 3u);
+  std::vector<int64_t> next_step(kCount * kLength);
+  (*source)->Sample(3, 8, 0, kCount, kLength, next_step.data());
+  EXPECT_NE(next_step, all);
+}
+
+}  // namespace
+}  // namespace pathways
