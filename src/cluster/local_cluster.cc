@@ -28,6 +28,7 @@ absl::StatusOr<int> LocalCluster::AddWorker(int island) {
   w.memory_wait = options_.memory_wait;
   w.dcn = options_.dcn;
   w.data_directories = options_.data_directories;
+  w.checkpoint_directory = options_.checkpoint_directory;
   auto worker = std::make_unique<Worker>(w);
   PW_RETURN_IF_ERROR(worker->Start());  // returns once registered
   workers_.push_back(std::move(worker));

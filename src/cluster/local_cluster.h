@@ -24,6 +24,8 @@ struct LocalClusterOptions {
   DcnOptions dcn;
   // Where compiled functions may read data files (WorkerOptions::data_directories).
   std::vector<std::string> data_directories;
+  // Where compiled functions keep checkpoint shards (WorkerOptions::checkpoint_directory).
+  std::string checkpoint_directory;
 };
 
 // Not copyable. The destructor stops the workers, then the controller.

@@ -178,6 +178,8 @@ class ShardCollectives {
   absl::StatusOr<Group> GroupOver(absl::string_view axes) const { return GroupOf(*layout_, shard_, axes); }
   // The gang's mesh axis names, in mesh order.
   const std::vector<std::string>& axis_names() const { return layout_->axis_names; }
+  // Which shard of the gang's arrays this is (its device's place in the slice, row-major).
+  int64_t shard() const { return shard_; }
   // The first error a collective of this shard returned: kernels report failures by throwing,
   // and the compute layer turns the exception back into this Status (keeping its code).
   const absl::Status& first_error() const { return first_error_; }

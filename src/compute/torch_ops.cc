@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
 #include "compute/counter_rng.h"
+#include "compute/checkpoint_files.h"
 #include "compute/markov.h"
 #include "compute/text_source.h"
 
@@ -323,6 +324,34 @@ at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t s
   return out;
 }
 
+// Checkpoint shards (compute/checkpoint_files.h): each device writes and reads the shard it holds
+// of an f32 array, named by the checkpoint's secret, the step and the array's name. save_shard
+// returns a scalar 1 once the shard is on disk, for the caller to wait on.
+int64_t ShardIndex() {
+  collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+  return shard == nullptr ? 0 : shard->shard();
+}
+
+at::Tensor SaveShard(const at::Tensor& x, std::string secret, int64_t step, std::string name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "save_shard: ", name, " is not f32");
+  const at::Tensor data = x.contiguous();
+  const absl::Status saved = WriteCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32,
+                                                  Shape(data.sizes().begin(), data.sizes().end()), data.data_ptr(),
+                                                  static_cast<int64_t>(data.nbytes()));
+  if (!saved.ok()) OpFailure() = saved;
+  TORCH_CHECK(saved.ok(), "save_shard: ", saved.message());
+  return torch::ones({});
+}
+
+at::Tensor LoadShard(std::vector<int64_t> shape, std::string secret, int64_t step, std::string name) {
+  at::Tensor out = torch::empty(shape, at::kFloat);
+  const absl::Status loaded = ReadCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32, Shape(shape),
+                                                  out.data_ptr(), static_cast<int64_t>(out.nbytes()));
+  if (!loaded.ok()) OpFailure() = loaded;
+  TORCH_CHECK(loaded.ok(), "load_shard: ", loaded.message());
+  return out;
+}
+
 // Every op depends on where its shard runs (its group, its place in the mesh) and the
 // collectives exchange data with other shards: none is a pure function of its arguments. They are
 // registered as having side effects (conservative alias analysis), so TorchScript's optimiser
@@ -339,6 +368,8 @@ TORCH_LIBRARY(pathways, m) {
         &MarkovTokens);
   m.def(op("text_tokens(str path, int batch, int length, int seed, int step, str batch_axes='', int first=0) -> Tensor"),
         &TextTokens);
+  m.def(op("save_shard(Tensor x, str secret, int step, str name) -> Tensor"), &SaveShard);
+  m.def(op("load_shard(int[] shape, str secret, int step, str name) -> Tensor"), &LoadShard);
   m.def(op("all_reduce(Tensor x, str axes='', str op='sum') -> Tensor"), &AllReduce);
   m.def(op("all_gather(Tensor x, str axes='', int dim=0) -> Tensor"), &AllGather);
   m.def(op("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor"), &ReduceScatter);

@@ -37,7 +37,8 @@ constexpr char kUsage[] =
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
-    "         [--data-dir DIR]  (files compiled functions may read as training data; none by default)\n"
+    "         [--data-dir DIR] [--checkpoint-dir DIR]  (where compiled functions may read training data\n"
+    "         and keep checkpoint shards; neither by default)\n"
     "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
@@ -46,7 +47,7 @@ constexpr char kUsage[] =
     "        [--seq-len N] [--vocab N] [--data-parallel D] [--tensor-parallel T] [--pipeline-stages S]\n"
     "        [--microbatches M] [--islands I] [--seed N] [--data markov] [--learning-rate LR]\n"
     "        [--trace FILE] [--metrics-jsonl FILE] [--device-memory SIZE] [--dcn-latency-us N]\n"
-    "        [--dcn-gbps G] [--token T]\n"
+    "        [--dcn-gbps G] [--save MANIFEST [--save-every N]] [--resume MANIFEST] [--token T]\n"
     "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n"
     "Tenants show the token; the controller and workers show each other the cluster token\n"
     "(--cluster-token, else PATHWAYS_CLUSTER_TOKEN, else the token), so tenants cannot act as hosts.\n"
@@ -174,6 +175,7 @@ absl::Status RunWorker(const Flags& flags) {
   }
   options.dcn.latency = absl::Microseconds(dcn_latency_us);
   if (flags.Has("data-dir")) options.data_directories.push_back(flags.Get("data-dir"));
+  options.checkpoint_directory = flags.Get("checkpoint-dir");
   const std::string gbps = flags.Get("dcn-gbps", "0");
   if (!absl::SimpleAtod(gbps, &options.dcn.gbps) || !(options.dcn.gbps >= 0) || options.dcn.gbps > 1e6) {
     return absl::InvalidArgumentError(absl::StrCat("--dcn-gbps must be a number from 0 (unlimited) to 1e6, got '",
@@ -265,13 +267,14 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},
       {"train", {"controller", "model", "steps", "batch", "seq-len", "vocab", "data-parallel", "tensor-parallel",
                  "pipeline-stages", "microbatches", "islands", "seed", "data", "learning-rate", "trace",
-                 "metrics-jsonl", "device-memory", "dcn-latency-us", "dcn-gbps", "token", "tls-ca"}, {}, RunTrain},
+                 "metrics-jsonl", "device-memory", "dcn-latency-us", "dcn-gbps", "save", "save-every", "resume", "token",
+                 "tls-ca"}, {}, RunTrain},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;

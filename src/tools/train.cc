@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -53,30 +54,32 @@ absl::StatusOr<TrainOptions> OptionsFromFlags(const Flags& flags) {
   o.model.init_seed = static_cast<uint64_t>(seed);
   o.data_seed = static_cast<uint64_t>(seed) + 1;
   o.islands = static_cast<int>(islands);
+  o.resume_from = flags.Get("resume");
   return o;
 }
 
 // One line of progress: a bar redrawn in place on a terminal, plain lines otherwise.
 class Progress {
  public:
-  explicit Progress(int64_t steps) : steps_(steps), terminal_(isatty(fileno(stdout)) == 1) {}
+  // Steps are numbered from `first` + 1 (a resumed run goes on from its checkpoint's step).
+  Progress(int64_t first, int64_t steps) : first_(first), steps_(steps), terminal_(isatty(fileno(stdout)) == 1) {}
   void Show(int64_t step, double loss, double tokens_per_s) {
     if (terminal_) {
       constexpr int kWidth = 30;
       const int filled = static_cast<int>(kWidth * step / steps_);
       std::printf("\r  [%s%s] step %lld/%lld  loss %.4f  %.0f tokens/s ", std::string(filled, '#').c_str(),
-                  std::string(kWidth - filled, '.').c_str(), static_cast<long long>(step),
-                  static_cast<long long>(steps_), loss, tokens_per_s);
+                  std::string(kWidth - filled, '.').c_str(), static_cast<long long>(first_ + step),
+                  static_cast<long long>(first_ + steps_), loss, tokens_per_s);
       if (step == steps_) std::printf("\n");
     } else if (step == 1 || step == steps_ || step % std::max<int64_t>(1, steps_ / 20) == 0) {
-      std::printf("  step %lld/%lld  loss %.4f  %.0f tokens/s\n", static_cast<long long>(step),
-                  static_cast<long long>(steps_), loss, tokens_per_s);
+      std::printf("  step %lld/%lld  loss %.4f  %.0f tokens/s\n", static_cast<long long>(first_ + step),
+                  static_cast<long long>(first_ + steps_), loss, tokens_per_s);
     }
     std::fflush(stdout);
   }
 
  private:
-  const int64_t steps_;
+  const int64_t first_, steps_;
   const bool terminal_;
 };
 
@@ -124,6 +127,24 @@ absl::Status RunTrain(const Flags& flags) {
       options.text_file = resolved;
       c.data_directories.push_back(options.text_file.substr(0, options.text_file.rfind('/')));
     }
+    // The embedded workers keep checkpoint shards beside the manifests, in pathways-shards/.
+    std::string manifests;
+    for (const std::string& path : {flags.Get("save"), options.resume_from}) {
+      if (path.empty()) continue;
+      const size_t slash = path.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+      if (!manifests.empty() && dir != manifests) {
+        return absl::InvalidArgumentError("--save and --resume name manifests in different directories");
+      }
+      manifests = dir;
+    }
+    if (!manifests.empty()) {
+      c.checkpoint_directory = absl::StrCat(manifests, "/pathways-shards");
+      if (mkdir(c.checkpoint_directory.c_str(), 0700) != 0 && errno != EEXIST) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot make ", c.checkpoint_directory, ": ", std::strerror(errno)));
+      }
+    }
     c.dcn.latency = absl::Microseconds(dcn_latency_us);
     c.dcn.gbps = dcn_gbps;
     std::printf("embedded cluster: %d islands x %d hosts x %d devices\n", c.num_islands, c.hosts_per_island,
@@ -159,8 +180,15 @@ absl::Status RunTrain(const Flags& flags) {
                             : absl::StrCat("the bytes of ", o.text_file).c_str());
   std::fflush(stdout);
 
+  PW_ASSIGN_OR_RETURN(int64_t save_every, flags.GetInt("save-every", 0));
+  const std::string save = flags.Get("save");
+  if (save_every < 0 || (save_every > 0 && save.empty())) {
+    return absl::InvalidArgumentError("--save-every N needs N >= 0 and --save PATH");
+  }
+  const int64_t first_step = trainer->steps_issued();
+  if (first_step > 0) std::printf("resumed from %s after step %lld\n", o.resume_from.c_str(), static_cast<long long>(first_step));
   // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.
-  Progress progress(steps);
+  Progress progress(first_step, steps);
   std::deque<Future<double>> in_flight;
   double last_loss = 0, first_loss = 0, tail_sum = 0;
   const int64_t tail = std::max<int64_t>(1, steps / 10);  // the closing line's loss: the mean of the last 10%
@@ -179,7 +207,8 @@ absl::Status RunTrain(const Flags& flags) {
     progress.Show(done, last_loss, tokens_per_s);
     if (metrics != nullptr) {
       std::fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-                   static_cast<long long>(done), last_loss, tokens_per_s, absl::ToDoubleSeconds(now - train_start));
+                   static_cast<long long>(first_step + done), last_loss, tokens_per_s,
+                   absl::ToDoubleSeconds(now - train_start));
     }
     return absl::OkStatus();
   };
@@ -187,8 +216,14 @@ absl::Status RunTrain(const Flags& flags) {
     if (in_flight.size() == 2) PW_RETURN_IF_ERROR(finish_oldest());
     PW_ASSIGN_OR_RETURN(Future<double> loss, trainer->Step());
     in_flight.push_back(loss);
+    if (save_every > 0 && (i + 1) % save_every == 0 && i + 1 < steps) PW_RETURN_IF_ERROR(trainer->Save(save));
   }
   while (!in_flight.empty()) PW_RETURN_IF_ERROR(finish_oldest());
+  if (!save.empty()) {
+    PW_RETURN_IF_ERROR(trainer->Save(save));
+    std::printf("saved a checkpoint after step %lld: %s\n", static_cast<long long>(trainer->steps_issued()),
+                save.c_str());
+  }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - train_start);
   const double final_loss = tail_sum / static_cast<double>(tail);
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f at the first step, %.4f over the last %lld",

@@ -1,9 +1,19 @@
 #include "train/trainer.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <limits>
+#include <map>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "compute/markov.h"
 #include "compute/text_source.h"
 #include "core/status_macros.h"
@@ -117,11 +127,30 @@ absl::Status Trainer::Init() {
     data_.push_back(std::move(data));
   }
 
-  // Parameters and optimizer state are made on the devices.
-  for (int s = 0; s < stages; ++s) {
-    stage_offset_.push_back(state_.size());
-    PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> made, client_.Call(functions_[s].init, slices_[s], {}));
-    state_.insert(state_.end(), made.begin(), made.end());
+  // Parameters and optimizer state are made on the devices, or read there from a checkpoint.
+  if (options_.resume_from.empty()) {
+    std::random_device random;
+    for (int i = 0; i < 8; ++i) checkpoint_secret_ += absl::StrFormat("%08x", random());
+    for (int s = 0; s < stages; ++s) {
+      stage_offset_.push_back(state_.size());
+      PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> made, client_.Call(functions_[s].init, slices_[s], {}));
+      state_.insert(state_.end(), made.begin(), made.end());
+    }
+  } else {
+    PW_ASSIGN_OR_RETURN(steps_, ReadManifest());
+    for (int s = 0; s < stages; ++s) {
+      stage_offset_.push_back(state_.size());
+      PW_ASSIGN_OR_RETURN(CompiledFunction load, compile(LoadFunction(s, steps_)));
+      PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> loaded, client_.Call(load, slices_[s], {}));
+      state_.insert(state_.end(), loaded.begin(), loaded.end());
+    }
+    // A missing or damaged shard fails here, before any step runs.
+    for (const ShardedArray& a : state_) {
+      absl::Status ready = client_.Ready(a).Await().status();
+      if (!ready.ok()) {
+        return absl::Status(ready.code(), absl::StrCat("resuming from ", options_.resume_from, ": ", ready.message()));
+      }
+    }
   }
   PW_ASSIGN_OR_RETURN(HostArray cotangent, HostArray::Create(DType::kF32, {}));
   cotangent.mutable_data<float>()[0] = 1.0f / static_cast<float>(options_.microbatches);
@@ -236,6 +265,136 @@ absl::StatusOr<Future<double>> Trainer::Step() {
   return client_.Fetch(out[0]).Then([microbatches](const HostArray& loss) -> double {
     return static_cast<double>(loss.data<float>()[0]) / microbatches;
   });
+}
+
+namespace {
+
+// Names of a stage's saved arrays, in the order of its state: params, moments, count.
+std::vector<std::string> StateNames(const TransformerStage& stage) {
+  std::vector<std::string> names;
+  for (const char* suffix : {"", "_m", "_v"}) {
+    for (const TransformerParam& p : stage.params) names.push_back(absl::StrCat("s", stage.index, "_", p.name, suffix));
+  }
+  names.push_back(absl::StrCat("s", stage.index, "_count"));
+  return names;
+}
+
+constexpr char kManifestHeader[] = "pathways-checkpoint 1";
+
+std::string ManifestModel(const TransformerConfig& c) {
+  return absl::StrCat(c.vocab, " ", c.d_model, " ", c.heads, " ", c.layers, " ", c.mlp_hidden, " ", c.seq_len);
+}
+std::string ManifestLayout(const ParallelLayout& l) { return absl::StrCat(l.data, " ", l.tensor, " ", l.stages); }
+
+}  // namespace
+
+FunctionSpec Trainer::SaveFunction(int s) const {
+  const TransformerStage& stage = model_.stages[s];
+  const std::vector<std::string> names = StateNames(stage);
+  std::vector<TensorSpec> inputs;
+  std::vector<PartitionSpec> shardings;
+  std::vector<std::string> args;
+  std::string body;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const bool count = i + 1 == names.size();
+    const TransformerParam& p = stage.params[i % stage.params.size()];
+    inputs.push_back(count ? TensorSpec{DType::kF32, {}} : p.spec);
+    shardings.push_back(count ? PartitionSpec{} : p.sharding);
+    args.push_back(absl::StrCat("x", i));
+    // The step is the state's own count: the number of steps it has taken.
+    absl::StrAppend(&body, "    pathways.save_shard(x", i, ", '", checkpoint_secret_, "', step, '", names[i], "')\n");
+  }
+  const std::string source = absl::StrCat("def save(", absl::StrJoin(args, ", "), "):\n    step = int(x",
+                                          names.size() - 1, ".item())\n", body, "    return torch.ones([])\n");
+  return FunctionSpec::Script("save", source, inputs, {{DType::kF32, {}}}, shardings, {{}});
+}
+
+FunctionSpec Trainer::LoadFunction(int s, int64_t step) const {
+  const TransformerStage& stage = model_.stages[s];
+  const std::vector<std::string> names = StateNames(stage);
+  const FunctionSpec& init = stage.init;  // the same outputs: params, moments, count
+  std::vector<std::string> loads;
+  for (size_t i = 0; i < names.size(); ++i) {
+    // The shard's local shape: the global one divided along the mesh axes that split it.
+    std::vector<int64_t> local = init.outputs[i].shape;
+    const PartitionSpec& spec = init.out_shardings[i];
+    for (size_t d = 0; d < local.size() && d < spec.size(); ++d) {
+      if (spec[d] == "d") local[d] /= model_.layout.data;
+      if (spec[d] == "t") local[d] /= model_.layout.tensor;
+    }
+    loads.push_back(absl::StrCat("pathways.load_shard([", absl::StrJoin(local, ", "), "], '", checkpoint_secret_,
+                                 "', ", step, ", '", names[i], "')"));
+  }
+  return FunctionSpec::Script("load", absl::StrCat("def load():\n    return ", absl::StrJoin(loads, ", "), "\n"), {},
+                              init.outputs, {}, init.out_shardings);
+}
+
+absl::Status Trainer::Save(const std::string& path) {
+  std::vector<ShardedArray> done;
+  for (size_t s = 0; s < model_.stages.size(); ++s) {
+    if (save_.size() == s) {
+      PW_ASSIGN_OR_RETURN(CompiledFunction f, client_.Compile(SaveFunction(static_cast<int>(s))));
+      save_.push_back(std::move(f));
+    }
+    const size_t n = 3 * model_.stages[s].params.size() + 1;
+    const std::vector<ShardedArray> state(state_.begin() + static_cast<long>(stage_offset_[s]),
+                                          state_.begin() + static_cast<long>(stage_offset_[s] + n));
+    PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> out, client_.Call(save_[s], slices_[s], state));
+    done.push_back(out[0]);
+  }
+  for (const ShardedArray& d : done) {
+    absl::Status saved = client_.Ready(d).Await().status();
+    if (!saved.ok()) return absl::Status(saved.code(), absl::StrCat("saving a checkpoint: ", saved.message()));
+  }
+  // Every shard is on disk: the manifest makes the checkpoint the current one, all at once.
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << kManifestHeader << "\nsecret " << checkpoint_secret_ << "\nstep " << steps_ << "\nmodel "
+        << ManifestModel(options_.model) << "\nlayout " << ManifestLayout(model_.layout) << "\n";
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write the checkpoint manifest ", temporary));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot write the checkpoint manifest ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Trainer::ReadManifest() {
+  const std::string& path = options_.resume_from;
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint manifest ", path, ": ", std::strerror(errno)));
+  std::map<std::string, std::string> fields;
+  std::string line;
+  std::getline(in, line);
+  if (line != kManifestHeader) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a checkpoint manifest (its first line is not '",
+                                                   kManifestHeader, "')"));
+  }
+  while (std::getline(in, line)) {
+    const size_t space = line.find(' ');
+    if (space != std::string::npos) fields[line.substr(0, space)] = line.substr(space + 1);
+  }
+  auto mismatch = [&](const char* what, const std::string& saved, const std::string& now) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " holds a ", what, " of (", saved,
+                                                   ") but this run has (", now, ")"));
+  };
+  if (fields["model"] != ManifestModel(options_.model)) {
+    return mismatch("model (vocabulary, d_model, heads, layers, MLP, context)", fields["model"],
+                    ManifestModel(options_.model));
+  }
+  if (fields["layout"] != ManifestLayout(model_.layout)) {
+    return mismatch("layout (data, tensor, stages)", fields["layout"], ManifestLayout(model_.layout));
+  }
+  int64_t step = -1;
+  const std::string& secret = fields["secret"];
+  if (!absl::SimpleAtoi(fields["step"], &step) || step < 0 || secret.size() < 32 || secret.size() > 128 ||
+      !std::all_of(secret.begin(), secret.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path, " has no valid step and secret"));
+  }
+  checkpoint_secret_ = fields["secret"];
+  return step;
 }
 
 std::vector<ShardedArray> Trainer::Parameters(int stage) const {

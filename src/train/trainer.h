@@ -39,6 +39,10 @@ struct TrainOptions {
   uint64_t data_seed = 1;
   double sharpness = 2.0;
   std::string text_file;
+  // Resume from the checkpoint whose manifest Trainer::Save wrote at this path: the model and the
+  // layout must be the ones saved; parameters, optimizer state and the step count come back from
+  // the workers' disks, so the run goes on with the losses an uninterrupted one would have.
+  std::string resume_from;
 };
 
 // Drives training on one client. Not thread-safe: one thread issues steps.
@@ -64,11 +68,22 @@ class Trainer {
   const std::vector<VirtualSlice>& slices() const { return slices_; }
   // Stage `stage`'s parameters as they are after the steps issued so far, in the stage's order.
   std::vector<ShardedArray> Parameters(int stage) const;
+  // Checkpoints the parameters and optimizer state as of the steps issued so far: every device
+  // writes the shards it holds on its own host (under the workers' --checkpoint-dir; nothing goes
+  // through the client), and once every shard is on disk the manifest (what was saved, and the
+  // checkpoint's secret that names its shards) is written at `path`, replacing the one there at
+  // once. A save that fails leaves the previous manifest in place. Blocks until done.
+  absl::Status Save(const std::string& path);
 
  private:
   Trainer(Client& client, TrainOptions options) : client_(client), options_(std::move(options)) {}
   absl::Status Init();
   absl::StatusOr<Program> TraceStep();
+  // The functions that save and load stage `s`'s state under the checkpoint's secret.
+  FunctionSpec SaveFunction(int s) const;
+  FunctionSpec LoadFunction(int s, int64_t step) const;
+  // Reads the manifest at options_.resume_from and checks it against the options.
+  absl::StatusOr<int64_t> ReadManifest();
 
   Client& client_;
   const TrainOptions options_;
@@ -86,6 +101,8 @@ class Trainer {
   std::vector<ShardedArray> state_;
   std::vector<size_t> stage_offset_;  // where each stage's arguments start in state_
   int64_t steps_ = 0;
+  std::string checkpoint_secret_;  // hex; names this run's checkpoint shards on the workers
+  std::vector<CompiledFunction> save_;  // per stage, compiled at the first Save
 };
 
 }  // namespace pathways

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "cluster/local_cluster.h"
@@ -19,8 +20,10 @@ class TrainerTest : public ::testing::Test {
   static void SetUpTestSuite() {
     char dir[] = "/tmp/trainer_test.XXXXXX";
     data_dir_ = new std::string(mkdtemp(dir));
+    std::filesystem::create_directory(*data_dir_ + "/checkpoints");
     cluster_ = LocalCluster::Start({.num_islands = 2, .hosts_per_island = 2, .devices_per_host = 2,
-                                    .device_memory_bytes = 64 << 20, .data_directories = {*data_dir_}})
+                                    .device_memory_bytes = 64 << 20, .data_directories = {*data_dir_},
+                                    .checkpoint_directory = *data_dir_ + "/checkpoints"})
                    ->release();
   }
   static void TearDownTestSuite() { delete cluster_; }
@@ -141,6 +144,111 @@ TEST_F(TrainerTest, ATextFileOfTheUsersIsTheData) {
       << refused.status();
   o.model.vocab = 32;
   EXPECT_EQ(Losses(o, 1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Three steps, a checkpoint, and three more steps resumed from it by another client give the losses
+// of six uninterrupted steps: parameters, Adam's moments and step count (which numbers the data)
+// come back from the workers' disks. Over a pipeline of two stages with data parallelism, so every
+// kind of shard is saved.
+TEST_F(TrainerTest, AResumedRunHasTheLossesOfAnUninterruptedOne) {
+  TrainOptions o = Tiny();
+  o.layout = {.data = 2, .tensor = 1, .stages = 2};
+  o.microbatches = 2;
+  auto uninterrupted = Losses(o, 6);
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  const std::string manifest = *data_dir_ + "/resume.ckpt";
+  {
+    auto client = cluster_->Connect();
+    ASSERT_TRUE(client.ok());
+    auto trainer = Trainer::Create(**client, o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*trainer)->Step().ok());
+    absl::Status saved = (*trainer)->Save(manifest);
+    ASSERT_TRUE(saved.ok()) << saved;
+  }
+  o.resume_from = manifest;
+  auto resumed = Losses(o, 3);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR((*resumed)[i], (*uninterrupted)[3 + i], 1e-6) << "step " << 3 + i;
+}
+
+// A checkpoint of another model or layout, a file that is no manifest, and a damaged shard fail
+// when the trainer is made, before any step; a save that fails leaves the previous manifest.
+TEST_F(TrainerTest, BadCheckpointsFailBeforeAStepRuns) {
+  const std::string manifest = *data_dir_ + "/bad.ckpt";
+  TrainOptions o = Tiny();
+  o.layout.data = 2;
+  auto client = cluster_->Connect();
+  ASSERT_TRUE(client.ok());
+  {
+    auto trainer = Trainer::Create(**client, o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Step().ok());
+    ASSERT_TRUE((*trainer)->Save(manifest).ok());
+  }
+  TrainOptions other = o;
+  other.resume_from = manifest;
+  other.model.d_model = 64;
+  auto t = Trainer::Create(**client, other);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  EXPECT_NE(t.status().message().find("holds a model"), std::string::npos) << t.status();
+  other = o;
+  other.resume_from = manifest;
+  other.layout.data = 1;
+  t = Trainer::Create(**client, other);
+  EXPECT_NE(t.status().message().find("holds a layout"), std::string::npos) << t.status();
+  other = o;
+  other.resume_from = *data_dir_ + "/text.txt";
+  std::ofstream(other.resume_from) << "not a manifest";
+  EXPECT_EQ(Trainer::Create(**client, other).status().code(), absl::StatusCode::kInvalidArgument);
+  other.resume_from = *data_dir_ + "/missing.ckpt";
+  EXPECT_EQ(Trainer::Create(**client, other).status().code(), absl::StatusCode::kNotFound);
+
+  // Damage one shard: flip its last byte.
+  std::string secret;
+  {
+    std::ifstream in(manifest);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("secret ", 0) == 0) secret = line.substr(7);
+    }
+  }
+  ASSERT_FALSE(secret.empty());
+  std::string shard;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(*data_dir_ + "/checkpoints")) {
+    if (e.path().filename() == "s0_wq.1") shard = e.path();
+  }
+  ASSERT_FALSE(shard.empty());
+  const std::string step_dir = std::filesystem::path(shard).parent_path();
+  std::filesystem::copy_file(shard, shard + ".good");
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(last ^ 1));
+  }
+  other = o;
+  other.resume_from = manifest;
+  t = Trainer::Create(**client, other);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss) << t.status();
+  EXPECT_NE(t.status().message().find("does not match its checksum"), std::string::npos) << t.status();
+  std::filesystem::rename(shard + ".good", shard);
+  EXPECT_TRUE(Trainer::Create(**client, other).ok());
+
+  // A save whose step directory cannot be made (a file is in its place) fails and leaves the
+  // manifest of the last good save.
+  {
+    auto trainer = Trainer::Create(**client, other);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Step().ok());
+    std::ofstream(std::filesystem::path(step_dir).parent_path() / "step-2") << "in the way";
+    absl::Status saved = (*trainer)->Save(manifest);
+    EXPECT_FALSE(saved.ok());
+    std::ifstream in(manifest);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(all.find("step 1\n"), std::string::npos) << all;
+  }
 }
 
 TEST_F(TrainerTest, BadOptionsFailBeforeAStepRuns) {

@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include "absl/strings/str_cat.h"
+#include "compute/checkpoint_files.h"
 #include "compute/text_source.h"
 #include "core/logging.h"
 #include "grpcpp/security/server_credentials.h"
@@ -43,6 +44,10 @@ absl::Status Worker::Start() {
   for (const std::string& dir : options_.data_directories) {
     absl::Status allowed = AllowDataDirectory(dir);
     if (!allowed.ok()) return absl::InvalidArgumentError(absl::StrCat("--data-dir: ", allowed.message()));
+  }
+  if (!options_.checkpoint_directory.empty()) {
+    absl::Status set = SetCheckpointDirectory(options_.checkpoint_directory);
+    if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat("--checkpoint-dir: ", set.message()));
   }
   service_ = std::make_unique<WorkerService>();
   const std::string token = TokenFromFlagOrEnv(options_.token);

@@ -41,6 +41,9 @@ struct WorkerOptions {
   // Directories whose files compiled functions may read as training data
   // (`pathways.text_tokens`, compute/text_source.h); none by default. Process-wide once allowed.
   std::vector<std::string> data_directories;
+  // Where compiled functions save and load checkpoint shards (compute/checkpoint_files.h); empty:
+  // nowhere, so saving fails. Process-wide once set.
+  std::string checkpoint_directory;
   // Called (from the heartbeat thread) when the controller says this worker was silent past its
   // heartbeat timeout and was declared dead: its state is stale (its runs failed elsewhere, its
   // peers gave up on it), so it leaves; a new process rejoins as a new incarnation. The

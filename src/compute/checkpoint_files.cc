@@ -1,0 +1,191 @@
+#include "compute/checkpoint_files.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "openssl/sha.h"
+
+namespace pathways {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'W', 'S', 'H', 'A', 'R', 'D', '1'};
+constexpr int kMaxRank = 16;
+
+std::mutex mu;
+std::string& Root() {
+  static auto* root = new std::string();
+  return *root;
+}
+
+// FNV-1a over 64-bit words, then the tail: catches torn and altered files, not forgeries (the
+// directory is the operator's; the secret is what keeps tenants apart).
+uint64_t Checksum(const unsigned char* data, int64_t bytes) {
+  uint64_t h = 14695981039346656037ull;
+  int64_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, data + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < bytes; ++i) h = (h ^ data[i]) * 1099511628211ull;
+  return h;
+}
+
+absl::Status Errno(const std::string& what) {
+  return absl::Status(errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kInternal,
+                      absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// DIR/<sha256(secret)>/step-<N>, after checking what the names may hold.
+absl::StatusOr<std::string> StepDirectory(const CheckpointShard& which) {
+  if (which.secret.size() < 32 || which.secret.size() > 128 ||
+      !std::all_of(which.secret.begin(), which.secret.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+    return absl::InvalidArgumentError("a checkpoint's secret is 32 to 128 hex digits");
+  }
+  if (which.name.empty() || which.name.size() > 128 ||
+      !std::all_of(which.name.begin(), which.name.end(),
+                   [](char c) { return absl::ascii_isalnum(c) || c == '_' || c == '-'; })) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint array name '", which.name,
+                                                   "' is not 1 to 128 letters, digits, '_' or '-'"));
+  }
+  if (which.step < 0 || which.shard < 0) return absl::InvalidArgumentError("negative checkpoint step or shard");
+  std::string root;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    root = Root();
+  }
+  if (root.empty()) {
+    return absl::FailedPreconditionError(
+        "this worker keeps no checkpoints (start it with --checkpoint-dir DIR)");
+  }
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(which.secret.data()), which.secret.size(), digest);
+  const std::string hash =
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+  return absl::StrCat(root, "/", hash, "/step-", which.step);
+}
+
+absl::Status MakeDirectories(const std::string& path) {
+  for (size_t at = path.find('/', 1);; at = path.find('/', at + 1)) {
+    const std::string prefix = path.substr(0, at);  // the whole path last
+    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return Errno(absl::StrCat("checkpoint directory ", prefix));
+    if (at == std::string::npos) return absl::OkStatus();
+  }
+}
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status SetCheckpointDirectory(const std::string& directory) {
+  char resolved[PATH_MAX];
+  struct stat st;
+  if (realpath(directory.c_str(), resolved) == nullptr || stat(resolved, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint directory ", directory, " is not a directory"));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  Root() = resolved;
+  return absl::OkStatus();
+}
+
+absl::Status WriteCheckpointShard(const CheckpointShard& which, DType dtype, const Shape& shape, const void* data,
+                                  int64_t bytes) {
+  auto dir = StepDirectory(which);
+  if (!dir.ok()) return dir.status();
+  if (shape.size() > kMaxRank) return absl::InvalidArgumentError("a checkpoint shard has at most 16 dimensions");
+  if (absl::Status made = MakeDirectories(*dir); !made.ok()) return made;
+  const std::string path = absl::StrCat(*dir, "/", which.name, ".", which.shard);
+  const std::string temporary = absl::StrCat(path, ".tmp");
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno(absl::StrCat("checkpoint shard ", path));
+  const int32_t header[2] = {static_cast<int32_t>(dtype), static_cast<int32_t>(shape.size())};
+  const uint64_t checksum = Checksum(static_cast<const unsigned char*>(data), bytes);
+  bool ok = WriteAll(fd, kMagic, sizeof(kMagic)) && WriteAll(fd, header, sizeof(header)) &&
+            WriteAll(fd, shape.data(), shape.size() * sizeof(int64_t)) && WriteAll(fd, &bytes, sizeof(bytes)) &&
+            WriteAll(fd, &checksum, sizeof(checksum)) && WriteAll(fd, data, static_cast<size_t>(bytes));
+  ok = ::fsync(fd) == 0 && ok;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || ::rename(temporary.c_str(), path.c_str()) != 0) {
+    absl::Status failed = Errno(absl::StrCat("writing checkpoint shard ", path));
+    ::unlink(temporary.c_str());
+    return failed;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadCheckpointShard(const CheckpointShard& which, DType dtype, const Shape& shape, void* out,
+                                 int64_t bytes) {
+  auto dir = StepDirectory(which);
+  if (!dir.ok()) return dir.status();
+  const std::string path = absl::StrCat(*dir, "/", which.name, ".", which.shard);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return errno == ENOENT
+               ? absl::NotFoundError(absl::StrCat("checkpoint ", which.name, " shard ", which.shard, " of step ",
+                                                  which.step, " is not on this host"))
+               : Errno(absl::StrCat("checkpoint shard ", path));
+  }
+  char magic[sizeof(kMagic)];
+  int32_t header[2];
+  int64_t dims[kMaxRank];
+  int64_t stored_bytes = 0;
+  uint64_t checksum = 0;
+  absl::Status status;
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " ", what));
+  };
+  if (!ReadAll(fd, magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0 ||
+      !ReadAll(fd, header, sizeof(header)) || header[1] < 0 || header[1] > kMaxRank ||
+      !ReadAll(fd, dims, static_cast<size_t>(header[1]) * sizeof(int64_t)) ||
+      !ReadAll(fd, &stored_bytes, sizeof(stored_bytes)) || !ReadAll(fd, &checksum, sizeof(checksum))) {
+    status = corrupt("has no valid header");
+  } else if (header[0] != static_cast<int32_t>(dtype) || Shape(dims, dims + header[1]) != shape) {
+    status = absl::InvalidArgumentError(absl::StrCat("checkpoint shard ", path, " holds ",
+                                                     DTypeName(static_cast<DType>(header[0])),
+                                                     ShapeToString(Shape(dims, dims + header[1])), ", not ",
+                                                     DTypeName(dtype), ShapeToString(shape)));
+  } else if (stored_bytes != bytes || !ReadAll(fd, out, static_cast<size_t>(bytes))) {
+    status = corrupt("is shorter than its header says");
+  } else if (char extra; ::read(fd, &extra, 1) != 0) {
+    status = corrupt("is longer than its header says");
+  } else if (Checksum(static_cast<const unsigned char*>(out), bytes) != checksum) {
+    status = corrupt("does not match its checksum");
+  }
+  ::close(fd);
+  return status;
+}
+
+}  // namespace pathways
