@@ -150,8 +150,9 @@ int Main(int argc, char** argv) {
   std::printf("| cluster | tokens/s | of one island | loss after |\n|---|---|---|---|\n");
   double single = 0;
   for (int islands : {1, 2}) {
-    LocalClusterOptions c{.num_islands = islands, .hosts_per_island = static_cast<int>(devices / 2 / islands),
-                          .devices_per_host = 2, .device_memory_bytes = int64_t{1} << 30};
+    const int per_host = devices / islands >= 2 ? 2 : 1;
+    LocalClusterOptions c{.num_islands = islands, .hosts_per_island = static_cast<int>(devices / islands / per_host),
+                          .devices_per_host = per_host, .device_memory_bytes = int64_t{1} << 30};
     if (islands == 2) c.dcn = {.latency = absl::Microseconds(latency_us), .gbps = static_cast<double>(gbps)};
     auto cluster = OrDie(LocalCluster::Start(c), "cluster");
     TrainOptions o = base;

@@ -185,6 +185,10 @@ absl::Status RunTrain(const Flags& flags) {
   if (save_every < 0 || (save_every > 0 && save.empty())) {
     return absl::InvalidArgumentError("--save-every N needs N >= 0 and --save PATH");
   }
+  if (!save.empty()) {
+    // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the run.
+    PW_RETURN_IF_ERROR(trainer->Save(save));
+  }
   const int64_t first_step = trainer->steps_issued();
   if (first_step > 0) std::printf("resumed from %s after step %lld\n", o.resume_from.c_str(), static_cast<long long>(first_step));
   // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.
