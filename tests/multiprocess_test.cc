@@ -610,6 +610,19 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
     EXPECT_FALSE(got.ok());
     EXPECT_NE(got.status().code(), absl::StatusCode::kUnauthenticated) << got.status();
   }
+  // Nor can it run work on the devices leased to the victim: a run naming a host where it has no
+  // slice is refused (before this check, the controller scheduled it).
+  for (const std::string& host : worker_addresses_) {
+    rpc::ScheduleRequest schedule;
+    schedule.set_client_id(thief.id);
+    schedule.set_credential(thief.credential);
+    rpc::GangRun* run = schedule.add_runs();
+    run->mutable_run()->set_program_id(1);
+    run->add_hosts()->set_host(host);
+    auto scheduled = controller.Schedule(schedule).AwaitFor(absl::Seconds(30));
+    EXPECT_EQ(scheduled.status().code(), absl::StatusCode::kPermissionDenied) << scheduled.status();
+    EXPECT_NE(scheduled.status().message().find("has no slice"), std::string::npos) << scheduled.status();
+  }
   // `status` shows the victim by a label, not by its id.
   auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", address_}, absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();

@@ -204,8 +204,10 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
   slice.request = r;
   slice.request.clear_credential();  // checked already; not kept
   slice.devices.clear();
+  std::set<std::string>& client_hosts = client_hosts_[r.client_id()];
   for (const Candidate& c : candidates) {
     ++c.device->slices;
+    client_hosts.insert(c.host->address);
     slice.devices.push_back({c.host->host_id, c.device->info.device_id(), c.host->incarnation});
     rpc::PhysicalDevice* p = response.add_devices();
     p->set_device_id(c.device->info.device_id());
@@ -291,6 +293,38 @@ absl::StatusOr<int32_t> ClusterRegistry::IslandOf(const std::string& address, ab
     return h.island;
   }
   return absl::NotFoundError(absl::StrCat("no worker at ", address, " is registered"));
+}
+
+absl::Status ClusterRegistry::CheckClientMayUse(const std::string& client_id, const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  auto it = client_hosts_.find(client_id);
+  if (it != client_hosts_.end() && it->second.contains(address)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("a run names host ", address, ", where client ",
+                                                  client_id.substr(0, 8), " has no slice"));
+}
+
+void ClusterRegistry::NoteClientOnHost(const std::string& client_id, const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  client_hosts_[client_id].insert(address);
+}
+
+void ClusterRegistry::ForgetClient(const std::string& client_id) {
+  absl::MutexLock lock(&mu_);
+  client_hosts_.erase(client_id);
+  for (auto it = slices_.begin(); it != slices_.end();) {
+    if (it->second.request.client_id() != client_id) {
+      ++it;
+      continue;
+    }
+    for (const Placed& p : it->second.devices) {
+      auto h = hosts_.find(p.host_id);
+      if (h == hosts_.end()) continue;
+      for (Device& d : h->second.devices) {
+        if (d.info.device_id() == p.device_id && d.slices > 0) --d.slices;
+      }
+    }
+    it = slices_.erase(it);
+  }
 }
 
 }  // namespace pathways

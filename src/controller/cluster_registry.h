@@ -2,6 +2,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,16 @@ class ClusterRegistry {
   // that stopped heartbeating.
   absl::StatusOr<int32_t> IslandOf(const std::string& address, absl::Time now) const;
 
+  // Whether the client may name the host at `address` in a run it schedules: a host of some
+  // mapping of one of its slices (every mapping ever made: arrays placed under an old one still
+  // live there), or one that said it holds the client's data when it registered (after a
+  // controller restart, the hosts of slices the previous controller placed). PermissionDenied
+  // otherwise, so a tenant cannot run work on devices leased to others.
+  absl::Status CheckClientMayUse(const std::string& client_id, const std::string& address) const;
+  void NoteClientOnHost(const std::string& client_id, const std::string& address);
+  // A departed client's slices and hosts are forgotten; the devices it loaded are free of it.
+  void ForgetClient(const std::string& client_id);
+
  private:
   struct Placed {
     int32_t host_id;
@@ -90,6 +101,7 @@ class ClusterRegistry {
   int32_t next_device_id_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_slice_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, Slice> slices_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<std::string>> client_hosts_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

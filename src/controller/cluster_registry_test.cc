@@ -204,5 +204,48 @@ TEST(ClusterRegistryTest, ASecondWorkerCannotTakeOverALiveWorkersAddress) {
   EXPECT_TRUE(registry.RegisterWorker(second, t + absl::Seconds(6)).ok());
 }
 
+// A client may name in its runs the hosts its slices were ever placed on (remapped ones too), and
+// those that said they hold its data when they registered; no other host. Forgetting a departed
+// client takes both away and frees the devices of its load.
+TEST(ClusterRegistryTest, AClientMayUseOnlyTheHostsOfItsSlices) {
+  ClusterRegistry registry(absl::Seconds(3));
+  absl::Time t = absl::UnixEpoch();
+  ASSERT_TRUE(registry.RegisterWorker(Worker("h:1", 0, 2), t).ok());
+  ASSERT_TRUE(registry.RegisterWorker(Worker("h:2", 0, 2), t).ok());
+  ASSERT_TRUE(registry.RegisterWorker(Worker("h:3", 1, 2), t).ok());
+  rpc::AllocateSliceRequest mine = Slice({2}, 0);
+  mine.set_client_id("a");
+  auto placed = registry.AllocateSlice(mine, t);  // h:1's devices
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  ASSERT_EQ(placed->devices(0).host_address(), "h:1");
+  EXPECT_TRUE(registry.CheckClientMayUse("a", "h:1").ok());
+  const absl::Status other = registry.CheckClientMayUse("a", "h:2");
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied) << other;
+  EXPECT_NE(other.message().find("has no slice"), std::string::npos) << other;
+  EXPECT_EQ(registry.CheckClientMayUse("b", "h:1").code(), absl::StatusCode::kPermissionDenied);
+  // h:1 goes silent and the slice moves to h:2; h:1 stays usable (arrays placed there live on).
+  const absl::Time later = t + absl::Seconds(5);
+  rpc::HeartbeatRequest beat;
+  for (int32_t host : {1, 2}) {
+    beat.set_host_id(host);
+    registry.Heartbeat(beat, t + absl::Seconds(2));
+    registry.Heartbeat(beat, later);
+  }
+  rpc::RemapSliceRequest remap;
+  remap.set_client_id("a");
+  remap.set_slice_id(placed->slice_id());
+  auto moved = registry.RemapSlice(remap, later);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_TRUE(registry.CheckClientMayUse("a", "h:2").ok());
+  EXPECT_TRUE(registry.CheckClientMayUse("a", "h:1").ok());
+  EXPECT_FALSE(registry.CheckClientMayUse("a", "h:3").ok());
+  // A host that says it holds b's data (re-registering with a restarted controller).
+  registry.NoteClientOnHost("b", "h:3");
+  EXPECT_TRUE(registry.CheckClientMayUse("b", "h:3").ok());
+  registry.ForgetClient("a");
+  EXPECT_FALSE(registry.CheckClientMayUse("a", "h:1").ok());
+  EXPECT_EQ(registry.SliceStates("a", later).slices_size(), 0);
+}
+
 }  // namespace
 }  // namespace pathways

@@ -184,7 +184,10 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     // Clients it holds that this controller has not heard of (it restarted): each gets a lease
     // from now, which a live client renews and a dead one lets lapse.
     if (status.ok()) {
-      for (const std::string& client : request->clients()) controller_.clients_.Adopt(client, now);
+      for (const std::string& client : request->clients()) {
+        controller_.clients_.Adopt(client, now);
+        registry_.NoteClientOnHost(client, request->address());
+      }
     }
     return status;
   }
@@ -231,7 +234,8 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                                                      max_weight, "], this cluster's range (--max-client-weight)"));
     }
     const absl::Time now = absl::Now();
-    // A batch's runs name the same few hosts over and over: look each up once.
+    // A batch's runs name the same few hosts over and over: look each up once (its island, and
+    // whether the client may use it at all).
     absl::flat_hash_map<std::string, absl::StatusOr<int32_t>> island_of;
     // Each run split by island, in the request's (the client's) order.
     std::vector<std::vector<std::pair<int, rpc::GangRun>>> runs;
@@ -240,7 +244,10 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       std::map<int, rpc::GangRun> parts;
       for (const rpc::HostSeq& h : run.hosts()) {
         auto [it, is_new] = island_of.try_emplace(h.host(), 0);
-        if (is_new) it->second = registry_.IslandOf(h.host(), now);
+        if (is_new) {
+          absl::Status may_use = registry_.CheckClientMayUse(request.client_id(), h.host());
+          it->second = may_use.ok() ? registry_.IslandOf(h.host(), now) : absl::StatusOr<int32_t>(may_use);
+        }
         if (!it->second.ok()) return it->second.status();
         rpc::GangRun& part = parts[*it->second];
         if (!part.has_run()) *part.mutable_run() = run.run();
@@ -296,6 +303,7 @@ void Controller::RetireLoop() {
       for (const auto& h : live) islands[h.island].push_back(h.address);
       PW_LOG(Info) << "client " << client << " went away; retiring it on " << islands.size() << " islands";
       for (const auto& [island, hosts] : islands) scheduler(island).RetireClient(client, hosts);
+      registry_.ForgetClient(client);
     }
   }
 }
