@@ -101,8 +101,8 @@ int Main(int argc, char** argv) {
   const int64_t latency_us = OrDie(flags.GetInt("dcn-latency-us", 50), "--dcn-latency-us");
   const int64_t gbps = OrDie(flags.GetInt("dcn-gbps", 10), "--dcn-gbps");
   const std::string trace_prefix = flags.Get("trace-prefix");
-  if (devices < 2 || devices % 2 != 0 || layers < 1 || batch < 1 || steps < 1 || repeats < 1) {
-    std::fprintf(stderr, "need an even --devices >= 2 and positive --layers, --batch, --steps, --repeats\n");
+  if (devices < 2 || (devices & (devices - 1)) != 0 || layers < 1 || batch < 1 || steps < 1 || repeats < 1) {
+    std::fprintf(stderr, "need --devices a power of two >= 2 and positive --layers, --batch, --steps, --repeats\n");
     return 2;
   }
 

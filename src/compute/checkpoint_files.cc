@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -42,10 +44,14 @@ uint64_t Checksum(const unsigned char* data, int64_t bytes) {
   return h;
 }
 
-absl::Status Errno(const std::string& what) {
-  return absl::Status(errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kInternal,
-                      absl::StrCat(what, ": ", std::strerror(errno)));
+absl::Status ErrnoStatus(int error, const std::string& what) {
+  const absl::StatusCode code = error == ENOENT                   ? absl::StatusCode::kNotFound
+                                : error == ENOSPC || error == EDQUOT ? absl::StatusCode::kResourceExhausted
+                                : error == EACCES || error == EPERM ? absl::StatusCode::kPermissionDenied
+                                                                    : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrCat(what, ": ", std::strerror(error)));
 }
+absl::Status Errno(const std::string& what) { return ErrnoStatus(errno, what); }
 
 // DIR/<sha256(secret)>/step-<N>, after checking what the names may hold.
 absl::StatusOr<std::string> StepDirectory(const CheckpointShard& which) {
@@ -84,16 +90,18 @@ absl::Status MakeDirectories(const std::string& path) {
   }
 }
 
-bool WriteAll(int fd, const void* data, size_t n) {
+// 0, or the errno of the write that failed (EIO for one that wrote nothing).
+int WriteAll(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
+    if (w < 0) return errno;
+    if (w == 0) return EIO;
     p += w;
     n -= static_cast<size_t>(w);
   }
-  return true;
+  return 0;
 }
 
 bool ReadAll(int fd, void* data, size_t n) {
@@ -133,15 +141,22 @@ absl::Status WriteCheckpointShard(const CheckpointShard& which, DType dtype, con
   if (fd < 0) return Errno(absl::StrCat("checkpoint shard ", path));
   const int32_t header[2] = {static_cast<int32_t>(dtype), static_cast<int32_t>(shape.size())};
   const uint64_t checksum = Checksum(static_cast<const unsigned char*>(data), bytes);
-  bool ok = WriteAll(fd, kMagic, sizeof(kMagic)) && WriteAll(fd, header, sizeof(header)) &&
-            WriteAll(fd, shape.data(), shape.size() * sizeof(int64_t)) && WriteAll(fd, &bytes, sizeof(bytes)) &&
-            WriteAll(fd, &checksum, sizeof(checksum)) && WriteAll(fd, data, static_cast<size_t>(bytes));
-  ok = ::fsync(fd) == 0 && ok;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || ::rename(temporary.c_str(), path.c_str()) != 0) {
-    absl::Status failed = Errno(absl::StrCat("writing checkpoint shard ", path));
+  int error = 0;
+  for (const auto& [part, size] : std::initializer_list<std::pair<const void*, size_t>>{
+           {kMagic, sizeof(kMagic)},
+           {header, sizeof(header)},
+           {shape.data(), shape.size() * sizeof(int64_t)},
+           {&bytes, sizeof(bytes)},
+           {&checksum, sizeof(checksum)},
+           {data, static_cast<size_t>(bytes)}}) {
+    if (error == 0) error = WriteAll(fd, part, size);
+  }
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && ::rename(temporary.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) {
     ::unlink(temporary.c_str());
-    return failed;
+    return ErrnoStatus(error, absl::StrCat("writing checkpoint shard ", path));
   }
   return absl::OkStatus();
 }

@@ -5,7 +5,10 @@
 //
 // Bodies run a tenant's code on a worker's host, so a worker reads data only from the directories
 // its operator named (`pathways worker --data-dir DIR`); by default from none. Paths are resolved
-// (symbolic links and `..` included) before they are checked.
+// (symbolic links and `..` included) before they are checked, the file that was opened is checked
+// again, and a path that is not under an allowed directory is refused the same way whether or not
+// it exists (no probing of the host's files). Files are read with pread, not mapped: a file the
+// operator truncates while it is in use fails a draw instead of crashing the worker.
 #pragma once
 
 #include <cstdint>
@@ -19,23 +22,25 @@ namespace pathways {
 class TextSource {
  public:
   static constexpr int kVocab = 256;
-  // The file at `path`, mapped read-only; opened once per process and shared. PermissionDenied
-  // for a path outside every allowed directory, NotFound / InvalidArgument for one that cannot be
-  // read or is empty.
+  // The file at `path`, open read-only; shared within the process while it stays the same file
+  // of the same size. PermissionDenied for a path outside every allowed directory, NotFound /
+  // InvalidArgument for one under them that cannot be read or is empty.
   static absl::StatusOr<std::shared_ptr<const TextSource>> Open(const std::string& path);
   ~TextSource();
 
   int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   // Sequences first .. first + count - 1 of batch `step` under `seed`, each `length` tokens,
-  // row-major into `out`. A sequence longer than the file wraps around to its start.
-  void Sample(uint64_t seed, uint64_t step, int64_t first, int64_t count, int64_t length, int64_t* out) const;
+  // row-major into `out`. A sequence longer than the file wraps around to its start. DataLoss if
+  // the file shrank since it was opened.
+  absl::Status Sample(uint64_t seed, uint64_t step, int64_t first, int64_t count, int64_t length, int64_t* out) const;
 
  private:
   TextSource() = default;
   std::string path_;
-  const unsigned char* data_ = nullptr;
+  int fd_ = -1;
   int64_t size_ = 0;
+  uint64_t device_ = 0, inode_ = 0;
 };
 
 // Lets bodies in this process read data files under `directory` (which must exist). Thread-safe.

@@ -34,6 +34,9 @@ TEST(TextSourceTest, OnlyFilesUnderAllowedDirectoriesAreRead) {
   ASSERT_EQ(symlink((other + "/secret.txt").c_str(), (allowed + "/link.txt").c_str()), 0);
   EXPECT_EQ(TextSource::Open(allowed + "/link.txt").status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(TextSource::Open(allowed + "/missing.txt").status().code(), absl::StatusCode::kNotFound);
+  // Outside, a missing file and an existing one are refused alike: no probing of the host.
+  EXPECT_EQ(TextSource::Open(other + "/missing.txt").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(TextSource::Open("/nonexistent/x").status().code(), absl::StatusCode::kPermissionDenied);
   Write(allowed + "/empty.txt", "");
   EXPECT_EQ(TextSource::Open(allowed + "/empty.txt").status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_EQ(mkdir((allowed + "/sub").c_str(), 0700), 0);
@@ -54,8 +57,8 @@ TEST(TextSourceTest, SequencesAreRunsOfTheFileDrawnByCounter) {
   EXPECT_EQ((*source)->size(), 1000);
   constexpr int64_t kCount = 8, kLength = 40;
   std::vector<int64_t> all(kCount * kLength), part(2 * kLength);
-  (*source)->Sample(3, 7, 0, kCount, kLength, all.data());
-  (*source)->Sample(3, 7, 5, 2, kLength, part.data());
+  ASSERT_TRUE((*source)->Sample(3, 7, 0, kCount, kLength, all.data()).ok());
+  ASSERT_TRUE((*source)->Sample(3, 7, 5, 2, kLength, part.data()).ok());
   EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + 5 * kLength));
   std::set<int64_t> starts;
   for (int64_t s = 0; s < kCount; ++s) {
@@ -67,8 +70,25 @@ TEST(TextSourceTest, SequencesAreRunsOfTheFileDrawnByCounter) {
   }
   EXPECT_GT(starts.size(), 3u);
   std::vector<int64_t> next_step(kCount * kLength);
-  (*source)->Sample(3, 8, 0, kCount, kLength, next_step.data());
+  ASSERT_TRUE((*source)->Sample(3, 8, 0, kCount, kLength, next_step.data()).ok());
   EXPECT_NE(next_step, all);
+}
+
+// A file the operator truncates while it is in use fails the draw (DataLoss) instead of crashing
+// the worker; opened again, the new content is read.
+TEST(TextSourceTest, AFileTruncatedInUseFailsTheDrawAndIsReadAgainWhenOpened) {
+  const std::string dir = TempDir();
+  Write(dir + "/long.txt", std::string(4096, 'x'));
+  ASSERT_TRUE(AllowDataDirectory(dir).ok());
+  auto source = TextSource::Open(dir + "/long.txt");
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_EQ(truncate((dir + "/long.txt").c_str(), 10), 0);
+  std::vector<int64_t> out(64 * 100);
+  EXPECT_EQ((*source)->Sample(1, 1, 0, 64, 100, out.data()).code(), absl::StatusCode::kDataLoss);
+  auto again = TextSource::Open(dir + "/long.txt");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->size(), 10);
+  EXPECT_TRUE((*again)->Sample(1, 1, 0, 64, 100, out.data()).ok());
 }
 
 }  // namespace

@@ -319,8 +319,10 @@ at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t s
     first += group->rank * batch;
   }
   at::Tensor out = torch::empty({batch, length}, at::kLong);
-  (*source)->Sample(static_cast<uint64_t>(seed), static_cast<uint64_t>(step), first, batch, length,
-                    out.data_ptr<int64_t>());
+  const absl::Status sampled = (*source)->Sample(static_cast<uint64_t>(seed), static_cast<uint64_t>(step), first,
+                                                 batch, length, out.data_ptr<int64_t>());
+  if (!sampled.ok()) OpFailure() = sampled;
+  TORCH_CHECK(sampled.ok(), "text_tokens: ", sampled.message());
   return out;
 }
 

@@ -193,14 +193,7 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
   });
   response.set_slice_id(slice_id);
   Slice& slice = slices_[slice_id];
-  // A remapped slice stops loading the devices it leaves.
-  for (const Placed& old : slice.devices) {
-    auto h = hosts_.find(old.host_id);
-    if (h == hosts_.end()) continue;
-    for (Device& d : h->second.devices) {
-      if (d.info.device_id() == old.device_id && d.slices > 0) --d.slices;
-    }
-  }
+  ReleaseLocked(slice);  // a remapped slice stops loading the devices it leaves
   slice.request = r;
   slice.request.clear_credential();  // checked already; not kept
   slice.devices.clear();
@@ -219,6 +212,16 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
     p->set_incarnation(c.host->incarnation);
   }
   return absl::OkStatus();
+}
+
+void ClusterRegistry::ReleaseLocked(const Slice& slice) {
+  for (const Placed& p : slice.devices) {
+    auto h = hosts_.find(p.host_id);
+    if (h == hosts_.end()) continue;
+    for (Device& d : h->second.devices) {
+      if (d.info.device_id() == p.device_id && d.slices > 0) --d.slices;
+    }
+  }
 }
 
 std::string ClusterRegistry::LostReasonLocked(const Slice& s, absl::Time now) const {
@@ -316,13 +319,7 @@ void ClusterRegistry::ForgetClient(const std::string& client_id) {
       ++it;
       continue;
     }
-    for (const Placed& p : it->second.devices) {
-      auto h = hosts_.find(p.host_id);
-      if (h == hosts_.end()) continue;
-      for (Device& d : h->second.devices) {
-        if (d.info.device_id() == p.device_id && d.slices > 0) --d.slices;
-      }
-    }
+    ReleaseLocked(it->second);
     it = slices_.erase(it);
   }
 }

@@ -56,7 +56,10 @@ class ClusterRegistry {
   // mapping of one of its slices (every mapping ever made: arrays placed under an old one still
   // live there), or one that said it holds the client's data when it registered (after a
   // controller restart, the hosts of slices the previous controller placed). PermissionDenied
-  // otherwise, so a tenant cannot run work on devices leased to others.
+  // otherwise: a tenant runs work only on hosts it was given devices of. Devices are shared, not
+  // leased exclusively (placement spreads load), so this keeps a tenant off hosts it was never
+  // placed on; it does not reserve a host for one tenant. After a controller restart, a host of
+  // a client's slice that held none of its data is refused until the client makes a slice there.
   absl::Status CheckClientMayUse(const std::string& client_id, const std::string& address) const;
   void NoteClientOnHost(const std::string& client_id, const std::string& address);
   // A departed client's slices and hosts are forgotten; the devices it loaded are free of it.
@@ -88,6 +91,8 @@ class ClusterRegistry {
   // Chooses devices for a slice request; fills `response` and records the slice as `slice_id`.
   absl::Status PlaceLocked(const rpc::AllocateSliceRequest& r, int64_t slice_id, absl::Time now,
                            rpc::AllocateSliceResponse& response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The devices a slice was placed on carry one slice less (it moved, or its client went).
+  void ReleaseLocked(const Slice& slice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the slice has lost devices; empty when it has not.
   std::string LostReasonLocked(const Slice& s, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AliveLocked(const Host& h, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

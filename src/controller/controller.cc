@@ -245,8 +245,13 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       for (const rpc::HostSeq& h : run.hosts()) {
         auto [it, is_new] = island_of.try_emplace(h.host(), 0);
         if (is_new) {
-          absl::Status may_use = registry_.CheckClientMayUse(request.client_id(), h.host());
-          it->second = may_use.ok() ? registry_.IslandOf(h.host(), now) : absl::StatusOr<int32_t>(may_use);
+          // A host that is gone or not registered (yet) says so first: the client may retry.
+          it->second = registry_.IslandOf(h.host(), now);
+          if (it->second.ok()) {
+            if (absl::Status may_use = registry_.CheckClientMayUse(request.client_id(), h.host()); !may_use.ok()) {
+              it->second = may_use;
+            }
+          }
         }
         if (!it->second.ok()) return it->second.status();
         rpc::GangRun& part = parts[*it->second];

@@ -119,13 +119,14 @@ absl::Status RunTrain(const Flags& flags) {
   } else {
     LocalClusterOptions c = EmbeddedCluster(options, device_memory);
     if (!options.text_file.empty()) {
-      // The embedded workers read the file where it is, and nothing beside it.
+      // The embedded workers may read data from the file's directory (and what lies under it).
       char resolved[PATH_MAX];
       if (realpath(options.text_file.c_str(), resolved) == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("--data ", options.text_file, ": ", std::strerror(errno)));
       }
       options.text_file = resolved;
-      c.data_directories.push_back(options.text_file.substr(0, options.text_file.rfind('/')));
+      const size_t slash = options.text_file.rfind('/');
+      c.data_directories.push_back(slash == 0 ? "/" : options.text_file.substr(0, slash));
     }
     // The embedded workers keep checkpoint shards beside the manifests, in pathways-shards/.
     std::string manifests;
@@ -186,7 +187,14 @@ absl::Status RunTrain(const Flags& flags) {
     return absl::InvalidArgumentError("--save-every N needs N >= 0 and --save PATH");
   }
   if (!save.empty()) {
-    // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the run.
+    // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the
+    // run. Saving replaces the manifest, the only record of its checkpoint's secret: an existing
+    // one is replaced only when this run resumes from it.
+    struct stat st;
+    if (::stat(save.c_str(), &st) == 0 && save != o.resume_from) {
+      return absl::AlreadyExistsError(absl::StrCat("--save ", save, " holds a checkpoint already: resume from it (--resume ",
+                                                   save, "), or save elsewhere"));
+    }
     PW_RETURN_IF_ERROR(trainer->Save(save));
   }
   const int64_t first_step = trainer->steps_issued();

@@ -1,5 +1,9 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -84,18 +88,17 @@ absl::Status Trainer::Init() {
   }
 
   // The functions. Each is compiled once whatever the number of slices that call it.
-  auto compile = [&](const FunctionSpec& spec) -> absl::StatusOr<CompiledFunction> { return client_.Compile(spec); };
   for (const TransformerStage& stage : model_.stages) {
     StageFunctions f;
-    PW_ASSIGN_OR_RETURN(f.forward, compile(stage.forward));
+    PW_ASSIGN_OR_RETURN(f.forward, client_.Compile(stage.forward));
     std::vector<int> wrt;
     if (!stage.first) wrt.push_back(0);
     const int params_at = static_cast<int>(stage.forward.inputs.size() - stage.params.size());
     for (size_t i = 0; i < stage.params.size(); ++i) wrt.push_back(params_at + static_cast<int>(i));
     PW_ASSIGN_OR_RETURN(FunctionSpec vjp, FunctionSpec::Vjp(stage.forward, wrt, /*with_outputs=*/stage.last));
-    PW_ASSIGN_OR_RETURN(f.vjp, compile(vjp));
-    PW_ASSIGN_OR_RETURN(f.init, compile(stage.init));
-    PW_ASSIGN_OR_RETURN(f.accumulate, compile(stage.accumulate));
+    PW_ASSIGN_OR_RETURN(f.vjp, client_.Compile(vjp));
+    PW_ASSIGN_OR_RETURN(f.init, client_.Compile(stage.init));
+    PW_ASSIGN_OR_RETURN(f.accumulate, client_.Compile(stage.accumulate));
     std::vector<TensorSpec> specs;
     std::vector<PartitionSpec> shardings;
     for (const TransformerParam& p : stage.params) {
@@ -103,7 +106,7 @@ absl::Status Trainer::Init() {
       shardings.push_back(p.sharding);
     }
     PW_ASSIGN_OR_RETURN(FunctionSpec adam, AdamUpdateGroup(specs, shardings, options_.adam));
-    PW_ASSIGN_OR_RETURN(f.adam, compile(adam));
+    PW_ASSIGN_OR_RETURN(f.adam, client_.Compile(adam));
     functions_.push_back(std::move(f));
   }
   const int64_t microbatch = model_.microbatch, local = microbatch / l.data;
@@ -122,25 +125,29 @@ absl::Status Trainer::Init() {
             : absl::StrCat("def data(count):\n    return pathways.text_tokens('", options_.text_file, "', ", local,
                            ", ", length, ", ", data_seed, ", int(count.item()), 'd', ", m * microbatch, ")\n");
     PW_ASSIGN_OR_RETURN(CompiledFunction data,
-                        compile(FunctionSpec::Script("data", body, {{DType::kF32, {}}}, {model_.tokens}, {{}},
+                        client_.Compile(FunctionSpec::Script("data", body, {{DType::kF32, {}}}, {model_.tokens}, {{}},
                                                      {model_.tokens_sharding})));
     data_.push_back(std::move(data));
   }
 
   // Parameters and optimizer state are made on the devices, or read there from a checkpoint.
+  std::random_device random;
+  std::string secret;
+  for (int i = 0; i < 8; ++i) secret += absl::StrFormat("%08x", random());
   if (options_.resume_from.empty()) {
-    std::random_device random;
-    for (int i = 0; i < 8; ++i) checkpoint_secret_ += absl::StrFormat("%08x", random());
+    checkpoint_secret_ = secret;
     for (int s = 0; s < stages; ++s) {
       stage_offset_.push_back(state_.size());
       PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> made, client_.Call(functions_[s].init, slices_[s], {}));
       state_.insert(state_.end(), made.begin(), made.end());
     }
   } else {
-    PW_ASSIGN_OR_RETURN(steps_, ReadManifest());
+    PW_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest());
+    steps_ = manifest.step;
+    checkpoint_secret_ = manifest.secret;
     for (int s = 0; s < stages; ++s) {
       stage_offset_.push_back(state_.size());
-      PW_ASSIGN_OR_RETURN(CompiledFunction load, compile(LoadFunction(s, steps_)));
+      PW_ASSIGN_OR_RETURN(CompiledFunction load, client_.Compile(LoadFunction(s, steps_)));
       PW_ASSIGN_OR_RETURN(std::vector<ShardedArray> loaded, client_.Call(load, slices_[s], {}));
       state_.insert(state_.end(), loaded.begin(), loaded.end());
     }
@@ -151,6 +158,7 @@ absl::Status Trainer::Init() {
         return absl::Status(ready.code(), absl::StrCat("resuming from ", options_.resume_from, ": ", ready.message()));
       }
     }
+    checkpoint_secret_ = secret;  // saves from here on are this run's own
   }
   PW_ASSIGN_OR_RETURN(HostArray cotangent, HostArray::Create(DType::kF32, {}));
   cotangent.mutable_data<float>()[0] = 1.0f / static_cast<float>(options_.microbatches);
@@ -281,6 +289,37 @@ std::vector<std::string> StateNames(const TransformerStage& stage) {
 
 constexpr char kManifestHeader[] = "pathways-checkpoint 1";
 
+// Writes `text` to `path` through a temporary file that is synced, then renamed over it, and syncs
+// the directory: a crash leaves the old file or the new one, never half of either.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string temporary = path + ".tmp";
+  auto failed = [&](const char* what) {
+    const int error = errno;
+    return absl::Status(error == ENOSPC ? absl::StatusCode::kResourceExhausted
+                        : error == EACCES || error == EPERM ? absl::StatusCode::kPermissionDenied
+                                                            : absl::StatusCode::kInternal,
+                        absl::StrCat("checkpoint manifest ", path, ": ", what, ": ", std::strerror(error)));
+  };
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return failed("open");
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (!written || ::fsync(fd) != 0) {
+    absl::Status status = failed("write");
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    return status;
+  }
+  ::close(fd);
+  if (::rename(temporary.c_str(), path.c_str()) != 0) return failed("rename");
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
 std::string ManifestModel(const TransformerConfig& c) {
   return absl::StrCat(c.vocab, " ", c.d_model, " ", c.heads, " ", c.layers, " ", c.mlp_hidden, " ", c.seq_len);
 }
@@ -315,13 +354,7 @@ FunctionSpec Trainer::LoadFunction(int s, int64_t step) const {
   const FunctionSpec& init = stage.init;  // the same outputs: params, moments, count
   std::vector<std::string> loads;
   for (size_t i = 0; i < names.size(); ++i) {
-    // The shard's local shape: the global one divided along the mesh axes that split it.
-    std::vector<int64_t> local = init.outputs[i].shape;
-    const PartitionSpec& spec = init.out_shardings[i];
-    for (size_t d = 0; d < local.size() && d < spec.size(); ++d) {
-      if (spec[d] == "d") local[d] /= model_.layout.data;
-      if (spec[d] == "t") local[d] /= model_.layout.tensor;
-    }
+    const std::vector<int64_t> local = LocalShape(init.outputs[i].shape, init.out_shardings[i], model_.layout);
     loads.push_back(absl::StrCat("pathways.load_shard([", absl::StrJoin(local, ", "), "], '", checkpoint_secret_,
                                  "', ", step, ", '", names[i], "')"));
   }
@@ -346,25 +379,21 @@ absl::Status Trainer::Save(const std::string& path) {
     absl::Status saved = client_.Ready(d).Await().status();
     if (!saved.ok()) return absl::Status(saved.code(), absl::StrCat("saving a checkpoint: ", saved.message()));
   }
-  // Every shard is on disk: the manifest makes the checkpoint the current one, all at once.
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << kManifestHeader << "\nsecret " << checkpoint_secret_ << "\nstep " << steps_ << "\nmodel "
-        << ManifestModel(options_.model) << "\nlayout " << ManifestLayout(model_.layout) << "\n";
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write the checkpoint manifest ", temporary));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot write the checkpoint manifest ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  // Every shard is on disk: the manifest makes the checkpoint the current one, all at once. It
+  // holds the secret, so only its owner may read it.
+  const std::string text = absl::StrCat(kManifestHeader, "\nsecret ", checkpoint_secret_, "\nstep ", steps_,
+                                        "\nmodel ", ManifestModel(options_.model), "\nlayout ",
+                                        ManifestLayout(model_.layout), "\n");
+  return WriteFileAtomically(path, text, 0600);
 }
 
-absl::StatusOr<int64_t> Trainer::ReadManifest() {
+absl::StatusOr<Trainer::Manifest> Trainer::ReadManifest() const {
   const std::string& path = options_.resume_from;
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint manifest ", path, ": ", std::strerror(errno)));
+  if (!in) {
+    return absl::Status(errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kPermissionDenied,
+                        absl::StrCat("checkpoint manifest ", path, ": ", std::strerror(errno)));
+  }
   std::map<std::string, std::string> fields;
   std::string line;
   std::getline(in, line);
@@ -393,8 +422,7 @@ absl::StatusOr<int64_t> Trainer::ReadManifest() {
       !std::all_of(secret.begin(), secret.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path, " has no valid step and secret"));
   }
-  checkpoint_secret_ = fields["secret"];
-  return step;
+  return Manifest{step, secret};
 }
 
 std::vector<ShardedArray> Trainer::Parameters(int stage) const {

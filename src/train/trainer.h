@@ -67,12 +67,16 @@ class Trainer {
   const Program& step_program() const { return step_; }
   const std::vector<VirtualSlice>& slices() const { return slices_; }
   // Stage `stage`'s parameters as they are after the steps issued so far, in the stage's order.
+  // The next Step donates them: these handles are valid until then.
   std::vector<ShardedArray> Parameters(int stage) const;
   // Checkpoints the parameters and optimizer state as of the steps issued so far: every device
   // writes the shards it holds on its own host (under the workers' --checkpoint-dir; nothing goes
   // through the client), and once every shard is on disk the manifest (what was saved, and the
-  // checkpoint's secret that names its shards) is written at `path`, replacing the one there at
-  // once. A save that fails leaves the previous manifest in place. Blocks until done.
+  // checkpoint's secret that names its shards; readable by its owner only) is written at `path`,
+  // replacing the one there at once. A save that fails leaves the previous manifest in place.
+  // Blocks until done. Shards are named by their place in the slice and kept on the host that
+  // held them: resuming needs each place on a host that sees its file (the same hosts, or a
+  // --checkpoint-dir they share).
   absl::Status Save(const std::string& path);
 
  private:
@@ -82,8 +86,12 @@ class Trainer {
   // The functions that save and load stage `s`'s state under the checkpoint's secret.
   FunctionSpec SaveFunction(int s) const;
   FunctionSpec LoadFunction(int s, int64_t step) const;
-  // Reads the manifest at options_.resume_from and checks it against the options.
-  absl::StatusOr<int64_t> ReadManifest();
+  // The manifest at options_.resume_from, checked against the options.
+  struct Manifest {
+    int64_t step;
+    std::string secret;
+  };
+  absl::StatusOr<Manifest> ReadManifest() const;
 
   Client& client_;
   const TrainOptions options_;
@@ -101,7 +109,10 @@ class Trainer {
   std::vector<ShardedArray> state_;
   std::vector<size_t> stage_offset_;  // where each stage's arguments start in state_
   int64_t steps_ = 0;
-  std::string checkpoint_secret_;  // hex; names this run's checkpoint shards on the workers
+  // Hex; names this run's checkpoint shards on the workers. A resumed run loads under its
+  // checkpoint's secret and saves under a new one, so two runs resumed from one checkpoint never
+  // write over each other's shards.
+  std::string checkpoint_secret_;
   std::vector<CompiledFunction> save_;  // per stage, compiled at the first Save
 };
 

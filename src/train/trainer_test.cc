@@ -219,7 +219,6 @@ TEST_F(TrainerTest, BadCheckpointsFailBeforeAStepRuns) {
     if (e.path().filename() == "s0_wq.1") shard = e.path();
   }
   ASSERT_FALSE(shard.empty());
-  const std::string step_dir = std::filesystem::path(shard).parent_path();
   std::filesystem::copy_file(shard, shard + ".good");
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
@@ -236,14 +235,38 @@ TEST_F(TrainerTest, BadCheckpointsFailBeforeAStepRuns) {
   std::filesystem::rename(shard + ".good", shard);
   EXPECT_TRUE(Trainer::Create(**client, other).ok());
 
-  // A save whose step directory cannot be made (a file is in its place) fails and leaves the
-  // manifest of the last good save.
+  // A resumed run saves under a secret of its own: two runs resumed from one checkpoint never
+  // write over each other's shards.
+  {
+    auto resumed = Trainer::Create(**client, other);
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    const std::string again = *data_dir_ + "/again.ckpt";
+    ASSERT_TRUE((*resumed)->Save(again).ok());
+    auto secret_of = [](const std::string& path) {
+      std::ifstream in(path);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("secret ", 0) == 0) return line.substr(7);
+      }
+      return std::string();
+    };
+    EXPECT_NE(secret_of(again), secret_of(manifest));
+    EXPECT_EQ(std::filesystem::status(again).permissions() & std::filesystem::perms::others_read,
+              std::filesystem::perms::none);
+  }
+
+  // A save whose directories cannot be made (a file stands where the workers' checkpoint
+  // directory was) fails and leaves the manifest of the last good save.
   {
     auto trainer = Trainer::Create(**client, other);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     ASSERT_TRUE((*trainer)->Step().ok());
-    std::ofstream(std::filesystem::path(step_dir).parent_path() / "step-2") << "in the way";
+    const std::string root = *data_dir_ + "/checkpoints";
+    std::filesystem::rename(root, root + ".away");
+    std::ofstream(root) << "in the way";
     absl::Status saved = (*trainer)->Save(manifest);
+    std::filesystem::remove(root);
+    std::filesystem::rename(root + ".away", root);
     EXPECT_FALSE(saved.ok());
     std::ifstream in(manifest);
     std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

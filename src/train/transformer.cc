@@ -67,13 +67,6 @@ class Builder {
     return 0.02;
   }
 
-  std::vector<int64_t> Local(std::vector<int64_t> shape, const PartitionSpec& spec) const {
-    for (size_t i = 0; i < shape.size() && i < spec.size(); ++i) {
-      if (spec[i] == "t") shape[i] /= l_.tensor;
-      if (spec[i] == "d") shape[i] /= l_.data;
-    }
-    return shape;
-  }
 
   // `x` summed over the tensor axis, when it is split.
   std::string OverT(const std::string& x) const {
@@ -121,7 +114,7 @@ class Builder {
     std::vector<std::string> param_names, moment_names[2];
     for (const auto& [kind, stacked] : kinds) {
       auto [shape, spec] = Layout(kind->name);
-      const std::vector<int64_t> local = Local(shape, spec);
+      const std::vector<int64_t> local = LocalShape(shape, spec, l_);
       auto draw = [&](int64_t layer) {
         switch (kind->init) {
           case Init::kZeros: return absl::StrCat("torch.zeros(", List(local), ")");
@@ -249,6 +242,14 @@ class Builder {
 };
 
 }  // namespace
+
+std::vector<int64_t> LocalShape(std::vector<int64_t> shape, const PartitionSpec& sharding, const ParallelLayout& layout) {
+  for (size_t i = 0; i < shape.size() && i < sharding.size(); ++i) {
+    if (sharding[i] == "t") shape[i] /= layout.tensor;
+    if (sharding[i] == "d") shape[i] /= layout.data;
+  }
+  return shape;
+}
 
 int64_t TransformerConfig::NumParameters() const {
   const int64_t per_layer = 4 * d_model * d_model + 2 * d_model * mlp_hidden + mlp_hidden + 6 * d_model;

@@ -86,6 +86,10 @@ struct TransformerModel {
   PartitionSpec tokens_sharding;
 };
 
+// The shape of one device's shard of an array of `shape` laid out by `sharding` over the layout's
+// ("d", "t") mesh.
+std::vector<int64_t> LocalShape(std::vector<int64_t> shape, const PartitionSpec& sharding, const ParallelLayout& layout);
+
 // The model's functions for `layout` and forward calls of `microbatch` sequences. With one device
 // per stage the sources call no `pathways` op: they are the model as plain libtorch runs it. Fails with
 // InvalidArgument when the layout does not divide the model (heads or MLP width by the tensor
