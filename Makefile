@@ -5,9 +5,12 @@ MAKEFLAGS += --no-print-directory
 # Exactly what the build uses: compilers and CMake, ccache, Abseil, protobuf and gRPC (with their
 # code generators), libtorch with OpenBLAS (without it libtorch falls back to a slow reference
 # BLAS), GoogleTest, openssl (a test makes a certificate) and libssl-dev (clients' credentials
-# are SHA-256 preimages of their ids) and iproute2 (a test cuts a worker off in network namespaces).
+# are SHA-256 preimages of their ids) and iproute2 (a test cuts a worker off in network namespaces);
+# for the Python package, pybind11 and Python's headers, torch for Python (tensors in and out) and
+# pytest for its tests.
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
-  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev iproute2
+  protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev iproute2 \
+  pybind11-dev python3-dev python3-torch python3-pytest
 
 .PHONY: deps deps-fuzz deps-bench deps-plot install-packages build test demo bench collective-bench fuzz sanitize clean
 

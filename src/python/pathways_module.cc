@@ -1,0 +1,328 @@
+// `pathways._pathways`: the C++ client library as a Python extension. Torch-free on this side:
+// arrays cross as bytes (one copy each way) and the Python package (pathways/__init__.py) turns
+// them into torch tensors. Every call that waits releases the GIL; every Status becomes an
+// exception of the package's hierarchy, chosen by its code.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <csignal>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "client/program.h"
+#include "cluster/local_cluster.h"
+#include "core/process.h"
+#include "tools/flags.h"
+#include "train/trainer.h"
+
+namespace py = pybind11;
+
+namespace pathways {
+namespace {
+
+// A Status on its way to Python: the translator below raises the exception class for its code.
+struct StatusError {
+  absl::Status status;
+};
+
+[[noreturn]] void Raise(const absl::Status& status) { throw StatusError{status}; }
+
+template <typename T>
+T Value(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// Waits for a future with the GIL released, in slices, so that Ctrl-C (SIGINT, which Python turns
+// into a pending KeyboardInterrupt) stops the wait without touching the cluster.
+template <typename T>
+T Wait(const Future<T>& future) {
+  while (true) {
+    absl::StatusOr<T> r = absl::DeadlineExceededError("");
+    {
+      py::gil_scoped_release release;
+      r = future.AwaitFor(absl::Milliseconds(100));
+    }
+    if (r.ok()) return *std::move(r);
+    if (!(r.status().code() == absl::StatusCode::kDeadlineExceeded && !future.IsReady())) Raise(r.status());
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+TensorSpec Spec(const std::string& dtype, const Shape& shape) { return {Value(ParseDType(dtype)), shape}; }
+
+std::vector<TensorSpec> Specs(const std::vector<std::pair<std::string, Shape>>& specs) {
+  std::vector<TensorSpec> out;
+  for (const auto& [dtype, shape] : specs) out.push_back(Spec(dtype, shape));
+  return out;
+}
+
+std::pair<std::string, Shape> FromSpec(const TensorSpec& spec) { return {DTypeName(spec.dtype), spec.shape}; }
+
+// A client and what keeps it valid: the embedded cluster it was connected to, if any, lives at
+// least as long as the client.
+struct PyClient {
+  std::shared_ptr<LocalCluster> cluster;
+  std::unique_ptr<Client> client;
+  Client& get() {
+    if (client == nullptr) Raise(absl::FailedPreconditionError("this client is closed"));
+    return *client;
+  }
+};
+
+struct PyArray {
+  ShardedArray array;
+  std::shared_ptr<PyClient> client;
+};
+
+FunctionSpec ScriptSpec(const std::string& name, const std::string& source,
+                        const std::vector<std::pair<std::string, Shape>>& inputs,
+                        const std::vector<std::pair<std::string, Shape>>& outputs,
+                        const std::vector<PartitionSpec>& in_shardings, const std::vector<PartitionSpec>& out_shardings,
+                        const std::vector<int>& donated) {
+  FunctionSpec spec = FunctionSpec::Script(name, source, Specs(inputs), Specs(outputs), in_shardings, out_shardings);
+  spec.donated_inputs = donated;
+  return spec;
+}
+
+std::vector<ShardedArray> Unwrap(const std::vector<std::shared_ptr<PyArray>>& arrays) {
+  std::vector<ShardedArray> out;
+  for (const auto& a : arrays) out.push_back(a->array);
+  return out;
+}
+
+std::vector<std::shared_ptr<PyArray>> Wrap(std::vector<ShardedArray> arrays, const std::shared_ptr<PyClient>& client) {
+  std::vector<std::shared_ptr<PyArray>> out;
+  for (ShardedArray& a : arrays) out.push_back(std::make_shared<PyArray>(PyArray{std::move(a), client}));
+  return out;
+}
+
+}  // namespace
+}  // namespace pathways
+
+PYBIND11_MODULE(_pathways, m) {
+  using namespace pathways;
+  m.doc() = "The pathways C++ client library (internal: use the `pathways` package).";
+  InitServingProcess();
+
+  // Exceptions: StatusError carries the code; the package maps codes to its classes.
+  static py::exception<StatusError> error(m, "StatusError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object cls = py::module_::import("pathways.errors").attr("from_code")(static_cast<int>(e.status.code()));
+      py::object exc = cls(std::string(e.status.message()));
+      exc.attr("code") = static_cast<int>(e.status.code());
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+
+  py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
+      .def("id", [](PyClient& c) { return c.get().id(); })
+      .def("describe",
+           [](PyClient& c) {
+             py::gil_scoped_release release;
+             return Value(c.get().DescribeCluster());
+           })
+      .def("create_slice",
+           [](PyClient& c, std::vector<int64_t> mesh, std::vector<std::string> axes, std::optional<int> island,
+              bool span_islands) {
+             py::gil_scoped_release release;
+             return Value(c.get().CreateSlice(
+                 {.mesh_shape = mesh, .axis_names = axes, .island = island, .span_islands = span_islands}));
+           })
+      .def("put",
+           [](std::shared_ptr<PyClient> c, py::buffer data, const std::string& dtype, Shape shape,
+              const VirtualSlice& slice, PartitionSpec spec) {
+             py::buffer_info info = data.request();
+             const TensorSpec s = Spec(dtype, shape);
+             const int64_t bytes = Value(ByteSize(s.dtype, s.shape));
+             if (info.size * info.itemsize != bytes) {
+               Raise(absl::InvalidArgumentError(absl::StrCat("put: ", info.size * info.itemsize, " bytes for ",
+                                                             s.ToString(), ", which takes ", bytes)));
+             }
+             HostArray host =
+                 Value(HostArray::FromBytes(s.dtype, s.shape, std::string(static_cast<const char*>(info.ptr), bytes)));
+             py::gil_scoped_release release;
+             return std::make_shared<PyArray>(PyArray{Value(c->get().Put(host, slice, spec)), c});
+           })
+      .def("compile",
+           [](PyClient& c, const std::string& name, const std::string& source,
+              const std::vector<std::pair<std::string, Shape>>& inputs,
+              const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
+              const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& donated,
+              std::optional<std::vector<int>> vjp_wrt, bool vjp_with_outputs) {
+             FunctionSpec spec = ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, donated);
+             if (vjp_wrt) spec = Value(FunctionSpec::Vjp(spec, *vjp_wrt, vjp_with_outputs));
+             py::gil_scoped_release release;
+             return Value(c.get().Compile(spec));
+           },
+           py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
+           py::arg("out_shardings"), py::arg("donated"), py::arg("vjp_wrt") = std::nullopt,
+           py::arg("vjp_with_outputs") = false)
+      .def("call",
+           [](std::shared_ptr<PyClient> c, const CompiledFunction& f, const VirtualSlice& slice,
+              const std::vector<std::shared_ptr<PyArray>>& args) {
+             std::vector<ShardedArray> in = Unwrap(args);
+             std::vector<ShardedArray> out;
+             {
+               py::gil_scoped_release release;
+               out = Value(c->get().Call(f, slice, in));
+             }
+             return Wrap(std::move(out), c);
+           })
+      .def("run",
+           [](std::shared_ptr<PyClient> c, const Program& p, const std::vector<std::shared_ptr<PyArray>>& args) {
+             std::vector<ShardedArray> in = Unwrap(args);
+             std::vector<ShardedArray> out;
+             {
+               py::gil_scoped_release release;
+               out = Value(c->get().Run(p, in));
+             }
+             return Wrap(std::move(out), c);
+           })
+      .def("describe_lowering",
+           [](PyClient& c, const Program& p, const std::vector<std::shared_ptr<PyArray>>& args) {
+             return Value(c.get().DescribeLowering(p, Unwrap(args)));
+           })
+      .def("write_trace", [](PyClient& c, const std::string& path) { Check(c.get().WriteTrace(path)); })
+      .def("close", [](PyClient& c) {
+        py::gil_scoped_release release;
+        c.client.reset();
+      });
+
+  py::class_<PyArray, std::shared_ptr<PyArray>>(m, "Array")
+      .def_property_readonly("id", [](const PyArray& a) { return a.array.id().value(); })
+      .def_property_readonly("spec", [](const PyArray& a) { return FromSpec(a.array.spec()); })
+      .def_property_readonly("sharding", [](const PyArray& a) { return a.array.sharding().spec(); })
+      .def_property_readonly("slice", [](const PyArray& a) { return a.array.slice(); })
+      .def_property_readonly("client", [](const PyArray& a) { return a.client; })
+      .def("fetch",
+           [](const PyArray& a) {
+             HostArray host = Wait(a.client->get().Fetch(a.array));
+             return py::bytes(host.bytes());
+           })
+      .def("ready", [](const PyArray& a) { Wait(a.client->get().Ready(a.array)); })
+      .def("is_ready",
+           [](const PyArray& a) {
+             // Ready() is a new future each call: done when the shards are.
+             return a.client->get().Ready(a.array).IsReady();
+           })
+      .def("__repr__", [](const PyArray& a) { return a.array.ToString(); });
+
+  py::class_<VirtualSlice>(m, "Slice")
+      .def_property_readonly("id", &VirtualSlice::id)
+      .def_property_readonly("mesh_shape", [](const VirtualSlice& s) { return s.mesh().dims; })
+      .def_property_readonly("axes", [](const VirtualSlice& s) { return s.mesh().axis_names; })
+      .def_property_readonly("num_devices", &VirtualSlice::num_devices)
+      .def("__repr__", &VirtualSlice::ToString);
+
+  py::class_<CompiledFunction>(m, "CompiledFunction")
+      .def_property_readonly("name", &CompiledFunction::name)
+      .def_property_readonly("outputs", [](const CompiledFunction& f) {
+        std::vector<std::pair<std::string, Shape>> out;
+        for (const TensorSpec& s : f.spec().outputs) out.push_back(FromSpec(s));
+        return out;
+      });
+
+  py::class_<TracedValue>(m, "TracedValue").def_property_readonly("spec", [](const TracedValue& v) {
+    return FromSpec(v.spec());
+  });
+  py::class_<ProgramBuilder>(m, "ProgramBuilder")
+      .def(py::init<std::string>())
+      .def("arg", [](ProgramBuilder& b, const std::string& dtype, Shape shape) { return b.Arg(Spec(dtype, shape)); })
+      .def("call",
+           [](ProgramBuilder& b, const CompiledFunction& f, const VirtualSlice& slice,
+              const std::vector<TracedValue>& in) { return Value(b.Call(f, slice, in)); })
+      .def("build", [](ProgramBuilder& b, const std::vector<TracedValue>& results) { return Value(b.Build(results)); });
+  py::class_<Program>(m, "Program")
+      .def_property_readonly("name", &Program::name)
+      .def("ir", &Program::ToString)
+      .def_property_readonly("num_calls", [](const Program& p) { return p.calls().size(); });
+
+  py::class_<LocalCluster, std::shared_ptr<LocalCluster>>(m, "LocalCluster")
+      .def(py::init([](int islands, int hosts_per_island, int devices_per_host, int64_t device_memory) {
+             py::gil_scoped_release release;
+             std::unique_ptr<LocalCluster> c = Value(LocalCluster::Start({.num_islands = islands,
+                                                                         .hosts_per_island = hosts_per_island,
+                                                                         .devices_per_host = devices_per_host,
+                                                                         .device_memory_bytes = device_memory}));
+             return std::shared_ptr<LocalCluster>(std::move(c));
+           }),
+           py::arg("islands"), py::arg("hosts_per_island"), py::arg("devices_per_host"), py::arg("device_memory"))
+      .def_property_readonly("address", &LocalCluster::controller_address);
+
+  m.def("connect_local", [](std::shared_ptr<LocalCluster> cluster) {
+    py::gil_scoped_release release;
+    auto c = std::make_shared<PyClient>();
+    c->client = Value(cluster->Connect());
+    c->cluster = std::move(cluster);
+    return c;
+  });
+  m.def("connect", [](const std::string& address) {
+    py::gil_scoped_release release;
+    auto c = std::make_shared<PyClient>();
+    c->client = Value(Client::Connect(address));
+    return c;
+  });
+  m.def("parse_bytes", [](const std::string& text) { return Value(ParseBytes(text)); });
+
+  // The Transformer trainer (train/trainer.h), as `pathways train` drives it.
+  struct PyTrainer {
+    std::shared_ptr<PyClient> client;
+    std::unique_ptr<Trainer> trainer;
+  };
+  py::class_<Future<double>>(m, "LossFuture")
+      .def("result", [](const Future<double>& f) { return Wait(f); })
+      .def("done", &Future<double>::IsReady);
+  py::class_<PyTrainer, std::shared_ptr<PyTrainer>>(m, "Trainer")
+      .def(py::init([](std::shared_ptr<PyClient> client, const std::string& model, int64_t batch, int64_t seq_len,
+                       int64_t vocab, int64_t data_parallel, int64_t tensor_parallel, int64_t pipeline_stages,
+                       int64_t microbatches, int islands, int64_t seed, double learning_rate,
+                       const std::string& text_file, const std::string& resume_from) {
+             TrainOptions o;
+             o.model = Value(TransformerPreset(model));
+             if (seq_len > 0) o.model.seq_len = seq_len;
+             if (vocab > 0) o.model.vocab = vocab;
+             o.model.init_seed = static_cast<uint64_t>(seed);
+             o.data_seed = static_cast<uint64_t>(seed) + 1;  // as `pathways train --seed`
+             o.batch = batch;
+             o.layout = {.data = data_parallel, .tensor = tensor_parallel, .stages = pipeline_stages};
+             o.microbatches = microbatches;
+             o.islands = islands;
+             o.adam.learning_rate = learning_rate;
+             o.text_file = text_file;
+             o.resume_from = resume_from;
+             py::gil_scoped_release release;
+             auto t = std::make_shared<PyTrainer>();
+             t->trainer = Value(Trainer::Create(client->get(), o));
+             t->client = std::move(client);
+             return t;
+           }),
+           py::arg("client"), py::arg("model"), py::arg("batch"), py::arg("seq_len"), py::arg("vocab"),
+           py::arg("data_parallel"), py::arg("tensor_parallel"), py::arg("pipeline_stages"), py::arg("microbatches"),
+           py::arg("islands"), py::arg("seed"), py::arg("learning_rate"), py::arg("text_file"),
+           py::arg("resume_from"))
+      .def("step",
+           [](PyTrainer& t) {
+             py::gil_scoped_release release;
+             return Value(t.trainer->Step());
+           })
+      .def("save",
+           [](PyTrainer& t, const std::string& path) {
+             py::gil_scoped_release release;
+             Check(t.trainer->Save(path));
+           })
+      .def_property_readonly("entropy", [](const PyTrainer& t) { return t.trainer->entropy(); })
+      .def_property_readonly("tokens_per_step", [](const PyTrainer& t) { return t.trainer->tokens_per_step(); })
+      .def_property_readonly("steps_done", [](const PyTrainer& t) { return t.trainer->steps_issued(); })
+      .def_property_readonly("description", [](const PyTrainer& t) { return t.trainer->model().config.ToString(); });
+}

@@ -1,0 +1,223 @@
+"""The Python front-end on an embedded cluster: clusters, slices, arrays, functions, programs,
+gradients and errors, each result against torch run locally."""
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pathways
+from pathways import P
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with pathways.LocalCluster(islands=1, hosts_per_island=2, devices_per_host=4, device_memory="64MiB") as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster):
+    with cluster.connect() as c:
+        yield c
+
+
+def test_every_public_name_has_a_docstring():
+    for name in pathways.__all__:
+        assert getattr(pathways, name).__doc__, name
+    assert "virtual slices" in pathways.__doc__
+
+
+def test_describe_names_the_hosts(client, capsys):
+    text = client.describe()
+    assert "island 0" in text or "island" in text
+    assert text in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.bool])
+def test_put_and_fetch_round_trip(client, dtype):
+    mesh = client.slice((4, 2), axes=("x", "y"))
+    assert mesh.shape == (4, 2) and mesh.axes == ("x", "y") and mesh.num_devices == 8
+    host = (torch.rand(8, 6) * 100).to(dtype)
+    for spec in [P(), P("x", None), P("x", "y"), P(None, ("y",))]:
+        a = client.put(host, mesh, spec)
+        assert a.shape == (8, 6) and a.dtype == dtype
+        assert a.sharding == P(*spec, *[None] * (2 - len(spec)))  # one entry per dimension
+        assert torch.equal(a.fetch(), host)
+    with pytest.raises(pathways.InvalidArgumentError, match="several mesh axes"):
+        client.put(host, mesh, P(("x", "y"), None))
+
+
+def test_a_function_with_a_collective_matches_torch(client):
+    mesh = client.slice((4, 2), axes=("x", "y"))
+
+    @pathways.function(in_shardings=[P("x", None)], out_shardings=[P("x", None)])
+    def normalise(v):
+        return v / pathways.all_reduce(v.sum(), "x")
+
+    host = torch.rand(8, 3)
+    out = normalise(client.put(host, mesh, P("x", None)))
+    assert out.shape == (8, 3)
+    torch.testing.assert_close(out.fetch(), host / host.sum())
+    normalise(client.put(torch.rand(8, 3), mesh, P("x", None))).ready()
+    assert len(normalise._compiled) == 1  # compiled once for these shapes
+    normalise(client.put(torch.rand(16, 3), mesh, P("x", None))).ready()
+    assert len(normalise._compiled) == 2
+
+
+def test_outputs_shaped_by_collectives(client):
+    mesh = client.slice((4,), axes=("x",))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P(), P("x")])
+    def gather_and_scatter(v):
+        return pathways.all_gather(v, "x"), pathways.reduce_scatter(pathways.all_gather(v, "x"), "x")
+
+    host = torch.arange(8, dtype=torch.float32)
+    whole, piece = gather_and_scatter(client.put(host, mesh, P("x")))
+    assert whole.shape == (8,) and piece.shape == (8,)
+    torch.testing.assert_close(whole.fetch(), host)
+    torch.testing.assert_close(piece.fetch(), host * 4)
+
+
+def test_a_program_traces_once_and_runs_over_two_slices(client):
+    left, right = client.slice((4,)), client.slice((4,))
+
+    @pathways.function(in_shardings=[P("x", None), P()], out_shardings=[P("x", None)])
+    def mm(a, b):
+        return a @ b
+
+    @pathways.function(in_shardings=[P(None, "x")], out_shardings=[P(None, "x")])
+    def act(h):
+        return torch.tanh(h)
+
+    @pathways.program
+    def two_stage(a, b):
+        return act(mm(a, b), slice=right)
+
+    a, b = torch.rand(8, 4), torch.rand(4, 8)
+    fa, fb = client.put(a, left, P("x", None)), client.put(b, left)
+    for _ in range(2):
+        torch.testing.assert_close(two_stage(fa, fb).fetch(), torch.tanh(a @ b))
+    assert len(two_stage._traced) == 1
+    assert "mm" in two_stage.ir() and "act" in two_stage.ir()
+
+
+def test_vjp_matches_torch_autograd(client):
+    mesh = client.slice((2,))
+
+    @pathways.function(in_shardings=[P("x", None), P()], out_shardings=[P()])
+    def loss(x, w):
+        return pathways.all_reduce(((x @ w) ** 2).sum(), "x")
+
+    x, w = torch.rand(4, 3), torch.rand(3, 2)
+    grad = pathways.vjp(loss, wrt=[1], with_outputs=True)
+    value, dw = grad(client.put(x, mesh, P("x", None)), client.put(w, mesh), client.put(torch.tensor(1.0), mesh))
+    w_local = w.clone().requires_grad_(True)
+    expected = ((x @ w_local) ** 2).sum()
+    expected.backward()
+    torch.testing.assert_close(value.fetch(), expected.detach())
+    torch.testing.assert_close(dw.fetch(), w_local.grad)
+
+
+def test_arrays_are_awaitable(client):
+    mesh = client.slice((2,))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def double(v):
+        return v * 2
+
+    async def main():
+        a = await double(client.put(torch.ones(4), mesh, P("x")))
+        return a.fetch()
+
+    torch.testing.assert_close(asyncio.run(main()), torch.full((4,), 2.0))
+
+
+def test_errors_raise_the_class_of_their_code(cluster, client):
+    mesh = client.slice((2,))
+    with pytest.raises(pathways.InvalidArgumentError, match="dtype"):
+        client.put(torch.zeros(2, dtype=torch.float16), mesh)
+    with pytest.raises(pathways.ResourceExhaustedError, match="devices"):
+        client.slice((1000,))
+    with pytest.raises(pathways.InvalidArgumentError):
+        client.put(torch.zeros(3), mesh, P("x"))  # 3 rows do not split over 2 devices
+    with pytest.raises(pathways.InvalidArgumentError):
+        client.put(torch.zeros(2), mesh, P("nope"))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def lam(v):
+        f = lambda u: u + 1  # noqa: E731 - not in TorchScript's subset
+        return f(v)
+
+    line = next(i for i, l in enumerate(open(__file__), 1) if "not in TorchScript's subset" in l)
+    with pytest.raises(pathways.InvalidArgumentError, match="lam") as e:
+        lam(client.put(torch.zeros(2), mesh, P("x")))
+    assert f"line {line}" in str(e.value), str(e.value)
+    assert e.value.code == 3
+
+    other = cluster.connect()
+    theirs = other.put(torch.zeros(2), other.slice((2,)), P("x"))
+
+    @pathways.function(in_shardings=[P("x"), P("x")], out_shardings=[P("x")])
+    def add(a, b):
+        return a + b
+
+    with pytest.raises(pathways.InvalidArgumentError):
+        add(client.put(torch.zeros(2), mesh, P("x")), theirs)
+    other.close()
+    with pytest.raises(pathways.FailedPreconditionError, match="closed"):
+        theirs.fetch()
+    # The cluster still serves.
+    assert torch.equal(client.put(torch.ones(2), mesh, P("x")).fetch(), torch.ones(2))
+
+
+def test_a_cluster_of_real_processes():
+    binary = os.environ.get("PATHWAYS_BINARY")
+    if not binary:
+        pytest.skip("PATHWAYS_BINARY is not set (ctest sets it)")
+    controller = subprocess.Popen([binary, "controller", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        line = controller.stdout.readline()
+        address = re.search(r"(127\.0\.0\.1:\d+)", line).group(1)
+        workers = [subprocess.Popen([binary, "worker", "--controller", address, "--devices", "2",
+                                     "--device-memory", "64MiB"], stdout=subprocess.PIPE, text=True)
+                   for _ in range(2)]
+        for w in workers:
+            w.stdout.readline()  # "worker ... serving"
+        with pathways.connect(address) as client:
+            mesh = client.slice((4,))
+
+            @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+            def total(v):
+                return pathways.all_reduce(v, "x")
+
+            host = torch.arange(8, dtype=torch.float32)
+            torch.testing.assert_close(total(client.put(host, mesh, P("x"))).fetch(), host.view(4, 2).sum(0).repeat(4))
+    finally:
+        for p in workers + [controller]:
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def test_the_training_example_reports_the_losses_of_pathways_train(tmp_path):
+    binary = os.environ.get("PATHWAYS_BINARY")
+    if not binary:
+        pytest.skip("PATHWAYS_BINARY is not set (ctest sets it)")
+    flags = ["--steps", "12", "--batch", "8", "--data-parallel", "2", "--tensor-parallel", "2",
+             "--pipeline-stages", "2", "--microbatches", "2", "--seed", "3", "--device-memory", "64MiB"]
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "train_lm.py")
+    subprocess.run([sys.executable, example, *flags, "--metrics-jsonl", str(tmp_path / "py.jsonl")], check=True,
+                   env=os.environ, timeout=240)
+    subprocess.run([binary, "train", *flags, "--metrics-jsonl", str(tmp_path / "cli.jsonl")], check=True, timeout=240)
+    read = lambda name: [json.loads(l)["loss"] for l in open(tmp_path / name)]  # noqa: E731
+    python_losses, cli_losses = read("py.jsonl"), read("cli.jsonl")
+    assert len(python_losses) == len(cli_losses) == 12
+    for a, b in zip(python_losses, cli_losses):
+        assert abs(a - b) <= 1e-5 * b, (python_losses, cli_losses)
+    assert python_losses[-1] < python_losses[0]
