@@ -275,6 +275,27 @@ PYBIND11_MODULE(_pathways, m) {
   });
   m.def("parse_bytes", [](const std::string& text) { return Value(ParseBytes(text)); });
 
+  // For bench/python_bench.py: the loops the Python benchmark times, written in C++ against the
+  // same client, so that Python's cost is measured against C++'s in one run.
+  m.def("bench_chain_of_calls", [](PyClient& c, const CompiledFunction& f, const VirtualSlice& slice,
+                                   const std::shared_ptr<PyArray>& first, int calls) {
+    py::gil_scoped_release release;
+    ShardedArray x = first->array;
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < calls; ++i) x = Value(c.get().Call(f, slice, {x}))[0];
+    (void)Value(c.get().Fetch(x).Await());
+    return absl::ToDoubleSeconds(absl::Now() - start);
+  });
+  m.def("bench_put_and_fetch", [](PyClient& c, const VirtualSlice& slice, int64_t bytes) {
+    py::gil_scoped_release release;
+    HostArray data = Value(HostArray::Create(DType::kF32, {bytes / 4}));
+    const absl::Time start = absl::Now();
+    ShardedArray a = Value(c.get().Put(data, slice));
+    const absl::Time put = absl::Now();
+    (void)Value(c.get().Fetch(a).Await());
+    return std::make_pair(absl::ToDoubleSeconds(put - start), absl::ToDoubleSeconds(absl::Now() - put));
+  });
+
   // The Transformer trainer (train/trainer.h), as `pathways train` drives it.
   struct PyTrainer {
     std::shared_ptr<PyClient> client;
