@@ -277,25 +277,31 @@ at::Tensor Dropout(const at::Tensor& x, double p, std::vector<std::string> spec,
   return x * keep.to(x.scalar_type()) / (1 - p);
 }
 
+// Where this shard's `batch` sequences of `length` tokens start in the global batch: at `first`
+// plus its rank over `batch_axes` (the mesh axes splitting the batch; "" for none) times `batch`.
+// Throws on sizes out of range.
+int64_t ShardsFirstSequence(const char* op, int64_t batch, int64_t length, const std::string& batch_axes,
+                            int64_t first) {
+  TORCH_CHECK(batch >= 0 && length >= 0 && batch <= (int64_t{1} << 30) && length <= (int64_t{1} << 30) &&
+                  batch * length <= (int64_t{1} << 30) && first >= 0 && first <= (int64_t{1} << 40),
+              op, ": ", batch, " sequences of ", length, " tokens from sequence ", first);
+  collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+  if (shard == nullptr || batch_axes.empty()) return first;
+  auto group = shard->GroupOver(batch_axes);
+  TORCH_CHECK(group.ok(), op, ": ", group.status().message());
+  return first + group->rank * batch;
+}
+
 // Token sequences of the built-in Markov data set (compute/markov.h): `batch` sequences of
 // `length` tokens for this shard, whose place in the global batch is `first` plus its rank over
 // `batch_axes` (the mesh axes splitting the batch; "" for none) times `batch`, so the shards of a
 // batch hold its pieces (and microbatch k of a step starts at first = k x its size).
 at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t chain_seed, int64_t data_seed,
                         int64_t step, std::string batch_axes, double sharpness, int64_t first) {
-  TORCH_CHECK(batch >= 0 && length >= 0 && batch <= (int64_t{1} << 30) && length <= (int64_t{1} << 30) &&
-                  batch * length <= (int64_t{1} << 30),
-              "markov_tokens: ", batch, " sequences of ", length, " tokens");
   TORCH_CHECK(vocab <= MarkovSource::kMaxVocab, "markov_tokens: a vocabulary of ", vocab, " tokens");
   auto source = MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
   TORCH_CHECK(source.ok(), "markov_tokens: ", source.status().message());
-  TORCH_CHECK(first >= 0 && first <= (int64_t{1} << 40), "markov_tokens: first sequence ", first);
-  if (collective::ShardCollectives* shard = collective::ShardCollectives::Current();
-      shard != nullptr && !batch_axes.empty()) {
-    auto group = shard->GroupOver(batch_axes);
-    TORCH_CHECK(group.ok(), "markov_tokens: ", group.status().message());
-    first += group->rank * batch;
-  }
+  first = ShardsFirstSequence("markov_tokens", batch, length, batch_axes, first);
   at::Tensor out = torch::empty({batch, length}, at::kLong);
   (*source)->Sample(static_cast<uint64_t>(data_seed), static_cast<uint64_t>(step), first, batch, length,
                     out.data_ptr<int64_t>());
@@ -306,18 +312,10 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
 // this shard's `batch` sequences placed in the global batch as markov_tokens places them.
 at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t seed, int64_t step,
                       std::string batch_axes, int64_t first) {
-  TORCH_CHECK(batch >= 0 && length >= 0 && batch <= (int64_t{1} << 30) && length <= (int64_t{1} << 30) &&
-                  batch * length <= (int64_t{1} << 30) && first >= 0 && first <= (int64_t{1} << 40),
-              "text_tokens: ", batch, " sequences of ", length, " tokens from sequence ", first);
+  first = ShardsFirstSequence("text_tokens", batch, length, batch_axes, first);
   auto source = TextSource::Open(path);
   if (!source.ok()) OpFailure() = source.status();
   TORCH_CHECK(source.ok(), "text_tokens: ", source.status().message());
-  if (collective::ShardCollectives* shard = collective::ShardCollectives::Current();
-      shard != nullptr && !batch_axes.empty()) {
-    auto group = shard->GroupOver(batch_axes);
-    TORCH_CHECK(group.ok(), "text_tokens: ", group.status().message());
-    first += group->rank * batch;
-  }
   at::Tensor out = torch::empty({batch, length}, at::kLong);
   const absl::Status sampled = (*source)->Sample(static_cast<uint64_t>(seed), static_cast<uint64_t>(step), first,
                                                  batch, length, out.data_ptr<int64_t>());

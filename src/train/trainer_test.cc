@@ -216,7 +216,8 @@ TEST_F(TrainerTest, BadCheckpointsFailBeforeAStepRuns) {
   ASSERT_FALSE(secret.empty());
   std::string shard;
   for (const auto& e : std::filesystem::recursive_directory_iterator(*data_dir_ + "/checkpoints")) {
-    if (e.path().filename() == "s0_wq.1") shard = e.path();
+    // This checkpoint's step-1 shard (other tests' checkpoints share the directory at other steps).
+    if (e.path().filename() == "s0_wq.1" && e.path().parent_path().filename() == "step-1") shard = e.path();
   }
   ASSERT_FALSE(shard.empty());
   std::filesystem::copy_file(shard, shard + ".good");
