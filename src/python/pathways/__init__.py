@@ -40,7 +40,7 @@ from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossE
 
 __all__ = [
     "LocalCluster", "connect", "Client", "Slice", "Array", "P", "function", "Function", "program", "Program",
-    "vjp", "Trainer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "Error",
+    "vjp", "grad", "Trainer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "Error",
     "InvalidArgumentError", "NotFoundError", "UnavailableError", "ResourceExhaustedError", "DeadlineExceededError",
     "UnauthenticatedError", "PermissionDeniedError", "FailedPreconditionError", "AbortedError", "CancelledError",
     "AlreadyExistsError", "DataLossError", "InternalError", "UnimplementedError",
@@ -457,6 +457,27 @@ def vjp(f: Function, wrt: Optional[Sequence[int]] = None, with_outputs: bool = F
     inputs ``wrt`` (default: every floating-point input). The body runs f's forward again under
     autograd (rematerialisation); collectives carry their transposes."""
     return Function(f._fn, None, None, (), vjp_of=(f, list(wrt) if wrt is not None else None, with_outputs))
+
+
+def grad(f: Function, argnums: Optional[Sequence[int]] = None) -> Callable[..., Any]:
+    """The gradient of ``f``, a function with one scalar floating-point output: ``grad(f)(*arrays)``
+    returns the cotangents of inputs ``argnums`` (default: every floating-point input), one array
+    each (a single array for one input), each laid out as its input."""
+    g = vjp(f, wrt=argnums)
+    ones: Dict[Any, Array] = {}
+
+    def gradient(*args: Array, slice: Optional[Slice] = None) -> Any:
+        if not args or not all(isinstance(a, Array) for a in args):
+            raise InvalidArgumentError(f"grad of '{f.__name__}' takes pathways Arrays")
+        mesh = slice if slice is not None else Slice(args[0]._native.slice)
+        key = (id(args[0]._native.client), mesh._native.id)
+        if key not in ones:  # the output's cotangent: 1, made once per slice
+            ones[key] = Client(args[0]._native.client).put(torch.ones(()), mesh)
+        return g(*args, ones[key], slice=mesh)
+
+    gradient.__name__ = f"grad({f.__name__})"
+    gradient.__doc__ = grad.__doc__
+    return gradient
 
 
 # ---- Programs ----

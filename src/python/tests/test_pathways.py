@@ -2,6 +2,9 @@
 gradients and errors, each result against torch run locally."""
 
 import asyncio
+import signal
+import threading
+import time
 import json
 import os
 import re
@@ -221,3 +224,52 @@ def test_the_training_example_reports_the_losses_of_pathways_train(tmp_path):
     for a, b in zip(python_losses, cli_losses):
         assert abs(a - b) <= 1e-5 * b, (python_losses, cli_losses)
     assert python_losses[-1] < python_losses[0]
+
+
+def test_grad_of_a_scalar_function(client):
+    mesh = client.slice((2,))
+
+    @pathways.function(in_shardings=[P("x"), P()], out_shardings=[P()])
+    def loss(x, w):
+        return pathways.all_reduce((x * w).pow(2).sum(), "x")
+
+    x, w = torch.rand(4), torch.rand(())
+    dx, dw = pathways.grad(loss)(client.put(x, mesh, P("x")), client.put(w, mesh))
+    torch.testing.assert_close(dx.fetch(), 2 * x * w * w)
+    torch.testing.assert_close(dw.fetch(), (2 * x * x * w).sum())
+
+
+def test_a_donated_array_is_updated_in_place_and_spent(client):
+    mesh = client.slice((2,))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")], donate=(0,))
+    def increment(p):
+        p.add_(1.0)
+        return p
+
+    p = client.put(torch.zeros(4), mesh, P("x"))
+    q = increment(p)
+    torch.testing.assert_close(q.fetch(), torch.ones(4))
+    with pytest.raises(pathways.InvalidArgumentError, match="donated"):
+        p.fetch()
+
+
+def test_ctrl_c_stops_a_wait_and_the_cluster_serves_on(client):
+    mesh = client.slice((1,))
+
+    @pathways.function(in_shardings=[P()], out_shardings=[P()])
+    def slow(m):
+        for _ in range(3000):
+            m = torch.tanh(m @ m)
+        return m
+
+    busy = slow(client.put(torch.rand(256, 256), mesh))
+    main = threading.get_ident()
+    threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        busy.fetch()
+    assert time.monotonic() - start < 5
+    assert busy.fetch().shape == (256, 256)  # the work went on; waiting again gets it
+    assert torch.equal(client.put(torch.ones(2), mesh).fetch(), torch.ones(2))
+
