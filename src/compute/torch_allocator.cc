@@ -1,5 +1,6 @@
 // libtorch's CPU allocator for the whole process: HostMemory's cache, and device budgets charged
 // for what kernels allocate on a device's stream.
+#include <ATen/core/ivalue.h>  // before <torch/torch.h>, for clang: see torch_ops.h
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 

@@ -4,6 +4,9 @@
 // share.
 #pragma once
 
+// ivalue.h first: clang (C++20) otherwise instantiates List<IValue> members while IValue is
+// still incomplete inside <torch/torch.h> and fails (GCC does not).
+#include <ATen/core/ivalue.h>
 #include <torch/torch.h>
 
 #include <functional>

@@ -2,6 +2,7 @@
 // model's one-device source compiled by torch::jit, the same starting parameters (fetched from the
 // devices that drew them), the same batches (drawn from the Markov source here), libtorch's
 // autograd and torch::optim::Adam. The losses of the first steps must agree.
+#include <ATen/core/ivalue.h>  // before the other torch headers, for clang (see compute/torch_ops.h)
 #include <torch/optim/adam.h>
 #include <torch/jit.h>
 #include <torch/script.h>

@@ -112,8 +112,13 @@ class Builder {
     // Parameters, and the init function's source drawing each on the devices.
     std::string init = "def init():\n";
     std::vector<std::string> param_names, moment_names[2];
-    for (const auto& [kind, stacked] : kinds) {
-      auto [shape, spec] = Layout(kind->name);
+    for (const auto& entry : kinds) {
+      // Plain names, not structured bindings: the lambda below captures them (clang 14 cannot).
+      const ParamKind* kind = entry.first;
+      const bool stacked = entry.second;
+      auto layout = Layout(kind->name);
+      std::vector<int64_t> shape = std::move(layout.first);
+      PartitionSpec spec = std::move(layout.second);
       const std::vector<int64_t> local = LocalShape(shape, spec, l_);
       auto draw = [&](int64_t layer) {
         switch (kind->init) {

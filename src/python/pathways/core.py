@@ -1,0 +1,263 @@
+"""Clusters, clients, slices, arrays and partition specs: the parts of pathways that hold data."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _pathways as _ext
+from .errors import FailedPreconditionError, InvalidArgumentError
+
+_TO_RUNTIME = {torch.float32: "f32", torch.float64: "f64", torch.int32: "i32", torch.int64: "i64", torch.bool: "bool"}
+_TO_TORCH = {v: k for k, v in _TO_RUNTIME.items()}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    if dtype not in _TO_RUNTIME:
+        raise InvalidArgumentError(f"dtype {dtype} is not one the runtime holds ({', '.join(map(str, _TO_RUNTIME))})")
+    return _TO_RUNTIME[dtype]
+
+
+# ---- Partition specs ----
+
+class P(tuple):
+    """A partition spec: one entry per array dimension, a mesh axis name or None (not split).
+    ``P("x", None)`` splits rows over axis x and replicates along every axis not named. (A tuple
+    of several axis names, one dimension split over all of them, is refused for now.)"""
+
+    def __new__(cls, *entries: Union[str, Tuple[str, ...], None]) -> "P":
+        for e in entries:
+            if not (e is None or isinstance(e, str) or (isinstance(e, tuple) and all(isinstance(a, str) for a in e))):
+                raise InvalidArgumentError(f"a partition spec entry is an axis name, a tuple of names or None, not {e!r}")
+        return super().__new__(cls, tuple(e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in entries))
+
+    def _runtime(self) -> List[str]:
+        for e in self:
+            if isinstance(e, tuple) and len(e) != 1:
+                raise InvalidArgumentError(f"{self!r}: one dimension split over several mesh axes ({e!r}) is not "
+                                           f"supported yet; split it over one axis")
+        return ["" if e is None else e for e in self]
+
+    def __repr__(self) -> str:
+        return "P(" + ", ".join(repr(e) for e in self) + ")"
+
+
+def _spec_of(entries: Sequence[str]) -> P:
+    return P(*[None if e == "" else tuple(e.split(",")) if "," in e else e for e in entries])
+
+
+# ---- Clusters and clients ----
+
+def _bytes(size: Union[int, str]) -> int:
+    return size if isinstance(size, int) else _ext.parse_bytes(size)
+
+
+class LocalCluster:
+    """A whole cluster inside this process: a controller and workers on loopback, over the same
+    code paths (gRPC included) as separate processes. Usable as a context manager."""
+
+    def __init__(self, islands: int = 1, hosts_per_island: int = 2, devices_per_host: int = 4,
+                 device_memory: Union[int, str] = "256MiB") -> None:
+        self._cluster: Optional[Any] = _ext.LocalCluster(islands=islands, hosts_per_island=hosts_per_island,
+                                                         devices_per_host=devices_per_host,
+                                                         device_memory=_bytes(device_memory))
+
+    @property
+    def address(self) -> str:
+        """The controller's HOST:PORT, for ``pathways.connect`` from other processes."""
+        return self._live().address
+
+    def connect(self) -> "Client":
+        """A new client of this cluster."""
+        return Client(_ext.connect_local(self._live()))
+
+    def close(self) -> None:
+        """Stops the cluster once its clients are gone (clients keep it alive until then)."""
+        self._cluster = None
+
+    def _live(self) -> Any:
+        if self._cluster is None:
+            raise FailedPreconditionError("this LocalCluster is closed")
+        return self._cluster
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def connect(address: str) -> "Client":
+    """A client of the running cluster whose controller is at ``address`` (HOST:PORT)."""
+    return Client(_ext.connect(address))
+
+
+class Slice:
+    """A virtual slice of devices: a mesh with named axes, mapped by the controller to physical
+    devices. Functions run on every device of it."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self._native.mesh_shape)
+
+    @property
+    def axes(self) -> Tuple[str, ...]:
+        return tuple(self._native.axes)
+
+    @property
+    def num_devices(self) -> int:
+        return self._native.num_devices
+
+    def axis_size(self, axes: str) -> int:
+        """The number of devices along comma-separated ``axes`` ('' for all)."""
+        names = [a.strip() for a in axes.split(",") if a.strip()] or list(self.axes)
+        size = 1
+        for name in names:
+            if name not in self.axes:
+                raise InvalidArgumentError(f"the slice has no axis '{name}' (its axes: {', '.join(self.axes)})")
+            size *= self.shape[self.axes.index(name)]
+        return size
+
+    def __repr__(self) -> str:
+        return repr(self._native)
+
+
+class Client:
+    """A connection to one cluster. Thread-safe. Usable as a context manager; ``close()`` lets go
+    of everything the client holds on the workers."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @property
+    def id(self) -> str:
+        return self._native.id()
+
+    def describe(self) -> str:
+        """Prints (and returns) a table of the cluster's islands, hosts and devices."""
+        text = self._native.describe()
+        print(text)
+        return text
+
+    def slice(self, shape: Sequence[int], axes: Optional[Sequence[str]] = None, island: Optional[int] = None,
+              span_islands: bool = False) -> Slice:
+        """A virtual slice of ``prod(shape)`` devices laid out as a mesh with ``axes`` (default x, y,
+        z), within one island unless ``island`` pins it or ``span_islands`` lets it span several."""
+        return Slice(self._native.create_slice(list(shape), list(axes or []), island, span_islands))
+
+    def put(self, tensor: torch.Tensor, slice: Slice, spec: P = P()) -> "Array":
+        """Places ``tensor`` on ``slice`` laid out by ``spec`` (copied once, before returning)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgumentError(f"put takes a torch.Tensor, not {type(tensor).__name__}")
+        data = tensor.detach().to("cpu").contiguous()
+        dtype = _dtype_name(data.dtype)
+        # Bytes through a uint8 view: numpy knows no bfloat16, and booleans need no conversion.
+        buffer = data.reshape(-1).view(torch.uint8).numpy() if data.numel() > 0 else b""
+        return Array(self._native.put(buffer, dtype, list(data.shape), slice._native, _as_spec(spec)._runtime()))
+
+    def run(self, program: "Program", *args: "Array") -> Union["Array", Tuple["Array", ...]]:
+        """Runs a traced program with one client call; see ``@program``."""
+        return program(*args)
+
+    def write_trace(self, path: str) -> None:
+        """Writes what the devices ran for this client as Chrome trace-event JSON."""
+        self._native.write_trace(path)
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _as_spec(spec: Union[P, Sequence[Any], None]) -> P:
+    if spec is None:
+        return P()
+    return spec if isinstance(spec, P) else P(*spec)
+
+
+class Array:
+    """One logical array whose shards live on the workers: a future. ``fetch()`` waits for it;
+    dropping the last reference frees the shards."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self._native.spec[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _TO_TORCH[self._native.spec[0]]
+
+    @property
+    def sharding(self) -> P:
+        return _spec_of(self._native.sharding)
+
+    def fetch(self) -> torch.Tensor:
+        """The whole array as a tensor, once computed; raises the error that prevented it."""
+        data = self._native.fetch()
+        if not data:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.dtype).reshape(self.shape)
+
+    def ready(self) -> "Array":
+        """Blocks until every shard is computed (or raises why it never will be)."""
+        self._native.ready()
+        return self
+
+    def is_ready(self) -> bool:
+        return self._native.is_ready()
+
+    def __await__(self):
+        return asyncio.get_event_loop().run_in_executor(None, self.ready).__await__()
+
+    def __repr__(self) -> str:
+        return f"Array({list(self.shape)}, {self.dtype}, {self.sharding})"
+
+
+# ---- Training the built-in Transformer ----
+
+class Trainer:
+    """Trains the built-in decoder-only Transformer (``pathways train``'s) on a client's cluster:
+    data, tensor and pipeline parallelism composed in one traced step, parameters and data made on
+    the devices. ``step()`` issues a step and returns its loss's future (``.result()`` waits)."""
+
+    def __init__(self, client: Client, model: str = "tiny", batch: int = 16, seq_len: int = 0, vocab: int = 0,
+                 data_parallel: int = 1, tensor_parallel: int = 1, pipeline_stages: int = 1, microbatches: int = 1,
+                 islands: int = 1, seed: int = 0, learning_rate: float = 3e-3, data: str = "markov",
+                 resume: str = "") -> None:
+        self._native = _ext.Trainer(client._native, model=model, batch=batch, seq_len=seq_len, vocab=vocab,
+                                    data_parallel=data_parallel, tensor_parallel=tensor_parallel,
+                                    pipeline_stages=pipeline_stages, microbatches=microbatches, islands=islands,
+                                    seed=seed, learning_rate=learning_rate,
+                                    text_file="" if data == "markov" else data, resume_from=resume)
+
+    def step(self) -> Any:
+        """Issues the next step with one client call; returns the future of its mean loss (nats)."""
+        return self._native.step()
+
+    def save(self, path: str) -> None:
+        """Checkpoints parameters and optimizer state (each host writes its own shards)."""
+        self._native.save(path)
+
+    @property
+    def entropy(self) -> float:
+        """The data's entropy rate, the best mean loss possible (NaN for a text file)."""
+        return self._native.entropy
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self._native.tokens_per_step
+
+    def __repr__(self) -> str:
+        return f"Trainer({self._native.description})"

@@ -1,0 +1,244 @@
+"""Functions and programs: Python functions in TorchScript's subset compiled for the cluster,
+their gradients, and several calls traced into one program."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import textwrap
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import _pathways as _ext
+from .collectives import MESH
+from .core import _TO_TORCH, Array, Client, P, Slice, _as_spec, _dtype_name
+from .errors import Error, FailedPreconditionError, InvalidArgumentError
+
+def _source_of(fn: Callable) -> Tuple[str, str]:
+    """The function's source as TorchScript will compile it, padded so that its line numbers are
+    the lines of the user's file, and the file's name."""
+    lines, first = inspect.getsourcelines(fn)
+    source = textwrap.dedent("".join(lines))
+    body = source.splitlines(keepends=True)
+    while body and body[0].lstrip().startswith("@"):  # decorators, possibly over several lines
+        body.pop(0)
+        first += 1
+        while body and not body[0].lstrip().startswith(("def ", "@")):
+            body.pop(0)
+            first += 1
+    return "\n" * (first - 1) + "".join(body), inspect.getsourcefile(fn) or "<unknown>"
+
+
+def _local_shape(shape: Sequence[int], spec: P, mesh: Slice) -> List[int]:
+    local = list(shape)
+    for d, axes in enumerate(spec._runtime()):
+        if axes and d < len(local):
+            local[d] //= mesh.axis_size(axes)
+    return local
+
+
+def _global_shape(local: Sequence[int], spec: P, mesh: Slice) -> List[int]:
+    shape = list(local)
+    for d, axes in enumerate(spec._runtime()):
+        if axes and d < len(shape):
+            shape[d] *= mesh.axis_size(axes)
+    return shape
+
+
+def _output_shapes(fn: Callable, inputs: Sequence[Tuple[torch.dtype, List[int]]], in_specs: Sequence[P],
+                   out_specs: Sequence[P], mesh: Slice) -> List[Tuple[str, List[int]]]:
+    """Runs ``fn`` on its shards' shapes (meta tensors, else zeros) to find its outputs' global
+    shapes and dtypes."""
+    token = MESH.set(mesh)
+    try:
+        results = None
+        for device in ("meta", "cpu"):
+            args = [torch.zeros(_local_shape(shape, spec, mesh), dtype=dtype, device=device)
+                    for (dtype, shape), spec in zip(inputs, in_specs)]
+            try:
+                results = fn(*args)
+                break
+            except Error:
+                raise
+            except Exception as e:  # an op without a meta kernel: try real (zero) tensors
+                if device == "cpu":
+                    raise InvalidArgumentError(f"function '{fn.__name__}' failed on its inputs' shapes: {e}") from e
+    finally:
+        MESH.reset(token)
+    results = results if isinstance(results, tuple) else (results,)
+    if not all(isinstance(r, torch.Tensor) for r in results):
+        raise InvalidArgumentError(f"function '{fn.__name__}' must return a tensor or a tuple of tensors")
+    specs = list(out_specs) if out_specs else [P()] * len(results)
+    if len(specs) != len(results):
+        raise InvalidArgumentError(f"function '{fn.__name__}' returns {len(results)} values but has "
+                                   f"{len(specs)} output shardings")
+    return [(_dtype_name(r.dtype), _global_shape(r.shape, spec, mesh)) for r, spec in zip(results, specs)]
+
+
+class Function:
+    """A Python function compiled for the cluster: ``f(*arrays, slice=None)`` runs it on every
+    device of the slice its first input is on (or ``slice``), compiling it on first use for those
+    shapes and dtypes, and returns arrays at once."""
+
+    def __init__(self, fn: Callable, in_shardings: Optional[Sequence[P]], out_shardings: Optional[Sequence[P]],
+                 donate: Sequence[int], vjp_of: Optional[Tuple["Function", Optional[List[int]], bool]] = None) -> None:
+        self._fn = fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        self._in = [_as_spec(s) for s in in_shardings] if in_shardings is not None else None
+        self._out = [_as_spec(s) for s in out_shardings] if out_shardings is not None else None
+        self._donate = list(donate)
+        self._vjp_of = vjp_of
+        self._compiled: Dict[Any, Any] = {}
+        self._source = _source_of(fn)[0] if vjp_of is None else None
+
+    def _compile(self, client: Any, specs: List[Tuple[str, List[int]]], mesh: Slice) -> Any:
+        key = (id(client), tuple((d, tuple(s)) for d, s in specs), mesh.shape, mesh.axes)
+        compiled = self._compiled.get(key)
+        if compiled is not None:
+            return compiled
+        primal = self if self._vjp_of is None else self._vjp_of[0]
+        n = len(primal._fn.__code__.co_varnames[:primal._fn.__code__.co_argcount])
+        in_specs = primal._in if primal._in is not None else [P()] * n
+        primal_inputs = specs[:n]
+        if len(primal_inputs) != n or len(in_specs) != n:
+            raise InvalidArgumentError(f"function '{primal.__name__}' takes {n} inputs and {len(in_specs)} input "
+                                       f"shardings; it was given {len(specs)} arrays")
+        outputs = _output_shapes(primal._fn, [(_TO_TORCH[d], s) for d, s in primal_inputs], in_specs,
+                                 primal._out or [], mesh)
+        out_specs = primal._out or [P()] * len(outputs)
+        kwargs = {}
+        if self._vjp_of is not None:
+            kwargs = {"vjp_wrt": self._vjp_of[1] or [], "vjp_with_outputs": self._vjp_of[2]}
+        compiled = client.compile(primal.__name__, primal._source, primal_inputs, outputs,
+                                  [s._runtime() for s in in_specs], [s._runtime() for s in out_specs],
+                                  primal._donate if self._vjp_of is None else [], **kwargs)
+        self._compiled[key] = compiled
+        return compiled
+
+    def __call__(self, *args: Any, slice: Optional[Slice] = None) -> Any:
+        if any(isinstance(a, _Traced) for a in args):
+            return _trace_call(self, args, slice)
+        if not args or not all(isinstance(a, Array) for a in args):
+            raise InvalidArgumentError(f"function '{self.__name__}' takes pathways Arrays (use client.put)")
+        client = args[0]._native.client
+        mesh = slice if slice is not None else Slice(args[0]._native.slice)
+        compiled = self._compile(client, [a._native.spec for a in args], mesh)
+        out = client.call(compiled, mesh._native, [a._native for a in args])
+        arrays = tuple(Array(o) for o in out)
+        return arrays[0] if len(arrays) == 1 else arrays
+
+
+def function(fn: Optional[Callable] = None, *, in_shardings: Optional[Sequence[P]] = None,
+             out_shardings: Optional[Sequence[P]] = None, donate: Sequence[int] = ()) -> Any:
+    """Makes a Python function written in TorchScript's subset a function of the cluster.
+
+    ``in_shardings``/``out_shardings`` give one partition spec per input/output (default:
+    replicated); the body sees each device's shards and may call ``pathways.all_reduce(x, "x")``
+    and the other collectives over the slice's axes. ``donate`` names inputs whose buffers the
+    outputs take (an optimizer's in-place update); their arrays cannot be used afterwards."""
+
+    def wrap(f: Callable) -> Function:
+        return Function(f, in_shardings, out_shardings, donate)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def vjp(f: Function, wrt: Optional[Sequence[int]] = None, with_outputs: bool = False) -> Function:
+    """The vector-Jacobian product of ``f``: called with f's inputs and then one cotangent per
+    floating-point output, it returns f's outputs when ``with_outputs``, then the cotangents of the
+    inputs ``wrt`` (default: every floating-point input). The body runs f's forward again under
+    autograd (rematerialisation); collectives carry their transposes."""
+    return Function(f._fn, None, None, (), vjp_of=(f, list(wrt) if wrt is not None else None, with_outputs))
+
+
+def grad(f: Function, argnums: Optional[Sequence[int]] = None) -> Callable[..., Any]:
+    """The gradient of ``f``, a function with one scalar floating-point output: ``grad(f)(*arrays)``
+    returns the cotangents of inputs ``argnums`` (default: every floating-point input), one array
+    each (a single array for one input), each laid out as its input."""
+    g = vjp(f, wrt=argnums)
+    ones: Dict[Any, Array] = {}
+
+    def gradient(*args: Array, slice: Optional[Slice] = None) -> Any:
+        if not args or not all(isinstance(a, Array) for a in args):
+            raise InvalidArgumentError(f"grad of '{f.__name__}' takes pathways Arrays")
+        mesh = slice if slice is not None else Slice(args[0]._native.slice)
+        key = (id(args[0]._native.client), mesh._native.id)
+        if key not in ones:  # the output's cotangent: 1, made once per slice
+            ones[key] = Client(args[0]._native.client).put(torch.ones(()), mesh)
+        return g(*args, ones[key], slice=mesh)
+
+    gradient.__name__ = f"grad({f.__name__})"
+    gradient.__doc__ = grad.__doc__
+    return gradient
+
+
+# ---- Programs ----
+
+class _Traced:
+    """A value inside a program being traced."""
+
+    def __init__(self, native: Any, slice_: Optional[Slice]) -> None:
+        self._native = native
+        self._slice = slice_
+
+
+_BUILDER: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar("pathways_builder", default=None)
+
+
+def _trace_call(f: Function, args: Sequence[Any], slice: Optional[Slice]) -> Any:
+    state = _BUILDER.get()
+    if state is None:
+        raise FailedPreconditionError("traced values are used only inside the @pathways.program being traced")
+    builder, client = state
+    mesh = slice if slice is not None else args[0]._slice
+    compiled = f._compile(client, [a._native.spec for a in args], mesh)
+    out = builder.call(compiled, mesh._native, [a._native for a in args])
+    values = tuple(_Traced(o, mesh) for o in out)
+    return values[0] if len(values) == 1 else values
+
+
+class Program:
+    """Several function calls traced into one program, run with one client call. Traced once
+    per placement of its inputs; ``ir()`` is the readable IR of the last trace."""
+
+    def __init__(self, fn: Callable) -> None:
+        self._fn = fn
+        self.__name__ = fn.__name__
+        self._traced: Dict[Any, Any] = {}
+        self._last: Optional[Any] = None
+
+    def __call__(self, *args: Array) -> Any:
+        if not args or not all(isinstance(a, Array) for a in args):
+            raise InvalidArgumentError(f"program '{self.__name__}' takes pathways Arrays")
+        client = args[0]._native.client
+        key = (id(client), tuple((tuple(a._native.spec[1]), a._native.spec[0], a._native.slice.id,
+                                  tuple(a._native.sharding)) for a in args))
+        program = self._traced.get(key)
+        if program is None:
+            builder = _ext.ProgramBuilder(self.__name__)
+            traced = [_Traced(builder.arg(*a._native.spec), Slice(a._native.slice)) for a in args]
+            token = _BUILDER.set((builder, client))
+            try:
+                results = self._fn(*traced)
+            finally:
+                _BUILDER.reset(token)
+            results = results if isinstance(results, tuple) else (results,)
+            program = builder.build([r._native for r in results])
+            self._traced[key] = program
+        self._last = program
+        arrays = tuple(Array(o) for o in client.run(program, [a._native for a in args]))
+        return arrays[0] if len(arrays) == 1 else arrays
+
+    def ir(self) -> str:
+        """The readable IR of the program as last traced (call it first)."""
+        if self._last is None:
+            raise FailedPreconditionError(f"program '{self.__name__}' has not been traced yet: call it first")
+        return self._last.ir()
+
+
+def program(fn: Callable) -> Program:
+    """Traces a Python function that calls pathways functions (on one or several slices) into
+    one program, run with one client call, as the C++ ProgramBuilder does."""
+    return Program(fn)
