@@ -273,3 +273,32 @@ def test_ctrl_c_stops_a_wait_and_the_cluster_serves_on(client):
     assert busy.fetch().shape == (256, 256)  # the work went on; waiting again gets it
     assert torch.equal(client.put(torch.ones(2), mesh).fetch(), torch.ones(2))
 
+
+
+def _device_memory_used(client):
+    text = client._native.describe()
+    return sum(int(m) for m in re.findall(r"memory (\d+) /", text))
+
+
+def _wait_for(condition, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # bounded poll: heartbeats carry the workers' memory
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_dropping_the_last_reference_frees_the_shards():
+    import gc
+    # A cluster of its own: no other test's arrays come and go on its devices meanwhile.
+    with pathways.LocalCluster(islands=1, hosts_per_island=1, devices_per_host=2, device_memory="64MiB") as cluster:
+        client = cluster.connect()
+        mesh = client.slice((2,))
+        a = client.put(torch.zeros(1 << 22), mesh, P("x"))  # 16 MiB over two devices
+        a.ready()
+        assert _wait_for(lambda: _device_memory_used(client) >= 16 << 20), _device_memory_used(client)
+        del a
+        gc.collect()
+        assert _wait_for(lambda: _device_memory_used(client) == 0), _device_memory_used(client)
+        client.close()
