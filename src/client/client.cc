@@ -238,7 +238,7 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
   auto data = std::make_shared<VirtualSlice::Data>();
   data->id = response.slice_id();
   data->mesh = std::move(mesh);
-  data->owner = core_.get();
+  data->owner = core_->serial();
   std::shared_ptr<const SliceMapping> mapping = core_->NewMapping(response);
   {
     absl::MutexLock lock(&data->mu);  // not shared yet, but mappings are guarded
@@ -262,7 +262,7 @@ absl::StatusOr<std::vector<Client::LostSlice>> Client::LostSlices() {
 }
 
 absl::Status Client::RemapSlice(const VirtualSlice& slice) {
-  if (!slice.data_ || slice.data_->owner != core_.get()) {
+  if (!slice.data_ || slice.data_->owner != core_->serial()) {
     return absl::InvalidArgumentError("RemapSlice of a slice that this client did not create");
   }
   rpc::RemapSliceRequest request;
@@ -295,14 +295,14 @@ absl::StatusOr<CompiledFunction> Client::Compile(const FunctionSpec& spec) {
   fn.state_ = std::make_shared<CompiledFunction::State>();
   fn.state_->spec = spec;
   fn.state_->key = FunctionKey(spec.body);
-  fn.state_->owner = core_.get();
+  fn.state_->owner = core_->serial();
   PW_RETURN_IF_ERROR(core_->CompileOn(*fn.state_, hosts));
   return fn;
 }
 
 absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSlice& slice,
                                          const PartitionSpec& partition) {
-  if (!slice.data_ || slice.data_->owner != core_.get()) {
+  if (!slice.data_ || slice.data_->owner != core_->serial()) {
     return absl::InvalidArgumentError("Put onto a slice that this client did not create");
   }
   PW_RETURN_IF_ERROR(CheckSpec(data.spec(), "Put"));
@@ -559,10 +559,10 @@ ClientStats Client::stats() const { return core_->stats(); }
 
 absl::StatusOr<std::vector<ShardedArray>> Client::Call(const CompiledFunction& function, const VirtualSlice& slice,
                                                        absl::Span<const ShardedArray> inputs) {
-  if (!function.state_ || function.state_->owner != core_.get()) {
+  if (!function.state_ || function.state_->owner != core_->serial()) {
     return absl::InvalidArgumentError("Call of a function that this client did not compile");
   }
-  if (!slice.data_ || slice.data_->owner != core_.get()) {
+  if (!slice.data_ || slice.data_->owner != core_->serial()) {
     return absl::InvalidArgumentError("Call on a slice that this client did not create");
   }
   const std::string what = absl::StrCat("function '", function.name(), "'");

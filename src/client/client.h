@@ -107,7 +107,7 @@ class VirtualSlice {
   struct Data {
     int64_t id;
     Mesh mesh;
-    const ClientCore* owner;
+    uint64_t owner;  // the serial of the ClientCore that made it
     mutable absl::Mutex mu;
     std::vector<std::shared_ptr<const SliceMapping>> mappings ABSL_GUARDED_BY(mu);  // newest last
   };

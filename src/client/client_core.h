@@ -31,13 +31,17 @@ struct SeqRef {
 class ClientCore : public std::enable_shared_from_this<ClientCore> {
  public:
   ClientCore(std::string controller_address, ClientOptions options)
-      : identity_(NewClientIdentity()),
+      : serial_(NextSerial()),
+        identity_(NewClientIdentity()),
         options_(options),
         controller_(std::make_shared<ControllerClient>(std::move(controller_address))) {}
 
   // Says goodbye to the controller: workers then free whatever the client still owned.
   ~ClientCore();
   const std::string& id() const { return identity_.id; }
+  // Unique among the clients of this process, never reused (unlike an address): what handles
+  // record as their owner, so a handle of a client that is gone never passes for a new one's.
+  uint64_t serial() const { return serial_; }
   // What every call that acts for this client carries (see ClientIdentity).
   const std::string& credential() const { return identity_.credential; }
   ControllerClient& controller() { return *controller_; }
@@ -126,6 +130,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
                                                   absl::Span<const ShardedArray> args);
 
  private:
+  static uint64_t NextSerial() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+  const uint64_t serial_;
   std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue();
   void LeaseLoop(absl::Duration interval);
 
@@ -153,7 +162,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 struct CompiledFunction::State {
   FunctionSpec spec;
   std::string key;
-  const ClientCore* owner;
+  uint64_t owner;  // the ClientCore's serial()
   absl::Mutex mu;
   absl::flat_hash_set<std::string> compiled_on ABSL_GUARDED_BY(mu);  // ClientCore::HostKey of each host
 };

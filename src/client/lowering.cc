@@ -58,11 +58,11 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
   for (const ShardedArray& a : args) slices.emplace(a.state_->placed_on->id, std::make_pair(&a.slice().mesh(), a.state_->placed_on));
   for (size_t n = 0; n < program.calls().size(); ++n) {
     const Program::Call& c = program.calls()[n];
-    if (c.slice.data_->owner != this) {
+    if (c.slice.data_->owner != serial()) {
       return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
                                                      "' on a slice that this client did not create"));
     }
-    if (c.function.state_->owner != this) {
+    if (c.function.state_->owner != serial()) {
       return absl::InvalidArgumentError(absl::StrCat("program '", program.name(), "' calls '", c.function.name(),
                                                      "', which this client did not compile"));
     }

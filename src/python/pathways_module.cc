@@ -5,12 +5,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <csignal>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "cluster/local_cluster.h"
@@ -41,15 +42,19 @@ void Check(const absl::Status& s) {
 }
 
 // Waits for a future with the GIL released, in slices, so that Ctrl-C (SIGINT, which Python turns
-// into a pending KeyboardInterrupt) stops the wait without touching the cluster.
+// into a pending KeyboardInterrupt) stops the wait without touching the cluster. The GIL is taken
+// back by hand: a thread that takes it while the interpreter shuts down is ended by Python with a
+// forced unwind, which must not pass through a destructor; such a thread (a daemon still waiting)
+// stays parked instead, and the process exits around it.
 template <typename T>
 T Wait(const Future<T>& future) {
   while (true) {
-    absl::StatusOr<T> r = absl::DeadlineExceededError("");
-    {
-      py::gil_scoped_release release;
-      r = future.AwaitFor(absl::Milliseconds(100));
+    PyThreadState* state = PyEval_SaveThread();
+    absl::StatusOr<T> r = future.AwaitFor(absl::Milliseconds(100));
+    if (_Py_IsFinalizing()) {
+      for (;;) absl::SleepFor(absl::Hours(1));
     }
+    PyEval_RestoreThread(state);
     if (r.ok()) return *std::move(r);
     if (!(r.status().code() == absl::StatusCode::kDeadlineExceeded && !future.IsReady())) Raise(r.status());
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -67,19 +72,36 @@ std::vector<TensorSpec> Specs(const std::vector<std::pair<std::string, Shape>>& 
 std::pair<std::string, Shape> FromSpec(const TensorSpec& spec) { return {DTypeName(spec.dtype), spec.shape}; }
 
 // A client and what keeps it valid: the embedded cluster it was connected to, if any, lives at
-// least as long as the client.
-struct PyClient {
-  std::shared_ptr<LocalCluster> cluster;
-  std::unique_ptr<Client> client;
-  Client& get() {
-    if (client == nullptr) Raise(absl::FailedPreconditionError("this client is closed"));
-    return *client;
+// least as long as the client. Each call holds the client for its duration, so closing it from
+// one thread while another calls (or a trainer steps) ends the client once they are done.
+class PyClient {
+ public:
+  PyClient(std::shared_ptr<LocalCluster> cluster, std::unique_ptr<Client> client)
+      : cluster_(std::move(cluster)), client_(std::move(client)) {}
+  std::shared_ptr<Client> get() const {
+    absl::MutexLock lock(&mu_);
+    if (client_ == nullptr) Raise(absl::FailedPreconditionError("this client is closed"));
+    return client_;
   }
+  void Close() {
+    std::shared_ptr<Client> client;
+    {
+      absl::MutexLock lock(&mu_);
+      client = std::move(client_);
+    }
+  }
+
+ private:
+  const std::shared_ptr<LocalCluster> cluster_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Client> client_ ABSL_GUARDED_BY(mu_);
 };
 
 struct PyArray {
   ShardedArray array;
   std::shared_ptr<PyClient> client;
+  // Ready()'s future, made at the first is_ready() and polled after.
+  mutable std::optional<Future<Unit>> ready;
 };
 
 FunctionSpec ScriptSpec(const std::string& name, const std::string& source,
@@ -110,33 +132,34 @@ std::vector<std::shared_ptr<PyArray>> Wrap(std::vector<ShardedArray> arrays, con
 PYBIND11_MODULE(_pathways, m) {
   using namespace pathways;
   m.doc() = "The pathways C++ client library (internal: use the `pathways` package).";
-  InitServingProcess();
 
-  // Exceptions: StatusError carries the code; the package maps codes to its classes.
-  static py::exception<StatusError> error(m, "StatusError", PyExc_RuntimeError);
+  // Exceptions: the package maps each status code to its class (pathways/errors.py).
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
+      const absl::string_view text = e.status.message();
+      py::object message = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace"));
       py::object cls = py::module_::import("pathways.errors").attr("from_code")(static_cast<int>(e.status.code()));
-      py::object exc = cls(std::string(e.status.message()));
+      py::object exc = cls(message);
       exc.attr("code") = static_cast<int>(e.status.code());
       PyErr_SetObject(cls.ptr(), exc.ptr());
     }
   });
 
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
-      .def("id", [](PyClient& c) { return c.get().id(); })
+      .def("id", [](PyClient& c) { return c.get()->id(); })
       .def("describe",
            [](PyClient& c) {
              py::gil_scoped_release release;
-             return Value(c.get().DescribeCluster());
+             return Value(c.get()->DescribeCluster());
            })
       .def("create_slice",
            [](PyClient& c, std::vector<int64_t> mesh, std::vector<std::string> axes, std::optional<int> island,
               bool span_islands) {
              py::gil_scoped_release release;
-             return Value(c.get().CreateSlice(
+             return Value(c.get()->CreateSlice(
                  {.mesh_shape = mesh, .axis_names = axes, .island = island, .span_islands = span_islands}));
            })
       .def("put",
@@ -152,7 +175,7 @@ PYBIND11_MODULE(_pathways, m) {
              HostArray host =
                  Value(HostArray::FromBytes(s.dtype, s.shape, std::string(static_cast<const char*>(info.ptr), bytes)));
              py::gil_scoped_release release;
-             return std::make_shared<PyArray>(PyArray{Value(c->get().Put(host, slice, spec)), c});
+             return std::make_shared<PyArray>(PyArray{Value(c->get()->Put(host, slice, spec)), c});
            })
       .def("compile",
            [](PyClient& c, const std::string& name, const std::string& source,
@@ -163,7 +186,7 @@ PYBIND11_MODULE(_pathways, m) {
              FunctionSpec spec = ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, donated);
              if (vjp_wrt) spec = Value(FunctionSpec::Vjp(spec, *vjp_wrt, vjp_with_outputs));
              py::gil_scoped_release release;
-             return Value(c.get().Compile(spec));
+             return Value(c.get()->Compile(spec));
            },
            py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
            py::arg("out_shardings"), py::arg("donated"), py::arg("vjp_wrt") = std::nullopt,
@@ -175,7 +198,7 @@ PYBIND11_MODULE(_pathways, m) {
              std::vector<ShardedArray> out;
              {
                py::gil_scoped_release release;
-               out = Value(c->get().Call(f, slice, in));
+               out = Value(c->get()->Call(f, slice, in));
              }
              return Wrap(std::move(out), c);
            })
@@ -185,18 +208,24 @@ PYBIND11_MODULE(_pathways, m) {
              std::vector<ShardedArray> out;
              {
                py::gil_scoped_release release;
-               out = Value(c->get().Run(p, in));
+               out = Value(c->get()->Run(p, in));
              }
              return Wrap(std::move(out), c);
            })
       .def("describe_lowering",
            [](PyClient& c, const Program& p, const std::vector<std::shared_ptr<PyArray>>& args) {
-             return Value(c.get().DescribeLowering(p, Unwrap(args)));
+             std::vector<ShardedArray> in = Unwrap(args);
+             py::gil_scoped_release release;
+             return Value(c.get()->DescribeLowering(p, in));
            })
-      .def("write_trace", [](PyClient& c, const std::string& path) { Check(c.get().WriteTrace(path)); })
+      .def("write_trace",
+           [](PyClient& c, const std::string& path) {
+             py::gil_scoped_release release;
+             Check(c.get()->WriteTrace(path));
+           })
       .def("close", [](PyClient& c) {
         py::gil_scoped_release release;
-        c.client.reset();
+        c.Close();
       });
 
   py::class_<PyArray, std::shared_ptr<PyArray>>(m, "Array")
@@ -207,14 +236,14 @@ PYBIND11_MODULE(_pathways, m) {
       .def_property_readonly("client", [](const PyArray& a) { return a.client; })
       .def("fetch",
            [](const PyArray& a) {
-             HostArray host = Wait(a.client->get().Fetch(a.array));
+             HostArray host = Wait(a.client->get()->Fetch(a.array));
              return py::bytes(host.bytes());
            })
-      .def("ready", [](const PyArray& a) { Wait(a.client->get().Ready(a.array)); })
+      .def("ready", [](const PyArray& a) { Wait(a.client->get()->Ready(a.array)); })
       .def("is_ready",
            [](const PyArray& a) {
-             // Ready() is a new future each call: done when the shards are.
-             return a.client->get().Ready(a.array).IsReady();
+             if (!a.ready) a.ready = a.client->get()->Ready(a.array);
+             return a.ready->IsReady();
            })
       .def("__repr__", [](const PyArray& a) { return a.array.ToString(); });
 
@@ -250,6 +279,8 @@ PYBIND11_MODULE(_pathways, m) {
 
   py::class_<LocalCluster, std::shared_ptr<LocalCluster>>(m, "LocalCluster")
       .def(py::init([](int islands, int hosts_per_island, int devices_per_host, int64_t device_memory) {
+             // Serving in this process: the settings servers need (descriptors, the allocator).
+             InitServingProcess();
              py::gil_scoped_release release;
              std::unique_ptr<LocalCluster> c = Value(LocalCluster::Start({.num_islands = islands,
                                                                          .hosts_per_island = hosts_per_island,
@@ -262,16 +293,12 @@ PYBIND11_MODULE(_pathways, m) {
 
   m.def("connect_local", [](std::shared_ptr<LocalCluster> cluster) {
     py::gil_scoped_release release;
-    auto c = std::make_shared<PyClient>();
-    c->client = Value(cluster->Connect());
-    c->cluster = std::move(cluster);
-    return c;
+    std::unique_ptr<Client> client = Value(cluster->Connect());
+    return std::make_shared<PyClient>(std::move(cluster), std::move(client));
   });
   m.def("connect", [](const std::string& address) {
     py::gil_scoped_release release;
-    auto c = std::make_shared<PyClient>();
-    c->client = Value(Client::Connect(address));
-    return c;
+    return std::make_shared<PyClient>(nullptr, Value(Client::Connect(address)));
   });
   m.def("parse_bytes", [](const std::string& text) { return Value(ParseBytes(text)); });
 
@@ -282,24 +309,31 @@ PYBIND11_MODULE(_pathways, m) {
     py::gil_scoped_release release;
     ShardedArray x = first->array;
     const absl::Time start = absl::Now();
-    for (int i = 0; i < calls; ++i) x = Value(c.get().Call(f, slice, {x}))[0];
-    (void)Value(c.get().Fetch(x).Await());
+    for (int i = 0; i < calls; ++i) x = Value(c.get()->Call(f, slice, {x}))[0];
+    (void)Value(c.get()->Fetch(x).Await());
     return absl::ToDoubleSeconds(absl::Now() - start);
   });
   m.def("bench_put_and_fetch", [](PyClient& c, const VirtualSlice& slice, int64_t bytes) {
     py::gil_scoped_release release;
     HostArray data = Value(HostArray::Create(DType::kF32, {bytes / 4}));
     const absl::Time start = absl::Now();
-    ShardedArray a = Value(c.get().Put(data, slice));
+    ShardedArray a = Value(c.get()->Put(data, slice));
     const absl::Time put = absl::Now();
-    (void)Value(c.get().Fetch(a).Await());
+    (void)Value(c.get()->Fetch(a).Await());
     return std::make_pair(absl::ToDoubleSeconds(put - start), absl::ToDoubleSeconds(absl::Now() - put));
   });
 
   // The Transformer trainer (train/trainer.h), as `pathways train` drives it.
+  // Holds the Client it trains on alive (Trainer keeps a reference); refuses to step once the
+  // Python client is closed.
   struct PyTrainer {
-    std::shared_ptr<PyClient> client;
+    std::shared_ptr<PyClient> py_client;
+    std::shared_ptr<Client> client;
     std::unique_ptr<Trainer> trainer;
+    Trainer& get() {
+      (void)py_client->get();  // FailedPrecondition once closed
+      return *trainer;
+    }
   };
   py::class_<Future<double>>(m, "LossFuture")
       .def("result", [](const Future<double>& f) { return Wait(f); })
@@ -322,10 +356,11 @@ PYBIND11_MODULE(_pathways, m) {
              o.adam.learning_rate = learning_rate;
              o.text_file = text_file;
              o.resume_from = resume_from;
-             py::gil_scoped_release release;
              auto t = std::make_shared<PyTrainer>();
-             t->trainer = Value(Trainer::Create(client->get(), o));
-             t->client = std::move(client);
+             t->client = client->get();
+             t->py_client = std::move(client);
+             py::gil_scoped_release release;
+             t->trainer = Value(Trainer::Create(*t->client, o));
              return t;
            }),
            py::arg("client"), py::arg("model"), py::arg("batch"), py::arg("seq_len"), py::arg("vocab"),
@@ -335,12 +370,12 @@ PYBIND11_MODULE(_pathways, m) {
       .def("step",
            [](PyTrainer& t) {
              py::gil_scoped_release release;
-             return Value(t.trainer->Step());
+             return Value(t.get().Step());
            })
       .def("save",
            [](PyTrainer& t, const std::string& path) {
              py::gil_scoped_release release;
-             Check(t.trainer->Save(path));
+             Check(t.get().Save(path));
            })
       .def_property_readonly("entropy", [](const PyTrainer& t) { return t.trainer->entropy(); })
       .def_property_readonly("tokens_per_step", [](const PyTrainer& t) { return t.trainer->tokens_per_step(); })

@@ -59,9 +59,9 @@ def broadcast(x: torch.Tensor, axes: str = "", root: int = 0) -> torch.Tensor:
 
 def uniform(shape: List[int], spec: List[str], seed: int, step: int) -> torch.Tensor:
     """Counter-based uniform numbers in [0, 1) for this shard's block of one global array."""
-    return torch.empty(shape)
+    return torch.empty(shape, device="meta")
 
 
 def normal(shape: List[int], spec: List[str], seed: int, step: int) -> torch.Tensor:
     """Counter-based standard normal numbers for this shard's block of one global array."""
-    return torch.empty(shape)
+    return torch.empty(shape, device="meta")

@@ -103,14 +103,17 @@ class Slice:
 
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The mesh's extent along each axis."""
         return tuple(self._native.mesh_shape)
 
     @property
     def axes(self) -> Tuple[str, ...]:
+        """The mesh's axis names."""
         return tuple(self._native.axes)
 
     @property
     def num_devices(self) -> int:
+        """The number of devices of the slice."""
         return self._native.num_devices
 
     def axis_size(self, axes: str) -> int:
@@ -128,14 +131,15 @@ class Slice:
 
 
 class Client:
-    """A connection to one cluster. Thread-safe. Usable as a context manager; ``close()`` lets go
-    of everything the client holds on the workers."""
+    """A connection to one cluster. Thread-safe. Usable as a context manager (``close()`` at
+    the end)."""
 
     def __init__(self, native: Any) -> None:
         self._native = native
 
     @property
     def id(self) -> str:
+        """This client's id (the hash of a secret only it holds)."""
         return self._native.id()
 
     def describe(self) -> str:
@@ -169,6 +173,8 @@ class Client:
         self._native.write_trace(path)
 
     def close(self) -> None:
+        """Ends this client: later calls raise FailedPreconditionError. Its arrays' shards are freed
+        as their last references go (and by the controller once the client's lease lapses)."""
         self._native.close()
 
     def __enter__(self) -> "Client":
@@ -193,14 +199,17 @@ class Array:
 
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The global shape."""
         return tuple(self._native.spec[1])
 
     @property
     def dtype(self) -> torch.dtype:
+        """The element type, as a torch dtype."""
         return _TO_TORCH[self._native.spec[0]]
 
     @property
     def sharding(self) -> P:
+        """How the array is laid over its slice: one entry per dimension."""
         return _spec_of(self._native.sharding)
 
     def fetch(self) -> torch.Tensor:
@@ -216,6 +225,7 @@ class Array:
         return self
 
     def is_ready(self) -> bool:
+        """Whether every shard is computed (or failed), without waiting."""
         return self._native.is_ready()
 
     def __await__(self):
@@ -257,6 +267,7 @@ class Trainer:
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens each step trains on: batch x context."""
         return self._native.tokens_per_step
 
     def __repr__(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import textwrap
+import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -63,7 +64,9 @@ def _output_shapes(fn: Callable, inputs: Sequence[Tuple[torch.dtype, List[int]]]
                 raise
             except Exception as e:  # an op without a meta kernel: try real (zero) tensors
                 if device == "cpu":
-                    raise InvalidArgumentError(f"function '{fn.__name__}' failed on its inputs' shapes: {e}") from e
+                    where = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == fn.__code__.co_filename]
+                    at = f" (File \"{where[-1].filename}\", line {where[-1].lineno})" if where else ""
+                    raise InvalidArgumentError(f"function '{fn.__name__}' failed on its inputs' shapes{at}: {e}") from e
     finally:
         MESH.reset(token)
     results = results if isinstance(results, tuple) else (results,)
@@ -91,10 +94,10 @@ class Function:
         self._donate = list(donate)
         self._vjp_of = vjp_of
         self._compiled: Dict[Any, Any] = {}
-        self._source = _source_of(fn)[0] if vjp_of is None else None
+        self._source, self._file = _source_of(fn) if vjp_of is None else (None, None)
 
     def _compile(self, client: Any, specs: List[Tuple[str, List[int]]], mesh: Slice) -> Any:
-        key = (id(client), tuple((d, tuple(s)) for d, s in specs), mesh.shape, mesh.axes)
+        key = (client.id(), tuple((d, tuple(s)) for d, s in specs), mesh.shape, mesh.axes)
         compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
@@ -111,9 +114,13 @@ class Function:
         kwargs = {}
         if self._vjp_of is not None:
             kwargs = {"vjp_wrt": self._vjp_of[1] or [], "vjp_with_outputs": self._vjp_of[2]}
-        compiled = client.compile(primal.__name__, primal._source, primal_inputs, outputs,
-                                  [s._runtime() for s in in_specs], [s._runtime() for s in out_specs],
-                                  primal._donate if self._vjp_of is None else [], **kwargs)
+        try:
+            compiled = client.compile(primal.__name__, primal._source, primal_inputs, outputs,
+                                      [s._runtime() for s in in_specs], [s._runtime() for s in out_specs],
+                                      primal._donate if self._vjp_of is None else [], **kwargs)
+        except InvalidArgumentError as e:
+            # TorchScript names the source "<string>"; its lines are the file's (see _source_of).
+            raise InvalidArgumentError(str(e).replace('File "<string>"', f'File "{primal._file}"')) from None
         self._compiled[key] = compiled
         return compiled
 
@@ -158,16 +165,13 @@ def grad(f: Function, argnums: Optional[Sequence[int]] = None) -> Callable[..., 
     returns the cotangents of inputs ``argnums`` (default: every floating-point input), one array
     each (a single array for one input), each laid out as its input."""
     g = vjp(f, wrt=argnums)
-    ones: Dict[Any, Array] = {}
 
     def gradient(*args: Array, slice: Optional[Slice] = None) -> Any:
         if not args or not all(isinstance(a, Array) for a in args):
             raise InvalidArgumentError(f"grad of '{f.__name__}' takes pathways Arrays")
         mesh = slice if slice is not None else Slice(args[0]._native.slice)
-        key = (id(args[0]._native.client), mesh._native.id)
-        if key not in ones:  # the output's cotangent: 1, made once per slice
-            ones[key] = Client(args[0]._native.client).put(torch.ones(()), mesh)
-        return g(*args, ones[key], slice=mesh)
+        one = Client(args[0]._native.client).put(torch.ones(()), mesh)  # the output's cotangent
+        return g(*args, one, slice=mesh)
 
     gradient.__name__ = f"grad({f.__name__})"
     gradient.__doc__ = grad.__doc__
@@ -213,7 +217,7 @@ class Program:
         if not args or not all(isinstance(a, Array) for a in args):
             raise InvalidArgumentError(f"program '{self.__name__}' takes pathways Arrays")
         client = args[0]._native.client
-        key = (id(client), tuple((tuple(a._native.spec[1]), a._native.spec[0], a._native.slice.id,
+        key = (client.id(), tuple((tuple(a._native.spec[1]), a._native.spec[0], a._native.slice.id,
                                   tuple(a._native.sharding)) for a in args))
         program = self._traced.get(key)
         if program is None:

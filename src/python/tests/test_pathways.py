@@ -302,3 +302,56 @@ def test_dropping_the_last_reference_frees_the_shards():
         gc.collect()
         assert _wait_for(lambda: _device_memory_used(client) == 0), _device_memory_used(client)
         client.close()
+
+
+def test_closing_a_client_while_other_threads_call_it(cluster):
+    client = cluster.connect()
+    mesh = client.slice((2,))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def inc(v):
+        return v + 1.0
+
+    x = client.put(torch.zeros(2), mesh, P("x"))
+    outcomes = []
+
+    def caller():
+        try:
+            for _ in range(200):
+                inc(x)
+            outcomes.append("done")
+        except pathways.FailedPreconditionError:
+            outcomes.append("closed")
+
+    threads = [threading.Thread(target=caller) for _ in range(2)]
+    for t in threads:
+        t.start()
+    client.close()  # while they call: each call either completes or says the client is closed
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(set(outcomes)) <= ["closed", "done"] and len(outcomes) == 2, outcomes
+    with pytest.raises(pathways.FailedPreconditionError, match="closed"):
+        inc(x)
+
+
+def test_a_function_follows_its_arrays_to_a_new_client_and_is_ready_turns_true(cluster):
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def twice(v):
+        return v * 2.0
+
+    for _ in range(3):  # each new client compiles for itself, never reuses a closed one's function
+        with cluster.connect() as client:
+            mesh = client.slice((2,))
+            y = twice(client.put(torch.ones(2), mesh, P("x")))
+            torch.testing.assert_close(y.fetch(), torch.full((2,), 2.0))
+            assert _wait_for(y.is_ready)
+    assert len(twice._compiled) == 3
+
+
+def test_a_trainer_refuses_to_step_once_its_client_is_closed(cluster):
+    client = cluster.connect()
+    trainer = pathways.Trainer(client, batch=8, seq_len=8, vocab=16)
+    assert trainer.step().result() > 0
+    client.close()
+    with pytest.raises(pathways.FailedPreconditionError, match="closed"):
+        trainer.step()
