@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
 #include "compute/counter_rng.h"
+#include "compute/batch_prefetcher.h"
 #include "compute/checkpoint_files.h"
 #include "compute/markov.h"
 #include "compute/text_source.h"
@@ -303,8 +304,17 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
   TORCH_CHECK(source.ok(), "markov_tokens: ", source.status().message());
   first = ShardsFirstSequence("markov_tokens", batch, length, batch_axes, first);
   at::Tensor out = torch::empty({batch, length}, at::kLong);
-  (*source)->Sample(static_cast<uint64_t>(data_seed), static_cast<uint64_t>(step), first, batch, length,
-                    out.data_ptr<int64_t>());
+  // Drawn ahead on the host's prefetch thread: this shard's part of the next step's batch is
+  // known (compute/batch_prefetcher.h).
+  const std::string key = absl::StrCat("markov/", vocab, "/", chain_seed, "/", sharpness, "/", data_seed, "/", first,
+                                       "/", batch, "/", length);
+  std::shared_ptr<const MarkovSource> chain = *source;
+  BatchPrefetcher::Global().Get(
+      key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
+      [chain, data_seed, first, batch, length](uint64_t s, int64_t* tokens) {
+        chain->Sample(static_cast<uint64_t>(data_seed), s, first, batch, length, tokens);
+      },
+      out.data_ptr<int64_t>());
   return out;
 }
 

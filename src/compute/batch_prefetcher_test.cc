@@ -1,0 +1,60 @@
+#include "compute/batch_prefetcher.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+// A source whose step k is k, k+1, ...: what a draw gives is easy to check; `draws` counts them.
+BatchPrefetcher::Draw Counting(std::atomic<int>& draws) {
+  return [&draws](uint64_t step, int64_t* out) {
+    ++draws;
+    for (int i = 0; i < 4; ++i) out[i] = static_cast<int64_t>(step) + i;
+  };
+}
+
+TEST(BatchPrefetcherTest, TheNextStepIsDrawnAheadAndEachStepOnce) {
+  BatchPrefetcher prefetcher;
+  std::atomic<int> draws{0};
+  int64_t out[4];
+  for (uint64_t step = 0; step < 5; ++step) {
+    prefetcher.Get("a", step, 4, Counting(draws), out);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(out[i], static_cast<int64_t>(step) + i) << step;
+  }
+  EXPECT_EQ(prefetcher.stats().misses, 1);  // only step 0 was drawn by the caller
+  EXPECT_EQ(prefetcher.stats().hits, 4);
+  // A step out of order (a resumed run, a retry) is drawn where asked, and is still right.
+  prefetcher.Get("a", 42, 4, Counting(draws), out);
+  EXPECT_EQ(out[0], 42);
+  EXPECT_EQ(prefetcher.stats().misses, 2);
+  // Another key (another shard, source or size) has batches of its own.
+  prefetcher.Get("b", 43, 4, Counting(draws), out);
+  EXPECT_EQ(out[0], 43);
+  EXPECT_EQ(prefetcher.stats().misses, 3);
+}
+
+TEST(BatchPrefetcherTest, ShardsDrawingAtOnceEachGetTheirOwnBatches) {
+  BatchPrefetcher prefetcher(/*max_batches=*/4);
+  std::atomic<int> draws{0};
+  std::vector<std::thread> shards;
+  std::atomic<int> wrong{0};
+  for (int s = 0; s < 8; ++s) {
+    shards.emplace_back([&, s] {
+      int64_t out[4];
+      for (uint64_t step = 0; step < 50; ++step) {
+        prefetcher.Get("shard" + std::to_string(s), step, 4, Counting(draws), out);
+        if (out[0] != static_cast<int64_t>(step)) ++wrong;
+      }
+    });
+  }
+  for (std::thread& t : shards) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  // More keys than the prefetcher keeps: each key still gets right batches; memory stays bounded.
+  EXPECT_EQ(prefetcher.stats().hits + prefetcher.stats().misses, 8 * 50);
+}
+
+}  // namespace
+}  // namespace pathways
