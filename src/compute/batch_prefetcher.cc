@@ -4,7 +4,8 @@
 
 namespace pathways {
 
-BatchPrefetcher::BatchPrefetcher(size_t max_batches) : max_batches_(max_batches), thread_([this] { Run(); }) {}
+BatchPrefetcher::BatchPrefetcher(size_t max_batches, size_t max_bytes)
+    : max_batches_(max_batches), max_bytes_(max_bytes), thread_([this] { Run(); }) {}
 
 BatchPrefetcher::~BatchPrefetcher() {
   {
@@ -24,11 +25,14 @@ void BatchPrefetcher::Get(const std::string& key, uint64_t step, size_t n, const
   {
     absl::MutexLock lock(&mu_);
     auto it = ahead_.find(key);
-    if (it != ahead_.end() && it->second->step == step && it->second->tokens.size() == n) {
+    if (it != ahead_.end() && it->second->step == step && it->second->n == n) {
       ahead = it->second;
-      ++stats_.hits;
       // Drawn, or being drawn on the host thread: wait for it rather than drawing twice.
       mu_.Await(absl::Condition(&ahead->ready));
+      if (ahead->dropped) ahead = nullptr;
+    }
+    if (ahead != nullptr) {
+      ++stats_.hits;
     } else {
       ++stats_.misses;
     }
@@ -38,19 +42,28 @@ void BatchPrefetcher::Get(const std::string& key, uint64_t step, size_t n, const
   } else {
     draw(step, out);
   }
-  // Step + 1, for the host thread.
+  // Step + 1, for the host thread, if it fits.
+  const size_t bytes = n * sizeof(int64_t);
+  if (bytes > max_bytes_ / 4) return;
   auto next = std::make_shared<Batch>();
   next->step = step + 1;
-  next->tokens.resize(n);
+  next->n = n;
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
-  auto [it, is_new] = ahead_.insert_or_assign(key, next);
-  if (is_new) {
+  if (auto old = ahead_.find(key); old != ahead_.end()) {
+    bytes_ -= old->second->n * sizeof(int64_t);
+    old->second = next;
+  } else {
+    ahead_.emplace(key, next);
     order_.push_back(key);
-    while (ahead_.size() > max_batches_ && !order_.empty()) {  // keys not used for longest go
-      ahead_.erase(order_.front());
-      order_.pop_front();
-    }
+  }
+  bytes_ += bytes;
+  while ((ahead_.size() > max_batches_ || bytes_ > max_bytes_) && !order_.empty()) {  // unused longest go
+    auto oldest = ahead_.find(order_.front());
+    order_.pop_front();
+    if (oldest == ahead_.end()) continue;
+    bytes_ -= oldest->second->n * sizeof(int64_t);
+    ahead_.erase(oldest);
   }
   jobs_.push_back({key, std::move(next), draw});
 }
@@ -62,17 +75,22 @@ void BatchPrefetcher::Run() {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &BatchPrefetcher::HasWorkLocked));
       if (stopping_) {
-        // Whoever waits on a batch still to draw gets it drawn now (never a batch left unready).
-        for (Job& j : jobs_) {
-          j.draw(j.batch->step, j.batch->tokens.data());
-          j.batch->ready = true;
-        }
+        // Whoever waits on a batch still to draw draws it itself.
+        for (Job& j : jobs_) j.batch->dropped = j.batch->ready = true;
         jobs_.clear();
         return;
       }
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      // A batch that made room for others (or was replaced) before its turn is not drawn:
+      // memory ahead stays within its bound however fast batches are asked for.
+      auto it = ahead_.find(job.key);
+      if (it == ahead_.end() || it->second != job.batch) {
+        job.batch->dropped = job.batch->ready = true;
+        continue;
+      }
     }
+    job.batch->tokens.resize(job.batch->n);
     job.draw(job.batch->step, job.batch->tokens.data());
     absl::MutexLock lock(&mu_);
     job.batch->ready = true;
@@ -81,7 +99,9 @@ void BatchPrefetcher::Run() {
 
 BatchPrefetcher::Stats BatchPrefetcher::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  Stats stats = stats_;
+  stats.bytes_ahead = static_cast<int64_t>(bytes_);
+  return stats;
 }
 
 }  // namespace pathways

@@ -3,6 +3,9 @@
 // shard will read next step is known: when a shard draws step k's batch, the draw of step k+1
 // starts on the prefetcher's thread, and the next step's call finds it made (or waits for the one
 // in progress rather than drawing twice). The device's stream then spends a copy, not a draw.
+// What is held ahead is bounded in bytes as well as in batches, and host memory outside every
+// device's budget: a batch larger than a quarter of the bound is not drawn ahead, the batches
+// unused longest make room, and a batch dropped before its draw is drawn by its caller instead.
 // Torch-free; the data ops of the compute layer use it.
 #pragma once
 
@@ -25,7 +28,7 @@ class BatchPrefetcher {
   // Fills `out` (n tokens) with step `step` of the batch `key` names.
   using Draw = std::function<void(uint64_t step, int64_t* out)>;
 
-  explicit BatchPrefetcher(size_t max_batches = 256);
+  explicit BatchPrefetcher(size_t max_batches = 256, size_t max_bytes = size_t{256} << 20);
   ~BatchPrefetcher();
   static BatchPrefetcher& Global();
 
@@ -37,13 +40,16 @@ class BatchPrefetcher {
   struct Stats {
     int64_t hits = 0;    // steps found drawn (or being drawn) ahead
     int64_t misses = 0;  // steps drawn by the caller
+    int64_t bytes_ahead = 0;
   };
   Stats stats() const;
 
  private:
   struct Batch {
     uint64_t step = 0;
-    bool ready = false;  // set under mu_ once `tokens` is drawn; `tokens` never changes after
+    size_t n = 0;
+    bool ready = false;    // set under mu_ once drawn, or dropped; `tokens` never changes after
+    bool dropped = false;  // made room for others before its draw: its caller draws it
     std::vector<int64_t> tokens;
   };
   struct Job {
@@ -54,11 +60,12 @@ class BatchPrefetcher {
   void Run();
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); }
 
-  const size_t max_batches_;
+  const size_t max_batches_, max_bytes_;
   mutable absl::Mutex mu_;
   // The next step's batch per key, drawn or being drawn; oldest keys first in `order_`.
   std::map<std::string, std::shared_ptr<Batch>> ahead_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> order_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of the batches in ahead_
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);

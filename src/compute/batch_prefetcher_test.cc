@@ -56,5 +56,32 @@ TEST(BatchPrefetcherTest, ShardsDrawingAtOnceEachGetTheirOwnBatches) {
   EXPECT_EQ(prefetcher.stats().hits + prefetcher.stats().misses, 8 * 50);
 }
 
+// A tenant asking for many large, different batches cannot make the host hold more than the
+// bound: batches over a quarter of it are not drawn ahead, and others make room in turn; every
+// batch still comes back right.
+TEST(BatchPrefetcherTest, WhatIsHeldAheadStaysWithinItsBytes) {
+  constexpr size_t kBound = 64 << 10;  // bytes
+  BatchPrefetcher prefetcher(/*max_batches=*/1000, kBound);
+  std::vector<int64_t> out(kBound);
+  auto fill = [](uint64_t step, int64_t* o, size_t n) {
+    for (size_t i = 0; i < n; ++i) o[i] = static_cast<int64_t>(step + i);
+  };
+  for (int key = 0; key < 200; ++key) {
+    const size_t n = key % 2 == 0 ? kBound / 8 / 8 : kBound / 8;  // an eighth of the bound, or all of it
+    prefetcher.Get("k" + std::to_string(key), 7, n,
+                   [n, fill](uint64_t step, int64_t* o) { fill(step, o, n); }, out.data());
+    ASSERT_EQ(out[n - 1], static_cast<int64_t>(7 + n - 1));
+    ASSERT_LE(prefetcher.stats().bytes_ahead, static_cast<int64_t>(kBound));
+  }
+  // And the next steps of the last small keys are still right whether or not they were kept.
+  for (int key = 190; key < 200; key += 2) {
+    const size_t n = kBound / 8 / 8;
+    prefetcher.Get("k" + std::to_string(key), 8, n,
+                   [n, fill](uint64_t step, int64_t* o) { fill(step, o, n); }, out.data());
+    ASSERT_EQ(out[0], 8);
+    ASSERT_EQ(out[n - 1], static_cast<int64_t>(8 + n - 1));
+  }
+}
+
 }  // namespace
 }  // namespace pathways

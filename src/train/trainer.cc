@@ -10,7 +10,6 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
@@ -20,6 +19,7 @@
 #include "compute/markov.h"
 #include "compute/text_source.h"
 #include "core/status_macros.h"
+#include "transport/auth.h"
 
 namespace pathways {
 
@@ -130,9 +130,8 @@ absl::Status Trainer::Init() {
   }
 
   // Parameters and optimizer state are made on the devices, or read there from a checkpoint.
-  std::random_device random;
-  std::string secret;
-  for (int i = 0; i < 8; ++i) secret += absl::StrFormat("%08x", random());
+  // A checkpoint's secret is as strong as a client's credential, and made the same way.
+  const std::string secret = NewClientIdentity().credential;
   if (options_.resume_from.empty()) {
     checkpoint_secret_ = secret;
     for (int s = 0; s < stages; ++s) {
@@ -220,12 +219,8 @@ absl::StatusOr<Program> Trainer::TraceStep() {
     TracedValue upstream = cotangent;
     for (int s = stages - 1; s >= 0; --s) {
       const TransformerStage& stage = model_.stages[s];
-      std::vector<TracedValue> in;
-      if (stage.last && !stage.first) {
-        in = {inputs[s][m], targets[m]};
-      } else {
-        in = {inputs[s][m]};
-      }
+      std::vector<TracedValue> in = {inputs[s][m]};
+      if (stage.last && !stage.first) in.push_back(targets[m]);
       in = with_params(in, s);
       in.push_back(upstream);
       PW_ASSIGN_OR_RETURN(auto out, call(functions_[s].vjp, s, in));
