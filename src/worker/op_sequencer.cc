@@ -1,5 +1,7 @@
 #include "worker/op_sequencer.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
@@ -166,8 +168,19 @@ void OpSequencer::DrainLocked(Settlements& settle) {
     ClientState& c = clients_[{head.client_id(), head.op().session()}];
     const int64_t seq = head.op().seq();
     if (seq > c.applied + 1) {
-      if (head_blocked_since_ == absl::InfiniteFuture()) head_blocked_since_ = absl::Now();
-      return;  // an earlier op of its client is still on its way
+      // An earlier op of its client is still on its way, unless the client's retirement is queued
+      // behind: it went away, so what it had not sent will not come, and waiting out the gap
+      // timeout would only hold the island (and the freeing of its buffers) back.
+      const bool retired = std::any_of(scheduled_.begin() + 1, scheduled_.end(), [&](const rpc::ScheduledOp& op) {
+        return op.retire_client() && op.client_id() == head.client_id();
+      });
+      if (!retired) {
+        if (head_blocked_since_ == absl::InfiniteFuture()) head_blocked_since_ = absl::Now();
+        return;
+      }
+      PW_LOG(Warning) << "client " << head.client_id() << " went away before sending ops " << c.applied + 1 << ".."
+                      << seq - 1 << "; its scheduled run goes ahead without them";
+      c.applied = seq - 1;
     }
     head_blocked_since_ = absl::InfiniteFuture();
     if (seq <= c.applied) {

@@ -32,7 +32,7 @@ class OpSequencerTest : public ::testing::Test {
  protected:
   std::vector<int64_t> applied_;  // sequence numbers, in the order applied
   OpSequencer sequencer_{[this](const std::string&, const rpc::Op& op) { applied_.push_back(op.seq()); },
-                         [](const std::string&) {}, absl::Seconds(10)};
+                         [](const std::string&) {}, absl::Hours(1)};
 };
 
 TEST_F(OpSequencerTest, DirectAndScheduledOpsAreAppliedInTheClientsOrder) {
@@ -51,6 +51,20 @@ TEST_F(OpSequencerTest, AFillerForANumberAlreadyAppliedIsMootButARealOpIsRefused
   EXPECT_EQ(applied_, (std::vector<int64_t>{1, 2}));
   absl::Status again = sequencer_.AddDirect("c", {Direct(2, 7)});
   EXPECT_EQ(again.code(), absl::StatusCode::kInvalidArgument) << again;
+}
+
+// A client killed after its run reached the island but before its own ops to this host did: once
+// its retirement is queued behind the run, the run goes ahead at once (the gap timeout here is an
+// hour, so nothing else could let it), and later ops of the client are refused.
+TEST_F(OpSequencerTest, AGapOfAClientWhoseRetirementIsQueuedClosesAtOnce) {
+  ASSERT_TRUE(sequencer_.AddScheduled({Scheduled("gone", 3, 7)}).ok());  // ops 1 and 2 never come
+  EXPECT_TRUE(applied_.empty());
+  rpc::ScheduledOp retire;
+  retire.set_client_id("gone");
+  retire.set_retire_client(true);
+  ASSERT_TRUE(sequencer_.AddScheduled({retire, Scheduled("other", 1, 1)}).ok());
+  EXPECT_EQ(applied_, (std::vector<int64_t>{3, 1}));  // the run, then the next client's
+  EXPECT_FALSE(sequencer_.AddDirect("gone", {Direct(1, 7)}).ok());
 }
 
 }  // namespace
