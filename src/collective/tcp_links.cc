@@ -282,8 +282,9 @@ void TcpLinks::AcceptLoop() {
     if (fd < 0) {
       // Out of descriptors (serving processes report it as ECONNABORTED, see core/process.cc):
       // the pending connection may stay queued and poll() would return at once.
+      // (The process logs those itself, and connections beyond the listener's cap.)
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM || errno == ECONNABORTED) {
-        PW_LOG(Warning) << "collective listener of " << host_ << ": " << Errno(errno);
+        if (errno != ECONNABORTED) PW_LOG(Warning) << "collective listener of " << host_ << ": " << Errno(errno);
         absl::SleepFor(absl::Milliseconds(50));
       }
       continue;

@@ -5,12 +5,18 @@
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/logging.h"
@@ -29,6 +35,65 @@ int RawAccept4(int fd, sockaddr* addr, socklen_t* length, int flags) {
   return static_cast<int>(syscall(SYS_accept4, fd, addr, length, flags));
 }
 
+// The connections each listener accepted, to cap them (SetConnectionsPerListener). A descriptor
+// is known by its number and its inode: once the connection is closed, the number is either free
+// or names another file, so counting needs no hook on close(). Pruned only when a listener reaches
+// its cap, so an accept below it costs one insertion.
+struct AcceptedConnections {
+  ino_t listener_inode = 0;
+  absl::flat_hash_map<int, ino_t> open;  // descriptor -> its inode when accepted
+  int64_t pruned_ns = 0;
+};
+std::atomic<int> connection_cap{0};  // 0: no cap
+absl::Mutex accepted_mu;
+std::unordered_map<int, AcceptedConnections>* accepted ABSL_GUARDED_BY(accepted_mu) =
+    new std::unordered_map<int, AcceptedConnections>();
+std::atomic<int64_t> last_cap_warning_ns{0};
+
+ino_t InodeOf(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+// Warns at most once per 10 s per kind: a flood must not flood the log too.
+bool TimeToWarn(std::atomic<int64_t>& last) {
+  const int64_t now = absl::GetCurrentTimeNanos();
+  int64_t then = last.load(std::memory_order_relaxed);
+  return now - then > int64_t{10'000'000'000} && last.compare_exchange_strong(then, now, std::memory_order_relaxed);
+}
+
+// Whether the listener may keep the connection it just accepted; records it if so.
+bool AdmitConnection(int listener, int connection) {
+  const int cap = connection_cap.load(std::memory_order_relaxed);
+  if (cap <= 0) return true;
+  const ino_t listener_inode = InodeOf(listener);
+  const ino_t connection_inode = InodeOf(connection);
+  absl::MutexLock lock(&accepted_mu);
+  AcceptedConnections& mine = (*accepted)[listener];
+  if (mine.listener_inode != listener_inode) mine = AcceptedConnections{listener_inode, {}, 0};  // a new listener
+  // At the cap, closed ones are pruned (at most every 20 ms: a flood beyond it costs no more).
+  const int64_t now = absl::GetCurrentTimeNanos();
+  if (static_cast<int>(mine.open.size()) >= cap && now - mine.pruned_ns >= 20'000'000) {
+    for (auto it = mine.open.begin(); it != mine.open.end();) {
+      if (InodeOf(it->first) != it->second) {
+        mine.open.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    mine.pruned_ns = now;
+  }
+  // The number may still be listed from a connection that closed before the last pruning.
+  auto listed = mine.open.find(connection);
+  if (listed != mine.open.end()) {
+    listed->second = connection_inode;
+    return true;
+  }
+  if (static_cast<int>(mine.open.size()) >= cap) return false;
+  mine.open.emplace(connection, connection_inode);
+  return true;
+}
+
 }  // namespace
 }  // namespace pathways
 
@@ -41,11 +106,36 @@ int RawAccept4(int fd, sockaddr* addr, socklen_t* length, int flags) {
 // hears ECONNABORTED, which keeps gRPC's listener armed. The usual way servers (nginx, libuv) live
 // through EMFILE. Only for non-blocking listeners, after InitServingProcess; otherwise exactly
 // libc's call.
+//
+// The same definition caps the connections each listener holds (SetConnectionsPerListener): one
+// accepted beyond the cap is closed at once, and the caller hears ECONNABORTED.
 extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict length, int flags) {
   using pathways::RawAccept4;
   int accepted = RawAccept4(fd, addr, length, flags);
   const int error = errno;
-  if (accepted >= 0 || (error != EMFILE && error != ENFILE)) return accepted;
+  if (accepted >= 0) {
+    if (!pathways::guard_on) return accepted;
+    // Beyond the cap, every queued connection is closed (bounded): listeners wait for the next
+    // edge of readiness, so one left queued would sit behind the next arrival.
+    int refused = 0;
+    while (!pathways::AdmitConnection(fd, accepted)) {
+      close(accepted);
+      if (++refused == 1024) break;
+      accepted = RawAccept4(fd, addr, length, flags);
+      if (accepted < 0) break;
+    }
+    const int last_error = errno;
+    if (refused > 0 && pathways::TimeToWarn(pathways::last_cap_warning_ns)) {
+      PW_LOG(Warning) << "a listener holds its cap of " << pathways::connection_cap.load() << " connections: closed "
+                      << refused << " new one(s) unserved; new ones are served again once others close";
+    }
+    if (refused == 0 || (accepted >= 0 && refused < 1024)) return accepted;
+    // The queue is empty (EAGAIN, as the caller expects), or not yet: ECONNABORTED keeps the
+    // caller accepting.
+    errno = accepted < 0 && (last_error == EAGAIN || last_error == EWOULDBLOCK) ? last_error : ECONNABORTED;
+    return -1;
+  }
+  if (error != EMFILE && error != ENFILE) return accepted;
   // Only non-blocking listeners: on a blocking one the accept below would wait for a connection
   // (Linux reports EMFILE before it looks at the queue).
   const int listener_flags = fcntl(fd, F_GETFL);
@@ -73,10 +163,7 @@ extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict 
       if (errno != EMFILE && errno != ENFILE) break;
     }
   }
-  const int64_t now = absl::GetCurrentTimeNanos();
-  int64_t last = pathways::last_warning_ns.load(std::memory_order_relaxed);
-  if (now - last > int64_t{10'000'000'000} &&
-      pathways::last_warning_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+  if (pathways::TimeToWarn(pathways::last_warning_ns)) {
     PW_LOG(Warning) << "out of descriptors: closed " << dropped
                     << " incoming connection(s) unserved; new ones are served again once others close";
   }
@@ -117,9 +204,26 @@ void InitServingProcess() {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
+  // A listener holds at most half the descriptors, so a flood of connections to one port leaves
+  // the process descriptors for its own links, files and the other listeners.
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && connection_cap.load() == 0) {
+    const rlim_t half = files.rlim_cur == RLIM_INFINITY ? kMaxConnectionsPerListener : files.rlim_cur / 2;
+    connection_cap = static_cast<int>(std::clamp<rlim_t>(half, 16, kMaxConnectionsPerListener));
+  }
   absl::MutexLock lock(&spare_mu);
   guard_on = true;
   if (spare_descriptor < 0) spare_descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
+
+absl::Status SetConnectionsPerListener(int64_t max) {
+  if (max < 1 || max > kMaxConnectionsPerListener) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections per listener must be 1..", kMaxConnectionsPerListener, ", got ", max));
+  }
+  connection_cap = static_cast<int>(max);
+  return absl::OkStatus();
+}
+
+int ConnectionsPerListener() { return connection_cap.load(); }
 
 }  // namespace pathways

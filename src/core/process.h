@@ -1,6 +1,10 @@
 // Process-wide settings for programs that serve or measure (the `pathways` tool, benchmarks).
 #pragma once
 
+#include <cstdint>
+
+#include "absl/status/status.h"
+
 namespace pathways {
 
 // Call first thing in main(). Turns off Abseil's Mutex deadlock detection: the Debian build of
@@ -10,5 +14,14 @@ namespace pathways {
 // kernels' outputs for the next call instead of returning it to the kernel at once, and raises
 // the descriptor limit and keeps servers accepting once descriptors run out (see .cc).
 void InitServingProcess();
+
+// Connections are a bounded resource: each listening socket of a serving process (RPC servers,
+// collective and block listeners) holds at most this many accepted connections; one beyond is
+// closed as soon as it is accepted (its client sees the connection closed and may retry), until
+// others close. InitServingProcess sets half the descriptor limit (at most the bound below);
+// servers' idle and half-open connections are closed after a timeout, which frees places.
+inline constexpr int64_t kMaxConnectionsPerListener = 1 << 20;
+absl::Status SetConnectionsPerListener(int64_t max);
+int ConnectionsPerListener();
 
 }  // namespace pathways

@@ -33,12 +33,12 @@ constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
-    "             [--cluster-token C] [--max-client-weight W]\n"
+    "             [--cluster-token C] [--max-client-weight W] [--max-connections N]\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
     "         [--data-dir DIR] [--checkpoint-dir DIR]  (where compiled functions may read training data\n"
-    "         and keep checkpoint shards; neither by default)\n"
+    "         and keep checkpoint shards; neither by default) [--max-connections N]\n"
     "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
@@ -52,7 +52,9 @@ constexpr char kUsage[] =
     "Tenants show the token; the controller and workers show each other the cluster token\n"
     "(--cluster-token, else PATHWAYS_CLUSTER_TOKEN, else the token), so tenants cannot act as hosts.\n"
     "Controller and worker take [--tls-cert PEM --tls-key PEM] [--tls-ca PEM], status and tenant\n"
-    "[--tls-ca PEM] (defaults PATHWAYS_TLS_CERT, _KEY, _CA): TLS on every connection.\n";
+    "[--tls-ca PEM] (defaults PATHWAYS_TLS_CERT, _KEY, _CA): TLS on every connection.\n"
+    "--max-connections caps the connections each of a server's listening ports holds (default: half\n"
+    "the descriptor limit); one beyond is closed at once, until others close.\n";
 
 // Serving commands stop on SIGINT or SIGTERM through a handler that writes to a pipe the main
 // thread waits on. Any thread may take the signal: a mask would not cover threads a library
@@ -89,7 +91,17 @@ void WaitForTerminationSignal() {
   if (sig != 0) std::fprintf(stderr, "pathways: received signal %d, shutting down\n", sig);
 }
 
+// --max-connections, for the serving commands.
+absl::Status ApplyConnectionCap(const Flags& flags) {
+  if (!flags.Has("max-connections")) return absl::OkStatus();
+  PW_ASSIGN_OR_RETURN(int64_t max, flags.GetInt("max-connections", 0));
+  absl::Status set = SetConnectionsPerListener(max);
+  if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat("--max-connections: ", set.message()));
+  return absl::OkStatus();
+}
+
 absl::Status RunController(const Flags& flags) {
+  PW_RETURN_IF_ERROR(ApplyConnectionCap(flags));
   CatchTerminationSignals();
   ControllerOptions options;
   PW_ASSIGN_OR_RETURN(options.listen_address, flags.GetAddress("listen", "127.0.0.1:7000", true));
@@ -149,6 +161,7 @@ absl::Status RunController(const Flags& flags) {
 }
 
 absl::Status RunWorker(const Flags& flags) {
+  PW_RETURN_IF_ERROR(ApplyConnectionCap(flags));
   CatchTerminationSignals();
   WorkerOptions options;
   if (!flags.Has("controller")) return absl::InvalidArgumentError("worker needs --controller HOST:PORT");
@@ -266,8 +279,8 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir"}, {}, RunWorker},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},

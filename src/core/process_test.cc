@@ -1,0 +1,98 @@
+#include "core/process.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+int Listen(int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(at);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0 || listen(fd, 64) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&at), &length) != 0) {
+    return -1;
+  }
+  *port = ntohs(at.sin_port);
+  return fd;
+}
+
+int Dial(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Accepts what is queued, as a server's listener does on readiness.
+std::vector<int> AcceptQueued(int listener) {
+  std::vector<int> accepted;
+  pollfd p{listener, POLLIN, 0};
+  while (poll(&p, 1, 100) == 1) {
+    const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) accepted.push_back(fd);
+    if (fd < 0 && errno != ECONNABORTED) break;
+  }
+  return accepted;
+}
+
+bool ClosedByPeer(int fd, int wait_ms = 2000) {
+  pollfd p{fd, POLLIN, 0};
+  char c;
+  return poll(&p, 1, wait_ms) == 1 && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+TEST(ConnectionCapTest, AListenerKeepsAtMostItsCapAndTakesMoreOnceSomeClose) {
+  InitServingProcess();
+  ASSERT_TRUE(SetConnectionsPerListener(2).ok());
+  int port = 0;
+  const int listener = Listen(&port);
+  ASSERT_GE(listener, 0);
+  std::vector<int> dialed;
+  for (int i = 0; i < 5; ++i) dialed.push_back(Dial(port));
+  std::vector<int> kept = AcceptQueued(listener);
+  EXPECT_EQ(kept.size(), 2u);
+  // The three beyond were closed as soon as they were accepted, all of them on one readiness.
+  for (int i = 2; i < 5; ++i) EXPECT_TRUE(ClosedByPeer(dialed[i])) << i;
+  EXPECT_FALSE(ClosedByPeer(dialed[0], 0));
+  // Once one closes, a newcomer is kept (closed ones are counted again after at least 20 ms).
+  close(kept[0]);
+  absl::SleepFor(absl::Milliseconds(30));  // the pruning interval, not a wait for an event
+  const int newcomer = Dial(port);
+  std::vector<int> more = AcceptQueued(listener);
+  EXPECT_EQ(more.size(), 1u);
+  EXPECT_FALSE(ClosedByPeer(newcomer, 0));
+  for (int fd : dialed) close(fd);
+  for (int fd : more) close(fd);
+  close(kept[1]);
+  close(newcomer);
+  close(listener);
+  EXPECT_EQ(ConnectionsPerListener(), 2);
+  ASSERT_TRUE(SetConnectionsPerListener(1 << 20).ok());
+}
+
+TEST(ConnectionCapTest, BadCapsAreRefused) {
+  EXPECT_EQ(SetConnectionsPerListener(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetConnectionsPerListener(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetConnectionsPerListener(int64_t{1} << 40).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pathways
