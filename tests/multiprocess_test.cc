@@ -587,7 +587,7 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
         fetch.set_credential(credential);
         fetch.set_array_id(id.value());
         for (int s = 0; s < 8; ++s) fetch.add_shards(s);
-        refused(worker->Fetch(fetch).AwaitFor(absl::Seconds(30)).status(), "Fetch");
+        refused(worker->Fetch(fetch, 1 << 20).AwaitFor(absl::Seconds(30)).status(), "Fetch");
         rpc::EnqueueRequest free;
         free.set_client_id(victim);
         free.set_credential(credential);
@@ -607,7 +607,7 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
     fetch.set_credential(thief.credential);
     fetch.set_array_id(x.id().value());
     fetch.add_shards(0);
-    auto got = WorkerClientCache::Global().Get(host)->Fetch(fetch).AwaitFor(absl::Seconds(30));
+    auto got = WorkerClientCache::Global().Get(host)->Fetch(fetch, 1 << 20).AwaitFor(absl::Seconds(30));
     EXPECT_FALSE(got.ok());
     EXPECT_NE(got.status().code(), absl::StatusCode::kUnauthenticated) << got.status();
   }

@@ -30,26 +30,26 @@ std::vector<int64_t> DistinctShards(const Sharding& sharding) {
 // Fetches the given shards from `host` once it has applied op `seq` (which produced them), the
 // client's direct ops to it flushed first: that surfaces a refused batch instead of waiting for
 // ops that never come.
-Future<rpc::FetchResponse> FetchFromHost(ClientCore& core, const std::string& host, std::optional<SeqRef> at,
-                                         rpc::FetchRequest request) {
+Future<FetchedShards> FetchFromHost(ClientCore& core, const std::string& host, std::optional<SeqRef> at,
+                                         rpc::FetchRequest request, uint64_t max_bytes) {
   std::shared_ptr<WorkerClient> worker = core.worker(host);
   std::shared_ptr<HostOpQueue> queue = core.queue(host);
   if (!at.has_value()) at = SeqRef{queue->session(), queue->last_seq()};
   if (at->session != queue->session()) {
     // The sequence the array was made in broke (the host died or refused ops); what it held there
     // is gone with it.
-    return Future<rpc::FetchResponse>::Ready(absl::UnavailableError(
+    return Future<FetchedShards>::Ready(absl::UnavailableError(
         absl::StrCat("host ", host, " stopped taking this client's ops after array ", request.array_id(),
                      " was made there (it left or restarted); its shards there are gone")));
   }
   request.set_after_seq(at->seq);
   request.set_session(at->session);
   return queue->Flushed().FlatThen(
-      [worker, request = std::move(request)](const Unit&) { return worker->Fetch(request); });
+      [worker, request = std::move(request), max_bytes](const Unit&) { return worker->Fetch(request, max_bytes); });
 }
 
 // The distinct shards of an array that a full read needs, fetched from their hosts.
-Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<ClientCore>& core,
+Future<std::vector<FetchedShards>> FetchShards(const std::shared_ptr<ClientCore>& core,
                                                     const ShardedArray::State& state,
                                                     const std::vector<int64_t>& shards, bool status_only) {
   std::map<std::string, std::vector<int32_t>> by_host;
@@ -59,7 +59,9 @@ Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<Client
     by_host[d.host_address].push_back(static_cast<int32_t>(s));
     incarnation[d.host_address] = d.incarnation;
   }
-  std::vector<Future<rpc::FetchResponse>> responses;
+  // What one shard holds: a worker that says otherwise is not believed (see Assemble).
+  const int64_t shard_bytes = ByteSize(state.spec.dtype, state.sharding.local_shape()).value_or(0);
+  std::vector<Future<FetchedShards>> responses;
   for (auto& [host, host_shards] : by_host) {
     rpc::FetchRequest request;
     request.set_client_id(core->id());
@@ -69,9 +71,10 @@ Future<std::vector<rpc::FetchResponse>> FetchShards(const std::shared_ptr<Client
     request.set_incarnation(incarnation[host]);
     for (int32_t s : host_shards) request.add_shards(s);
     auto at = state.produced_at->find(host);
+    const uint64_t max_bytes = host_shards.size() * static_cast<uint64_t>(shard_bytes);
     responses.push_back(FetchFromHost(*core, host,
                                       at == state.produced_at->end() ? std::nullopt : std::optional<SeqRef>(at->second),
-                                      std::move(request)));
+                                      std::move(request), max_bytes));
   }
   return JoinAll(responses);
 }
@@ -83,12 +86,14 @@ std::vector<int64_t> AllShards(const Sharding& sharding) {
 }
 
 
-absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::vector<rpc::FetchResponse>& all) {
-  PW_ASSIGN_OR_RETURN(HostArray out, HostArray::Create(state.spec.dtype, state.spec.shape));
+// The array from its distinct shards. The responses are this fetch's own: a shard that is the
+// whole array gives its bytes to the result instead of a copy.
+absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::vector<FetchedShards>& all) {
   const Shape& local = state.sharding.local_shape();
   const TensorSpec expected{state.spec.dtype, local};
-  for (const rpc::FetchResponse& response : all) {
-    for (const rpc::ShardData& shard : response.shards()) {
+  std::optional<HostArray> out;
+  for (const FetchedShards& response : all) {
+    for (rpc::ShardData& shard : *response->mutable_shards()) {
       if (shard.shard() < 0 || shard.shard() >= state.sharding.num_shards()) {
         return absl::InternalError(absl::StrCat("worker returned unknown shard ", shard.shard()));
       }
@@ -97,12 +102,22 @@ absl::StatusOr<HostArray> Assemble(const ShardedArray::State& state, const std::
         return absl::InternalError(absl::StrCat("worker returned shard ", shard.shard(), " as ", got.ToString(),
                                                 ", expected ", expected.ToString()));
       }
+      if (!out.has_value() && local == state.spec.shape) {
+        PW_ASSIGN_OR_RETURN(HostArray whole, HostArray::FromBytes(state.spec.dtype, state.spec.shape,
+                                                                  std::move(*shard.mutable_data())));
+        return whole;
+      }
+      if (!out.has_value()) {
+        PW_ASSIGN_OR_RETURN(HostArray created, HostArray::Create(state.spec.dtype, state.spec.shape));
+        out = std::move(created);
+      }
       Region region = state.sharding.ShardRegion(shard.shard());
       CopyRegion(shard.data().data(), local, Shape(local.size(), 0), local, DTypeSize(got.dtype),
-                 out.mutable_bytes().data(), out.shape(), region.start);
+                 out->mutable_bytes().data(), out->shape(), region.start);
     }
   }
-  return out;
+  if (!out.has_value()) return HostArray::Create(state.spec.dtype, state.spec.shape);
+  return *std::move(out);
 }
 
 // Reads as soon as the array's producing op is pushed (its sequence number on each host is known,
@@ -152,7 +167,7 @@ Future<Unit> ShardsReady(const std::shared_ptr<ClientCore>& core,
                          const std::shared_ptr<const ShardedArray::State>& state) {
   // Holding the state keeps the shards alive until the answer is in.
   return FetchShards(core, *state, AllShards(state->sharding), /*status_only=*/true)
-      .Then([state](const std::vector<rpc::FetchResponse>&) { return Unit{}; });
+      .Then([state](const std::vector<FetchedShards>&) { return Unit{}; });
 }
 
 bool Client::Owns(const ShardedArray& array) const {
@@ -191,9 +206,9 @@ Future<HostArray> Client::Fetch(const ShardedArray& array) {
   auto core = core_;
   auto state = array.state_;
   Future<HostArray> fetched =
-      ReadOncePushed<std::vector<rpc::FetchResponse>>(
+      ReadOncePushed<std::vector<FetchedShards>>(
           state, [core, state] { return FetchShards(core, *state, DistinctShards(state->sharding), false); })
-          .Then([state](const std::vector<rpc::FetchResponse>& all) { return Assemble(*state, all); });
+          .Then([state](const std::vector<FetchedShards>& all) { return Assemble(*state, all); });
   state->TrackRead(fetched.Then([](const HostArray&) { return Unit{}; }));
   return fetched;
 }

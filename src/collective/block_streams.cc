@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "collective/socket_util.h"
+#include "core/socket_util.h"
 #include "collective/tcp_links.h"
 #include "core/logging.h"
 #include "core/status_macros.h"

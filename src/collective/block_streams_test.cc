@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "collective/collective.h"
-#include "collective/socket_util.h"
+#include "core/socket_util.h"
 #include "collective/tcp_links.h"
 #include "core/future.h"
 #include "gtest/gtest.h"

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "collective/socket_util.h"
+#include "core/socket_util.h"
 #include "core/status_macros.h"
 
 namespace pathways::collective {

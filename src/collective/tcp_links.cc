@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "collective/socket_util.h"
+#include "core/socket_util.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "openssl/crypto.h"

@@ -97,6 +97,11 @@ class PyClient {
   std::shared_ptr<Client> client_ ABSL_GUARDED_BY(mu_);
 };
 
+// A fetched array's bytes, for Python's buffer protocol: the tensor a fetch returns shares them.
+struct FetchedBytes {
+  HostArray array;
+};
+
 struct PyArray {
   ShardedArray array;
   std::shared_ptr<PyClient> client;
@@ -228,6 +233,13 @@ PYBIND11_MODULE(_pathways, m) {
         c.Close();
       });
 
+  py::class_<FetchedBytes, std::shared_ptr<FetchedBytes>>(m, "FetchedBytes", py::buffer_protocol())
+      .def("__len__", [](const FetchedBytes& b) { return b.array.bytes().size(); })
+      .def_buffer([](FetchedBytes& b) {
+        return py::buffer_info(b.array.mutable_bytes().data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.array.bytes().size())}, {1});
+      });
+
   py::class_<PyArray, std::shared_ptr<PyArray>>(m, "Array")
       .def_property_readonly("id", [](const PyArray& a) { return a.array.id().value(); })
       .def_property_readonly("spec", [](const PyArray& a) { return FromSpec(a.array.spec()); })
@@ -236,8 +248,8 @@ PYBIND11_MODULE(_pathways, m) {
       .def_property_readonly("client", [](const PyArray& a) { return a.client; })
       .def("fetch",
            [](const PyArray& a) {
-             HostArray host = Wait(a.client->get()->Fetch(a.array));
-             return py::bytes(host.bytes());
+             // The fetched bytes, without a copy: torch.frombuffer shares them (core.py).
+             return std::make_shared<FetchedBytes>(Wait(a.client->get()->Fetch(a.array)));
            })
       .def("ready", [](const PyArray& a) { Wait(a.client->get()->Ready(a.array)); })
       .def("is_ready",
@@ -318,6 +330,7 @@ PYBIND11_MODULE(_pathways, m) {
     HostArray data = Value(HostArray::Create(DType::kF32, {bytes / 4}));
     const absl::Time start = absl::Now();
     ShardedArray a = Value(c.get()->Put(data, slice));
+    (void)Value(c.get()->Ready(a).Await());  // the put is timed until its data is on the device
     const absl::Time put = absl::Now();
     (void)Value(c.get()->Fetch(a).Await());
     return std::make_pair(absl::ToDoubleSeconds(put - start), absl::ToDoubleSeconds(absl::Now() - put));

@@ -17,14 +17,15 @@ namespace pathways {
 // Starts `start(context, request, response, done)` (a stub's async() method) and returns the
 // response as a future, or the call's error prefixed with `description`. The future completes
 // on gRPC's callback thread: continuations that do real work should hop to an executor.
-template <typename Response, typename Request, typename Start>
-Future<Response> AsyncUnaryCall(std::string description, const Request& request, absl::Duration timeout,
-                                Start start) {
+// The call's state, and how its response becomes the future's value (`Wrap`).
+template <typename Response, typename Value, typename Wrap, typename Request, typename Start>
+Future<Value> StartUnaryCall(std::string description, const Request& request, absl::Duration timeout, Start start,
+                             Wrap wrap) {
   struct CallState {
     grpc::ClientContext context;
     Request request;
     Response response;
-    Promise<Response> promise;
+    Promise<Value> promise;
   };
   auto* call = new CallState;
   call->request = request;
@@ -32,17 +33,37 @@ Future<Response> AsyncUnaryCall(std::string description, const Request& request,
   if (timeout != absl::InfiniteDuration()) {
     call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   }
-  Future<Response> result = call->promise.future();
+  Future<Value> result = call->promise.future();
   start(&call->context, &call->request, &call->response,
-        [call, description = std::move(description)](grpc::Status status) {
+        [call, description = std::move(description), wrap = std::move(wrap)](grpc::Status status) {
           std::unique_ptr<CallState> owned(call);
           if (status.ok()) {
-            owned->promise.Set(std::move(owned->response));
+            owned->promise.Set(wrap(std::move(owned->response)));
           } else {
             owned->promise.Set(FromGrpc(status, description));
           }
         });
   return result;
+}
+
+// Starts `start(context, request, response, done)` (a stub's async() method) and returns the
+// response as a future, or the call's error prefixed with `description`. The future completes
+// on gRPC's callback thread: continuations that do real work should hop to an executor.
+template <typename Response, typename Request, typename Start>
+Future<Response> AsyncUnaryCall(std::string description, const Request& request, absl::Duration timeout,
+                                Start start) {
+  return StartUnaryCall<Response, Response>(std::move(description), request, timeout, std::move(start),
+                                            [](Response&& r) { return std::move(r); });
+}
+
+// The same, with the response held by a shared_ptr: for large responses, which continuations
+// would otherwise copy.
+template <typename Response, typename Request, typename Start>
+Future<std::shared_ptr<Response>> AsyncUnaryCallShared(std::string description, const Request& request,
+                                                       absl::Duration timeout, Start start) {
+  return StartUnaryCall<Response, std::shared_ptr<Response>>(
+      std::move(description), request, timeout, std::move(start),
+      [](Response&& r) { return std::make_shared<Response>(std::move(r)); });
 }
 
 }  // namespace pathways

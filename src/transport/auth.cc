@@ -41,16 +41,17 @@ void SetCallToken(std::string value) {
   token_set = true;
 }
 
-void AttachCallToken(grpc::ClientContext& context) {
-  std::string value;
-  {
-    absl::MutexLock lock(&token_mu);
-    if (!token_set) {
-      *token = EnvToken();
-      token_set = true;
-    }
-    value = *token;
+std::string CallToken() {
+  absl::MutexLock lock(&token_mu);
+  if (!token_set) {
+    *token = EnvToken();
+    token_set = true;
   }
+  return *token;
+}
+
+void AttachCallToken(grpc::ClientContext& context) {
+  const std::string value = CallToken();
   if (!value.empty()) context.AddMetadata(kTokenKey, value);
 }
 
@@ -70,7 +71,14 @@ absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::s
   if (it == metadata.end()) {
     return absl::UnauthenticatedError("this cluster requires a token (--token or PATHWAYS_TOKEN); none was sent");
   }
-  const std::string sent(it->second.data(), it->second.size());
+  return CheckToken(std::string(it->second.data(), it->second.size()), expected, also);
+}
+
+absl::Status CheckToken(const std::string& sent, const std::string& expected, const std::string& also) {
+  if (expected.empty()) return absl::OkStatus();
+  if (sent.empty()) {
+    return absl::UnauthenticatedError("this cluster requires a token (--token or PATHWAYS_TOKEN); none was sent");
+  }
   if (!SameSecret(sent, expected) && (also.empty() || !SameSecret(sent, also))) {
     return absl::UnauthenticatedError("the token sent is not this cluster's");
   }
@@ -162,6 +170,11 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = tls->ca;
   return grpc::SslCredentials(options);
+}
+
+bool TlsConfigured() {
+  absl::MutexLock lock(&tls_mu);
+  return tls != nullptr;
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {

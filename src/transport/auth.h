@@ -18,6 +18,8 @@ namespace pathways {
 // token is sent.
 void SetCallToken(std::string token);
 void AttachCallToken(grpc::ClientContext& context);
+// That token, for connections that are not gRPC calls (fetch streams).
+std::string CallToken();
 
 // `flag` when given, else PATHWAYS_TOKEN, else none: the token a server requires, or a command
 // line tool sends.
@@ -34,6 +36,8 @@ std::string ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string
 // Unauthenticated otherwise (never says what the token should be).
 absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected,
                             const std::string& also = "");
+// The same check of a token `sent` some other way (fetch streams); compares in constant time.
+absl::Status CheckToken(const std::string& sent, const std::string& expected, const std::string& also = "");
 
 // A client's identity. Its id is public: logs, the island schedulers and every host see it. Its
 // credential is a random secret that only the client holds, and the id is derived from it (the
@@ -68,5 +72,8 @@ absl::Status ConfigureTls(const TlsFiles& files);
 // What channels and servers are built with: TLS once configured, plaintext otherwise.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials();
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials();
+// Whether TLS is configured (ConfigureTls with any file): connections that gRPC does not carry,
+// and that would carry secrets or tenants' data in the clear, are not used then.
+bool TlsConfigured();
 
 }  // namespace pathways

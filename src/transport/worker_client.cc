@@ -45,8 +45,64 @@ Future<rpc::EnqueueResponse> WorkerClient::Enqueue(const rpc::EnqueueRequest& re
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Enqueue(ctx, req, resp, std::move(done)); });
 }
 
-Future<rpc::FetchResponse> WorkerClient::Fetch(const rpc::FetchRequest& request) {
-  return AsyncUnaryCall<rpc::FetchResponse>(
+Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint64_t max_bytes) {
+  FetchStreamClient* s = stream();
+  std::optional<Future<FetchedShards>> streamed;
+  if (s != nullptr) streamed = s->Fetch(request, max_bytes);
+  if (!streamed.has_value()) return FetchThroughGrpc(request);  // no stream, or every one is busy
+  // A stream that cannot be dialed belongs to an earlier worker process at this address (the
+  // worker restarted with another stream port): ask again, and fetch through gRPC meanwhile.
+  Promise<FetchedShards> promise;
+  Future<FetchedShards> result = promise.future();
+  streamed->OnReady([this, s, request, promise = std::move(promise)](
+                        const absl::StatusOr<FetchedShards>& r) mutable {
+    if (r.ok() || !FetchStreamClient::NotSent(r.status())) {
+      promise.Set(r);
+      return;
+    }
+    {
+      absl::MutexLock lock(&stream_mu_);
+      if (stream_.get() == s) {
+        s->Stop();
+        retired_.push_back(std::move(stream_));
+        stream_state_ = StreamState::kUnknown;
+      }
+    }
+    FetchThroughGrpc(request).OnReady([promise = std::move(promise)](const absl::StatusOr<FetchedShards>& g) mutable {
+      promise.Set(g);
+    });
+  });
+  return result;
+}
+
+FetchStreamClient* WorkerClient::stream() {
+  {
+    absl::MutexLock lock(&stream_mu_);
+    if (stream_state_ != StreamState::kUnknown) return stream_.get();
+    if (TlsConfigured()) {
+      stream_state_ = StreamState::kKnown;  // and none: the stream is not encrypted
+      return nullptr;
+    }
+    stream_state_ = StreamState::kAsking;
+  }
+  // Asked once, without waiting: fetches go through gRPC until the answer comes. A worker that
+  // cannot answer (or offers no stream) is not asked again.
+  AsyncUnaryCall<rpc::PingResponse>(
+      absl::StrCat("Ping on worker ", address_), rpc::PingRequest(), absl::Seconds(30),
+      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Ping(ctx, req, resp, std::move(done)); })
+      .OnReady([this](const absl::StatusOr<rpc::PingResponse>& r) {
+        absl::MutexLock lock(&stream_mu_);
+        stream_state_ = r.ok() || !absl::IsUnavailable(r.status()) ? StreamState::kKnown : StreamState::kUnknown;
+        if (r.ok() && r->fetch_port() > 0 && r->fetch_port() <= 65535) {
+          stream_ = std::make_unique<FetchStreamClient>(address_, address_.substr(0, address_.rfind(':')),
+                                                        r->fetch_port());
+        }
+      });
+  return nullptr;
+}
+
+Future<FetchedShards> WorkerClient::FetchThroughGrpc(const rpc::FetchRequest& request) {
+  return AsyncUnaryCallShared<rpc::FetchResponse>(
       absl::StrCat("Fetch on worker ", address_), request, absl::InfiniteDuration(),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Fetch(ctx, req, resp, std::move(done)); });
 }

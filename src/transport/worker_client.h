@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/future.h"
 #include "transport/auth.h"
+#include "transport/fetch_stream.h"
 #include "transport/ordered_batch_queue.h"
 #include "proto/pathways.grpc.pb.h"
 
@@ -32,15 +33,26 @@ class WorkerClient {
   Future<rpc::EnqueueResponse> Enqueue(const rpc::EnqueueRequest& request);
   // The controller asks the host to join its island's control graph.
   Future<rpc::JoinControlGraphResponse> JoinControlGraph(const rpc::ControlGraph& request);
-  // No deadline: a fetch waits for the computation that produces the data.
-  Future<rpc::FetchResponse> Fetch(const rpc::FetchRequest& request);
+  // No deadline: a fetch waits for the computation that produces the data. Goes over the
+  // worker's fetch stream (transport/fetch_stream.h) once the worker said where it is (the first
+  // fetch asks, and goes through gRPC), else through gRPC. At most `max_bytes` of shard data.
+  Future<FetchedShards> Fetch(const rpc::FetchRequest& request, uint64_t max_bytes);
   Future<rpc::GetTraceResponse> GetTrace(const rpc::GetTraceRequest& request);
 
  private:
 
+  Future<FetchedShards> FetchThroughGrpc(const rpc::FetchRequest& request);
+  // The fetch stream, once known; asks the worker where it is the first time.
+  FetchStreamClient* stream();
+
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Worker::Stub> stub_;
+  absl::Mutex stream_mu_;
+  enum class StreamState { kUnknown, kAsking, kKnown } stream_state_ ABSL_GUARDED_BY(stream_mu_) = StreamState::kUnknown;
+  std::unique_ptr<FetchStreamClient> stream_ ABSL_GUARDED_BY(stream_mu_);  // null: none (TLS, or none offered)
+  // Streams to an earlier process at this address, stopped (kept: their threads may still be ending).
+  std::vector<std::unique_ptr<FetchStreamClient>> retired_ ABSL_GUARDED_BY(stream_mu_);
 };
 
 // Shares one WorkerClient (and so one channel) per address. Thread-safe.

@@ -50,28 +50,32 @@ rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request)
   return response;
 }
 
-Future<Unit> HostRuntime::Fetch(const rpc::FetchRequest& request, rpc::FetchResponse* response) {
+Future<std::vector<BufferPtr>> HostRuntime::FetchBuffers(const rpc::FetchRequest& request) {
   if (!request.incarnation().empty() && !options_.incarnation.empty() && request.incarnation() != options_.incarnation) {
-    return Future<Unit>::Ready(absl::UnavailableError(
+    return Future<std::vector<BufferPtr>>::Ready(absl::UnavailableError(
         absl::StrCat("host ", name(), " restarted after array ", request.array_id(), " was placed on it; it is gone")));
   }
   if (request.after_seq() > 0) {
     // Read only once the ops that produce the array have been applied here.
     return sequencer_.WhenApplied(request.client_id(), request.session(), request.after_seq())
-        .FlatThen([this, request, response](const Unit&) {
+        .FlatThen([this, request](const Unit&) {
           rpc::FetchRequest now = request;
           now.set_after_seq(0);
-          return Fetch(now, response);
+          return FetchBuffers(now);
         });
   }
   std::vector<Future<BufferPtr>> shards;
   for (int32_t s : request.shards()) shards.push_back(store_.Get(request.client_id(), {ArrayId(request.array_id()), s}));
+  return JoinAll(shards);
+}
+
+Future<Unit> HostRuntime::Fetch(const rpc::FetchRequest& request, rpc::FetchResponse* response) {
   Promise<Unit> promise;
   Future<Unit> result = promise.future();
   std::vector<int32_t> indices(request.shards().begin(), request.shards().end());
   bool status_only = request.status_only();
-  JoinAll(shards).OnReady(io_pool_, [promise = std::move(promise), indices, status_only, response](
-                                         const absl::StatusOr<std::vector<BufferPtr>>& r) mutable {
+  FetchBuffers(request).OnReady(io_pool_, [promise = std::move(promise), indices, status_only, response](
+                                              const absl::StatusOr<std::vector<BufferPtr>>& r) mutable {
     if (!r.ok()) {
       promise.Set(r.status());
       return;

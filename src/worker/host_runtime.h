@@ -91,6 +91,10 @@ class HostRuntime {
   // Completes once the requested shards are computed and copied into `*response` (once each,
   // from device memory; the caller keeps `response` alive until then).
   Future<Unit> Fetch(const rpc::FetchRequest& request, rpc::FetchResponse* response);
+  // The buffers of the requested shards, in the request's order, once the ops that produce them
+  // are applied (the fetch stream writes them to its socket from there, without a copy). The
+  // caller has checked the client's credential.
+  Future<std::vector<BufferPtr>> FetchBuffers(const rpc::FetchRequest& request);
   // The client went away (it said goodbye, or its lease lapsed): everything it owns here is
   // freed (buffers that queued work still uses, once that work is done). Runs from the island
   // scheduler's retirement of the client, which also refuses its later ops. Idempotent;

@@ -77,6 +77,14 @@ absl::Status Worker::Start() {
   runtime_options.dcn = options_.dcn;
   runtime_options.cluster_token = cluster_token;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
+  if (!TlsConfigured()) {
+    HostRuntime* runtime = runtime_.get();
+    PW_ASSIGN_OR_RETURN(fetch_stream_, FetchStreamServer::Start(host, token, cluster_token,
+                                                                [runtime](const rpc::FetchRequest& request) {
+                                                                  return runtime->FetchBuffers(request);
+                                                                }));
+    service_->SetFetchPort(fetch_stream_->port());
+  }
   service_->AttachRuntime(runtime_.get());
   controller_ = std::make_unique<ControllerClient>(options_.controller_address);
   absl::Time deadline = absl::Now() + options_.register_timeout;
@@ -178,6 +186,7 @@ void Worker::Shutdown() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   // Calls that wait on the runtime (fetches) must end before the server can.
   if (runtime_ != nullptr) runtime_->BeginShutdown();
+  fetch_stream_.reset();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     server_.reset();

@@ -64,9 +64,11 @@ grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* cont
 }
 
 grpc::ServerUnaryReactor* WorkerService::Ping(grpc::CallbackServerContext* context, const rpc::PingRequest*,
-                                              rpc::PingResponse*) {
-  return Serve(context, absl::OkStatus(),
-               [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) { reactor->Finish(grpc::Status::OK); });
+                                              rpc::PingResponse* response) {
+  return Serve(context, absl::OkStatus(), [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) {
+    response->set_fetch_port(fetch_port_.load());
+    reactor->Finish(grpc::Status::OK);
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* context,

@@ -214,10 +214,10 @@ class Array:
 
     def fetch(self) -> torch.Tensor:
         """The whole array as a tensor, once computed; raises the error that prevented it."""
-        data = self._native.fetch()
-        if not data:
+        data = self._native.fetch()  # the fetched bytes, shared with the tensor (no copy)
+        if len(data) == 0:
             return torch.empty(self.shape, dtype=self.dtype)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.dtype).reshape(self.shape)
+        return torch.frombuffer(data, dtype=torch.uint8).view(self.dtype).reshape(self.shape)
 
     def ready(self) -> "Array":
         """Blocks until every shard is computed (or raises why it never will be)."""

@@ -1,4 +1,4 @@
-#include "collective/socket_util.h"
+#include "core/socket_util.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace pathways::collective {
+namespace pathways {
 
 int RemainingMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
@@ -59,7 +59,7 @@ absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, sockle
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bad collective address '", address, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("bad address '", address, "'"));
   }
   std::string ip = address.substr(0, colon);
   if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
@@ -75,9 +75,9 @@ absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, sockle
     v6->sin6_port = htons(static_cast<uint16_t>(port));
     *len = sizeof(sockaddr_in6);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("bad collective address '", address, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("bad address '", address, "'"));
   }
   return storage;
 }
 
-}  // namespace pathways::collective
+}  // namespace pathways

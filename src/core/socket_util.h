@@ -1,5 +1,5 @@
-// Small helpers over non-blocking TCP sockets, shared by the collective links' message layer
-// (peer_mesh.cc) and their connection management (tcp_links.cc). Internal to collective/.
+// Small helpers over non-blocking TCP sockets: the collective links (collective/peer_mesh.cc,
+// tcp_links.cc), block streams, and the fetch streams between clients and workers.
 #pragma once
 
 #include <sys/socket.h>
@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace pathways::collective {
+namespace pathways {
 
 // Milliseconds left until `deadline`, for poll(): 0 once it has passed.
 int RemainingMs(absl::Time deadline);
@@ -24,4 +24,4 @@ bool PeerClosed(int fd);
 // "ip:port" or "[ip6]:port".
 absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, socklen_t* len);
 
-}  // namespace pathways::collective
+}  // namespace pathways
