@@ -896,8 +896,6 @@ TEST(CrossIslandTest, ASliceLargerThanAnyIslandIsRefusedUnlessItMaySpanIslands) 
   controller.Stop(SIGTERM);
 }
 
-// Opens `count` connections to `port` that never speak, waits (bounded) until process `pid`
-// holds 120 descriptors or more, then closes them. Whether the process ran out.
 // A TCP connection to 127.0.0.1:port, or -1 (errno says why).
 int DialLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -914,6 +912,8 @@ int DialLoopback(int port) {
   return fd;
 }
 
+// Opens `count` connections to `port` that never speak, waits (bounded) until process `pid`
+// holds 120 descriptors or more, then closes them. Whether the process ran out.
 bool FloodThenClose(pid_t pid, int port, int count) {
   auto open_descriptors = [&] {
     int n = 0;

@@ -42,7 +42,7 @@ int RawAccept4(int fd, sockaddr* addr, socklen_t* length, int flags) {
 struct AcceptedConnections {
   ino_t listener_inode = 0;
   absl::flat_hash_map<int, ino_t> open;  // descriptor -> its inode when accepted
-  int64_t pruned_ns = 0;
+  int64_t next_prune_ns = 0;
 };
 std::atomic<int> connection_cap{0};  // 0: no cap
 absl::Mutex accepted_mu;
@@ -71,9 +71,11 @@ bool AdmitConnection(int listener, int connection) {
   absl::MutexLock lock(&accepted_mu);
   AcceptedConnections& mine = (*accepted)[listener];
   if (mine.listener_inode != listener_inode) mine = AcceptedConnections{listener_inode, {}, 0};  // a new listener
-  // At the cap, closed ones are pruned (at most every 20 ms: a flood beyond it costs no more).
+  // At the cap, closed ones are pruned: at most every 20 ms, and no sooner than ten times the
+  // last pruning took, so a flood that holds the cap costs the process at most a tenth of a core
+  // (and the other listeners, which share the lock, at most as much).
   const int64_t now = absl::GetCurrentTimeNanos();
-  if (static_cast<int>(mine.open.size()) >= cap && now - mine.pruned_ns >= 20'000'000) {
+  if (static_cast<int>(mine.open.size()) >= cap && now >= mine.next_prune_ns) {
     for (auto it = mine.open.begin(); it != mine.open.end();) {
       if (InodeOf(it->first) != it->second) {
         mine.open.erase(it++);
@@ -81,7 +83,8 @@ bool AdmitConnection(int listener, int connection) {
         ++it;
       }
     }
-    mine.pruned_ns = now;
+    const int64_t took = absl::GetCurrentTimeNanos() - now;
+    mine.next_prune_ns = now + std::max<int64_t>(20'000'000, 10 * took);
   }
   // The number may still be listed from a connection that closed before the last pruning.
   auto listed = mine.open.find(connection);
@@ -111,16 +114,21 @@ bool AdmitConnection(int listener, int connection) {
 // accepted beyond the cap is closed at once, and the caller hears ECONNABORTED.
 extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict length, int flags) {
   using pathways::RawAccept4;
+  const socklen_t given = length != nullptr ? *length : 0;
   int accepted = RawAccept4(fd, addr, length, flags);
   const int error = errno;
   if (accepted >= 0) {
     if (!pathways::guard_on) return accepted;
+    // Only non-blocking listeners (a blocking one would wait in the loop below).
+    const int listener_flags = fcntl(fd, F_GETFL);
+    if (listener_flags < 0 || (listener_flags & O_NONBLOCK) == 0) return accepted;
     // Beyond the cap, every queued connection is closed (bounded): listeners wait for the next
     // edge of readiness, so one left queued would sit behind the next arrival.
     int refused = 0;
     while (!pathways::AdmitConnection(fd, accepted)) {
       close(accepted);
       if (++refused == 1024) break;
+      if (length != nullptr) *length = given;
       accepted = RawAccept4(fd, addr, length, flags);
       if (accepted < 0) break;
     }
@@ -158,8 +166,14 @@ extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict 
       }
       pathways::spare_descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC);
       if (pending < 0) break;  // none left (EAGAIN), or another thread took the spare slot
+      if (length != nullptr) *length = given;
       accepted = RawAccept4(fd, addr, length, flags);
-      if (accepted >= 0) return accepted;  // descriptors are free again
+      if (accepted >= 0) {  // descriptors are free again
+        if (pathways::AdmitConnection(fd, accepted)) return accepted;
+        close(accepted);
+        ++dropped;
+        break;
+      }
       if (errno != EMFILE && errno != ENFILE) break;
     }
   }
@@ -204,11 +218,12 @@ void InitServingProcess() {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
-  // A listener holds at most half the descriptors, so a flood of connections to one port leaves
-  // the process descriptors for its own links, files and the other listeners.
+  // A listener holds at most a quarter of the descriptors (a worker has three listeners: RPCs,
+  // collective links, fetch streams), so floods of connections to its ports leave the process
+  // descriptors for its own links and files.
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 && connection_cap.load() == 0) {
-    const rlim_t half = files.rlim_cur == RLIM_INFINITY ? kMaxConnectionsPerListener : files.rlim_cur / 2;
-    connection_cap = static_cast<int>(std::clamp<rlim_t>(half, 16, kMaxConnectionsPerListener));
+    const rlim_t quarter = files.rlim_cur == RLIM_INFINITY ? kDefaultMaxConnections : files.rlim_cur / 4;
+    connection_cap = static_cast<int>(std::clamp<rlim_t>(quarter, 16, kDefaultMaxConnections));
   }
   absl::MutexLock lock(&spare_mu);
   guard_on = true;

@@ -18,9 +18,11 @@ void InitServingProcess();
 // Connections are a bounded resource: each listening socket of a serving process (RPC servers,
 // collective and block listeners) holds at most this many accepted connections; one beyond is
 // closed as soon as it is accepted (its client sees the connection closed and may retry), until
-// others close. InitServingProcess sets half the descriptor limit (at most the bound below);
-// servers' idle and half-open connections are closed after a timeout, which frees places.
+// others close. InitServingProcess sets a quarter of the descriptor limit, at most
+// kDefaultMaxConnections; servers' idle and half-open connections are closed after a timeout,
+// which frees places. Only non-blocking listeners are capped.
 inline constexpr int64_t kMaxConnectionsPerListener = 1 << 20;
+inline constexpr int64_t kDefaultMaxConnections = 65536;
 absl::Status SetConnectionsPerListener(int64_t max);
 int ConnectionsPerListener();
 

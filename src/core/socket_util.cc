@@ -30,13 +30,19 @@ void Configure(int fd) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
-absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time deadline, const std::string& what) {
+namespace {
+
+// Moves [data, data+len) before `deadline`, which moves `silence` on whenever bytes move (when
+// `silence` is not infinite).
+absl::Status Transfer(int fd, char* data, size_t len, bool write, absl::Time deadline, absl::Duration silence,
+                      const std::string& what) {
   size_t done = 0;
   while (done < len) {
     ssize_t n = write ? send(fd, data + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                       : recv(fd, data + done, len - done, MSG_DONTWAIT);
     if (n > 0) {
       done += static_cast<size_t>(n);
+      if (silence != absl::InfiniteDuration()) deadline = absl::Now() + silence;
       continue;
     }
     if (n == 0) return absl::UnavailableError(absl::StrCat(what, ": connection closed"));
@@ -47,6 +53,17 @@ absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time 
     if (ms == 0 || poll(&p, 1, ms) == 0) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time deadline, const std::string& what) {
+  return Transfer(fd, data, len, write, deadline, absl::InfiniteDuration(), what);
+}
+
+absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, absl::Duration silence,
+                                 const std::string& what) {
+  return Transfer(fd, data, len, write, absl::Now() + silence, silence, what);
 }
 
 bool PeerClosed(int fd) {

@@ -53,8 +53,8 @@ constexpr char kUsage[] =
     "(--cluster-token, else PATHWAYS_CLUSTER_TOKEN, else the token), so tenants cannot act as hosts.\n"
     "Controller and worker take [--tls-cert PEM --tls-key PEM] [--tls-ca PEM], status and tenant\n"
     "[--tls-ca PEM] (defaults PATHWAYS_TLS_CERT, _KEY, _CA): TLS on every connection.\n"
-    "--max-connections caps the connections each of a server's listening ports holds (default: half\n"
-    "the descriptor limit); one beyond is closed at once, until others close.\n";
+    "--max-connections caps the connections each of a server's listening ports holds (default: a quarter of\n"
+    "the descriptor limit, at most 65536); one beyond is closed at once, until others close.\n";
 
 // Serving commands stop on SIGINT or SIGTERM through a handler that writes to a pipe the main
 // thread waits on. Any thread may take the signal: a mask would not cover threads a library

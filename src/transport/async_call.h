@@ -14,9 +14,6 @@
 
 namespace pathways {
 
-// Starts `start(context, request, response, done)` (a stub's async() method) and returns the
-// response as a future, or the call's error prefixed with `description`. The future completes
-// on gRPC's callback thread: continuations that do real work should hop to an executor.
 // The call's state, and how its response becomes the future's value (`Wrap`).
 template <typename Response, typename Value, typename Wrap, typename Request, typename Start>
 Future<Value> StartUnaryCall(std::string description, const Request& request, absl::Duration timeout, Start start,

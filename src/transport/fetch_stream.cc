@@ -33,11 +33,25 @@ FetchStreamClient::FetchStreamClient(std::string worker, std::string ip, int por
     : worker_(std::move(worker)), ip_(std::move(ip)), port_(port), timing_(timing) {}
 
 namespace {
+
 constexpr char kNotSentPayload[] = "pathways.dev/fetch-stream-not-sent";
+
+// `status`, marked as a fetch the worker never served (see WhyNotSent).
+absl::Status NotSentBecause(absl::Status status, FetchStreamClient::NotSentReason reason) {
+  status.SetPayload(kNotSentPayload,
+                    absl::Cord(reason == FetchStreamClient::NotSentReason::kUnreachable ? "unreachable" : "busy"));
+  return status;
+}
+
+// Connections idle this long are closed by the client, before the worker's own idle bound.
+constexpr absl::Duration kClientIdle = absl::Minutes(4);
+
 }  // namespace
 
-bool FetchStreamClient::NotSent(const absl::Status& status) {
-  return status.GetPayload(kNotSentPayload).has_value();
+FetchStreamClient::NotSentReason FetchStreamClient::WhyNotSent(const absl::Status& status) {
+  const auto reason = status.GetPayload(kNotSentPayload);
+  if (!reason.has_value()) return NotSentReason::kSent;
+  return *reason == "unreachable" ? NotSentReason::kUnreachable : NotSentReason::kBusy;
 }
 
 void FetchStreamClient::Stop() {
@@ -70,9 +84,14 @@ std::optional<Future<FetchedShards>> FetchStreamClient::Fetch(rpc::FetchRequest 
   }
   if (idle == nullptr) {
     if (static_cast<int>(connections_.size()) >= kMaxConnections) return std::nullopt;
-    connections_.push_back(std::make_unique<Connection>());
+    auto fresh = std::make_unique<Connection>();
+    try {
+      fresh->thread = std::thread([this, c = fresh.get()] { Serve(c); });
+    } catch (const std::system_error&) {
+      return std::nullopt;  // no thread to be had: the caller uses gRPC
+    }
+    connections_.push_back(std::move(fresh));
     idle = connections_.back().get();
-    idle->thread = std::thread([this, idle] { Serve(idle); });
   }
   idle->busy = true;
   idle->request = std::move(request);
@@ -81,40 +100,64 @@ std::optional<Future<FetchedShards>> FetchStreamClient::Fetch(rpc::FetchRequest 
   return idle->promise.future();
 }
 
+void FetchStreamClient::SetFd(Connection* c, int fd) {
+  absl::MutexLock lock(&mu_);
+  if (c->fd >= 0) close(c->fd);
+  c->fd = fd;
+  if (stop_ && fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
+absl::StatusOr<FetchedShards> FetchStreamClient::Exchange(Connection* c, const rpc::FetchRequest& request,
+                                                          uint64_t max_bytes) {
+  int fd;
+  {
+    absl::MutexLock lock(&mu_);
+    fd = c->fd;
+  }
+  // A kept connection the worker closed meanwhile (its idle bound, a restart) is dialed afresh;
+  // so is one that fails before any answer came, once (fetches only read, so sending again is
+  // safe).
+  const bool reused = fd >= 0 && !PeerClosed(fd);
+  if (!reused) {
+    absl::StatusOr<int> dialed = Dial();
+    if (!dialed.ok()) return NotSentBecause(dialed.status(), NotSentReason::kUnreachable);
+    SetFd(c, fd = *dialed);
+  }
+  // Settled: an answer (or part of one) came, the worker went silent (it is frozen: another way
+  // would wait on it too), or it turned the fetch away itself.
+  Heard heard = Heard::kNothing;
+  absl::StatusOr<FetchedShards> result = RunOne(fd, request, max_bytes, &heard);
+  auto settled = [&] { return result.ok() || heard != Heard::kNothing || WhyNotSent(result.status()) != NotSentReason::kSent; };
+  if (settled()) return result;
+  if (reused) {
+    absl::StatusOr<int> dialed = Dial();
+    if (!dialed.ok()) return NotSentBecause(dialed.status(), NotSentReason::kUnreachable);
+    SetFd(c, fd = *dialed);
+    result = RunOne(fd, request, max_bytes, &heard);
+    if (settled()) return result;
+  }
+  // A fresh connection closed before any answer: the worker is full, or going; gRPC will tell.
+  return NotSentBecause(result.status(), NotSentReason::kBusy);
+}
+
 void FetchStreamClient::Serve(Connection* c) {
   while (true) {
     rpc::FetchRequest request;
     uint64_t max_bytes = 0;
-    int fd = -1;
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this, c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || c->request.has_value(); };
-      mu_.Await(absl::Condition(&has_work));
-      if (stop_) {
-        if (c->request.has_value()) c->promise.Set(absl::CancelledError("the client is closing"));
-        if (c->fd >= 0) close(c->fd);
+      if (!mu_.AwaitWithTimeout(absl::Condition(&has_work), kClientIdle) && c->fd >= 0) {
+        close(c->fd);  // idle: the next fetch dials again
         c->fd = -1;
-        return;
       }
+      if (stop_) break;
+      if (!c->request.has_value()) continue;
       request = *std::move(c->request);
       c->request.reset();
       max_bytes = c->max_bytes;
-      fd = c->fd;
     }
-    absl::StatusOr<FetchedShards> result;
-    if (fd < 0) {
-      absl::StatusOr<int> dialed = Dial();
-      if (dialed.ok()) {
-        absl::MutexLock lock(&mu_);
-        c->fd = fd = *dialed;
-        if (stop_) shutdown(fd, SHUT_RDWR);
-      } else {
-        absl::Status not_sent = dialed.status();
-        not_sent.SetPayload(kNotSentPayload, absl::Cord("1"));
-        result = not_sent;
-      }
-    }
-    if (fd >= 0) result = RunOne(fd, request, max_bytes);
+    absl::StatusOr<FetchedShards> result = Exchange(c, request, max_bytes);
     Promise<FetchedShards> promise;
     {
       absl::MutexLock lock(&mu_);
@@ -124,10 +167,22 @@ void FetchStreamClient::Serve(Connection* c) {
         c->fd = -1;
       }
       promise = std::move(c->promise);
-      c->busy = false;  // before the result is set: a continuation's next fetch may take it
     }
+    // The connection is taken until its continuations have run: one that fetches again (and
+    // waits) gets another connection, never this one.
     promise.Set(std::move(result));
+    absl::MutexLock lock(&mu_);
+    c->busy = false;
   }
+  Promise<FetchedShards> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    if (c->request.has_value()) pending = std::move(c->promise);
+    c->request.reset();
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+  }
+  if (pending.valid()) pending.Set(absl::CancelledError("the client is closing"));
 }
 
 absl::StatusOr<int> FetchStreamClient::Dial() {
@@ -145,9 +200,14 @@ absl::StatusOr<int> FetchStreamClient::Dial() {
       pollfd p{fd, POLLOUT, 0};
       int error = 0;
       socklen_t error_length = sizeof(error);
-      if (poll(&p, 1, RemainingMs(deadline)) != 1) {
+      int polled;
+      while ((polled = poll(&p, 1, RemainingMs(deadline))) < 0 && errno == EINTR) {
+      }
+      if (polled == 0) {
         s = absl::UnavailableError(absl::StrCat(what, ": connecting timed out"));
-      } else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_length) != 0 || error != 0) {
+      } else if (polled < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_length) != 0) {
+        s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(errno)));
+      } else if (error != 0) {
         s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(error)));
       }
     }
@@ -166,30 +226,28 @@ absl::StatusOr<int> FetchStreamClient::Dial() {
 }
 
 absl::StatusOr<FetchedShards> FetchStreamClient::RunOne(int fd, const rpc::FetchRequest& request,
-                                                             uint64_t max_bytes) {
+                                                        uint64_t max_bytes, Heard* heard) {
+  *heard = Heard::kNothing;
   const std::string what = absl::StrCat("fetch stream from worker ", worker_);
   const std::string body = request.SerializeAsString();
   std::string frame = absl::StrCat(EncodeFetchU32(static_cast<uint32_t>(body.size())), body);
   PW_RETURN_IF_ERROR(TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence,
                                  absl::StrCat(what, ": sending the request")));
-  // Reads `n` bytes, each piece within the silence bound; a silent worker is named as such.
+  // Reads `n` bytes, failing once none came for the silence bound; a silent worker is named as such.
   auto read = [&](char* into, size_t n, const char* part) -> absl::Status {
-    for (size_t done = 0; done < n;) {
-      const size_t piece = std::min(kFetchChunkBytes, n - done);
-      absl::Status s = TransferAll(fd, into + done, piece, false, absl::Now() + timing_.silence,
-                                   absl::StrCat(what, ": ", part));
-      if (absl::IsDeadlineExceeded(s)) {
-        return absl::UnavailableError(absl::StrCat(what, ": nothing came for ",
-                                                   absl::FormatDuration(timing_.silence), " (", part,
-                                                   "): the worker is frozen, overloaded or cut off"));
-      }
-      PW_RETURN_IF_ERROR(s);
-      done += piece;
+    absl::Status s = TransferWhileMoving(fd, into, n, false, timing_.silence, absl::StrCat(what, ": ", part));
+    if (absl::IsDeadlineExceeded(s)) {
+      if (*heard == Heard::kNothing) *heard = Heard::kSilence;
+      return absl::UnavailableError(absl::StrCat(what, ": nothing came for ", absl::FormatDuration(timing_.silence),
+                                                 " (", part, "): the worker is frozen, overloaded or cut off"));
     }
-    return absl::OkStatus();
+    return s;
   };
   char kind = kFetchWaiting;
-  while (kind == kFetchWaiting) PW_RETURN_IF_ERROR(read(&kind, 1, "waiting for the data"));
+  while (kind == kFetchWaiting) {
+    PW_RETURN_IF_ERROR(read(&kind, 1, "waiting for the data"));
+    *heard = Heard::kSomething;
+  }
   if (kind != kFetchHeader) return absl::DataLossError(absl::StrCat(what, ": a byte that starts no answer"));
   char length[4];
   PW_RETURN_IF_ERROR(read(length, 4, "the header"));
@@ -202,9 +260,11 @@ absl::StatusOr<FetchedShards> FetchStreamClient::RunOne(int fd, const rpc::Fetch
   rpc::FetchStreamHeader header;
   if (!header.ParseFromString(header_data)) return absl::DataLossError(absl::StrCat(what, ": a header that does not parse"));
   if (header.code() != 0) {
+    // Named as the gRPC path names it, so errors read the same whichever way a fetch went.
     const int code = header.code();
-    return absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
-                        header.message());
+    absl::Status refused(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
+                         absl::StrCat("Fetch on worker ", worker_, ": ", header.message()));
+    return header.not_served() ? NotSentBecause(refused, NotSentReason::kBusy) : refused;
   }
   auto response = std::make_shared<rpc::FetchResponse>();
   if (request.status_only()) return response;
@@ -212,8 +272,12 @@ absl::StatusOr<FetchedShards> FetchStreamClient::RunOne(int fd, const rpc::Fetch
   for (rpc::ShardData& shard : *header.mutable_shards()) {
     absl::StatusOr<TensorSpec> spec = FromProto(shard.spec());
     absl::StatusOr<int64_t> bytes = spec.ok() ? ByteSize(spec->dtype, spec->shape) : spec.status();
-    if (!bytes.ok() || *bytes < 0 || total + static_cast<uint64_t>(*bytes) > max_bytes) {
-      return absl::DataLossError(absl::StrCat(what, ": shard ", shard.shard(), " is not of the array's size"));
+    if (!bytes.ok() || *bytes < 0) {
+      return absl::DataLossError(absl::StrCat(what, ": shard ", shard.shard(), " has no valid spec"));
+    }
+    if (total + static_cast<uint64_t>(*bytes) > max_bytes) {
+      return absl::DataLossError(absl::StrCat(what, ": the shards sent hold more than the ", max_bytes,
+                                              " bytes asked for"));
     }
     total += static_cast<uint64_t>(*bytes);
     rpc::ShardData* out = response->add_shards();

@@ -40,8 +40,6 @@ inline constexpr uint32_t kMaxFetchHeaderBytes = 16 << 20;
 inline constexpr uint32_t kMaxFetchTokenBytes = 4096;
 inline constexpr char kFetchWaiting = 'W';
 inline constexpr char kFetchHeader = 'H';
-// Shards' bytes are written and read in pieces of this size, each with its own deadline.
-inline constexpr size_t kFetchChunkBytes = 4 << 20;
 
 struct FetchStreamTiming {
   // How often a worker says it is still waiting for the data.
@@ -71,25 +69,34 @@ class FetchStreamClient {
   // refused. nullopt when every connection is busy: the caller uses gRPC instead. Errors name the
   // worker; the future completes on a connection's thread.
   std::optional<Future<FetchedShards>> Fetch(rpc::FetchRequest request, uint64_t max_bytes);
-  // Whether a fetch's error means it never reached the worker (the stream could not be dialed:
-  // the worker may have restarted with another stream port); such a fetch may be sent again.
-  static bool NotSent(const absl::Status& status);
-  // Fails what is queued (Cancelled) and lets the threads end, without waiting for them (so it
-  // may run on one of them); later fetches get nullopt. The destructor also joins them.
+  // Whether a fetch's error means the worker never served it, so that it may be sent another
+  // way: the stream could not be dialed (kUnreachable: the worker may have restarted with another
+  // stream port, or the port is not reachable from here), or the worker turned it away or closed
+  // the connection before answering (kBusy: full, or going).
+  enum class NotSentReason { kSent, kUnreachable, kBusy };
+  static NotSentReason WhyNotSent(const absl::Status& status);
+  // Fails what is queued (Cancelled) and lets the threads end, without waiting for them; later
+  // fetches get nullopt. The destructor also joins them (so it must not run on one of them).
   void Stop();
 
  private:
   struct Connection {
     std::thread thread;
-    int fd = -1;  // owned by the thread
+    int fd = -1;  // set and closed under mu_, used by the thread
     bool busy = false;
     std::optional<rpc::FetchRequest> request;
     uint64_t max_bytes = 0;
     Promise<FetchedShards> promise;
   };
   void Serve(Connection* c);
-  absl::StatusOr<FetchedShards> RunOne(int fd, const rpc::FetchRequest& request, uint64_t max_bytes);
+  // One fetch on `c`, dialing when it has no live connection.
+  absl::StatusOr<FetchedShards> Exchange(Connection* c, const rpc::FetchRequest& request, uint64_t max_bytes);
+  // What a failed exchange heard from the worker before it failed.
+  enum class Heard { kNothing, kSilence, kSomething };
+  // One request and its answer on `fd`.
+  absl::StatusOr<FetchedShards> RunOne(int fd, const rpc::FetchRequest& request, uint64_t max_bytes, Heard* heard);
   absl::StatusOr<int> Dial();
+  void SetFd(Connection* c, int fd);
 
   const std::string worker_, ip_;
   const int port_;

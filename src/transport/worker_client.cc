@@ -1,5 +1,7 @@
 #include "transport/worker_client.h"
 
+#include <thread>
+
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
@@ -45,28 +47,51 @@ Future<rpc::EnqueueResponse> WorkerClient::Enqueue(const rpc::EnqueueRequest& re
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Enqueue(ctx, req, resp, std::move(done)); });
 }
 
+namespace {
+
+// How long a stream port that could not be dialed is left alone (fetches use gRPC meanwhile),
+// and how long after a failed question the worker is asked again.
+constexpr absl::Duration kUnreachablePause = absl::Seconds(30);
+constexpr absl::Duration kAskAgain = absl::Seconds(10);
+
+// A stream whose last reference may go on one of its own threads (a fetch's continuation) is
+// destroyed on a thread of its own: its destructor joins its threads.
+std::shared_ptr<FetchStreamClient> NewStream(const std::string& address, int port) {
+  return std::shared_ptr<FetchStreamClient>(
+      new FetchStreamClient(address, address.substr(0, address.rfind(':')), port),
+      [](FetchStreamClient* s) { std::thread([s] { delete s; }).detach(); });
+}
+
+}  // namespace
+
 Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint64_t max_bytes) {
-  FetchStreamClient* s = stream();
+  std::shared_ptr<FetchStreamClient> s = stream();
   std::optional<Future<FetchedShards>> streamed;
   if (s != nullptr) streamed = s->Fetch(request, max_bytes);
   if (!streamed.has_value()) return FetchThroughGrpc(request);  // no stream, or every one is busy
-  // A stream that cannot be dialed belongs to an earlier worker process at this address (the
-  // worker restarted with another stream port): ask again, and fetch through gRPC meanwhile.
+  // One the worker never served goes through gRPC. A stream that cannot be dialed may belong to
+  // an earlier worker process at this address (one that restarted has another port): the worker
+  // is asked again, and the stream rests meanwhile.
   Promise<FetchedShards> promise;
   Future<FetchedShards> result = promise.future();
-  streamed->OnReady([this, s, request, promise = std::move(promise)](
-                        const absl::StatusOr<FetchedShards>& r) mutable {
-    if (r.ok() || !FetchStreamClient::NotSent(r.status())) {
+  streamed->OnReady([this, s, request, promise = std::move(promise)](const absl::StatusOr<FetchedShards>& r) mutable {
+    const FetchStreamClient::NotSentReason why =
+        r.ok() ? FetchStreamClient::NotSentReason::kSent : FetchStreamClient::WhyNotSent(r.status());
+    if (why == FetchStreamClient::NotSentReason::kSent) {
       promise.Set(r);
       return;
     }
-    {
-      absl::MutexLock lock(&stream_mu_);
-      if (stream_.get() == s) {
-        s->Stop();
-        retired_.push_back(std::move(stream_));
-        stream_state_ = StreamState::kUnknown;
+    if (why == FetchStreamClient::NotSentReason::kUnreachable) {
+      bool ask = false;
+      {
+        absl::MutexLock lock(&stream_mu_);
+        if (stream_ == s) {
+          paused_until_ = absl::Now() + kUnreachablePause;
+          ask = !asking_;
+          asking_ = true;
+        }
       }
+      if (ask) AskForStream();
     }
     FetchThroughGrpc(request).OnReady([promise = std::move(promise)](const absl::StatusOr<FetchedShards>& g) mutable {
       promise.Set(g);
@@ -75,30 +100,45 @@ Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint
   return result;
 }
 
-FetchStreamClient* WorkerClient::stream() {
+std::shared_ptr<FetchStreamClient> WorkerClient::stream() {
+  if (TlsConfigured()) return nullptr;  // the stream is not encrypted
+  bool ask = false;
+  std::shared_ptr<FetchStreamClient> usable;
   {
     absl::MutexLock lock(&stream_mu_);
-    if (stream_state_ != StreamState::kUnknown) return stream_.get();
-    if (TlsConfigured()) {
-      stream_state_ = StreamState::kKnown;  // and none: the stream is not encrypted
-      return nullptr;
-    }
-    stream_state_ = StreamState::kAsking;
+    const absl::Time now = absl::Now();
+    if (stream_ != nullptr && now >= paused_until_) usable = stream_;
+    if (stream_ == nullptr && !asking_ && now >= ask_after_) ask = asking_ = true;
   }
-  // Asked once, without waiting: fetches go through gRPC until the answer comes. A worker that
-  // cannot answer (or offers no stream) is not asked again.
+  // Asked without waiting: fetches go through gRPC until the answer comes.
+  if (ask) AskForStream();
+  return usable;
+}
+
+void WorkerClient::AskForStream() {
   AsyncUnaryCall<rpc::PingResponse>(
       absl::StrCat("Ping on worker ", address_), rpc::PingRequest(), absl::Seconds(30),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Ping(ctx, req, resp, std::move(done)); })
       .OnReady([this](const absl::StatusOr<rpc::PingResponse>& r) {
+        std::shared_ptr<FetchStreamClient> old;
         absl::MutexLock lock(&stream_mu_);
-        stream_state_ = r.ok() || !absl::IsUnavailable(r.status()) ? StreamState::kKnown : StreamState::kUnknown;
-        if (r.ok() && r->fetch_port() > 0 && r->fetch_port() <= 65535) {
-          stream_ = std::make_unique<FetchStreamClient>(address_, address_.substr(0, address_.rfind(':')),
-                                                        r->fetch_port());
+        asking_ = false;
+        if (!r.ok()) {
+          ask_after_ = absl::Now() + kAskAgain;
+          return;
+        }
+        const int port = r->fetch_port() > 0 && r->fetch_port() <= 65535 ? r->fetch_port() : 0;
+        if (port == stream_port_ && stream_ != nullptr) return;  // the same port: it rests, as set
+        old = std::move(stream_);  // a worker that restarted: its earlier stream is no use
+        if (old != nullptr) old->Stop();
+        stream_port_ = port;
+        paused_until_ = absl::InfinitePast();
+        if (port != 0) {
+          stream_ = NewStream(address_, port);
+        } else {
+          ask_after_ = absl::Now() + kUnreachablePause;  // it offers none (TLS, or it could not listen)
         }
       });
-  return nullptr;
 }
 
 Future<FetchedShards> WorkerClient::FetchThroughGrpc(const rpc::FetchRequest& request) {

@@ -42,17 +42,20 @@ class WorkerClient {
  private:
 
   Future<FetchedShards> FetchThroughGrpc(const rpc::FetchRequest& request);
-  // The fetch stream, once known; asks the worker where it is the first time.
-  FetchStreamClient* stream();
+  // The fetch stream, when one is known and not resting; asks the worker where it is when none is.
+  std::shared_ptr<FetchStreamClient> stream();
+  // Pings the worker for its stream port (asking_ is set by the caller).
+  void AskForStream();
 
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Worker::Stub> stub_;
   absl::Mutex stream_mu_;
-  enum class StreamState { kUnknown, kAsking, kKnown } stream_state_ ABSL_GUARDED_BY(stream_mu_) = StreamState::kUnknown;
-  std::unique_ptr<FetchStreamClient> stream_ ABSL_GUARDED_BY(stream_mu_);  // null: none (TLS, or none offered)
-  // Streams to an earlier process at this address, stopped (kept: their threads may still be ending).
-  std::vector<std::unique_ptr<FetchStreamClient>> retired_ ABSL_GUARDED_BY(stream_mu_);
+  std::shared_ptr<FetchStreamClient> stream_ ABSL_GUARDED_BY(stream_mu_);  // null: none known
+  int stream_port_ ABSL_GUARDED_BY(stream_mu_) = 0;
+  bool asking_ ABSL_GUARDED_BY(stream_mu_) = false;
+  absl::Time ask_after_ ABSL_GUARDED_BY(stream_mu_) = absl::InfinitePast();
+  absl::Time paused_until_ ABSL_GUARDED_BY(stream_mu_) = absl::InfinitePast();  // its port could not be dialed
 };
 
 // Shares one WorkerClient (and so one channel) per address. Thread-safe.

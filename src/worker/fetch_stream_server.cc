@@ -29,20 +29,25 @@ std::string HeaderFrame(const rpc::FetchStreamHeader& header) {
 
 absl::StatusOr<std::unique_ptr<FetchStreamServer>> FetchStreamServer::Start(const std::string& ip, std::string token,
                                                                             std::string also, FetchFn fetch,
-                                                                            FetchStreamTiming timing) {
+                                                                            FetchStreamTiming timing, int port) {
   socklen_t length = 0;
   PW_ASSIGN_OR_RETURN(sockaddr_storage at, ParseAddress(absl::StrCat(ip, ":1"), &length));
-  if (at.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&at)->sin_port = 0;
-  if (at.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&at)->sin6_port = 0;
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("fetch stream port ", port));
+  if (at.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&at)->sin_port = htons(static_cast<uint16_t>(port));
+  if (at.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&at)->sin6_port = htons(static_cast<uint16_t>(port));
   const int fd = socket(at.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  // Address reuse (not port reuse): a port whose earlier connections linger in TIME_WAIT can be
+  // listened on again; one that a live listener holds cannot.
+  const int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&at), length) != 0 || listen(fd, 128) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&at), &length) != 0) {
     const int error = errno;
     if (fd >= 0) close(fd);
     return absl::UnavailableError(absl::StrCat("fetch stream cannot listen on ", ip, ": ", Errno(error)));
   }
-  const int port = at.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&at)->sin_port)
-                                           : ntohs(reinterpret_cast<sockaddr_in6*>(&at)->sin6_port);
+  port = at.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&at)->sin_port)
+                                 : ntohs(reinterpret_cast<sockaddr_in6*>(&at)->sin6_port);
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(fd);
@@ -69,7 +74,9 @@ FetchStreamServer::~FetchStreamServer() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    for (Connection& c : connections_) shutdown(c.fd, SHUT_RDWR);
+    for (Connection& c : connections_) {
+      if (!c.finished) shutdown(c.fd, SHUT_RDWR);  // (a finished one's descriptor is closed: maybe reused)
+    }
   }
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
@@ -100,7 +107,12 @@ void FetchStreamServer::AcceptLoop() {
     if (polled[1].revents != 0) return;
     if ((polled[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;  // (out of descriptors: the process's accept4 deals with it, core/process.cc)
+    if (fd < 0) {
+      // Out of descriptors or over the port's cap (core/process.cc): the connection may stay
+      // queued, and poll() would return at once.
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
     Configure(fd);
     std::list<Connection> finished;
     {
@@ -110,16 +122,38 @@ void FetchStreamServer::AcceptLoop() {
         if (it->finished) finished.splice(finished.end(), connections_, it);
         it = next;
       }
-      if (stop_ || connections_.size() >= kMaxConnections) {
-        close(fd);
-      } else {
+      bool served = false;
+      if (!stop_ && connections_.size() < kMaxConnections) {
         connections_.push_back({fd, {}, false});
         Connection* c = &connections_.back();
-        c->thread = std::thread([this, c] { Serve(c); });
+        try {
+          c->thread = std::thread([this, c] { Serve(c); });
+          served = true;
+        } catch (const std::system_error&) {
+          connections_.pop_back();  // no thread to be had
+        }
       }
+      if (!served) TurnAway(fd);
     }
     for (Connection& c : finished) c.thread.join();  // threads that have ended
   }
+}
+
+// Full: the client hears that its fetch was not served, and fetches through gRPC instead. The
+// connection is closed at once (its hello and request are drained first if they came, so the
+// close does not reset the answer away).
+void FetchStreamServer::TurnAway(int fd) {
+  rpc::FetchStreamHeader header;
+  header.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  header.set_message("its fetch streams are all taken");
+  header.set_not_served(true);
+  std::string frame = HeaderFrame(header);
+  (void)!send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  shutdown(fd, SHUT_WR);
+  char sink[4096];
+  while (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+  }
+  close(fd);
 }
 
 absl::Status FetchStreamServer::Hello(int fd) {
@@ -176,7 +210,7 @@ void FetchStreamServer::Serve(Connection* c) {
   }
   absl::MutexLock lock(&mu_);
   close(fd);
-  c->finished = true;
+  c->finished = true;  // its descriptor is not touched again
 }
 
 absl::Status FetchStreamServer::Answer(int fd, const rpc::FetchRequest& request) {
@@ -208,11 +242,7 @@ absl::Status FetchStreamServer::Answer(int fd, const rpc::FetchRequest& request)
     for (const BufferPtr& b : *r) {
       char* data = b->data();
       const size_t size = static_cast<size_t>(b->byte_size());
-      for (size_t done = 0; done < size;) {
-        const size_t piece = std::min(kFetchChunkBytes, size - done);
-        PW_RETURN_IF_ERROR(TransferAll(fd, data + done, piece, true, absl::Now() + timing_.silence, "shard bytes"));
-        done += piece;
-      }
+      PW_RETURN_IF_ERROR(TransferWhileMoving(fd, data, size, true, timing_.silence, "shard bytes"));
     }
   }
   absl::MutexLock lock(&mu_);

@@ -31,11 +31,11 @@ class FetchStreamServer {
   // The buffers a (credential-checked) request asks for, once they are ready.
   using FetchFn = std::function<Future<std::vector<BufferPtr>>(const rpc::FetchRequest&)>;
 
-  // Listens on `ip` (a port of its own). Connections must show `token` or `also` (when not
-  // empty); an empty `token` admits every connection.
+  // Listens on `ip` (a port of its own, or `port`). Connections must show `token` or `also`
+  // (when not empty); an empty `token` admits every connection.
   static absl::StatusOr<std::unique_ptr<FetchStreamServer>> Start(const std::string& ip, std::string token,
                                                                   std::string also, FetchFn fetch,
-                                                                  FetchStreamTiming timing = {});
+                                                                  FetchStreamTiming timing = {}, int port = 0);
   ~FetchStreamServer();  // closes the listener and every connection, joins the threads
   FetchStreamServer(const FetchStreamServer&) = delete;
   FetchStreamServer& operator=(const FetchStreamServer&) = delete;
@@ -55,6 +55,7 @@ class FetchStreamServer {
   void AcceptLoop();
   void Serve(Connection* c);
   absl::Status Hello(int fd);
+  void TurnAway(int fd);
   // Answers one request; an error means the stream is unusable (the connection closes).
   absl::Status Answer(int fd, const rpc::FetchRequest& request);
   bool stopping() const;

@@ -72,7 +72,7 @@ TEST(FetchStreamTest, ErrorsComeWithTheirCodeAndTheStreamGoesOn) {
   };
   auto got = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(got.status().message(), "no shard 0 of array 1");
+  EXPECT_EQ(got.status().message(), "Fetch on worker worker-a: no shard 0 of array 1");
   // Another client's credential is refused; so is a response larger than the array.
   rpc::FetchRequest forged = f.Request();
   forged.set_credential(NewClientIdentity().credential);
@@ -159,7 +159,24 @@ TEST(FetchStreamTest, AServerThatStopsFailsTheFetchesInFlight) {
   never.Set(absl::CancelledError("test over"));
   // A stream that cannot be dialed says so: the caller may send the fetch another way.
   auto refused = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
-  EXPECT_TRUE(FetchStreamClient::NotSent(refused.status())) << refused.status();
+  EXPECT_EQ(FetchStreamClient::WhyNotSent(refused.status()), FetchStreamClient::NotSentReason::kUnreachable)
+      << refused.status();
+}
+
+// A kept connection that the worker closed meanwhile (a restart at the same port, its idle
+// bound) is dialed afresh instead of failing the next fetch.
+TEST(FetchStreamTest, AConnectionTheWorkerClosedIsDialedAgain) {
+  Fixture f;
+  FetchStreamClient client("worker-a", "127.0.0.1", f.server->port(), Quick());
+  ASSERT_TRUE(client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30)).ok());
+  const int port = f.server->port();
+  f.server.reset();
+  auto again = FetchStreamServer::Start(
+      "127.0.0.1", "", "", [&](const rpc::FetchRequest& r) { return f.answer(r); }, Quick(), port);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto got = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
+  EXPECT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*again)->answered(), 1);
 }
 
 }  // namespace

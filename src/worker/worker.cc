@@ -78,12 +78,16 @@ absl::Status Worker::Start() {
   runtime_options.cluster_token = cluster_token;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   if (!TlsConfigured()) {
+    // Without one (the stream listens on numeric addresses only), clients fetch through gRPC.
     HostRuntime* runtime = runtime_.get();
-    PW_ASSIGN_OR_RETURN(fetch_stream_, FetchStreamServer::Start(host, token, cluster_token,
-                                                                [runtime](const rpc::FetchRequest& request) {
-                                                                  return runtime->FetchBuffers(request);
-                                                                }));
-    service_->SetFetchPort(fetch_stream_->port());
+    auto stream = FetchStreamServer::Start(
+        host, token, cluster_token, [runtime](const rpc::FetchRequest& request) { return runtime->FetchBuffers(request); });
+    if (stream.ok()) {
+      fetch_stream_ = *std::move(stream);
+      service_->SetFetchPort(fetch_stream_->port());
+    } else {
+      PW_LOG(Warning) << "worker " << address_ << ": no fetch stream, clients fetch through gRPC: " << stream.status();
+    }
   }
   service_->AttachRuntime(runtime_.get());
   controller_ = std::make_unique<ControllerClient>(options_.controller_address);
