@@ -1,5 +1,6 @@
 // Collective throughput, the paper's Figure 5 step (an all_reduce, then an add, each step feeding
-// the next), on real processes over loopback: this runtime (OpByOp, Chained, Fused) beside
+// the next), on real processes over loopback: this runtime (OpByOp, Chained, Fused) beside a
+// multi-controller baseline on the same kernels and collectives (peers/multicontroller_peer.cc),
 // torch.distributed with Gloo and OpenMPI over TCP, in one run. Also a memcpy measurement of
 // this machine, the bound for collectives among devices of one host. Prints markdown tables; see
 // docs/benchmarks.md. The peers come from `make deps-bench`; a missing one is reported, not fatal.
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -211,6 +213,46 @@ std::optional<double> MeasureMpi(int ranks, int64_t bytes, int repeats) {
   return ParseRates(*out);
 }
 
+// The multi-controller baseline (peers/multicontroller_peer.cc): `hosts` processes of `devices`
+// devices each, the same compiled step and collectives, no controller. Steps per second with
+// one call per step, and with the fused loop.
+struct MultiControllerRates {
+  std::optional<double> step, fused;
+};
+MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t bytes, int repeats) {
+  char dir_template[] = "/tmp/pathways_mc_XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return {};
+  const std::string dir = dir_template;
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int r = 0; r < hosts; ++r) {
+    procs.push_back(std::make_unique<Subprocess>());
+    if (!procs.back()
+             ->Start({MC_PEER, std::to_string(r), std::to_string(hosts), std::to_string(devices), dir,
+                      std::to_string(bytes), std::to_string(StepsFor(bytes)), std::to_string(repeats)})
+             .ok()) {
+      return {};
+    }
+  }
+  std::string out;
+  for (int i = 0; i < 2 * repeats; ++i) {
+    auto line = procs[0]->ReadLine(absl::Seconds(300));
+    if (!line.ok()) break;
+    out += *line + "\n";
+  }
+  for (auto& p : procs) p->Wait();
+  std::filesystem::remove_all(dir);
+  MultiControllerRates rates;
+  std::vector<double> step, fused;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    double rate;
+    if (absl::ConsumePrefix(&line, "steps_per_s_step ") && absl::SimpleAtod(line, &rate)) step.push_back(rate);
+    if (absl::ConsumePrefix(&line, "steps_per_s_fused ") && absl::SimpleAtod(line, &rate)) fused.push_back(rate);
+  }
+  if (!step.empty()) rates.step = Median(step);
+  if (!fused.empty()) rates.fused = Median(fused);
+  return rates;
+}
+
 // The collective alone, through the runtime's hub API with no compiled function around it: H
 // hosts of D members as threads of this process, each host with its own hub and loopback links.
 // Returns all_reduce calls per second.
@@ -327,9 +369,10 @@ int Main(int argc, char** argv) {
   std::printf("\n");
   if (flags->Get("hub-only", "false") == "true") return 0;
   std::printf(
-      "| hosts x devices | bytes/device | OpByOp | Chained | Fused | torch+Gloo | OpenMPI TCP | Fused/torch | "
-      "Fused/MPI | OpByOp/Fused | Chained/Fused | Fused GB/s touched |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| hosts x devices | bytes/device | OpByOp | Chained | Fused | multi-controller step | multi-controller fused | "
+      "torch+Gloo | OpenMPI TCP | Fused/torch | Fused/MPI | OpByOp/Fused | Chained/Fused | Chained/MC step | "
+      "Fused/MC fused | Fused GB/s touched |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {
       auto ours = MeasureRuntime(hosts, devices, bytes, repeats);
@@ -340,14 +383,17 @@ int Main(int argc, char** argv) {
         continue;
       }
       const int ranks = hosts * devices;
+      const MultiControllerRates mc = MeasureMultiController(hosts, devices, bytes, repeats);
       std::optional<double> torch = have_torch ? MeasureTorch(ranks, bytes, repeats) : std::nullopt;
       std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats) : std::nullopt;
       // What an all_reduce must touch at least: every member's input read, every output written.
       const double touched = 2.0 * ranks * static_cast<double>(bytes) * ours->fused / 1e9;
-      std::printf("| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", hosts, devices,
-                  static_cast<long long>(bytes), ours->opbyop, ours->chained, ours->fused, Format(torch).c_str(),
-                  Format(mpi).c_str(), Ratio(ours->fused, torch).c_str(), Ratio(ours->fused, mpi).c_str(),
-                  ours->opbyop / ours->fused, ours->chained / ours->fused, touched);
+      std::printf("| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.2f |\n",
+                  hosts, devices, static_cast<long long>(bytes), ours->opbyop, ours->chained, ours->fused,
+                  Format(mc.step).c_str(), Format(mc.fused).c_str(), Format(torch).c_str(), Format(mpi).c_str(),
+                  Ratio(ours->fused, torch).c_str(), Ratio(ours->fused, mpi).c_str(), ours->opbyop / ours->fused,
+                  ours->chained / ours->fused, Ratio(ours->chained, mc.step).c_str(),
+                  Ratio(ours->fused, mc.fused).c_str(), touched);
       std::fflush(stdout);
     }
   }

@@ -142,6 +142,18 @@ class [[nodiscard]] Future {
     if (r == nullptr) return absl::DeadlineExceededError("timed out waiting for a future");
     return *r;
   }
+  // Blocks up to `timeout`; whether the result is there (without copying it).
+  bool WaitFor(absl::Duration timeout) const { return state_->AwaitWithTimeout(timeout) != nullptr; }
+  // Blocks until the result is there and returns it, moved out when this future is the only one
+  // left that can see it (its promise is set and no other copy exists), copied otherwise: for
+  // large values (a fetched array) whose last reader is known.
+  // This future is invalid afterwards.
+  absl::StatusOr<T> Take() && {
+    std::shared_ptr<internal::FutureState<T>> state = std::move(state_);
+    const absl::StatusOr<T>& r = state->Await();
+    if (state.use_count() == 1) return std::move(const_cast<absl::StatusOr<T>&>(r));
+    return r;
+  }
 
   void OnReady(Callback cb) const { state_->AddCallback(std::move(cb)); }
   // Runs `cb` on `executor` once the result is there.

@@ -130,3 +130,42 @@ TEST(FutureTest, OnReadyWithExecutorRunsOnPool) {
 
 }  // namespace
 }  // namespace pathways
+
+namespace pathways {
+namespace {
+
+// Counts its copies.
+struct Counted {
+  static inline int copies = 0;
+  Counted() = default;
+  Counted(const Counted&) { ++copies; }
+  Counted(Counted&&) = default;
+  Counted& operator=(const Counted&) {
+    ++copies;
+    return *this;
+  }
+  Counted& operator=(Counted&&) = default;
+};
+
+TEST(FutureTakeTest, MovesTheValueOutOnlyWhenNoOtherCopyCanSeeIt) {
+  Promise<Counted> p;
+  Future<Counted> f = p.future();
+  Future<Counted> other = f;
+  EXPECT_FALSE(f.WaitFor(absl::Milliseconds(1)));
+  p.Set(Counted());
+  EXPECT_TRUE(f.WaitFor(absl::Milliseconds(1)));
+  Counted::copies = 0;
+  // Another copy can still read the value: Take copies it.
+  EXPECT_TRUE(std::move(f).Take().ok());
+  EXPECT_EQ(Counted::copies, 1);
+  // The last one moves it out.
+  EXPECT_TRUE(std::move(other).Take().ok());
+  EXPECT_EQ(Counted::copies, 1);
+  Promise<int> failed;
+  Future<int> g = failed.future();
+  failed.Set(absl::NotFoundError("gone"));
+  EXPECT_EQ(std::move(g).Take().status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pathways

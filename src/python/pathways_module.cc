@@ -46,17 +46,18 @@ void Check(const absl::Status& s) {
 // back by hand: a thread that takes it while the interpreter shuts down is ended by Python with a
 // forced unwind, which must not pass through a destructor; such a thread (a daemon still waiting)
 // stays parked instead, and the process exits around it.
+// The result is moved out of the future when the caller kept no copy (a fetched array is not
+// copied again).
 template <typename T>
-T Wait(const Future<T>& future) {
+T Wait(Future<T> future) {
   while (true) {
     PyThreadState* state = PyEval_SaveThread();
-    absl::StatusOr<T> r = future.AwaitFor(absl::Milliseconds(100));
+    const bool ready = future.WaitFor(absl::Milliseconds(100));
     if (_Py_IsFinalizing()) {
       for (;;) absl::SleepFor(absl::Hours(1));
     }
     PyEval_RestoreThread(state);
-    if (r.ok()) return *std::move(r);
-    if (!(r.status().code() == absl::StatusCode::kDeadlineExceeded && !future.IsReady())) Raise(r.status());
+    if (ready) return Value(std::move(future).Take());
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
 }

@@ -1,0 +1,179 @@
+// The multi-controller baseline (issue 14, the paper's Figure 5 comparison): N processes, each
+// driving its own devices with the same compiled functions and the same collectives as this
+// runtime's workers, with no controller, no scheduler and no client: every process runs the same
+// program, as JAX multi-controller programs do. Processes meet through a directory (a file per
+// key) instead of the controller's rendezvous.
+//
+//   multicontroller_peer RANK RANKS DEVICES STORE_DIR BYTES STEPS REPEATS
+//
+// A step is all_reduce(max) of BYTES per device then an add, each step's result feeding the
+// next (collective_bench's step). Rank 0 prints, per repeat, "steps_per_s_step R" (one call of
+// the compiled step per step: what each process dispatches itself) and "steps_per_s_fused R"
+// (one call of a body that loops the steps).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/time/clock.h"
+#include "collective/collective.h"
+#include "collective/tcp_links.h"
+#include "compute/executable.h"
+#include "compute/function_body.h"
+#include "core/process.h"
+#include "device/cpu_device.h"
+
+namespace pathways {
+namespace {
+
+// Keys as files in a directory shared by the processes: written to a temporary name and renamed,
+// so a reader never sees a partial value.
+class DirectoryStore : public collective::KeyValueStore {
+ public:
+  explicit DirectoryStore(std::string dir) : dir_(std::move(dir)) {}
+  absl::Status Set(const std::string& key, std::string value) override {
+    const std::string path = Path(key), tmp = absl::StrCat(path, ".tmp.", getpid());
+    {
+      std::ofstream out(tmp, std::ios::binary);
+      out << value;
+      if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::UnavailableError(absl::StrCat("cannot rename ", tmp));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      std::ifstream in(Path(key), std::ios::binary);
+      if (in) {
+        std::stringstream s;
+        s << in.rdbuf();
+        return s.str();
+      }
+      if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("no key ", key));
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+ private:
+  std::string Path(const std::string& key) const {
+    std::string name;
+    for (char c : key) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    return absl::StrCat(dir_, "/", name, "_", std::hash<std::string>()(key));
+  }
+  const std::string dir_;
+};
+
+int Main(int argc, char** argv) {
+  InitServingProcess();
+  int rank = 0, ranks = 0, devices = 0, steps = 0, repeats = 0;
+  int64_t bytes = 0;
+  if (argc != 8 || !absl::SimpleAtoi(argv[1], &rank) || !absl::SimpleAtoi(argv[2], &ranks) ||
+      !absl::SimpleAtoi(argv[3], &devices) || !absl::SimpleAtoi(argv[5], &bytes) || !absl::SimpleAtoi(argv[6], &steps) ||
+      !absl::SimpleAtoi(argv[7], &repeats) || ranks < 1 || rank < 0 || rank >= ranks || devices < 1 || bytes < 4 ||
+      steps < 1 || repeats < 1) {
+    std::fprintf(stderr, "usage: multicontroller_peer RANK RANKS DEVICES STORE_DIR BYTES STEPS REPEATS\n");
+    return 2;
+  }
+  ConfigureComputeThreads(1);  // as workers do: one thread per device, and the caching allocator
+  auto store = std::make_shared<DirectoryStore>(argv[4]);
+  const std::string host = absl::StrCat("process", rank);
+  auto links = collective::TcpLinks::Create(host, "127.0.0.1", store);
+  if (!links.ok()) {
+    std::fprintf(stderr, "%s\n", links.status().ToString().c_str());
+    return 1;
+  }
+  collective::CollectiveHub hub(host, *std::move(links), absl::Seconds(120));
+  collective::GangLayout layout{{static_cast<int64_t>(ranks) * devices}, {"x"}, {}};
+  for (int r = 0; r < ranks; ++r) {
+    for (int d = 0; d < devices; ++d) layout.members.push_back({absl::StrCat("process", r), r * devices + d});
+  }
+  auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
+  FunctionCache cache;
+  FunctionBody step{FunctionBody::Kind::kTorchScript, "step",
+                    "def step(x):\n    return pathways.all_reduce(x, 'x', 'max') + 1.0\n", std::nullopt};
+  FunctionBody fused{FunctionBody::Kind::kTorchScript, "fused",
+                     absl::StrCat("def fused(x):\n    for _ in range(", steps,
+                                  "):\n        x = pathways.all_reduce(x, 'x', 'max') + 1.0\n    return x\n"),
+                     std::nullopt};
+  auto step_exe = cache.Compile(step);
+  auto fused_exe = cache.Compile(fused);
+  if (!step_exe.ok() || !fused_exe.ok()) {
+    std::fprintf(stderr, "%s\n", (step_exe.ok() ? fused_exe.status() : step_exe.status()).ToString().c_str());
+    return 1;
+  }
+  const int64_t count = std::max<int64_t>(1, bytes / 4);
+  const std::string client = "multi-controller";
+  std::vector<double> step_seconds(repeats + 1), fused_seconds(repeats + 1);
+  absl::Status failure;
+  absl::Mutex failure_mu;
+  std::vector<std::thread> threads;
+  for (int d = 0; d < devices; ++d) {
+    threads.emplace_back([&, d] {
+      CpuDevice device(d, std::max<int64_t>(64 << 20, 8 * bytes));
+      BufferPtr a = *device.Allocate(DType::kF32, {count}), b = *device.Allocate(DType::kF32, {count});
+      std::memset(a->data(), 0, a->byte_size());
+      const int64_t shard = static_cast<int64_t>(rank) * devices + d;
+      int64_t run = 0;
+      auto call = [&](const Executable& exe) {
+        collective::ShardCollectives collectives(hub, shared_layout, {&client, 0, run++, 0}, shard);
+        collective::ScopedShardCollectives scope(&collectives);
+        const DeviceBuffer* in[] = {a.get()};
+        DeviceBuffer* out[] = {b.get()};
+        absl::Status s = exe.Run(in, out);
+        std::swap(a, b);
+        return s;
+      };
+      for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up
+        absl::Status s;
+        const absl::Time t0 = absl::Now();
+        for (int i = 0; i < steps && s.ok(); ++i) s = call(**step_exe);
+        const absl::Time t1 = absl::Now();
+        if (s.ok()) s = call(**fused_exe);
+        const absl::Time t2 = absl::Now();
+        if (!s.ok()) {
+          absl::MutexLock lock(&failure_mu);
+          failure = s;
+          return;
+        }
+        if (d == 0) {
+          step_seconds[r] = absl::ToDoubleSeconds(t1 - t0);
+          fused_seconds[r] = absl::ToDoubleSeconds(t2 - t1);
+        }
+      }
+      const float expected = 2.0f * steps * (repeats + 1);
+      if (reinterpret_cast<const float*>(a->data())[0] != expected) {
+        absl::MutexLock lock(&failure_mu);
+        failure = absl::InternalError(absl::StrCat("wrong result ", reinterpret_cast<const float*>(a->data())[0],
+                                                   ", expected ", expected));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!failure.ok()) {
+    std::fprintf(stderr, "multicontroller_peer %d: %s\n", rank, failure.ToString().c_str());
+    return 1;
+  }
+  if (rank == 0) {
+    for (int r = 1; r <= repeats; ++r) {
+      std::printf("steps_per_s_step %.1f\nsteps_per_s_fused %.1f\n", steps / step_seconds[r], steps / fused_seconds[r]);
+    }
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pathways
+
+int main(int argc, char** argv) { return pathways::Main(argc, argv); }
