@@ -10,6 +10,7 @@
 // producer can never leave a consumer waiting forever.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -151,7 +152,11 @@ class [[nodiscard]] Future {
   absl::StatusOr<T> Take() && {
     std::shared_ptr<internal::FutureState<T>> state = std::move(state_);
     const absl::StatusOr<T>& r = state->Await();
-    if (state.use_count() == 1) return std::move(const_cast<absl::StatusOr<T>&>(r));
+    if (state.use_count() == 1) {
+      // The count is read relaxed: order the other holders' last reads before the move.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      return std::move(const_cast<absl::StatusOr<T>&>(r));
+    }
     return r;
   }
 

@@ -182,7 +182,8 @@ void FetchStreamClient::Serve(Connection* c) {
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
   }
-  if (pending.valid()) pending.Set(absl::CancelledError("the client is closing"));
+  // Never sent: the caller may send it another way (the stream is stopped when the worker moved).
+  if (pending.valid()) pending.Set(NotSentBecause(absl::CancelledError("the fetch stream was stopped"), NotSentReason::kBusy));
 }
 
 absl::StatusOr<int> FetchStreamClient::Dial() {

@@ -59,7 +59,13 @@ constexpr absl::Duration kAskAgain = absl::Seconds(10);
 std::shared_ptr<FetchStreamClient> NewStream(const std::string& address, int port) {
   return std::shared_ptr<FetchStreamClient>(
       new FetchStreamClient(address, address.substr(0, address.rfind(':')), port),
-      [](FetchStreamClient* s) { std::thread([s] { delete s; }).detach(); });
+      [](FetchStreamClient* s) {
+        try {
+          std::thread([s] { delete s; }).detach();
+        } catch (const std::system_error&) {
+          s->Stop();  // no thread to be had: its threads end, and the object is left behind
+        }
+      });
 }
 
 }  // namespace

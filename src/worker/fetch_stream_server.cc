@@ -115,6 +115,7 @@ void FetchStreamServer::AcceptLoop() {
     }
     Configure(fd);
     std::list<Connection> finished;
+    bool served = false;
     {
       absl::MutexLock lock(&mu_);
       for (auto it = connections_.begin(); it != connections_.end();) {
@@ -122,7 +123,6 @@ void FetchStreamServer::AcceptLoop() {
         if (it->finished) finished.splice(finished.end(), connections_, it);
         it = next;
       }
-      bool served = false;
       if (!stop_ && connections_.size() < kMaxConnections) {
         connections_.push_back({fd, {}, false});
         Connection* c = &connections_.back();
@@ -133,15 +133,15 @@ void FetchStreamServer::AcceptLoop() {
           connections_.pop_back();  // no thread to be had
         }
       }
-      if (!served) TurnAway(fd);
     }
+    if (!served) TurnAway(fd);
     for (Connection& c : finished) c.thread.join();  // threads that have ended
   }
 }
 
 // Full: the client hears that its fetch was not served, and fetches through gRPC instead. The
-// connection is closed at once (its hello and request are drained first if they came, so the
-// close does not reset the answer away).
+// connection is closed at once (its hello and request are read first if they came, so the close
+// does not reset the answer away; a client that sees a reset anyway also takes gRPC).
 void FetchStreamServer::TurnAway(int fd) {
   rpc::FetchStreamHeader header;
   header.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
@@ -151,8 +151,7 @@ void FetchStreamServer::TurnAway(int fd) {
   (void)!send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   shutdown(fd, SHUT_WR);
   char sink[4096];
-  while (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
-  }
+  (void)!recv(fd, sink, sizeof(sink), MSG_DONTWAIT);  // one read, bounded: a hello and a request
   close(fd);
 }
 
