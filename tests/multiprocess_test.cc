@@ -18,6 +18,7 @@
 #include "compute/executable.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
+#include "testing/loopback.h"
 #include "testing/subprocess.h"
 
 namespace pathways {
@@ -899,21 +900,7 @@ TEST(CrossIslandTest, ASliceLargerThanAnyIslandIsRefusedUnlessItMaySpanIslands) 
   controller.Stop(SIGTERM);
 }
 
-// A TCP connection to 127.0.0.1:port, or -1 (errno says why).
-int DialLoopback(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
-    const int error = errno;
-    close(fd);
-    errno = error;
-    return -1;
-  }
-  return fd;
-}
+using ::pathways::testing::DialLoopback;
 
 // Opens `count` connections to `port` that never speak, waits (bounded) until process `pid`
 // holds 120 descriptors or more, then closes them. Whether the process ran out.

@@ -10,36 +10,13 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "testing/loopback.h"
 
 namespace pathways {
 namespace {
 
-int Listen(int* port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(at);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0 || listen(fd, 64) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&at), &length) != 0) {
-    return -1;
-  }
-  *port = ntohs(at.sin_port);
-  return fd;
-}
-
-int Dial(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+using ::pathways::testing::DialLoopback;
+using ::pathways::testing::ListenLoopback;
 
 // Accepts what is queued, as a server's listener does on readiness.
 std::vector<int> AcceptQueued(int listener) {
@@ -63,10 +40,10 @@ TEST(ConnectionCapTest, AListenerKeepsAtMostItsCapAndTakesMoreOnceSomeClose) {
   InitServingProcess();
   ASSERT_TRUE(SetConnectionsPerListener(2).ok());
   int port = 0;
-  const int listener = Listen(&port);
+  const int listener = ListenLoopback(&port, /*nonblocking=*/true);
   ASSERT_GE(listener, 0);
   std::vector<int> dialed;
-  for (int i = 0; i < 5; ++i) dialed.push_back(Dial(port));
+  for (int i = 0; i < 5; ++i) dialed.push_back(DialLoopback(port));
   std::vector<int> kept = AcceptQueued(listener);
   EXPECT_EQ(kept.size(), 2u);
   // The three beyond were closed as soon as they were accepted, all of them on one readiness.
@@ -75,7 +52,7 @@ TEST(ConnectionCapTest, AListenerKeepsAtMostItsCapAndTakesMoreOnceSomeClose) {
   // Once one closes, a newcomer is kept (closed ones are counted again after at least 20 ms).
   close(kept[0]);
   absl::SleepFor(absl::Milliseconds(30));  // the pruning interval, not a wait for an event
-  const int newcomer = Dial(port);
+  const int newcomer = DialLoopback(port);
   std::vector<int> more = AcceptQueued(listener);
   EXPECT_EQ(more.size(), 1u);
   EXPECT_FALSE(ClosedByPeer(newcomer, 0));

@@ -116,28 +116,21 @@ absl::StatusOr<FetchedShards> FetchStreamClient::Exchange(Connection* c, const r
   }
   // A kept connection the worker closed meanwhile (its idle bound, a restart) is dialed afresh;
   // so is one that fails before any answer came, once (fetches only read, so sending again is
-  // safe).
+  // safe). Settled: an answer (or part of one) came, the worker went silent (it is frozen:
+  // another way would wait on it too), or it turned the fetch away itself.
   const bool reused = fd >= 0 && !PeerClosed(fd);
-  if (!reused) {
-    absl::StatusOr<int> dialed = Dial();
-    if (!dialed.ok()) return NotSentBecause(dialed.status(), NotSentReason::kUnreachable);
-    SetFd(c, fd = *dialed);
+  for (bool fresh = !reused;; fresh = true) {
+    if (fresh) {
+      absl::StatusOr<int> dialed = Dial();
+      if (!dialed.ok()) return NotSentBecause(dialed.status(), NotSentReason::kUnreachable);
+      SetFd(c, fd = *dialed);
+    }
+    Heard heard = Heard::kNothing;
+    absl::StatusOr<FetchedShards> result = RunOne(fd, request, max_bytes, &heard);
+    if (result.ok() || heard != Heard::kNothing || WhyNotSent(result.status()) != NotSentReason::kSent) return result;
+    // A fresh connection closed before any answer: the worker is full, or going; gRPC will tell.
+    if (fresh) return NotSentBecause(result.status(), NotSentReason::kBusy);
   }
-  // Settled: an answer (or part of one) came, the worker went silent (it is frozen: another way
-  // would wait on it too), or it turned the fetch away itself.
-  Heard heard = Heard::kNothing;
-  absl::StatusOr<FetchedShards> result = RunOne(fd, request, max_bytes, &heard);
-  auto settled = [&] { return result.ok() || heard != Heard::kNothing || WhyNotSent(result.status()) != NotSentReason::kSent; };
-  if (settled()) return result;
-  if (reused) {
-    absl::StatusOr<int> dialed = Dial();
-    if (!dialed.ok()) return NotSentBecause(dialed.status(), NotSentReason::kUnreachable);
-    SetFd(c, fd = *dialed);
-    result = RunOne(fd, request, max_bytes, &heard);
-    if (settled()) return result;
-  }
-  // A fresh connection closed before any answer: the worker is full, or going; gRPC will tell.
-  return NotSentBecause(result.status(), NotSentReason::kBusy);
 }
 
 void FetchStreamClient::Serve(Connection* c) {

@@ -235,6 +235,11 @@ absl::Status FetchStreamServer::Answer(int fd, const rpc::FetchRequest& request)
       *d->mutable_spec() = ToProto(TensorSpec{(*r)[i]->dtype(), (*r)[i]->shape()});
     }
   }
+  {
+    // Counted as the answer starts: a client that has it all must find it counted.
+    absl::MutexLock lock(&mu_);
+    ++answered_;
+  }
   std::string frame = HeaderFrame(header);
   PW_RETURN_IF_ERROR(TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence, "header"));
   if (r.ok() && !request.status_only()) {
@@ -244,8 +249,6 @@ absl::Status FetchStreamServer::Answer(int fd, const rpc::FetchRequest& request)
       PW_RETURN_IF_ERROR(TransferWhileMoving(fd, data, size, true, timing_.silence, "shard bytes"));
     }
   }
-  absl::MutexLock lock(&mu_);
-  ++answered_;
   return absl::OkStatus();
 }
 

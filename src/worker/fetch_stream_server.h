@@ -41,7 +41,7 @@ class FetchStreamServer {
   FetchStreamServer& operator=(const FetchStreamServer&) = delete;
 
   int port() const { return port_; }
-  // Requests answered so far (tests).
+  // Requests answered so far, counted as their answers start (tests).
   int64_t answered() const;
 
  private:

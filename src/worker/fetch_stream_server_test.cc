@@ -11,6 +11,7 @@
 #include "core/socket_util.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
+#include "testing/loopback.h"
 #include "transport/auth.h"
 #include "transport/fetch_stream.h"
 
@@ -96,15 +97,8 @@ TEST(FetchStreamTest, AWaitingFetchHearsKeepalivesAndASilentWorkerIsNamed) {
   EXPECT_TRUE(waiting.AwaitFor(absl::Seconds(30)).ok());
   // A listener that accepts and never answers (a frozen worker): the fetch fails naming it.
   int port = 0;
-  const int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(at);
-  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
-  ASSERT_EQ(listen(silent, 4), 0);
-  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&at), &length), 0);
-  port = ntohs(at.sin_port);
+  const int silent = testing::ListenLoopback(&port);
+  ASSERT_GE(silent, 0);
   FetchStreamClient to_frozen("worker-frozen", "127.0.0.1", port, Quick());
   auto frozen = to_frozen.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
   EXPECT_EQ(frozen.status().code(), absl::StatusCode::kUnavailable);
@@ -125,12 +119,8 @@ TEST(FetchStreamTest, AWrongTokenIsRefusedAndGarbageClosesOnlyItsConnection) {
   for (const std::string& bytes : {std::string("GET / HTTP/1.1\r\n\r\n"),
                                    absl::StrCat(std::string(kFetchStreamMagic, 8), EncodeFetchU32(6), "secret",
                                                 EncodeFetchU32(kMaxFetchRequestBytes + 1))}) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(f.server->port()));
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+    const int fd = testing::DialLoopback(f.server->port());
+    ASSERT_GE(fd, 0) << std::strerror(errno);
     ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
     char sink[256];
     pollfd p{fd, POLLIN, 0};
