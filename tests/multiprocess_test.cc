@@ -833,18 +833,31 @@ std::vector<std::pair<bool, std::string>> TenantsOverTwoIslands(const std::vecto
                     .ok());
   }
   std::vector<std::pair<bool, std::string>> results;
-  for (auto& tenant : tenants) {
+  // Seconds on this machine; a tenant still running at the deadline hangs, and the test says
+  // where every process of the cluster is before it ends them.
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  for (int i = 0; i < 2; ++i) {
+    Subprocess& tenant = tenants[i];
     std::string last;
     bool passed = false;
     // A tenant prints its verdict and exits; one whose run failed exits with an error.
     for (int n = 0; n < 1000; ++n) {
-      auto out = tenant.ReadLine(absl::Seconds(120));
+      auto out = tenant.ReadLine(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
       if (!out.ok()) break;
       last = *out;
       if (last.find("CHECK PASSED") != std::string::npos) passed = true;
     }
-    const int status = tenant.Wait();
-    results.push_back({passed && WIFEXITED(status) && WEXITSTATUS(status) == 0, last});
+    absl::StatusOr<int> status = tenant.WaitFor(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (!status.ok()) {
+      ADD_FAILURE() << "tenant " << i << " still runs after 120 s (its last line: '" << last << "'). Its threads:\n"
+                    << tenant.StackTraces() << "\nthe controller's:\n" << controller.StackTraces()
+                    << "\nisland 0's worker's:\n" << workers[0].StackTraces() << "\nisland 1's worker's:\n"
+                    << workers[1].StackTraces();
+      tenant.Stop(SIGKILL);
+      results.push_back({false, last});
+      continue;
+    }
+    results.push_back({passed && WIFEXITED(*status) && WEXITSTATUS(*status) == 0, last});
   }
   for (auto& w : workers) w.Stop(SIGTERM);
   controller.Stop(SIGTERM);

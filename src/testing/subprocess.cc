@@ -125,6 +125,14 @@ int Subprocess::Stop(int signal) {
   return status;
 }
 
+std::string Subprocess::StackTraces(absl::Duration timeout) const {
+  if (pid_ <= 0) return "(no child)";
+  constexpr char kGdb[] = "/usr/bin/gdb";
+  if (access(kGdb, X_OK) != 0) return "(no stacks: gdb is not installed)";
+  auto out = RunCommand({kGdb, "-batch", "-nx", "-p", absl::StrCat(pid_), "-ex", "thread apply all bt 30"}, timeout);
+  return out.ok() ? *out : absl::StrCat("(no stacks: ", out.status().ToString(), ")");
+}
+
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
   Subprocess p;
   if (absl::Status s = p.Start(argv); !s.ok()) return s;

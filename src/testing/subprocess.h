@@ -38,6 +38,9 @@ class Subprocess {
   // Waits up to `timeout` for the child to exit: its wait status, or DeadlineExceeded (it still
   // runs).
   absl::StatusOr<int> WaitFor(absl::Duration timeout);
+  // Every thread's stack, from gdb when it is installed (else a line saying it is not): what a
+  // test prints about a child that hangs, before it kills it.
+  std::string StackTraces(absl::Duration timeout = absl::Seconds(60)) const;
   pid_t pid() const { return pid_; }
 
  private:
