@@ -302,14 +302,27 @@ absl::StatusOr<CompiledFunction> Client::Compile(const FunctionSpec& spec) {
 
 absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSlice& slice,
                                          const PartitionSpec& partition) {
+  return PutBytes(data.spec(), data.bytes().data(), nullptr, slice, partition);
+}
+
+absl::StatusOr<ShardedArray> Client::Put(HostArray&& data, const VirtualSlice& slice, const PartitionSpec& partition) {
+  const TensorSpec spec = data.spec();
+  auto whole = std::make_shared<const std::string>(std::move(data.mutable_bytes()));
+  return PutBytes(spec, whole->data(), whole, slice, partition);
+}
+
+absl::StatusOr<ShardedArray> Client::PutBytes(const TensorSpec& spec, const char* bytes,
+                                              std::shared_ptr<const std::string> whole, const VirtualSlice& slice,
+                                              const PartitionSpec& partition) {
   if (!slice.data_ || slice.data_->owner != core_->serial()) {
     return absl::InvalidArgumentError("Put onto a slice that this client did not create");
   }
-  PW_RETURN_IF_ERROR(CheckSpec(data.spec(), "Put"));
-  PW_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(slice.mesh(), partition, data.shape()));
-  auto state = std::make_shared<ShardedArray::State>(core_, core_->NextArrayId(), data.spec(), sharding, slice,
+  PW_RETURN_IF_ERROR(CheckSpec(spec, "Put"));
+  PW_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(slice.mesh(), partition, spec.shape));
+  auto state = std::make_shared<ShardedArray::State>(core_, core_->NextArrayId(), spec, sharding, slice,
                                                      slice.mapping());
-  const size_t element = DTypeSize(data.dtype());
+  const size_t element = DTypeSize(spec.dtype);
+  const size_t shard_bytes = static_cast<size_t>(*ByteSize(spec.dtype, sharding.local_shape()));
   for (int64_t s = 0; s < slice.num_devices(); ++s) {
     const PhysicalDeviceInfo& dev = state->placed_on->devices[s];
     Region region = sharding.ShardRegion(s);
@@ -318,12 +331,18 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
     put->mutable_dest()->set_array_id(state->id.value());
     put->mutable_dest()->set_shard(static_cast<int32_t>(s));
     put->set_local_device(dev.local_index);
-    *put->mutable_spec() = ToProto(TensorSpec{data.dtype(), sharding.local_shape()});
-    std::string* bytes = put->mutable_data();
-    bytes->resize(static_cast<size_t>(*ByteSize(data.dtype(), sharding.local_shape())));
-    CopyRegion(data.bytes().data(), data.shape(), region.start, region.size, element, bytes->data(),
-               sharding.local_shape(), Shape(region.size.size(), 0));
-    (*state->produced_at)[dev.host_address] = core_->Push(dev.host_address, std::move(op));  // the last shard's
+    *put->mutable_spec() = ToProto(TensorSpec{spec.dtype, sharding.local_shape()});
+    std::shared_ptr<const std::string> shard;
+    if (sharding.local_shape() == spec.shape) {
+      if (whole == nullptr) whole = std::make_shared<const std::string>(bytes, shard_bytes);
+      shard = whole;
+    } else {
+      std::string region_bytes(shard_bytes, '\0');
+      CopyRegion(bytes, spec.shape, region.start, region.size, element, region_bytes.data(), sharding.local_shape(),
+                 Shape(region.size.size(), 0));
+      shard = std::make_shared<const std::string>(std::move(region_bytes));
+    }
+    (*state->produced_at)[dev.host_address] = core_->PushPut(dev.host_address, std::move(op), std::move(shard));  // the last shard's
   }
   ShardedArray array;
   array.state_ = std::move(state);

@@ -53,6 +53,7 @@ struct ClientStats {
   int64_t run_ops_sent = 0;  // messages that start runs: one per run
   int64_t run_op_bytes_sent = 0;
   int64_t lowerings = 0;  // programs lowered (not found in the lowering cache)
+  int64_t staged_put_bytes = 0;  // put bytes that went ahead over data streams, not with their ops
 };
 
 // A request for devices: a 1-, 2- or 3-D mesh, optionally pinned to one island.
@@ -214,6 +215,9 @@ class Client {
   // Copies host data onto a slice, laid out by `partition`. The copy is taken before returning.
   absl::StatusOr<ShardedArray> Put(const HostArray& data, const VirtualSlice& slice,
                                    const PartitionSpec& partition = {});
+  // The same, taking the data: shards that are the whole array (one device, or replicated) send
+  // its bytes without a copy.
+  absl::StatusOr<ShardedArray> Put(HostArray&& data, const VirtualSlice& slice, const PartitionSpec& partition = {});
   // Runs `function` on every device of `slice` and returns its outputs at once. Inputs that live
   // elsewhere or are laid out differently are moved host to host as the function needs them.
   absl::StatusOr<std::vector<ShardedArray>> Call(const CompiledFunction& function,
@@ -255,6 +259,11 @@ class Client {
   // InvalidArgument unless it was.
   absl::Status CheckOwned(const ShardedArray& array, const char* what) const;
   // Run, once the arguments are known to be right.
+  // Put's body: `bytes` holds the array of `spec`; `whole`, when set, holds the same bytes, shared
+  // by the shards that are the whole array.
+  absl::StatusOr<ShardedArray> PutBytes(const TensorSpec& spec, const char* bytes,
+                                        std::shared_ptr<const std::string> whole, const VirtualSlice& slice,
+                                        const PartitionSpec& partition);
   absl::StatusOr<std::vector<ShardedArray>> RunChecked(const Program& program, absl::Span<const ShardedArray> args,
                                                        const RunOptions& options);
   // Spends the handles of `arrays` at donated `positions`, once earlier fetches of them are done.

@@ -83,6 +83,34 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
   return q;
 }
 
+SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<const std::string> bytes) {
+  if (bytes->size() < kStagedPutBytes) {
+    *op.mutable_put()->mutable_data() = *bytes;
+    return Push(host, std::move(op));
+  }
+  std::shared_ptr<HostOpQueue> q = queue(host);
+  const SeqRef at{q->session(), q->ReserveSeq()};
+  rpc::StageRequest stage;
+  stage.set_client_id(id());
+  stage.set_credential(credential());
+  *stage.mutable_dest() = op.put().dest();
+  stage.set_local_device(op.put().local_device());
+  *stage.mutable_spec() = op.put().spec();
+  worker(host)->Stage(stage, bytes).OnReady(
+      [self = shared_from_this(), q, seq = at.seq, op = std::move(op), bytes](const absl::StatusOr<Unit>& r) mutable {
+        if (r.ok()) {
+          op.mutable_put()->set_staged(true);
+          self->staged_put_bytes_.fetch_add(static_cast<int64_t>(bytes->size()), std::memory_order_relaxed);
+        } else {
+          *op.mutable_put()->mutable_data() = *bytes;  // the in-order way, which also says why it fails
+        }
+        self->ops_sent_.fetch_add(1, std::memory_order_relaxed);
+        self->op_bytes_sent_.fetch_add(static_cast<int64_t>(op.ByteSizeLong()), std::memory_order_relaxed);
+        q->FillReserved(seq, std::move(op));
+      });
+  return at;
+}
+
 ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
   PushedRun pushed;
   std::map<std::string, SeqRef>& seqs = pushed.seqs;

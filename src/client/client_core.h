@@ -87,6 +87,12 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     const int64_t seq = q->Push(std::move(op));
     return {q->session(), seq};
   }
+  // A put of `bytes` (the op without them): shards of at least kStagedPutBytes go ahead over the
+  // host's data stream when it has one, straight into device memory, and the op follows in the
+  // client's order without them; smaller ones, and those the stream cannot take, travel in the
+  // op through gRPC. Returns the op's place in the client's sequence on the host.
+  SeqRef PushPut(const std::string& host, rpc::Op op, std::shared_ptr<const std::string> bytes);
+  static constexpr size_t kStagedPutBytes = 64 << 10;
   // A slice mapping from the controller's placement (a new id each time).
   std::shared_ptr<const SliceMapping> NewMapping(const rpc::AllocateSliceResponse& response);
   // A host as one worker process: its address and incarnation as far as the client knows, so
@@ -120,7 +126,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   ClientStats stats() const {
     return {ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
-            lowerings_.load()};
+            lowerings_.load(), staged_put_bytes_.load()};
   }
   void CountLowering() { lowerings_.fetch_add(1); }
 
@@ -149,7 +155,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   IdGenerator<LoweredProgramId> lowered_program_ids_;
   IdGenerator<MappingId> mapping_ids_;
   absl::Mutex epoch_mu_;
-  std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0};
+  std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0},
+      staged_put_bytes_{0};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);

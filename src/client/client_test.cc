@@ -212,6 +212,39 @@ TEST_F(ClientTest, DroppingAnArrayFreesItsShards) {
   }
 }
 
+// Shards of kStagedPutBytes and more go ahead over the workers' data streams (once the client
+// knows where a worker's stream is) and the put ops that name them follow in the client's order:
+// a call right after a put reads the put's values, and the staged buffers free as any others.
+TEST_F(ClientTest, LargePutsGoAheadOverDataStreamsAndKeepTheirPlaceInOrder) {
+  constexpr int64_t kRows = 8, kCols = 16 << 10;  // 256 KiB per device over x = 2
+  const TensorSpec spec{DType::kF32, {kRows, kCols}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x", ""}}, {{"x", ""}}));
+  const HostArray data = Iota({kRows, kCols});
+  Worker& w = cluster_->worker(0);
+  std::vector<int64_t> used_before;
+  for (int i = 0; i < w.runtime().num_devices(); ++i) used_before.push_back(w.runtime().device(i).stats().memory_used);
+  // The first puts go through gRPC while the client asks each worker where its stream is.
+  for (int i = 0; i < 100 && client_->stats().staged_put_bytes == 0; ++i) {
+    auto warm = *client_->Put(data, slice8_, {"x", ""});
+    ASSERT_TRUE(client_->Ready(warm).Await().ok());
+  }
+  const int64_t staged_before = client_->stats().staged_put_bytes;
+  ASSERT_GT(staged_before, 0) << "no put went over a data stream";
+  for (int i = 0; i < 5; ++i) {
+    ShardedArray x = *client_->Put(data, slice8_, {"x", ""});
+    auto got = client_->Fetch((*client_->Call(inc, slice8_, {x}))[0]).Await();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t e = 0; e < got->num_elements(); ++e) {
+      ASSERT_EQ(got->data<float>()[e], data.data<float>()[e] + 1.0f) << "element " << e << " of run " << i;
+    }
+  }
+  // Eight shards of 256 KiB per put.
+  EXPECT_GE(client_->stats().staged_put_bytes - staged_before, 5 * 8 * (256 << 10));
+  for (int i = 0; i < w.runtime().num_devices(); ++i) {
+    EXPECT_TRUE(w.runtime().device(i).WaitForMemoryUsedAtMost(used_before[i], absl::Seconds(30))) << i;
+  }
+}
+
 // Stages alternate between the two hosts, so every node's input crosses hosts. One host sets up
 // its run ops late, so blocks reach it before it expects them; the other host sees the reverse.
 TEST_F(ClientTest, PingPongProgramAcrossHostsManyRuns) {

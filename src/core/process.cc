@@ -219,7 +219,7 @@ void InitServingProcess() {
     setrlimit(RLIMIT_NOFILE, &files);
   }
   // A listener holds at most a quarter of the descriptors (a worker has three listeners: RPCs,
-  // collective links, fetch streams), so floods of connections to its ports leave the process
+  // collective links, data streams), so floods of connections to its ports leave the process
   // descriptors for its own links and files.
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 && connection_cap.load() == 0) {
     const rlim_t quarter = files.rlim_cur == RLIM_INFINITY ? kDefaultMaxConnections : files.rlim_cur / 4;

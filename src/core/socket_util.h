@@ -1,5 +1,5 @@
 // Small helpers over non-blocking TCP sockets: the collective links (collective/peer_mesh.cc,
-// tcp_links.cc), block streams, and the fetch streams between clients and workers.
+// tcp_links.cc), block streams, and the data streams between clients and workers.
 #pragma once
 
 #include <sys/socket.h>

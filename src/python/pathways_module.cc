@@ -181,7 +181,7 @@ PYBIND11_MODULE(_pathways, m) {
              HostArray host =
                  Value(HostArray::FromBytes(s.dtype, s.shape, std::string(static_cast<const char*>(info.ptr), bytes)));
              py::gil_scoped_release release;
-             return std::make_shared<PyArray>(PyArray{Value(c->get()->Put(host, slice, spec)), c});
+             return std::make_shared<PyArray>(PyArray{Value(c->get()->Put(std::move(host), slice, spec)), c});
            })
       .def("compile",
            [](PyClient& c, const std::string& name, const std::string& source,
@@ -333,7 +333,9 @@ PYBIND11_MODULE(_pathways, m) {
     ShardedArray a = Value(c.get()->Put(data, slice));
     (void)Value(c.get()->Ready(a).Await());  // the put is timed until its data is on the device
     const absl::Time put = absl::Now();
-    (void)Value(c.get()->Fetch(a).Await());
+    Future<HostArray> fetched = c.get()->Fetch(a);
+    (void)fetched.Await();
+    (void)Value(std::move(fetched).Take());  // moved out once ready, as Python's fetch does
     return std::make_pair(absl::ToDoubleSeconds(put - start), absl::ToDoubleSeconds(absl::Now() - put));
   });
 

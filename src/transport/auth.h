@@ -18,7 +18,7 @@ namespace pathways {
 // token is sent.
 void SetCallToken(std::string token);
 void AttachCallToken(grpc::ClientContext& context);
-// That token, for connections that are not gRPC calls (fetch streams).
+// That token, for connections that are not gRPC calls (data streams).
 std::string CallToken();
 
 // `flag` when given, else PATHWAYS_TOKEN, else none: the token a server requires, or a command
@@ -36,7 +36,7 @@ std::string ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string
 // Unauthenticated otherwise (never says what the token should be).
 absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected,
                             const std::string& also = "");
-// The same check of a token `sent` some other way (fetch streams); compares in constant time.
+// The same check of a token `sent` some other way (data streams); compares in constant time.
 absl::Status CheckToken(const std::string& sent, const std::string& expected, const std::string& also = "");
 
 // A client's identity. Its id is public: logs, the island schedulers and every host see it. Its

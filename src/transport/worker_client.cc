@@ -56,10 +56,10 @@ constexpr absl::Duration kAskAgain = absl::Seconds(10);
 
 // A stream whose last reference may go on one of its own threads (a fetch's continuation) is
 // destroyed on a thread of its own: its destructor joins its threads.
-std::shared_ptr<FetchStreamClient> NewStream(const std::string& address, int port) {
-  return std::shared_ptr<FetchStreamClient>(
-      new FetchStreamClient(address, address.substr(0, address.rfind(':')), port),
-      [](FetchStreamClient* s) {
+std::shared_ptr<DataStreamClient> NewStream(const std::string& address, int port) {
+  return std::shared_ptr<DataStreamClient>(
+      new DataStreamClient(address, address.substr(0, address.rfind(':')), port),
+      [](DataStreamClient* s) {
         try {
           std::thread([s] { delete s; }).detach();
         } catch (const std::system_error&) {
@@ -71,7 +71,7 @@ std::shared_ptr<FetchStreamClient> NewStream(const std::string& address, int por
 }  // namespace
 
 Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint64_t max_bytes) {
-  std::shared_ptr<FetchStreamClient> s = stream();
+  std::shared_ptr<DataStreamClient> s = stream();
   std::optional<Future<FetchedShards>> streamed;
   if (s != nullptr) streamed = s->Fetch(request, max_bytes);
   if (!streamed.has_value()) return FetchThroughGrpc(request);  // no stream, or every one is busy
@@ -81,24 +81,11 @@ Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint
   Promise<FetchedShards> promise;
   Future<FetchedShards> result = promise.future();
   streamed->OnReady([this, s, request, promise = std::move(promise)](const absl::StatusOr<FetchedShards>& r) mutable {
-    const FetchStreamClient::NotSentReason why =
-        r.ok() ? FetchStreamClient::NotSentReason::kSent : FetchStreamClient::WhyNotSent(r.status());
-    if (why == FetchStreamClient::NotSentReason::kSent) {
+    if (r.ok() || DataStreamClient::WhyNotSent(r.status()) == DataStreamClient::NotSentReason::kSent) {
       promise.Set(r);
       return;
     }
-    if (why == FetchStreamClient::NotSentReason::kUnreachable) {
-      bool ask = false;
-      {
-        absl::MutexLock lock(&stream_mu_);
-        if (stream_ == s) {
-          paused_until_ = absl::Now() + kUnreachablePause;
-          ask = !asking_;
-          asking_ = true;
-        }
-      }
-      if (ask) AskForStream();
-    }
+    NoteStreamFailure(s, r.status());
     FetchThroughGrpc(request).OnReady([promise = std::move(promise)](const absl::StatusOr<FetchedShards>& g) mutable {
       promise.Set(g);
     });
@@ -106,10 +93,40 @@ Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint
   return result;
 }
 
-std::shared_ptr<FetchStreamClient> WorkerClient::stream() {
+Future<Unit> WorkerClient::Stage(const rpc::StageRequest& request, std::shared_ptr<const std::string> bytes) {
+  std::shared_ptr<DataStreamClient> s = stream();
+  std::optional<Future<Unit>> staged;
+  if (s != nullptr) staged = s->Stage(request, std::move(bytes));
+  if (!staged.has_value()) {
+    return Future<Unit>::Ready(absl::UnavailableError(absl::StrCat("no data stream to worker ", address_, " free")));
+  }
+  Promise<Unit> promise;
+  Future<Unit> result = promise.future();
+  staged->OnReady([this, s, promise = std::move(promise)](const absl::StatusOr<Unit>& r) mutable {
+    if (!r.ok()) NoteStreamFailure(s, r.status());
+    promise.Set(r);
+  });
+  return result;
+}
+
+void WorkerClient::NoteStreamFailure(const std::shared_ptr<DataStreamClient>& s, const absl::Status& status) {
+  if (DataStreamClient::WhyNotSent(status) != DataStreamClient::NotSentReason::kUnreachable) return;
+  bool ask = false;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    if (stream_ == s) {
+      paused_until_ = absl::Now() + kUnreachablePause;
+      ask = !asking_;
+      asking_ = true;
+    }
+  }
+  if (ask) AskForStream();
+}
+
+std::shared_ptr<DataStreamClient> WorkerClient::stream() {
   if (TlsConfigured()) return nullptr;  // the stream is not encrypted
   bool ask = false;
-  std::shared_ptr<FetchStreamClient> usable;
+  std::shared_ptr<DataStreamClient> usable;
   {
     absl::MutexLock lock(&stream_mu_);
     const absl::Time now = absl::Now();
@@ -126,14 +143,14 @@ void WorkerClient::AskForStream() {
       absl::StrCat("Ping on worker ", address_), rpc::PingRequest(), absl::Seconds(30),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Ping(ctx, req, resp, std::move(done)); })
       .OnReady([this](const absl::StatusOr<rpc::PingResponse>& r) {
-        std::shared_ptr<FetchStreamClient> old;
+        std::shared_ptr<DataStreamClient> old;
         absl::MutexLock lock(&stream_mu_);
         asking_ = false;
         if (!r.ok()) {
           ask_after_ = absl::Now() + kAskAgain;
           return;
         }
-        const int port = r->fetch_port() > 0 && r->fetch_port() <= 65535 ? r->fetch_port() : 0;
+        const int port = r->data_port() > 0 && r->data_port() <= 65535 ? r->data_port() : 0;
         if (port == stream_port_ && stream_ != nullptr) return;  // the same port: it rests, as set
         old = std::move(stream_);  // a worker that restarted: its earlier stream is no use
         if (old != nullptr) old->Stop();
@@ -200,12 +217,16 @@ int64_t HostOpQueue::ReserveSeq() {
   return ++seq_;
 }
 
-void HostOpQueue::SkipReserved(int64_t seq) {
-  rpc::Op op;
-  op.mutable_skip();
+void HostOpQueue::FillReserved(int64_t seq, rpc::Op op) {
   op.set_seq(seq);
   op.set_session(session_);
   queue_->Push(std::move(op));
+}
+
+void HostOpQueue::SkipReserved(int64_t seq) {
+  rpc::Op op;
+  op.mutable_skip();
+  FillReserved(seq, std::move(op));
 }
 
 int64_t HostOpQueue::last_seq() {

@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/future.h"
 #include "transport/auth.h"
-#include "transport/fetch_stream.h"
+#include "transport/data_stream.h"
 #include "transport/ordered_batch_queue.h"
 #include "proto/pathways.grpc.pb.h"
 
@@ -34,24 +34,32 @@ class WorkerClient {
   // The controller asks the host to join its island's control graph.
   Future<rpc::JoinControlGraphResponse> JoinControlGraph(const rpc::ControlGraph& request);
   // No deadline: a fetch waits for the computation that produces the data. Goes over the
-  // worker's fetch stream (transport/fetch_stream.h) once the worker said where it is (the first
+  // worker's data stream (transport/data_stream.h) once the worker said where it is (the first
   // fetch asks, and goes through gRPC), else through gRPC. At most `max_bytes` of shard data.
   Future<FetchedShards> Fetch(const rpc::FetchRequest& request, uint64_t max_bytes);
+  // Sends a put's bytes ahead over the worker's data stream, where they wait for the put op that
+  // names them. Complete once the worker holds them; fails when there is no stream (none known
+  // yet, TLS), every connection is busy, or the stream failed: the caller then sends the bytes
+  // with the op through gRPC.
+  Future<Unit> Stage(const rpc::StageRequest& request, std::shared_ptr<const std::string> bytes);
   Future<rpc::GetTraceResponse> GetTrace(const rpc::GetTraceRequest& request);
 
  private:
 
   Future<FetchedShards> FetchThroughGrpc(const rpc::FetchRequest& request);
-  // The fetch stream, when one is known and not resting; asks the worker where it is when none is.
-  std::shared_ptr<FetchStreamClient> stream();
+  // The data stream, when one is known and not resting; asks the worker where it is when none is.
+  std::shared_ptr<DataStreamClient> stream();
   // Pings the worker for its stream port (asking_ is set by the caller).
   void AskForStream();
+  // A request on `s` failed with `status`: a stream that could not be dialed rests, and the
+  // worker is asked again where its stream is.
+  void NoteStreamFailure(const std::shared_ptr<DataStreamClient>& s, const absl::Status& status);
 
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Worker::Stub> stub_;
   absl::Mutex stream_mu_;
-  std::shared_ptr<FetchStreamClient> stream_ ABSL_GUARDED_BY(stream_mu_);  // null: none known
+  std::shared_ptr<DataStreamClient> stream_ ABSL_GUARDED_BY(stream_mu_);  // null: none known
   int stream_port_ ABSL_GUARDED_BY(stream_mu_) = 0;
   bool asking_ ABSL_GUARDED_BY(stream_mu_) = false;
   absl::Time ask_after_ ABSL_GUARDED_BY(stream_mu_) = absl::InfinitePast();
@@ -87,6 +95,8 @@ class HostOpQueue {
   int64_t Push(rpc::Op op);
   // A sequence number for an op that reaches the host another way (through the scheduler).
   int64_t ReserveSeq();
+  // Sends `op` at a reserved number (a put whose bytes went ahead another way).
+  void FillReserved(int64_t seq, rpc::Op op);
   // Fills a reserved number whose op will never arrive (the scheduler refused it) with an op
   // that does nothing, so the host does not wait for it.
   void SkipReserved(int64_t seq);

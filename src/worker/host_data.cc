@@ -5,15 +5,74 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "core/status_macros.h"
 #include "transport/rpc_util.h"
 #include "worker/host_runtime.h"
 
 namespace pathways {
 
+namespace {
+
+// How long a staged put waits for device memory. Briefly: it comes ahead of the client's earlier
+// ops (frees among them), and one that does not fit takes the in-order path instead (gRPC).
+constexpr absl::Duration kStagedMemoryWait = absl::Seconds(1);
+
+}  // namespace
+
+absl::StatusOr<BufferPtr> HostRuntime::LandStaged(const rpc::StageRequest& request) {
+  {
+    absl::MutexLock lock(&programs_mu_);
+    if (collected_.contains(request.client_id())) {
+      return absl::FailedPreconditionError(absl::StrCat("client ", request.client_id(), " went away"));
+    }
+  }
+  if (request.local_device() < 0 || request.local_device() >= num_devices()) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", request.local_device(), " does not exist on ", name(),
+                                                   " (", num_devices(), " devices)"));
+  }
+  PW_ASSIGN_OR_RETURN(TensorSpec spec, FromProto(request.spec()));
+  return devices_[request.local_device()]->Allocate(spec.dtype, spec.shape, kStagedMemoryWait);
+}
+
+absl::Status HostRuntime::KeepStaged(const rpc::StageRequest& request, BufferPtr buffer) {
+  absl::MutexLock lock(&programs_mu_);
+  if (collected_.contains(request.client_id())) {
+    return absl::FailedPreconditionError(absl::StrCat("client ", request.client_id(), " went away"));
+  }
+  staged_[request.client_id()][{request.dest().array_id(), request.dest().shard()}] = std::move(buffer);
+  return absl::OkStatus();
+}
+
+BufferPtr HostRuntime::TakeStaged(const std::string& client, const rpc::ShardRef& dest) {
+  absl::MutexLock lock(&programs_mu_);
+  auto c = staged_.find(client);
+  if (c == staged_.end()) return nullptr;
+  auto it = c->second.find({dest.array_id(), dest.shard()});
+  if (it == c->second.end()) return nullptr;
+  BufferPtr staged = std::move(it->second);
+  c->second.erase(it);
+  if (c->second.empty()) staged_.erase(c);
+  return staged;
+}
+
 void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
   TensorSpec spec = *FromProto(op.spec());
   Promise<BufferPtr> promise;
   store_.Put(client, {ArrayId(op.dest().array_id()), op.dest().shard()}, promise.future());
+  // Bytes staged for this dest and sent again in the op (the stream's answer was lost) go too.
+  BufferPtr staged = TakeStaged(client, op.dest());
+  if (op.staged()) {
+    if (staged == nullptr || staged->dtype() != spec.dtype || staged->shape() != spec.shape ||
+        staged->device_index() != op.local_device()) {
+      promise.Set(absl::DataLossError(absl::StrCat(
+          "put of array ", op.dest().array_id(), " shard ", op.dest().shard(), " as ", spec.ToString(), " on device ",
+          op.local_device(), ": ", staged == nullptr ? "its bytes were never staged here" : "the staged bytes differ")));
+      return;
+    }
+    promise.Set(std::move(staged));
+    return;
+  }
+  staged.reset();  // freed before the op's own buffer is taken
   auto size = ByteSize(spec.dtype, spec.shape);
   if (static_cast<int64_t>(op.data().size()) != *size) {
     promise.Set(absl::InvalidArgumentError(absl::StrCat("put of ", spec.ToString(), " carries ",

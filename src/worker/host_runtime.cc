@@ -110,6 +110,9 @@ absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
         return absl::InvalidArgumentError(absl::StrCat("device ", op.put().local_device(), " does not exist on ",
                                                        name(), " (", num_devices(), " devices)"));
       }
+      if (op.put().staged() && !op.put().data().empty()) {
+        return absl::InvalidArgumentError("a staged put carries bytes of its own");
+      }
       return FromProto(op.put().spec()).status();
     default:
       return absl::InvalidArgumentError("op of unknown kind");
@@ -167,6 +170,7 @@ bool HostRuntime::CollectClient(const std::string& client) {
     }
     last_epoch_.erase(client);
     failed_registrations_.erase(client);
+    staged_.erase(client);
   }
   const absl::Status gone = absl::CancelledError(absl::StrCat("client ", client, " went away"));
   for (const auto& p : programs) options_.dataflow_service->RemoveEngine(p->engine->graph().name());

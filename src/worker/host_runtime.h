@@ -92,9 +92,15 @@ class HostRuntime {
   // from device memory; the caller keeps `response` alive until then).
   Future<Unit> Fetch(const rpc::FetchRequest& request, rpc::FetchResponse* response);
   // The buffers of the requested shards, in the request's order, once the ops that produce them
-  // are applied (the fetch stream writes them to its socket from there, without a copy). The
+  // are applied (the data stream writes them to its socket from there, without a copy). The
   // caller has checked the client's credential.
   Future<std::vector<BufferPtr>> FetchBuffers(const rpc::FetchRequest& request);
+  // A put's bytes sent ahead over a data stream: LandStaged gives the device buffer they are read
+  // into, KeepStaged holds it until the put op naming the same dest is applied (a later staging
+  // of the same dest replaces it; the client's collection frees it). The caller has checked the
+  // client's credential.
+  absl::StatusOr<BufferPtr> LandStaged(const rpc::StageRequest& request);
+  absl::Status KeepStaged(const rpc::StageRequest& request, BufferPtr buffer);
   // The client went away (it said goodbye, or its lease lapsed): everything it owns here is
   // freed (buffers that queued work still uses, once that work is done). Runs from the island
   // scheduler's retirement of the client, which also refuses its later ops. Idempotent;
@@ -180,6 +186,8 @@ class HostRuntime {
   // Every block of `node` in the epoch has arrived: fails any this host still waits for.
   void FinishEpoch(const std::string& client, int64_t epoch, int node);
   void Put(const std::string& client, const rpc::PutOp& op);
+  // The bytes staged for `dest`, taken out of staged_; null when none are.
+  BufferPtr TakeStaged(const std::string& client, const rpc::ShardRef& dest);
 
   const HostRuntimeOptions options_;
   const std::shared_ptr<DcnEmulation> dcn_;  // null unless emulating; links learn islands from programs
@@ -206,6 +214,9 @@ class HostRuntime {
   // their runs fail with that reason.
   absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> failed_registrations_ ABSL_GUARDED_BY(programs_mu_);
   absl::flat_hash_map<std::string, absl::Duration> test_op_delays_ ABSL_GUARDED_BY(programs_mu_);
+  // Staged puts' bytes by client and dest (array id, shard), until their put ops are applied.
+  absl::flat_hash_map<std::string, absl::flat_hash_map<std::pair<int64_t, int32_t>, BufferPtr>> staged_
+      ABSL_GUARDED_BY(programs_mu_);
   std::atomic<bool> test_op_delays_set_{false};  // keeps the lookup off the path when unused
   HostControl control_;  // last: it hands ops to the sequencer
 };

@@ -83,6 +83,51 @@ TEST_F(HostRuntimeTest, ASkipKeepsItsPlaceInTheSequenceAndIsNotAnError) {
   EXPECT_EQ(*values, (std::vector<float>{3, 4}));
 }
 
+// A put whose bytes were staged (over a data stream) takes the staged buffer when its op is
+// applied in the client's order; one whose bytes never came fails its array with the reason,
+// and a collected client's staged bytes are freed.
+TEST_F(HostRuntimeTest, AStagedPutTakesItsBytesInOrderAndAMissingOneSaysSo) {
+  rpc::StageRequest stage;
+  stage.set_client_id("c");
+  stage.mutable_dest()->set_array_id(1);
+  *stage.mutable_spec() = ToProto(TensorSpec{DType::kF32, {2}});
+  auto landed = host_.LandStaged(stage);
+  ASSERT_TRUE(landed.ok()) << landed.status();
+  const float values[2] = {7, 8};
+  std::memcpy((*landed)->data(), values, sizeof(values));
+  ASSERT_TRUE(host_.KeepStaged(stage, *landed).ok());
+  landed->reset();
+  rpc::EnqueueRequest request;
+  request.set_client_id("c");
+  for (int64_t id : {1, 2}) {
+    rpc::Op op = PutOp(id, id, 0, {});
+    *op.mutable_put()->mutable_spec() = ToProto(TensorSpec{DType::kF32, {2}});
+    op.mutable_put()->set_staged(true);
+    *request.add_ops() = op;
+  }
+  ASSERT_TRUE(host_.Enqueue(request).ok());
+  auto got = FetchAfter(1, 2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<float>{7, 8}));
+  auto missing = FetchAfter(2, 2);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDataLoss) << missing.status();
+  EXPECT_NE(missing.status().message().find("never staged"), std::string::npos) << missing.status();
+  // Bad landings are refused; staged bytes of a client that is collected are freed.
+  rpc::StageRequest bad = stage;
+  bad.set_local_device(3);
+  EXPECT_EQ(host_.LandStaged(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = stage;
+  *bad.mutable_spec() = ToProto(TensorSpec{DType::kF32, {int64_t{1} << 40}});
+  EXPECT_FALSE(host_.LandStaged(bad).ok());  // larger than the device, or than any array may be
+  const int64_t before = host_.device(0).stats().memory_used;
+  stage.mutable_dest()->set_array_id(9);
+  ASSERT_TRUE(host_.KeepStaged(stage, *host_.LandStaged(stage)).ok());
+  EXPECT_EQ(host_.device(0).stats().memory_used, before + 8);
+  EXPECT_TRUE(host_.CollectClient("c"));
+  EXPECT_TRUE(host_.device(0).WaitForMemoryUsedAtMost(before, absl::Seconds(30)));
+  EXPECT_FALSE(host_.LandStaged(stage).ok());  // a collected client stages nothing more
+}
+
 TEST_F(HostRuntimeTest, AMalformedOpIsReportedAndLaterOpsStillApply) {
   rpc::EnqueueRequest request;
   request.set_client_id("c");

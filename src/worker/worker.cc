@@ -78,15 +78,22 @@ absl::Status Worker::Start() {
   runtime_options.cluster_token = cluster_token;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   if (!TlsConfigured()) {
-    // Without one (the stream listens on numeric addresses only), clients fetch through gRPC.
+    // Without one (the stream listens on numeric addresses only), clients put and fetch through
+    // gRPC.
     HostRuntime* runtime = runtime_.get();
-    auto stream = FetchStreamServer::Start(
-        host, token, cluster_token, [runtime](const rpc::FetchRequest& request) { return runtime->FetchBuffers(request); });
+    DataStreamServer::Handlers handlers{
+        .fetch = [runtime](const rpc::FetchRequest& request) { return runtime->FetchBuffers(request); },
+        .land = [runtime](const rpc::StageRequest& request) { return runtime->LandStaged(request); },
+        .keep = [runtime](const rpc::StageRequest& request, BufferPtr buffer) {
+          return runtime->KeepStaged(request, std::move(buffer));
+        }};
+    auto stream = DataStreamServer::Start(host, token, cluster_token, std::move(handlers));
     if (stream.ok()) {
-      fetch_stream_ = *std::move(stream);
-      service_->SetFetchPort(fetch_stream_->port());
+      data_stream_ = *std::move(stream);
+      service_->SetDataPort(data_stream_->port());
     } else {
-      PW_LOG(Warning) << "worker " << address_ << ": no fetch stream, clients fetch through gRPC: " << stream.status();
+      PW_LOG(Warning) << "worker " << address_ << ": no data stream, clients put and fetch through gRPC: "
+                      << stream.status();
     }
   }
   service_->AttachRuntime(runtime_.get());
@@ -190,7 +197,7 @@ void Worker::Shutdown() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   // Calls that wait on the runtime (fetches) must end before the server can.
   if (runtime_ != nullptr) runtime_->BeginShutdown();
-  fetch_stream_.reset();
+  data_stream_.reset();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     server_.reset();

@@ -12,7 +12,7 @@
 #include "grpcpp/server.h"
 #include "dataflow/grpc_transport.h"
 #include "transport/controller_client.h"
-#include "worker/fetch_stream_server.h"
+#include "worker/data_stream_server.h"
 #include "worker/host_runtime.h"
 #include "worker/worker_service.h"
 
@@ -79,7 +79,7 @@ class Worker {
   std::unique_ptr<HostRuntime> runtime_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<FetchStreamServer> fetch_stream_;  // none with TLS (it is not encrypted)
+  std::unique_ptr<DataStreamServer> data_stream_;  // none with TLS (it is not encrypted)
   std::unique_ptr<ControllerClient> controller_;
   std::string address_;
   std::atomic<int32_t> host_id_{-1};

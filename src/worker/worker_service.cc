@@ -66,7 +66,7 @@ grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* WorkerService::Ping(grpc::CallbackServerContext* context, const rpc::PingRequest*,
                                               rpc::PingResponse* response) {
   return Serve(context, absl::OkStatus(), [&](HostRuntime&, grpc::ServerUnaryReactor* reactor) {
-    response->set_fetch_port(fetch_port_.load());
+    response->set_data_port(data_port_.load());
     reactor->Finish(grpc::Status::OK);
   });
 }

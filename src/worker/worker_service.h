@@ -16,8 +16,8 @@ class WorkerService final : public rpc::Worker::CallbackService {
   // The runtime is attached once the server's port, and so the host's name, is known; calls
   // that arrive before then are refused with Unavailable.
   void AttachRuntime(HostRuntime* runtime) { runtime_.store(runtime); }
-  // The port of the worker's fetch stream, told to clients that ping (0: none).
-  void SetFetchPort(int port) { fetch_port_.store(port); }
+  // The port of the worker's data stream, told to clients that ping (0: none).
+  void SetDataPort(int port) { data_port_.store(port); }
   // Tenants' calls must carry `token`, the controller's `cluster_token` (see transport/auth.h);
   // empty: none needed. Set before serving.
   void RequireTokens(std::string token, std::string cluster_token) {
@@ -47,7 +47,7 @@ class WorkerService final : public rpc::Worker::CallbackService {
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, absl::Status client, Handler handle,
                                   bool cluster_only = false);
   std::atomic<HostRuntime*> runtime_{nullptr};  // not owned; outlives this service
-  std::atomic<int> fetch_port_{0};
+  std::atomic<int> data_port_{0};
   // Long work, each on a thread of its own so that one kind does not wait behind the other:
   // TorchScript compilation, and ops with large puts or program registrations (the sequencer
   // applies ops in their clients' order whichever thread adds them). A call cancelled while it

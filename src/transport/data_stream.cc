@@ -1,4 +1,4 @@
-#include "transport/fetch_stream.h"
+#include "transport/data_stream.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -17,19 +17,19 @@
 
 namespace pathways {
 
-std::string EncodeFetchU32(uint32_t v) {
+std::string EncodeStreamU32(uint32_t v) {
   std::string out(4, '\0');
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
   return out;
 }
 
-uint32_t DecodeFetchU32(const char* p) {
+uint32_t DecodeStreamU32(const char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
-FetchStreamClient::FetchStreamClient(std::string worker, std::string ip, int port, FetchStreamTiming timing)
+DataStreamClient::DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing)
     : worker_(std::move(worker)), ip_(std::move(ip)), port_(port), timing_(timing) {}
 
 namespace {
@@ -37,9 +37,9 @@ namespace {
 constexpr char kNotSentPayload[] = "pathways.dev/fetch-stream-not-sent";
 
 // `status`, marked as a fetch the worker never served (see WhyNotSent).
-absl::Status NotSentBecause(absl::Status status, FetchStreamClient::NotSentReason reason) {
+absl::Status NotSentBecause(absl::Status status, DataStreamClient::NotSentReason reason) {
   status.SetPayload(kNotSentPayload,
-                    absl::Cord(reason == FetchStreamClient::NotSentReason::kUnreachable ? "unreachable" : "busy"));
+                    absl::Cord(reason == DataStreamClient::NotSentReason::kUnreachable ? "unreachable" : "busy"));
   return status;
 }
 
@@ -48,13 +48,13 @@ constexpr absl::Duration kClientIdle = absl::Minutes(4);
 
 }  // namespace
 
-FetchStreamClient::NotSentReason FetchStreamClient::WhyNotSent(const absl::Status& status) {
+DataStreamClient::NotSentReason DataStreamClient::WhyNotSent(const absl::Status& status) {
   const auto reason = status.GetPayload(kNotSentPayload);
   if (!reason.has_value()) return NotSentReason::kSent;
   return *reason == "unreachable" ? NotSentReason::kUnreachable : NotSentReason::kBusy;
 }
 
-void FetchStreamClient::Stop() {
+void DataStreamClient::Stop() {
   absl::MutexLock lock(&mu_);
   stop_ = true;
   for (auto& c : connections_) {
@@ -62,7 +62,7 @@ void FetchStreamClient::Stop() {
   }
 }
 
-FetchStreamClient::~FetchStreamClient() {
+DataStreamClient::~DataStreamClient() {
   Stop();
   std::vector<std::unique_ptr<Connection>> connections;
   {
@@ -72,7 +72,24 @@ FetchStreamClient::~FetchStreamClient() {
   for (auto& c : connections) c->thread.join();
 }
 
-std::optional<Future<FetchedShards>> FetchStreamClient::Fetch(rpc::FetchRequest request, uint64_t max_bytes) {
+std::optional<Future<FetchedShards>> DataStreamClient::Fetch(rpc::FetchRequest request, uint64_t max_bytes) {
+  Request r;
+  *r.message.mutable_fetch() = std::move(request);
+  r.max_bytes = max_bytes;
+  return Submit(std::move(r));
+}
+
+std::optional<Future<Unit>> DataStreamClient::Stage(rpc::StageRequest request,
+                                                    std::shared_ptr<const std::string> bytes) {
+  Request r;
+  *r.message.mutable_stage() = std::move(request);
+  r.payload = std::move(bytes);
+  auto sent = Submit(std::move(r));
+  if (!sent.has_value()) return std::nullopt;
+  return sent->Then([](const FetchedShards&) { return Unit{}; });
+}
+
+std::optional<Future<FetchedShards>> DataStreamClient::Submit(Request request) {
   absl::MutexLock lock(&mu_);
   if (stop_) return std::nullopt;
   Connection* idle = nullptr;
@@ -95,20 +112,18 @@ std::optional<Future<FetchedShards>> FetchStreamClient::Fetch(rpc::FetchRequest 
   }
   idle->busy = true;
   idle->request = std::move(request);
-  idle->max_bytes = max_bytes;
   idle->promise = Promise<FetchedShards>();
   return idle->promise.future();
 }
 
-void FetchStreamClient::SetFd(Connection* c, int fd) {
+void DataStreamClient::SetFd(Connection* c, int fd) {
   absl::MutexLock lock(&mu_);
   if (c->fd >= 0) close(c->fd);
   c->fd = fd;
   if (stop_ && fd >= 0) shutdown(fd, SHUT_RDWR);
 }
 
-absl::StatusOr<FetchedShards> FetchStreamClient::Exchange(Connection* c, const rpc::FetchRequest& request,
-                                                          uint64_t max_bytes) {
+absl::StatusOr<FetchedShards> DataStreamClient::Exchange(Connection* c, const Request& request) {
   int fd;
   {
     absl::MutexLock lock(&mu_);
@@ -116,7 +131,7 @@ absl::StatusOr<FetchedShards> FetchStreamClient::Exchange(Connection* c, const r
   }
   // A kept connection the worker closed meanwhile (its idle bound, a restart) is dialed afresh;
   // so is one that fails before any answer came, once (fetches only read, so sending again is
-  // safe). Settled: an answer (or part of one) came, the worker went silent (it is frozen:
+  // safe, and so is staging the same bytes again). Settled: an answer (or part of one) came, the worker went silent (it is frozen:
   // another way would wait on it too), or it turned the fetch away itself.
   const bool reused = fd >= 0 && !PeerClosed(fd);
   for (bool fresh = !reused;; fresh = true) {
@@ -126,17 +141,16 @@ absl::StatusOr<FetchedShards> FetchStreamClient::Exchange(Connection* c, const r
       SetFd(c, fd = *dialed);
     }
     Heard heard = Heard::kNothing;
-    absl::StatusOr<FetchedShards> result = RunOne(fd, request, max_bytes, &heard);
+    absl::StatusOr<FetchedShards> result = RunOne(fd, request, &heard);
     if (result.ok() || heard != Heard::kNothing || WhyNotSent(result.status()) != NotSentReason::kSent) return result;
     // A fresh connection closed before any answer: the worker is full, or going; gRPC will tell.
     if (fresh) return NotSentBecause(result.status(), NotSentReason::kBusy);
   }
 }
 
-void FetchStreamClient::Serve(Connection* c) {
+void DataStreamClient::Serve(Connection* c) {
   while (true) {
-    rpc::FetchRequest request;
-    uint64_t max_bytes = 0;
+    Request request;
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this, c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || c->request.has_value(); };
@@ -148,9 +162,8 @@ void FetchStreamClient::Serve(Connection* c) {
       if (!c->request.has_value()) continue;
       request = *std::move(c->request);
       c->request.reset();
-      max_bytes = c->max_bytes;
     }
-    absl::StatusOr<FetchedShards> result = Exchange(c, request, max_bytes);
+    absl::StatusOr<FetchedShards> result = Exchange(c, request);
     Promise<FetchedShards> promise;
     {
       absl::MutexLock lock(&mu_);
@@ -176,11 +189,11 @@ void FetchStreamClient::Serve(Connection* c) {
     c->fd = -1;
   }
   // Never sent: the caller may send it another way (the stream is stopped when the worker moved).
-  if (pending.valid()) pending.Set(NotSentBecause(absl::CancelledError("the fetch stream was stopped"), NotSentReason::kBusy));
+  if (pending.valid()) pending.Set(NotSentBecause(absl::CancelledError("the data stream was stopped"), NotSentReason::kBusy));
 }
 
-absl::StatusOr<int> FetchStreamClient::Dial() {
-  const std::string what = absl::StrCat("fetch stream to worker ", worker_);
+absl::StatusOr<int> DataStreamClient::Dial() {
+  const std::string what = absl::StrCat("data stream to worker ", worker_);
   socklen_t length = 0;
   PW_ASSIGN_OR_RETURN(sockaddr_storage to, ParseAddress(absl::StrCat(ip_, ":", port_), &length));
   const int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -209,7 +222,7 @@ absl::StatusOr<int> FetchStreamClient::Dial() {
   if (s.ok()) {
     Configure(fd);
     const std::string token = CallToken();
-    std::string hello = absl::StrCat(std::string(kFetchStreamMagic, 8), EncodeFetchU32(static_cast<uint32_t>(token.size())), token);
+    std::string hello = absl::StrCat(std::string(kDataStreamMagic, 8), EncodeStreamU32(static_cast<uint32_t>(token.size())), token);
     s = TransferAll(fd, hello.data(), hello.size(), true, deadline, absl::StrCat(what, ": hello"));
   }
   if (!s.ok()) {
@@ -219,14 +232,22 @@ absl::StatusOr<int> FetchStreamClient::Dial() {
   return fd;
 }
 
-absl::StatusOr<FetchedShards> FetchStreamClient::RunOne(int fd, const rpc::FetchRequest& request,
-                                                        uint64_t max_bytes, Heard* heard) {
+absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r, Heard* heard) {
   *heard = Heard::kNothing;
-  const std::string what = absl::StrCat("fetch stream from worker ", worker_);
-  const std::string body = request.SerializeAsString();
-  std::string frame = absl::StrCat(EncodeFetchU32(static_cast<uint32_t>(body.size())), body);
+  const bool stage = r.message.has_stage();
+  const std::string what = absl::StrCat("data stream ", stage ? "to" : "from", " worker ", worker_);
+  const std::string body = r.message.SerializeAsString();
+  std::string frame = absl::StrCat(EncodeStreamU32(static_cast<uint32_t>(body.size())), body);
   PW_RETURN_IF_ERROR(TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence,
                                  absl::StrCat(what, ": sending the request")));
+  if (stage) {
+    // A worker that refused the request closed the connection: sending fails (or its answer
+    // below says why). Either way nothing was kept.
+    PW_RETURN_IF_ERROR(TransferWhileMoving(fd, const_cast<char*>(r.payload->data()), r.payload->size(), true,
+                                           timing_.silence, absl::StrCat(what, ": sending the bytes")));
+  }
+  const rpc::FetchRequest& request = r.message.fetch();
+  const uint64_t max_bytes = r.max_bytes;
   // Reads `n` bytes, failing once none came for the silence bound; a silent worker is named as such.
   auto read = [&](char* into, size_t n, const char* part) -> absl::Status {
     absl::Status s = TransferWhileMoving(fd, into, n, false, timing_.silence, absl::StrCat(what, ": ", part));
@@ -237,21 +258,21 @@ absl::StatusOr<FetchedShards> FetchStreamClient::RunOne(int fd, const rpc::Fetch
     }
     return s;
   };
-  char kind = kFetchWaiting;
-  while (kind == kFetchWaiting) {
+  char kind = kStreamWaiting;
+  while (kind == kStreamWaiting) {
     PW_RETURN_IF_ERROR(read(&kind, 1, "waiting for the data"));
     *heard = Heard::kSomething;
   }
-  if (kind != kFetchHeader) return absl::DataLossError(absl::StrCat(what, ": a byte that starts no answer"));
+  if (kind != kStreamHeader) return absl::DataLossError(absl::StrCat(what, ": a byte that starts no answer"));
   char length[4];
   PW_RETURN_IF_ERROR(read(length, 4, "the header"));
-  const uint32_t header_bytes = DecodeFetchU32(length);
-  if (header_bytes > kMaxFetchHeaderBytes) {
+  const uint32_t header_bytes = DecodeStreamU32(length);
+  if (header_bytes > kMaxStreamHeaderBytes) {
     return absl::DataLossError(absl::StrCat(what, ": a header of ", header_bytes, " bytes"));
   }
   std::string header_data(header_bytes, '\0');
   PW_RETURN_IF_ERROR(read(header_data.data(), header_bytes, "the header"));
-  rpc::FetchStreamHeader header;
+  rpc::StreamHeader header;
   if (!header.ParseFromString(header_data)) return absl::DataLossError(absl::StrCat(what, ": a header that does not parse"));
   if (header.code() != 0) {
     // Named as the gRPC path names it, so errors read the same whichever way a fetch went.
@@ -261,7 +282,7 @@ absl::StatusOr<FetchedShards> FetchStreamClient::RunOne(int fd, const rpc::Fetch
     return header.not_served() ? NotSentBecause(refused, NotSentReason::kBusy) : refused;
   }
   auto response = std::make_shared<rpc::FetchResponse>();
-  if (request.status_only()) return response;
+  if (stage || request.status_only()) return response;
   uint64_t total = 0;
   for (rpc::ShardData& shard : *header.mutable_shards()) {
     absl::StatusOr<TensorSpec> spec = FromProto(shard.spec());

@@ -1,4 +1,4 @@
-#include "worker/fetch_stream_server.h"
+#include "worker/data_stream_server.h"
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -20,19 +20,19 @@ namespace pathways {
 namespace {
 
 // kHeader, its length, the header.
-std::string HeaderFrame(const rpc::FetchStreamHeader& header) {
+std::string HeaderFrame(const rpc::StreamHeader& header) {
   const std::string body = header.SerializeAsString();
-  return absl::StrCat(std::string(1, kFetchHeader), EncodeFetchU32(static_cast<uint32_t>(body.size())), body);
+  return absl::StrCat(std::string(1, kStreamHeader), EncodeStreamU32(static_cast<uint32_t>(body.size())), body);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<FetchStreamServer>> FetchStreamServer::Start(const std::string& ip, std::string token,
-                                                                            std::string also, FetchFn fetch,
-                                                                            FetchStreamTiming timing, int port) {
+absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const std::string& ip, std::string token,
+                                                                          std::string also, Handlers handlers,
+                                                                          DataStreamTiming timing, int port) {
   socklen_t length = 0;
   PW_ASSIGN_OR_RETURN(sockaddr_storage at, ParseAddress(absl::StrCat(ip, ":1"), &length));
-  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("fetch stream port ", port));
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("data stream port ", port));
   if (at.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&at)->sin_port = htons(static_cast<uint16_t>(port));
   if (at.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&at)->sin6_port = htons(static_cast<uint16_t>(port));
   const int fd = socket(at.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -44,32 +44,32 @@ absl::StatusOr<std::unique_ptr<FetchStreamServer>> FetchStreamServer::Start(cons
       getsockname(fd, reinterpret_cast<sockaddr*>(&at), &length) != 0) {
     const int error = errno;
     if (fd >= 0) close(fd);
-    return absl::UnavailableError(absl::StrCat("fetch stream cannot listen on ", ip, ": ", Errno(error)));
+    return absl::UnavailableError(absl::StrCat("data stream cannot listen on ", ip, ": ", Errno(error)));
   }
   port = at.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&at)->sin_port)
                                  : ntohs(reinterpret_cast<sockaddr_in6*>(&at)->sin6_port);
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(fd);
-    return absl::UnavailableError(absl::StrCat("fetch stream: eventfd: ", Errno(errno)));
+    return absl::UnavailableError(absl::StrCat("data stream: eventfd: ", Errno(errno)));
   }
-  return std::unique_ptr<FetchStreamServer>(
-      new FetchStreamServer(fd, port, wake, std::move(token), std::move(also), std::move(fetch), timing));
+  return std::unique_ptr<DataStreamServer>(
+      new DataStreamServer(fd, port, wake, std::move(token), std::move(also), std::move(handlers), timing));
 }
 
-FetchStreamServer::FetchStreamServer(int listen_fd, int port, int wake_fd, std::string token, std::string also,
-                                     FetchFn fetch, FetchStreamTiming timing)
+DataStreamServer::DataStreamServer(int listen_fd, int port, int wake_fd, std::string token, std::string also,
+                                   Handlers handlers, DataStreamTiming timing)
     : listen_fd_(listen_fd),
       port_(port),
       wake_fd_(wake_fd),
       token_(std::move(token)),
       also_(std::move(also)),
-      fetch_(std::move(fetch)),
+      handlers_(std::move(handlers)),
       timing_(timing) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
-FetchStreamServer::~FetchStreamServer() {
+DataStreamServer::~DataStreamServer() {
   std::list<Connection> connections;
   {
     absl::MutexLock lock(&mu_);
@@ -90,17 +90,17 @@ FetchStreamServer::~FetchStreamServer() {
   close(wake_fd_);
 }
 
-int64_t FetchStreamServer::answered() const {
+int64_t DataStreamServer::answered() const {
   absl::MutexLock lock(&mu_);
   return answered_;
 }
 
-bool FetchStreamServer::stopping() const {
+bool DataStreamServer::stopping() const {
   absl::MutexLock lock(&mu_);
   return stop_;
 }
 
-void FetchStreamServer::AcceptLoop() {
+void DataStreamServer::AcceptLoop() {
   while (true) {
     pollfd polled[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (poll(polled, 2, -1) < 0 && errno != EINTR) return;
@@ -139,13 +139,13 @@ void FetchStreamServer::AcceptLoop() {
   }
 }
 
-// Full: the client hears that its fetch was not served, and fetches through gRPC instead. The
+// Full: the client hears that its request was not served, and uses gRPC instead. The
 // connection is closed at once (its hello and request are read first if they came, so the close
 // does not reset the answer away; a client that sees a reset anyway also takes gRPC).
-void FetchStreamServer::TurnAway(int fd) {
-  rpc::FetchStreamHeader header;
+void DataStreamServer::TurnAway(int fd) {
+  rpc::StreamHeader header;
   header.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-  header.set_message("its fetch streams are all taken");
+  header.set_message("its data streams are all taken");
   header.set_not_served(true);
   std::string frame = HeaderFrame(header);
   (void)!send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -155,30 +155,30 @@ void FetchStreamServer::TurnAway(int fd) {
   close(fd);
 }
 
-absl::Status FetchStreamServer::Hello(int fd) {
+absl::Status DataStreamServer::Hello(int fd) {
   const absl::Time deadline = absl::Now() + timing_.connect;
   char hello[12];
   PW_RETURN_IF_ERROR(TransferAll(fd, hello, sizeof(hello), false, deadline, "hello"));
-  if (std::memcmp(hello, kFetchStreamMagic, 8) != 0) return absl::InvalidArgumentError("not a fetch stream");
-  const uint32_t length = DecodeFetchU32(hello + 8);
-  if (length > kMaxFetchTokenBytes) return absl::InvalidArgumentError("a token that is too long");
+  if (std::memcmp(hello, kDataStreamMagic, 8) != 0) return absl::InvalidArgumentError("not a data stream");
+  const uint32_t length = DecodeStreamU32(hello + 8);
+  if (length > kMaxStreamTokenBytes) return absl::InvalidArgumentError("a token that is too long");
   std::string token(length, '\0');
   PW_RETURN_IF_ERROR(TransferAll(fd, token.data(), length, false, deadline, "hello"));
   return CheckToken(token, token_, also_);
 }
 
-void FetchStreamServer::Serve(Connection* c) {
+absl::Status DataStreamServer::SendStatus(int fd, const absl::Status& why) {
+  rpc::StreamHeader header;
+  header.set_code(static_cast<int>(why.code()));
+  header.set_message(std::string(why.message()));
+  std::string frame = HeaderFrame(header);
+  return TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence, "refusal");
+}
+
+void DataStreamServer::Serve(Connection* c) {
   const int fd = c->fd;
-  // The header that says why a request (or the connection) is refused.
-  auto refuse = [&](const absl::Status& why) {
-    rpc::FetchStreamHeader header;
-    header.set_code(static_cast<int>(why.code()));
-    header.set_message(std::string(why.message()));
-    std::string frame = HeaderFrame(header);
-    return TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence, "refusal");
-  };
   absl::Status s = Hello(fd);
-  if (!s.ok() && absl::IsUnauthenticated(s)) (void)refuse(s);
+  if (!s.ok() && absl::IsUnauthenticated(s)) (void)SendStatus(fd, s);
   while (s.ok()) {
     pollfd polled[2] = {{fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const int ready = poll(polled, 2, static_cast<int>(absl::ToInt64Milliseconds(kIdle)));
@@ -187,36 +187,61 @@ void FetchStreamServer::Serve(Connection* c) {
     char length[4];
     s = TransferAll(fd, length, 4, false, deadline, "request");
     if (!s.ok()) break;
-    const uint32_t bytes = DecodeFetchU32(length);
-    if (bytes > kMaxFetchRequestBytes) {
-      (void)refuse(absl::InvalidArgumentError(absl::StrCat("a fetch request of ", bytes, " bytes (at most ",
-                                                           kMaxFetchRequestBytes, ")")));
+    const uint32_t bytes = DecodeStreamU32(length);
+    if (bytes > kMaxStreamRequestBytes) {
+      (void)SendStatus(fd, absl::InvalidArgumentError(absl::StrCat("a data stream request of ", bytes, " bytes (at most ",
+                                                               kMaxStreamRequestBytes, ")")));
       break;
     }
     std::string body(bytes, '\0');
     s = TransferAll(fd, body.data(), bytes, false, deadline, "request");
     if (!s.ok()) break;
-    rpc::FetchRequest request;
-    if (!request.ParseFromString(body)) {
-      s = refuse(absl::InvalidArgumentError("a fetch request that does not parse"));
+    rpc::StreamRequest request;
+    if (!request.ParseFromString(body) || request.kind_case() == rpc::StreamRequest::KIND_NOT_SET) {
+      s = SendStatus(fd, absl::InvalidArgumentError("a data stream request that does not parse"));
       continue;
     }
-    if (absl::Status client = CheckClientCredential(request.client_id(), request.credential()); !client.ok()) {
-      s = refuse(client);
+    if (request.has_stage()) {
+      // Its bytes follow: a refused one leaves the stream at an unknown place, so it closes.
+      s = AnswerStage(fd, request.stage());
       continue;
     }
-    s = Answer(fd, request);
+    const rpc::FetchRequest& fetch = request.fetch();
+    if (absl::Status client = CheckClientCredential(fetch.client_id(), fetch.credential()); !client.ok()) {
+      s = SendStatus(fd, client);
+      continue;
+    }
+    s = AnswerFetch(fd, fetch);
   }
   absl::MutexLock lock(&mu_);
   close(fd);
   c->finished = true;  // its descriptor is not touched again
 }
 
-absl::Status FetchStreamServer::Answer(int fd, const rpc::FetchRequest& request) {
-  Future<std::vector<BufferPtr>> buffers = fetch_(request);
+absl::Status DataStreamServer::AnswerStage(int fd, const rpc::StageRequest& request) {
+  const absl::Status client = CheckClientCredential(request.client_id(), request.credential());
+  absl::StatusOr<BufferPtr> landing = client.ok() ? handlers_.land(request) : client;
+  if (!landing.ok()) {
+    (void)SendStatus(fd, landing.status());
+    return absl::Status(landing.status().code(), "refused before its bytes");  // the connection closes
+  }
+  BufferPtr buffer = *std::move(landing);
+  PW_RETURN_IF_ERROR(TransferWhileMoving(fd, buffer->data(), static_cast<size_t>(buffer->byte_size()), false,
+                                         timing_.silence, "staged bytes"));
+  absl::Status kept = handlers_.keep(request, std::move(buffer));
+  {
+    absl::MutexLock lock(&mu_);
+    ++answered_;
+  }
+  if (!kept.ok()) return SendStatus(fd, kept);
+  return SendStatus(fd, absl::OkStatus());
+}
+
+absl::Status DataStreamServer::AnswerFetch(int fd, const rpc::FetchRequest& request) {
+  Future<std::vector<BufferPtr>> buffers = handlers_.fetch(request);
   // While the data is not ready the client hears that this worker is alive, and a client that
   // went away is noticed.
-  const char waiting = kFetchWaiting;
+  const char waiting = kStreamWaiting;
   while (!buffers.IsReady()) {
     (void)buffers.AwaitFor(timing_.keepalive);
     if (buffers.IsReady()) break;
@@ -224,7 +249,7 @@ absl::Status FetchStreamServer::Answer(int fd, const rpc::FetchRequest& request)
     PW_RETURN_IF_ERROR(TransferAll(fd, const_cast<char*>(&waiting), 1, true, absl::Now() + timing_.silence, "keepalive"));
   }
   const absl::StatusOr<std::vector<BufferPtr>>& r = buffers.Await();
-  rpc::FetchStreamHeader header;
+  rpc::StreamHeader header;
   if (!r.ok()) {
     header.set_code(static_cast<int>(r.status().code()));
     header.set_message(std::string(r.status().message()));

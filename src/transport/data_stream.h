@@ -1,0 +1,131 @@
+// Data streams: clients move arrays to and from a worker over plain TCP connections instead of
+// gRPC. A fetch: the worker writes a shard's bytes from device memory to the socket and the
+// client reads them straight from it, with a small header before. A put: the client writes a
+// shard's bytes and the worker reads them straight into a device buffer, where they wait for the
+// put op (sent in the client's order through gRPC, without the bytes) that names them. Through
+// gRPC the bytes were copied four times into fresh memory (protobuf, gRPC's slices, both ways):
+// a 64 MiB fetch ran at 0.13-0.18 GB/s, a put at 0.19. The worker's side is
+// worker/data_stream_server.h.
+//
+// The protocol, integers little-endian:
+//   client, once per connection: "PWDATA01", u32 n, the token (n bytes, empty when none);
+//   client, per request, one at a time: u32 n, a serialized rpc::StreamRequest (at most
+//     kMaxStreamRequestBytes); for a stage request, the shard's bytes right after (as many as
+//     its spec says);
+//   worker, per fetch: a kStreamWaiting byte each keepalive interval while the data is not ready
+//     (so a client tells a frozen worker from a long computation), then kStreamHeader, u32 n, a
+//     serialized rpc::StreamHeader, then, when its code is OK and the request was not status
+//     only, every shard's bytes in the header's order;
+//   worker, per stage request, once it has every byte: kStreamHeader, u32 n, rpc::StreamHeader.
+//     One it refuses before the bytes (a bad device or spec, no memory) is answered at once, and
+//     the connection closes.
+// Streams are not encrypted: with TLS on, workers offer none and clients use gRPC.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/future.h"
+#include "proto/pathways.pb.h"
+
+namespace pathways {
+
+// A fetch's response, shared: futures' continuations copy their values, and shards' bytes are
+// large. Assembling an array may take the bytes out (client/fetch.cc).
+using FetchedShards = std::shared_ptr<rpc::FetchResponse>;
+
+inline constexpr char kDataStreamMagic[] = "PWDATA01";  // 8 bytes on the wire
+inline constexpr uint32_t kMaxStreamRequestBytes = 1 << 20;
+inline constexpr uint32_t kMaxStreamHeaderBytes = 16 << 20;
+inline constexpr uint32_t kMaxStreamTokenBytes = 4096;
+inline constexpr char kStreamWaiting = 'W';
+inline constexpr char kStreamHeader = 'H';
+
+struct DataStreamTiming {
+  // How often a worker says it is still waiting for the data.
+  absl::Duration keepalive = absl::Seconds(1);
+  // How long a client waits for any byte (a keepalive, the header, the next chunk) before it
+  // gives up on the worker as frozen or cut off.
+  absl::Duration silence = absl::Seconds(5);
+  // Connecting and the hello.
+  absl::Duration connect = absl::Seconds(5);
+};
+
+// One client process's data streams to one worker: up to kMaxConnections connections, each
+// with a thread that runs one request at a time (so a fetch that waits for a long computation
+// holds only its own connection). Thread-safe.
+class DataStreamClient {
+ public:
+  static constexpr int kMaxConnections = 8;
+
+  // `worker` names the worker in errors; `ip` and `port` are where its stream listens.
+  DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing = {});
+  ~DataStreamClient();  // fails requests in flight (Cancelled), joins the threads
+  DataStreamClient(const DataStreamClient&) = delete;
+  DataStreamClient& operator=(const DataStreamClient&) = delete;
+
+  // Sends `request` on an idle connection (or a new one); the response carries the shards' data
+  // as rpc::Fetch's does. A response that would hold more than `max_bytes` of shard data is
+  // refused. nullopt when every connection is busy: the caller uses gRPC instead. Errors name the
+  // worker; the future completes on a connection's thread.
+  std::optional<Future<FetchedShards>> Fetch(rpc::FetchRequest request, uint64_t max_bytes);
+  // Sends `request` and then `bytes` (exactly the request's spec's size), which the worker keeps
+  // for the put op that names the same dest. Complete once the worker has them all. As Fetch,
+  // nullopt when every connection is busy.
+  std::optional<Future<Unit>> Stage(rpc::StageRequest request, std::shared_ptr<const std::string> bytes);
+  // Whether a request's error means the worker never served it, so that it may be sent another
+  // way: the stream could not be dialed (kUnreachable: the worker may have restarted with another
+  // stream port, or the port is not reachable from here), or the worker turned it away or closed
+  // the connection before answering (kBusy: full, or going).
+  enum class NotSentReason { kSent, kUnreachable, kBusy };
+  static NotSentReason WhyNotSent(const absl::Status& status);
+  // Fails what is queued (Cancelled) and lets the threads end, without waiting for them; later
+  // requests get nullopt. The destructor also joins them (so it must not run on one of them).
+  void Stop();
+
+ private:
+  // One request: a fetch, or a stage request with the bytes that follow it.
+  struct Request {
+    rpc::StreamRequest message;
+    std::shared_ptr<const std::string> payload;  // stage requests only
+    uint64_t max_bytes = 0;                       // fetches only
+  };
+  struct Connection {
+    std::thread thread;
+    int fd = -1;  // set and closed under mu_, used by the thread
+    bool busy = false;
+    std::optional<Request> request;
+    Promise<FetchedShards> promise;
+  };
+  // Hands `request` to an idle connection (or a new one): nullopt when none is to be had.
+  std::optional<Future<FetchedShards>> Submit(Request request);
+  void Serve(Connection* c);
+  // One request on `c`, dialing when it has no live connection.
+  absl::StatusOr<FetchedShards> Exchange(Connection* c, const Request& request);
+  // What a failed exchange heard from the worker before it failed.
+  enum class Heard { kNothing, kSilence, kSomething };
+  // One request and its answer on `fd`.
+  absl::StatusOr<FetchedShards> RunOne(int fd, const Request& request, Heard* heard);
+  absl::StatusOr<int> Dial();
+  void SetFd(Connection* c, int fd);
+
+  const std::string worker_, ip_;
+  const int port_;
+  const DataStreamTiming timing_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+};
+
+// Little-endian u32 framing, shared with the worker's side.
+std::string EncodeStreamU32(uint32_t v);
+uint32_t DecodeStreamU32(const char* p);
+
+}  // namespace pathways
