@@ -97,15 +97,17 @@ SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<
   stage.set_local_device(op.put().local_device());
   *stage.mutable_spec() = op.put().spec();
   worker(host)->Stage(stage, bytes).OnReady(
-      [self = shared_from_this(), q, seq = at.seq, op = std::move(op), bytes](const absl::StatusOr<Unit>& r) mutable {
+      [weak = weak_from_this(), q, seq = at.seq, op = std::move(op), bytes](const absl::StatusOr<Unit>& r) mutable {
         if (r.ok()) {
           op.mutable_put()->set_staged(true);
-          self->staged_put_bytes_.fetch_add(static_cast<int64_t>(bytes->size()), std::memory_order_relaxed);
         } else {
           *op.mutable_put()->mutable_data() = *bytes;  // the in-order way, which also says why it fails
         }
-        self->ops_sent_.fetch_add(1, std::memory_order_relaxed);
-        self->op_bytes_sent_.fetch_add(static_cast<int64_t>(op.ByteSizeLong()), std::memory_order_relaxed);
+        if (auto self = weak.lock()) {  // (the queue goes on without it: the host then collects the client)
+          if (r.ok()) self->staged_put_bytes_.fetch_add(static_cast<int64_t>(bytes->size()), std::memory_order_relaxed);
+          self->ops_sent_.fetch_add(1, std::memory_order_relaxed);
+          self->op_bytes_sent_.fetch_add(static_cast<int64_t>(op.ByteSizeLong()), std::memory_order_relaxed);
+        }
         q->FillReserved(seq, std::move(op));
       });
   return at;

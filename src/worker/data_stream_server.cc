@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
@@ -29,7 +30,8 @@ std::string HeaderFrame(const rpc::StreamHeader& header) {
 
 absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const std::string& ip, std::string token,
                                                                           std::string also, Handlers handlers,
-                                                                          DataStreamTiming timing, int port) {
+                                                                          DataStreamTiming timing, int port,
+                                                                          int max_connections) {
   socklen_t length = 0;
   PW_ASSIGN_OR_RETURN(sockaddr_storage at, ParseAddress(absl::StrCat(ip, ":1"), &length));
   if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("data stream port ", port));
@@ -54,18 +56,20 @@ absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const 
     return absl::UnavailableError(absl::StrCat("data stream: eventfd: ", Errno(errno)));
   }
   return std::unique_ptr<DataStreamServer>(
-      new DataStreamServer(fd, port, wake, std::move(token), std::move(also), std::move(handlers), timing));
+      new DataStreamServer(fd, port, wake, std::move(token), std::move(also), std::move(handlers), timing,
+                           max_connections));
 }
 
 DataStreamServer::DataStreamServer(int listen_fd, int port, int wake_fd, std::string token, std::string also,
-                                   Handlers handlers, DataStreamTiming timing)
+                                   Handlers handlers, DataStreamTiming timing, int max_connections)
     : listen_fd_(listen_fd),
       port_(port),
       wake_fd_(wake_fd),
       token_(std::move(token)),
       also_(std::move(also)),
       handlers_(std::move(handlers)),
-      timing_(timing) {
+      timing_(timing),
+      max_connections_(max_connections) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -100,11 +104,60 @@ bool DataStreamServer::stopping() const {
   return stop_;
 }
 
+// A connection whose hello has not all come yet: it waits in the acceptor's poll set, holding a
+// descriptor but no thread, until the hello is complete (then it gets a thread), wrong, or late.
+struct DataStreamServer::Greeting {
+  int fd;
+  absl::Time deadline;
+  std::string hello;  // what has come so far
+  size_t want = 12;   // the magic and the token's length; then the token too
+  absl::Status refused;  // why the token is not accepted
+};
+
+DataStreamServer::Heard DataStreamServer::Listen(Greeting& g) {
+  while (g.hello.size() < g.want) {
+    char buffer[512];
+    // Exactly the hello: the request after it is the connection thread's to read.
+    const ssize_t n = recv(g.fd, buffer, std::min(sizeof(buffer), g.want - g.hello.size()), 0);
+    if (n == 0) return Heard::kBad;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Heard::kMore : Heard::kBad;
+    g.hello.append(buffer, static_cast<size_t>(n));
+    if (g.want == 12 && g.hello.size() == 12) {
+      if (std::memcmp(g.hello.data(), kDataStreamMagic, 8) != 0) return Heard::kBad;
+      const uint32_t length = DecodeStreamU32(g.hello.data() + 8);
+      if (length > kMaxStreamTokenBytes) return Heard::kBad;
+      g.want = 12 + length;
+    }
+  }
+  g.refused = CheckToken(g.hello.substr(12), token_, also_);
+  return g.refused.ok() ? Heard::kHello : Heard::kWrongToken;
+}
+
 void DataStreamServer::AcceptLoop() {
+  std::deque<Greeting> greeting;  // oldest first: their deadlines are in this order
+  auto drop = [](Greeting& g) { close(g.fd); };
   while (true) {
-    pollfd polled[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(polled, 2, -1) < 0 && errno != EINTR) return;
-    if (polled[1].revents != 0) return;
+    std::vector<pollfd> polled = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    for (const Greeting& g : greeting) polled.push_back({g.fd, POLLIN, 0});
+    const int timeout = greeting.empty() ? -1 : RemainingMs(greeting.front().deadline);
+    if (poll(polled.data(), polled.size(), timeout) < 0 && errno != EINTR) break;
+    if (polled[1].revents != 0) break;
+    std::deque<Greeting> still;
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < greeting.size(); ++i) {
+      Greeting& g = greeting[i];
+      const Heard heard = polled[2 + i].revents != 0 ? Listen(g) : Heard::kMore;
+      if (heard == Heard::kHello) {
+        Admit(g.fd);
+      } else if (heard == Heard::kWrongToken) {
+        TurnAway(g.fd, g.refused, /*not_served=*/false);
+      } else if (heard == Heard::kBad || now >= g.deadline) {
+        drop(g);  // garbage, closed, or silent past the connect bound
+      } else {
+        still.push_back(std::move(g));
+      }
+    }
+    greeting = std::move(still);
     if ((polled[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
@@ -114,57 +167,55 @@ void DataStreamServer::AcceptLoop() {
       continue;
     }
     Configure(fd);
-    std::list<Connection> finished;
-    bool served = false;
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto it = connections_.begin(); it != connections_.end();) {
-        auto next = std::next(it);
-        if (it->finished) finished.splice(finished.end(), connections_, it);
-        it = next;
-      }
-      if (!stop_ && connections_.size() < kMaxConnections) {
-        connections_.push_back({fd, {}, false});
-        Connection* c = &connections_.back();
-        try {
-          c->thread = std::thread([this, c] { Serve(c); });
-          served = true;
-        } catch (const std::system_error&) {
-          connections_.pop_back();  // no thread to be had
-        }
-      }
+    if (greeting.size() >= kMaxGreeting) {
+      drop(greeting.front());  // the oldest silent one makes room
+      greeting.pop_front();
     }
-    if (!served) TurnAway(fd);
-    for (Connection& c : finished) c.thread.join();  // threads that have ended
+    greeting.push_back({fd, absl::Now() + timing_.connect});
   }
+  for (Greeting& g : greeting) drop(g);
 }
 
-// Full: the client hears that its request was not served, and uses gRPC instead. The
-// connection is closed at once (its hello and request are read first if they came, so the close
-// does not reset the answer away; a client that sees a reset anyway also takes gRPC).
-void DataStreamServer::TurnAway(int fd) {
+void DataStreamServer::Admit(int fd) {
+  std::list<Connection> finished;
+  bool served = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (it->finished) finished.splice(finished.end(), connections_, it);
+      it = next;
+    }
+    if (!stop_ && static_cast<int>(connections_.size()) < max_connections_) {
+      connections_.push_back({fd, {}, false});
+      Connection* c = &connections_.back();
+      try {
+        c->thread = std::thread([this, c] { Serve(c); });
+        served = true;
+      } catch (const std::system_error&) {
+        connections_.pop_back();  // no thread to be had
+      }
+    }
+  }
+  if (!served) TurnAway(fd, absl::UnavailableError("its data streams are all taken"), /*not_served=*/true);
+  for (Connection& c : finished) c.thread.join();  // threads that have ended
+}
+
+// The client hears why its connection is refused (full: then `not_served`, and it uses gRPC
+// instead), without this thread waiting on it. The connection is closed at once (its request is
+// read first if it came, so the close does not reset the answer away; a client that sees a reset
+// anyway also takes gRPC).
+void DataStreamServer::TurnAway(int fd, const absl::Status& why, bool not_served) {
   rpc::StreamHeader header;
-  header.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-  header.set_message("its data streams are all taken");
-  header.set_not_served(true);
+  header.set_code(static_cast<int>(why.code()));
+  header.set_message(std::string(why.message()));
+  header.set_not_served(not_served);
   std::string frame = HeaderFrame(header);
   (void)!send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   shutdown(fd, SHUT_WR);
   char sink[4096];
-  (void)!recv(fd, sink, sizeof(sink), MSG_DONTWAIT);  // one read, bounded: a hello and a request
+  (void)!recv(fd, sink, sizeof(sink), MSG_DONTWAIT);  // one read, bounded: a request
   close(fd);
-}
-
-absl::Status DataStreamServer::Hello(int fd) {
-  const absl::Time deadline = absl::Now() + timing_.connect;
-  char hello[12];
-  PW_RETURN_IF_ERROR(TransferAll(fd, hello, sizeof(hello), false, deadline, "hello"));
-  if (std::memcmp(hello, kDataStreamMagic, 8) != 0) return absl::InvalidArgumentError("not a data stream");
-  const uint32_t length = DecodeStreamU32(hello + 8);
-  if (length > kMaxStreamTokenBytes) return absl::InvalidArgumentError("a token that is too long");
-  std::string token(length, '\0');
-  PW_RETURN_IF_ERROR(TransferAll(fd, token.data(), length, false, deadline, "hello"));
-  return CheckToken(token, token_, also_);
 }
 
 absl::Status DataStreamServer::SendStatus(int fd, const absl::Status& why) {
@@ -176,9 +227,8 @@ absl::Status DataStreamServer::SendStatus(int fd, const absl::Status& why) {
 }
 
 void DataStreamServer::Serve(Connection* c) {
-  const int fd = c->fd;
-  absl::Status s = Hello(fd);
-  if (!s.ok() && absl::IsUnauthenticated(s)) (void)SendStatus(fd, s);
+  const int fd = c->fd;  // its hello was checked before it got this thread
+  absl::Status s;
   while (s.ok()) {
     pollfd polled[2] = {{fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const int ready = poll(polled, 2, static_cast<int>(absl::ToInt64Milliseconds(kIdle)));

@@ -37,13 +37,15 @@ struct Fixture {
   std::map<int64_t, BufferPtr> kept ABSL_GUARDED_BY(mu);
   std::unique_ptr<DataStreamServer> server;
 
-  explicit Fixture(std::string token = "", int port = 0) {
+  explicit Fixture(std::string token = "", int max_connections = DataStreamServer::kMaxConnections)
+      : max_connections(max_connections) {
     buffer = *device.Allocate(DType::kF32, {1 << 20});
     float* f = reinterpret_cast<float*>(buffer->data());
     for (int i = 0; i < (1 << 20); ++i) f[i] = static_cast<float>(i);
     answer = [this](const rpc::FetchRequest&) { return Future<std::vector<BufferPtr>>::Ready(std::vector{buffer}); };
-    server = *Start(token, port);
+    server = *Start(token);
   }
+  const int max_connections;
   absl::StatusOr<std::unique_ptr<DataStreamServer>> Start(const std::string& token = "", int port = 0) {
     DataStreamServer::Handlers handlers{
         .fetch = [this](const rpc::FetchRequest& r) { return answer(r); },
@@ -57,7 +59,7 @@ struct Fixture {
           kept[r.dest().array_id()] = std::move(b);
           return absl::OkStatus();
         }};
-    return DataStreamServer::Start("127.0.0.1", token, "", std::move(handlers), Quick(), port);
+    return DataStreamServer::Start("127.0.0.1", token, "", std::move(handlers), Quick(), port, max_connections);
   }
   BufferPtr Kept(int64_t array_id) {
     absl::MutexLock lock(&mu);
@@ -201,6 +203,28 @@ TEST(DataStreamTest, AConnectionTheWorkerClosedIsDialedAgain) {
   auto got = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
   EXPECT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*again)->answered(), 1);
+}
+
+// Connections that never say hello wait without a thread: more of them than the server serves
+// at once do not keep a client out, and each is closed once the connect bound passes.
+TEST(DataStreamTest, SilentConnectionsTakeNoThreadAndDoNotKeepClientsOut) {
+  Fixture f("", /*max_connections=*/4);
+  std::vector<int> silent;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = testing::DialLoopback(f.server->port());
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    silent.push_back(fd);
+  }
+  DataStreamClient client("worker-a", "127.0.0.1", f.server->port(), Quick());
+  auto got = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
+  EXPECT_TRUE(got.ok()) << got.status();
+  for (int fd : silent) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 10000), 1) << "a silent connection should be closed after the connect bound";
+    char c;
+    EXPECT_LE(recv(fd, &c, 1, 0), 0);
+    close(fd);
+  }
 }
 
 // A put's bytes go ahead into a device buffer the worker keeps; the connection then serves
