@@ -6,7 +6,10 @@
 // docs/benchmarks.md. The peers come from `make deps-bench`; a missing one is reported, not fatal.
 //
 //   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
-//                              [--hub-only true]
+//                              [--hub-only true] [--work 0,64,128,256]
+//
+// With --work, Figure 6 instead: the step with a matrix product of each side given, at the first
+// size, against the multi-controller baseline only.
 //
 // A config HxD is H worker processes with D devices each; sizes are bytes per device. The step
 // reduces with max (values stay exact, so the result is checked) at the cost of a sum.
@@ -29,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench_util.h"
+#include "figure_step.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "collective/collective.h"
@@ -44,8 +48,7 @@ namespace {
 using bench::Median;
 using bench::Seconds;
 
-// Steps per run: enough that a run is not all start-up, few enough for large messages.
-int StepsFor(int64_t bytes) { return bytes <= 4096 ? 128 : bytes <= (1 << 20) ? 32 : 8; }
+using bench::StepsFor;
 
 struct Rates {
   double opbyop = 0, chained = 0, fused = 0;
@@ -79,7 +82,7 @@ class ProcessCluster {
   std::string address_;
 };
 
-absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int repeats) {
+absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int repeats, int work = 0) {
   const int members = hosts * devices;
   const int64_t per_device = std::max<int64_t>(1, bytes / 4);
   ProcessCluster cluster;
@@ -87,17 +90,12 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
   PW_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(cluster.address()));
   PW_ASSIGN_OR_RETURN(VirtualSlice slice, client->CreateSlice({.mesh_shape = {members}}));
   const TensorSpec spec{DType::kF32, {members * per_device}};
-  const int steps = StepsFor(bytes);
-  PW_ASSIGN_OR_RETURN(CompiledFunction step,
-                      client->Compile(FunctionSpec::Script(
-                          "step", "def step(x):\n    return pathways.all_reduce(x, 'x', 'max') + 1.0\n", {spec}, {spec},
-                          {{"x"}}, {{"x"}})));
+  const int steps = StepsFor(bytes, work);
+  PW_ASSIGN_OR_RETURN(CompiledFunction step, client->Compile(FunctionSpec::Script("step", bench::StepSource(work),
+                                                                                  {spec}, {spec}, {{"x"}}, {{"x"}})));
   PW_ASSIGN_OR_RETURN(CompiledFunction fused,
-                      client->Compile(FunctionSpec::Script(
-                          "fused",
-                          absl::StrCat("def fused(x):\n    for _ in range(", steps,
-                                       "):\n        x = pathways.all_reduce(x, 'x', 'max') + 1.0\n    return x\n"),
-                          {spec}, {spec}, {{"x"}}, {{"x"}})));
+                      client->Compile(FunctionSpec::Script("fused", bench::FusedSource(steps, work), {spec}, {spec},
+                                                           {{"x"}}, {{"x"}})));
   ProgramBuilder builder("chain");
   TracedValue v = builder.Arg(spec);
   for (int i = 0; i < steps; ++i) {
@@ -219,7 +217,7 @@ std::optional<double> MeasureMpi(int ranks, int64_t bytes, int repeats) {
 struct MultiControllerRates {
   std::optional<double> step, fused;
 };
-MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t bytes, int repeats) {
+MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t bytes, int repeats, int work = 0) {
   char dir_template[] = "/tmp/pathways_mc_XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return {};
   const std::string dir = dir_template;
@@ -228,7 +226,8 @@ MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t byte
     procs.push_back(std::make_unique<Subprocess>());
     if (!procs.back()
              ->Start({MC_PEER, std::to_string(r), std::to_string(hosts), std::to_string(devices), dir,
-                      std::to_string(bytes), std::to_string(StepsFor(bytes)), std::to_string(repeats)})
+                      std::to_string(bytes), std::to_string(StepsFor(bytes, work)), std::to_string(repeats),
+                      std::to_string(work)})
              .ok()) {
       return {};
     }
@@ -310,9 +309,52 @@ double MemcpyBandwidth() {
 std::string Format(std::optional<double> v) { return v ? absl::StrFormat("%.0f", *v) : "n/a"; }
 std::string Ratio(double a, std::optional<double> b) { return b && *b > 0 ? absl::StrFormat("%.2f", a / *b) : "n/a"; }
 
+// The paper's Figure 6: the step with a computation of growing duration (a matrix product of
+// side `work`), the single controller's forms against the multi-controller baseline, and per
+// form the shortest step at which the single controller reaches 95% of the baseline's rate.
+int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, const std::vector<int>& work, int repeats) {
+  std::printf(
+      "Figure 6: a step is a work x work matrix product, then all_reduce(max) of %lld bytes per device and an add. "
+      "Steps per second, median of %d runs. The step time is the multi-controller's (one call per step). "
+      "OpByOp and Chained are compared with the multi-controller's step-by-step calls, Fused with its fused loop.\n\n",
+      static_cast<long long>(bytes), repeats);
+  std::printf(
+      "| hosts x devices | work | step ms (MC) | OpByOp | Chained | Fused | MC step | MC fused | OpByOp/MC | "
+      "Chained/MC | Fused/MC fused |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (auto [hosts, devices] : configs) {
+    // The shortest multi-controller step (ms) at which each form reached 95%, per config.
+    std::optional<double> cross[3];
+    for (int n : work) {
+      auto ours = MeasureRuntime(hosts, devices, bytes, repeats, n);
+      const MultiControllerRates mc = MeasureMultiController(hosts, devices, bytes, repeats, n);
+      if (!ours.ok() || !mc.step || !mc.fused) {
+        std::printf("| %dx%d | %d | failed: %s |\n", hosts, devices, n,
+                    ours.ok() ? "the multi-controller peer" : std::string(ours.status().message()).c_str());
+        std::fflush(stdout);
+        continue;
+      }
+      const double step_ms = 1000.0 / *mc.step;
+      const double ratios[3] = {ours->opbyop / *mc.step, ours->chained / *mc.step, ours->fused / *mc.fused};
+      for (int f = 0; f < 3; ++f) {
+        if (ratios[f] >= 0.95 && !cross[f]) cross[f] = step_ms;
+      }
+      std::printf("| %dx%d | %d | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n", hosts, devices, n,
+                  step_ms, ours->opbyop, ours->chained, ours->fused, *mc.step, *mc.fused, ratios[0], ratios[1],
+                  ratios[2]);
+      std::fflush(stdout);
+    }
+    auto at = [](const std::optional<double>& ms) {
+      return ms ? absl::StrFormat("%.3f ms", *ms) : std::string("not within the sweep");
+    };
+    std::printf("\n%dx%d: 95%% of the multi-controller from a step of OpByOp %s, Chained %s, Fused %s\n\n", hosts,
+                devices, at(cross[0]).c_str(), at(cross[1]).c_str(), at(cross[2]).c_str());
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only"});
+  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only", "work"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
@@ -341,6 +383,18 @@ int Main(int argc, char** argv) {
   if (repeats < 1 || repeats > 50) {
     std::fprintf(stderr, "--repeats must be between 1 and 50\n");
     return 2;
+  }
+  if (flags->Has("work")) {
+    std::vector<int> work;
+    for (absl::string_view w : absl::StrSplit(flags->Get("work"), ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(w, &n) || n < 0 || n > 4096) {
+        std::fprintf(stderr, "bad --work '%s': want matrix sides from 0 to 4096\n", std::string(w).c_str());
+        return 2;
+      }
+      work.push_back(n);
+    }
+    return Figure6(configs, sizes.front(), work, repeats);
   }
   const bool have_torch = Available({"/usr/bin/python3", "-c", "import torch.distributed"});
   const bool have_mpi = access(MPI_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;

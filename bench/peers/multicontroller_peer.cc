@@ -4,10 +4,11 @@
 // program, as JAX multi-controller programs do. Processes meet through a directory (a file per
 // key) instead of the controller's rendezvous.
 //
-//   multicontroller_peer RANK RANKS DEVICES STORE_DIR BYTES STEPS REPEATS
+//   multicontroller_peer RANK RANKS DEVICES STORE_DIR BYTES STEPS REPEATS [WORK]
 //
 // A step is all_reduce(max) of BYTES per device then an add, each step's result feeding the
-// next (collective_bench's step). Rank 0 prints, per repeat, "steps_per_s_step R" (one call of
+// next, with a WORK x WORK matrix product when WORK > 0 (collective_bench's step, from
+// figure_step.h). Rank 0 prints, per repeat, "steps_per_s_step R" (one call of
 // the compiled step per step: what each process dispatches itself) and "steps_per_s_fused R"
 // (one call of a body that loops the steps).
 #include <fcntl.h>
@@ -34,6 +35,7 @@
 #include "compute/function_body.h"
 #include "core/process.h"
 #include "device/cpu_device.h"
+#include "figure_step.h"
 
 namespace pathways {
 namespace {
@@ -78,13 +80,13 @@ class DirectoryStore : public collective::KeyValueStore {
 
 int Main(int argc, char** argv) {
   InitServingProcess();
-  int rank = 0, ranks = 0, devices = 0, steps = 0, repeats = 0;
+  int rank = 0, ranks = 0, devices = 0, steps = 0, repeats = 0, work = 0;
   int64_t bytes = 0;
-  if (argc != 8 || !absl::SimpleAtoi(argv[1], &rank) || !absl::SimpleAtoi(argv[2], &ranks) ||
+  if ((argc != 8 && argc != 9) || !absl::SimpleAtoi(argv[1], &rank) || !absl::SimpleAtoi(argv[2], &ranks) ||
       !absl::SimpleAtoi(argv[3], &devices) || !absl::SimpleAtoi(argv[5], &bytes) || !absl::SimpleAtoi(argv[6], &steps) ||
-      !absl::SimpleAtoi(argv[7], &repeats) || ranks < 1 || rank < 0 || rank >= ranks || devices < 1 || bytes < 4 ||
-      steps < 1 || repeats < 1) {
-    std::fprintf(stderr, "usage: multicontroller_peer RANK RANKS DEVICES STORE_DIR BYTES STEPS REPEATS\n");
+      !absl::SimpleAtoi(argv[7], &repeats) || (argc == 9 && !absl::SimpleAtoi(argv[8], &work)) || ranks < 1 ||
+      rank < 0 || rank >= ranks || devices < 1 || bytes < 4 || steps < 1 || repeats < 1 || work < 0 || work > 4096) {
+    std::fprintf(stderr, "usage: multicontroller_peer RANK RANKS DEVICES STORE_DIR BYTES STEPS REPEATS [WORK]\n");
     return 2;
   }
   ConfigureComputeThreads(1);  // as workers do: one thread per device, and the caching allocator
@@ -102,12 +104,8 @@ int Main(int argc, char** argv) {
   }
   auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
   FunctionCache cache;
-  FunctionBody step{FunctionBody::Kind::kTorchScript, "step",
-                    "def step(x):\n    return pathways.all_reduce(x, 'x', 'max') + 1.0\n", std::nullopt};
-  FunctionBody fused{FunctionBody::Kind::kTorchScript, "fused",
-                     absl::StrCat("def fused(x):\n    for _ in range(", steps,
-                                  "):\n        x = pathways.all_reduce(x, 'x', 'max') + 1.0\n    return x\n"),
-                     std::nullopt};
+  FunctionBody step{FunctionBody::Kind::kTorchScript, "step", bench::StepSource(work), std::nullopt};
+  FunctionBody fused{FunctionBody::Kind::kTorchScript, "fused", bench::FusedSource(steps, work), std::nullopt};
   auto step_exe = cache.Compile(step);
   auto fused_exe = cache.Compile(fused);
   if (!step_exe.ok() || !fused_exe.ok()) {
