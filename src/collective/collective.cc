@@ -239,8 +239,11 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
 }
 
 void CollectiveHub::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  stopping_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (links_ != nullptr) links_->StopWaiting();
 }
 
 absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::string& call_key, const CallId& id,

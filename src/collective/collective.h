@@ -123,8 +123,9 @@ class CollectiveHub {
   // group ever spans hosts (a single-host runtime); such a group then fails with Unimplemented.
   CollectiveHub(std::string host, std::shared_ptr<TcpLinks> links, absl::Duration timeout);
   ~CollectiveHub();
-  // The host is going: members waiting for others on this host stop waiting (Cancelled), and
-  // later calls fail at once. A cross-host exchange in progress ends by its own deadline.
+  // The host is going: members waiting for others on this host, or for other hosts to connect,
+  // stop waiting (Cancelled), and later calls fail at once. A cross-host exchange on connected
+  // links ends by its own deadline.
   void Shutdown();
   const std::string& host() const { return host_; }
   absl::Duration timeout() const { return timeout_; }

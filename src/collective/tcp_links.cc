@@ -316,20 +316,34 @@ int TcpLinks::TakeDialIn(const std::string& peer, const std::string& key) {
 absl::StatusOr<int> TcpLinks::AwaitDialIn(const std::string& peer, const std::string& key, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   const auto slot = std::make_pair(key, peer);
-  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || dialed_in_.contains(slot); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline) || stop_) {
-    return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
+  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || stop_waiting_ || dialed_in_.contains(slot);
+  };
+  const bool came = mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
+  if (stop_ || stop_waiting_) {
+    return absl::CancelledError(absl::StrCat("host ", host_, " is shutting down; it waited for ", peer,
+                                             " to connect for collectives"));
   }
+  if (!came) return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
   auto it = dialed_in_.find(slot);
   const int fd = it->second;
   dialed_in_.erase(it);
   return fd;
 }
 
+void TcpLinks::StopWaiting() {
+  absl::MutexLock lock(&mu_);
+  stop_waiting_ = true;
+}
+
 absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& key, absl::Time deadline) {
   absl::Status last = absl::DeadlineExceededError("no attempt");
   // A restarted peer republishes a new address: a refused connection looks it up again.
   for (int attempt = 0; absl::Now() < deadline; ++attempt) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_waiting_) return absl::CancelledError(absl::StrCat("host ", host_, " is shutting down"));
+    }
     if (attempt > 0) absl::SleepFor(std::min(absl::Milliseconds(5 * attempt), deadline - absl::Now()));
     std::string address;
     {

@@ -54,6 +54,10 @@ class TcpLinks {
   // descriptor (non-blocking, TCP_NODELAY).
   absl::StatusOr<int> DialStream(const std::string& peer, const std::string& key, absl::Time deadline);
 
+  // The host is going: meshes waiting for peers to connect (or dialing them) stop waiting, now
+  // and from now on (Cancelled). Exchanges on connected meshes end by their own deadlines.
+  void StopWaiting();
+
   // Publishes this host's address in the rendezvous store (again: a restarted store forgot it).
   // Meshes and streams publish on first use; a host that only receives calls this once it can
   // reach the store.
@@ -98,6 +102,7 @@ class TcpLinks {
 
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<PeerMesh>> meshes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);  // peer host -> ip:port
   // Connections dialed in, by (key, peer host), not yet taken by a mesh; a newer one replaces

@@ -77,6 +77,7 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
   auto it = hosts_.find(r.host_id());
   if (it == hosts_.end()) return Beat::kUnknown;
   Host& host = it->second;
+  if (host.address != r.address() || host.incarnation != r.incarnation()) return Beat::kUnknown;  // not its id here
   if (now - host.last_heartbeat > heartbeat_timeout_) return Beat::kExpired;
   host.last_heartbeat = now;
   for (const rpc::DeviceInfo& d : r.devices()) {

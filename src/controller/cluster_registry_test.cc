@@ -1,5 +1,6 @@
 #include "controller/cluster_registry.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pathways {
@@ -109,6 +110,7 @@ TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   ASSERT_TRUE(registry.RegisterWorker(Worker("h:2", 0, 4), t).ok());
   rpc::HeartbeatRequest hb;
   hb.set_host_id(a->host_id());
+  hb.set_address("h:1");
   rpc::DeviceInfo* d = hb.add_devices();
   d->set_local_index(1);
   d->set_busy_micros(300);
@@ -130,6 +132,7 @@ TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   // h:2 comes back after being declared dead: it is not revived.
   rpc::HeartbeatRequest back;
   back.set_host_id(a->host_id() + 1);
+  back.set_address("h:2");
   EXPECT_EQ(registry.Heartbeat(back, later), ClusterRegistry::Beat::kExpired);
   EXPECT_FALSE(registry.Status(later).hosts(1).alive());
 }
@@ -153,6 +156,8 @@ TEST(ClusterRegistryTest, SlicesOnDepartedOrRestartedHostsAreLostAndRemapOntoLiv
   // h:2 stops heartbeating: its slice is lost, with the reason.
   rpc::HeartbeatRequest beat;
   beat.set_host_id(0);
+  beat.set_address("h:1");
+  beat.set_incarnation("first");
   const absl::Time later = t + absl::Seconds(5);
   // h:1 (host 0) is still there.
   ASSERT_EQ(registry.Heartbeat(beat, t + absl::Seconds(2)), ClusterRegistry::Beat::kAlive);
@@ -183,6 +188,33 @@ TEST(ClusterRegistryTest, SlicesOnDepartedOrRestartedHostsAreLostAndRemapOntoLiv
   states = registry.SliceStates("c", restart);
   EXPECT_TRUE(states.slices(0).lost());
   EXPECT_NE(states.slices(0).reason().find("restarted"), std::string::npos);
+}
+
+// Host ids start again in a controller that restarted: a worker that registered first there may
+// hold the id another worker still sends. That one's heartbeats are not taken for the other's
+// (they kept it looking registered while the controller knew nothing of it); it is told to
+// register, and gets an id of its own.
+TEST(ClusterRegistryTest, AHeartbeatUnderAnotherWorkersIdIsToldToRegister) {
+  ClusterRegistry registry(absl::Seconds(3));
+  const absl::Time t = absl::UnixEpoch();
+  rpc::RegisterWorkerRequest first = Worker("h:1", 0, 1);
+  first.set_incarnation("one");
+  auto registered = registry.RegisterWorker(first, t);
+  ASSERT_TRUE(registered.ok());
+  rpc::HeartbeatRequest stale;
+  stale.set_host_id(registered->host_id());  // the id h:2 had under the previous controller
+  stale.set_address("h:2");
+  stale.set_incarnation("two");
+  stale.add_devices()->set_memory_used(12345);
+  EXPECT_EQ(registry.Heartbeat(stale, t + absl::Seconds(1)), ClusterRegistry::Beat::kUnknown);
+  stale.set_address("h:1");  // the right address, another process
+  EXPECT_EQ(registry.Heartbeat(stale, t + absl::Seconds(1)), ClusterRegistry::Beat::kUnknown);
+  EXPECT_EQ(registry.Status(t + absl::Seconds(1)).hosts(0).devices(0).memory_used(), 0);
+  rpc::RegisterWorkerRequest second = Worker("h:2", 0, 1);
+  second.set_incarnation("two");
+  auto own = registry.RegisterWorker(second, t + absl::Seconds(1));
+  ASSERT_TRUE(own.ok());
+  EXPECT_NE(own->host_id(), registered->host_id());
 }
 
 TEST(ClusterRegistryTest, ASecondWorkerCannotTakeOverALiveWorkersAddress) {
@@ -228,6 +260,7 @@ TEST(ClusterRegistryTest, AClientMayUseOnlyTheHostsOfItsSlices) {
   rpc::HeartbeatRequest beat;
   for (int32_t host : {1, 2}) {
     beat.set_host_id(host);
+    beat.set_address(absl::StrCat("h:", host + 1));
     registry.Heartbeat(beat, t + absl::Seconds(2));
     registry.Heartbeat(beat, later);
   }

@@ -165,6 +165,8 @@ void Worker::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(heartbeat_ms_.load()))) {
     rpc::HeartbeatRequest request;
     request.set_host_id(host_id_);
+    request.set_address(address_);
+    request.set_incarnation(incarnation_);
     DescribeDevices(request.mutable_devices());
     auto response = controller_->Heartbeat(request);
     if (!response.ok()) {
