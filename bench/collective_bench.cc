@@ -311,7 +311,8 @@ std::string Ratio(double a, std::optional<double> b) { return b && *b > 0 ? absl
 
 // The paper's Figure 6: the step with a computation of growing duration (a matrix product of
 // side `work`), the single controller's forms against the multi-controller baseline, and per
-// form the shortest step at which the single controller reaches 95% of the baseline's rate.
+// form the first step of the sweep (in the order given) at which the single controller reaches
+// 95% of the baseline's rate.
 int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, const std::vector<int>& work, int repeats) {
   std::printf(
       "Figure 6: a step is a work x work matrix product, then all_reduce(max) of %lld bytes per device and an add. "
@@ -322,7 +323,7 @@ int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, cons
       "| hosts x devices | work | step ms (MC) | OpByOp | Chained | Fused | MC step | MC fused | OpByOp/MC | "
       "Chained/MC | Fused/MC fused |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto [hosts, devices] : configs) {
-    // The shortest multi-controller step (ms) at which each form reached 95%, per config.
+    // The first multi-controller step (ms) of the sweep at which each form reached 95%.
     std::optional<double> cross[3];
     for (int n : work) {
       auto ours = MeasureRuntime(hosts, devices, bytes, repeats, n);

@@ -37,7 +37,7 @@ inline std::string FusedSource(int steps, int work) {
 }
 
 // Steps per run: enough that a run is not all start-up, few enough for large messages and long
-// matrix products (about 2^27 multiply-adds of them per run at most).
+// matrix products (about 2^27 multiply-adds of them per run, and never fewer than 8 steps).
 inline int StepsFor(int64_t bytes, int work = 0) {
   int steps = bytes <= 4096 ? 128 : bytes <= (1 << 20) ? 32 : 8;
   if (work > 0) {

@@ -307,12 +307,12 @@ absl::StatusOr<ShardedArray> Client::Put(const HostArray& data, const VirtualSli
 
 absl::StatusOr<ShardedArray> Client::Put(HostArray&& data, const VirtualSlice& slice, const PartitionSpec& partition) {
   const TensorSpec spec = data.spec();
-  auto whole = std::make_shared<const std::string>(std::move(data.mutable_bytes()));
+  auto whole = std::make_shared<std::string>(std::move(data.mutable_bytes()));
   return PutBytes(spec, whole->data(), whole, slice, partition);
 }
 
 absl::StatusOr<ShardedArray> Client::PutBytes(const TensorSpec& spec, const char* bytes,
-                                              std::shared_ptr<const std::string> whole, const VirtualSlice& slice,
+                                              std::shared_ptr<std::string> whole, const VirtualSlice& slice,
                                               const PartitionSpec& partition) {
   if (!slice.data_ || slice.data_->owner != core_->serial()) {
     return absl::InvalidArgumentError("Put onto a slice that this client did not create");
@@ -332,15 +332,15 @@ absl::StatusOr<ShardedArray> Client::PutBytes(const TensorSpec& spec, const char
     put->mutable_dest()->set_shard(static_cast<int32_t>(s));
     put->set_local_device(dev.local_index);
     *put->mutable_spec() = ToProto(TensorSpec{spec.dtype, sharding.local_shape()});
-    std::shared_ptr<const std::string> shard;
+    std::shared_ptr<std::string> shard;
     if (sharding.local_shape() == spec.shape) {
-      if (whole == nullptr) whole = std::make_shared<const std::string>(bytes, shard_bytes);
+      if (whole == nullptr) whole = std::make_shared<std::string>(bytes, shard_bytes);
       shard = whole;
     } else {
       std::string region_bytes(shard_bytes, '\0');
       CopyRegion(bytes, spec.shape, region.start, region.size, element, region_bytes.data(), sharding.local_shape(),
                  Shape(region.size.size(), 0));
-      shard = std::make_shared<const std::string>(std::move(region_bytes));
+      shard = std::make_shared<std::string>(std::move(region_bytes));
     }
     (*state->produced_at)[dev.host_address] = core_->PushPut(dev.host_address, std::move(op), std::move(shard));  // the last shard's
   }

@@ -262,7 +262,7 @@ class Client {
   // Put's body: `bytes` holds the array of `spec`; `whole`, when set, holds the same bytes, shared
   // by the shards that are the whole array.
   absl::StatusOr<ShardedArray> PutBytes(const TensorSpec& spec, const char* bytes,
-                                        std::shared_ptr<const std::string> whole, const VirtualSlice& slice,
+                                        std::shared_ptr<std::string> whole, const VirtualSlice& slice,
                                         const PartitionSpec& partition);
   absl::StatusOr<std::vector<ShardedArray>> RunChecked(const Program& program, absl::Span<const ShardedArray> args,
                                                        const RunOptions& options);

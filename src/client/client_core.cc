@@ -83,13 +83,14 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
   return q;
 }
 
-SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<const std::string> bytes) {
-  if (bytes->size() < kStagedPutBytes) {
-    *op.mutable_put()->mutable_data() = *bytes;
+SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<std::string> bytes) {
+  if (bytes->size() < kStagedPutBytes || !worker(host)->HasStream()) {
+    // In the op. Bytes no other shard shares are moved there, not copied.
+    *op.mutable_put()->mutable_data() = bytes.use_count() == 1 ? std::move(*bytes) : *bytes;
     return Push(host, std::move(op));
   }
   std::shared_ptr<HostOpQueue> q = queue(host);
-  const SeqRef at{q->session(), q->ReserveSeq()};
+  const SeqRef at{q->session(), q->ReserveForFill()};
   rpc::StageRequest stage;
   stage.set_client_id(id());
   stage.set_credential(credential());

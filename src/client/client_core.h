@@ -91,7 +91,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // host's data stream when it has one, straight into device memory, and the op follows in the
   // client's order without them; smaller ones, and those the stream cannot take, travel in the
   // op through gRPC. Returns the op's place in the client's sequence on the host.
-  SeqRef PushPut(const std::string& host, rpc::Op op, std::shared_ptr<const std::string> bytes);
+  SeqRef PushPut(const std::string& host, rpc::Op op, std::shared_ptr<std::string> bytes);
   static constexpr size_t kStagedPutBytes = 64 << 10;
   // A slice mapping from the controller's placement (a new id each time).
   std::shared_ptr<const SliceMapping> NewMapping(const rpc::AllocateSliceResponse& response);

@@ -77,7 +77,9 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
   auto it = hosts_.find(r.host_id());
   if (it == hosts_.end()) return Beat::kUnknown;
   Host& host = it->second;
-  if (host.address != r.address() || host.incarnation != r.incarnation()) return Beat::kUnknown;  // not its id here
+  if (host.address != r.address()) return Beat::kUnknown;  // the id is another worker's here: register
+  // A newer process took this address meanwhile (this one was silent): this one must leave.
+  if (host.incarnation != r.incarnation()) return Beat::kExpired;
   if (now - host.last_heartbeat > heartbeat_timeout_) return Beat::kExpired;
   host.last_heartbeat = now;
   for (const rpc::DeviceInfo& d : r.devices()) {

@@ -207,8 +207,9 @@ TEST(ClusterRegistryTest, AHeartbeatUnderAnotherWorkersIdIsToldToRegister) {
   stale.set_incarnation("two");
   stale.add_devices()->set_memory_used(12345);
   EXPECT_EQ(registry.Heartbeat(stale, t + absl::Seconds(1)), ClusterRegistry::Beat::kUnknown);
-  stale.set_address("h:1");  // the right address, another process
-  EXPECT_EQ(registry.Heartbeat(stale, t + absl::Seconds(1)), ClusterRegistry::Beat::kUnknown);
+  // The right address from another process: a newer one took the address, so this one leaves.
+  stale.set_address("h:1");
+  EXPECT_EQ(registry.Heartbeat(stale, t + absl::Seconds(1)), ClusterRegistry::Beat::kExpired);
   EXPECT_EQ(registry.Status(t + absl::Seconds(1)).hosts(0).devices(0).memory_used(), 0);
   rpc::RegisterWorkerRequest second = Worker("h:2", 0, 1);
   second.set_incarnation("two");

@@ -34,7 +34,7 @@ DataStreamClient::DataStreamClient(std::string worker, std::string ip, int port,
 
 namespace {
 
-constexpr char kNotSentPayload[] = "pathways.dev/fetch-stream-not-sent";
+constexpr char kNotSentPayload[] = "pathways.dev/data-stream-not-sent";
 
 // `status`, marked as a fetch the worker never served (see WhyNotSent).
 absl::Status NotSentBecause(absl::Status status, DataStreamClient::NotSentReason reason) {
@@ -81,6 +81,13 @@ std::optional<Future<FetchedShards>> DataStreamClient::Fetch(rpc::FetchRequest r
 
 std::optional<Future<Unit>> DataStreamClient::Stage(rpc::StageRequest request,
                                                     std::shared_ptr<const std::string> bytes) {
+  absl::StatusOr<TensorSpec> spec = FromProto(request.spec());
+  absl::StatusOr<int64_t> size = spec.ok() ? ByteSize(spec->dtype, spec->shape) : spec.status();
+  if (!size.ok() || static_cast<uint64_t>(*size) != bytes->size()) {
+    return Future<Unit>::Ready(absl::InvalidArgumentError(
+        absl::StrCat("stage of ", bytes->size(), " bytes for a spec of ",
+                     size.ok() ? absl::StrCat(*size, " bytes") : std::string(size.status().message()))));
+  }
   Request r;
   *r.message.mutable_stage() = std::move(request);
   r.payload = std::move(bytes);
@@ -278,7 +285,7 @@ absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r,
     // Named as the gRPC path names it, so errors read the same whichever way a fetch went.
     const int code = header.code();
     absl::Status refused(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
-                         absl::StrCat("Fetch on worker ", worker_, ": ", header.message()));
+                         absl::StrCat(stage ? "Stage" : "Fetch", " on worker ", worker_, ": ", header.message()));
     return header.not_served() ? NotSentBecause(refused, NotSentReason::kBusy) : refused;
   }
   auto response = std::make_shared<rpc::FetchResponse>();

@@ -17,8 +17,8 @@
 //     serialized rpc::StreamHeader, then, when its code is OK and the request was not status
 //     only, every shard's bytes in the header's order;
 //   worker, per stage request, once it has every byte: kStreamHeader, u32 n, rpc::StreamHeader.
-//     One it refuses before the bytes (a bad device or spec, no memory) is answered at once, and
-//     the connection closes.
+//     One it refuses before the bytes (a bad device or spec, no memory) is answered at once and
+//     the connection closed; a client still sending then mostly sees the connection reset.
 // Streams are not encrypted: with TLS on, workers offer none and clients use gRPC.
 #pragma once
 
@@ -67,7 +67,7 @@ class DataStreamClient {
 
   // `worker` names the worker in errors; `ip` and `port` are where its stream listens.
   DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing = {});
-  ~DataStreamClient();  // fails requests in flight (Cancelled), joins the threads
+  ~DataStreamClient();  // fails requests in flight (their sockets are shut down), joins the threads
   DataStreamClient(const DataStreamClient&) = delete;
   DataStreamClient& operator=(const DataStreamClient&) = delete;
 

@@ -112,6 +112,25 @@ TEST_F(HostOpQueueTest, ARefusedBatchFailsEveryLaterFlush) {
   EXPECT_EQ(queue->Flushed().AwaitFor(absl::Seconds(30)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A number reserved for an op the queue sends later (a put whose bytes go ahead over a data
+// stream) holds Flushed() until the op is filled in and accepted, and a refusal of it reaches
+// whoever waits: a fetch waiting on the host for that number would otherwise wait for good.
+TEST_F(HostOpQueueTest, AFlushWaitsForNumbersReservedForFillingAndReportsTheirRefusal) {
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), NewClientIdentity());
+  queue->Push(Free(1));
+  const int64_t reserved = queue->ReserveForFill();
+  Future<Unit> flushed = queue->Flushed();
+  EXPECT_FALSE(flushed.AwaitFor(absl::Milliseconds(300)).ok());  // not before the fill
+  queue->FillReserved(reserved, Free(2));
+  ASSERT_TRUE(flushed.AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_EQ(worker_.order(), (std::vector<int64_t>{1, 2}));
+  const int64_t refused = queue->ReserveForFill();
+  Future<Unit> after = queue->Flushed();
+  worker_.Refuse();
+  queue->FillReserved(refused, Free(3));
+  EXPECT_EQ(after.AwaitFor(absl::Seconds(30)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HostOpQueueUnreachableTest, AMissingHostIsReportedNotAwaitedForever) {
   // Port 1 on loopback: nothing listens there.
   auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get("127.0.0.1:1"), NewClientIdentity());

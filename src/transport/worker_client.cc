@@ -217,10 +217,37 @@ int64_t HostOpQueue::ReserveSeq() {
   return ++seq_;
 }
 
+int64_t HostOpQueue::ReserveForFill() {
+  absl::MutexLock lock(&mu_);
+  unfilled_.try_emplace(++seq_);
+  return seq_;
+}
+
 void HostOpQueue::FillReserved(int64_t seq, rpc::Op op) {
   op.set_seq(seq);
   op.set_session(session_);
-  queue_->Push(std::move(op));
+  Promise<Unit> filled;
+  {
+    absl::MutexLock lock(&mu_);
+    queue_->Push(std::move(op));
+    if (auto it = unfilled_.find(seq); it != unfilled_.end()) {
+      filled = std::move(it->second);
+      unfilled_.erase(it);
+    }
+  }
+  if (filled.valid()) {
+    queue_->Flushed().OnReady([filled = std::move(filled)](const absl::StatusOr<Unit>& r) mutable { filled.Set(r); });
+  }
+}
+
+Future<Unit> HostOpQueue::Flushed() {
+  std::vector<Future<Unit>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    all.push_back(queue_->Flushed());
+    for (const auto& [seq, promise] : unfilled_) all.push_back(promise.future());
+  }
+  return all.size() == 1 ? all[0] : AllDone(all);
 }
 
 void HostOpQueue::SkipReserved(int64_t seq) {

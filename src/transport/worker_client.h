@@ -37,6 +37,9 @@ class WorkerClient {
   // worker's data stream (transport/data_stream.h) once the worker said where it is (the first
   // fetch asks, and goes through gRPC), else through gRPC. At most `max_bytes` of shard data.
   Future<FetchedShards> Fetch(const rpc::FetchRequest& request, uint64_t max_bytes);
+  // Whether a data stream to the worker is known and usable now (asks the worker where it is
+  // when none is known, without waiting).
+  bool HasStream() { return stream() != nullptr; }
   // Sends a put's bytes ahead over the worker's data stream, where they wait for the put op that
   // names them. Complete once the worker holds them; fails when there is no stream (none known
   // yet, TLS), every connection is busy, or the stream failed: the caller then sends the bytes
@@ -95,7 +98,10 @@ class HostOpQueue {
   int64_t Push(rpc::Op op);
   // A sequence number for an op that reaches the host another way (through the scheduler).
   int64_t ReserveSeq();
-  // Sends `op` at a reserved number (a put whose bytes went ahead another way).
+  // A sequence number for an op this queue sends later (a put whose bytes go ahead over a data
+  // stream), with FillReserved: Flushed() waits for it meanwhile.
+  int64_t ReserveForFill();
+  // Sends `op` at a number from ReserveForFill (or ReserveSeq).
   void FillReserved(int64_t seq, rpc::Op op);
   // Fills a reserved number whose op will never arrive (the scheduler refused it) with an op
   // that does nothing, so the host does not wait for it.
@@ -107,9 +113,10 @@ class HostOpQueue {
   // Delivery stopped (the host refused a batch or could not be reached): the client replaces the
   // queue, and with it the session, so a host that restarted is usable again.
   bool failed() { return queue_->failed(); }
-  // Completes when every op pushed so far has been accepted by the host (not reserved ones), or
-  // with the error that stopped delivery (after which every later op fails too).
-  Future<Unit> Flushed() { return queue_->Flushed(); }
+  // Completes when every op pushed so far, and every one reserved with ReserveForFill, has been
+  // accepted by the host (not those reserved for the scheduler), or with the error that stopped
+  // delivery (after which every later op fails too).
+  Future<Unit> Flushed();
   const std::string& address() const { return worker_->address(); }
 
  private:
@@ -118,6 +125,8 @@ class HostOpQueue {
   const int64_t session_;
   absl::Mutex mu_;  // orders numbering with pushing
   int64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Numbers from ReserveForFill not filled yet: each completes once its op is accepted.
+  absl::flat_hash_map<int64_t, Promise<Unit>> unfilled_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

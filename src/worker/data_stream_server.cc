@@ -248,8 +248,9 @@ void DataStreamServer::Serve(Connection* c) {
     if (!s.ok()) break;
     rpc::StreamRequest request;
     if (!request.ParseFromString(body) || request.kind_case() == rpc::StreamRequest::KIND_NOT_SET) {
-      s = SendStatus(fd, absl::InvalidArgumentError("a data stream request that does not parse"));
-      continue;
+      // Bytes may follow it (a stage request's): the stream is at an unknown place, so it closes.
+      (void)SendStatus(fd, absl::InvalidArgumentError("a data stream request that does not parse"));
+      break;
     }
     if (request.has_stage()) {
       // Its bytes follow: a refused one leaves the stream at an unknown place, so it closes.

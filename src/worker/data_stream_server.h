@@ -5,7 +5,8 @@
 // the token (the tenants' or the cluster's, as the worker's gRPC calls are), each request by the
 // credential of the client it names. A connection gets its thread once its hello is in: until
 // then it waits in the acceptor's poll set, so silent connections hold descriptors, not threads.
-// Bounded: at most kMaxConnections served (more are closed at once), kMaxGreeting waiting for
+// Bounded: at most kMaxConnections served (more are turned away at once, told they were not
+// served), kMaxGreeting waiting for
 // their hellos, each within the connect bound, requests of at most kMaxStreamRequestBytes, idle
 // connections closed after kIdle; staged bytes are device memory, charged as any buffer.
 #pragma once
