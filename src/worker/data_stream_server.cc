@@ -26,6 +26,14 @@ std::string HeaderFrame(const rpc::StreamHeader& header) {
   return absl::StrCat(std::string(1, kStreamHeader), EncodeStreamU32(static_cast<uint32_t>(body.size())), body);
 }
 
+// A header that carries `status` (and nothing else yet).
+rpc::StreamHeader StatusHeader(const absl::Status& status) {
+  rpc::StreamHeader header;
+  header.set_code(static_cast<int>(status.code()));
+  header.set_message(std::string(status.message()));
+  return header;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const std::string& ip, std::string token,
@@ -206,9 +214,7 @@ void DataStreamServer::Admit(int fd) {
 // read first if it came, so the close does not reset the answer away; a client that sees a reset
 // anyway also takes gRPC).
 void DataStreamServer::TurnAway(int fd, const absl::Status& why, bool not_served) {
-  rpc::StreamHeader header;
-  header.set_code(static_cast<int>(why.code()));
-  header.set_message(std::string(why.message()));
+  rpc::StreamHeader header = StatusHeader(why);
   header.set_not_served(not_served);
   std::string frame = HeaderFrame(header);
   (void)!send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -219,10 +225,7 @@ void DataStreamServer::TurnAway(int fd, const absl::Status& why, bool not_served
 }
 
 absl::Status DataStreamServer::SendStatus(int fd, const absl::Status& why) {
-  rpc::StreamHeader header;
-  header.set_code(static_cast<int>(why.code()));
-  header.set_message(std::string(why.message()));
-  std::string frame = HeaderFrame(header);
+  std::string frame = HeaderFrame(StatusHeader(why));
   return TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence, "refusal");
 }
 
@@ -284,8 +287,7 @@ absl::Status DataStreamServer::AnswerStage(int fd, const rpc::StageRequest& requ
     absl::MutexLock lock(&mu_);
     ++answered_;
   }
-  if (!kept.ok()) return SendStatus(fd, kept);
-  return SendStatus(fd, absl::OkStatus());
+  return SendStatus(fd, kept);  // OK, or why the bytes are not kept
 }
 
 absl::Status DataStreamServer::AnswerFetch(int fd, const rpc::FetchRequest& request) {
@@ -300,11 +302,8 @@ absl::Status DataStreamServer::AnswerFetch(int fd, const rpc::FetchRequest& requ
     PW_RETURN_IF_ERROR(TransferAll(fd, const_cast<char*>(&waiting), 1, true, absl::Now() + timing_.silence, "keepalive"));
   }
   const absl::StatusOr<std::vector<BufferPtr>>& r = buffers.Await();
-  rpc::StreamHeader header;
-  if (!r.ok()) {
-    header.set_code(static_cast<int>(r.status().code()));
-    header.set_message(std::string(r.status().message()));
-  } else if (!request.status_only()) {
+  rpc::StreamHeader header = StatusHeader(r.status());
+  if (r.ok() && !request.status_only()) {
     for (size_t i = 0; i < r->size(); ++i) {
       rpc::ShardData* d = header.add_shards();
       d->set_shard(request.shards(static_cast<int>(i)));

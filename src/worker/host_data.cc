@@ -19,26 +19,24 @@ constexpr absl::Duration kStagedMemoryWait = absl::Seconds(1);
 
 }  // namespace
 
+absl::Status HostRuntime::CheckNotCollectedLocked(const std::string& client) const {
+  if (!collected_.contains(client)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("client ", client, " went away"));
+}
+
 absl::StatusOr<BufferPtr> HostRuntime::LandStaged(const rpc::StageRequest& request) {
   {
     absl::MutexLock lock(&programs_mu_);
-    if (collected_.contains(request.client_id())) {
-      return absl::FailedPreconditionError(absl::StrCat("client ", request.client_id(), " went away"));
-    }
+    PW_RETURN_IF_ERROR(CheckNotCollectedLocked(request.client_id()));
   }
-  if (request.local_device() < 0 || request.local_device() >= num_devices()) {
-    return absl::InvalidArgumentError(absl::StrCat("device ", request.local_device(), " does not exist on ", name(),
-                                                   " (", num_devices(), " devices)"));
-  }
+  PW_RETURN_IF_ERROR(CheckDevice(request.local_device()));
   PW_ASSIGN_OR_RETURN(TensorSpec spec, FromProto(request.spec()));
   return devices_[request.local_device()]->Allocate(spec.dtype, spec.shape, kStagedMemoryWait);
 }
 
 absl::Status HostRuntime::KeepStaged(const rpc::StageRequest& request, BufferPtr buffer) {
   absl::MutexLock lock(&programs_mu_);
-  if (collected_.contains(request.client_id())) {
-    return absl::FailedPreconditionError(absl::StrCat("client ", request.client_id(), " went away"));
-  }
+  PW_RETURN_IF_ERROR(CheckNotCollectedLocked(request.client_id()));
   staged_[request.client_id()][{request.dest().array_id(), request.dest().shard()}] = std::move(buffer);
   return absl::OkStatus();
 }

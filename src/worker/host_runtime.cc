@@ -97,6 +97,12 @@ absl::StatusOr<std::string> HostRuntime::Compile(const rpc::FunctionBodyProto& p
   return FunctionKey(body);
 }
 
+absl::Status HostRuntime::CheckDevice(int device) const {
+  if (device >= 0 && device < num_devices()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("device ", device, " does not exist on ", name(), " (", num_devices(), " devices)"));
+}
+
 absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
   switch (op.kind_case()) {
     case rpc::Op::kRegisterProgram:
@@ -106,10 +112,7 @@ absl::Status HostRuntime::ValidateOp(const rpc::Op& op) const {
     case rpc::Op::kSkip:
       return absl::OkStatus();
     case rpc::Op::kPut:
-      if (op.put().local_device() < 0 || op.put().local_device() >= num_devices()) {
-        return absl::InvalidArgumentError(absl::StrCat("device ", op.put().local_device(), " does not exist on ",
-                                                       name(), " (", num_devices(), " devices)"));
-      }
+      PW_RETURN_IF_ERROR(CheckDevice(op.put().local_device()));
       if (op.put().staged() && !op.put().data().empty()) {
         return absl::InvalidArgumentError("a staged put carries bytes of its own");
       }

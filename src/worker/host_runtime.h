@@ -131,6 +131,10 @@ class HostRuntime {
 
  private:
   absl::Status ValidateOp(const rpc::Op& op) const;
+  // InvalidArgument naming the device when this host has no device `device`.
+  absl::Status CheckDevice(int device) const;
+  // FailedPrecondition when `client` was collected here (it went away).
+  absl::Status CheckNotCollectedLocked(const std::string& client) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(programs_mu_);
   void ApplyOp(const std::string& client, const rpc::Op& op);
   absl::Status RegisterProgram(const std::string& client, const rpc::ProgramProto& proto);
   absl::Status RunProgram(const std::string& client, const rpc::RunProgramOp& op);
