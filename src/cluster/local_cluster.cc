@@ -23,6 +23,7 @@ absl::StatusOr<int> LocalCluster::AddWorker(int island) {
   w.controller_address = controller_->address();
   w.island = island;
   w.num_devices = options_.devices_per_host;
+  w.backend = options_.backend;
   w.device_memory_bytes = options_.device_memory_bytes;
   w.collective_timeout = options_.collective_timeout;
   w.memory_wait = options_.memory_wait;

@@ -26,6 +26,8 @@ struct LocalClusterOptions {
   std::vector<std::string> data_directories;
   // Where compiled functions keep checkpoint shards (WorkerOptions::checkpoint_directory).
   std::string checkpoint_directory;
+  // cpu devices, or simulated ones with modelled kernels (compute/device_backend.h).
+  DeviceBackend backend;
 };
 
 // Not copyable. The destructor stops the workers, then the controller.

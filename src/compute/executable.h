@@ -2,6 +2,7 @@
 // Only this layer's .cc files include torch headers; everything here is backend-neutral.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,10 +31,16 @@ class Executable {
 // Names of the built-in C++ kernels, for error messages and `pathways status`.
 std::vector<std::string> BuiltinKernelNames();
 
+// Turns a body into an executable for one kind of device.
+using Compiler = std::function<absl::StatusOr<std::shared_ptr<const Executable>>(const FunctionBody&)>;
+
+// Compiles bodies to libtorch on CPU devices: built-in kernels and TorchScript.
+absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body);
+
 // Compiles bodies once per content hash and keeps the results. Thread-safe.
 class FunctionCache {
  public:
-  FunctionCache();
+  explicit FunctionCache(Compiler compiler = CompileForCpu);
   // Compiles `body` unless a body with the same key is cached. Errors name the function, and for
   // TorchScript include the compiler's message with the offending line.
   absl::StatusOr<std::shared_ptr<const Executable>> Compile(const FunctionBody& body);
@@ -42,6 +49,7 @@ class FunctionCache {
   size_t size() const;
 
  private:
+  const Compiler compiler_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Executable>> cache_ ABSL_GUARDED_BY(mu_);
 };

@@ -341,7 +341,9 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
   return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn);
 }
 
-absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody& body) {
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body) {
   PW_RETURN_IF_ERROR(ValidateFunctionBody(body));
   FunctionBody primal_body = body;
   primal_body.gradient.reset();
@@ -350,22 +352,20 @@ absl::StatusOr<std::shared_ptr<const Executable>> CompileBody(const FunctionBody
   return std::make_shared<VjpExecutable>(absl::StrCat("vjp(", body.name, ")"), std::move(primal), *body.gradient);
 }
 
-}  // namespace
-
 std::vector<std::string> BuiltinKernelNames() {
   std::vector<std::string> names;
   for (const auto& [name, kernel] : BuiltinKernels()) names.push_back(name);
   return names;
 }
 
-FunctionCache::FunctionCache() = default;
+FunctionCache::FunctionCache(Compiler compiler) : compiler_(std::move(compiler)) {}
 
 absl::StatusOr<std::shared_ptr<const Executable>> FunctionCache::Compile(const FunctionBody& body) {
   std::string key = FunctionKey(body);
   if (auto cached = Lookup(key)) return cached;
   // Compiled outside the lock: TorchScript compilation takes milliseconds. Two racing compiles
   // of one body both succeed and the first stored wins.
-  auto compiled = CompileBody(body);
+  auto compiled = compiler_(body);
   if (!compiled.ok()) return compiled.status();
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = cache_.emplace(key, *compiled);

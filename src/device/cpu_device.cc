@@ -86,11 +86,16 @@ DeviceBuffer::~DeviceBuffer() {
 
 CpuDevice::CpuDevice(int local_index, int64_t memory_capacity_bytes, std::string host_name,
                      absl::Duration kernel_memory_wait)
+    : CpuDevice("cpu", local_index, memory_capacity_bytes, std::move(host_name), kernel_memory_wait) {}
+
+CpuDevice::CpuDevice(std::string kind, int local_index, int64_t memory_capacity_bytes, std::string host_name,
+                     absl::Duration kernel_memory_wait)
     : local_index_(local_index),
-      name_(absl::StrCat(host_name, "/cpu:", local_index)),
+      kind_(std::move(kind)),
+      name_(absl::StrCat(host_name, "/", kind_, ":", local_index)),
       budget_(std::make_shared<MemoryBudget>(name_, memory_capacity_bytes, kernel_memory_wait)) {
   stream_ = std::thread([this] {
-    std::string thread_name = absl::StrCat("cpu-dev-", local_index_);
+    std::string thread_name = absl::StrCat(kind_, "-dev-", local_index_);
     pthread_setname_np(pthread_self(), thread_name.c_str());
     StreamLoop();
   });

@@ -20,7 +20,7 @@ class CpuDevice : public Device {
   ~CpuDevice() override;
 
   int local_index() const override { return local_index_; }
-  std::string kind() const override { return "cpu"; }
+  std::string kind() const override { return kind_; }
   std::string name() const override { return name_; }
   void ResetMemoryPeak() override { budget_->ResetPeak(); }
   absl::StatusOr<BufferPtr> Allocate(DType dtype, const Shape& shape,
@@ -35,10 +35,16 @@ class CpuDevice : public Device {
   }
   void Shutdown() override;
 
+ protected:
+  // For devices that are streams like this one under another kind's name.
+  CpuDevice(std::string kind, int local_index, int64_t memory_capacity_bytes, std::string host_name,
+            absl::Duration kernel_memory_wait);
+
  private:
   void StreamLoop();
 
   const int local_index_;
+  const std::string kind_;
   const std::string name_;
   std::shared_ptr<MemoryBudget> budget_;
   mutable absl::Mutex mu_;

@@ -8,14 +8,19 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/controller.h"
+#include "core/logging.h"
 #include "core/process.h"
 #include "core/status_macros.h"
 #include "tools/demo.h"
@@ -39,6 +44,8 @@ constexpr char kUsage[] =
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
     "         [--data-dir DIR] [--checkpoint-dir DIR]  (where compiled functions may read training data\n"
     "         and keep checkpoint shards; neither by default) [--max-connections N]\n"
+    "         [--device-kind cpu|sim] [--sim-cost-us NAME=US,...,*=US] (simulated devices: kernels take\n"
+    "         modelled durations, default 100 us) [--hosts N] (hosts in this process; --listen port 0)\n"
     "  status --controller HOST:PORT [--token T]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
@@ -194,6 +201,12 @@ absl::Status RunWorker(const Flags& flags) {
     return absl::InvalidArgumentError(absl::StrCat("--dcn-gbps must be a number from 0 (unlimited) to 1e6, got '",
                                                    gbps, "'"));
   }
+  PW_ASSIGN_OR_RETURN(options.backend, DeviceBackend::Create(flags.Get("device-kind", "cpu"), flags.Get("sim-cost-us")));
+  PW_ASSIGN_OR_RETURN(int64_t hosts, flags.GetInt("hosts", 1));
+  if (hosts < 1 || hosts > 4096) return absl::InvalidArgumentError("--hosts must be between 1 and 4096");
+  if (hosts > 1 && !absl::EndsWith(options.listen_address, ":0")) {
+    return absl::InvalidArgumentError("--hosts above 1 needs a --listen address with port 0 (each host takes its own)");
+  }
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
   SetCallToken(options.cluster_token);  // its own calls to the controller and to other workers
@@ -207,10 +220,23 @@ absl::Status RunWorker(const Flags& flags) {
     }
     StopWaiting();
   };
-  Worker worker(options);
-  PW_RETURN_IF_ERROR(worker.Start());
-  std::printf("worker %s serving %d devices for island %d, host %d\n", worker.address().c_str(),
-              options.num_devices, options.island, worker.host_id());
+  // Several hosts in one process (for scale runs on simulated devices): each has its own server,
+  // port and registration; the process exits once every one of them was told to leave.
+  static std::atomic<int64_t> hosts_left{0};
+  options.on_left = [hosts, on_left = options.on_left](const absl::Status& why) {
+    if (hosts_left.fetch_add(1) + 1 < hosts) {
+      PW_LOG(Warning) << "a host of this worker process left: " << why;
+      return;
+    }
+    on_left(why);
+  };
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int64_t h = 0; h < hosts; ++h) {
+    workers.push_back(std::make_unique<Worker>(options));
+    PW_RETURN_IF_ERROR(workers.back()->Start());
+    std::printf("worker %s serving %d %s devices for island %d, host %d\n", workers.back()->address().c_str(),
+                options.num_devices, options.backend.kind.c_str(), options.island, workers.back()->host_id());
+  }
   std::fflush(stdout);
   WaitForTerminationSignal();
   absl::MutexLock lock(&left_mu);
@@ -280,7 +306,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},

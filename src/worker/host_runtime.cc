@@ -9,7 +9,6 @@
 #include "collective/tcp_links.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
-#include "device/cpu_device.h"
 #include "dataflow/graph.h"
 #include "transport/rpc_util.h"
 #include "worker/input_assembly.h"
@@ -38,6 +37,7 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       dcn_(options_.dcn.enabled() ? std::make_shared<DcnEmulation>(options_.island, options_.dcn) : nullptr),
       links_(LinksFor(options_, dcn_.get())),
       collectives_(options_.name, links_, options_.collective_timeout),
+      functions_(options_.backend.compiler()),
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),
       dcn_transport_(dcn_ != nullptr ? std::make_unique<dataflow::DcnTransport>(dataflow_transport_, *dcn_) : nullptr),
@@ -47,7 +47,7 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
                 [this](std::vector<rpc::ScheduledOp> ops) { return ApplyScheduled(std::move(ops)); }}) {
   ConfigureComputeThreads(options_.intra_op_threads);
   for (int i = 0; i < options_.num_devices; ++i) {
-    devices_.push_back(std::make_unique<CpuDevice>(i, options_.device_memory_bytes, options_.name, options_.memory_wait));
+    devices_.push_back(options_.backend.MakeDevice(i, options_.device_memory_bytes, options_.name, options_.memory_wait));
   }
   if (links_ != nullptr) {
     blocks_ = std::make_unique<collective::BlockStreams>(

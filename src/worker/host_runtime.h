@@ -12,6 +12,7 @@
 #include "collective/block_streams.h"
 #include "collective/collective.h"
 #include "absl/container/flat_hash_set.h"
+#include "compute/device_backend.h"
 #include "compute/executable.h"
 #include "core/executor.h"
 #include "device/device.h"
@@ -63,6 +64,8 @@ struct HostRuntimeOptions {
   // What this host proves to others when it connects for collectives and blocks (the cluster
   // token; see transport/auth.h): hosts that do not share it cannot connect.
   std::string cluster_token;
+  // What the devices are and how bodies compile for them (cpu, or simulated for scale runs).
+  DeviceBackend backend;
 };
 
 // Applies each client's ops in its order, and scheduled runs in their island's order (see

@@ -76,6 +76,7 @@ absl::Status Worker::Start() {
   runtime_options.island = options_.island;
   runtime_options.dcn = options_.dcn;
   runtime_options.cluster_token = cluster_token;
+  runtime_options.backend = options_.backend;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   if (!TlsConfigured()) {
     // Without one (the stream listens on numeric addresses only), clients put and fetch through

@@ -23,6 +23,9 @@ struct WorkerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: pick a free port
   int island = 0;
   int num_devices = 4;
+  // The devices' kind: cpu, or simulated devices whose kernels take modelled durations
+  // (compute/device_backend.h).
+  DeviceBackend backend;
   int64_t device_memory_bytes = int64_t{1} << 30;
   int intra_op_threads = 1;
   // How long a collective waits for its group before it fails its run.

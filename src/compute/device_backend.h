@@ -1,0 +1,32 @@
+// The kinds of device a host can have, and how bodies are compiled for each: the one place that
+// knows them, so the host runtime, the worker and everything above them treat every kind alike.
+// A CUDA device would be a third kind here, with its own device class and compiler.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "compute/executable.h"
+#include "compute/modelled_executable.h"
+#include "device/device.h"
+
+namespace pathways {
+
+// Immutable once made; copies share the cost model.
+struct DeviceBackend {
+  // "cpu": libtorch kernels on CpuDevice streams. "sim": SimulatedDevice streams whose kernels
+  // take the durations `costs` gives (compute/modelled_executable.h).
+  std::string kind = "cpu";
+  std::shared_ptr<const CostModel> costs;
+
+  // Checks the kind and, for "sim", parses `cost_text` (ParseCostModel's form). InvalidArgument
+  // naming the kinds there are, or the bad cost entry; costs given for "cpu" are an error too.
+  static absl::StatusOr<DeviceBackend> Create(const std::string& kind, const std::string& cost_text = "");
+
+  std::unique_ptr<Device> MakeDevice(int local_index, int64_t memory_bytes, const std::string& host_name,
+                                     absl::Duration kernel_memory_wait) const;
+  Compiler compiler() const;
+};
+
+}  // namespace pathways

@@ -1,0 +1,149 @@
+#include "compute/modelled_executable.h"
+
+#include <sys/prctl.h>
+#include <time.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "collective/collective.h"
+#include "core/status_macros.h"
+
+namespace pathways {
+namespace {
+
+constexpr const char* kCollectives[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
+
+// The mesh axes the body's rendezvous spans, or nullopt when the body calls no collective.
+// Built-in collectives are named "kernel@axes" (no '@': every axis); TorchScript calls them as
+// `pathways.<collective>`, over axes this does not parse, so its shards meet over every axis: at
+// least as strict as what the body would do.
+std::optional<std::string> RendezvousAxes(const FunctionBody& body) {
+  if (body.kind == FunctionBody::Kind::kBuiltin) {
+    const size_t at = body.name.find('@');
+    const absl::string_view kernel = absl::string_view(body.name).substr(0, at);
+    for (const char* c : kCollectives) {
+      if (absl::StartsWith(kernel, c)) return at == std::string::npos ? "" : body.name.substr(at + 1);
+    }
+    return std::nullopt;
+  }
+  for (const char* c : kCollectives) {
+    if (body.source.find(absl::StrCat("pathways.", c)) != std::string::npos) return "";
+  }
+  return std::nullopt;
+}
+
+// Keeps the calling thread asleep for `cost`, against an absolute deadline and with the thread's
+// timer slack at 1 us: the default 50 us slack alone would make a modelled 1 ms kernel 5% long.
+void SleepTight(absl::Duration cost) {
+  thread_local bool slack_set = false;
+  if (!slack_set) {
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL);  // best effort: without it kernels run a little long
+    slack_set = true;
+  }
+  timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  const int64_t nanos = absl::ToInt64Nanoseconds(cost) + deadline.tv_nsec;
+  deadline.tv_sec += static_cast<time_t>(nanos / 1'000'000'000);
+  deadline.tv_nsec = static_cast<long>(nanos % 1'000'000'000);
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) == EINTR) {
+  }
+}
+
+class ModelledExecutable final : public Executable {
+ public:
+  ModelledExecutable(std::string name, absl::Duration cost, std::optional<std::string> rendezvous_axes)
+      : name_(std::move(name)), cost_(cost), rendezvous_axes_(std::move(rendezvous_axes)) {}
+  const std::string& name() const override { return name_; }
+
+  absl::Status Run(absl::Span<const DeviceBuffer* const> /*inputs*/,
+                   absl::Span<DeviceBuffer* const> outputs) const override {
+    if (cost_ > absl::ZeroDuration()) SleepTight(cost_);
+    if (rendezvous_axes_.has_value()) PW_RETURN_IF_ERROR(MeetGang(*rendezvous_axes_));
+    for (DeviceBuffer* out : outputs) std::memset(out->data(), 0, static_cast<size_t>(out->byte_size()));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status MeetGang(const std::string& axes) const {
+    collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+    if (shard == nullptr) return absl::OkStatus();  // run outside a gang: nobody to meet
+    auto size = shard->GroupSize(axes);
+    if (!size.ok()) {
+      return absl::Status(size.status().code(), absl::StrCat("function '", name_, "': ", size.status().message()));
+    }
+    if (*size <= 1) return absl::OkStatus();
+    const float one = 1;
+    float sum = 0;
+    collective::CollectiveCall call;
+    call.count = 1;
+    call.in = reinterpret_cast<const char*>(&one);
+    call.out = reinterpret_cast<char*>(&sum);
+    absl::Status met = shard->Run(axes, call);
+    if (!met.ok()) {
+      return absl::Status(met.code(), absl::StrCat("function '", name_, "' failed in a collective: ", met.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string name_;
+  const absl::Duration cost_;
+  const std::optional<std::string> rendezvous_axes_;
+};
+
+}  // namespace
+
+absl::Duration CostModel::CostOf(const std::string& display_name) const {
+  if (auto it = by_function.find(display_name); it != by_function.end()) return it->second;
+  if (const size_t at = display_name.find('@'); at != std::string::npos) {
+    if (auto it = by_function.find(display_name.substr(0, at)); it != by_function.end()) return it->second;
+  }
+  return default_cost;
+}
+
+absl::StatusOr<CostModel> ParseCostModel(const std::string& text) {
+  CostModel model;
+  if (text.empty()) return model;
+  // An hour bounds a modelled kernel: longer is a typo (a device would sit on it that long).
+  constexpr int64_t kMaxMicros = int64_t{3600} * 1000 * 1000;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    const size_t eq = entry.rfind('=');
+    int64_t micros = -1;
+    if (eq == absl::string_view::npos || eq == 0 || !absl::SimpleAtoi(entry.substr(eq + 1), &micros) || micros < 0 ||
+        micros > kMaxMicros) {
+      return absl::InvalidArgumentError(absl::StrCat("modelled cost '", entry,
+                                                     "' is not NAME=MICROSECONDS (0 to 3600000000; NAME * for "
+                                                     "every other function)"));
+    }
+    const std::string name(entry.substr(0, eq));
+    if (name == "*") {
+      model.default_cost = absl::Microseconds(micros);
+    } else {
+      model.by_function[name] = absl::Microseconds(micros);
+    }
+  }
+  return model;
+}
+
+absl::StatusOr<std::shared_ptr<const Executable>> CompileModelled(const FunctionBody& body,
+                                                                  std::shared_ptr<const CostModel> costs) {
+  PW_RETURN_IF_ERROR(ValidateFunctionBody(body));
+  if (body.kind == FunctionBody::Kind::kBuiltin) {
+    const std::vector<std::string> known = BuiltinKernelNames();
+    const std::string kernel = body.name.substr(0, body.name.find('@'));
+    if (std::find(known.begin(), known.end(), kernel) == known.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("unknown built-in kernel '", kernel, "'; known: ", absl::StrJoin(known, ", ")));
+    }
+  }
+  const std::string name = body.DisplayName();
+  return std::make_shared<ModelledExecutable>(name, costs->CostOf(name), RendezvousAxes(body));
+}
+
+}  // namespace pathways
