@@ -3,8 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
+
+#include "tools/flags.h"
 
 namespace pathways::bench {
 
@@ -20,6 +25,16 @@ inline double Seconds(const std::function<void()>& body) {
   const auto start = std::chrono::steady_clock::now();
   body();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The integer flag `name` (or `fallback`), which must be at least `min`: a benchmark given a bad
+// one says which and exits with status 2.
+inline int64_t IntFlagOrExit(const Flags& flags, const std::string& name, int64_t fallback, int64_t min = 1) {
+  absl::StatusOr<int64_t> value = flags.GetInt(name, fallback);
+  if (value.ok() && *value >= min) return *value;
+  std::fprintf(stderr, "--%s: %s\n", name.c_str(),
+               value.ok() ? ("must be at least " + std::to_string(min)).c_str() : value.status().ToString().c_str());
+  std::exit(2);
 }
 
 }  // namespace pathways::bench

@@ -71,7 +71,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
   }
-  const int repeats = static_cast<int>(*flags->GetInt("repeats", 5));
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 5));
   std::vector<int64_t> sizes;
   for (absl::string_view s : absl::StrSplit(flags->Get("sizes", "1MiB,16MiB,64MiB"), ',')) {
     auto bytes = ParseBytes(std::string(s));

@@ -360,7 +360,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
   }
-  const int repeats = static_cast<int>(*flags->GetInt("repeats", 3));
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
   std::vector<std::pair<int, int>> configs;
   for (absl::string_view c : absl::StrSplit(flags->Get("configs", "2x1,4x1,8x1,4x4,1x4"), ',')) {
     std::vector<std::string> hd = absl::StrSplit(c, 'x');

@@ -204,9 +204,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
   }
-  const int repeats = static_cast<int>(*flags->GetInt("repeats", 5));
-  const int max_hosts = static_cast<int>(*flags->GetInt("max-hosts", 8));
-  const int max_stages = static_cast<int>(*flags->GetInt("max-stages", 16));
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 5));
+  const int max_hosts = static_cast<int>(bench::IntFlagOrExit(*flags, "max-hosts", 8));
+  const int max_stages = static_cast<int>(bench::IntFlagOrExit(*flags, "max-stages", 16));
   if (repeats < 1 || max_hosts < 1 || max_hosts > 64 || max_stages < 1 || max_stages > 64) {
     std::fprintf(stderr, "need --repeats >= 1, 1 <= --max-hosts <= 64, 1 <= --max-stages <= 64\n");
     return 2;

@@ -211,9 +211,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
   }
-  const double seconds = static_cast<double>(*flags->GetInt("seconds", 2));
-  const int repeats = static_cast<int>(*flags->GetInt("repeats", 3));
-  const int max_clients = static_cast<int>(*flags->GetInt("max-clients", 16));
+  const double seconds = static_cast<double>(bench::IntFlagOrExit(*flags, "seconds", 2));
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
+  const int max_clients = static_cast<int>(bench::IntFlagOrExit(*flags, "max-clients", 16));
   const std::string prefix = flags->Get("trace-prefix");
   if (seconds < 1 || repeats < 1 || max_clients < 1 || max_clients > 64) {
     std::fprintf(stderr, "need --seconds >= 1, --repeats >= 1, 1 <= --max-clients <= 64\n");

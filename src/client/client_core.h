@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "client/program.h"
+#include "core/logging.h"
 #include "transport/controller_client.h"
 #include "transport/worker_client.h"
 
@@ -58,8 +59,21 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::shared_ptr<HostOpQueue> queue(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& q = queues_[address];
+    if (q && q->failed()) {
+      // Said once per broken sequence, and kept for the errors of arrays that were made in it.
+      absl::Status why = q->failure();
+      PW_LOG(Warning) << "client " << identity_.id << ": host " << address << " stopped taking ops (" << why
+                      << "); a new sequence starts";
+      breaks_[address] = std::move(why);
+    }
     if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), identity_);
     return q;
+  }
+  // Why the last sequence of ops to `address` broke; OK if none did.
+  absl::Status LastBreak(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto it = breaks_.find(address);
+    return it == breaks_.end() ? absl::OkStatus() : it->second;
   }
 
   // Compiles the function on each host in parallel and waits for all; the first error wins.
@@ -159,6 +173,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       staged_put_bytes_{0};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> breaks_ ABSL_GUARDED_BY(mu_);  // see LastBreak
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
   // One queue for all islands: the controller sees the client's runs in the client's order.
   std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);

@@ -38,9 +38,12 @@ Future<FetchedShards> FetchFromHost(ClientCore& core, const std::string& host, s
   if (at->session != queue->session()) {
     // The sequence the array was made in broke (the host died or refused ops); what it held there
     // is gone with it.
+    (void)core.queue(host);  // notes why the old sequence broke, if it has not yet
+    const absl::Status why = core.LastBreak(host);
     return Future<FetchedShards>::Ready(absl::UnavailableError(
         absl::StrCat("host ", host, " stopped taking this client's ops after array ", request.array_id(),
-                     " was made there (it left or restarted); its shards there are gone")));
+                     " was made there (it left or restarted", why.ok() ? "" : absl::StrCat(": ", why.ToString()),
+                     "); its shards there are gone")));
   }
   request.set_after_seq(at->seq);
   request.set_session(at->session);

@@ -1,5 +1,7 @@
 #include "testing/subprocess.h"
 
+#include <sys/prctl.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -54,6 +56,7 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (die_with_parent_) prctl(PR_SET_PDEATHSIG, SIGKILL);
     execv(args[0], args.data());
     _exit(127);
   }

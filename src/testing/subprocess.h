@@ -22,6 +22,9 @@ class Subprocess {
 
   // Starts argv[0] with stdin and stdout piped to us; stderr is inherited.
   absl::Status Start(const std::vector<std::string>& argv);
+  // Children started after this are killed when the thread that started them ends (the process
+  // killed included): for programs whose children must not outlive them however they end.
+  void KillWhenParentEnds() { die_with_parent_ = true; }
   // Writes one line to the child's stdin.
   absl::Status WriteLine(const std::string& line);
   // The child sees end of input.
@@ -45,6 +48,7 @@ class Subprocess {
 
  private:
   pid_t pid_ = -1;
+  bool die_with_parent_ = false;
   int stdout_fd_ = -1;
   int stdin_fd_ = -1;
   std::string buffer_;

@@ -46,6 +46,11 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
     absl::MutexLock lock(&mu_);
     return !failure_.ok();
   }
+  // Why delivery stopped; OK while it goes on.
+  absl::Status failure() {
+    absl::MutexLock lock(&mu_);
+    return failure_;
+  }
 
   // Completes when every item pushed so far has been accepted, or with the error that stopped
   // delivery.

@@ -1,14 +1,34 @@
 #include "transport/rpc_util.h"
 
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "grpc/grpc.h"
 
 namespace pathways {
 
+int KeepaliveMs() {
+  static const int ms = [] {
+    constexpr int kDefault = 2000;
+    const char* text = std::getenv("PATHWAYS_KEEPALIVE_MS");
+    if (text == nullptr || *text == '\0') return kDefault;
+    int value = 0;
+    if (!absl::SimpleAtoi(text, &value) || value < 500 || value > 600'000) {
+      PW_LOG(Warning) << "PATHWAYS_KEEPALIVE_MS='" << text << "' is not 500 to 600000; keepalive stays " << kDefault
+                      << " ms";
+      return kDefault;
+    }
+    return value;
+  }();
+  return ms;
+}
+
 void ConfigureServer(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Clients ping every kKeepaliveMs while they wait for an answer: allowed, however long.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
+  // Clients ping every KeepaliveMs() while they wait for an answer: allowed, however long.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, KeepaliveMs() / 2);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Connections are a bounded resource: one that never completes its handshake goes after 10 s,
   // one idle for 10 minutes is closed (its client reconnects when it next calls).
@@ -18,8 +38,8 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
 
 grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, KeepaliveMs());
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, KeepaliveMs());
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // A peer that restarts (a worker at the same address, a controller) is back within a second:
   // gRPC's default backoff grows to two minutes, during which calls to it fail at once. The

@@ -113,6 +113,7 @@ class HostOpQueue {
   // Delivery stopped (the host refused a batch or could not be reached): the client replaces the
   // queue, and with it the session, so a host that restarted is usable again.
   bool failed() { return queue_->failed(); }
+  absl::Status failure() { return queue_->failure(); }
   // Completes when every op pushed so far, and every one reserved with ReserveForFill, has been
   // accepted by the host (not those reserved for the scheduler), or with the error that stopped
   // delivery (after which every later op fails too).

@@ -1,0 +1,210 @@
+// The single controller at the paper's scale (issue 14 item 4): a real controller process and
+// worker processes holding many hosts each, on simulated devices (device kind sim: every mechanism
+// real, kernels replaced by modelled durations), driven by a real client in this process. For
+// slices over 1 to --max-hosts hosts of --devices devices each, prints:
+//  - the time to create the slice, and to lower, register and enqueue a 128-node chain on it;
+//  - Chained throughput of the chain's modelled computations (--cost-us each) against the
+//    modelled devices' limit (one computation at a time along the chain);
+//  - per run of a one-node program at cost 0, pipelined: runs per second end to end (what the
+//    island's gang scheduler and the control graph sustain), the client's and the controller's
+//    CPU time, and the bytes of the run's message from the client;
+//  - the controller's and the workers' memory and threads.
+//
+//   build/bin/scale_bench [--max-hosts 512] [--hosts-per-process 64] [--devices 4] [--cost-us 1000]
+//                         [--runs 1000] [--chains 4]
+//
+// Every process it starts is stopped when it ends, and killed if it is itself killed
+// (Subprocess::KillWhenParentEnds).
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench_util.h"
+#include "client/client.h"
+#include "client/program.h"
+#include "testing/subprocess.h"
+#include "tools/flags.h"
+
+namespace pathways {
+namespace {
+
+using bench::Seconds;
+
+constexpr int kChain = 128;
+
+// CPU seconds the threads of process `pid` have run, from each thread's schedstat (nanoseconds;
+// /proc/PID/stat counts in clock ticks of 10 ms, too coarse for a few thousand short runs).
+double ProcessCpuSeconds(pid_t pid) {
+  int64_t nanos = 0;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream in(task.path() / "schedstat");
+    int64_t ran = 0;
+    if (in >> ran) nanos += ran;
+  }
+  return static_cast<double>(nanos) * 1e-9;
+}
+
+// A field of /proc/PID/status ("VmRSS", "Threads") as its number (kB for sizes).
+int64_t StatusField(pid_t pid, const std::string& name) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + ":", 0) == 0) return std::stoll(line.substr(name.size() + 1));
+  }
+  return 0;
+}
+
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+void Die(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "scale_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T Must(absl::StatusOr<T> value, const std::string& what) {
+  if (!value.ok()) Die(what, value.status());
+  return *std::move(value);
+}
+
+int Run(const Flags& flags) {
+  const int64_t max_hosts = bench::IntFlagOrExit(flags, "max-hosts", 512);
+  const int64_t per_process = bench::IntFlagOrExit(flags, "hosts-per-process", 64);
+  const int64_t devices = bench::IntFlagOrExit(flags, "devices", 4);
+  const int64_t cost_us = bench::IntFlagOrExit(flags, "cost-us", 1000, /*min=*/0);
+  const int64_t runs = bench::IntFlagOrExit(flags, "runs", 1000);
+  const int64_t chains = bench::IntFlagOrExit(flags, "chains", 4);
+  // Hundreds of hosts on a few cores starve processes for seconds under load, which is not the
+  // failure keepalives, heartbeats and client leases are there to catch: all three get generous
+  // timeouts (the children inherit the environment).
+  setenv("PATHWAYS_KEEPALIVE_MS", "30000", /*overwrite=*/0);
+  Subprocess controller;
+  controller.KillWhenParentEnds();
+  const std::string address = Must(StartController(controller, {PATHWAYS_BINARY, "controller", "--listen",
+                                                                 "127.0.0.1:0", "--heartbeat-timeout-ms", "60000",
+                                                                 "--client-timeout-ms", "60000"}),
+                                   "starting the controller");
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  const absl::Time started = absl::Now();
+  for (int64_t placed = 0; placed < max_hosts; placed += per_process) {
+    const int64_t hosts = std::min(per_process, max_hosts - placed);
+    auto w = std::make_unique<Subprocess>();
+    w->KillWhenParentEnds();
+    absl::Status s = w->Start({PATHWAYS_BINARY, "worker", "--controller", address, "--hosts", absl::StrCat(hosts),
+                               "--devices", absl::StrCat(devices), "--device-kind", "sim", "--sim-cost-us",
+                               absl::StrCat("add_one=", cost_us, ",*=0"), "--device-memory", "64MiB",
+                               "--collective-timeout-ms", "120000"});
+    if (!s.ok()) Die("starting a worker process", s);
+    for (int64_t h = 0; h < hosts; ++h) {
+      if (auto line = w->WaitForLine("serving", absl::Minutes(5)); !line.ok()) Die("a worker's hosts starting", line.status());
+    }
+    workers.push_back(std::move(w));
+  }
+  std::printf("### The controller at scale: %lld hosts of %lld simulated devices in %zu worker processes "
+              "(started in %.1f s)\n\n",
+              static_cast<long long>(max_hosts), static_cast<long long>(devices), workers.size(),
+              absl::ToDoubleSeconds(absl::Now() - started));
+  std::fflush(stdout);
+  auto client = Must(Client::Connect(address), "connecting");
+  std::printf("Chained: a %d-node chain of `add_one`, %lld us modelled per computation, run %lld times; limit "
+              "%.0f computations/s. Per run: %lld pipelined runs of a one-node program at cost 0 (a "
+              "`negate`).\n\n",
+              kChain, static_cast<long long>(cost_us), static_cast<long long>(chains),
+              cost_us > 0 ? 1e6 / static_cast<double>(cost_us) : 0.0, static_cast<long long>(runs));
+  std::printf("| hosts | shards | create slice ms | lower + register + enqueue chain ms | Chained computations/s "
+              "| of limit | runs/s | client CPU us/run | controller CPU us/run | run message bytes | controller "
+              "RSS MiB |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<int64_t> sizes;
+  for (int64_t n = 1; n < max_hosts; n *= 4) sizes.push_back(n);
+  sizes.push_back(max_hosts);
+  for (int64_t hosts : sizes) {
+    const int64_t shards = hosts * devices;
+    VirtualSlice slice;
+    const double t_slice = Seconds([&] { slice = Must(client->CreateSlice({.mesh_shape = {shards}}), "a slice"); });
+    const TensorSpec spec{DType::kF32, {shards}};
+    CompiledFunction inc =
+        Must(client->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}})), "add_one");
+    CompiledFunction neg =
+        Must(client->Compile(FunctionSpec::Builtin("negate", {spec}, {spec}, {{"x"}}, {{"x"}})), "negate");
+    ProgramBuilder chain_builder(absl::StrCat("chain", hosts));
+    TracedValue v = chain_builder.Arg(spec);
+    for (int i = 0; i < kChain; ++i) v = Must(chain_builder.Call(inc, slice, {v}), "tracing")[0];
+    Program chain = Must(chain_builder.Build({v}), "building the chain");
+    ShardedArray x = Must(client->Put(Must(HostArray::Create(DType::kF32, {shards}), "array"), slice, {"x"}), "put");
+    const double t_lower = Seconds([&] {
+      x = Must(client->Run(chain, {x}), "the first chain")[0];
+      if (auto s = client->Enqueued(x).Await(); !s.ok()) Die("the first chain", s.status());
+    });
+    if (auto s = client->Ready(x).Await(); !s.ok()) Die("the first chain", s.status());
+    const double t_chained = Seconds([&] {
+      for (int64_t c = 0; c < chains; ++c) x = Must(client->Run(chain, {x}), "a chain")[0];
+      if (auto s = client->Ready(x).Await(); !s.ok()) Die("the chains", s.status());
+    });
+    const double chained_rate = static_cast<double>(kChain * chains) / t_chained;
+    const double limit = cost_us > 0 ? 1e6 / static_cast<double>(cost_us) : 0;
+
+    x = Must(client->Call(neg, slice, {x}), "warming the one-node program")[0];
+    if (auto s = client->Ready(x).Await(); !s.ok()) Die("the one-node program", s.status());
+    const ClientStats before = client->stats();
+    const double client_cpu0 = SelfCpuSeconds();
+    const double controller_cpu0 = ProcessCpuSeconds(controller.pid());
+    const double t_runs = Seconds([&] {
+      for (int64_t r = 0; r < runs; ++r) x = Must(client->Call(neg, slice, {x}), "a run")[0];
+      if (auto s = client->Ready(x).Await(); !s.ok()) Die("the runs", s.status());
+    });
+    const double client_cpu = SelfCpuSeconds() - client_cpu0;
+    const double controller_cpu = ProcessCpuSeconds(controller.pid()) - controller_cpu0;
+    const ClientStats after = client->stats();
+    const double run_bytes = static_cast<double>(after.run_op_bytes_sent - before.run_op_bytes_sent) /
+                             static_cast<double>(std::max<int64_t>(1, after.run_ops_sent - before.run_ops_sent));
+    std::printf("| %lld | %lld | %.1f | %.1f | %.0f | %.2f | %.0f | %.1f | %.1f | %.0f | %.0f |\n",
+                static_cast<long long>(hosts), static_cast<long long>(shards), t_slice * 1e3, t_lower * 1e3,
+                chained_rate, limit > 0 ? chained_rate / limit : 0.0, static_cast<double>(runs) / t_runs,
+                client_cpu * 1e6 / static_cast<double>(runs), controller_cpu * 1e6 / static_cast<double>(runs),
+                run_bytes, static_cast<double>(StatusField(controller.pid(), "VmRSS")) / 1024);
+    std::fflush(stdout);
+  }
+  int64_t worker_rss_kb = 0, worker_threads = 0;
+  for (const auto& w : workers) {
+    worker_rss_kb += StatusField(w->pid(), "VmRSS");
+    worker_threads += StatusField(w->pid(), "Threads");
+  }
+  std::printf("\nController: %lld threads, %.0f MiB. Worker processes: %lld threads and %.0f MiB in all (%.1f "
+              "threads, %.1f MiB per host).\n",
+              static_cast<long long>(StatusField(controller.pid(), "Threads")),
+              static_cast<double>(StatusField(controller.pid(), "VmRSS")) / 1024,
+              static_cast<long long>(worker_threads), static_cast<double>(worker_rss_kb) / 1024,
+              static_cast<double>(worker_threads) / static_cast<double>(max_hosts),
+              static_cast<double>(worker_rss_kb) / 1024 / static_cast<double>(max_hosts));
+  client.reset();
+  controller.Stop(SIGTERM);  // first, so that it does not reach for hosts already gone
+  for (auto& w : workers) w->Stop(SIGTERM);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pathways
+
+int main(int argc, char** argv) {
+  auto flags = pathways::Flags::Parse(argc - 1, argv + 1, {"max-hosts", "hosts-per-process", "devices", "cost-us", "runs",
+                                                   "chains"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
+    return 2;
+  }
+  return pathways::Run(*flags);
+}
