@@ -78,7 +78,10 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
               if (q->session() == h.session()) q->SkipReserved(h.seq());  // else that sequence is gone
             }
           }
-        });
+        },
+        // Under the controller's 4 MiB message limit however many runs queue up (a run names each
+        // of its hosts: 16 KB at 512 hosts).
+        [](const rpc::GangRun& run) { return run.ByteSizeLong(); }, size_t{1} << 20);
   }
   return q;
 }

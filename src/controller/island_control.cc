@@ -11,12 +11,15 @@ namespace pathways {
 
 using L = dataflow::ControlGraphLayout;
 
-// `accepted`: a round is over once every host's apply shard has all of it.
+// `accepted`: one shard per host, which finishes a round once that host's apply shard has all of
+// it; the round is over once every host it had ops for has.
 class IslandControlPlane::Accepted : public dataflow::Operator {
  public:
   Accepted(IslandControlPlane& plane, int64_t generation) : plane_(plane), generation_(generation) {}
   void OnMessage(dataflow::ShardContext&, int, int, const std::string&) override {}
-  void OnEpochDone(dataflow::ShardContext& ctx) override { plane_.RoundAccepted(generation_, ctx.epoch()); }
+  void OnEpochDone(dataflow::ShardContext& ctx) override {
+    plane_.HostAccepted(generation_, ctx.epoch(), ctx.shard());
+  }
 
  private:
   IslandControlPlane& plane_;
@@ -202,14 +205,17 @@ void IslandControlPlane::CloseRoundLocked() {
   if (!s.ok()) PW_LOG(Error) << "island " << options_.island << ": round " << round << " not sent: " << s;
 }
 
-void IslandControlPlane::RoundAccepted(int64_t number, int64_t round) {
+void IslandControlPlane::HostAccepted(int64_t number, int64_t round, int32_t host_shard) {
   Promise<Unit> accepted;
   {
     absl::MutexLock lock(&mu_);
     auto g = generations_.find(number);
     if (g == generations_.end()) return;
     auto r = g->second->pending.find(round);
-    if (r == g->second->pending.end()) return;  // settled when a host left, or a round without ops
+    if (r == g->second->pending.end()) return;  // settled when a host left
+    if (host_shard < 0 || host_shard >= g->second->def.hosts_size()) return;  // the graph has no such shard
+    r->second.hosts.erase(g->second->def.hosts(host_shard));
+    if (!r->second.hosts.empty()) return;
     accepted = std::move(r->second.accepted);
     g->second->pending.erase(r);
     DropIdleLocked();

@@ -33,7 +33,8 @@ struct IslandControlOptions {
 
 // The scheduler's ops travel as rounds: every op pushed between two EndRound calls is one epoch
 // of the graph, each to its host's apply shard, and all of a round's futures complete when every
-// host of the generation has all of the round (progress tracking is the acknowledgement). Each
+// host the round has ops for has all of it (progress tracking is the acknowledgement; hosts it
+// has none for never hear of it, so a round's cost follows its hosts, not the island's). Each
 // op carries its place in its host's order, so hosts apply them in order whatever path or
 // generation brought them.
 //
@@ -68,7 +69,7 @@ class IslandControlPlane : public ScheduledOpSink {
   class Done;
   struct Round {
     Promise<Unit> accepted;
-    std::set<std::string> hosts;  // that it carries ops for
+    std::set<std::string> hosts;  // that it carries ops for and that have not accepted it yet
   };
   struct Generation {
     rpc::ControlGraph def;
@@ -76,8 +77,9 @@ class IslandControlPlane : public ScheduledOpSink {
     std::map<std::string, int32_t> shard_of;  // host address -> its shard
     std::map<int64_t, Round> pending;         // rounds not yet accepted by every host
   };
-  // The round is accepted by every host of generation `number`.
-  void RoundAccepted(int64_t number, int64_t round);
+  // The host at `host_shard` of generation `number` has all of the round; once every host the
+  // round has ops for has, it is accepted.
+  void HostAccepted(int64_t number, int64_t round, int32_t host_shard);
   Generation* CurrentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends the open round, if it has ops.
   void CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

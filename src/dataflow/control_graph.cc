@@ -28,11 +28,11 @@ absl::StatusOr<std::shared_ptr<const GraphDef>> MakeControlGraph(const rpc::Cont
   // Added in the layout's order, so the ids are the layout's.
   if (*graph->AddNode("schedule", controller) != L::kSchedule ||
       *graph->AddNode("apply", hosts) != L::kApply ||
-      *graph->AddNode("accepted", controller) != L::kAccepted ||
+      *graph->AddNode("accepted", controller_per_host) != L::kAccepted ||
       *graph->AddNode("report", hosts) != L::kReport ||
       *graph->AddNode("done", controller_per_host) != L::kDone ||
-      *graph->AddEdge(L::kSchedule, L::kApply, EdgeKind::kSparse) != L::kToHosts ||
-      *graph->AddEdge(L::kApply, L::kAccepted, EdgeKind::kAllToAll) != L::kAcks ||
+      *graph->AddEdge(L::kSchedule, L::kApply, EdgeKind::kAnnounced) != L::kToHosts ||
+      *graph->AddEdge(L::kApply, L::kAccepted, EdgeKind::kOneToOne) != L::kAcks ||
       *graph->AddEdge(L::kReport, L::kDone, EdgeKind::kOneToOne) != L::kReports) {
     return absl::InternalError("control graph layout is inconsistent");
   }

@@ -1,15 +1,17 @@
 // The island control graph: the dataflow through which an island's gang scheduler (in the
 // controller) reaches the island's hosts, and through which they answer.
 //
-//   schedule [controller] --sparse--> apply [host k] --all-to-all--> accepted [controller]
+//   schedule [controller] --announced--> apply [host k] --one-to-one--> accepted [controller, one shard per host]
 //   report [host k] --one-to-one--> done [controller, one shard per host]
 //
 // One epoch of schedule/apply/accepted is one scheduling round: the ops the scheduler released
-// together. `schedule` sends each op to the apply shard of the host it is for; every host's
-// apply shard learns when it has all of a round (counted punctuations, possibly none for it),
-// and `accepted` learns when every host has: that is the round's acknowledgement, with no
-// message of its own. `report` carries what hosts report back (runs done, for proportional
-// share); each host numbers its report epochs itself, so hosts never wait on each other there.
+// together. `schedule` sends each op to the apply shard of the host it is for, and the round
+// reaches only those hosts (an announced edge): a round costs what the hosts it has ops for cost,
+// whatever the island's size. Each such host's apply shard learns when it has all of the round
+// (counted punctuations), and its `accepted` shard learns it next: the controller counts the
+// round's hosts off as they do, which is the round's acknowledgement, with no message of its own.
+// `report` carries what hosts report back (runs done, for proportional share); each host numbers
+// its report epochs itself, so hosts never wait on each other there.
 //
 // A graph serves one membership generation of the island: when hosts join or leave, the
 // controller starts the next generation, and the new graph names the new hosts.

@@ -1,3 +1,6 @@
+#include <set>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
@@ -232,6 +235,67 @@ TEST(GraphDefTest, RejectsBadEdges) {
   EXPECT_FALSE(g.AddEdge(a, 7, EdgeKind::kSparse).ok());
   EXPECT_FALSE(g.AddNode("empty", {}).ok());
   EXPECT_TRUE(g.AddEdge(a, b, EdgeKind::kSparse).ok());
+  EXPECT_FALSE(g.AddEdge(a, b, EdgeKind::kAnnounced).ok());  // two producer shards
+  int c = *g.AddNode("c", {"h"});
+  EXPECT_FALSE(g.AddEdge(c, c, EdgeKind::kAnnounced).ok());
+  int d = *g.AddNode("d", {"h", "h"});
+  EXPECT_TRUE(g.AddEdge(c, d, EdgeKind::kAnnounced).ok());
+}
+
+// An announced edge: an epoch reaches only the consumer shards sent something in it, and what
+// follows them (here one-to-one) finishes for those alone; the other hosts never hear of it.
+TEST(EngineTest, AnAnnouncedEpochReachesOnlyTheShardsItSendsTo) {
+  const std::vector<std::string> hosts = {"h0", "h1", "h2"};
+  auto g = std::make_shared<GraphDef>("announced");
+  const int src = *g->AddNode("src", {"h0"});
+  const int mid = *g->AddNode("mid", hosts);
+  const int done = *g->AddNode("done", {"h0", "h0", "h0"});
+  ASSERT_TRUE(g->AddEdge(src, mid, EdgeKind::kAnnounced).ok());
+  ASSERT_TRUE(g->AddEdge(mid, done, EdgeKind::kOneToOne).ok());
+  absl::Mutex mu;
+  std::set<std::tuple<int, int, int64_t>> finished;  // (node, shard, epoch)
+  struct Op : Operator {
+    Op(int node, absl::Mutex& mu, std::set<std::tuple<int, int, int64_t>>& finished)
+        : node(node), mu(mu), finished(finished) {}
+    void OnMessage(ShardContext& ctx, int, int, const std::string& payload) override {
+      if (ctx.node() == 0) ctx.Send(0, std::stoi(payload), "op");
+    }
+    void OnEpochDone(ShardContext& ctx) override {
+      absl::MutexLock lock(&mu);
+      finished.insert({node, ctx.shard(), ctx.epoch()});
+    }
+    int node;
+    absl::Mutex& mu;
+    std::set<std::tuple<int, int, int64_t>>& finished;
+  };
+  LocalTransport transport;
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  std::vector<std::shared_ptr<Engine>> engines;
+  for (const auto& h : hosts) {
+    pools.push_back(std::make_unique<ThreadPool>(h, 1));
+    engines.push_back(std::make_shared<Engine>(
+        h, g, [&](int node, int) { return std::make_unique<Op>(node, mu, finished); }, transport, *pools.back()));
+    transport.Register(engines.back().get());
+  }
+  ASSERT_TRUE(engines[0]->InjectAll(src, 0, 1, {"0", "2"}).ok());
+  ASSERT_TRUE(engines[0]->InjectAll(src, 0, 2, {"1"}).ok());
+  {
+    absl::MutexLock lock(&mu);
+    auto done_with = [&](int shard, int64_t epoch) { return finished.contains({done, shard, epoch}); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(+[](decltype(done_with)* f) {
+                                      return (*f)(0, 1) && (*f)(2, 1) && (*f)(1, 2);
+                                    }, &done_with),
+                                    absl::Seconds(30)));
+  }
+  // Everything the epochs caused has arrived once `done` finished; the rest never will.
+  for (auto& p : pools) p->Shutdown();
+  const std::set<std::tuple<int, int, int64_t>> expected = {
+      {src, 0, 1}, {src, 0, 2}, {mid, 0, 1}, {mid, 2, 1}, {mid, 1, 2}, {done, 0, 1}, {done, 2, 1}, {done, 1, 2}};
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(finished, expected);
+  // h1 heard only of epoch 2 and h2 only of epoch 1: one batch each way for each.
+  EXPECT_EQ(engines[1]->batches_sent(), 1);
+  EXPECT_EQ(engines[2]->batches_sent(), 1);
 }
 
 TEST(EngineTest, InjectOnlyAtLocalSources) {

@@ -182,6 +182,10 @@ void Engine::MaybeFinish(Shard& s, int64_t epoch) {
     };
     if (e.kind == EdgeKind::kOneToOne) {
       punctuate(s.shard);
+    } else if (e.kind == EdgeKind::kAnnounced) {
+      for (const auto& [to, count] : st.sent) {
+        if (to.first == edge && count > 0) punctuate(to.second);
+      }
     } else {
       for (int dst = 0; dst < graph_->num_shards(e.to); ++dst) punctuate(dst);
     }

@@ -7,8 +7,9 @@
 // has finished receiving an epoch once it holds a punctuation from every producer shard that
 // feeds it and as many messages as those punctuations add up to. Messages and punctuations may
 // arrive in any order, over any path. A shard that receives nothing in an epoch still learns that
-// the epoch is over, which is what sparse exchange needs. Sources finish an epoch when their
-// input for it is closed.
+// the epoch is over, which is what sparse exchange needs; on announced edges (graph.h) only the
+// shards sent something hear of the epoch at all. Sources finish an epoch when their input for it
+// is closed.
 #pragma once
 
 #include <atomic>

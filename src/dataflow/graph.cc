@@ -25,6 +25,10 @@ absl::StatusOr<int> GraphDef::AddEdge(int from, int to, EdgeKind kind) {
     return absl::InvalidArgumentError(absl::StrCat("one-to-one edge between nodes of ", num_shards(from), " and ",
                                                    num_shards(to), " shards"));
   }
+  if (kind == EdgeKind::kAnnounced && num_shards(from) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("announced edge from node '", nodes_[from].name, "' of ",
+                                                   num_shards(from), " shards (it takes one)"));
+  }
   edges_.push_back({from, to, kind});
   const int e = static_cast<int>(edges_.size()) - 1;
   out_edges_[from].push_back(e);

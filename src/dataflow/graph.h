@@ -14,6 +14,13 @@ enum class EdgeKind {
   kOneToOne,  // producer shard i feeds consumer shard i only
   kAllToAll,  // every producer shard feeds every consumer shard
   kSparse,    // a producer shard sends to any subset of consumer shards, chosen at run time
+  // As kSparse, but an epoch reaches only the consumer shards sent something in it: the one
+  // producer shard punctuates those alone, and the others never hear of the epoch. For fan-out
+  // whose cost must follow the shards an epoch involves, not the graph's size (the island
+  // control graph: a scheduling round wakes the hosts it has ops for, not the whole island).
+  // Needs a producer node of one shard, so that a consumer that hears of an epoch knows it has
+  // heard from everyone.
+  kAnnounced,
 };
 
 struct NodeDef {

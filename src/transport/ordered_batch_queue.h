@@ -18,6 +18,8 @@ namespace pathways {
 // By default a failed batch stops delivery: later pushes are dropped and every Flushed() reports
 // the failure. With `on_failed`, a failed batch fails only itself: its items are handed to
 // `on_failed`, the Flushed() futures that cover it report the error, and delivery goes on.
+// A batch holds at most `max_batch_bytes` of items by `item_bytes` (and at least one item), so
+// that what queues up behind a slow receiver never outgrows the receiver's message limit.
 // Thread-safe. Held by shared_ptr: in-flight sends keep it alive.
 template <typename Item>
 class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<Item>> {
@@ -26,8 +28,13 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
   // the queue's lock held; its completion may run on any thread, even this one.
   using SendFn = std::function<Future<Unit>(std::vector<Item>)>;
   using FailedFn = std::function<void(std::vector<Item>, const absl::Status&)>;
-  explicit OrderedBatchQueue(SendFn send, FailedFn on_failed = nullptr)
-      : send_(std::move(send)), on_failed_(std::move(on_failed)) {}
+  using BytesFn = std::function<size_t(const Item&)>;
+  explicit OrderedBatchQueue(SendFn send, FailedFn on_failed = nullptr, BytesFn item_bytes = nullptr,
+                             size_t max_batch_bytes = 0)
+      : send_(std::move(send)),
+        on_failed_(std::move(on_failed)),
+        item_bytes_(std::move(item_bytes)),
+        max_batch_bytes_(max_batch_bytes) {}
 
   void Push(Item item) {
     std::optional<std::vector<Item>> batch;
@@ -66,10 +73,21 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
 
  private:
   std::vector<Item> TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<Item> batch = std::move(pending_);
-    pending_.clear();
+    std::vector<Item> batch;
+    if (item_bytes_ == nullptr) {
+      batch = std::move(pending_);
+      pending_.clear();
+    } else {
+      size_t bytes = 0, n = 0;
+      for (; n < pending_.size(); ++n) {
+        bytes += item_bytes_(pending_[n]);
+        if (n > 0 && bytes > max_batch_bytes_) break;
+      }
+      batch.assign(std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.begin() + n));
+      pending_.erase(pending_.begin(), pending_.begin() + n);
+    }
     in_flight_ = true;
-    in_flight_end_ = pushed_;
+    in_flight_end_ = pushed_ - static_cast<int64_t>(pending_.size());
     if (on_failed_) in_flight_items_ = batch;  // kept to hand back if the batch fails
     return batch;
   }
@@ -121,6 +139,8 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
 
   const SendFn send_;
   const FailedFn on_failed_;
+  const BytesFn item_bytes_;
+  const size_t max_batch_bytes_;
   absl::Mutex mu_;
   std::vector<Item> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<Item> in_flight_items_ ABSL_GUARDED_BY(mu_);  // only with on_failed_

@@ -4,11 +4,51 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "transport/ordered_batch_queue.h"
 #include "transport/rpc_util.h"
 #include "transport/worker_client.h"
 
 namespace pathways {
 namespace {
+
+// Items that queue up behind a batch in flight go out in batches of at most the byte limit, in
+// order; an item larger than the limit goes alone.
+TEST(OrderedBatchQueueTest, BatchesStayWithinTheirByteLimit) {
+  absl::Mutex mu;
+  std::vector<std::vector<std::string>> batches;
+  std::vector<Promise<Unit>> in_flight;
+  auto queue = std::make_shared<OrderedBatchQueue<std::string>>(
+      [&](std::vector<std::string> batch) {
+        absl::MutexLock lock(&mu);
+        batches.push_back(std::move(batch));
+        in_flight.emplace_back();
+        return in_flight.back().future();
+      },
+      nullptr, [](const std::string& item) { return item.size(); }, 1000);
+  std::vector<std::string> items;
+  for (int i = 0; i < 6; ++i) items.push_back(std::string(400, static_cast<char>('a' + i)));
+  items.insert(items.begin() + 3, std::string(5000, 'z'));
+  for (const auto& item : items) queue->Push(item);  // the first goes at once, the rest wait for it
+  Future<Unit> flushed = queue->Flushed();
+  for (size_t answered = 0; !flushed.AwaitFor(absl::ZeroDuration()).ok();) {
+    Promise<Unit> next;
+    {
+      absl::MutexLock lock(&mu);
+      if (answered == in_flight.size()) continue;  // the next batch is on its way
+      next = std::move(in_flight[answered++]);
+    }
+    next.Set(Unit{});
+  }
+  std::vector<std::string> delivered;
+  for (const auto& batch : batches) {
+    size_t bytes = 0;
+    for (const auto& item : batch) bytes += item.size();
+    EXPECT_TRUE(batch.size() == 1 || bytes <= 1000) << batch.size() << " items, " << bytes << " bytes";
+    delivered.insert(delivered.end(), batch.begin(), batch.end());
+  }
+  EXPECT_EQ(delivered, items);
+  EXPECT_EQ(batches.size(), 5u);  // a | b c | z | d e | f
+}
 
 TEST(RpcUtilTest, StatusRoundTripsThroughGrpc) {
   absl::Status s = absl::ResourceExhaustedError("device full");
