@@ -86,6 +86,64 @@ TEST(ProgramPlanTest, ANodeWhoseInputsStayOnItsHostExchangesNothing) {
   EXPECT_EQ(on_a.out_specs[0].shape, (Shape{4}));  // each local shard holds half
 }
 
+// A chain on one slice over two hosts: each host plans only its own shards, each reading its own
+// device's block, and no host exchanges anything (what keeps registration at 512 hosts cheap).
+TEST(ProgramPlanTest, AChainOverSeveralHostsPlansOnlyLocalShards) {
+  rpc::ProgramProto p;
+  p.set_program_id(4);
+  rpc::SliceProto* slice = p.add_slices();
+  slice->set_slice_id(1);
+  slice->add_mesh_dims(4);
+  slice->add_axis_names("x");
+  for (int d = 0; d < 4; ++d) {
+    rpc::SliceDevice* device = slice->add_devices();
+    device->set_device_id(d);
+    device->set_host_address(d < 2 ? "A" : "B");
+    device->set_local_index(d % 2);
+  }
+  rpc::TensorSpecProto spec;
+  spec.set_dtype(static_cast<int>(DType::kF32));
+  spec.add_shape(8);
+  rpc::PartitionSpecProto split;
+  split.add_dims("x");
+  rpc::ProgramArg* arg = p.add_args();
+  *arg->mutable_spec() = spec;
+  arg->set_slice_id(1);
+  *arg->mutable_sharding() = split;
+  for (int n = 0; n < 3; ++n) {
+    rpc::ProgramNode* node = p.add_nodes();
+    node->set_function_key("key");
+    node->set_function_name("f");
+    node->set_slice_id(1);
+    rpc::ValueRef* v = node->add_inputs();
+    v->set_is_arg(n == 0);
+    v->set_index(n == 0 ? 0 : n - 1);
+    *node->add_input_specs() = spec;
+    *node->add_in_shardings() = split;
+    *node->add_output_specs() = spec;
+    *node->add_out_shardings() = split;
+  }
+  p.add_results()->set_index(2);
+  for (const std::string host : {"A", "B"}) {
+    auto lowered = LoweredProgram::Create(p, host, 2);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    auto plan = PlanProgram(**lowered, host, "client/4");
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_TRUE(plan->graph->nodes().empty());
+    for (const NodePlan& node : plan->nodes) {
+      EXPECT_EQ(node.send_node, -1);
+      EXPECT_TRUE(node.sends.empty());
+      ASSERT_EQ(node.shards.size(), 2u);
+      for (const ShardPlan& shard : node.shards) {
+        ASSERT_EQ(shard.inputs[0].size(), 1u);
+        EXPECT_EQ(shard.inputs[0][0].src_shard, shard.shard);
+        EXPECT_EQ(shard.inputs[0][0].src_region.size, (Shape{2}));
+      }
+      EXPECT_EQ(node.shards[0].shard, host == "A" ? 0 : 2);
+    }
+  }
+}
+
 TEST(ProgramPlanTest, TheSenderOwesEachBlockTheReceiverAssemblesFrom) {
   const ProgramPlan a = Plan("A"), b = Plan("B");
   ASSERT_EQ(a.nodes.size(), 3u);
