@@ -150,10 +150,24 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
       candidates.push_back({&h, &d});
     }
   }
+  std::string kind = r.device_kind();
+  if (kind.empty()) {
+    // One kind per slice: a gang computes with one compiler on one kind of device (a slice over
+    // simulated and CPU devices would mix modelled and computed results). The kind with the most
+    // live devices that qualify, then the first by name.
+    std::map<std::string, int64_t> per_kind;
+    for (const Candidate& c : candidates) ++per_kind[c.device->info.kind()];
+    if (per_kind.size() > 1) {
+      auto most = std::max_element(per_kind.begin(), per_kind.end(),
+                                   [](const auto& a, const auto& b) { return a.second < b.second; });
+      kind = most->first;
+      std::erase_if(candidates, [&](const Candidate& c) { return c.device->info.kind() != kind; });
+    }
+  }
   if (static_cast<int64_t>(candidates.size()) < wanted) {
     std::string constraints;
     if (r.has_island()) absl::StrAppend(&constraints, " in island ", r.island());
-    if (!r.device_kind().empty()) absl::StrAppend(&constraints, " of kind '", r.device_kind(), "'");
+    if (!kind.empty()) absl::StrAppend(&constraints, " of kind '", kind, "'");
     if (r.min_free_memory_bytes() > 0) {
       absl::StrAppend(&constraints, " with at least ", r.min_free_memory_bytes(), " bytes free");
     }

@@ -90,6 +90,28 @@ TEST(ClusterRegistryTest, HonoursKindAndFreeMemoryConstraints) {
   EXPECT_NE(none.status().message().find("of kind 'tpu'"), std::string::npos) << none.status();
 }
 
+// Without a kind asked for, a slice still gets devices of one kind: the most numerous.
+TEST(ClusterRegistryTest, ASliceNeverMixesDeviceKinds) {
+  ClusterRegistry registry(absl::Seconds(3));
+  absl::Time t = absl::UnixEpoch();
+  rpc::RegisterWorkerRequest cpu = Worker("h:1", 0, 2);
+  for (auto& d : *cpu.mutable_devices()) d.set_kind("cpu");
+  rpc::RegisterWorkerRequest sim = Worker("h:2", 0, 3);
+  for (auto& d : *sim.mutable_devices()) d.set_kind("sim");
+  ASSERT_TRUE(registry.RegisterWorker(cpu, t).ok());
+  ASSERT_TRUE(registry.RegisterWorker(sim, t).ok());
+  auto s = registry.AllocateSlice(Slice({3}), t);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const auto& d : s->devices()) EXPECT_EQ(d.host_address(), "h:2");
+  // Five devices exist, but no five of one kind.
+  EXPECT_EQ(registry.AllocateSlice(Slice({5}), t).status().code(), absl::StatusCode::kResourceExhausted);
+  rpc::AllocateSliceRequest on_cpu = Slice({2});
+  on_cpu.set_device_kind("cpu");
+  auto c = registry.AllocateSlice(on_cpu, t);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const auto& d : c->devices()) EXPECT_EQ(d.host_address(), "h:1");
+}
+
 TEST(ClusterRegistryTest, SpreadsLoadAcrossDevices) {
   ClusterRegistry registry(absl::Seconds(3));
   absl::Time t = absl::UnixEpoch();
