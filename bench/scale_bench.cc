@@ -30,6 +30,7 @@
 #include "bench_util.h"
 #include "client/client.h"
 #include "client/program.h"
+#include "core/process.h"
 #include "testing/subprocess.h"
 #include "tools/flags.h"
 
@@ -200,6 +201,7 @@ int Run(const Flags& flags) {
 }  // namespace pathways
 
 int main(int argc, char** argv) {
+  pathways::InitServingProcess();  // the client here is measured as a serving process runs it
   auto flags = pathways::Flags::Parse(argc - 1, argv + 1, {"max-hosts", "hosts-per-process", "devices", "cost-us", "runs",
                                                    "chains"});
   if (!flags.ok()) {

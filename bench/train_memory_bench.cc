@@ -15,6 +15,7 @@
 #include "cluster/local_cluster.h"
 #include "core/status_macros.h"
 #include "testing/host_arrays.h"
+#include "core/process.h"
 #include "tools/flags.h"
 
 namespace pathways {
@@ -110,6 +111,7 @@ absl::StatusOr<Measured> Train(LocalCluster& cluster, int64_t batch, int64_t wid
 }
 
 int Main(int argc, char** argv) {
+  InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"batch", "width", "hidden", "steps"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
