@@ -64,16 +64,21 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       absl::Status why = q->failure();
       PW_LOG(Warning) << "client " << identity_.id << ": host " << address << " stopped taking ops (" << why
                       << "); a new sequence starts";
-      breaks_[address] = std::move(why);
+      auto& broken = breaks_[address];
+      if (broken.size() >= kBreaksKept) broken.erase(broken.begin());  // sessions are random: any one goes
+      broken[q->session()] = std::move(why);
     }
     if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), identity_);
     return q;
   }
-  // Why the last sequence of ops to `address` broke; OK if none did.
-  absl::Status LastBreak(const std::string& address) {
+  // Why the sequence `session` of ops to `address` broke; OK if that is not known (it did not,
+  // or it broke too long ago).
+  absl::Status BreakOf(const std::string& address, int64_t session) {
     absl::MutexLock lock(&mu_);
     auto it = breaks_.find(address);
-    return it == breaks_.end() ? absl::OkStatus() : it->second;
+    if (it == breaks_.end()) return absl::OkStatus();
+    auto s = it->second.find(session);
+    return s == it->second.end() ? absl::OkStatus() : s->second;
   }
 
   // Compiles the function on each host in parallel and waits for all; the first error wins.
@@ -173,7 +178,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       staged_put_bytes_{0};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, absl::Status> breaks_ ABSL_GUARDED_BY(mu_);  // see LastBreak
+  // Why sequences to each host broke, by session (see BreakOf): the last few.
+  static constexpr size_t kBreaksKept = 8;
+  absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> breaks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
   // One queue for all islands: the controller sees the client's runs in the client's order.
   std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);

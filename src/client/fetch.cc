@@ -38,8 +38,7 @@ Future<FetchedShards> FetchFromHost(ClientCore& core, const std::string& host, s
   if (at->session != queue->session()) {
     // The sequence the array was made in broke (the host died or refused ops); what it held there
     // is gone with it.
-    (void)core.queue(host);  // notes why the old sequence broke, if it has not yet
-    const absl::Status why = core.LastBreak(host);
+    const absl::Status why = core.BreakOf(host, at->session);  // noted when queue() replaced it
     return Future<FetchedShards>::Ready(absl::UnavailableError(
         absl::StrCat("host ", host, " stopped taking this client's ops after array ", request.array_id(),
                      " was made there (it left or restarted", why.ok() ? "" : absl::StrCat(": ", why.ToString()),

@@ -150,39 +150,28 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
       candidates.push_back({&h, &d});
     }
   }
-  std::string kind = r.device_kind();
-  if (kind.empty()) {
-    // One kind per slice: a gang computes with one compiler on one kind of device (a slice over
-    // simulated and CPU devices would mix modelled and computed results). The kind with the most
-    // live devices that qualify, then the first by name.
-    std::map<std::string, int64_t> per_kind;
-    for (const Candidate& c : candidates) ++per_kind[c.device->info.kind()];
-    if (per_kind.size() > 1) {
-      auto most = std::max_element(per_kind.begin(), per_kind.end(),
-                                   [](const auto& a, const auto& b) { return a.second < b.second; });
-      kind = most->first;
-      std::erase_if(candidates, [&](const Candidate& c) { return c.device->info.kind() != kind; });
+  // Picks `wanted` of `pool` (devices of one kind, or of whatever kinds `pool` holds when the
+  // request names one): within one island unless the request pins one or lets the slice span.
+  auto select = [&](std::vector<Candidate> pool, const std::string& kind) -> absl::StatusOr<std::vector<Candidate>> {
+    if (static_cast<int64_t>(pool.size()) < wanted) {
+      std::string constraints;
+      if (r.has_island()) absl::StrAppend(&constraints, " in island ", r.island());
+      if (!kind.empty()) absl::StrAppend(&constraints, " of kind '", kind, "'");
+      if (r.min_free_memory_bytes() > 0) {
+        absl::StrAppend(&constraints, " with at least ", r.min_free_memory_bytes(), " bytes free");
+      }
+      return absl::ResourceExhaustedError(absl::StrCat("a slice of ", wanted, " devices was requested but only ",
+                                                       pool.size(), " live devices are available", constraints));
     }
-  }
-  if (static_cast<int64_t>(candidates.size()) < wanted) {
-    std::string constraints;
-    if (r.has_island()) absl::StrAppend(&constraints, " in island ", r.island());
-    if (!kind.empty()) absl::StrAppend(&constraints, " of kind '", kind, "'");
-    if (r.min_free_memory_bytes() > 0) {
-      absl::StrAppend(&constraints, " with at least ", r.min_free_memory_bytes(), " bytes free");
-    }
-    return absl::ResourceExhaustedError(absl::StrCat("a slice of ", wanted, " devices was requested but only ",
-                                                     candidates.size(), " live devices are available", constraints));
-  }
-  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return a.device->slices < b.device->slices;
-  });
-  if (!r.has_island() && !r.span_islands()) {
+    std::stable_sort(pool.begin(), pool.end(), [](const Candidate& a, const Candidate& b) {
+      return a.device->slices < b.device->slices;
+    });
+    if (r.has_island() || r.span_islands()) return pool;
     // Within one island: the least loaded one that fits (fewest slices on its chosen devices,
     // then the lowest id). A gang over several islands crosses the data-centre network, so the
     // client has to ask for one.
     std::map<int32_t, std::vector<Candidate>> by_island;
-    for (const Candidate& c : candidates) by_island[c.host->island].push_back(c);
+    for (const Candidate& c : pool) by_island[c.host->island].push_back(c);
     const std::vector<Candidate>* best = nullptr;
     int64_t best_load = 0;
     size_t largest = 0;
@@ -198,11 +187,40 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
     }
     if (best == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "a slice of ", wanted, " devices was requested but no island has that many live devices (the largest has ",
-          largest, "); pin an island, or allow the slice to span islands (SliceSpec::span_islands)"));
+          "a slice of ", wanted, " devices was requested but no island has that many live devices",
+          kind.empty() ? "" : absl::StrCat(" of kind '", kind, "'"), " (the largest has ", largest,
+          "); pin an island, or allow the slice to span islands (SliceSpec::span_islands)"));
     }
-    candidates = *best;
+    return *best;
+  };
+  // One kind per slice: a gang computes with one compiler on one kind of device (a slice over
+  // simulated and CPU devices would mix modelled and computed results). Without a kind asked for,
+  // each kind present is tried, the most numerous first (then by name), and the first that can
+  // hold the slice is taken; the slice then keeps that kind, remaps included.
+  std::map<std::string, int64_t> per_kind;
+  for (const Candidate& c : candidates) ++per_kind[c.device->info.kind()];
+  absl::StatusOr<std::vector<Candidate>> chosen;
+  if (!r.device_kind().empty() || per_kind.size() <= 1) {
+    chosen = select(candidates, r.device_kind());
+  } else {
+    std::vector<std::pair<int64_t, std::string>> kinds;
+    for (const auto& [kind, count] : per_kind) kinds.push_back({-count, kind});
+    std::sort(kinds.begin(), kinds.end());
+    absl::Status first_refusal;  // the most numerous kind's, if none can hold the slice
+    for (const auto& [count, kind] : kinds) {
+      std::vector<Candidate> of_kind;
+      for (const Candidate& c : candidates) {
+        if (c.device->info.kind() == kind) of_kind.push_back(c);
+      }
+      chosen = select(std::move(of_kind), kind);
+      if (chosen.ok()) break;
+      if (first_refusal.ok()) first_refusal = chosen.status();
+    }
+    if (!chosen.ok()) chosen = first_refusal;
   }
+  if (!chosen.ok()) return chosen.status();
+  candidates = *std::move(chosen);
+  const std::string chosen_kind = candidates.front().device->info.kind();
   candidates.resize(wanted);
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
     return std::make_pair(a.host->host_id, a.device->info.local_index()) <
@@ -211,8 +229,9 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
   response.set_slice_id(slice_id);
   Slice& slice = slices_[slice_id];
   ReleaseLocked(slice);  // a remapped slice stops loading the devices it leaves
-  slice.request = r;
+  slice.request = r;  // (r may be slice.request itself, for a remap)
   slice.request.clear_credential();  // checked already; not kept
+  slice.request.set_device_kind(chosen_kind);
   slice.devices.clear();
   std::set<std::string>& client_hosts = client_hosts_[r.client_id()];
   for (const Candidate& c : candidates) {

@@ -112,6 +112,27 @@ TEST(ClusterRegistryTest, ASliceNeverMixesDeviceKinds) {
   for (const auto& d : c->devices()) EXPECT_EQ(d.host_address(), "h:1");
 }
 
+// The most numerous kind is tried first, but a kind that fits one island wins over one that
+// does not.
+TEST(ClusterRegistryTest, AKindThatFitsAnIslandIsTakenOverAMoreNumerousOne) {
+  ClusterRegistry registry(absl::Seconds(3));
+  absl::Time t = absl::UnixEpoch();
+  rpc::RegisterWorkerRequest cpu = Worker("c:1", 0, 8);
+  for (auto& d : *cpu.mutable_devices()) d.set_kind("cpu");
+  ASSERT_TRUE(registry.RegisterWorker(cpu, t).ok());
+  for (int island = 1; island <= 3; ++island) {
+    rpc::RegisterWorkerRequest sim = Worker(absl::StrCat("s:", island), island, 3);
+    for (auto& d : *sim.mutable_devices()) d.set_kind("sim");
+    ASSERT_TRUE(registry.RegisterWorker(sim, t).ok());
+  }
+  auto s = registry.AllocateSlice(Slice({8}), t);  // 9 sim devices, but no island has 8 of them
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const auto& d : s->devices()) EXPECT_EQ(d.host_address(), "c:1");
+  auto small = registry.AllocateSlice(Slice({3}), t);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_NE(small->devices(0).host_address(), "c:1");  // sim is the more numerous kind
+}
+
 TEST(ClusterRegistryTest, SpreadsLoadAcrossDevices) {
   ClusterRegistry registry(absl::Seconds(3));
   absl::Time t = absl::UnixEpoch();

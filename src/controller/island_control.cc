@@ -107,8 +107,8 @@ void IslandControlPlane::SetMembers(std::vector<Member> members) {
       if (!std::binary_search(members.begin(), members.end(), m)) left.insert(m.address);
     }
     if (!left.empty()) {
-      // Older generations can no longer be acknowledged by every host. Their rounds that named
-      // a host that left fail; the others went, in order, to hosts still here.
+      // Older generations can no longer be acknowledged by every host. Their rounds that a host
+      // which left had not accepted fail; the others went, in order, to hosts still here.
       for (auto& [number, g] : generations_) {
         for (auto& [round, r] : g->pending) {
           std::string gone;

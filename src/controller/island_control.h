@@ -39,9 +39,9 @@ struct IslandControlOptions {
 // generation brought them.
 //
 // SetMembers starts a new generation when the island's live hosts change: a graph naming the
-// new set, sent to each of them. Pending rounds of older generations that named a host that
-// left fail with Unavailable (the rest were sent, in order, to hosts still there, and count as
-// taken). Thread-safe.
+// new set, sent to each of them. Pending rounds that a host which left had not yet accepted fail
+// with Unavailable (the rest were sent, in order, to hosts still there, and count as taken).
+// Thread-safe.
 class IslandControlPlane : public ScheduledOpSink {
  public:
   struct Member {

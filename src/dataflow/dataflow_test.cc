@@ -240,6 +240,13 @@ TEST(GraphDefTest, RejectsBadEdges) {
   EXPECT_FALSE(g.AddEdge(c, c, EdgeKind::kAnnounced).ok());
   int d = *g.AddNode("d", {"h", "h"});
   EXPECT_TRUE(g.AddEdge(c, d, EdgeKind::kAnnounced).ok());
+  EXPECT_FALSE(g.AddEdge(a, d, EdgeKind::kSparse).ok());  // d sees only announced epochs
+  int e = *g.AddNode("e", {"h", "h"});
+  EXPECT_FALSE(g.AddEdge(d, e, EdgeKind::kAllToAll).ok());  // d's shards cannot punctuate every epoch
+  EXPECT_TRUE(g.AddEdge(d, e, EdgeKind::kOneToOne).ok());
+  int f = *g.AddNode("f", {"h", "h"});
+  EXPECT_TRUE(g.AddEdge(a, f, EdgeKind::kOneToOne).ok());
+  EXPECT_FALSE(g.AddEdge(e, f, EdgeKind::kOneToOne).ok());  // f already sees every epoch
 }
 
 // An announced edge: an epoch reaches only the consumer shards sent something in it, and what

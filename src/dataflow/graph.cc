@@ -12,6 +12,7 @@ absl::StatusOr<int> GraphDef::AddNode(std::string name, std::vector<std::string>
   nodes_.push_back({std::move(name), std::move(shard_hosts)});
   in_edges_.emplace_back();
   out_edges_.emplace_back();
+  partial_.push_back(false);
   return static_cast<int>(nodes_.size()) - 1;
 }
 
@@ -29,6 +30,17 @@ absl::StatusOr<int> GraphDef::AddEdge(int from, int to, EdgeKind kind) {
     return absl::InvalidArgumentError(absl::StrCat("announced edge from node '", nodes_[from].name, "' of ",
                                                    num_shards(from), " shards (it takes one)"));
   }
+  const bool makes_partial = kind == EdgeKind::kAnnounced || partial_[from];
+  if (partial_[from] && kind != EdgeKind::kOneToOne) {
+    return absl::InvalidArgumentError(absl::StrCat("node '", nodes_[from].name,
+                                                   "' sees only announced epochs: its edges out must be one-to-one"));
+  }
+  if ((makes_partial && !in_edges_[to].empty()) || partial_[to]) {
+    return absl::InvalidArgumentError(absl::StrCat("node '", nodes_[to].name,
+                                                   "' would see only announced epochs on one edge in and every "
+                                                   "epoch on another"));
+  }
+  partial_[to] = makes_partial;
   edges_.push_back({from, to, kind});
   const int e = static_cast<int>(edges_.size()) - 1;
   out_edges_[from].push_back(e);

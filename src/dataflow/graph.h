@@ -19,7 +19,9 @@ enum class EdgeKind {
   // whose cost must follow the shards an epoch involves, not the graph's size (the island
   // control graph: a scheduling round wakes the hosts it has ops for, not the whole island).
   // Needs a producer node of one shard, so that a consumer that hears of an epoch knows it has
-  // heard from everyone.
+  // heard from everyone. Its consumer node, and the nodes fed one-to-one from it, see only some
+  // epochs: they take no other edge in, and give only one-to-one edges out (a shard of theirs
+  // that never hears of an epoch could not punctuate it).
   kAnnounced,
 };
 
@@ -57,6 +59,7 @@ class GraphDef {
   std::vector<NodeDef> nodes_;
   std::vector<EdgeDef> edges_;
   std::vector<std::vector<int>> in_edges_, out_edges_;
+  std::vector<bool> partial_;  // per node: sees only the epochs announced to it (see kAnnounced)
 };
 
 }  // namespace pathways::dataflow

@@ -30,7 +30,9 @@ TEST(OrderedBatchQueueTest, BatchesStayWithinTheirByteLimit) {
   items.insert(items.begin() + 3, std::string(5000, 'z'));
   for (const auto& item : items) queue->Push(item);  // the first goes at once, the rest wait for it
   Future<Unit> flushed = queue->Flushed();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);  // a regression fails, not hangs
   for (size_t answered = 0; !flushed.AwaitFor(absl::ZeroDuration()).ok();) {
+    ASSERT_LT(absl::Now(), deadline) << "batches stopped coming after " << answered;
     Promise<Unit> next;
     {
       absl::MutexLock lock(&mu);

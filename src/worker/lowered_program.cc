@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "transport/rpc_util.h"
@@ -39,8 +40,15 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
       return absl::InvalidArgumentError(absl::StrCat("slice ", sp.slice_id(), " has ", sp.devices_size(),
                                                      " devices for mesh ", slice.mesh.ToString()));
     }
+    absl::flat_hash_set<int32_t> device_ids;
     for (int64_t i = 0; i < sp.devices_size(); ++i) {
       const rpc::SliceDevice& d = sp.devices(i);
+      // Planning takes a slice's shards to be on distinct devices (a block whose source and
+      // destination share a device id stays put), so a slice naming one twice is refused.
+      if (!device_ids.insert(d.device_id()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slice ", sp.slice_id(), " names device ", d.device_id(), " twice"));
+      }
       slice.devices.push_back({d.device_id(), d.host_address()});
       if (std::find(slice.hosts.begin(), slice.hosts.end(), d.host_address()) == slice.hosts.end()) {
         slice.hosts.push_back(d.host_address());

@@ -144,6 +144,17 @@ TEST(ProgramPlanTest, AChainOverSeveralHostsPlansOnlyLocalShards) {
   }
 }
 
+// Planning takes a slice's shards to be on distinct devices; a program saying otherwise (forged,
+// or from a broken client) is refused when it is registered, not planned into a wait that never
+// ends.
+TEST(ProgramPlanTest, ASliceNamingADeviceTwiceIsRefused) {
+  rpc::ProgramProto p = TwoHostProgram();
+  p.mutable_slices(1)->mutable_devices(1)->set_device_id(p.slices(1).devices(0).device_id());
+  auto lowered = LoweredProgram::Create(p, "B", 2);
+  EXPECT_TRUE(absl::IsInvalidArgument(lowered.status())) << lowered.status();
+  EXPECT_NE(lowered.status().message().find("twice"), std::string::npos) << lowered.status();
+}
+
 TEST(ProgramPlanTest, TheSenderOwesEachBlockTheReceiverAssemblesFrom) {
   const ProgramPlan a = Plan("A"), b = Plan("B");
   ASSERT_EQ(a.nodes.size(), 3u);
