@@ -150,8 +150,8 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
       candidates.push_back({&h, &d});
     }
   }
-  // Picks `wanted` of `pool` (devices of one kind, or of whatever kinds `pool` holds when the
-  // request names one): within one island unless the request pins one or lets the slice span.
+  // Picks `wanted` devices of `pool` (all of one kind, named `kind` in refusals when it was
+  // chosen): within one island unless the request pins one or lets the slice span islands.
   auto select = [&](std::vector<Candidate> pool, const std::string& kind) -> absl::StatusOr<std::vector<Candidate>> {
     if (static_cast<int64_t>(pool.size()) < wanted) {
       std::string constraints;
