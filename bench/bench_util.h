@@ -27,13 +27,15 @@ inline double Seconds(const std::function<void()>& body) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The integer flag `name` (or `fallback`), which must be at least `min`: a benchmark given a bad
-// one says which and exits with status 2.
-inline int64_t IntFlagOrExit(const Flags& flags, const std::string& name, int64_t fallback, int64_t min = 1) {
+// The integer flag `name` (or `fallback`), which must be from `min` to `max`: a benchmark given a
+// bad one says which and exits with status 2.
+inline int64_t IntFlagOrExit(const Flags& flags, const std::string& name, int64_t fallback, int64_t min = 1,
+                             int64_t max = int64_t{1} << 30) {
   absl::StatusOr<int64_t> value = flags.GetInt(name, fallback);
-  if (value.ok() && *value >= min) return *value;
-  std::fprintf(stderr, "--%s: %s\n", name.c_str(),
-               value.ok() ? ("must be at least " + std::to_string(min)).c_str() : value.status().ToString().c_str());
+  if (value.ok() && *value >= min && *value <= max) return *value;
+  const std::string why = value.ok() ? "must be from " + std::to_string(min) + " to " + std::to_string(max)
+                                     : value.status().ToString();
+  std::fprintf(stderr, "--%s: %s\n", name.c_str(), why.c_str());
   std::exit(2);
 }
 

@@ -205,12 +205,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 5));
-  const int max_hosts = static_cast<int>(bench::IntFlagOrExit(*flags, "max-hosts", 8));
-  const int max_stages = static_cast<int>(bench::IntFlagOrExit(*flags, "max-stages", 16));
-  if (repeats < 1 || max_hosts < 1 || max_hosts > 64 || max_stages < 1 || max_stages > 64) {
-    std::fprintf(stderr, "need --repeats >= 1, 1 <= --max-hosts <= 64, 1 <= --max-stages <= 64\n");
-    return 2;
-  }
+  const int max_hosts = static_cast<int>(bench::IntFlagOrExit(*flags, "max-hosts", 8, 1, 64));
+  const int max_stages = static_cast<int>(bench::IntFlagOrExit(*flags, "max-stages", 16, 1, 64));
   ThroughputTable(max_hosts, repeats);
   PipelineTable(max_stages, repeats);
   ShardScalingTable(repeats);

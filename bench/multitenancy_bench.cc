@@ -213,12 +213,8 @@ int main(int argc, char** argv) {
   }
   const double seconds = static_cast<double>(bench::IntFlagOrExit(*flags, "seconds", 2));
   const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
-  const int max_clients = static_cast<int>(bench::IntFlagOrExit(*flags, "max-clients", 16));
+  const int max_clients = static_cast<int>(bench::IntFlagOrExit(*flags, "max-clients", 16, 1, 64));
   const std::string prefix = flags->Get("trace-prefix");
-  if (seconds < 1 || repeats < 1 || max_clients < 1 || max_clients > 64) {
-    std::fprintf(stderr, "need --seconds >= 1, --repeats >= 1, 1 <= --max-clients <= 64\n");
-    return 2;
-  }
   ThroughputTable(max_clients, repeats, seconds);
   std::printf("### Figure 9: shares of device time under proportional share (median of %d)\n\n", repeats);
   SharesTable({1, 1, 1, 1}, repeats, seconds, prefix.empty() ? "" : prefix + "1111.json");

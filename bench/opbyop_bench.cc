@@ -116,13 +116,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
   }
-  const int64_t calls = bench::IntFlagOrExit(*flags, "calls", 2000);
+  const int64_t calls = bench::IntFlagOrExit(*flags, "calls", 2000, 10);
   const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 5));
-  const int devices = static_cast<int>(bench::IntFlagOrExit(*flags, "devices", 1));
-  if (calls < 10 || repeats < 1 || devices < 1 || devices > 64) {
-    std::fprintf(stderr, "need --calls >= 10, --repeats >= 1, 1 <= --devices <= 64\n");
-    return 2;
-  }
+  const int devices = static_cast<int>(bench::IntFlagOrExit(*flags, "devices", 1, 1, 64));
 
   const double kernel = MeasureKernelOnly(calls, repeats);
 

@@ -81,7 +81,8 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
         },
         // Under the controller's 4 MiB message limit however many runs queue up (a run names each
         // of its hosts: 16 KB at 512 hosts).
-        [](const rpc::GangRun& run) { return run.ByteSizeLong(); }, size_t{1} << 20);
+        OrderedBatchQueue<rpc::GangRun>::BatchLimit{[](const rpc::GangRun& run) { return run.ByteSizeLong(); },
+                                                    size_t{1} << 20});
   }
   return q;
 }

@@ -7,33 +7,31 @@
 namespace pathways {
 
 absl::StatusOr<DeviceBackend> DeviceBackend::Create(const std::string& kind, const std::string& cost_text) {
-  DeviceBackend backend;
-  backend.kind = kind;
   if (kind == "cpu") {
     if (!cost_text.empty()) {
       return absl::InvalidArgumentError("modelled kernel costs apply to simulated devices only (device kind sim)");
     }
-    return backend;
+    return DeviceBackend();
   }
   if (kind == "sim") {
     auto costs = ParseCostModel(cost_text);
     if (!costs.ok()) return costs.status();
-    backend.costs = std::make_shared<const CostModel>(*std::move(costs));
-    return backend;
+    return DeviceBackend(std::make_shared<const CostModel>(*std::move(costs)));
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown device kind '", kind, "'; known: cpu, sim"));
 }
 
 std::unique_ptr<Device> DeviceBackend::MakeDevice(int local_index, int64_t memory_bytes, const std::string& host_name,
                                                   absl::Duration kernel_memory_wait) const {
-  if (kind == "sim") return std::make_unique<SimulatedDevice>(local_index, memory_bytes, host_name, kernel_memory_wait);
+  if (costs_ != nullptr) {
+    return std::make_unique<SimulatedDevice>(local_index, memory_bytes, host_name, kernel_memory_wait);
+  }
   return std::make_unique<CpuDevice>(local_index, memory_bytes, host_name, kernel_memory_wait);
 }
 
 Compiler DeviceBackend::compiler() const {
-  if (kind != "sim") return CompileForCpu;
-  std::shared_ptr<const CostModel> model = costs != nullptr ? costs : std::make_shared<const CostModel>();
-  return [model](const FunctionBody& body) { return CompileModelled(body, model); };
+  if (costs_ == nullptr) return CompileForCpu;
+  return [costs = costs_](const FunctionBody& body) { return CompileModelled(body, costs); };
 }
 
 }  // namespace pathways

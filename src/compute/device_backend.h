@@ -13,20 +13,24 @@
 
 namespace pathways {
 
-// Immutable once made; copies share the cost model.
-struct DeviceBackend {
+// Immutable; copies share the cost model. Default-constructed: CPU devices.
+class DeviceBackend {
+ public:
   // "cpu": libtorch kernels on CpuDevice streams. "sim": SimulatedDevice streams whose kernels
-  // take the durations `costs` gives (compute/modelled_executable.h).
-  std::string kind = "cpu";
-  std::shared_ptr<const CostModel> costs;
-
-  // Checks the kind and, for "sim", parses `cost_text` (ParseCostModel's form). InvalidArgument
-  // naming the kinds there are, or the bad cost entry; costs given for "cpu" are an error too.
+  // take the durations `cost_text` gives (ParseCostModel's form; compute/modelled_executable.h).
+  // InvalidArgument naming the kinds there are, or the bad cost entry; costs given for "cpu" are
+  // an error too.
   static absl::StatusOr<DeviceBackend> Create(const std::string& kind, const std::string& cost_text = "");
+  DeviceBackend() = default;
 
+  const char* kind() const { return costs_ == nullptr ? "cpu" : "sim"; }
   std::unique_ptr<Device> MakeDevice(int local_index, int64_t memory_bytes, const std::string& host_name,
                                      absl::Duration kernel_memory_wait) const;
   Compiler compiler() const;
+
+ private:
+  explicit DeviceBackend(std::shared_ptr<const CostModel> costs) : costs_(std::move(costs)) {}
+  std::shared_ptr<const CostModel> costs_;  // set for simulated devices only
 };
 
 }  // namespace pathways

@@ -47,6 +47,7 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
@@ -56,7 +57,10 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (die_with_parent_) prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (die_with_parent_) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the parent died before the request took hold
+    }
     execv(args[0], args.data());
     _exit(127);
   }

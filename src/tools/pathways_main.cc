@@ -235,7 +235,7 @@ absl::Status RunWorker(const Flags& flags) {
     workers.push_back(std::make_unique<Worker>(options));
     PW_RETURN_IF_ERROR(workers.back()->Start());
     std::printf("worker %s serving %d %s devices for island %d, host %d\n", workers.back()->address().c_str(),
-                options.num_devices, options.backend.kind.c_str(), options.island, workers.back()->host_id());
+                options.num_devices, options.backend.kind(), options.island, workers.back()->host_id());
   }
   std::fflush(stdout);
   WaitForTerminationSignal();

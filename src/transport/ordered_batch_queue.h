@@ -18,8 +18,9 @@ namespace pathways {
 // By default a failed batch stops delivery: later pushes are dropped and every Flushed() reports
 // the failure. With `on_failed`, a failed batch fails only itself: its items are handed to
 // `on_failed`, the Flushed() futures that cover it report the error, and delivery goes on.
-// A batch holds at most `max_batch_bytes` of items by `item_bytes` (and at least one item), so
-// that what queues up behind a slow receiver never outgrows the receiver's message limit.
+// With a BatchLimit, a batch holds at most `max_bytes` of items by `item_bytes` (and at least one
+// item), so that what queues up behind a slow receiver never outgrows the receiver's message
+// limit (approximately: the request's own framing is not counted, so leave a margin).
 // Thread-safe. Held by shared_ptr: in-flight sends keep it alive.
 template <typename Item>
 class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<Item>> {
@@ -28,13 +29,12 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
   // the queue's lock held; its completion may run on any thread, even this one.
   using SendFn = std::function<Future<Unit>(std::vector<Item>)>;
   using FailedFn = std::function<void(std::vector<Item>, const absl::Status&)>;
-  using BytesFn = std::function<size_t(const Item&)>;
-  explicit OrderedBatchQueue(SendFn send, FailedFn on_failed = nullptr, BytesFn item_bytes = nullptr,
-                             size_t max_batch_bytes = 0)
-      : send_(std::move(send)),
-        on_failed_(std::move(on_failed)),
-        item_bytes_(std::move(item_bytes)),
-        max_batch_bytes_(max_batch_bytes) {}
+  struct BatchLimit {
+    std::function<size_t(const Item&)> item_bytes;  // null: no limit
+    size_t max_bytes = 0;
+  };
+  explicit OrderedBatchQueue(SendFn send, FailedFn on_failed = nullptr, BatchLimit limit = {})
+      : send_(std::move(send)), on_failed_(std::move(on_failed)), limit_(std::move(limit)) {}
 
   void Push(Item item) {
     std::optional<std::vector<Item>> batch;
@@ -74,14 +74,14 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
  private:
   std::vector<Item> TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Item> batch;
-    if (item_bytes_ == nullptr) {
+    if (limit_.item_bytes == nullptr) {
       batch = std::move(pending_);
       pending_.clear();
     } else {
       size_t bytes = 0, n = 0;
       for (; n < pending_.size(); ++n) {
-        bytes += item_bytes_(pending_[n]);
-        if (n > 0 && bytes > max_batch_bytes_) break;
+        bytes += limit_.item_bytes(pending_[n]);
+        if (n > 0 && bytes > limit_.max_bytes) break;
       }
       batch.assign(std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.begin() + n));
       pending_.erase(pending_.begin(), pending_.begin() + n);
@@ -139,8 +139,7 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
 
   const SendFn send_;
   const FailedFn on_failed_;
-  const BytesFn item_bytes_;
-  const size_t max_batch_bytes_;
+  const BatchLimit limit_;
   absl::Mutex mu_;
   std::vector<Item> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<Item> in_flight_items_ ABSL_GUARDED_BY(mu_);  // only with on_failed_

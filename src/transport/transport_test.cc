@@ -24,7 +24,7 @@ TEST(OrderedBatchQueueTest, BatchesStayWithinTheirByteLimit) {
         in_flight.emplace_back();
         return in_flight.back().future();
       },
-      nullptr, [](const std::string& item) { return item.size(); }, 1000);
+      nullptr, OrderedBatchQueue<std::string>::BatchLimit{[](const std::string& item) { return item.size(); }, 1000});
   std::vector<std::string> items;
   for (int i = 0; i < 6; ++i) items.push_back(std::string(400, static_cast<char>('a' + i)));
   items.insert(items.begin() + 3, std::string(5000, 'z'));

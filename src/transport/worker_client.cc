@@ -202,7 +202,7 @@ HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity cl
         for (rpc::Op& op : ops) *request.add_ops() = std::move(op);
         return worker->Enqueue(request).Then([](const rpc::EnqueueResponse&) { return Unit{}; });
       },
-      nullptr, [](const rpc::Op& op) { return op.ByteSizeLong(); }, size_t{64} << 20);  // a worker takes 1 GiB
+      nullptr, OrderedBatchQueue<rpc::Op>::BatchLimit{[](const rpc::Op& op) { return op.ByteSizeLong(); }, size_t{64} << 20});  // a worker takes 1 GiB
 }
 
 int64_t HostOpQueue::Push(rpc::Op op) {
