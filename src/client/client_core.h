@@ -236,18 +236,9 @@ struct ShardedArray::State {
   mutable absl::Mutex reads_mu;
   mutable std::vector<Future<Unit>> reads ABSL_GUARDED_BY(reads_mu);
 
-  // Freeing goes through each host's ordered queue, behind every op that still reads the array.
-  ~State() {
-    if (!owned) return;
-    auto free = [core = core, id = id, hosts = placed_on->hosts](const absl::StatusOr<Unit>&) {
-      for (const std::string& host : hosts) {
-        rpc::Op op;
-        op.mutable_free()->set_array_id(id.value());
-        core->Push(host, std::move(op));
-      }
-    };
-    dispatched.OnReady(std::move(free));
-  }
+  // Freeing goes through each host's ordered queue, behind every op that still reads the array,
+  // pushed from a thread of its own (client_core.cc).
+  ~State();
 };
 
 struct ClientCore::Lowering {

@@ -28,8 +28,9 @@ std::vector<int64_t> DistinctShards(const Sharding& sharding) {
 }
 
 // Fetches the given shards from `host` once it has applied op `seq` (which produced them), the
-// client's direct ops to it flushed first: that surfaces a refused batch instead of waiting for
-// ops that never come.
+// client's direct ops to it up to `seq` flushed first: that surfaces a refused batch instead of
+// waiting for ops that never come. Ops pushed after `seq` (the frees of a loop's old arrays)
+// are not waited for: a round trip would otherwise wait for their delivery too.
 Future<FetchedShards> FetchFromHost(ClientCore& core, const std::string& host, std::optional<SeqRef> at,
                                          rpc::FetchRequest request, uint64_t max_bytes) {
   std::shared_ptr<WorkerClient> worker = core.worker(host);
@@ -46,7 +47,7 @@ Future<FetchedShards> FetchFromHost(ClientCore& core, const std::string& host, s
   }
   request.set_after_seq(at->seq);
   request.set_session(at->session);
-  return queue->Flushed().FlatThen(
+  return queue->FlushedThrough(at->seq).FlatThen(
       [worker, request = std::move(request), max_bytes](const Unit&) { return worker->Fetch(request, max_bytes); });
 }
 

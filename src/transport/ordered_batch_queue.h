@@ -1,6 +1,7 @@
 // Ordered, batched delivery of items to one receiver, one batch in flight at a time.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -36,16 +37,20 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
   explicit OrderedBatchQueue(SendFn send, FailedFn on_failed = nullptr, BatchLimit limit = {})
       : send_(std::move(send)), on_failed_(std::move(on_failed)), limit_(std::move(limit)) {}
 
-  void Push(Item item) {
+  // Returns the item's number in push order (from 1), for FlushedThrough; 0 once delivery has
+  // stopped (the item is dropped).
+  int64_t Push(Item item) {
     std::optional<std::vector<Item>> batch;
+    int64_t number = 0;
     {
       absl::MutexLock lock(&mu_);
-      if (!failure_.ok()) return;  // Flushed() reports the failure
+      if (!failure_.ok()) return 0;  // Flushed() reports the failure
       pending_.push_back(std::move(item));
-      ++pushed_;
+      number = ++pushed_;
       if (!in_flight_) batch = TakeBatchLocked();
     }
     if (batch) Send(*std::move(batch));
+    return number;
   }
 
   // True once a batch failed and stopped delivery (never with on_failed).
@@ -63,15 +68,30 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
   // delivery.
   Future<Unit> Flushed() {
     absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return Future<Unit>::Ready(failure_);
-    if (acked_ == pushed_) return Future<Unit>::Ready(Unit{});
-    Promise<Unit> p;
-    Future<Unit> f = p.future();
-    waiters_.emplace_back(pushed_, std::move(p));
-    return f;
+    return FlushedThroughLocked(pushed_);
+  }
+  // Completes when items 1..`number` (Push's numbers) have been accepted, whatever was pushed
+  // after them, or with the error that stopped delivery.
+  Future<Unit> FlushedThrough(int64_t number) {
+    absl::MutexLock lock(&mu_);
+    return FlushedThroughLocked(std::min(number, pushed_));
+  }
+  // How many items have been accepted so far.
+  int64_t acked() {
+    absl::MutexLock lock(&mu_);
+    return acked_;
   }
 
  private:
+  Future<Unit> FlushedThroughLocked(int64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!failure_.ok()) return Future<Unit>::Ready(failure_);
+    if (acked_ >= number) return Future<Unit>::Ready(Unit{});
+    Promise<Unit> p;
+    Future<Unit> f = p.future();
+    waiters_.emplace_back(number, std::move(p));
+    return f;
+  }
+
   std::vector<Item> TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Item> batch;
     if (limit_.item_bytes == nullptr) {

@@ -52,6 +52,41 @@ TEST(OrderedBatchQueueTest, BatchesStayWithinTheirByteLimit) {
   EXPECT_EQ(batches.size(), 5u);  // a | b c | z | d e | f
 }
 
+// A flush through item n waits for the batch holding n only, not for items pushed after it.
+TEST(OrderedBatchQueueTest, AFlushThroughAnItemIgnoresLaterItems) {
+  absl::Mutex mu;
+  std::vector<Promise<Unit>> in_flight;
+  auto queue = std::make_shared<OrderedBatchQueue<int>>([&](std::vector<int>) {
+    absl::MutexLock lock(&mu);
+    in_flight.emplace_back();
+    return in_flight.back().future();
+  });
+  const int64_t first = queue->Push(1);  // goes at once
+  const int64_t second = queue->Push(2);  // waits for the first batch
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(second, 2);
+  Future<Unit> through_first = queue->FlushedThrough(first);
+  Future<Unit> all = queue->Flushed();
+  EXPECT_FALSE(through_first.IsReady());
+  Promise<Unit> answer;
+  {
+    absl::MutexLock lock(&mu);
+    answer = std::move(in_flight[0]);
+  }
+  answer.Set(Unit{});  // the second batch is sent now, and stays unanswered
+  EXPECT_TRUE(through_first.AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_FALSE(all.IsReady());
+  EXPECT_EQ(queue->acked(), 1);
+  EXPECT_TRUE(queue->FlushedThrough(0).IsReady());
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(in_flight.size(), 2u);
+    answer = std::move(in_flight[1]);
+  }
+  answer.Set(Unit{});
+  EXPECT_TRUE(all.AwaitFor(absl::Seconds(30)).ok());
+}
+
 TEST(RpcUtilTest, StatusRoundTripsThroughGrpc) {
   absl::Status s = absl::ResourceExhaustedError("device full");
   EXPECT_EQ(FromGrpc(ToGrpc(s)), s);
@@ -171,6 +206,24 @@ TEST_F(HostOpQueueTest, AFlushWaitsForNumbersReservedForFillingAndReportsTheirRe
   worker_.Refuse();
   queue->FillReserved(refused, Free(3));
   EXPECT_EQ(after.AwaitFor(absl::Seconds(30)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A fetch of an op's results waits for that op and those numbered before it, not for ops pushed
+// after it: a loop's frees would otherwise add their delivery to every round trip.
+TEST_F(HostOpQueueTest, AFlushThroughANumberWaitsOnlyForOpsUpToIt) {
+  auto queue = std::make_shared<HostOpQueue>(WorkerClientCache::Global().Get(address_), NewClientIdentity());
+  const int64_t first = queue->Push(Free(1));
+  const int64_t reserved = queue->ReserveForFill();
+  const int64_t later = queue->Push(Free(3));
+  ASSERT_TRUE(queue->FlushedThrough(first).AwaitFor(absl::Seconds(30)).ok());
+  Future<Unit> through_reserved = queue->FlushedThrough(reserved);
+  Future<Unit> through_later = queue->FlushedThrough(later);
+  EXPECT_FALSE(through_reserved.AwaitFor(absl::Milliseconds(300)).ok());  // not before the fill
+  EXPECT_FALSE(through_later.IsReady());
+  queue->FillReserved(reserved, Free(2));
+  EXPECT_TRUE(through_reserved.AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_TRUE(through_later.AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_EQ(worker_.order(), (std::vector<int64_t>{1, 3, 2}));  // hosts order them by number
 }
 
 TEST(HostOpQueueUnreachableTest, AMissingHostIsReportedNotAwaitedForever) {

@@ -1,5 +1,6 @@
 #include "transport/worker_client.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/random/random.h"
@@ -209,8 +210,17 @@ int64_t HostOpQueue::Push(rpc::Op op) {
   absl::MutexLock lock(&mu_);
   op.set_seq(++seq_);
   op.set_session(session_);
-  queue_->Push(std::move(op));
+  NotePushedLocked(seq_, queue_->Push(std::move(op)));
   return seq_;
+}
+
+void HostOpQueue::NotePushedLocked(int64_t seq, int64_t item) {
+  if (item == 0) return;  // dropped: delivery stopped, and FlushedThrough reports why
+  // Entries the host has accepted go first; they are mostly in sequence order (a filled
+  // reservation may come late), so pruning stops at the first one still in flight.
+  const int64_t acked = queue_->acked();
+  while (!unacked_items_.empty() && unacked_items_.begin()->second <= acked) unacked_items_.erase(unacked_items_.begin());
+  unacked_items_[seq] = item;
 }
 
 int64_t HostOpQueue::ReserveSeq() {
@@ -230,7 +240,7 @@ void HostOpQueue::FillReserved(int64_t seq, rpc::Op op) {
   Promise<Unit> filled;
   {
     absl::MutexLock lock(&mu_);
-    queue_->Push(std::move(op));
+    NotePushedLocked(seq, queue_->Push(std::move(op)));
     if (auto it = unfilled_.find(seq); it != unfilled_.end()) {
       filled = std::move(it->second);
       unfilled_.erase(it);
@@ -247,6 +257,22 @@ Future<Unit> HostOpQueue::Flushed() {
     absl::MutexLock lock(&mu_);
     all.push_back(queue_->Flushed());
     for (const auto& [seq, promise] : unfilled_) all.push_back(promise.future());
+  }
+  return all.size() == 1 ? all[0] : AllDone(all);
+}
+
+Future<Unit> HostOpQueue::FlushedThrough(int64_t seq) {
+  std::vector<Future<Unit>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    int64_t item = 0;
+    for (auto it = unacked_items_.begin(); it != unacked_items_.end() && it->first <= seq; ++it) {
+      item = std::max(item, it->second);
+    }
+    all.push_back(queue_->FlushedThrough(item));
+    for (const auto& [reserved, promise] : unfilled_) {
+      if (reserved <= seq) all.push_back(promise.future());
+    }
   }
   return all.size() == 1 ? all[0] : AllDone(all);
 }

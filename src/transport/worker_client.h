@@ -3,6 +3,7 @@
 // moves through the sharded dataflow engine (src/dataflow).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,6 +119,9 @@ class HostOpQueue {
   // accepted by the host (not those reserved for the scheduler), or with the error that stopped
   // delivery (after which every later op fails too).
   Future<Unit> Flushed();
+  // As Flushed, for the ops numbered `seq` or less only: what a fetch of that op's results
+  // needs, without waiting for ops pushed after it (frees, say).
+  Future<Unit> FlushedThrough(int64_t seq);
   const std::string& address() const { return worker_->address(); }
 
  private:
@@ -128,6 +132,9 @@ class HostOpQueue {
   int64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   // Numbers from ReserveForFill not filled yet: each completes once its op is accepted.
   absl::flat_hash_map<int64_t, Promise<Unit>> unfilled_ ABSL_GUARDED_BY(mu_);
+  // Pushed ops the host may not have accepted yet: sequence number -> the queue's item number.
+  std::map<int64_t, int64_t> unacked_items_ ABSL_GUARDED_BY(mu_);
+  void NotePushedLocked(int64_t seq, int64_t item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace pathways
