@@ -13,11 +13,11 @@ namespace pathways {
 
 namespace {
 
-// Pushes the frees of arrays whose last handle went away. Starting a gRPC call costs tens of
-// microseconds on the calling thread (60-70 on the development VM), and a handle usually dies
-// on the user's thread between two calls (`x = f(x)`): there, a free sent inline added that to
-// every round trip. One thread for the process, never joined: a free's task may briefly hold
-// the last reference to its client, whose destruction then runs here.
+// Sends the batches that frees start. Starting a gRPC call costs tens of microseconds on the
+// calling thread (60-70 on the development VM), and a handle usually dies on the user's thread
+// between two calls (`x = f(x)`): there, a free sent inline added that to every round trip. The
+// free still takes its place in the host's order where it is pushed. One thread for the
+// process, never joined (a task holds only the queue it sends for).
 Executor& FreeSender() {
   static ThreadPool* pool = new ThreadPool("client-frees", 1);
   return *pool;
@@ -27,18 +27,12 @@ Executor& FreeSender() {
 
 ShardedArray::State::~State() {
   if (!owned) return;
-  // A client gone meanwhile has had its arrays collected by the hosts (its goodbye, or its
-  // lease running out): its frees are moot, and do not keep it alive.
-  auto free = [weak = std::weak_ptr<ClientCore>(core), id = id, hosts = placed_on->hosts](const absl::StatusOr<Unit>&) {
-    FreeSender().Schedule([weak, id, hosts] {
-      std::shared_ptr<ClientCore> core = weak.lock();
-      if (core == nullptr) return;
-      for (const std::string& host : hosts) {
-        rpc::Op op;
-        op.mutable_free()->set_array_id(id.value());
-        core->Push(host, std::move(op));
-      }
-    });
+  auto free = [core = core, id = id, hosts = placed_on->hosts](const absl::StatusOr<Unit>&) {
+    for (const std::string& host : hosts) {
+      rpc::Op op;
+      op.mutable_free()->set_array_id(id.value());
+      core->Push(host, std::move(op), &FreeSender());
+    }
   };
   dispatched.OnReady(std::move(free));
 }

@@ -94,7 +94,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   // Every op the client sends goes through here, so the stats see all of them.
   // Returns the op's place in the client's sequence on the host.
-  SeqRef Push(const std::string& host, rpc::Op op) {
+  SeqRef Push(const std::string& host, rpc::Op op, Executor* sender = nullptr) {
     const int64_t bytes = static_cast<int64_t>(op.ByteSizeLong());
     ops_sent_.fetch_add(1, std::memory_order_relaxed);
     op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
@@ -103,7 +103,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
     }
     std::shared_ptr<HostOpQueue> q = queue(host);
-    const int64_t seq = q->Push(std::move(op));
+    const int64_t seq = q->Push(std::move(op), sender);
     return {q->session(), seq};
   }
   // A put of `bytes` (the op without them): shards of at least kStagedPutBytes go ahead over the
@@ -236,8 +236,8 @@ struct ShardedArray::State {
   mutable absl::Mutex reads_mu;
   mutable std::vector<Future<Unit>> reads ABSL_GUARDED_BY(reads_mu);
 
-  // Freeing goes through each host's ordered queue, behind every op that still reads the array,
-  // pushed from a thread of its own (client_core.cc).
+  // Freeing goes through each host's ordered queue, behind every op that still reads the array
+  // and before every op pushed after (client_core.cc).
   ~State();
 };
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "core/executor.h"
 #include "core/future.h"
 
 namespace pathways {
@@ -38,8 +39,9 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
       : send_(std::move(send)), on_failed_(std::move(on_failed)), limit_(std::move(limit)) {}
 
   // Returns the item's number in push order (from 1), for FlushedThrough; 0 once delivery has
-  // stopped (the item is dropped).
-  int64_t Push(Item item) {
+  // stopped (the item is dropped). A batch that this push starts is sent on this thread, or with
+  // `sender`, from one of its threads: the item keeps its place either way.
+  int64_t Push(Item item, Executor* sender = nullptr) {
     std::optional<std::vector<Item>> batch;
     int64_t number = 0;
     {
@@ -49,7 +51,11 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
       number = ++pushed_;
       if (!in_flight_) batch = TakeBatchLocked();
     }
-    if (batch) Send(*std::move(batch));
+    if (batch && sender != nullptr) {
+      sender->Schedule([self = this->shared_from_this(), batch = *std::move(batch)]() mutable { self->Send(std::move(batch)); });
+    } else if (batch) {
+      Send(*std::move(batch));
+    }
     return number;
   }
 

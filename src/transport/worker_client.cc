@@ -206,11 +206,11 @@ HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity cl
       nullptr, OrderedBatchQueue<rpc::Op>::BatchLimit{[](const rpc::Op& op) { return op.ByteSizeLong(); }, size_t{64} << 20});  // a worker takes 1 GiB
 }
 
-int64_t HostOpQueue::Push(rpc::Op op) {
+int64_t HostOpQueue::Push(rpc::Op op, Executor* sender) {
   absl::MutexLock lock(&mu_);
   op.set_seq(++seq_);
   op.set_session(session_);
-  NotePushedLocked(seq_, queue_->Push(std::move(op)));
+  NotePushedLocked(seq_, queue_->Push(std::move(op), sender));
   return seq_;
 }
 

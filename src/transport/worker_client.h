@@ -95,8 +95,9 @@ class WorkerClientCache {
 class HostOpQueue {
  public:
   HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client);
-  // Returns the op's sequence number.
-  int64_t Push(rpc::Op op);
+  // Returns the op's sequence number. With `sender`, a batch this push starts is sent from one
+  // of its threads instead of this one (the op keeps its number and place).
+  int64_t Push(rpc::Op op, Executor* sender = nullptr);
   // A sequence number for an op that reaches the host another way (through the scheduler).
   int64_t ReserveSeq();
   // A sequence number for an op this queue sends later (a put whose bytes go ahead over a data
