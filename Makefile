@@ -6,13 +6,14 @@ MAKEFLAGS += --no-print-directory
 # code generators), libtorch with OpenBLAS (without it libtorch falls back to a slow reference
 # BLAS), GoogleTest, openssl (a test makes a certificate) and libssl-dev (clients' credentials
 # are SHA-256 preimages of their ids) and iproute2 (a test cuts a worker off in network namespaces);
+# cpp-httplib (found through pkg-config) for the controller's dashboard and metrics;
 # for the Python package, pybind11 and Python's headers, torch for Python (tensors in and out) and
 # pytest for its tests.
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
   protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev iproute2 \
-  pybind11-dev python3-dev python3-torch python3-pytest
+  pybind11-dev python3-dev python3-torch python3-pytest libcpp-httplib-dev pkg-config
 
-.PHONY: deps deps-fuzz deps-bench deps-plot install-packages build test demo bench collective-bench fuzz sanitize clean
+.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot install-packages build test demo bench collective-bench fuzz sanitize clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -26,6 +27,11 @@ deps-fuzz: deps
 # dependency of `make test`.
 deps-bench: deps
 	@$(MAKE) install-packages PACKAGES="python3-torch openmpi-bin libopenmpi-dev"
+
+# Headless Chromium for the dashboard's browser test (tests/dashboard_browser_test.sh), which
+# `make test` skips, saying so, without it. Never a dependency of `make test`.
+deps-browser:
+	@$(MAKE) install-packages PACKAGES="chromium"
 
 # What tools/plot_trace.py and tools/plot_multitenancy.py draw with. Never a dependency of `make test`.
 deps-plot:

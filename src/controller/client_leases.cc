@@ -21,6 +21,15 @@ void ClientLeases::Goodbye(const std::string& client, absl::Time now) {
   if (lease.departed == absl::InfiniteFuture()) lease.departed = now;
 }
 
+int64_t ClientLeases::Live(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  int64_t live = 0;
+  for (const auto& [client, lease] : leases_) {
+    if (lease.departed == absl::InfiniteFuture() && now - lease.last_seen <= timeout_) ++live;
+  }
+  return live;
+}
+
 std::vector<std::string> ClientLeases::TakeDeparted(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> departed;

@@ -28,6 +28,8 @@ class ClientLeases {
   void Goodbye(const std::string& client, absl::Time now);
   // Clients that departed since the last call (each is returned once).
   std::vector<std::string> TakeDeparted(absl::Time now);
+  // Clients whose lease holds at `now`.
+  int64_t Live(absl::Time now);
 
  private:
   struct Lease {

@@ -106,6 +106,14 @@ rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {
     hs->set_millis_since_heartbeat(absl::ToInt64Milliseconds(now - h.last_heartbeat));
     for (const Device& d : h.devices) *hs->add_devices() = d.info;
   }
+  for (const auto& [id, slice] : slices_) {
+    rpc::SliceStatus* s = status.add_slices();
+    s->set_slice_id(id);
+    s->set_client_id(slice.request.client_id());
+    *s->mutable_mesh_shape() = slice.request.mesh_shape();
+    s->set_device_kind(slice.request.device_kind());
+    for (const Placed& p : slice.devices) s->add_device_ids(p.device_id);
+  }
   return status;
 }
 

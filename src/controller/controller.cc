@@ -204,15 +204,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   grpc::Status GetStatus(grpc::ServerContext* context, const rpc::GetStatusRequest*,
                          rpc::ClusterStatus* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    *response = registry_.Status(absl::Now());
-    // Anyone with the cluster's token may ask, so clients appear by a label: the first 8 digits
-    // of their id, which a client recognises as its own. Ids alone grant nothing (calls for a
-    // client need its credential); this keeps them out of sight anyway.
-    for (rpc::HostStatus& host : *response->mutable_hosts()) {
-      for (rpc::DeviceInfo& device : *host.mutable_devices()) {
-        for (rpc::ClientTime& t : *device.mutable_client_time()) t.set_client_id(t.client_id().substr(0, 8));
-      }
-    }
+    *response = controller_.Status();  // anyone with the cluster's token may ask: clients appear by label
     return grpc::Status::OK;
   }
   grpc::Status AllocateSlice(grpc::ServerContext* context, const rpc::AllocateSliceRequest* request,
@@ -291,6 +283,32 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   collective::InMemoryKeyValueStore rendezvous_;
 };
 
+std::string ClientLabel(const std::string& client_id) { return client_id.substr(0, 8); }
+
+rpc::ClusterStatus Controller::Status() {
+  const absl::Time now = absl::Now();
+  rpc::ClusterStatus status = registry_.Status(now);
+  status.set_live_clients(clients_.Live(now));
+  {
+    absl::MutexLock lock(&schedulers_mu_);
+    for (const auto& [island, slot] : schedulers_) {
+      rpc::SchedulerStatus* s = status.add_schedulers();
+      *s = slot.scheduler->Status();
+      s->set_rounds(slot.control->rounds());
+    }
+  }
+  for (rpc::HostStatus& host : *status.mutable_hosts()) {
+    for (rpc::DeviceInfo& device : *host.mutable_devices()) {
+      for (rpc::ClientTime& t : *device.mutable_client_time()) t.set_client_id(ClientLabel(t.client_id()));
+    }
+  }
+  for (rpc::SliceStatus& slice : *status.mutable_slices()) slice.set_client_id(ClientLabel(slice.client_id()));
+  for (rpc::SchedulerStatus& s : *status.mutable_schedulers()) {
+    for (rpc::SchedulerClientStatus& c : *s.mutable_clients()) c.set_client_id(ClientLabel(c.client_id()));
+  }
+  return status;
+}
+
 Controller::Controller(ControllerOptions options)
     : options_(std::move(options)), registry_(options_.heartbeat_timeout), clients_(options_.client_timeout) {}
 
@@ -329,10 +347,18 @@ absl::Status Controller::Start() {
   dataflow_transport_ = std::make_unique<dataflow::GrpcTransport>(address_);
   dataflow_service_.ServeInProcess(address_);
   retire_thread_ = std::thread([this] { RetireLoop(); });
+  if (options_.http_port >= 0) {
+    StatusHttpOptions http;
+    http.ip = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
+    http.port = options_.http_port;
+    http.token = token;
+    PW_ASSIGN_OR_RETURN(http_, StatusHttpServer::Start(std::move(http), [this] { return Status(); }));
+  }
   return absl::OkStatus();
 }
 
 void Controller::Shutdown() {
+  http_.reset();  // its pages read the registry and the schedulers
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (retire_thread_.joinable()) retire_thread_.join();
   {

@@ -16,6 +16,7 @@
 #include "core/ids.h"
 #include "dataflow/grpc_transport.h"
 #include "grpcpp/server.h"
+#include "ops/status_http_server.h"
 #include "proto/pathways.grpc.pb.h"
 
 namespace pathways {
@@ -31,11 +32,19 @@ struct ControllerOptions {
   // Calls that only workers make (registering, heartbeats, rendezvous, dataflow streams) must
   // carry this one; empty: PATHWAYS_CLUSTER_TOKEN, else `token` (see transport/auth.h).
   std::string cluster_token;
+  // The dashboard, /api/status and /metrics over HTTP (ops/status_http_server.h), on the listen
+  // address's IP and the tenants' token: -1 off, 0 any free port.
+  int http_port = -1;
   // Test-only: runs over several islands reach each island's scheduler independently, in an
   // order that differs between clients and 1 ms apart, as if islands were not ordered together:
   // gangs over several islands then meet out of order.
   bool TEST_unordered_islands = false;
 };
+
+// What status pages show of a client id: its first 8 digits, which a client recognises as its
+// own. Ids alone grant nothing (calls for a client need its credential); this keeps them out of
+// sight of other token holders anyway.
+std::string ClientLabel(const std::string& client_id);
 
 // Thread-safe.
 class Controller {
@@ -45,6 +54,8 @@ class Controller {
   absl::Status Start();
   void Shutdown();
   const std::string& address() const { return address_; }
+  // Where the HTTP server listens; 0 when it is off.
+  int http_port() const { return http_ == nullptr ? 0 : http_->port(); }
   ClusterRegistry& registry() { return registry_; }
   // The island's scheduler, created at its first run, with the control graph through which it
   // reaches the island's hosts.
@@ -52,6 +63,9 @@ class Controller {
   // Hands a run that spans several islands (one part per island) to their schedulers, which send
   // it only once each has reached its part, one such run at a time (cross_island.h): all such
   // runs are then in one order on every island, under either policy.
+  // The cluster as `pathways status` and the dashboard show it: hosts and devices, slices,
+  // island schedulers and live clients. Clients appear by a label (ClientLabel).
+  rpc::ClusterStatus Status();
   Future<Unit> SubmitAcrossIslands(const std::string& client, double weight,
                                    std::vector<std::pair<int, rpc::GangRun>> parts);
 
@@ -81,6 +95,7 @@ class Controller {
   std::thread retire_thread_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<StatusHttpServer> http_;
   std::string address_;
 };
 

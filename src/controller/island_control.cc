@@ -84,6 +84,11 @@ void IslandControlPlane::Stop() {
   for (auto& p : failed) p.Set(absl::UnavailableError("the controller is shutting down"));
 }
 
+int64_t IslandControlPlane::rounds() const {
+  absl::MutexLock lock(&mu_);
+  return round_ - 1;
+}
+
 int64_t IslandControlPlane::generation() const {
   absl::MutexLock lock(&mu_);
   return current_;

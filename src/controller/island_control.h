@@ -62,6 +62,8 @@ class IslandControlPlane : public ScheduledOpSink {
   // Unavailable at once for a host that is not a live member.
   Future<Unit> Push(const std::string& host, rpc::ScheduledOp op) override;
   void EndRound() override;
+  // Scheduling rounds sent so far.
+  int64_t rounds() const;
   int64_t generation() const;
 
  private:

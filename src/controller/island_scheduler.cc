@@ -168,6 +168,7 @@ void IslandScheduler::ReleaseLocked(Sent& sent, Reached& reached) {
       while (!q.pending.empty() && q.holding == nullptr) {
         Pending p = std::move(q.pending.front());
         q.pending.pop_front();
+        NoteReleasedLocked(q, p);
         if (p.across != nullptr) {
           q.holding = p.across;
           reached.emplace_back(id, std::move(p));
@@ -196,6 +197,7 @@ void IslandScheduler::ReleaseLocked(Sent& sent, Reached& reached) {
     if (next == nullptr) return;
     Pending p = std::move(next->pending.front());
     next->pending.pop_front();
+    NoteReleasedLocked(*next, p);
     virtual_time_ = next_start;
     next->finish = next_start + next->estimate_us / next->weight;
     if (p.across != nullptr) {
@@ -208,6 +210,33 @@ void IslandScheduler::ReleaseLocked(Sent& sent, Reached& reached) {
       sent.emplace_back(std::move(p.accepted), SendLocked(*next_id, p.run, true));
     }
   }
+}
+
+void IslandScheduler::NoteReleasedLocked(ClientQueue& q, const Pending& p) {
+  ++q.released;
+  ++released_;
+  release_wait_us_ += std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - p.submitted));
+}
+
+rpc::SchedulerStatus IslandScheduler::Status() const {
+  absl::MutexLock lock(&mu_);
+  rpc::SchedulerStatus status;
+  status.set_island(island_);
+  status.set_policy(options_.policy == SchedulingPolicy::kFifo ? "fifo" : "proportional-share");
+  status.set_released_runs(released_);
+  status.set_release_wait_us_sum(release_wait_us_);
+  status.set_outstanding_runs(static_cast<int64_t>(outstanding_.size()));
+  std::map<std::string, const ClientQueue*> sorted;  // a stable order for pages and tests
+  for (const auto& [id, q] : clients_) sorted[id] = &q;
+  for (const auto& [id, q] : sorted) {
+    rpc::SchedulerClientStatus* c = status.add_clients();
+    c->set_client_id(id);
+    c->set_weight(q->weight);
+    c->set_queued_runs(static_cast<int64_t>(q->pending.size()));
+    c->set_released_runs(q->released);
+    c->set_estimate_us(q->estimate_us);
+  }
+  return status;
 }
 
 void IslandScheduler::OutstandingLocked(const std::string& client, const rpc::GangRun& run) {

@@ -76,12 +76,16 @@ class IslandScheduler {
   void RetireClient(const std::string& client, const std::vector<std::string>& hosts);
   // A host reports that its part of a run is done, and the device time it took per device.
   void Done(const std::string& client, int64_t epoch, int64_t device_us);
+  // What it holds and has released, for status pages and metrics (`rounds` is left to the
+  // caller, who knows the sink). Client ids appear in full.
+  rpc::SchedulerStatus Status() const;
 
  private:
   struct Pending {
     rpc::GangRun run;
     Promise<Unit> accepted;
     std::shared_ptr<CrossIslandRun> across;  // this island's part of a run over several
+    absl::Time submitted = absl::Now();
   };
   struct ClientQueue {
     double weight = 1;
@@ -92,6 +96,7 @@ class IslandScheduler {
     // A part of a run over several islands that this island reached and holds: the client's
     // later runs wait behind it.
     std::shared_ptr<CrossIslandRun> holding;
+    int64_t released = 0;
   };
   struct Outstanding {
     std::string client;
@@ -115,6 +120,8 @@ class IslandScheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Proportional share: the run goes out now and counts against the window until reported done.
   void OutstandingLocked(const std::string& client, const rpc::GangRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a run leaving its client's queue.
+  void NoteReleasedLocked(ClientQueue& q, const Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Settles each submitter's promise once its hosts acknowledged (called without mu_).
   static void Wire(Sent sent);
   void ExpireLoop();
@@ -128,6 +135,8 @@ class IslandScheduler {
   double outstanding_us_ ABSL_GUARDED_BY(mu_) = 0;
   double virtual_time_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t released_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t release_wait_us_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread expirer_;  // proportional share only
 };
 

@@ -23,6 +23,7 @@
 #include "core/logging.h"
 #include "core/process.h"
 #include "core/status_macros.h"
+#include "ops/status_http_server.h"
 #include "tools/demo.h"
 #include "tools/tenant.h"
 #include "tools/train.h"
@@ -39,6 +40,7 @@ constexpr char kUsage[] =
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
     "             [--cluster-token C] [--max-client-weight W] [--max-connections N]\n"
+    "             [--http-port N] (dashboard, /api/status and /metrics over HTTP, the token's guard; 0 any port)\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
@@ -46,7 +48,7 @@ constexpr char kUsage[] =
     "         and keep checkpoint shards; neither by default) [--max-connections N]\n"
     "         [--device-kind cpu|sim] [--sim-cost-us NAME=US,...,*=US] (simulated devices: kernels take\n"
     "         modelled durations, default 100 us) [--hosts N] (hosts in this process; --listen port 0)\n"
-    "  status --controller HOST:PORT [--token T]\n"
+    "  status --controller HOST:PORT [--token T] [--json]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
     "         [--token T] [--span-islands]\n"
@@ -146,12 +148,21 @@ absl::Status RunController(const Flags& flags) {
                  "a host (and reach other tenants' data through it); give the controller and workers "
                  "--cluster-token (or PATHWAYS_CLUSTER_TOKEN) to tell them apart\n");
   }
+  if (flags.Has("http-port")) {
+    PW_ASSIGN_OR_RETURN(int64_t http_port, flags.GetInt("http-port", 0));
+    if (http_port < 0 || http_port > 65535) return absl::InvalidArgumentError("--http-port must be 0..65535");
+    options.http_port = static_cast<int>(http_port);
+  }
   // Undocumented, for the test that shows what the cross-island order prevents.
   options.TEST_unordered_islands = flags.Has("test-unordered-islands");
   SetCallToken(options.cluster_token);  // its own calls to workers
   Controller controller(options);
   PW_RETURN_IF_ERROR(controller.Start());
   std::printf("controller listening on %s\n", controller.address().c_str());
+  if (controller.http_port() != 0) {
+    std::printf("dashboard at http://%s:%d/\n",
+                controller.address().substr(0, controller.address().rfind(':')).c_str(), controller.http_port());
+  }
   std::fflush(stdout);
   if (flags.Has("port-file")) {
     // Written to a temporary name and renamed, so a reader never sees a partial file.
@@ -249,6 +260,10 @@ absl::Status RunStatus(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
   ControllerClient controller(address);
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, controller.GetStatus());
+  if (flags.Has("json")) {
+    std::printf("%s\n", StatusJson(status).c_str());
+    return absl::OkStatus();
+  }
   std::map<int, std::vector<const rpc::HostStatus*>> islands;
   std::map<std::string, int64_t> client_micros;
   int64_t total_micros = 0;
@@ -276,6 +291,19 @@ absl::Status RunStatus(const Flags& flags) {
                     static_cast<long long>(d.executed()), static_cast<long long>(d.busy_micros()));
       }
     }
+  }
+  for (const rpc::SchedulerStatus& sched : status.schedulers()) {
+    std::printf("island %d scheduler (%s): %lld runs released in %lld rounds\n", sched.island(), sched.policy().c_str(),
+                static_cast<long long>(sched.released_runs()), static_cast<long long>(sched.rounds()));
+    for (const rpc::SchedulerClientStatus& c : sched.clients()) {
+      std::printf("  client %s  weight %g  queued %lld  released %lld\n", c.client_id().c_str(), c.weight(),
+                  static_cast<long long>(c.queued_runs()), static_cast<long long>(c.released_runs()));
+    }
+  }
+  for (const rpc::SliceStatus& slice : status.slices()) {
+    std::printf("slice %lld of client %s: mesh %s %s, devices %s\n", static_cast<long long>(slice.slice_id()),
+                slice.client_id().c_str(), absl::StrJoin(slice.mesh_shape(), "x").c_str(), slice.device_kind().c_str(),
+                absl::StrJoin(slice.device_ids(), " ").c_str());
   }
   if (!client_micros.empty()) {
     std::printf("clients (device time since the workers started, as of their last heartbeats)\n");
@@ -305,9 +333,9 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca"}, {"test-unordered-islands"}, RunController},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "http-port"}, {"test-unordered-islands"}, RunController},
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts"}, {}, RunWorker},
-      {"status", {"controller", "token", "tls-ca"}, {}, RunStatus},
+      {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},
       {"train", {"controller", "model", "steps", "batch", "seq-len", "vocab", "data-parallel", "tensor-parallel",

@@ -1,0 +1,143 @@
+// Polls /api/status once a second and draws the cluster. Utilisation and shares come from the
+// difference between two polls of the devices' busy-time counters; each device keeps the last
+// minute of utilisation as a timeline.
+'use strict';
+
+const POLL_MS = 1000;
+const HISTORY = 60;  // polls kept per device
+const token = new URLSearchParams(location.search).get('token');
+const history = new Map();  // device id -> [utilisation in 0..1]
+let previous = null;        // {time, devices: Map(id -> {busy, clients: Map(label -> busy)})}
+let shareWindow = [];       // per poll: Map(client -> device micros), the last HISTORY polls
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+function bytes(n) {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  n = Number(n);
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i === 0 ? n.toFixed(0) : n.toFixed(1)) + ' ' + units[i];
+}
+function bar(fraction, kind) {
+  const inner = el('div');
+  inner.style.width = (Math.max(0, Math.min(1, fraction)) * 100).toFixed(1) + '%';
+  return el('div', {class: 'bar ' + kind}, inner);
+}
+function fillTable(id, rows) {
+  const body = document.querySelector('#' + id + ' tbody');
+  body.replaceChildren(...rows.map(cells => el('tr', {}, ...cells.map(c =>
+    typeof c === 'number' ? el('td', {class: 'num'}, c) : el('td', {}, c)))));
+}
+function drawTimeline(canvas, values) {
+  const w = canvas.width = canvas.clientWidth || 200, h = canvas.height = 22;
+  const g = canvas.getContext('2d');
+  g.clearRect(0, 0, w, h);
+  g.fillStyle = '#4a7bd0';
+  const step = w / HISTORY;
+  values.forEach((v, i) => {
+    const x = (HISTORY - values.length + i) * step;
+    g.fillRect(x, h - v * h, Math.max(1, step - 1), v * h);
+  });
+}
+
+function render(status, now) {
+  const hosts = status.hosts || [];
+  const devices = new Map();
+  const clientMicros = new Map();
+  for (const h of hosts) for (const d of h.devices || []) {
+    const clients = new Map((d.client_time || []).map(t => [t.client_id, Number(t.busy_micros)]));
+    devices.set(d.device_id, {busy: Number(d.busy_micros), clients});
+    let util = 0;
+    if (previous && previous.devices.has(d.device_id)) {
+      const before = previous.devices.get(d.device_id);
+      const wallMicros = (now - previous.time) * 1000;
+      util = wallMicros > 0 ? (Number(d.busy_micros) - before.busy) / wallMicros : 0;
+      for (const [c, micros] of clients) {
+        const delta = micros - (before.clients.get(c) || 0);
+        if (delta > 0) clientMicros.set(c, (clientMicros.get(c) || 0) + delta);
+      }
+    }
+    const hist = history.get(d.device_id) || [];
+    hist.push(Math.max(0, Math.min(1, util)));
+    while (hist.length > HISTORY) hist.shift();
+    history.set(d.device_id, hist);
+  }
+  previous = {time: now, devices};
+  document.getElementById('summary').className = '';
+  shareWindow.push(clientMicros);
+  while (shareWindow.length > HISTORY) shareWindow.shift();
+
+  const islands = new Map();
+  for (const h of hosts) {
+    if (!islands.has(h.island)) islands.set(h.island, []);
+    islands.get(h.island).push(h);
+  }
+  const alive = hosts.filter(h => h.alive).length;
+  const deviceCount = hosts.reduce((n, h) => n + (h.devices || []).length, 0);
+  document.getElementById('summary').textContent =
+    `${islands.size} island(s), ${alive}/${hosts.length} hosts alive, ${deviceCount} devices, ` +
+    `${status.live_clients} client(s), ${(status.slices || []).length} slice(s)`;
+  document.getElementById('updated').textContent = 'updated ' + new Date(now).toLocaleTimeString();
+
+  const islandsDiv = document.getElementById('islands');
+  islandsDiv.replaceChildren(...[...islands.keys()].sort((a, b) => a - b).map(island => {
+    const cards = islands.get(island).map(h => {
+      const card = el('div', {class: 'host' + (h.alive ? '' : ' down'), 'data-host': h.address},
+        el('div', {class: 'name'}, h.address),
+        el('div', {class: 'state'}, h.alive ? `alive, heartbeat ${h.millis_since_heartbeat} ms ago`
+                                            : `not heartbeating for ${h.millis_since_heartbeat} ms`));
+      for (const d of h.devices || []) {
+        const hist = history.get(d.device_id) || [];
+        const util = hist.length ? hist[hist.length - 1] : 0;
+        const canvas = el('canvas', {class: 'timeline', title: 'utilisation, last minute'});
+        card.append(el('div', {class: 'device'},
+          el('span', {}, `${d.kind}:${d.local_index}`), bar(util, 'util'), el('span', {}, `${(util * 100).toFixed(0)}% busy`),
+          el('span', {}, 'mem'), bar(Number(d.memory_used) / Math.max(1, Number(d.memory_capacity)), 'mem'),
+          el('span', {}, `${bytes(d.memory_used)} / ${bytes(d.memory_capacity)}`), canvas));
+        requestAnimationFrame(() => drawTimeline(canvas, hist));
+      }
+      return card;
+    });
+    return el('div', {class: 'island'}, el('h3', {}, `island ${island}`), el('div', {class: 'hosts'}, ...cards));
+  }));
+
+  const totals = new Map();
+  for (const m of shareWindow) for (const [c, v] of m) totals.set(c, (totals.get(c) || 0) + v);
+  const sum = [...totals.values()].reduce((a, b) => a + b, 0);
+  const rows = [];
+  for (const s of status.schedulers || []) for (const c of s.clients || []) {
+    const share = sum > 0 ? (totals.get(c.client_id) || 0) / sum : 0;
+    rows.push([c.client_id, s.island, Number(c.weight), (share * 100).toFixed(1) + '%',
+               Number(c.queued_runs), Number(c.released_runs)]);
+  }
+  fillTable('clients', rows);
+  for (const w of document.querySelectorAll('.window')) w.textContent = `${shareWindow.length} s`;
+  fillTable('schedulers', (status.schedulers || []).map(s => {
+    const queued = (s.clients || []).reduce((n, c) => n + Number(c.queued_runs), 0);
+    const runs = Number(s.released_runs);
+    const wait = runs > 0 ? (Number(s.release_wait_us_sum) / runs).toFixed(0) + ' µs' : '-';
+    return [s.island, s.policy, queued, Number(s.outstanding_runs), Number(s.rounds), runs, wait];
+  }));
+  fillTable('slices', (status.slices || []).map(s => [Number(s.slice_id), s.client_id,
+    (s.mesh_shape || []).join('×'), s.device_kind, (s.device_ids || []).join(' ')]));
+}
+
+async function poll() {
+  try {
+    const response = await fetch('api/status' + (token ? '?token=' + encodeURIComponent(token) : ''),
+                                 {headers: token ? {Authorization: 'Bearer ' + token} : {}});
+    if (!response.ok) throw new Error(`status ${response.status}: ${await response.text()}`);
+    render(await response.json(), Date.now());
+  } catch (e) {
+    const summary = document.getElementById('summary');
+    summary.textContent = 'cannot read the cluster: ' + e.message;
+    summary.className = 'error';
+  }
+  setTimeout(poll, POLL_MS);
+}
+poll();

@@ -1,0 +1,122 @@
+// The controller's HTTP face on a real cluster: a controller (with --http-port and a token) and a
+// worker started from the `pathways` binary, a tenant in this process, and what /metrics,
+// /api/status and `pathways status --json` say about them.
+#include <signal.h>
+
+#include <google/protobuf/util/json_util.h>
+#include <httplib.h>
+
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "proto/pathways.pb.h"
+#include "testing/subprocess.h"
+#include "transport/auth.h"
+
+namespace pathways {
+namespace {
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(60);
+constexpr char kToken[] = "operations-test-token";
+
+class OperationsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--http-port", "0",
+                                   "--token", kToken, "--cluster-token", "operations-test-cluster",
+                                   "--heartbeat-timeout-ms", "1000", "--scheduler", "share"})
+                    .ok());
+    auto line = controller_.WaitForLine("listening on", kStartTimeout);
+    ASSERT_TRUE(line.ok()) << line.status();
+    address_ = line->substr(line->rfind(' ') + 1);
+    auto dashboard = controller_.WaitForLine("dashboard at", kStartTimeout);
+    ASSERT_TRUE(dashboard.ok()) << dashboard.status();
+    // "dashboard at http://127.0.0.1:PORT/"
+    http_port_ = std::stoi(dashboard->substr(dashboard->rfind(':') + 1));
+    ASSERT_TRUE(worker_.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "2",
+                               "--device-memory", "64MiB", "--token", kToken, "--cluster-token",
+                               "operations-test-cluster"})
+                    .ok());
+    ASSERT_TRUE(worker_.WaitForLine("serving", kStartTimeout).ok());
+    SetCallToken(kToken);
+  }
+  void TearDown() override {
+    for (auto* p : {&worker_, &controller_}) {
+      if (p->pid() > 0) p->Stop(SIGTERM);
+    }
+    SetCallToken("");
+  }
+
+  httplib::Result Get(const std::string& path, bool with_token = true) {
+    httplib::Client http("127.0.0.1", http_port_);
+    http.set_read_timeout(30);
+    httplib::Headers headers;
+    if (with_token) headers.emplace("Authorization", std::string("Bearer ") + kToken);
+    return http.Get(path, headers);
+  }
+
+  Subprocess controller_, worker_;
+  std::string address_;
+  int http_port_ = 0;
+};
+
+TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
+  auto client = *Client::Connect(address_, {.weight = 3});
+  VirtualSlice slice = *client->CreateSlice({.mesh_shape = {2}});
+  CompiledFunction inc = *client->Compile(
+      FunctionSpec::Builtin("add_one", {{DType::kF32, {2}}}, {{DType::kF32, {2}}}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client->Put(*HostArray::Create(DType::kF32, {2}), slice, {"x"});
+  for (int i = 0; i < 20; ++i) x = (*client->Call(inc, slice, {x}))[0];
+  ASSERT_EQ((*client->Fetch(x).Await()).data<float>()[0], 20.0f);
+  const std::string label = client->id().substr(0, 8);
+
+  auto refused = Get("/metrics", /*with_token=*/false);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+
+  // Device counters come with the worker's heartbeats: wait (bounded) for the one after the runs.
+  std::string metrics;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    auto r = Get("/metrics");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    ASSERT_EQ(r->status, 200);
+    metrics = r->body;
+    if (metrics.find("pathways_device_client_busy_seconds_total{") != std::string::npos &&
+        metrics.find("client=\"" + label + "\"} ") != std::string::npos) {
+      break;  // a device has reported time spent for this client
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // the next heartbeat, not a result, is awaited
+  }
+  EXPECT_NE(metrics.find("pathways_host_up{host=\""), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"} 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("pathways_client_weight{island=\"0\",client=\"" + label + "\"} 3\n"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("pathways_client_released_runs_total{island=\"0\",client=\"" + label + "\"} 20\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("pathways_live_clients 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("pathways_slices{what=\"mapped_devices\"} 2\n"), std::string::npos) << metrics;
+
+  auto page = Get("/?token=" + std::string(kToken), /*with_token=*/false);
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+
+  Subprocess status;
+  ASSERT_TRUE(status.Start({PATHWAYS_BINARY, "status", "--controller", address_, "--token", kToken, "--json"}).ok());
+  auto json = status.WaitForLine("{", absl::Seconds(60));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(status.Wait(), 0);
+  rpc::ClusterStatus parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*json, &parsed).ok()) << *json;
+  ASSERT_EQ(parsed.hosts_size(), 1);
+  EXPECT_EQ(parsed.hosts(0).devices_size(), 2);
+  ASSERT_EQ(parsed.slices_size(), 1);
+  EXPECT_EQ(parsed.slices(0).client_id(), label);
+  EXPECT_EQ(parsed.slices(0).device_ids_size(), 2);
+  ASSERT_EQ(parsed.schedulers_size(), 1);
+  EXPECT_EQ(parsed.schedulers(0).policy(), "proportional-share");
+  EXPECT_EQ(parsed.schedulers(0).released_runs(), 20);
+}
+
+}  // namespace
+}  // namespace pathways
