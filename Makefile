@@ -28,7 +28,7 @@ deps-fuzz: deps
 deps-bench: deps
 	@$(MAKE) install-packages PACKAGES="python3-torch openmpi-bin libopenmpi-dev"
 
-# Headless Chromium for the dashboard's browser test (tests/dashboard_browser_test.sh), which
+# Headless Chromium for the dashboard's browser test (tests/dashboard_browser_test.cc), which
 # `make test` skips, saying so, without it. Never a dependency of `make test`.
 deps-browser:
 	@$(MAKE) install-packages PACKAGES="chromium"

@@ -60,7 +60,9 @@ class OperationsTest : public ::testing::Test {
 };
 
 TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
-  auto client = *Client::Connect(address_, {.weight = 3});
+  auto connected = Client::Connect(address_, {.weight = 3});
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  auto client = *std::move(connected);
   VirtualSlice slice = *client->CreateSlice({.mesh_shape = {2}});
   CompiledFunction inc = *client->Compile(
       FunctionSpec::Builtin("add_one", {{DType::kF32, {2}}}, {{DType::kF32, {2}}}, {{"x"}}, {{"x"}}));
@@ -87,15 +89,15 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
     }
     absl::SleepFor(absl::Milliseconds(100));  // the next heartbeat, not a result, is awaited
   }
-  EXPECT_NE(metrics.find("pathways_host_up{host=\""), std::string::npos) << metrics;
-  EXPECT_NE(metrics.find("\"} 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("pathways_host_up{host=\"127.0.0.1:"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\",island=\"0\"} 1\n"), std::string::npos) << metrics;  // up
   EXPECT_NE(metrics.find("pathways_client_weight{island=\"0\",client=\"" + label + "\"} 3\n"), std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("pathways_client_released_runs_total{island=\"0\",client=\"" + label + "\"} 20\n"),
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("pathways_live_clients 1\n"), std::string::npos) << metrics;
-  EXPECT_NE(metrics.find("pathways_slices{what=\"mapped_devices\"} 2\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("pathways_slice_devices 2\n"), std::string::npos) << metrics;
 
   auto page = Get("/?token=" + std::string(kToken), /*with_token=*/false);
   ASSERT_TRUE(page);

@@ -289,13 +289,17 @@ rpc::ClusterStatus Controller::Status() {
   const absl::Time now = absl::Now();
   rpc::ClusterStatus status = registry_.Status(now);
   status.set_live_clients(clients_.Live(now));
+  // Read after the map's lock: scheduling (which takes it for every call) never waits for a
+  // status page. They stay until Shutdown, which stops the servers first.
+  std::vector<std::pair<IslandScheduler*, IslandControlPlane*>> islands;
   {
     absl::MutexLock lock(&schedulers_mu_);
-    for (const auto& [island, slot] : schedulers_) {
-      rpc::SchedulerStatus* s = status.add_schedulers();
-      *s = slot.scheduler->Status();
-      s->set_rounds(slot.control->rounds());
-    }
+    for (const auto& [island, slot] : schedulers_) islands.emplace_back(slot.scheduler.get(), slot.control.get());
+  }
+  for (const auto& [scheduler, control] : islands) {
+    rpc::SchedulerStatus* s = status.add_schedulers();
+    *s = scheduler->Status();
+    s->set_rounds(control->rounds());
   }
   for (rpc::HostStatus& host : *status.mutable_hosts()) {
     for (rpc::DeviceInfo& device : *host.mutable_devices()) {
@@ -350,6 +354,13 @@ absl::Status Controller::Start() {
   if (options_.http_port >= 0) {
     StatusHttpOptions http;
     http.ip = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
+    if (http.ip.size() > 2 && http.ip.front() == '[' && http.ip.back() == ']') http.ip = http.ip.substr(1, http.ip.size() - 2);
+    const bool loopback = http.ip == "localhost" || http.ip == "::1" || http.ip.rfind("127.", 0) == 0;
+    if (TlsConfigured() && !loopback) {
+      // It has no TLS of its own: the token would cross the network in the clear.
+      return absl::InvalidArgumentError(absl::StrCat("--http-port: the HTTP server has no TLS, so with TLS on it serves "
+                                                     "only on a loopback address, not ", http.ip));
+    }
     http.port = options_.http_port;
     http.token = token;
     PW_ASSIGN_OR_RETURN(http_, StatusHttpServer::Start(std::move(http), [this] { return Status(); }));

@@ -1,15 +1,24 @@
-// Minimal leveled logging to stderr. Thread-safe: each line is written with one call.
+// Leveled logging to stderr, the one logging library of every binary. Each line is written with
+// one call (thread-safe) as `L YYYY-MM-DDTHH:MM:SS.mmmZ file:line] message`, L being D, I, W or E.
 #pragma once
 
 #include <sstream>
 #include <string>
 
+#include "absl/status/statusor.h"
+
 namespace pathways {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
-// Lines below this level are dropped. Defaults to kInfo, or PATHWAYS_LOG_LEVEL (0-3).
+// Lines below this level are dropped. Defaults to kInfo, or PATHWAYS_LOG_LEVEL (a name that
+// ParseLogLevel takes); the `pathways` binary's --log-level sets it.
 LogLevel MinLogLevel();
+// "debug", "info", "warning" (or "warn") or "error", in any case, or 0-3; InvalidArgument naming
+// the choices otherwise.
+absl::StatusOr<LogLevel> ParseLogLevel(const std::string& name);
+// The line EmitLogLine writes, without its newline (for tests).
+std::string FormatLogLine(LogLevel level, const char* file, int line, const std::string& message, int64_t unix_millis);
 void SetMinLogLevel(LogLevel level);
 void EmitLogLine(LogLevel level, const char* file, int line, const std::string& message);
 

@@ -96,7 +96,8 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
   e.Define("pathways_client_queued_runs", "gauge", "The client's runs waiting at the island scheduler.");
   e.Define("pathways_client_released_runs_total", "counter", "The client's runs the island scheduler released.");
   e.Define("pathways_live_clients", "gauge", "Clients whose lease holds.");
-  e.Define("pathways_slices", "gauge", "Virtual slices allocated, and the devices they map.");
+  e.Define("pathways_slices", "gauge", "Virtual slices allocated.");
+  e.Define("pathways_slice_devices", "gauge", "Devices the allocated slices map to, counted once per slice.");
 
   for (const rpc::HostStatus& h : status.hosts()) {
     const Labels host = {{"host", h.address()}, {"island", absl::StrCat(h.island())}};
@@ -138,8 +139,8 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
   e.Add("pathways_live_clients", {}, static_cast<double>(status.live_clients()));
   int64_t mapped = 0;
   for (const rpc::SliceStatus& s : status.slices()) mapped += s.device_ids_size();
-  e.Add("pathways_slices", {{"what", "slices"}}, status.slices_size());
-  e.Add("pathways_slices", {{"what", "mapped_devices"}}, static_cast<double>(mapped));
+  e.Add("pathways_slices", {}, status.slices_size());
+  e.Add("pathways_slice_devices", {}, static_cast<double>(mapped));
   return e.Text();
 }
 

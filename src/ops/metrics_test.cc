@@ -117,7 +117,8 @@ TEST(MetricsTest, TheExpositionParsesAndCarriesEveryFigure) {
   EXPECT_EQ(p.samples.at("pathways_scheduler_queued_runs" + island), 3.0);
   EXPECT_EQ(p.samples.at(R"(pathways_client_weight{island="0",client="0123abcd"})"), 2.5);
   EXPECT_EQ(p.samples.at("pathways_live_clients"), 1.0);
-  EXPECT_EQ(p.samples.at(R"(pathways_slices{what="mapped_devices"})"), 2.0);
+  EXPECT_EQ(p.samples.at("pathways_slices"), 1.0);
+  EXPECT_EQ(p.samples.at("pathways_slice_devices"), 2.0);
 }
 
 TEST(MetricsTest, AnEmptyClusterStillDeclaresItsFamilies) {

@@ -2,10 +2,12 @@
 
 #include <sys/socket.h>
 
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <google/protobuf/util/json_util.h>
@@ -31,10 +33,10 @@ class BoundedPool : public httplib::TaskQueue {
   }
   ~BoundedPool() override = default;  // shutdown() joined the threads
 
+  // Called by the accepting thread only, which also calls shutdown() once it stops accepting.
   void enqueue(std::function<void()> fn) override {
     std::unique_lock<std::mutex> lock(mu_);
-    space_.wait(lock, [this] { return stopping_ || tasks_.size() < max_queued_; });
-    // After shutdown the connection is still served: dropping it would leak its descriptor.
+    space_.wait(lock, [this] { return tasks_.size() < max_queued_; });
     tasks_.push_back(std::move(fn));
     work_.notify_one();
   }
@@ -73,11 +75,21 @@ class BoundedPool : public httplib::TaskQueue {
   std::vector<std::thread> threads_;
 };
 
-// SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server
+// SO_REUSEADDR: cpp-httplib's default sets SO_REUSEPORT instead, which lets a second server
 // listen on a port a running one holds.
 void ExclusiveSocketOptions(int fd) {
   int yes = 1;
   (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+// A route's pattern (cpp-httplib takes regular expressions) matching exactly `path`.
+std::string ExactRoute(const std::string& path) {
+  std::string pattern;
+  for (char c : path) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '/' && c != '_' && c != '-') pattern += '\\';
+    pattern += c;
+  }
+  return pattern;
 }
 
 std::string BearerToken(const httplib::Request& req) {
@@ -90,6 +102,26 @@ std::string BearerToken(const httplib::Request& req) {
 }
 
 }  // namespace
+
+// The status callback, until the server is torn down: a thread still serving a slow client after
+// that (see ~StatusHttpServer) answers 503 instead of reading a controller that is gone.
+class StatusGuard {
+ public:
+  explicit StatusGuard(StatusHttpServer::StatusFn status) : status_(std::move(status)) {}
+  std::optional<rpc::ClusterStatus> Read() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status_) return std::nullopt;
+    return status_();
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);  // waits for a read in progress
+    status_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  StatusHttpServer::StatusFn status_;
+};
 
 std::string StatusJson(const rpc::ClusterStatus& status) {
   google::protobuf::util::JsonPrintOptions options;
@@ -114,11 +146,21 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
   server->set_read_timeout(options.timeout_seconds, 0);
   server->set_write_timeout(options.timeout_seconds, 0);
   server->set_keep_alive_timeout(options.timeout_seconds);
-  server->set_keep_alive_max_count(100);
-  server->set_payload_max_length(64 << 10);  // only GETs are served
+  // A dashboard polls every second: a kept connection would hold one of the few threads.
+  server->set_keep_alive_max_count(2);
+  server->set_payload_max_length(64 << 10);
 
   const std::string token = options.token;
   server->set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
+    // Before any body is read (cpp-httplib reads a chunked one whatever its payload limit): only
+    // GETs without a body are served.
+    if ((req.method != "GET" && req.method != "HEAD") || req.has_header("Transfer-Encoding") ||
+        (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0")) {
+      res.status = 405;
+      res.set_header("Allow", "GET, HEAD");
+      res.set_content("only GET is served here\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     absl::Status auth = CheckToken(BearerToken(req), token);
     if (auth.ok()) return httplib::Server::HandlerResponse::Unhandled;
     res.status = 401;
@@ -128,17 +170,26 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
   });
   for (const Asset& asset : Assets()) {
     const std::string path = asset.name == "index.html" ? "/" : "/" + std::string(asset.name);
-    server->Get(path, [asset](const httplib::Request&, httplib::Response& res) {
+    server->Get(ExactRoute(path), [asset](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
-      res.set_content(std::string(asset.data), std::string(asset.content_type).c_str());
+      res.set_content(asset.data.data(), asset.data.size(), std::string(asset.content_type).c_str());
     });
   }
-  server->Get("/api/status", [status](const httplib::Request&, httplib::Response& res) {
+  auto guard = std::make_shared<StatusGuard>(std::move(status));
+  auto unavailable = [](httplib::Response& res) {
+    res.status = 503;
+    res.set_content("the controller is shutting down\n", "text/plain");
+  };
+  server->Get(ExactRoute("/api/status"), [guard, unavailable](const httplib::Request&, httplib::Response& res) {
+    auto s = guard->Read();
+    if (!s) return unavailable(res);
     res.set_header("Cache-Control", "no-store");
-    res.set_content(StatusJson(status()), "application/json");
+    res.set_content(StatusJson(*s), "application/json");
   });
-  server->Get("/metrics", [status](const httplib::Request&, httplib::Response& res) {
-    res.set_content(PrometheusText(status()), "text/plain; version=0.0.4; charset=utf-8");
+  server->Get(ExactRoute("/metrics"), [guard, unavailable](const httplib::Request&, httplib::Response& res) {
+    auto s = guard->Read();
+    if (!s) return unavailable(res);
+    res.set_content(PrometheusText(*s), "text/plain; version=0.0.4; charset=utf-8");
   });
   server->set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (res.body.empty()) res.set_content(absl::StrCat("HTTP ", res.status, "\n"), "text/plain");
@@ -157,7 +208,11 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
                                                " (in use, or not an address of this machine)"));
   }
   std::unique_ptr<StatusHttpServer> self(new StatusHttpServer(std::move(server), port));
-  self->thread_ = std::thread([s = self->server_.get()] { s->listen_after_bind(); });
+  self->guard_ = guard;
+  self->thread_ = std::thread([s = self->server_.get(), stopped = self->stopped_] {
+    s->listen_after_bind();
+    stopped->Notify();
+  });
   // stop() only stops a server that is running: wait for that, so the destructor never waits for
   // a listener that started after it.
   for (int i = 0; i < 5000 && !self->server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -166,11 +221,21 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
 }
 
 StatusHttpServer::StatusHttpServer(std::unique_ptr<httplib::Server> server, int port)
-    : server_(std::move(server)), port_(port) {}
+    : server_(std::move(server)), port_(port), stopped_(std::make_shared<absl::Notification>()) {}
 
 StatusHttpServer::~StatusHttpServer() {
+  guard_->Close();  // no request reads the controller from now on
   server_->stop();
-  if (thread_.joinable()) thread_.join();
+  // Stopping joins the threads serving connections, and a client trickling a byte per timeout
+  // keeps its thread: the controller's shutdown does not wait for it. The server is then left to
+  // its threads (answering 503) until the process ends.
+  if (stopped_->WaitForNotificationWithTimeout(absl::Seconds(5))) {
+    thread_.join();
+    return;
+  }
+  PW_LOG(Warning) << "HTTP server on port " << port_ << " still serves a slow client; left behind";
+  thread_.detach();
+  (void)server_.release();
 }
 
 }  // namespace pathways

@@ -5,9 +5,11 @@
 // With a token set, every request must carry it, as `Authorization: Bearer TOKEN` or as a
 // `token` query parameter (what a browser opening the page can send); the page passes the one
 // it was opened with on to its own requests. Nothing but the fixed routes is served: the assets
-// are not files looked up at run time. Connections are bounded (a few threads, a bounded queue
-// behind them, then the kernel's backlog) and so is time (reads and writes time out, as do idle
-// keep-alive connections), so a slow or malformed client cannot hold the server.
+// are not files looked up at run time; only GETs without a body are. Connections are bounded (a
+// few threads, a bounded queue behind them, then the kernel's backlog) and so is each read and
+// write (timeouts), so a malformed client fails alone. Limits of cpp-httplib 0.11 that remain: a
+// client that trickles a byte per timeout holds its thread, and the number of a request's
+// headers is not bounded; keep the port on loopback or behind a firewall (docs/reliability.md).
 #pragma once
 
 #include <functional>
@@ -16,6 +18,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "proto/pathways.pb.h"
 
 namespace httplib {
@@ -23,6 +26,8 @@ class Server;
 }
 
 namespace pathways {
+
+class StatusGuard;
 
 struct StatusHttpOptions {
   std::string ip = "127.0.0.1";
@@ -49,6 +54,8 @@ class StatusHttpServer {
   StatusHttpServer(std::unique_ptr<httplib::Server> server, int port);
   std::unique_ptr<httplib::Server> server_;
   int port_;
+  std::shared_ptr<absl::Notification> stopped_;  // the listening thread returned
+  std::shared_ptr<StatusGuard> guard_;
   std::thread thread_;
 };
 

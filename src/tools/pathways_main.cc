@@ -57,6 +57,7 @@ constexpr char kUsage[] =
     "        [--microbatches M] [--islands I] [--seed N] [--data markov] [--learning-rate LR]\n"
     "        [--trace FILE] [--metrics-jsonl FILE] [--device-memory SIZE] [--dcn-latency-us N]\n"
     "        [--dcn-gbps G] [--save MANIFEST [--save-every N]] [--resume MANIFEST] [--token T]\n"
+    "Every command takes [--log-level debug|info|warning|error] (default info, or PATHWAYS_LOG_LEVEL).\n"
     "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n"
     "Tenants show the token; the controller and workers show each other the cluster token\n"
     "(--cluster-token, else PATHWAYS_CLUSTER_TOKEN, else the token), so tenants cannot act as hosts.\n"
@@ -345,8 +346,18 @@ int main(int argc, char** argv) {
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;
-    auto flags = Flags::Parse(argc - 2, argv + 2, c.flags, c.switches);
+    std::vector<std::string> known = c.flags;
+    known.push_back("log-level");  // every command's
+    auto flags = Flags::Parse(argc - 2, argv + 2, known, c.switches);
     absl::Status status = flags.status();
+    if (status.ok() && flags->Has("log-level")) {
+      auto level = ParseLogLevel(flags->Get("log-level"));
+      if (level.ok()) {
+        SetMinLogLevel(*level);
+      } else {
+        status = level.status();
+      }
+    }
     // TLS (flags, else PATHWAYS_TLS_*) before any channel or server is made.
     if (status.ok()) status = ConfigureTls({flags->Get("tls-cert"), flags->Get("tls-key"), flags->Get("tls-ca")});
     if (status.ok()) status = c.run(*flags);

@@ -1,13 +1,14 @@
 // Polls /api/status once a second and draws the cluster. Utilisation and shares come from the
-// difference between two polls of the devices' busy-time counters; each device keeps the last
-// minute of utilisation as a timeline.
+// difference between two heartbeats' worth of the devices' busy-time counters; each device keeps
+// the last minute of utilisation as a timeline. Text from the status goes into the page as text
+// (textContent), never as markup.
 'use strict';
 
 const POLL_MS = 1000;
 const HISTORY = 60;  // polls kept per device
 const token = new URLSearchParams(location.search).get('token');
 const history = new Map();  // device id -> [utilisation in 0..1]
-let previous = null;        // {time, devices: Map(id -> {busy, clients: Map(label -> busy)})}
+let previous = null;        // {time, devices: Map(id -> {busy, at, clients: Map(label -> busy)})}
 let shareWindow = [];       // per poll: Map(client -> device micros), the last HISTORY polls
 
 function el(tag, attrs = {}, ...children) {
@@ -47,26 +48,38 @@ function drawTimeline(canvas, values) {
 
 function render(status, now) {
   const hosts = status.hosts || [];
+  // Devices' counters change with their host's heartbeats, not with these polls: a sample is
+  // timed by the heartbeat that carried it, and a device whose heartbeat has not moved since the
+  // last poll keeps its last reading.
   const devices = new Map();
   const clientMicros = new Map();
+  const seen = new Set();
   for (const h of hosts) for (const d of h.devices || []) {
+    seen.add(d.device_id);
+    const at = now - Number(h.millis_since_heartbeat);
     const clients = new Map((d.client_time || []).map(t => [t.client_id, Number(t.busy_micros)]));
-    devices.set(d.device_id, {busy: Number(d.busy_micros), clients});
-    let util = 0;
-    if (previous && previous.devices.has(d.device_id)) {
-      const before = previous.devices.get(d.device_id);
-      const wallMicros = (now - previous.time) * 1000;
-      util = wallMicros > 0 ? (Number(d.busy_micros) - before.busy) / wallMicros : 0;
-      for (const [c, micros] of clients) {
-        const delta = micros - (before.clients.get(c) || 0);
-        if (delta > 0) clientMicros.set(c, (clientMicros.get(c) || 0) + delta);
-      }
-    }
+    const before = previous && previous.devices.get(d.device_id);
     const hist = history.get(d.device_id) || [];
-    hist.push(Math.max(0, Math.min(1, util)));
+    if (before && at - before.at < 100) {  // the same heartbeat as last time
+      devices.set(d.device_id, before);
+      if (hist.length) hist.push(hist[hist.length - 1]);
+    } else {
+      devices.set(d.device_id, {busy: Number(d.busy_micros), at, clients});
+      let util = 0;
+      if (before) {
+        const wallMicros = (at - before.at) * 1000;
+        util = wallMicros > 0 ? (Number(d.busy_micros) - before.busy) / wallMicros : 0;
+        for (const [c, micros] of clients) {
+          const delta = micros - (before.clients.get(c) || 0);
+          if (delta > 0) clientMicros.set(c, (clientMicros.get(c) || 0) + delta);
+        }
+      }
+      hist.push(Math.max(0, Math.min(1, util)));
+    }
     while (hist.length > HISTORY) hist.shift();
     history.set(d.device_id, hist);
   }
+  for (const id of [...history.keys()]) if (!seen.has(id)) history.delete(id);
   previous = {time: now, devices};
   document.getElementById('summary').className = '';
   shareWindow.push(clientMicros);
