@@ -75,29 +75,36 @@ class Exposition {
 
 }  // namespace
 
+// Every family served, in the order served: name, type, help.
+constexpr struct {
+  const char* name;
+  const char* type;
+  const char* help;
+} kFamilies[] = {
+    {"pathways_host_up", "gauge", "1 while the host heartbeats, else 0."},
+    {"pathways_host_heartbeat_age_seconds", "gauge", "Time since the host's last heartbeat."},
+    {"pathways_device_memory_used_bytes", "gauge", "Device memory in use, as of the last heartbeat."},
+    {"pathways_device_memory_limit_bytes", "gauge", "The device's memory budget."},
+    {"pathways_device_memory_peak_bytes", "gauge", "The most device memory in use at once since the worker started."},
+    {"pathways_device_busy_seconds_total", "counter", "Time the device spent computing since the worker started."},
+    {"pathways_device_computations_total", "counter", "Computations the device ran since the worker started."},
+    {"pathways_device_client_busy_seconds_total", "counter", "Device time per client since the worker started (its share is this over the device's busy time)."},
+    {"pathways_scheduler_rounds_total", "counter", "Scheduling rounds sent to the island's hosts."},
+    {"pathways_scheduler_released_runs_total", "counter", "Runs the island scheduler released to its hosts."},
+    {"pathways_scheduler_release_wait_seconds", "summary", "Time runs waited at the island scheduler between submission and release."},
+    {"pathways_scheduler_queued_runs", "gauge", "Runs submitted and not yet released."},
+    {"pathways_scheduler_outstanding_runs", "gauge", "Proportional share: runs released and not yet reported done."},
+    {"pathways_client_weight", "gauge", "The client's stated share weight at the island scheduler."},
+    {"pathways_client_queued_runs", "gauge", "The client's runs waiting at the island scheduler."},
+    {"pathways_client_released_runs_total", "counter", "The client's runs the island scheduler released."},
+    {"pathways_live_clients", "gauge", "Clients whose lease holds."},
+    {"pathways_slices", "gauge", "Virtual slices allocated."},
+    {"pathways_slice_devices", "gauge", "Devices the allocated slices map to, counted once per slice."},
+};
+
 std::string PrometheusText(const rpc::ClusterStatus& status) {
   Exposition e;
-  e.Define("pathways_host_up", "gauge", "1 while the host heartbeats, else 0.");
-  e.Define("pathways_host_heartbeat_age_seconds", "gauge", "Time since the host's last heartbeat.");
-  e.Define("pathways_device_memory_used_bytes", "gauge", "Device memory in use, as of the last heartbeat.");
-  e.Define("pathways_device_memory_limit_bytes", "gauge", "The device's memory budget.");
-  e.Define("pathways_device_memory_peak_bytes", "gauge", "The most device memory in use at once since the worker started.");
-  e.Define("pathways_device_busy_seconds_total", "counter", "Time the device spent computing since the worker started.");
-  e.Define("pathways_device_computations_total", "counter", "Computations the device ran since the worker started.");
-  e.Define("pathways_device_client_busy_seconds_total", "counter",
-           "Device time per client since the worker started (its share is this over the device's busy time).");
-  e.Define("pathways_scheduler_rounds_total", "counter", "Scheduling rounds sent to the island's hosts.");
-  e.Define("pathways_scheduler_released_runs_total", "counter", "Runs the island scheduler released to its hosts.");
-  e.Define("pathways_scheduler_release_wait_seconds", "summary",
-           "Time runs waited at the island scheduler between submission and release.");
-  e.Define("pathways_scheduler_queued_runs", "gauge", "Runs submitted and not yet released.");
-  e.Define("pathways_scheduler_outstanding_runs", "gauge", "Proportional share: runs released and not yet reported done.");
-  e.Define("pathways_client_weight", "gauge", "The client's stated share weight at the island scheduler.");
-  e.Define("pathways_client_queued_runs", "gauge", "The client's runs waiting at the island scheduler.");
-  e.Define("pathways_client_released_runs_total", "counter", "The client's runs the island scheduler released.");
-  e.Define("pathways_live_clients", "gauge", "Clients whose lease holds.");
-  e.Define("pathways_slices", "gauge", "Virtual slices allocated.");
-  e.Define("pathways_slice_devices", "gauge", "Devices the allocated slices map to, counted once per slice.");
+  for (const auto& f : kFamilies) e.Define(f.name, f.type, f.help);
 
   for (const rpc::HostStatus& h : status.hosts()) {
     const Labels host = {{"host", h.address()}, {"island", absl::StrCat(h.island())}};
