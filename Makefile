@@ -13,7 +13,7 @@ DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compi
   protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev iproute2 \
   pybind11-dev python3-dev python3-torch python3-pytest libcpp-httplib-dev pkg-config
 
-.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot install-packages build test demo bench collective-bench fuzz sanitize clean
+.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot install-packages build test demo install package bench collective-bench fuzz sanitize clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -62,6 +62,18 @@ DEMO_FLAGS ?= --model small --seq-len 32 --steps 1200 --batch 32 --learning-rate
   --pipeline-stages 2 --microbatches 2 --islands 2 --dcn-latency-us 50 --dcn-gbps 10
 demo: deps build
 	$(BUILD_DIR)/bin/pathways train $(DEMO_FLAGS)
+
+# The binary, the client library (libpathways_client.so), its headers and a CMake package config
+# (find_package(pathways), target pathways::client) and the Python package under PREFIX.
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+# Debian packages in build/: pathways (binary, library, Python) and pathways-dev (headers, CMake
+# files). dpkg-shlibdeps (dpkg-dev) works out the runtime package's library dependencies.
+package: build
+	@$(MAKE) install-packages PACKAGES="dpkg-dev"
+	cd $(BUILD_DIR) && cpack -G DEB
 
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench
