@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "testing/network_namespaces.h"
 #include "testing/subprocess.h"
 
 namespace pathways {
@@ -23,69 +24,6 @@ constexpr absl::Duration kStartTimeout = absl::Seconds(60);
 
 // Runs a shell command to its end; its status and output.
 std::pair<int, std::string> Sh(const std::string& command) { return RunShell(command, absl::Seconds(120)); }
-
-// The namespaces and links of one test, removed (with the processes' sockets in them) when it ends.
-class Network {
- public:
-  // One namespace per member, each with address 10.<subnet>.0.<i + 1>/24 on a shared bridge.
-  explicit Network(const std::vector<std::string>& members) {
-    prefix_ = absl::StrCat("pw", getpid() % 100000);
-    subnet_ = static_cast<int>(getpid() % 200) + 20;
-    ok_ = Run({absl::StrCat("ip netns add ", Ns("sw")), absl::StrCat("ip -n ", Ns("sw"), " link add br0 type bridge"),
-               absl::StrCat("ip -n ", Ns("sw"), " link set br0 up")});
-    namespaces_.push_back(Ns("sw"));
-    for (size_t i = 0; ok_ && i < members.size(); ++i) {
-      const std::string& m = members[i];
-      namespaces_.push_back(Ns(m));
-      addresses_[m] = absl::StrCat("10.", subnet_, ".0.", i + 1);
-      ok_ = Run({absl::StrCat("ip netns add ", Ns(m)),
-                 absl::StrCat("ip link add e", m, " netns ", Ns(m), " type veth peer name ", Port(m), " netns ", Ns("sw")),
-                 absl::StrCat("ip -n ", Ns(m), " addr add ", addresses_[m], "/24 dev e", m),
-                 absl::StrCat("ip -n ", Ns(m), " link set e", m, " up"), absl::StrCat("ip -n ", Ns(m), " link set lo up"),
-                 absl::StrCat("ip -n ", Ns("sw"), " link set ", Port(m), " master br0"),
-                 absl::StrCat("ip -n ", Ns("sw"), " link set ", Port(m), " up")});
-    }
-  }
-  ~Network() {
-    for (const std::string& ns : namespaces_) Sh(absl::StrCat("ip netns del ", ns));
-  }
-  bool ok() const { return ok_; }
-  const std::string& error() const { return error_; }
-  std::string Ns(const std::string& member) const { return absl::StrCat(prefix_, member); }
-  std::string Address(const std::string& member) { return addresses_[member]; }
-  // `member`'s port on the bridge: down drops everything to and from it, silently.
-  absl::Status SetConnected(const std::string& member, bool up) {
-    auto [status, out] = Sh(absl::StrCat("ip -n ", Ns("sw"), " link set ", Port(member), up ? " up" : " down"));
-    if (status != 0) return absl::InternalError(out);
-    return absl::OkStatus();
-  }
-  // argv run inside `member`'s namespace (`ip netns exec` execs it: same process id).
-  std::vector<std::string> In(const std::string& member, std::vector<std::string> argv) const {
-    argv.insert(argv.begin(), {IpCommand(), "netns", "exec", Ns(member)});
-    return argv;
-  }
-  // Where the ip command is (Subprocess does not search the PATH).
-  static std::string IpCommand() { return access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip"; }
-
- private:
-  std::string Port(const std::string& member) const { return absl::StrCat(prefix_, "p", member); }
-  bool Run(const std::vector<std::string>& commands) {
-    for (const std::string& c : commands) {
-      auto [status, out] = Sh(c);
-      if (status != 0) {
-        error_ = absl::StrCat(c, ": ", out);
-        return false;
-      }
-    }
-    return true;
-  }
-  std::string prefix_;
-  int subnet_ = 0;
-  bool ok_ = false;
-  std::string error_;
-  std::vector<std::string> namespaces_;
-  std::map<std::string, std::string> addresses_;
-};
 
 // A tenant job from the tenants' namespace: its exit status and output.
 std::pair<int, std::string> Tenant(Network& net, const std::string& controller, int devices) {
@@ -99,8 +37,7 @@ bool Passed(const std::pair<int, std::string>& r) {
 }
 
 TEST(PartitionTest, AWorkerCutOffFromTheNetworkFailsItsRunsAndLeavesWhenItIsBack) {
-  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-  if (Sh("ip netns list").first != 0) GTEST_SKIP() << "the ip command (iproute2) cannot manage network namespaces";
+  if (std::string why = NetworkNamespacesUnavailable(); !why.empty()) GTEST_SKIP() << why;
   Network net({"c", "a", "b", "t"});
   ASSERT_TRUE(net.ok()) << net.error();
 
