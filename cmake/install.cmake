@@ -2,7 +2,6 @@
 # client library with its headers and a CMake package config (find_package(pathways), target
 # pathways::client), and the Python package. Two components, so that the Debian packages split
 # as Debian's do: `runtime` (binary, shared library, Python) and `dev` (headers, CMake files).
-include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS pathways RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)

@@ -1,12 +1,13 @@
 // `make install` as an outside C++ user meets it: the build tree installed into a fresh prefix,
 // examples/cpp configured and built as a project of its own against that prefix only
 // (find_package(pathways), pathways::client), then run against a cluster started from the
-// installed `pathways` binary.
+// installed `pathways` binary, with TLS and a token that the program takes from the environment.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -40,7 +41,8 @@ class InstallTest : public ::testing::Test {
 
 TEST_F(InstallTest, AnOutsideProjectBuildsAgainstTheInstalledTreeAndRunsOnItsCluster) {
   MustRun(absl::StrCat(Quote(CMAKE_COMMAND), " --install ", Quote(BUILD_DIR), " --prefix ", Quote(prefix_)));
-  for (const char* file : {"/bin/pathways", "/include/pathways/client/client.h", "/lib/cmake/pathways/pathwaysConfig.cmake"}) {
+  for (std::string file : {std::string("/bin/pathways"), std::string("/include/pathways/client/client.h"),
+                            absl::StrCat("/", INSTALL_LIBDIR, "/cmake/pathways/pathwaysConfig.cmake")}) {
     EXPECT_EQ(access((prefix_ + file).c_str(), F_OK), 0) << file << " was not installed";
   }
   // Only the installed prefix is searched: nothing from the build tree or the sources leaks in.
@@ -49,19 +51,34 @@ TEST_F(InstallTest, AnOutsideProjectBuildsAgainstTheInstalledTreeAndRunsOnItsClu
                        " -DCMAKE_PREFIX_PATH=", Quote(prefix_), " -DCMAKE_BUILD_TYPE=Release"));
   MustRun(absl::StrCat(Quote(CMAKE_COMMAND), " --build ", Quote(example)));
 
+  const std::string certs = root_ + "/certs";
+  MustRun(absl::StrCat(SOURCE_DIR, "/deploy/tls/make_certs.sh ", Quote(certs), " host=127.0.0.1"));
   const std::string installed = prefix_ + "/bin/pathways";
+  const std::vector<std::string> tls = {"--tls-cert", certs + "/host.pem", "--tls-key", certs + "/host.key",
+                                        "--tls-ca", certs + "/ca.pem", "--token", "install-test-token"};
+  auto with_tls = [&](std::vector<std::string> argv) {
+    argv.insert(argv.end(), tls.begin(), tls.end());
+    return argv;
+  };
   Subprocess controller, worker;
-  auto address = StartController(controller, {installed, "controller", "--listen", "127.0.0.1:0"});
+  auto address = StartController(controller, with_tls({installed, "controller", "--listen", "127.0.0.1:0"}));
   ASSERT_TRUE(address.ok()) << address.status();
-  auto served = StartWorker(worker, {installed, "worker", "--controller", *address, "--devices", "2",
-                                     "--device-memory", "64MiB"});
+  auto served = StartWorker(worker, with_tls({installed, "worker", "--controller", *address, "--devices", "2",
+                                              "--device-memory", "64MiB"}));
   ASSERT_TRUE(served.ok()) << served.status();
-  auto [status, out] = RunShell(absl::StrCat(Quote(example + "/matmul_allreduce"), " ", *address, " 2"), kStep);
+  const std::string program = Quote(example + "/matmul_allreduce");
+  const std::string secured = absl::StrCat("PATHWAYS_TOKEN=install-test-token PATHWAYS_TLS_CA=", Quote(certs + "/ca.pem"));
+  auto [status, out] = RunShell(absl::StrCat(secured, " ", program, " ", *address, " 2"), kStep);
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("ok: 4 x 6 on 2 devices"), std::string::npos) << out;
+  // Without the authority's certificate the program does not get in: the cluster really is on TLS.
+  auto [plain_status, plain_out] =
+      RunShell(absl::StrCat("PATHWAYS_TOKEN=install-test-token ", program, " ", *address, " 2"), kStep);
+  EXPECT_NE(plain_status, 0) << plain_out;
+  EXPECT_EQ(plain_out.find("ok:"), std::string::npos) << plain_out;
 
   // A bad argument is a clear message and a failing exit, not a crash.
-  auto [bad_status, bad_out] = RunShell(absl::StrCat(Quote(example + "/matmul_allreduce"), " ", *address, " 0"), kStep);
+  auto [bad_status, bad_out] = RunShell(absl::StrCat(secured, " ", program, " ", *address, " 0"), kStep);
   EXPECT_TRUE(WIFEXITED(bad_status) && WEXITSTATUS(bad_status) == 2) << bad_out;
   EXPECT_NE(bad_out.find("DEVICES must be a positive number"), std::string::npos) << bad_out;
   worker.Stop(SIGTERM);

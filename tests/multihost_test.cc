@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
@@ -29,6 +30,7 @@ TEST(MultiHostTest, TheWalkThroughRunsATenantOverTwoHostsWithTlsAndTokens) {
       RunShell(absl::StrCat("rm -rf ", certs, " && ", SOURCE_DIR, "/deploy/tls/make_certs.sh ", certs, " controller=",
                             net.Address("c"), " worker-a=", net.Address("a"), " worker-b=", net.Address("b")),
                kTimeout);
+  absl::Cleanup remove_certs = [&] { RunShell("rm -rf " + certs, kTimeout); };  // however the test ends
   ASSERT_EQ(made, 0) << made_out;
   auto tls = [&](const std::string& host) {
     return std::vector<std::string>{"--tls-cert", absl::StrCat(certs, "/", host, ".pem"), "--tls-key",
@@ -91,7 +93,6 @@ TEST(MultiHostTest, TheWalkThroughRunsATenantOverTwoHostsWithTlsAndTokens) {
   EXPECT_EQ(no_ca_out.find("CHECK PASSED"), std::string::npos) << no_ca_out;
 
   for (Subprocess* p : {&worker_a, &worker_b, &controller}) EXPECT_EQ(p->Stop(SIGTERM) & 0x7f, 0);
-  RunShell("rm -rf " + certs, kTimeout);
 }
 
 }  // namespace

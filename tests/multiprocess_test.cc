@@ -714,6 +714,9 @@ TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
   exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen 127.0.0.1:70000")), "70000");
   exited_with(RunToEnd("worker --controller 127.0.0.1:65536"), "65536");
   exited_with(RunToEnd("controller --listen 127.0.0.1:0 --port-file /nonexistent-dir/port"), "--port-file");
+  // A wildcard address, which they would give others to reach them by.
+  exited_with(RunToEnd("controller --listen 0.0.0.0:0"), "a wildcard reaches no one");
+  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen [::]:0")), "a wildcard reaches no one");
   // The cluster is untouched: both workers still serve the client.
   VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
   EXPECT_EQ(slice.host_addresses().size(), 2u);

@@ -4,7 +4,8 @@
 //
 //   matmul_allreduce CONTROLLER_ADDRESS [DEVICES]
 //
-// The cluster's token and TLS authority come from PATHWAYS_TOKEN and PATHWAYS_TLS_CA when set.
+// The cluster's token and TLS authority come from PATHWAYS_TOKEN and PATHWAYS_TLS_CA when set
+// (Client::Connect reads them).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

@@ -11,6 +11,7 @@
 #include "client/client_core.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "transport/auth.h"
 #include "transport/rpc_util.h"
 
 namespace pathways {
@@ -193,6 +194,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& contr
   if (!(options.weight > 0) || options.weight > 1e6) {
     return absl::InvalidArgumentError(absl::StrCat("client weight ", options.weight, " is not in (0, 1e6]"));
   }
+  // A program that set up no TLS itself (the pathways binary does, from its flags) gets it from
+  // PATHWAYS_TLS_CA (and _CERT, _KEY), before its first channel is made.
+  if (!TlsConfigured()) PW_RETURN_IF_ERROR(ConfigureTls({}));
   auto core = std::make_shared<ClientCore>(controller_address, options);
   PW_RETURN_IF_ERROR(core->StartLease());
   PW_RETURN_IF_ERROR(core->controller().GetStatus().status());

@@ -190,6 +190,8 @@ class ShardedArray {
 // A connection to one cluster. Thread-safe.
 class Client {
  public:
+  // Sends the token in PATHWAYS_TOKEN, if set; uses TLS with the authority in PATHWAYS_TLS_CA
+  // (and a certificate from PATHWAYS_TLS_CERT/_KEY), if set, unless the process set up TLS itself.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& controller_address,
                                                          const ClientOptions& options = {});
   ~Client();

@@ -357,12 +357,13 @@ absl::Status Controller::Start() {
     if (http.ip.size() > 2 && http.ip.front() == '[' && http.ip.back() == ']') http.ip = http.ip.substr(1, http.ip.size() - 2);
     const bool loopback = http.ip == "localhost" || http.ip == "::1" || http.ip.rfind("127.", 0) == 0;
     if (TlsConfigured() && !loopback) {
-      // It has no TLS of its own: the token would cross the network in the clear.
-      return absl::InvalidArgumentError(absl::StrCat("--http-port: the HTTP server has no TLS, so with TLS on it serves "
-                                                     "only on a loopback address, not ", http.ip));
+      // It has no TLS of its own: off loopback the token would cross the network in the clear.
+      PW_LOG(Warning) << "with TLS on, the dashboard serves on 127.0.0.1 only (it has no TLS), not on " << http.ip;
+      http.ip = "127.0.0.1";
     }
     http.port = options_.http_port;
     http.token = token;
+    http_ip_ = http.ip;
     PW_ASSIGN_OR_RETURN(http_, StatusHttpServer::Start(std::move(http), [this] { return Status(); }));
   }
   return absl::OkStatus();

@@ -33,7 +33,8 @@ struct ControllerOptions {
   // carry this one; empty: PATHWAYS_CLUSTER_TOKEN, else `token` (see transport/auth.h).
   std::string cluster_token;
   // The dashboard, /api/status and /metrics over HTTP (ops/status_http_server.h), on the listen
-  // address's IP and the tenants' token: -1 off, 0 any free port.
+  // address's IP (127.0.0.1 instead when TLS is on: it has no TLS of its own) and the tenants'
+  // token: -1 off, 0 any free port.
   int http_port = -1;
   // Test-only: runs over several islands reach each island's scheduler independently, in an
   // order that differs between clients and 1 ms apart, as if islands were not ordered together:
@@ -56,6 +57,8 @@ class Controller {
   const std::string& address() const { return address_; }
   // Where the HTTP server listens; 0 when it is off.
   int http_port() const { return http_ == nullptr ? 0 : http_->port(); }
+  // The IP the dashboard serves on (valid while http_port() is not 0).
+  const std::string& http_ip() const { return http_ip_; }
   ClusterRegistry& registry() { return registry_; }
   // The island's scheduler, created at its first run, with the control graph through which it
   // reaches the island's hosts.
@@ -95,6 +98,7 @@ class Controller {
   std::thread retire_thread_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::string http_ip_;
   std::unique_ptr<StatusHttpServer> http_;
   std::string address_;
 };

@@ -161,8 +161,9 @@ absl::Status RunController(const Flags& flags) {
   PW_RETURN_IF_ERROR(controller.Start());
   std::printf("controller listening on %s\n", controller.address().c_str());
   if (controller.http_port() != 0) {
-    std::printf("dashboard at http://%s:%d/\n",
-                controller.address().substr(0, controller.address().rfind(':')).c_str(), controller.http_port());
+    const bool v6 = controller.http_ip().find(':') != std::string::npos;
+    std::printf("dashboard at http://%s%s%s:%d/\n", v6 ? "[" : "", controller.http_ip().c_str(), v6 ? "]" : "",
+                controller.http_port());
   }
   std::fflush(stdout);
   if (flags.Has("port-file")) {

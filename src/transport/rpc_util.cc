@@ -53,6 +53,15 @@ grpc::ChannelArguments ChannelArgs() {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::ServerBuilder& builder, const std::string& what,
                                                          const std::string& address, const int* port) {
+  // Controllers and workers give others the address they listen on (registrations, control
+  // graphs): a wildcard would send every peer to itself.
+  const std::string host = address.substr(0, address.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " cannot listen on ", address,
+                                                   ": it tells other hosts to reach it at the address it listens "
+                                                   "on, and a wildcard reaches no one; listen on the address they "
+                                                   "reach this machine by"));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
     return absl::UnavailableError(absl::StrCat(what, " cannot listen on ", address,
