@@ -18,6 +18,20 @@ namespace {
 constexpr absl::Duration kStartTimeout = absl::Seconds(60);
 constexpr char kToken[] = "operations-test-token";
 
+// The value of the first sample in `text` whose line starts with `prefix` and whose labels end
+// with `labels_end`; -1 when there is none.
+double FirstSample(const std::string& text, const std::string& prefix, const std::string& labels_end = "}") {
+  for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) {
+    if (at > 0 && text[at - 1] != '\n') continue;
+    const size_t end = text.find('\n', at);
+    const std::string line = text.substr(at, end - at);
+    const size_t close = line.rfind("} ");
+    if (close == std::string::npos || !line.substr(0, close + 1).ends_with(labels_end)) continue;
+    return std::stod(line.substr(close + 2));
+  }
+  return -1;
+}
+
 class OperationsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -69,6 +83,11 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   ShardedArray x = *client->Put(*HostArray::Create(DType::kF32, {2}), slice, {"x"});
   for (int i = 0; i < 20; ++i) x = (*client->Call(inc, slice, {x}))[0];
   ASSERT_EQ((*client->Fetch(x).Await()).data<float>()[0], 20.0f);
+  // Three all_reduces over both devices: six member calls in the host's collective counters.
+  CompiledFunction sum = *client->Compile(
+      FunctionSpec::Builtin("all_reduce_sum", {{DType::kF32, {2}}}, {{DType::kF32, {2}}}, {{"x"}}, {{"x"}}));
+  for (int i = 0; i < 3; ++i) x = (*client->Call(sum, slice, {x}))[0];
+  ASSERT_EQ((*client->Fetch(x).Await()).data<float>()[0], 20.0f * 8);
   const std::string label = client->id().substr(0, 8);
 
   auto refused = Get("/metrics", /*with_token=*/false);
@@ -84,8 +103,9 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
     ASSERT_EQ(r->status, 200);
     metrics = r->body;
     if (metrics.find("pathways_device_client_busy_seconds_total{") != std::string::npos &&
-        metrics.find("client=\"" + label + "\"} ") != std::string::npos) {
-      break;  // a device has reported time spent for this client
+        metrics.find("client=\"" + label + "\"} ") != std::string::npos &&
+        FirstSample(metrics, "pathways_host_collectives_total{") == 6) {
+      break;  // a device has reported time spent for this client, and the host its collectives
     }
     absl::SleepFor(absl::Milliseconds(100));  // the next heartbeat, not a result, is awaited
   }
@@ -93,11 +113,19 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   EXPECT_NE(metrics.find("\",island=\"0\"} 1\n"), std::string::npos) << metrics;  // up
   EXPECT_NE(metrics.find("pathways_client_weight{island=\"0\",client=\"" + label + "\"} 3\n"), std::string::npos)
       << metrics;
-  EXPECT_NE(metrics.find("pathways_client_released_runs_total{island=\"0\",client=\"" + label + "\"} 20\n"),
+  EXPECT_NE(metrics.find("pathways_client_released_runs_total{island=\"0\",client=\"" + label + "\"} 23\n"),
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("pathways_live_clients 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("pathways_slice_devices 2\n"), std::string::npos) << metrics;
+  // The host's own counters: its collectives and their latency histogram.
+  EXPECT_EQ(FirstSample(metrics, "pathways_host_collectives_total{host=\"127.0.0.1:"), 6) << metrics;
+  EXPECT_EQ(FirstSample(metrics, "pathways_host_collective_failures_total{host=\"127.0.0.1:"), 0) << metrics;
+  EXPECT_EQ(FirstSample(metrics, "pathways_host_collective_latency_seconds_count{host=\"127.0.0.1:"), 6) << metrics;
+  EXPECT_EQ(FirstSample(metrics, "pathways_host_collective_latency_seconds_bucket{host=\"127.0.0.1:", "le=\"+Inf\"}"), 6)
+      << metrics;
+  // The runs' control messages came to the worker over the dataflow engine.
+  EXPECT_GT(FirstSample(metrics, "pathways_host_dataflow_received_bytes_total{host=\"127.0.0.1:"), 0) << metrics;
 
   auto page = Get("/?token=" + std::string(kToken), /*with_token=*/false);
   ASSERT_TRUE(page);
@@ -117,7 +145,7 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   EXPECT_EQ(parsed.slices(0).device_ids_size(), 2);
   ASSERT_EQ(parsed.schedulers_size(), 1);
   EXPECT_EQ(parsed.schedulers(0).policy(), "proportional-share");
-  EXPECT_EQ(parsed.schedulers(0).released_runs(), 20);
+  EXPECT_EQ(parsed.schedulers(0).released_runs(), 23);
 }
 
 }  // namespace

@@ -88,14 +88,9 @@ BlockStreams::~BlockStreams() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-int64_t BlockStreams::blocks_sent() const {
+BlockStreams::Counts BlockStreams::counts() const {
   absl::MutexLock lock(&mu_);
-  return sent_;
-}
-
-int64_t BlockStreams::blocks_received() const {
-  absl::MutexLock lock(&mu_);
-  return received_;
+  return counts_;
 }
 
 void BlockStreams::Send(const std::string& peer, std::string header, const char* data, uint64_t bytes,
@@ -133,7 +128,10 @@ void BlockStreams::SendLoop(const std::string& peer, Sender* sender) {
         close(sender->fd);  // the next block dials again
         sender->fd = -1;
       }
-      if (s.ok()) ++sent_;
+      if (s.ok()) {
+        ++counts_.blocks_sent;
+        counts_.bytes_sent += static_cast<int64_t>(block.bytes);
+      }
     }
     block.done(s.ok() ? s
                       : absl::Status(s.code(), absl::StrCat("block of ", block.bytes, " bytes from ", host_, " to ",
@@ -274,7 +272,10 @@ absl::Status BlockStreams::ReadOne(int fd, const std::string& peer) {
   }
   {
     absl::MutexLock lock(&mu_);
-    if (landed.ok()) ++received_;
+    if (landed.ok()) {
+      ++counts_.blocks_received;
+      counts_.bytes_received += static_cast<int64_t>(frame.bytes);
+    }
   }
   const std::string message(landed.message().substr(0, kMaxAckMessageBytes));
   Ack ack{kAckMagic, static_cast<int32_t>(landed.code()), static_cast<uint32_t>(message.size()), 0};

@@ -57,9 +57,12 @@ class BlockStreams {
   void Send(const std::string& peer, std::string header, const char* data, uint64_t bytes,
             std::shared_ptr<const void> keep, std::function<void(absl::Status)> done);
 
-  // Blocks sent and received so far (benchmarks, tests).
-  int64_t blocks_sent() const;
-  int64_t blocks_received() const;
+  // Blocks landed at their peers and landed here so far, and their bytes (metrics, tests).
+  struct Counts {
+    int64_t blocks_sent = 0, blocks_received = 0;
+    int64_t bytes_sent = 0, bytes_received = 0;
+  };
+  Counts counts() const;
 
  private:
   struct Outgoing {
@@ -97,8 +100,7 @@ class BlockStreams {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::unique_ptr<Sender>> senders_ ABSL_GUARDED_BY(mu_);
   std::list<Reader> readers_ ABSL_GUARDED_BY(mu_);
-  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t received_ ABSL_GUARDED_BY(mu_) = 0;
+  Counts counts_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways::collective

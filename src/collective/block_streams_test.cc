@@ -97,8 +97,12 @@ TEST(BlockStreamsTest, BlocksOfEverySizeLandIntact) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     EXPECT_EQ(pair.received[absl::StrCat("b", i)], Bytes(sizes[i], static_cast<int>(i))) << sizes[i];
   }
-  EXPECT_EQ(pair.streams(0).blocks_sent(), static_cast<int64_t>(sizes.size()));
-  EXPECT_EQ(pair.streams(1).blocks_received(), static_cast<int64_t>(sizes.size()));
+  EXPECT_EQ(pair.streams(0).counts().blocks_sent, static_cast<int64_t>(sizes.size()));
+  EXPECT_EQ(pair.streams(1).counts().blocks_received, static_cast<int64_t>(sizes.size()));
+  int64_t total = 0;
+  for (auto n : sizes) total += static_cast<int64_t>(n);
+  EXPECT_EQ(pair.streams(0).counts().bytes_sent, total);
+  EXPECT_EQ(pair.streams(1).counts().bytes_received, total);
 }
 
 TEST(BlockStreamsTest, ManyQueuedBlocksArriveInOrder) {

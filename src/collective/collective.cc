@@ -183,6 +183,28 @@ absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shar
 
 absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
                                 const CollectiveCall& call) {
+  const absl::Time start = absl::Now();
+  absl::Status status = Meet(placement, call_key, id, call);
+  const double us = absl::ToDoubleMicroseconds(absl::Now() - start);
+  const size_t bucket = static_cast<size_t>(
+      std::lower_bound(std::begin(kLatencyBoundsUs), std::end(kLatencyBoundsUs), us) - std::begin(kLatencyBoundsUs));
+  latency_buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
+  latency_sum_us_.fetch_add(static_cast<int64_t>(us), std::memory_order_relaxed);
+  (status.ok() ? calls_ : failed_).fetch_add(1, std::memory_order_relaxed);
+  return status;
+}
+
+CollectiveHub::Stats CollectiveHub::stats() const {
+  Stats s;
+  s.calls = calls_.load(std::memory_order_relaxed) + failed_.load(std::memory_order_relaxed);
+  s.failed = failed_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < s.latency_buckets.size(); ++i) s.latency_buckets[i] = latency_buckets_[i].load(std::memory_order_relaxed);
+  s.latency_sum_us = latency_sum_us_.load(std::memory_order_relaxed);
+  return s;
+}
+
+absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
+                                 const CollectiveCall& call) {
   const Group& group = placement.group;
   const int local_members = static_cast<int>(placement.local.size());
   const size_t size = group.shards.size();

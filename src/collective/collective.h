@@ -14,7 +14,10 @@
 // (see the island scheduler), and it fails the runs involved instead of hanging the devices.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -139,8 +142,24 @@ class CollectiveHub {
   absl::Status Run(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
                    const CollectiveCall& call);
 
+  // Every member call's latency (Run's, waiting for the group included) lands in the first
+  // bucket whose bound (microseconds) is not below it, or in the last, beyond every bound.
+  static constexpr double kLatencyBoundsUs[] = {50,    100,   250,    500,    1000,   2500,    5000,
+                                                10000, 25000, 50000, 100000, 250000, 1000000, 10000000};
+  static constexpr size_t kLatencyBuckets = std::size(kLatencyBoundsUs) + 1;
+  // Member calls since the hub was made, those that failed among them, and their latencies.
+  struct Stats {
+    int64_t calls = 0;
+    int64_t failed = 0;
+    std::array<int64_t, kLatencyBuckets> latency_buckets{};
+    int64_t latency_sum_us = 0;
+  };
+  Stats stats() const;
+
  private:
   struct Meeting;
+  absl::Status Meet(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
+                    const CollectiveCall& call);
   // Combines the local members' calls and runs the cross-host part. Runs on the leader.
   absl::Status Perform(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
                        const std::vector<const CollectiveCall*>& calls);
@@ -151,6 +170,8 @@ class CollectiveHub {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> calls_{0}, failed_{0}, latency_sum_us_{0};
+  std::array<std::atomic<int64_t>, kLatencyBuckets> latency_buckets_{};
 };
 
 // What one running shard of a gang computation uses for its collectives. Not thread-safe: it

@@ -91,6 +91,15 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
     info.set_busy_micros(d.busy_micros());
     *info.mutable_client_time() = d.client_time();
   }
+  host.counters = r.counters();
+  // A histogram that does not hold together is not served (metrics would mislead).
+  const auto& bounds = host.counters.latency_bounds_us();
+  if (bounds.size() > kMaxLatencyBounds || host.counters.latency_buckets_size() != bounds.size() + 1 ||
+      !std::is_sorted(bounds.begin(), bounds.end())) {
+    host.counters.clear_latency_bounds_us();
+    host.counters.clear_latency_buckets();
+    host.counters.clear_latency_sum_us();
+  }
   return Beat::kAlive;
 }
 
@@ -105,6 +114,7 @@ rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {
     hs->set_alive(AliveLocked(h, now));
     hs->set_millis_since_heartbeat(absl::ToInt64Milliseconds(now - h.last_heartbeat));
     for (const Device& d : h.devices) *hs->add_devices() = d.info;
+    *hs->mutable_counters() = h.counters;
   }
   for (const auto& [id, slice] : slices_) {
     rpc::SliceStatus* s = status.add_slices();

@@ -79,6 +79,7 @@ class ClusterRegistry {
     rpc::DeviceInfo info;
     int64_t slices = 0;  // slices placed on it so far: the load the placement spreads
   };
+  static constexpr int kMaxLatencyBounds = 64;  // in a heartbeat's HostCounters
   struct Host {
     int32_t host_id;
     int32_t island;
@@ -87,6 +88,7 @@ class ClusterRegistry {
     std::string incarnation;
     absl::Time last_heartbeat;
     std::vector<Device> devices;
+    rpc::HostCounters counters;  // as of the last heartbeat
   };
   // Chooses devices for a slice request; fills `response` and records the slice as `slice_id`.
   absl::Status PlaceLocked(const rpc::AllocateSliceRequest& r, int64_t slice_id, absl::Time now,

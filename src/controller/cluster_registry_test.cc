@@ -146,6 +146,40 @@ TEST(ClusterRegistryTest, SpreadsLoadAcrossDevices) {
   }
 }
 
+TEST(ClusterRegistryTest, AHeartbeatsCountersAreKeptAndABrokenHistogramIsNot) {
+  ClusterRegistry registry(absl::Seconds(3));
+  const absl::Time t = absl::UnixEpoch();
+  auto a = registry.RegisterWorker(Worker("h:1", 0, 1), t);
+  ASSERT_TRUE(a.ok());
+  rpc::HeartbeatRequest hb;
+  hb.set_host_id(a->host_id());
+  hb.set_address("h:1");
+  rpc::HostCounters* c = hb.mutable_counters();
+  c->set_collectives(5);
+  c->set_block_bytes_sent(1234);
+  c->add_latency_bounds_us(100);
+  c->add_latency_buckets(4);
+  c->add_latency_buckets(1);
+  c->set_latency_sum_us(700);
+  ASSERT_EQ(registry.Heartbeat(hb, t + absl::Seconds(1)), ClusterRegistry::Beat::kAlive);
+  rpc::HostCounters kept = registry.Status(t + absl::Seconds(1)).hosts(0).counters();
+  EXPECT_EQ(kept.collectives(), 5);
+  EXPECT_EQ(kept.block_bytes_sent(), 1234);
+  EXPECT_EQ(kept.latency_buckets_size(), 2);
+  // Buckets that do not match the bounds, or bounds out of order: the histogram goes, the rest stays.
+  c->add_latency_buckets(9);
+  ASSERT_EQ(registry.Heartbeat(hb, t + absl::Seconds(2)), ClusterRegistry::Beat::kAlive);
+  kept = registry.Status(t + absl::Seconds(2)).hosts(0).counters();
+  EXPECT_EQ(kept.latency_buckets_size(), 0);
+  EXPECT_EQ(kept.latency_sum_us(), 0);
+  EXPECT_EQ(kept.collectives(), 5);
+  c->clear_latency_buckets();
+  for (int n : {1, 2, 3}) c->add_latency_buckets(n);
+  c->add_latency_bounds_us(50);
+  ASSERT_EQ(registry.Heartbeat(hb, t + absl::Seconds(3)), ClusterRegistry::Beat::kAlive);
+  EXPECT_EQ(registry.Status(t + absl::Seconds(3)).hosts(0).counters().latency_bounds_us_size(), 0);
+}
+
 TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   ClusterRegistry registry(absl::Seconds(3));
   absl::Time t = absl::UnixEpoch();

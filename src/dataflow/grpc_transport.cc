@@ -239,7 +239,16 @@ GrpcTransport::~GrpcTransport() {
   peers_.clear();
 }
 
+namespace {
+int64_t PayloadBytes(const std::vector<Envelope>& batch) {
+  int64_t n = 0;
+  for (const Envelope& e : batch) n += static_cast<int64_t>(e.payload.size());
+  return n;
+}
+}  // namespace
+
 void GrpcTransport::Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) {
+  bytes_sent_.fetch_add(PayloadBytes(batch), std::memory_order_relaxed);
   {
     absl::ReaderMutexLock lock(&in_process_mu);
     auto& services = InProcessServices();
@@ -365,6 +374,7 @@ grpc::ServerReadReactor<rpc::DataflowBatch>* DataflowService::Stream(grpc::Callb
 }
 
 void DataflowService::Receive(const std::string& graph, std::vector<Envelope> batch) {
+  bytes_received_.fetch_add(PayloadBytes(batch), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   auto it = engines_.find(graph);
   if (it != engines_.end()) {

@@ -30,6 +30,8 @@ class GrpcTransport : public Transport {
   int64_t messages_written() const;
   // Batches handed to peers in this process.
   int64_t batches_in_process() const;
+  // Payload bytes of every envelope sent, to peers in this process too.
+  int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
 
  private:
   class PeerStream;
@@ -37,6 +39,7 @@ class GrpcTransport : public Transport {
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<PeerStream>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> in_process_{0};
+  std::atomic<int64_t> bytes_sent_{0};
 };
 
 // Receives batches for the engines registered with it (by graph name) and hands them over.
@@ -76,6 +79,8 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   static constexpr size_t kRememberedRemoved = 4096;
   void AddEngine(Engine* engine);
   void RemoveEngine(const std::string& graph);
+  // Payload bytes of every envelope received, held or dropped ones too.
+  int64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   size_t num_held_batches();
   size_t num_held_bytes();
   // Each peer's stream, read without a thread of its own (gRPC's callback API).
@@ -84,6 +89,7 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
 
  private:
   class Reader;
+  std::atomic<int64_t> bytes_received_{0};
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
   struct Held {

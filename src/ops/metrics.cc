@@ -89,6 +89,15 @@ constexpr struct {
     {"pathways_device_busy_seconds_total", "counter", "Time the device spent computing since the worker started."},
     {"pathways_device_computations_total", "counter", "Computations the device ran since the worker started."},
     {"pathways_device_client_busy_seconds_total", "counter", "Device time per client since the worker started (its share is this over the device's busy time)."},
+    {"pathways_host_blocks_sent_total", "counter", "Blocks of arrays the host sent to other hosts and they landed."},
+    {"pathways_host_blocks_received_total", "counter", "Blocks of arrays the host received from other hosts."},
+    {"pathways_host_block_sent_bytes_total", "counter", "Bytes of the blocks the host sent to other hosts."},
+    {"pathways_host_block_received_bytes_total", "counter", "Bytes of the blocks the host received from other hosts."},
+    {"pathways_host_dataflow_sent_bytes_total", "counter", "Payload bytes of the dataflow messages the host sent."},
+    {"pathways_host_dataflow_received_bytes_total", "counter", "Payload bytes of the dataflow messages the host received."},
+    {"pathways_host_collectives_total", "counter", "Collective calls of the host's devices (one per member)."},
+    {"pathways_host_collective_failures_total", "counter", "Collective calls of the host's devices that failed."},
+    {"pathways_host_collective_latency_seconds", "histogram", "Time from a member's collective call until its output is written, waiting for the group included."},
     {"pathways_scheduler_rounds_total", "counter", "Scheduling rounds sent to the island's hosts."},
     {"pathways_scheduler_released_runs_total", "counter", "Runs the island scheduler released to its hosts."},
     {"pathways_scheduler_release_wait_seconds", "summary", "Time runs waited at the island scheduler between submission and release."},
@@ -110,6 +119,28 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
     const Labels host = {{"host", h.address()}, {"island", absl::StrCat(h.island())}};
     e.Add("pathways_host_up", host, h.alive() ? 1 : 0);
     e.Add("pathways_host_heartbeat_age_seconds", host, static_cast<double>(h.millis_since_heartbeat()) / 1e3);
+    const rpc::HostCounters& c = h.counters();
+    e.Add("pathways_host_blocks_sent_total", host, static_cast<double>(c.blocks_sent()));
+    e.Add("pathways_host_blocks_received_total", host, static_cast<double>(c.blocks_received()));
+    e.Add("pathways_host_block_sent_bytes_total", host, static_cast<double>(c.block_bytes_sent()));
+    e.Add("pathways_host_block_received_bytes_total", host, static_cast<double>(c.block_bytes_received()));
+    e.Add("pathways_host_dataflow_sent_bytes_total", host, static_cast<double>(c.dataflow_bytes_sent()));
+    e.Add("pathways_host_dataflow_received_bytes_total", host, static_cast<double>(c.dataflow_bytes_received()));
+    e.Add("pathways_host_collectives_total", host, static_cast<double>(c.collectives()));
+    e.Add("pathways_host_collective_failures_total", host, static_cast<double>(c.collectives_failed()));
+    if (c.latency_buckets_size() == c.latency_bounds_us_size() + 1) {
+      // The exposition's buckets are cumulative, the last one +Inf.
+      int64_t cumulative = 0;
+      for (int i = 0; i < c.latency_buckets_size(); ++i) {
+        cumulative += c.latency_buckets(i);
+        Labels bucket = host;
+        bucket.emplace_back(
+            "le", i < c.latency_bounds_us_size() ? absl::StrFormat("%g", c.latency_bounds_us(i) / 1e6) : "+Inf");
+        e.Add("pathways_host_collective_latency_seconds", bucket, static_cast<double>(cumulative), "_bucket");
+      }
+      e.Add("pathways_host_collective_latency_seconds", host, static_cast<double>(c.latency_sum_us()) / 1e6, "_sum");
+      e.Add("pathways_host_collective_latency_seconds", host, static_cast<double>(cumulative), "_count");
+    }
     for (const rpc::DeviceInfo& d : h.devices()) {
       Labels device = host;
       device.emplace_back("device", absl::StrCat(d.device_id()));

@@ -37,7 +37,7 @@ Parsed Parse(const std::string& text) {
       p.types[m[1]] = m[2];
     } else if (std::regex_match(line, m, kSample)) {
       std::string family = m[1];
-      for (const char* suffix : {"_sum", "_count"}) {
+      for (const char* suffix : {"_sum", "_count", "_bucket"}) {
         const std::string s = suffix;
         if (!p.types.contains(family) && family.size() > s.size() && family.ends_with(s)) {
           family = family.substr(0, family.size() - s.size());
@@ -78,6 +78,17 @@ rpc::ClusterStatus TwoHostStatus() {
     rpc::ClientTime* t = d->add_client_time();
     t->set_client_id("ab\"c\\d\ne");  // every character the format escapes
     t->set_busy_micros(250000);
+    if (h == 0) {
+      rpc::HostCounters* c = host->mutable_counters();
+      c->set_blocks_sent(3);
+      c->set_block_bytes_sent(int64_t{5} << 30);
+      c->set_dataflow_bytes_received(777);
+      c->set_collectives(6);
+      c->set_collectives_failed(1);
+      for (double b : {100.0, 1000.0}) c->add_latency_bounds_us(b);
+      for (int64_t n : {2, 3, 1}) c->add_latency_buckets(n);
+      c->set_latency_sum_us(9000);
+    }
   }
   rpc::SchedulerStatus* s = status.add_schedulers();
   s->set_island(0);
@@ -119,6 +130,29 @@ TEST(MetricsTest, TheExpositionParsesAndCarriesEveryFigure) {
   EXPECT_EQ(p.samples.at("pathways_live_clients"), 1.0);
   EXPECT_EQ(p.samples.at("pathways_slices"), 1.0);
   EXPECT_EQ(p.samples.at("pathways_slice_devices"), 2.0);
+}
+
+TEST(MetricsTest, HostCountersAndTheCollectiveLatencyHistogram) {
+  const Parsed p = Parse(PrometheusText(TwoHostStatus()));
+  EXPECT_TRUE(p.errors.empty()) << p.errors.front();
+  const std::string host0 = R"({host="127.0.0.1:4000",island="0"})";
+  EXPECT_EQ(p.samples.at("pathways_host_blocks_sent_total" + host0), 3.0);
+  EXPECT_EQ(p.samples.at("pathways_host_block_sent_bytes_total" + host0), 5368709120.0);
+  EXPECT_EQ(p.samples.at("pathways_host_dataflow_received_bytes_total" + host0), 777.0);
+  EXPECT_EQ(p.samples.at("pathways_host_collectives_total" + host0), 6.0);
+  EXPECT_EQ(p.samples.at("pathways_host_collective_failures_total" + host0), 1.0);
+  EXPECT_EQ(p.types.at("pathways_host_collective_latency_seconds"), "histogram");
+  // Cumulative buckets, in seconds, ending at +Inf with the count.
+  const std::string bucket = R"(pathways_host_collective_latency_seconds_bucket{host="127.0.0.1:4000",island="0",le=")";
+  EXPECT_EQ(p.samples.at(bucket + R"(0.0001"})"), 2.0);
+  EXPECT_EQ(p.samples.at(bucket + R"(0.001"})"), 5.0);
+  EXPECT_EQ(p.samples.at(bucket + R"(+Inf"})"), 6.0);
+  EXPECT_EQ(p.samples.at("pathways_host_collective_latency_seconds_count" + host0), 6.0);
+  EXPECT_EQ(p.samples.at("pathways_host_collective_latency_seconds_sum" + host0), 0.009);
+  // A host whose heartbeat carried no histogram has none, but still its counters.
+  const std::string host1 = R"({host="127.0.0.1:4001",island="1"})";
+  EXPECT_FALSE(p.samples.contains("pathways_host_collective_latency_seconds_count" + host1));
+  EXPECT_EQ(p.samples.at("pathways_host_collectives_total" + host1), 0.0);
 }
 
 TEST(MetricsTest, AnEmptyClusterStillDeclaresItsFamilies) {

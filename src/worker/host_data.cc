@@ -86,6 +86,26 @@ void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
   promise.Set(*std::move(buffer));
 }
 
+void HostRuntime::DescribeCounters(rpc::HostCounters* counters) const {
+  if (blocks_ != nullptr) {
+    const collective::BlockStreams::Counts blocks = blocks_->counts();
+    counters->set_blocks_sent(blocks.blocks_sent);
+    counters->set_blocks_received(blocks.blocks_received);
+    counters->set_block_bytes_sent(blocks.bytes_sent);
+    counters->set_block_bytes_received(blocks.bytes_received);
+  }
+  counters->set_dataflow_bytes_sent(dataflow_transport_.bytes_sent());
+  if (options_.dataflow_service != nullptr) {
+    counters->set_dataflow_bytes_received(options_.dataflow_service->bytes_received());
+  }
+  const collective::CollectiveHub::Stats collectives = collectives_.stats();
+  counters->set_collectives(collectives.calls);
+  counters->set_collectives_failed(collectives.failed);
+  for (double bound : collective::CollectiveHub::kLatencyBoundsUs) counters->add_latency_bounds_us(bound);
+  for (int64_t n : collectives.latency_buckets) counters->add_latency_buckets(n);
+  counters->set_latency_sum_us(collectives.latency_sum_us);
+}
+
 rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request) const {
   rpc::GetTraceResponse response;
   response.set_host(name());

@@ -118,6 +118,9 @@ class HostRuntime {
   // Publishes this host's links (collectives, blocks) where other hosts look them up; called
   // whenever the host registers, since a restarted controller forgot them.
   void PublishLinks();
+  // What this host moved and waited for since it started: blocks, dataflow bytes, collectives
+  // (heartbeats carry it to the controller's metrics).
+  void DescribeCounters(rpc::HostCounters* counters) const;
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 

@@ -169,6 +169,7 @@ void Worker::HeartbeatLoop() {
     request.set_address(address_);
     request.set_incarnation(incarnation_);
     DescribeDevices(request.mutable_devices());
+    runtime_->DescribeCounters(request.mutable_counters());
     auto response = controller_->Heartbeat(request);
     if (!response.ok()) {
       PW_LOG(Warning) << "heartbeat to " << controller_->address() << " failed: " << response.status();

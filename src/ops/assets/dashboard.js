@@ -85,6 +85,15 @@ function render(status, now) {
   shareWindow.push(clientMicros);
   while (shareWindow.length > HISTORY) shareWindow.shift();
 
+  // A host's traffic since its worker started (JSON leaves zero counters out, int64s as strings).
+  const traffic = c => {
+    const n = k => Number(c[k] || 0);
+    const calls = n('collectives');
+    const mean = calls ? ` (mean ${(n('latency_sum_us') / calls / 1000).toFixed(2)} ms)` : '';
+    return `blocks out ${bytes(n('block_bytes_sent'))}, in ${bytes(n('block_bytes_received'))}; ` +
+      `dataflow out ${bytes(n('dataflow_bytes_sent'))}, in ${bytes(n('dataflow_bytes_received'))}; ` +
+      `${calls} collectives${mean}, ${n('collectives_failed')} failed`;
+  };
   const islands = new Map();
   for (const h of hosts) {
     if (!islands.has(h.island)) islands.set(h.island, []);
@@ -103,7 +112,8 @@ function render(status, now) {
       const card = el('div', {class: 'host' + (h.alive ? '' : ' down'), 'data-host': h.address},
         el('div', {class: 'name'}, h.address),
         el('div', {class: 'state'}, h.alive ? `alive, heartbeat ${h.millis_since_heartbeat} ms ago`
-                                            : `not heartbeating for ${h.millis_since_heartbeat} ms`));
+                                            : `not heartbeating for ${h.millis_since_heartbeat} ms`),
+        el('div', {class: 'traffic'}, traffic(h.counters || {})));
       for (const d of h.devices || []) {
         const hist = history.get(d.device_id) || [];
         const util = hist.length ? hist[hist.length - 1] : 0;
