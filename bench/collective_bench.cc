@@ -38,6 +38,7 @@
 #include "collective/collective.h"
 #include "collective/tcp_links.h"
 #include "core/process.h"
+#include "core/progress.h"
 #include "core/status_macros.h"
 #include "testing/subprocess.h"
 #include "tools/flags.h"
@@ -411,10 +412,20 @@ int Main(int argc, char** argv) {
       "The collective alone: all_reduce through the hub API, hosts as threads of one process with "
       "loopback links between them, no compiled function; GB/s counts every member's input read and output "
       "written, against memcpy's bytes read and written.\n\n");
+  const bool hub_only = flags->Get("hub-only", "false") == "true";
+  // On a terminal, what is being measured (on stderr: the tables on stdout stay clean).
+  Progress progress("measured", static_cast<int64_t>(configs.size() * sizes.size()) * (hub_only ? 1 : 2), stderr,
+                    Progress::OffTerminal::kSilent);
+  int64_t measured = 0;
+  auto now_measuring = [&](const char* what, int hosts, int devices, int64_t bytes) {
+    progress.Show(measured++, absl::StrFormat("%s %dx%d, %lld B", what, hosts, devices, static_cast<long long>(bytes)));
+  };
   std::printf("| hosts x devices | bytes/device | all_reduce/s | GB/s touched | of memcpy |\n|---|---|---|---|---|\n");
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {
+      now_measuring("hub only", hosts, devices, bytes);
       const double rate = MeasureHubOnly(hosts, devices, bytes, repeats);
+      progress.Clear();
       const double touched = 2.0 * hosts * devices * static_cast<double>(bytes) * rate;
       std::printf("| %dx%d | %lld | %.0f | %.2f | %.0f%% |\n", hosts, devices, static_cast<long long>(bytes), rate,
                   touched / 1e9, 100 * touched / memcpy_bw);
@@ -422,7 +433,10 @@ int Main(int argc, char** argv) {
     }
   }
   std::printf("\n");
-  if (flags->Get("hub-only", "false") == "true") return 0;
+  if (hub_only) {
+    progress.Show(measured);
+    return 0;
+  }
   std::printf(
       "| hosts x devices | bytes/device | OpByOp | Chained | Fused | multi-controller step | multi-controller fused | "
       "torch+Gloo | OpenMPI TCP | Fused/torch | Fused/MPI | OpByOp/Fused | Chained/Fused | Chained/MC step | "
@@ -430,8 +444,10 @@ int Main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {
+      now_measuring("this runtime and its peers", hosts, devices, bytes);
       auto ours = MeasureRuntime(hosts, devices, bytes, repeats);
       if (!ours.ok()) {
+        progress.Clear();
         std::printf("| %dx%d | %lld | failed: %s |\n", hosts, devices, static_cast<long long>(bytes),
                     std::string(ours.status().message()).c_str());
         std::fflush(stdout);
@@ -441,6 +457,7 @@ int Main(int argc, char** argv) {
       const MultiControllerRates mc = MeasureMultiController(hosts, devices, bytes, repeats);
       std::optional<double> torch = have_torch ? MeasureTorch(ranks, bytes, repeats) : std::nullopt;
       std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats) : std::nullopt;
+      progress.Clear();
       // What an all_reduce must touch at least: every member's input read, every output written.
       const double touched = 2.0 * ranks * static_cast<double>(bytes) * ours->fused / 1e9;
       std::printf("| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.2f |\n",
@@ -452,6 +469,7 @@ int Main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  progress.Show(measured);
   return 0;
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cluster/local_cluster.h"
+#include "core/progress.h"
 #include "core/status_macros.h"
 #include "train/trainer.h"
 #include "transport/auth.h"
@@ -57,31 +58,6 @@ absl::StatusOr<TrainOptions> OptionsFromFlags(const Flags& flags) {
   o.resume_from = flags.Get("resume");
   return o;
 }
-
-// One line of progress: a bar redrawn in place on a terminal, plain lines otherwise.
-class Progress {
- public:
-  // Steps are numbered from `first` + 1 (a resumed run goes on from its checkpoint's step).
-  Progress(int64_t first, int64_t steps) : first_(first), steps_(steps), terminal_(isatty(fileno(stdout)) == 1) {}
-  void Show(int64_t step, double loss, double tokens_per_s) {
-    if (terminal_) {
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(kWidth * step / steps_);
-      std::printf("\r  [%s%s] step %lld/%lld  loss %.4f  %.0f tokens/s ", std::string(filled, '#').c_str(),
-                  std::string(kWidth - filled, '.').c_str(), static_cast<long long>(first_ + step),
-                  static_cast<long long>(first_ + steps_), loss, tokens_per_s);
-      if (step == steps_) std::printf("\n");
-    } else if (step == 1 || step == steps_ || step % std::max<int64_t>(1, steps_ / 20) == 0) {
-      std::printf("  step %lld/%lld  loss %.4f  %.0f tokens/s\n", static_cast<long long>(first_ + step),
-                  static_cast<long long>(first_ + steps_), loss, tokens_per_s);
-    }
-    std::fflush(stdout);
-  }
-
- private:
-  const int64_t first_, steps_;
-  const bool terminal_;
-};
 
 // Devices for an embedded cluster that fits the layout: islands of hosts of `tensor` devices
 // each (a tensor-parallel group shares a host, as it would share a chip's interconnect).
@@ -200,7 +176,7 @@ absl::Status RunTrain(const Flags& flags) {
   const int64_t first_step = trainer->steps_issued();
   if (first_step > 0) std::printf("resumed from %s after step %lld\n", o.resume_from.c_str(), static_cast<long long>(first_step));
   // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.
-  Progress progress(first_step, steps);
+  Progress progress("step", steps, stdout, Progress::OffTerminal::kPlainLines, first_step);
   std::deque<Future<double>> in_flight;
   double last_loss = 0, first_loss = 0, tail_sum = 0;
   const int64_t tail = std::max<int64_t>(1, steps / 10);  // the closing line's loss: the mean of the last 10%
@@ -216,7 +192,7 @@ absl::Status RunTrain(const Flags& flags) {
     const absl::Time now = absl::Now();
     const double tokens_per_s = static_cast<double>(trainer->tokens_per_step()) / absl::ToDoubleSeconds(now - last);
     last = now;
-    progress.Show(done, last_loss, tokens_per_s);
+    progress.Show(done, absl::StrFormat("loss %.4f  %.0f tokens/s", last_loss, tokens_per_s));
     if (metrics != nullptr) {
       std::fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
                    static_cast<long long>(first_step + done), last_loss, tokens_per_s,
