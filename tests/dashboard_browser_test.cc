@@ -68,10 +68,13 @@ TEST(DashboardBrowserTest, ThePageShowsTheHostsAndEachTenantsShare) {
   if (!dump.WaitFor(absl::Seconds(30)).ok()) dump.Stop(SIGKILL);
   EXPECT_NE(dom.find("1/1 hosts alive"), std::string::npos) << dom;
   EXPECT_NE(dom.find(host), std::string::npos) << dom;
+  // The devices' timelines draw their trace rings' work (from /api/timeline).
+  EXPECT_NE(dom.find("title=\"work in the last 10 s, by client\""), std::string::npos) << dom;
   std::vector<double> shares;
   for (const std::string& label : labels) {
-    // Its row in the clients table: label, island, weight, then the share it was measured to get.
-    const std::regex row("<td>" + label + R"(</td><td class="num">0</td><td class="num">[13]</td><td>(\d+\.\d)%</td>)");
+    // Its row in the clients table: label (after the swatch of its colour in the devices'
+    // timelines), island, weight, then the share it was measured to get.
+    const std::regex row(R"(<td><span><span class="swatch"[^>]*></span>)" + label + R"(</span></td><td class="num">0</td><td class="num">[13]</td><td>(\d+\.\d)%</td>)");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(dom, m, row)) << label << " has no share in:\n" << dom;
     shares.push_back(std::stod(m[1]));

@@ -127,6 +127,26 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   // The runs' control messages came to the worker over the dataflow engine.
   EXPECT_GT(FirstSample(metrics, "pathways_host_dataflow_received_bytes_total{host=\"127.0.0.1:"), 0) << metrics;
 
+  // The devices' recent work, from their trace rings through the heartbeats, labelled by client.
+  auto timeline_json = Get("/api/timeline");
+  ASSERT_TRUE(timeline_json);
+  ASSERT_EQ(timeline_json->status, 200);
+  rpc::ClusterTimeline timeline;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(timeline_json->body, &timeline).ok()) << timeline_json->body;
+  ASSERT_EQ(timeline.devices_size(), 2);
+  int64_t busy = 0;
+  for (const rpc::DeviceTimeline& d : timeline.devices()) {
+    EXPECT_GT(d.buckets_size(), 0) << timeline_json->body;
+    for (const rpc::WorkBucket& b : d.buckets()) {
+      EXPECT_LT(b.start_us(), b.end_us());
+      for (const rpc::ClientTime& t : b.busy()) {
+        EXPECT_EQ(t.client_id(), label);
+        busy += t.busy_micros();
+      }
+    }
+  }
+  EXPECT_GT(busy, 0) << timeline_json->body;
+
   auto page = Get("/?token=" + std::string(kToken), /*with_token=*/false);
   ASSERT_TRUE(page);
   EXPECT_EQ(page->status, 200);

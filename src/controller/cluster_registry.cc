@@ -72,6 +72,46 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   return response;
 }
 
+namespace {
+
+// Adds `from`'s device time into `into` (a bucket of the same span), client by client.
+void AddBucket(const rpc::WorkBucket& from, rpc::WorkBucket& into) {
+  for (const rpc::ClientTime& t : from.busy()) {
+    const std::string label = t.client_id().substr(0, 8);  // a label, whatever was sent
+    auto it = std::find_if(into.mutable_busy()->begin(), into.mutable_busy()->end(),
+                           [&](const rpc::ClientTime& c) { return c.client_id() == label; });
+    if (it != into.mutable_busy()->end()) {
+      it->set_busy_micros(it->busy_micros() + t.busy_micros());
+    } else if (into.busy_size() < ClusterRegistry::kMaxBucketClients) {
+      rpc::ClientTime* added = into.add_busy();
+      added->set_client_id(label);
+      added->set_busy_micros(t.busy_micros());
+    }
+  }
+}
+
+// Adds a heartbeat's buckets to a device's, in start order (a bucket reported again, for work
+// that ended since, adds up), and drops what ended before `kept_after` or is beyond the bounds.
+void KeepRecentWork(const google::protobuf::RepeatedPtrField<rpc::WorkBucket>& reported, int64_t kept_after,
+                    std::deque<rpc::WorkBucket>& kept) {
+  for (const rpc::WorkBucket& b : reported) {
+    if (b.end_us() < kept_after || b.end_us() <= b.start_us()) continue;
+    auto at = std::lower_bound(kept.begin(), kept.end(), b.start_us(),
+                               [](const rpc::WorkBucket& k, int64_t start) { return k.start_us() < start; });
+    if (at == kept.end() || at->start_us() != b.start_us()) {
+      at = kept.insert(at, rpc::WorkBucket());
+      at->set_start_us(b.start_us());
+      at->set_end_us(b.end_us());
+    }
+    AddBucket(b, *at);
+  }
+  while (!kept.empty() && (kept.size() > ClusterRegistry::kMaxTimelineBuckets || kept.front().end_us() < kept_after)) {
+    kept.pop_front();
+  }
+}
+
+}  // namespace
+
 ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = hosts_.find(r.host_id());
@@ -90,6 +130,7 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
     info.set_executed(d.executed());
     info.set_busy_micros(d.busy_micros());
     *info.mutable_client_time() = d.client_time();
+    KeepRecentWork(d.recent_work(), absl::ToUnixMicros(now - kTimelineKept), host.devices[d.local_index()].recent_work);
   }
   host.counters = r.counters();
   // A histogram that does not hold together is not served (metrics would mislead).
@@ -125,6 +166,26 @@ rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {
     for (const Placed& p : slice.devices) s->add_device_ids(p.device_id);
   }
   return status;
+}
+
+rpc::ClusterTimeline ClusterRegistry::Timeline(absl::Time now, absl::Duration window) const {
+  absl::MutexLock lock(&mu_);
+  rpc::ClusterTimeline timeline;
+  timeline.set_now_us(absl::ToUnixMicros(now));
+  timeline.set_window_us(absl::ToInt64Microseconds(window));
+  const int64_t after = absl::ToUnixMicros(now - window);
+  for (const auto& [id, h] : hosts_) {
+    for (const Device& d : h.devices) {
+      rpc::DeviceTimeline* t = timeline.add_devices();
+      t->set_device_id(d.info.device_id());
+      t->set_host(h.address);
+      t->set_local_index(d.info.local_index());
+      for (const rpc::WorkBucket& bucket : d.recent_work) {
+        if (bucket.end_us() >= after) *t->add_buckets() = bucket;
+      }
+    }
+  }
+  return timeline;
 }
 
 absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(

@@ -1,6 +1,7 @@
 // The controller's view of the cluster: islands, hosts, devices, liveness, and slice placement.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -28,6 +29,13 @@ class ClusterRegistry {
   enum class Beat { kAlive, kUnknown, kExpired };
   Beat Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now);
   rpc::ClusterStatus Status(absl::Time now) const;
+  // Each device's work (as its heartbeats reported it, in buckets) that ended within `window`
+  // before `now`. What is kept per device is bounded: the buckets of the last kTimelineKept, at
+  // most kMaxTimelineBuckets of them, each with at most kMaxBucketClients clients.
+  static constexpr absl::Duration kTimelineKept = absl::Seconds(30);
+  static constexpr size_t kMaxTimelineBuckets = 1024;
+  static constexpr int kMaxBucketClients = 32;
+  rpc::ClusterTimeline Timeline(absl::Time now, absl::Duration window) const;
   // Places a slice of prod(mesh_shape) devices on live hosts (in one island when asked), taking the
   // least-loaded devices first and laying them out host by host so that mesh neighbours share a
   // host where possible.
@@ -78,6 +86,7 @@ class ClusterRegistry {
   struct Device {
     rpc::DeviceInfo info;
     int64_t slices = 0;  // slices placed on it so far: the load the placement spreads
+    std::deque<rpc::WorkBucket> recent_work;  // by start, oldest first
   };
   static constexpr int kMaxLatencyBounds = 64;  // in a heartbeat's HostCounters
   struct Host {

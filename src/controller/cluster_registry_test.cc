@@ -180,6 +180,57 @@ TEST(ClusterRegistryTest, AHeartbeatsCountersAreKeptAndABrokenHistogramIsNot) {
   EXPECT_EQ(registry.Status(t + absl::Seconds(3)).hosts(0).counters().latency_bounds_us_size(), 0);
 }
 
+TEST(ClusterRegistryTest, TheTimelineKeepsTheLastSecondsOfEachDevicesWork) {
+  ClusterRegistry registry(absl::Seconds(60));
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  auto a = registry.RegisterWorker(Worker("h:1", 0, 2), t);
+  ASSERT_TRUE(a.ok());
+  // One heartbeat at `now` reporting, for `device`, one bucket of a second from `start_s`.
+  auto beat = [&](absl::Time now, int device, int64_t start_s, const std::string& client, int64_t micros) {
+    rpc::HeartbeatRequest hb;
+    hb.set_host_id(a->host_id());
+    hb.set_address("h:1");
+    rpc::DeviceInfo* d = hb.add_devices();
+    d->set_local_index(device);
+    rpc::WorkBucket* b = d->add_recent_work();
+    b->set_start_us(start_s * 1'000'000);
+    b->set_end_us((start_s + 1) * 1'000'000);
+    rpc::ClientTime* busy = b->add_busy();
+    busy->set_client_id(client);
+    busy->set_busy_micros(micros);
+    return registry.Heartbeat(hb, now);
+  };
+  ASSERT_EQ(beat(t + absl::Seconds(1), 0, 999, "aaaaaaaa", 100), ClusterRegistry::Beat::kAlive);
+  ASSERT_EQ(beat(t + absl::Seconds(2), 1, 1001, std::string(40, 'b'), 200), ClusterRegistry::Beat::kAlive);
+  // The same bucket again (work that ended since it was first reported), another client too.
+  ASSERT_EQ(beat(t + absl::Seconds(2), 0, 999, "aaaaaaaa", 50), ClusterRegistry::Beat::kAlive);
+  ASSERT_EQ(beat(t + absl::Seconds(2), 0, 999, "cccccccc", 7), ClusterRegistry::Beat::kAlive);
+  rpc::ClusterTimeline timeline = registry.Timeline(t + absl::Seconds(2), absl::Seconds(10));
+  ASSERT_EQ(timeline.devices_size(), 2);
+  EXPECT_EQ(timeline.window_us(), 10'000'000);
+  EXPECT_EQ(timeline.devices(0).host(), "h:1");
+  ASSERT_EQ(timeline.devices(0).buckets_size(), 1);
+  const rpc::WorkBucket& first = timeline.devices(0).buckets(0);
+  ASSERT_EQ(first.busy_size(), 2);
+  EXPECT_EQ(first.busy(0).client_id(), "aaaaaaaa");
+  EXPECT_EQ(first.busy(0).busy_micros(), 150);
+  EXPECT_EQ(first.busy(1).busy_micros(), 7);
+  ASSERT_EQ(timeline.devices(1).buckets_size(), 1);
+  EXPECT_EQ(timeline.devices(1).buckets(0).busy(0).client_id(), "bbbbbbbb");  // a label, however long the name sent
+  // A window that ends after device 0's work leaves it out.
+  EXPECT_EQ(registry.Timeline(t + absl::Seconds(2), absl::Seconds(1)).devices(0).buckets_size(), 0);
+
+  // What is kept is the last kTimelineKept (30 s): a heartbeat drops what is older, and buckets
+  // stay in time order whatever order they come in.
+  for (int i = 39; i >= 0; --i) ASSERT_EQ(beat(t + absl::Seconds(39), 1, 1000 + i, "aaaaaaaa", 1), ClusterRegistry::Beat::kAlive);
+  rpc::ClusterTimeline kept = registry.Timeline(t + absl::Seconds(39), absl::Seconds(60));
+  ASSERT_EQ(kept.devices(1).buckets_size(), 32);  // those ending at 1009 s or later
+  EXPECT_EQ(kept.devices(1).buckets(0).start_us(), 1008'000'000);
+  for (int i = 1; i < 32; ++i) {
+    EXPECT_LT(kept.devices(1).buckets(i - 1).start_us(), kept.devices(1).buckets(i).start_us());
+  }
+}
+
 TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   ClusterRegistry registry(absl::Seconds(3));
   absl::Time t = absl::UnixEpoch();

@@ -335,6 +335,11 @@ void Controller::RetireLoop() {
   }
 }
 
+namespace {
+// How far back the dashboard's device timelines reach.
+constexpr absl::Duration kDashboardTimeline = absl::Seconds(10);
+}  // namespace
+
 absl::Status Controller::Start() {
   const std::string token = TokenFromFlagOrEnv(options_.token);
   const std::string cluster_token = ClusterTokenFromFlagOrEnv(options_.cluster_token, token);
@@ -364,7 +369,9 @@ absl::Status Controller::Start() {
     http.port = options_.http_port;
     http.token = token;
     http_ip_ = http.ip;
-    PW_ASSIGN_OR_RETURN(http_, StatusHttpServer::Start(std::move(http), [this] { return Status(); }));
+    PW_ASSIGN_OR_RETURN(http_, StatusHttpServer::Start(std::move(http), [this] { return Status(); }, [this] {
+                          return registry_.Timeline(absl::Now(), kDashboardTimeline);
+                        }));
   }
   return absl::OkStatus();
 }

@@ -107,32 +107,45 @@ std::string BearerToken(const httplib::Request& req) {
 // that (see ~StatusHttpServer) answers 503 instead of reading a controller that is gone.
 class StatusGuard {
  public:
-  explicit StatusGuard(StatusHttpServer::StatusFn status) : status_(std::move(status)) {}
+  StatusGuard(StatusHttpServer::StatusFn status, StatusHttpServer::TimelineFn timeline)
+      : status_(std::move(status)), timeline_(std::move(timeline)) {}
   std::optional<rpc::ClusterStatus> Read() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!status_) return std::nullopt;
     return status_();
   }
+  std::optional<rpc::ClusterTimeline> ReadTimeline() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!timeline_) return std::nullopt;
+    return timeline_();
+  }
   void Close() {
     std::lock_guard<std::mutex> lock(mu_);  // waits for a read in progress
     status_ = nullptr;
+    timeline_ = nullptr;
   }
 
  private:
   std::mutex mu_;
   StatusHttpServer::StatusFn status_;
+  StatusHttpServer::TimelineFn timeline_;
 };
 
-std::string StatusJson(const rpc::ClusterStatus& status) {
+namespace {
+std::string Json(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
   options.always_print_primitive_fields = true;
   std::string json;
-  if (!google::protobuf::util::MessageToJsonString(status, &json, options).ok()) return "{}";
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
   return json;
 }
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(StatusHttpOptions options, StatusFn status) {
+std::string StatusJson(const rpc::ClusterStatus& status) { return Json(status); }
+
+absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(StatusHttpOptions options, StatusFn status,
+                                                                          TimelineFn timeline) {
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("HTTP port ", options.port, " is not in 0..65535"));
   }
@@ -175,7 +188,8 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
       res.set_content(asset.data.data(), asset.data.size(), std::string(asset.content_type).c_str());
     });
   }
-  auto guard = std::make_shared<StatusGuard>(std::move(status));
+  const bool has_timeline = timeline != nullptr;
+  auto guard = std::make_shared<StatusGuard>(std::move(status), std::move(timeline));
   auto unavailable = [](httplib::Response& res) {
     res.status = 503;
     res.set_content("the controller is shutting down\n", "text/plain");
@@ -186,6 +200,14 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
     res.set_header("Cache-Control", "no-store");
     res.set_content(StatusJson(*s), "application/json");
   });
+  if (has_timeline) {
+    server->Get(ExactRoute("/api/timeline"), [guard, unavailable](const httplib::Request&, httplib::Response& res) {
+      auto t = guard->ReadTimeline();
+      if (!t) return unavailable(res);
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(Json(*t), "application/json");
+    });
+  }
   server->Get(ExactRoute("/metrics"), [guard, unavailable](const httplib::Request&, httplib::Response& res) {
     auto s = guard->Read();
     if (!s) return unavailable(res);

@@ -1,5 +1,6 @@
 // The controller's HTTP face for operators: a live dashboard (static assets compiled into the
-// binary from src/ops/assets/), the cluster's state as JSON at /api/status, and Prometheus
+// binary from src/ops/assets/), the cluster's state as JSON at /api/status (and the devices'
+// recent work at /api/timeline), and Prometheus
 // metrics at /metrics. Built on cpp-httplib (Debian's libcpp-httplib-dev).
 //
 // With a token set, every request must carry it, as `Authorization: Bearer TOKEN` or as a
@@ -41,9 +42,12 @@ struct StatusHttpOptions {
 class StatusHttpServer {
  public:
   using StatusFn = std::function<rpc::ClusterStatus()>;
+  using TimelineFn = std::function<rpc::ClusterTimeline()>;
   // Listening once it returns. `status` is called for every page and metrics request, on the
-  // server's threads.
-  static absl::StatusOr<std::unique_ptr<StatusHttpServer>> Start(StatusHttpOptions options, StatusFn status);
+  // server's threads; `timeline`, when given, for every /api/timeline request (the devices' last
+  // seconds of work, which the dashboard draws).
+  static absl::StatusOr<std::unique_ptr<StatusHttpServer>> Start(StatusHttpOptions options, StatusFn status,
+                                                                 TimelineFn timeline = nullptr);
   ~StatusHttpServer();  // stops listening and joins the threads
   StatusHttpServer(const StatusHttpServer&) = delete;
   StatusHttpServer& operator=(const StatusHttpServer&) = delete;

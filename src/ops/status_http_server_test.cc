@@ -74,6 +74,39 @@ TEST(StatusHttpServerTest, ServesTheDashboardStatusAndMetrics) {
   EXPECT_NE(metrics->body.find("pathways_live_clients 2\n"), std::string::npos);
 }
 
+TEST(StatusHttpServerTest, TheTimelineIsServedWhenThereIsOne) {
+  auto with = StatusHttpServer::Start({}, [] { return OneHost(); }, [] {
+    rpc::ClusterTimeline t;
+    t.set_now_us(5000);
+    rpc::DeviceTimeline* d = t.add_devices();
+    d->set_device_id(3);
+    rpc::WorkBucket* b = d->add_buckets();
+    b->set_start_us(4000);
+    b->set_end_us(4500);
+    rpc::ClientTime* busy = b->add_busy();
+    busy->set_client_id("abcd1234");
+    busy->set_busy_micros(300);
+    return t;
+  });
+  ASSERT_TRUE(with.ok()) << with.status();
+  httplib::Client client = ClientOf(**with);
+  auto json = client.Get("/api/timeline");
+  ASSERT_TRUE(json) << httplib::to_string(json.error());
+  EXPECT_EQ(json->status, 200);
+  rpc::ClusterTimeline parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json->body, &parsed).ok()) << json->body;
+  ASSERT_EQ(parsed.devices_size(), 1);
+  EXPECT_EQ(parsed.devices(0).buckets(0).busy(0).client_id(), "abcd1234");
+  EXPECT_EQ(parsed.now_us(), 5000);
+
+  auto without = Serve();
+  ASSERT_NE(without, nullptr);
+  httplib::Client other = ClientOf(*without);
+  auto missing = other.Get("/api/timeline");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+}
+
 TEST(StatusHttpServerTest, NothingButItsRoutesIsServed) {
   auto server = Serve();
   ASSERT_NE(server, nullptr);

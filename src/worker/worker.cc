@@ -1,5 +1,7 @@
 #include "worker/worker.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "compute/checkpoint_files.h"
 #include "compute/text_source.h"
@@ -9,6 +11,7 @@
 #include "transport/auth.h"
 #include "core/status_macros.h"
 #include "transport/rpc_util.h"
+#include "worker/recent_work.h"
 
 namespace pathways {
 
@@ -122,7 +125,8 @@ absl::Status Worker::Start() {
   return absl::OkStatus();
 }
 
-void Worker::DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices) {
+void Worker::DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices, bool recent_work) {
+  if (recent_work) work_reported_until_us_.resize(runtime_->num_devices(), 0);
   for (int i = 0; i < runtime_->num_devices(); ++i) {
     DeviceStats s = runtime_->device(i).stats();
     rpc::DeviceInfo* d = devices->Add();
@@ -137,6 +141,12 @@ void Worker::DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>
       rpc::ClientTime* t = d->add_client_time();
       t->set_client_id(client);
       t->set_busy_micros(micros);
+    }
+    if (recent_work) {
+      int64_t& until = work_reported_until_us_[i];
+      const std::vector<TraceEvent> events = runtime_->device(i).Trace(until);
+      for (rpc::WorkBucket& bucket : RecentWork(events, until)) *d->add_recent_work() = std::move(bucket);
+      for (const TraceEvent& e : events) until = std::max(until, e.end_us);
     }
   }
 }
@@ -168,7 +178,7 @@ void Worker::HeartbeatLoop() {
     request.set_host_id(host_id_);
     request.set_address(address_);
     request.set_incarnation(incarnation_);
-    DescribeDevices(request.mutable_devices());
+    DescribeDevices(request.mutable_devices(), /*recent_work=*/true);
     runtime_->DescribeCounters(request.mutable_counters());
     auto response = controller_->Heartbeat(request);
     if (!response.ok()) {

@@ -73,7 +73,8 @@ class Worker {
   absl::Status Register();
   void HeartbeatLoop();
   rpc::RegisterWorkerRequest RegistrationRequest();
-  void DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices);
+  // `recent_work`: also each device's work since the last call that asked for it (heartbeats).
+  void DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices, bool recent_work = false);
 
   const WorkerOptions options_;
   const std::string incarnation_ = RandomIdString();
@@ -89,6 +90,7 @@ class Worker {
   std::atomic<int64_t> heartbeat_ms_{500};
   absl::Notification stop_;
   std::thread heartbeat_thread_;
+  std::vector<int64_t> work_reported_until_us_;  // per device; the heartbeat thread's own
 };
 
 }  // namespace pathways

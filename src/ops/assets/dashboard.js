@@ -1,7 +1,8 @@
-// Polls /api/status once a second and draws the cluster. Utilisation and shares come from the
-// difference between two heartbeats' worth of the devices' busy-time counters; each device keeps
-// the last minute of utilisation as a timeline. Text from the status goes into the page as text
-// (textContent), never as markup.
+// Polls /api/status and /api/timeline once a second and draws the cluster. Utilisation and shares
+// come from the difference between two heartbeats' worth of the devices' busy-time counters; each
+// device's timeline is its work over the last seconds as its trace ring recorded it, coloured by
+// client (the last minute of utilisation instead when there is no timeline). Text from the
+// status goes into the page as text (textContent), never as markup.
 'use strict';
 
 const POLL_MS = 1000;
@@ -10,6 +11,13 @@ const token = new URLSearchParams(location.search).get('token');
 const history = new Map();  // device id -> [utilisation in 0..1]
 let previous = null;        // {time, devices: Map(id -> {busy, at, clients: Map(label -> busy)})}
 let shareWindow = [];       // per poll: Map(client -> device micros), the last HISTORY polls
+let timeline = null;        // the last /api/timeline: {now_us, window_us, devices: Map(id -> spans)}
+const PALETTE = ['#4a7bd0', '#d0784a', '#3f9f6b', '#a64a9c', '#b89a2a', '#3aa0b8', '#7a6ad0', '#c04a5a'];
+const clientColours = new Map();  // client label -> colour, in order of first appearance
+function colourOf(client) {
+  if (!clientColours.has(client)) clientColours.set(client, PALETTE[clientColours.size % PALETTE.length]);
+  return clientColours.get(client);
+}
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -44,6 +52,27 @@ function drawTimeline(canvas, values) {
     const x = (HISTORY - values.length + i) * step;
     g.fillRect(x, h - v * h, Math.max(1, step - 1), v * h);
   });
+}
+
+// A device's work over the window ending at nowUs: a bar per bucket, as high as the bucket was
+// busy, stacked by client, one colour per client.
+function drawWork(canvas, buckets, nowUs, windowUs) {
+  const w = canvas.width = canvas.clientWidth || 200, h = canvas.height = 22;
+  const g = canvas.getContext('2d');
+  g.clearRect(0, 0, w, h);
+  const from = nowUs - windowUs;
+  for (const b of buckets) {
+    const start = Number(b.start_us), width = Number(b.end_us) - start;
+    const x0 = Math.max(0, (start - from) / windowUs * w), x1 = Math.min(w, (start + width - from) / windowUs * w);
+    if (x1 <= 0 || x0 >= w || width <= 0) continue;
+    let y = h;
+    for (const t of b.busy || []) {
+      const bar = Math.min(y, Number(t.busy_micros) / width * h);
+      g.fillStyle = colourOf(t.client_id);
+      g.fillRect(x0, y - bar, Math.max(1, x1 - x0 - 0.5), Math.max(bar, 1));
+      y -= bar;
+    }
+  }
 }
 
 function render(status, now) {
@@ -85,7 +114,7 @@ function render(status, now) {
   shareWindow.push(clientMicros);
   while (shareWindow.length > HISTORY) shareWindow.shift();
 
-  // A host's traffic since its worker started (JSON leaves zero counters out, int64s as strings).
+  // A host's traffic since its worker started (int64s come as strings; an old worker sends none).
   const traffic = c => {
     const n = k => Number(c[k] || 0);
     const calls = n('collectives');
@@ -117,12 +146,16 @@ function render(status, now) {
       for (const d of h.devices || []) {
         const hist = history.get(d.device_id) || [];
         const util = hist.length ? hist[hist.length - 1] : 0;
-        const canvas = el('canvas', {class: 'timeline', title: 'utilisation, last minute'});
+        const work = timeline && timeline.devices.get(d.device_id);
+        const canvas = el('canvas', {class: 'timeline', 'data-device': d.device_id,
+          title: work ? `work in the last ${Number(timeline.window_us) / 1e6} s, by client`
+                      : 'utilisation, last minute'});
         card.append(el('div', {class: 'device'},
           el('span', {}, `${d.kind}:${d.local_index}`), bar(util, 'util'), el('span', {}, `${(util * 100).toFixed(0)}% busy`),
           el('span', {}, 'mem'), bar(Number(d.memory_used) / Math.max(1, Number(d.memory_capacity)), 'mem'),
           el('span', {}, `${bytes(d.memory_used)} / ${bytes(d.memory_capacity)}`), canvas));
-        requestAnimationFrame(() => drawTimeline(canvas, hist));
+        requestAnimationFrame(() => work ? drawWork(canvas, work, Number(timeline.now_us), Number(timeline.window_us))
+                                         : drawTimeline(canvas, hist));
       }
       return card;
     });
@@ -135,7 +168,9 @@ function render(status, now) {
   const rows = [];
   for (const s of status.schedulers || []) for (const c of s.clients || []) {
     const share = sum > 0 ? (totals.get(c.client_id) || 0) / sum : 0;
-    rows.push([c.client_id, s.island, Number(c.weight), (share * 100).toFixed(1) + '%',
+    const swatch = el('span', {class: 'swatch'});
+    swatch.style.background = colourOf(c.client_id);
+    rows.push([el('span', {}, swatch, c.client_id), s.island, Number(c.weight), (share * 100).toFixed(1) + '%',
                Number(c.queued_runs), Number(c.released_runs)]);
   }
   fillTable('clients', rows);
@@ -155,7 +190,20 @@ async function poll() {
     const response = await fetch('api/status' + (token ? '?token=' + encodeURIComponent(token) : ''),
                                  {headers: token ? {Authorization: 'Bearer ' + token} : {}});
     if (!response.ok) throw new Error(`status ${response.status}: ${await response.text()}`);
-    render(await response.json(), Date.now());
+    const status = await response.json();
+    // The timeline is optional: without it the devices show their utilisation history.
+    try {
+      const t = await fetch('api/timeline' + (token ? '?token=' + encodeURIComponent(token) : ''),
+                            {headers: token ? {Authorization: 'Bearer ' + token} : {}});
+      if (t.ok) {
+        const body = await t.json();
+        timeline = {now_us: body.now_us, window_us: body.window_us,
+                    devices: new Map((body.devices || []).map(d => [d.device_id, d.buckets || []]))};
+      }
+    } catch (e) {
+      timeline = null;
+    }
+    render(status, Date.now());
   } catch (e) {
     const summary = document.getElementById('summary');
     summary.textContent = 'cannot read the cluster: ' + e.message;
