@@ -88,6 +88,12 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
       FunctionSpec::Builtin("all_reduce_sum", {{DType::kF32, {2}}}, {{DType::kF32, {2}}}, {{"x"}}, {{"x"}}));
   for (int i = 0; i < 3; ++i) x = (*client->Call(sum, slice, {x}))[0];
   ASSERT_EQ((*client->Fetch(x).Await()).data<float>()[0], 20.0f * 8);
+  // A run that fails on both devices: two failed shards of this client in the host's counters.
+  CompiledFunction boom = *client->Compile(FunctionSpec::Script(
+      "boom", "def boom(x):\n    assert bool(x.sum() < -1000.0), 'kaboom'\n    return x\n", {{DType::kF32, {2}}},
+      {{DType::kF32, {2}}}, {{"x"}}, {{"x"}}));
+  ShardedArray failed = (*client->Call(boom, slice, {x}))[0];
+  ASSERT_FALSE(client->Fetch(failed).Await().ok());
   const std::string label = client->id().substr(0, 8);
 
   auto refused = Get("/metrics", /*with_token=*/false);
@@ -104,7 +110,8 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
     metrics = r->body;
     if (metrics.find("pathways_device_client_busy_seconds_total{") != std::string::npos &&
         metrics.find("client=\"" + label + "\"} ") != std::string::npos &&
-        FirstSample(metrics, "pathways_host_collectives_total{") == 6) {
+        FirstSample(metrics, "pathways_host_collectives_total{") == 6 &&
+        FirstSample(metrics, "pathways_client_failed_shards_total{") == 2) {
       break;  // a device has reported time spent for this client, and the host its collectives
     }
     absl::SleepFor(absl::Milliseconds(100));  // the next heartbeat, not a result, is awaited
@@ -113,7 +120,7 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   EXPECT_NE(metrics.find("\",island=\"0\"} 1\n"), std::string::npos) << metrics;  // up
   EXPECT_NE(metrics.find("pathways_client_weight{island=\"0\",client=\"" + label + "\"} 3\n"), std::string::npos)
       << metrics;
-  EXPECT_NE(metrics.find("pathways_client_released_runs_total{island=\"0\",client=\"" + label + "\"} 23\n"),
+  EXPECT_NE(metrics.find("pathways_client_released_runs_total{island=\"0\",client=\"" + label + "\"} 24\n"),
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("pathways_live_clients 1\n"), std::string::npos) << metrics;
@@ -123,6 +130,8 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   EXPECT_EQ(FirstSample(metrics, "pathways_host_collective_failures_total{host=\"127.0.0.1:"), 0) << metrics;
   EXPECT_EQ(FirstSample(metrics, "pathways_host_collective_latency_seconds_count{host=\"127.0.0.1:"), 6) << metrics;
   EXPECT_EQ(FirstSample(metrics, "pathways_host_collective_latency_seconds_bucket{host=\"127.0.0.1:", "le=\"+Inf\"}"), 6)
+      << metrics;
+  EXPECT_EQ(FirstSample(metrics, "pathways_client_failed_shards_total{host=\"127.0.0.1:", "client=\"" + label + "\"}"), 2)
       << metrics;
   // The runs' control messages came to the worker over the dataflow engine.
   EXPECT_GT(FirstSample(metrics, "pathways_host_dataflow_received_bytes_total{host=\"127.0.0.1:"), 0) << metrics;
@@ -165,7 +174,7 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   EXPECT_EQ(parsed.slices(0).device_ids_size(), 2);
   ASSERT_EQ(parsed.schedulers_size(), 1);
   EXPECT_EQ(parsed.schedulers(0).policy(), "proportional-share");
-  EXPECT_EQ(parsed.schedulers(0).released_runs(), 23);
+  EXPECT_EQ(parsed.schedulers(0).released_runs(), 24);
 }
 
 }  // namespace

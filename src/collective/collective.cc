@@ -190,14 +190,14 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
       std::lower_bound(std::begin(kLatencyBoundsUs), std::end(kLatencyBoundsUs), us) - std::begin(kLatencyBoundsUs));
   latency_buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
   latency_sum_us_.fetch_add(static_cast<int64_t>(us), std::memory_order_relaxed);
-  (status.ok() ? calls_ : failed_).fetch_add(1, std::memory_order_relaxed);
+  (status.ok() ? ok_ : failed_).fetch_add(1, std::memory_order_relaxed);
   return status;
 }
 
 CollectiveHub::Stats CollectiveHub::stats() const {
   Stats s;
-  s.calls = calls_.load(std::memory_order_relaxed) + failed_.load(std::memory_order_relaxed);
   s.failed = failed_.load(std::memory_order_relaxed);
+  s.calls = ok_.load(std::memory_order_relaxed) + s.failed;
   for (size_t i = 0; i < s.latency_buckets.size(); ++i) s.latency_buckets[i] = latency_buckets_[i].load(std::memory_order_relaxed);
   s.latency_sum_us = latency_sum_us_.load(std::memory_order_relaxed);
   return s;

@@ -170,7 +170,7 @@ class CollectiveHub {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<int64_t> calls_{0}, failed_{0}, latency_sum_us_{0};
+  std::atomic<int64_t> ok_{0}, failed_{0}, latency_sum_us_{0};  // member calls that succeeded, failed
   std::array<std::atomic<int64_t>, kLatencyBuckets> latency_buckets_{};
 };
 

@@ -1,6 +1,7 @@
 #include "controller/cluster_registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -60,6 +61,7 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   for (int i = 0; i < r.devices_size(); ++i) {
     Device d;
     d.info = r.devices(i);
+    d.info.clear_recent_work();  // heartbeats' to report, and kept apart from the device's info
     d.info.set_local_index(i);
     // Keep device ids stable across a re-registration of the same host.
     d.info.set_device_id(i < static_cast<int>(old.size()) ? old[i].info.device_id() : next_device_id_++);
@@ -74,28 +76,41 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
 
 namespace {
 
-// Adds `from`'s device time into `into` (a bucket of the same span), client by client.
+// Adds `from`'s device time into `into` (a bucket of the same span), client by client, each
+// client's time within the bucket's width.
 void AddBucket(const rpc::WorkBucket& from, rpc::WorkBucket& into) {
+  const int64_t width = into.end_us() - into.start_us();
   for (const rpc::ClientTime& t : from.busy()) {
     const std::string label = t.client_id().substr(0, 8);  // a label, whatever was sent
+    const int64_t micros = std::clamp<int64_t>(t.busy_micros(), 0, width);
     auto it = std::find_if(into.mutable_busy()->begin(), into.mutable_busy()->end(),
                            [&](const rpc::ClientTime& c) { return c.client_id() == label; });
     if (it != into.mutable_busy()->end()) {
-      it->set_busy_micros(it->busy_micros() + t.busy_micros());
+      it->set_busy_micros(std::min(width, it->busy_micros() + micros));
     } else if (into.busy_size() < ClusterRegistry::kMaxBucketClients) {
       rpc::ClientTime* added = into.add_busy();
       added->set_client_id(label);
-      added->set_busy_micros(t.busy_micros());
+      added->set_busy_micros(micros);
     }
   }
 }
 
 // Adds a heartbeat's buckets to a device's, in start order (a bucket reported again, for work
-// that ended since, adds up), and drops what ended before `kept_after` or is beyond the bounds.
-void KeepRecentWork(const google::protobuf::RepeatedPtrField<rpc::WorkBucket>& reported, int64_t kept_after,
+// that ended since, adds up). Only what a worker can honestly send is taken: at most
+// kMaxBucketsPerBeat buckets, each at most kMaxBucketWidth wide and within the kept window
+// around `now`; what ended before the window or is beyond the bound goes.
+void KeepRecentWork(const google::protobuf::RepeatedPtrField<rpc::WorkBucket>& reported, absl::Time now,
                     std::deque<rpc::WorkBucket>& kept) {
-  for (const rpc::WorkBucket& b : reported) {
-    if (b.end_us() < kept_after || b.end_us() <= b.start_us()) continue;
+  const int64_t kept_after = absl::ToUnixMicros(now - ClusterRegistry::kTimelineKept);
+  const int64_t latest = absl::ToUnixMicros(now + ClusterRegistry::kTimelineKept);  // clocks differ a little
+  const int reported_count = std::min(reported.size(), ClusterRegistry::kMaxBucketsPerBeat);
+  for (int i = reported.size() - reported_count; i < reported.size(); ++i) {  // the newest, when too many
+    const rpc::WorkBucket& b = reported[i];
+    const int64_t width = b.end_us() - b.start_us();
+    if (b.end_us() < kept_after || b.start_us() > latest || width <= 0 ||
+        width > absl::ToInt64Microseconds(ClusterRegistry::kMaxBucketWidth)) {
+      continue;
+    }
     auto at = std::lower_bound(kept.begin(), kept.end(), b.start_us(),
                                [](const rpc::WorkBucket& k, int64_t start) { return k.start_us() < start; });
     if (at == kept.end() || at->start_us() != b.start_us()) {
@@ -105,9 +120,23 @@ void KeepRecentWork(const google::protobuf::RepeatedPtrField<rpc::WorkBucket>& r
     }
     AddBucket(b, *at);
   }
-  while (!kept.empty() && (kept.size() > ClusterRegistry::kMaxTimelineBuckets || kept.front().end_us() < kept_after)) {
-    kept.pop_front();
+  while (!kept.empty() && kept.front().end_us() < kept_after) kept.pop_front();
+  while (kept.size() > ClusterRegistry::kMaxTimelineBuckets) kept.pop_front();
+}
+
+// Bounds finite, positive and strictly increasing, no more of them than kMaxLatencyBounds, one
+// more bucket than bounds, counts not negative and their total without overflow.
+bool HistogramHoldsTogether(const rpc::HostCounters& c) {
+  const auto& bounds = c.latency_bounds_us();
+  if (bounds.size() > ClusterRegistry::kMaxLatencyBounds || c.latency_buckets_size() != bounds.size() + 1) return false;
+  for (int i = 0; i < bounds.size(); ++i) {
+    if (!std::isfinite(bounds[i]) || bounds[i] <= 0 || (i > 0 && !(bounds[i] > bounds[i - 1]))) return false;
   }
+  int64_t total = 0;
+  for (int64_t n : c.latency_buckets()) {
+    if (n < 0 || __builtin_add_overflow(total, n, &total)) return false;
+  }
+  return c.latency_sum_us() >= 0;
 }
 
 }  // namespace
@@ -130,13 +159,17 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
     info.set_executed(d.executed());
     info.set_busy_micros(d.busy_micros());
     *info.mutable_client_time() = d.client_time();
-    KeepRecentWork(d.recent_work(), absl::ToUnixMicros(now - kTimelineKept), host.devices[d.local_index()].recent_work);
+    KeepRecentWork(d.recent_work(), now, host.devices[d.local_index()].recent_work);
   }
   host.counters = r.counters();
+  // Labels as the workers make them, and not more of them than a worker keeps.
+  auto* failed = host.counters.mutable_failed_shards();
+  if (failed->size() > kMaxFailureLabels) failed->DeleteSubrange(kMaxFailureLabels, failed->size() - kMaxFailureLabels);
+  for (rpc::ClientCount& f : *failed) {
+    if (f.client_id().size() > 8) f.set_client_id(f.client_id().substr(0, 8));
+  }
   // A histogram that does not hold together is not served (metrics would mislead).
-  const auto& bounds = host.counters.latency_bounds_us();
-  if (bounds.size() > kMaxLatencyBounds || host.counters.latency_buckets_size() != bounds.size() + 1 ||
-      !std::is_sorted(bounds.begin(), bounds.end())) {
+  if (!HistogramHoldsTogether(host.counters)) {
     host.counters.clear_latency_bounds_us();
     host.counters.clear_latency_buckets();
     host.counters.clear_latency_sum_us();

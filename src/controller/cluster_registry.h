@@ -30,11 +30,18 @@ class ClusterRegistry {
   Beat Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now);
   rpc::ClusterStatus Status(absl::Time now) const;
   // Each device's work (as its heartbeats reported it, in buckets) that ended within `window`
-  // before `now`. What is kept per device is bounded: the buckets of the last kTimelineKept, at
-  // most kMaxTimelineBuckets of them, each with at most kMaxBucketClients clients.
+  // before `now`. What is kept per device is bounded whatever workers send: the buckets of the
+  // last kTimelineKept, at most kMaxTimelineBuckets of them, each at most kMaxBucketWidth wide
+  // with at most kMaxBucketClients clients; a heartbeat adds at most kMaxBucketsPerBeat per device.
   static constexpr absl::Duration kTimelineKept = absl::Seconds(30);
   static constexpr size_t kMaxTimelineBuckets = 1024;
-  static constexpr int kMaxBucketClients = 32;
+  static constexpr int kMaxBucketsPerBeat = 256;
+  static constexpr absl::Duration kMaxBucketWidth = absl::Seconds(10);
+  static constexpr int kMaxBucketClients = 8;
+  // What is kept of a heartbeat's HostCounters: a latency histogram of at most this many bounds
+  // (else none), and failures of at most this many client labels (a worker's 256 and "other").
+  static constexpr int kMaxLatencyBounds = 64;
+  static constexpr int kMaxFailureLabels = 257;
   rpc::ClusterTimeline Timeline(absl::Time now, absl::Duration window) const;
   // Places a slice of prod(mesh_shape) devices on live hosts (in one island when asked), taking the
   // least-loaded devices first and laying them out host by host so that mesh neighbours share a
@@ -88,7 +95,6 @@ class ClusterRegistry {
     int64_t slices = 0;  // slices placed on it so far: the load the placement spreads
     std::deque<rpc::WorkBucket> recent_work;  // by start, oldest first
   };
-  static constexpr int kMaxLatencyBounds = 64;  // in a heartbeat's HostCounters
   struct Host {
     int32_t host_id;
     int32_t island;

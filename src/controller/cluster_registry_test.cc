@@ -1,5 +1,8 @@
 #include "controller/cluster_registry.h"
 
+#include <cmath>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -161,8 +164,15 @@ TEST(ClusterRegistryTest, AHeartbeatsCountersAreKeptAndABrokenHistogramIsNot) {
   c->add_latency_buckets(4);
   c->add_latency_buckets(1);
   c->set_latency_sum_us(700);
+  for (int i = 0; i < 1000; ++i) {  // more labels than a worker keeps, and longer ones
+    rpc::ClientCount* failed = c->add_failed_shards();
+    failed->set_client_id(std::string(20, 'a' + i % 26));
+    failed->set_count(i);
+  }
   ASSERT_EQ(registry.Heartbeat(hb, t + absl::Seconds(1)), ClusterRegistry::Beat::kAlive);
   rpc::HostCounters kept = registry.Status(t + absl::Seconds(1)).hosts(0).counters();
+  ASSERT_EQ(kept.failed_shards_size(), ClusterRegistry::kMaxFailureLabels);
+  EXPECT_EQ(kept.failed_shards(0).client_id(), "aaaaaaaa");
   EXPECT_EQ(kept.collectives(), 5);
   EXPECT_EQ(kept.block_bytes_sent(), 1234);
   EXPECT_EQ(kept.latency_buckets_size(), 2);
@@ -178,6 +188,20 @@ TEST(ClusterRegistryTest, AHeartbeatsCountersAreKeptAndABrokenHistogramIsNot) {
   c->add_latency_bounds_us(50);
   ASSERT_EQ(registry.Heartbeat(hb, t + absl::Seconds(3)), ClusterRegistry::Beat::kAlive);
   EXPECT_EQ(registry.Status(t + absl::Seconds(3)).hosts(0).counters().latency_bounds_us_size(), 0);
+  // Equal bounds (two series of one `le`), NaN, a negative count: none is served.
+  auto kept_with = [&](std::vector<double> bounds, std::vector<int64_t> buckets) {
+    c->clear_latency_bounds_us();
+    c->clear_latency_buckets();
+    for (double b : bounds) c->add_latency_bounds_us(b);
+    for (int64_t n : buckets) c->add_latency_buckets(n);
+    EXPECT_EQ(registry.Heartbeat(hb, t + absl::Seconds(3)), ClusterRegistry::Beat::kAlive);
+    return registry.Status(t + absl::Seconds(3)).hosts(0).counters().latency_buckets_size() > 0;
+  };
+  EXPECT_TRUE(kept_with({100, 200}, {1, 2, 3}));
+  EXPECT_FALSE(kept_with({100, 100}, {1, 2, 3}));
+  EXPECT_FALSE(kept_with({100, std::nan(""), 50}, {1, 2, 3, 4}));
+  EXPECT_FALSE(kept_with({100, 200}, {1, -2, 3}));
+  EXPECT_FALSE(kept_with({100, 200}, {1, std::numeric_limits<int64_t>::max(), 3}));
 }
 
 TEST(ClusterRegistryTest, TheTimelineKeepsTheLastSecondsOfEachDevicesWork) {
@@ -217,6 +241,15 @@ TEST(ClusterRegistryTest, TheTimelineKeepsTheLastSecondsOfEachDevicesWork) {
   EXPECT_EQ(first.busy(1).busy_micros(), 7);
   ASSERT_EQ(timeline.devices(1).buckets_size(), 1);
   EXPECT_EQ(timeline.devices(1).buckets(0).busy(0).client_id(), "bbbbbbbb");  // a label, however long the name sent
+  // A client's time beyond its bucket's width, a negative one, and a bucket dated far ahead: the
+  // first two are clamped, the third is not kept.
+  ASSERT_EQ(beat(t + absl::Seconds(2), 1, 1001, "dddddddd", 5'000'000), ClusterRegistry::Beat::kAlive);
+  ASSERT_EQ(beat(t + absl::Seconds(2), 1, 1001, "eeeeeeee", -5), ClusterRegistry::Beat::kAlive);
+  ASSERT_EQ(beat(t + absl::Seconds(2), 1, 5000, "aaaaaaaa", 1), ClusterRegistry::Beat::kAlive);
+  timeline = registry.Timeline(t + absl::Seconds(2), absl::Hours(2));
+  ASSERT_EQ(timeline.devices(1).buckets_size(), 1);
+  EXPECT_EQ(timeline.devices(1).buckets(0).busy(1).busy_micros(), 1'000'000);
+  EXPECT_EQ(timeline.devices(1).buckets(0).busy(2).busy_micros(), 0);
   // A window that ends after device 0's work leaves it out.
   EXPECT_EQ(registry.Timeline(t + absl::Seconds(2), absl::Seconds(1)).devices(0).buckets_size(), 0);
 
@@ -229,6 +262,16 @@ TEST(ClusterRegistryTest, TheTimelineKeepsTheLastSecondsOfEachDevicesWork) {
   for (int i = 1; i < 32; ++i) {
     EXPECT_LT(kept.devices(1).buckets(i - 1).start_us(), kept.devices(1).buckets(i).start_us());
   }
+}
+
+TEST(ClusterRegistryTest, ARegistrationsTimelineIsNotKept) {
+  ClusterRegistry registry(absl::Seconds(3));
+  rpc::RegisterWorkerRequest r = Worker("h:1", 0, 1);
+  rpc::WorkBucket* b = r.mutable_devices(0)->add_recent_work();
+  b->set_start_us(0);
+  b->set_end_us(100);
+  ASSERT_TRUE(registry.RegisterWorker(r, absl::UnixEpoch()).ok());
+  EXPECT_EQ(registry.Status(absl::UnixEpoch()).hosts(0).devices(0).recent_work_size(), 0);
 }
 
 TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {

@@ -1,5 +1,6 @@
 #include "ops/metrics.h"
 
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -30,10 +31,14 @@ namespace {
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
-// Exactly: StrCat's 6 significant digits would round byte counts.
+// Exactly, and as short as that allows: StrCat's 6 significant digits would round byte counts
+// and merge histogram bounds; %.17g would print 0.079 as 0.079000000000000001. Fixed notation:
+// le="0.0001", not "1e-04".
 std::string FormatValue(double v) {
   if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) return absl::StrCat(static_cast<int64_t>(v));
-  return absl::StrFormat("%.17g", v);
+  char buf[64];
+  const auto [end, error] = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed);
+  return error == std::errc() ? std::string(buf, end) : absl::StrFormat("%.17g", v);
 }
 
 // Samples grouped by metric: the format wants each metric's samples together, after its HELP
@@ -106,6 +111,7 @@ constexpr struct {
     {"pathways_client_weight", "gauge", "The client's stated share weight at the island scheduler."},
     {"pathways_client_queued_runs", "gauge", "The client's runs waiting at the island scheduler."},
     {"pathways_client_released_runs_total", "counter", "The client's runs the island scheduler released."},
+    {"pathways_client_failed_shards_total", "counter", "Shards of the client's runs that failed on the host (inputs lost, refused, out of memory, a failed collective, ...)."},
     {"pathways_live_clients", "gauge", "Clients whose lease holds."},
     {"pathways_slices", "gauge", "Virtual slices allocated."},
     {"pathways_slice_devices", "gauge", "Devices the allocated slices map to, counted once per slice."},
@@ -134,12 +140,16 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
       for (int i = 0; i < c.latency_buckets_size(); ++i) {
         cumulative += c.latency_buckets(i);
         Labels bucket = host;
-        bucket.emplace_back(
-            "le", i < c.latency_bounds_us_size() ? absl::StrFormat("%g", c.latency_bounds_us(i) / 1e6) : "+Inf");
+        bucket.emplace_back("le", i < c.latency_bounds_us_size() ? FormatValue(c.latency_bounds_us(i) / 1e6) : "+Inf");
         e.Add("pathways_host_collective_latency_seconds", bucket, static_cast<double>(cumulative), "_bucket");
       }
       e.Add("pathways_host_collective_latency_seconds", host, static_cast<double>(c.latency_sum_us()) / 1e6, "_sum");
       e.Add("pathways_host_collective_latency_seconds", host, static_cast<double>(cumulative), "_count");
+    }
+    for (const rpc::ClientCount& f : c.failed_shards()) {
+      Labels client = host;
+      client.emplace_back("client", f.client_id());
+      e.Add("pathways_client_failed_shards_total", client, static_cast<double>(f.count()));
     }
     for (const rpc::DeviceInfo& d : h.devices()) {
       Labels device = host;

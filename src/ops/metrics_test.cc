@@ -88,6 +88,9 @@ rpc::ClusterStatus TwoHostStatus() {
       for (double b : {100.0, 1000.0}) c->add_latency_bounds_us(b);
       for (int64_t n : {2, 3, 1}) c->add_latency_buckets(n);
       c->set_latency_sum_us(9000);
+      rpc::ClientCount* failed = c->add_failed_shards();
+      failed->set_client_id("0123abcd");
+      failed->set_count(4);
     }
   }
   rpc::SchedulerStatus* s = status.add_schedulers();
@@ -149,6 +152,8 @@ TEST(MetricsTest, HostCountersAndTheCollectiveLatencyHistogram) {
   EXPECT_EQ(p.samples.at(bucket + R"(+Inf"})"), 6.0);
   EXPECT_EQ(p.samples.at("pathways_host_collective_latency_seconds_count" + host0), 6.0);
   EXPECT_EQ(p.samples.at("pathways_host_collective_latency_seconds_sum" + host0), 0.009);
+  EXPECT_EQ(p.samples.at(R"(pathways_client_failed_shards_total{host="127.0.0.1:4000",island="0",client="0123abcd"})"),
+            4.0);
   // A host whose heartbeat carried no histogram has none, but still its counters.
   const std::string host1 = R"({host="127.0.0.1:4001",island="1"})";
   EXPECT_FALSE(p.samples.contains("pathways_host_collective_latency_seconds_count" + host1));

@@ -86,6 +86,13 @@ void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
   promise.Set(*std::move(buffer));
 }
 
+void HostRuntime::CountShardFailure(const std::string& client) {
+  std::string label = client.substr(0, 8);
+  absl::MutexLock lock(&failures_mu_);
+  if (!failed_shards_.contains(label) && failed_shards_.size() >= kMaxFailureLabels) label = "other";
+  ++failed_shards_[label];
+}
+
 void HostRuntime::DescribeCounters(rpc::HostCounters* counters) const {
   if (blocks_ != nullptr) {
     const collective::BlockStreams::Counts blocks = blocks_->counts();
@@ -104,6 +111,12 @@ void HostRuntime::DescribeCounters(rpc::HostCounters* counters) const {
   for (double bound : collective::CollectiveHub::kLatencyBoundsUs) counters->add_latency_bounds_us(bound);
   for (int64_t n : collectives.latency_buckets) counters->add_latency_buckets(n);
   counters->set_latency_sum_us(collectives.latency_sum_us);
+  absl::MutexLock lock(&failures_mu_);
+  for (const auto& [label, n] : failed_shards_) {
+    rpc::ClientCount* failed = counters->add_failed_shards();
+    failed->set_client_id(label);
+    failed->set_count(n);
+  }
 }
 
 rpc::GetTraceResponse HostRuntime::GetTrace(const rpc::GetTraceRequest& request) const {

@@ -183,7 +183,8 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     store_.Put(client, {ArrayId(run.output_array_base()) + node.output_offset + static_cast<int64_t>(j), shard32},
                (*outputs)[j].future());
   }
-  auto fail = [outputs](const absl::Status& s) {
+  auto fail = [this, outputs, entry](const absl::Status& s) {
+    CountShardFailure(entry->client);
     for (auto& p : *outputs) p.Set(s);
   };
   std::shared_ptr<const Executable> exe = functions_.Lookup(node.function_key);

@@ -228,6 +228,13 @@ class HostRuntime {
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::pair<int64_t, int32_t>, BufferPtr>> staged_
       ABSL_GUARDED_BY(programs_mu_);
   std::atomic<bool> test_op_delays_set_{false};  // keeps the lookup off the path when unused
+  // Shards of runs that failed here, by client label (the first 8 digits of the id), for the
+  // metrics: kept after a client goes (counters do not go back), at most kMaxFailureLabels
+  // labels, the rest counted under "other".
+  static constexpr size_t kMaxFailureLabels = 256;
+  void CountShardFailure(const std::string& client);
+  mutable absl::Mutex failures_mu_;
+  absl::flat_hash_map<std::string, int64_t> failed_shards_ ABSL_GUARDED_BY(failures_mu_);
   HostControl control_;  // last: it hands ops to the sequencer
 };
 

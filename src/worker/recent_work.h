@@ -21,7 +21,10 @@ inline constexpr size_t kMaxBucketsPerHeartbeat = 128;
 // and client (labelled with the first 8 digits of its id), an event split over the buckets it
 // spans. Buckets in time order, each of its clients once; buckets without work are left out.
 // A later call may add to a bucket an earlier one reported (work that ended since): the
-// controller adds buckets of the same start together (ClusterRegistry).
+// controller adds buckets of the same start together (ClusterRegistry). The caller remembers
+// the latest end it passed on as `after_us`; work of a heartbeat that fails is not sent again,
+// and a wall clock stepped back hides new work until it passes that end again (the dashboard's
+// loss only: counters and shares come from the devices' own totals).
 std::vector<rpc::WorkBucket> RecentWork(const std::vector<TraceEvent>& events, int64_t after_us,
                                         int64_t width_us = kWorkBucketUs,
                                         size_t max_buckets = kMaxBucketsPerHeartbeat);

@@ -11,7 +11,7 @@ const token = new URLSearchParams(location.search).get('token');
 const history = new Map();  // device id -> [utilisation in 0..1]
 let previous = null;        // {time, devices: Map(id -> {busy, at, clients: Map(label -> busy)})}
 let shareWindow = [];       // per poll: Map(client -> device micros), the last HISTORY polls
-let timeline = null;        // the last /api/timeline: {now_us, window_us, devices: Map(id -> spans)}
+let timeline = null;        // the last /api/timeline: {now_us, window_us, devices: Map(id -> buckets)}
 const PALETTE = ['#4a7bd0', '#d0784a', '#3f9f6b', '#a64a9c', '#b89a2a', '#3aa0b8', '#7a6ad0', '#c04a5a'];
 const clientColours = new Map();  // client label -> colour, in order of first appearance
 function colourOf(client) {
@@ -118,7 +118,8 @@ function render(status, now) {
   const traffic = c => {
     const n = k => Number(c[k] || 0);
     const calls = n('collectives');
-    const mean = calls ? ` (mean ${(n('latency_sum_us') / calls / 1000).toFixed(2)} ms)` : '';
+    // The mean comes with the histogram: a host whose histogram was not kept shows none.
+    const mean = calls && (c.latency_buckets || []).length ? ` (mean ${(n('latency_sum_us') / calls / 1000).toFixed(2)} ms)` : '';
     return `blocks out ${bytes(n('block_bytes_sent'))}, in ${bytes(n('block_bytes_received'))}; ` +
       `dataflow out ${bytes(n('dataflow_bytes_sent'))}, in ${bytes(n('dataflow_bytes_received'))}; ` +
       `${calls} collectives${mean}, ${n('collectives_failed')} failed`;
@@ -165,13 +166,17 @@ function render(status, now) {
   const totals = new Map();
   for (const m of shareWindow) for (const [c, v] of m) totals.set(c, (totals.get(c) || 0) + v);
   const sum = [...totals.values()].reduce((a, b) => a + b, 0);
+  const failed = new Map();  // client label -> shards failed, over every host
+  for (const h of hosts) for (const f of (h.counters || {}).failed_shards || []) {
+    failed.set(f.client_id, (failed.get(f.client_id) || 0) + Number(f.count));
+  }
   const rows = [];
   for (const s of status.schedulers || []) for (const c of s.clients || []) {
     const share = sum > 0 ? (totals.get(c.client_id) || 0) / sum : 0;
     const swatch = el('span', {class: 'swatch'});
     swatch.style.background = colourOf(c.client_id);
     rows.push([el('span', {}, swatch, c.client_id), s.island, Number(c.weight), (share * 100).toFixed(1) + '%',
-               Number(c.queued_runs), Number(c.released_runs)]);
+               Number(c.queued_runs), Number(c.released_runs), failed.get(c.client_id) || 0]);
   }
   fillTable('clients', rows);
   for (const w of document.querySelectorAll('.window')) w.textContent = `${shareWindow.length} s`;
@@ -185,20 +190,26 @@ function render(status, now) {
     (s.mesh_shape || []).join('×'), s.device_kind, (s.device_ids || []).join(' ')]));
 }
 
+// A request to the server, with the token the page was opened with.
+function api(path) {
+  return fetch(path + (token ? '?token=' + encodeURIComponent(token) : ''),
+               {headers: token ? {Authorization: 'Bearer ' + token} : {}});
+}
+
 async function poll() {
   try {
-    const response = await fetch('api/status' + (token ? '?token=' + encodeURIComponent(token) : ''),
-                                 {headers: token ? {Authorization: 'Bearer ' + token} : {}});
+    const response = await api('api/status');
     if (!response.ok) throw new Error(`status ${response.status}: ${await response.text()}`);
     const status = await response.json();
     // The timeline is optional: without it the devices show their utilisation history.
     try {
-      const t = await fetch('api/timeline' + (token ? '?token=' + encodeURIComponent(token) : ''),
-                            {headers: token ? {Authorization: 'Bearer ' + token} : {}});
+      const t = await api('api/timeline');
       if (t.ok) {
         const body = await t.json();
         timeline = {now_us: body.now_us, window_us: body.window_us,
                     devices: new Map((body.devices || []).map(d => [d.device_id, d.buckets || []]))};
+      } else {
+        timeline = null;  // never an old one drawn as if it were now
       }
     } catch (e) {
       timeline = null;
