@@ -54,7 +54,8 @@ TEST(MultiHostTest, TheWalkThroughRunsATenantOverTwoHostsWithTlsAndTokens) {
   for (auto [process, host] : {std::pair{&worker_a, "a"}, std::pair{&worker_b, "b"}}) {
     auto served = StartWorker(*process,
                               net.In(host, with({PATHWAYS_BINARY, "worker", "--controller", controller_address,
-                                                 "--listen", net.Address(host) + ":7100", "--devices", "2",
+                                                 "--listen", net.Address(host) + ":7100", "--data-port", "7101",
+                                                 "--link-port", "7102", "--devices", "2",
                                                  "--token", kToken, "--cluster-token", kClusterToken},
                                                 tls(absl::StrCat("worker-", host)))),
                               kTimeout);

@@ -728,6 +728,59 @@ TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
   EXPECT_EQ(out->data<float>()[0], Pattern({8}, 1.0f).data<float>()[0] + 1);
 }
 
+// A port no one listens on now (the kernel's pick, let go again).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_F(MultiProcessTest, AWorkersDataAndLinkPortsCanBeFixedAndAreItsAlone) {
+  const int data_port = FreePort(), link_port = FreePort();
+  ASSERT_GT(data_port, 0);
+  ASSERT_GT(link_port, 0);
+  Subprocess fixed;
+  auto served = StartWorker(fixed, {PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4",
+                                    "--device-memory", "256MiB", "--data-port", absl::StrCat(data_port),
+                                    "--link-port", absl::StrCat(link_port)});
+  ASSERT_TRUE(served.ok()) << served.status();
+  auto exited_with = [](const std::pair<int, std::string>& r, const std::string& says) {
+    EXPECT_TRUE(WIFEXITED(r.first) && WEXITSTATUS(r.first) != 0) << "status " << r.first << ": " << r.second;
+    EXPECT_NE(r.second.find(says), std::string::npos) << r.second;
+  };
+  // Another worker asking for either port exits at once, naming it.
+  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --link-port ", link_port)),
+              absl::StrCat("cannot listen for other hosts on port ", link_port));
+  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port ", data_port)),
+              absl::StrCat("cannot serve its data stream on port ", data_port));
+  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port 70000")),
+              "--data-port must be in 0..65535");
+  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --hosts 2 --link-port 7100")),
+              "the hosts cannot share a port");
+  // The worker with fixed ports serves: puts and fetches through its data stream, and an
+  // all_reduce with the other two workers over its links.
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {12}});
+  ASSERT_EQ(slice.host_addresses().size(), 3u);
+  const TensorSpec row{DType::kF32, {12}};
+  auto sum = *client_->Compile(FunctionSpec::Builtin("all_reduce_sum", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Pattern({12}, 1.0f), slice, {"x"});
+  auto out = client_->Fetch((*client_->Call(sum, slice, {x}))[0]).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(out.ok()) << out.status();
+  float want = 0;
+  for (int i = 0; i < 12; ++i) want += Pattern({12}, 1.0f).data<float>()[i];
+  EXPECT_EQ(out->data<float>()[0], want);
+  EXPECT_EQ(fixed.Stop(SIGTERM) & 0x7f, 0);
+}
+
 TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgain) {
   VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
   ASSERT_EQ(slice.host_addresses().size(), 2u);

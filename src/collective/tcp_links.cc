@@ -66,24 +66,29 @@ bool SameProof(const std::string& a, const std::string& b) {
 
 absl::StatusOr<std::unique_ptr<TcpLinks>> TcpLinks::Create(std::string host, const std::string& ip,
                                                            std::shared_ptr<KeyValueStore> store, DcnEmulation* dcn,
-                                                           std::string secret) {
+                                                           std::string secret, int port) {
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("link port ", port, " is not in 0..65535"));
   socklen_t len = 0;
   auto addr = ParseAddress(absl::StrCat(ip, ":1"), &len);
   if (!addr.ok()) return addr.status();
-  reinterpret_cast<sockaddr_in*>(&*addr)->sin_port = 0;  // same offset in sockaddr_in6
+  reinterpret_cast<sockaddr_in*>(&*addr)->sin_port = htons(static_cast<uint16_t>(port));  // same offset in sockaddr_in6
   const int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("collective socket: ", Errno(errno)));
+  // A fixed port comes back after a restart despite connections of the last process in
+  // TIME_WAIT; SO_REUSEADDR (not SO_REUSEPORT) still refuses a port another process listens on.
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(fd, reinterpret_cast<sockaddr*>(&*addr), len) != 0 || listen(fd, 128) != 0) {
     const int err = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot listen for links between hosts on ", ip, ": ", Errno(err)));
+    return absl::UnavailableError(absl::StrCat("cannot listen for links between hosts on ", ip, ":", port, ": ", Errno(err)));
   }
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
-  const int port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   const std::string address =
-      addr->ss_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
+      addr->ss_family == AF_INET6 ? absl::StrCat("[", ip, "]:", bound_port) : absl::StrCat(ip, ":", bound_port);
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(fd);

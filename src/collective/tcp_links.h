@@ -29,7 +29,7 @@ namespace pathways::collective {
 // next use and reconnect, so hosts that failed together meet again. Thread-safe.
 class TcpLinks {
  public:
-  // Listens on `ip` (port chosen by the kernel). `host` is this host's name in Member::host.
+  // Listens on `ip`, at `port` (0: one the kernel chooses). `host` is this host's name in Member::host.
   // `dcn` (not owned, may be null) emulates the network between islands. Both ends of every
   // connection prove that they hold `secret` (the cluster token) without sending it: each sends a
   // random challenge and answers the other's with an HMAC-SHA256 under the secret (see Proof in
@@ -37,7 +37,8 @@ class TcpLinks {
   // encrypted.
   static absl::StatusOr<std::unique_ptr<TcpLinks>> Create(std::string host, const std::string& ip,
                                                           std::shared_ptr<KeyValueStore> store,
-                                                          DcnEmulation* dcn = nullptr, std::string secret = "");
+                                                          DcnEmulation* dcn = nullptr, std::string secret = "",
+                                                          int port = 0);
   ~TcpLinks();
 
   // Connects (or reuses) the mesh among `hosts` (this host is hosts[rank]) for the devices named

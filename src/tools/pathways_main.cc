@@ -48,6 +48,8 @@ constexpr char kUsage[] =
     "         and keep checkpoint shards; neither by default) [--max-connections N]\n"
     "         [--device-kind cpu|sim] [--sim-cost-us NAME=US,...,*=US] (simulated devices: kernels take\n"
     "         modelled durations, default 100 us) [--hosts N] (hosts in this process; --listen port 0)\n"
+    "         [--data-port N] [--link-port N] (fixed ports for clients' puts and fetches and for other\n"
+    "         hosts' collectives and blocks; default any free port)\n"
     "  status --controller HOST:PORT [--token T] [--json]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
@@ -220,6 +222,14 @@ absl::Status RunWorker(const Flags& flags) {
   if (hosts > 1 && !absl::EndsWith(options.listen_address, ":0")) {
     return absl::InvalidArgumentError("--hosts above 1 needs a --listen address with port 0 (each host takes its own)");
   }
+  for (auto [flag, port] : {std::pair{"data-port", &options.data_port}, std::pair{"link-port", &options.links_port}}) {
+    PW_ASSIGN_OR_RETURN(int64_t value, flags.GetInt(flag, 0));
+    if (value < 0 || value > 65535) return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be in 0..65535"));
+    if (value != 0 && hosts > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " with --hosts above 1: the hosts cannot share a port"));
+    }
+    *port = static_cast<int>(value);
+  }
   options.token = TokenFromFlagOrEnv(flags.Get("token"));
   options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
   SetCallToken(options.cluster_token);  // its own calls to the controller and to other workers
@@ -336,7 +346,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "http-port"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},

@@ -22,7 +22,8 @@ std::shared_ptr<collective::TcpLinks> LinksFor(const HostRuntimeOptions& options
   if (options.rendezvous == nullptr) return nullptr;
   std::string ip = options.name.substr(0, options.name.rfind(':'));
   if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
-  auto links = collective::TcpLinks::Create(options.name, ip, options.rendezvous, dcn, options.cluster_token);
+  auto links =
+      collective::TcpLinks::Create(options.name, ip, options.rendezvous, dcn, options.cluster_token, options.links_port);
   if (!links.ok()) {
     PW_LOG(Error) << "host " << options.name << " has no collectives across hosts: " << links.status();
     return nullptr;

@@ -64,6 +64,8 @@ struct HostRuntimeOptions {
   // What this host proves to others when it connects for collectives and blocks (the cluster
   // token; see transport/auth.h): hosts that do not share it cannot connect.
   std::string cluster_token;
+  // The port this host listens on for collectives and blocks from other hosts; 0: any free one.
+  int links_port = 0;
   // What the devices are and how bodies compile for them (cpu, or simulated for scale runs).
   DeviceBackend backend;
 };
@@ -81,6 +83,9 @@ class HostRuntime {
   int num_devices() const { return static_cast<int>(devices_.size()); }
   Device& device(int i) { return *devices_[i]; }
   ObjectStore& store() { return store_; }
+  // Whether this host can meet other hosts (for collectives and blocks): false without a
+  // rendezvous, or when its links could not listen.
+  bool has_links() const { return links_ != nullptr; }
 
   absl::StatusOr<std::string> Compile(const rpc::FunctionBodyProto& body);
   // Takes a batch of one client's ops, applied in the client's sequence order. Errors of

@@ -80,7 +80,12 @@ absl::Status Worker::Start() {
   runtime_options.dcn = options_.dcn;
   runtime_options.cluster_token = cluster_token;
   runtime_options.backend = options_.backend;
+  runtime_options.links_port = options_.links_port;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
+  if (options_.links_port != 0 && !runtime_->has_links()) {
+    return absl::UnavailableError(absl::StrCat("worker ", address_, " cannot listen for other hosts on port ",
+                                               options_.links_port, " (in use, or not an address of this machine)"));
+  }
   if (!TlsConfigured()) {
     // Without one (the stream listens on numeric addresses only), clients put and fetch through
     // gRPC.
@@ -91,7 +96,11 @@ absl::Status Worker::Start() {
         .keep = [runtime](const rpc::StageRequest& request, BufferPtr buffer) {
           return runtime->KeepStaged(request, std::move(buffer));
         }};
-    auto stream = DataStreamServer::Start(host, token, cluster_token, std::move(handlers));
+    auto stream = DataStreamServer::Start(host, token, cluster_token, std::move(handlers), {}, options_.data_port);
+    if (!stream.ok() && options_.data_port != 0) {
+      return absl::UnavailableError(absl::StrCat("worker ", address_, " cannot serve its data stream on port ",
+                                                 options_.data_port, ": ", stream.status().message()));
+    }
     if (stream.ok()) {
       data_stream_ = *std::move(stream);
       service_->SetDataPort(data_stream_->port());

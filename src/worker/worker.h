@@ -39,6 +39,11 @@ struct WorkerOptions {
   // `pathways worker` command sets to the cluster token.
   std::string token;
   std::string cluster_token;
+  // Fixed ports for what a worker serves beside its gRPC port (firewalls, network policies): the
+  // data stream clients put and fetch through, and the links other hosts meet it on for
+  // collectives and blocks. 0: any free port. A fixed port that cannot be had fails Start.
+  int data_port = 0;
+  int links_port = 0;
   absl::Duration register_timeout = absl::Seconds(30);
   // The emulated network to other islands' hosts (core/dcn_emulation.h); off by default.
   DcnOptions dcn;
