@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,7 +20,9 @@ namespace pathways {
 // is in flight and go out together in the next one, so the receiver sees them in push order.
 // By default a failed batch stops delivery: later pushes are dropped and every Flushed() reports
 // the failure. With `on_failed`, a failed batch fails only itself: its items are handed to
-// `on_failed`, the Flushed() futures that cover it report the error, and delivery goes on.
+// `on_failed`, the Flushed() futures that cover it report the error, and delivery goes on; a
+// flush asked for later through an item of a failed batch reports it too (the batch may fail
+// between an item's Push and its caller's Flushed), for the last kRememberedFailures batches.
 // With a BatchLimit, a batch holds at most `max_bytes` of items by `item_bytes` (and at least one
 // item), so that what queues up behind a slow receiver never outgrows the receiver's message
 // limit (approximately: the request's own framing is not counted, so leave a margin).
@@ -91,6 +94,9 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
  private:
   Future<Unit> FlushedThroughLocked(int64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!failure_.ok()) return Future<Unit>::Ready(failure_);
+    for (const FailedBatch& f : failed_batches_) {
+      if (number >= f.first && number <= f.last) return Future<Unit>::Ready(f.status);
+    }
     if (acked_ >= number) return Future<Unit>::Ready(Unit{});
     Promise<Unit> p;
     Future<Unit> f = p.future();
@@ -138,7 +144,11 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
         failure_ = status;
         pending_.clear();
       }
-      if (!status.ok() && on_failed_) failed_items = std::move(in_flight_items_);
+      if (!status.ok() && on_failed_) {
+        failed_items = std::move(in_flight_items_);
+        failed_batches_.push_back({batch_start + 1, in_flight_end_, status});
+        if (failed_batches_.size() > kRememberedFailures) failed_batches_.pop_front();
+      }
       in_flight_items_.clear();
       for (auto it = waiters_.begin(); it != waiters_.end();) {
         if (!failure_.ok() || it->first <= acked_) {
@@ -163,6 +173,13 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
     }
   }
 
+  // With on_failed: the items of the last failed batches, for flushes asked for after they failed.
+  static constexpr size_t kRememberedFailures = 64;
+  struct FailedBatch {
+    int64_t first, last;
+    absl::Status status;
+  };
+  std::deque<FailedBatch> failed_batches_ ABSL_GUARDED_BY(mu_);
   const SendFn send_;
   const FailedFn on_failed_;
   const BatchLimit limit_;

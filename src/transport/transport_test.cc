@@ -53,6 +53,31 @@ TEST(OrderedBatchQueueTest, BatchesStayWithinTheirByteLimit) {
 }
 
 // A flush through item n waits for the batch holding n only, not for items pushed after it.
+// The refused run of a scheduler that answers faster than its client asks: the batch fails
+// between the item's Push and the flush the caller asks for next, and the flush still says so
+// (it once answered OK, and a fetch then reported "no shard" instead of the refusal).
+TEST(OrderedBatchQueueTest, AFlushAskedForAfterItsBatchFailedReportsTheFailure) {
+  std::vector<int> handed_back;
+  auto queue = std::make_shared<OrderedBatchQueue<int>>(
+      [](std::vector<int> batch) {
+        // Answered at once: item 2 is refused, the others accepted.
+        if (batch.front() == 2) return Future<Unit>::Ready(absl::InvalidArgumentError("scheduling weight 100"));
+        return Future<Unit>::Ready(Unit{});
+      },
+      [&](std::vector<int> items, const absl::Status&) { handed_back = items; });
+  ASSERT_EQ(queue->Push(1), 1);
+  EXPECT_TRUE(queue->Flushed().IsReady());
+  ASSERT_EQ(queue->Push(2), 2);  // sent, refused and done before Flushed is asked for
+  absl::StatusOr<Unit> refused = queue->FlushedThrough(2).AwaitFor(absl::Seconds(30));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(queue->Flushed().AwaitFor(absl::Seconds(30)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(handed_back, std::vector<int>{2});
+  // Delivery goes on, and the items around the failed one flush fine.
+  ASSERT_EQ(queue->Push(3), 3);
+  EXPECT_TRUE(queue->Flushed().AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_TRUE(queue->FlushedThrough(1).AwaitFor(absl::Seconds(30)).ok());
+}
+
 TEST(OrderedBatchQueueTest, AFlushThroughAnItemIgnoresLaterItems) {
   absl::Mutex mu;
   std::vector<Promise<Unit>> in_flight;
