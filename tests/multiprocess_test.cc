@@ -701,22 +701,24 @@ std::pair<int, std::string> RunToEnd(const std::string& args) {
   return RunShell(absl::StrCat("exec ", PATHWAYS_BINARY, " ", args), absl::Seconds(60));
 }
 
+// Expects a command run by RunToEnd to have failed, saying `says`.
+void ExpectFailedSaying(const std::pair<int, std::string>& r, const std::string& says) {
+  EXPECT_TRUE(WIFEXITED(r.first) && WEXITSTATUS(r.first) != 0) << "status " << r.first << ": " << r.second;
+  EXPECT_NE(r.second.find(says), std::string::npos) << r.second;
+}
+
 TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
-  auto exited_with = [](const std::pair<int, std::string>& r, const std::string& says) {
-    EXPECT_TRUE(WIFEXITED(r.first) && WEXITSTATUS(r.first) != 0) << "status " << r.first << ": " << r.second;
-    EXPECT_NE(r.second.find(says), std::string::npos) << r.second;
-  };
   // A second worker on a running worker's port, a second controller on the controller's.
-  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen ", worker_addresses_[0])),
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen ", worker_addresses_[0])),
               "cannot listen on " + worker_addresses_[0]);
-  exited_with(RunToEnd(absl::StrCat("controller --listen ", address_)), "cannot listen on " + address_);
+  ExpectFailedSaying(RunToEnd(absl::StrCat("controller --listen ", address_)), "cannot listen on " + address_);
   // Ports out of range, and a port file that cannot be written.
-  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen 127.0.0.1:70000")), "70000");
-  exited_with(RunToEnd("worker --controller 127.0.0.1:65536"), "65536");
-  exited_with(RunToEnd("controller --listen 127.0.0.1:0 --port-file /nonexistent-dir/port"), "--port-file");
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen 127.0.0.1:70000")), "70000");
+  ExpectFailedSaying(RunToEnd("worker --controller 127.0.0.1:65536"), "65536");
+  ExpectFailedSaying(RunToEnd("controller --listen 127.0.0.1:0 --port-file /nonexistent-dir/port"), "--port-file");
   // A wildcard address, which they would give others to reach them by.
-  exited_with(RunToEnd("controller --listen 0.0.0.0:0"), "a wildcard reaches no one");
-  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen [::]:0")), "a wildcard reaches no one");
+  ExpectFailedSaying(RunToEnd("controller --listen 0.0.0.0:0"), "a wildcard reaches no one");
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen [::]:0")), "a wildcard reaches no one");
   // The cluster is untouched: both workers still serve the client.
   VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
   EXPECT_EQ(slice.host_addresses().size(), 2u);
@@ -753,18 +755,14 @@ TEST_F(MultiProcessTest, AWorkersDataAndLinkPortsCanBeFixedAndAreItsAlone) {
                                     "--device-memory", "256MiB", "--data-port", absl::StrCat(data_port),
                                     "--link-port", absl::StrCat(link_port)});
   ASSERT_TRUE(served.ok()) << served.status();
-  auto exited_with = [](const std::pair<int, std::string>& r, const std::string& says) {
-    EXPECT_TRUE(WIFEXITED(r.first) && WEXITSTATUS(r.first) != 0) << "status " << r.first << ": " << r.second;
-    EXPECT_NE(r.second.find(says), std::string::npos) << r.second;
-  };
   // Another worker asking for either port exits at once, naming it.
-  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --link-port ", link_port)),
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --link-port ", link_port)),
               absl::StrCat("cannot listen for other hosts on port ", link_port));
-  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port ", data_port)),
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port ", data_port)),
               absl::StrCat("cannot serve its data stream on port ", data_port));
-  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port 70000")),
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port 70000")),
               "--data-port must be in 0..65535");
-  exited_with(RunToEnd(absl::StrCat("worker --controller ", address_, " --hosts 2 --link-port 7100")),
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --hosts 2 --link-port 7100")),
               "the hosts cannot share a port");
   // The worker with fixed ports serves: puts and fetches through its data stream, and an
   // all_reduce with the other two workers over its links.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/ids.h"
 #include "core/status_macros.h"
 #include "core/types.h"
 
@@ -81,7 +82,7 @@ namespace {
 void AddBucket(const rpc::WorkBucket& from, rpc::WorkBucket& into) {
   const int64_t width = into.end_us() - into.start_us();
   for (const rpc::ClientTime& t : from.busy()) {
-    const std::string label = t.client_id().substr(0, 8);  // a label, whatever was sent
+    const std::string label = ClientLabel(t.client_id());  // a label, whatever was sent
     const int64_t micros = std::clamp<int64_t>(t.busy_micros(), 0, width);
     auto it = std::find_if(into.mutable_busy()->begin(), into.mutable_busy()->end(),
                            [&](const rpc::ClientTime& c) { return c.client_id() == label; });
@@ -166,7 +167,7 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
   auto* failed = host.counters.mutable_failed_shards();
   if (failed->size() > kMaxFailureLabels) failed->DeleteSubrange(kMaxFailureLabels, failed->size() - kMaxFailureLabels);
   for (rpc::ClientCount& f : *failed) {
-    if (f.client_id().size() > 8) f.set_client_id(f.client_id().substr(0, 8));
+    f.set_client_id(ClientLabel(f.client_id()));
   }
   // A histogram that does not hold together is not served (metrics would mislead).
   if (!HistogramHoldsTogether(host.counters)) {
@@ -451,7 +452,7 @@ absl::Status ClusterRegistry::CheckClientMayUse(const std::string& client_id, co
   auto it = client_hosts_.find(client_id);
   if (it != client_hosts_.end() && it->second.contains(address)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("a run names host ", address, ", where client ",
-                                                  client_id.substr(0, 8), " has no slice"));
+                                                  ClientLabel(client_id), " has no slice"));
 }
 
 void ClusterRegistry::NoteClientOnHost(const std::string& client_id, const std::string& address) {

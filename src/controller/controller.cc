@@ -283,7 +283,6 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   collective::InMemoryKeyValueStore rendezvous_;
 };
 
-std::string ClientLabel(const std::string& client_id) { return client_id.substr(0, 8); }
 
 rpc::ClusterStatus Controller::Status() {
   const absl::Time now = absl::Now();

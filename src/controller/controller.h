@@ -42,10 +42,6 @@ struct ControllerOptions {
   bool TEST_unordered_islands = false;
 };
 
-// What status pages show of a client id: its first 8 digits, which a client recognises as its
-// own. Ids alone grant nothing (calls for a client need its credential); this keeps them out of
-// sight of other token holders anyway.
-std::string ClientLabel(const std::string& client_id);
 
 // Thread-safe.
 class Controller {

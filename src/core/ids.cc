@@ -13,4 +13,6 @@ uint64_t RandomId64() {
 
 std::string RandomIdString() { return absl::StrFormat("%016x", RandomId64()); }
 
+std::string ClientLabel(const std::string& client_id) { return client_id.substr(0, 8); }
+
 }  // namespace pathways

@@ -86,4 +86,9 @@ class IdGenerator {
 uint64_t RandomId64();
 std::string RandomIdString();
 
+// What status pages, metrics and timelines show of a client id: its first 8 digits, which a
+// client recognises as its own. Ids alone grant nothing (calls for a client need its
+// credential); this keeps them out of sight of other token holders anyway.
+std::string ClientLabel(const std::string& client_id);
+
 }  // namespace pathways

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/ids.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "transport/rpc_util.h"
@@ -87,7 +88,7 @@ void HostRuntime::Put(const std::string& client, const rpc::PutOp& op) {
 }
 
 void HostRuntime::CountShardFailure(const std::string& client) {
-  std::string label = client.substr(0, 8);
+  std::string label = ClientLabel(client);
   absl::MutexLock lock(&failures_mu_);
   if (!failed_shards_.contains(label) && failed_shards_.size() >= kMaxFailureLabels) label = "other";
   ++failed_shards_[label];

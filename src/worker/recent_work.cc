@@ -4,6 +4,8 @@
 #include <map>
 #include <string>
 
+#include "core/ids.h"
+
 namespace pathways {
 
 std::vector<rpc::WorkBucket> RecentWork(const std::vector<TraceEvent>& events, int64_t after_us, int64_t width_us,
@@ -13,7 +15,7 @@ std::vector<rpc::WorkBucket> RecentWork(const std::vector<TraceEvent>& events, i
   std::map<int64_t, std::map<std::string, int64_t>> busy;  // bucket start -> client -> micros
   for (const TraceEvent& e : events) {
     if (e.end_us <= after_us || e.end_us < e.start_us) continue;
-    const std::string client = e.label.client.substr(0, 8);
+    const std::string client = ClientLabel(e.label.client);
     for (int64_t b = floor_to(e.start_us); b < e.end_us; b += width_us) {
       const int64_t part = std::min(e.end_us, b + width_us) - std::max(e.start_us, b);
       if (part > 0) busy[b][client] += part;
