@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 
 #include <grpcpp/grpcpp.h>
 
@@ -126,14 +128,45 @@ int Main(int argc, char** argv) {
   Figures embedded = Measure(**cluster->Connect(), devices, calls, repeats);
   cluster.reset();
 
-  Subprocess controller, worker;
-  const std::string address = *StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
-  (void)StartWorker(worker, {PATHWAYS_BINARY, "worker", "--controller", address, "--devices", std::to_string(devices),
-                             "--device-memory", "64MiB"});
-  Figures multi = Measure(**Client::Connect(address), devices, calls, repeats);
-  multi.grpc_us = MeasureGrpc(multi.hosts.front(), std::max<int64_t>(1, calls / 10), repeats);
-  worker.Stop(SIGTERM);
-  controller.Stop(SIGTERM);
+  // Two clusters of real processes side by side: control traffic (the client's schedule
+  // requests, the island control graph) over the plain TCP streams, and all of it over gRPC
+  // (PATHWAYS_PLAIN_STREAMS=0, as before those streams), measured in turns.
+  struct Processes {
+    Subprocess controller, worker;
+    std::unique_ptr<Client> client;
+  };
+  auto start = [&](Processes& p, bool plain) {
+    if (!plain) setenv("PATHWAYS_PLAIN_STREAMS", "0", 1);
+    const std::string address = *StartController(p.controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
+    (void)StartWorker(p.worker, {PATHWAYS_BINARY, "worker", "--controller", address, "--devices",
+                                 std::to_string(devices), "--device-memory", "64MiB"});
+    p.client = *Client::Connect(address);
+    unsetenv("PATHWAYS_PLAIN_STREAMS");
+  };
+  Processes streams, grpc_only;
+  start(streams, true);
+  start(grpc_only, false);
+  std::vector<Figures> with_streams, with_grpc;
+  std::vector<double> bare;
+  for (int r = 0; r < repeats; ++r) {
+    with_streams.push_back(Measure(*streams.client, devices, calls, 1));
+    with_grpc.push_back(Measure(*grpc_only.client, devices, calls, 1));
+    bare.push_back(MeasureGrpc(with_streams.back().hosts.front(), std::max<int64_t>(1, calls / 10), 1));
+  }
+  auto median = [](const std::vector<Figures>& runs, double Figures::*field) {
+    std::vector<double> v;
+    for (const Figures& f : runs) v.push_back(f.*field);
+    return Median(v);
+  };
+  const Figures multi{median(with_streams, &Figures::pipelined_us), median(with_streams, &Figures::round_trip_us),
+                      median(with_streams, &Figures::fetch_trip_us), Median(bare), {}};
+  const Figures before{median(with_grpc, &Figures::pipelined_us), median(with_grpc, &Figures::round_trip_us),
+                       median(with_grpc, &Figures::fetch_trip_us), 0, {}};
+  for (Processes* p : {&streams, &grpc_only}) {
+    p->client.reset();
+    p->worker.Stop(SIGTERM);
+    p->controller.Stop(SIGTERM);
+  }
 
   std::printf("OpByOp add_one on f32[%d] over %d device(s); median of %d runs of %lld calls\n\n",
               devices, devices, repeats, static_cast<long long>(calls));
@@ -146,9 +179,12 @@ int Main(int argc, char** argv) {
               embedded.round_trip_us, embedded.fetch_trip_us, embedded.pipelined_us / kernel);
   std::printf("| multi-process (loopback) | %.1f | %.1f | %.1f | %.0fx |\n", multi.pipelined_us,
               multi.round_trip_us, multi.fetch_trip_us, multi.pipelined_us / kernel);
+  std::printf("| multi-process, control over gRPC (PATHWAYS_PLAIN_STREAMS=0) | %.1f | %.1f | %.1f | %.0fx |\n",
+              before.pipelined_us, before.round_trip_us, before.fetch_trip_us, before.pipelined_us / kernel);
   std::printf("| bare gRPC unary (Ping to the worker) | - | %.1f | %.1f | - |\n", multi.grpc_us, multi.grpc_us);
-  std::printf("\nmulti-process round trip / bare gRPC: %.2fx (Ready), %.2fx (Fetch)\n",
-              multi.round_trip_us / multi.grpc_us, multi.fetch_trip_us / multi.grpc_us);
+  std::printf("\nmulti-process round trip / bare gRPC: %.2fx (Ready), %.2fx (Fetch); control over gRPC: %.2fx, %.2fx\n",
+              multi.round_trip_us / multi.grpc_us, multi.fetch_trip_us / multi.grpc_us,
+              before.round_trip_us / multi.grpc_us, before.fetch_trip_us / multi.grpc_us);
   return 0;
 }
 

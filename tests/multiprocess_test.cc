@@ -13,7 +13,10 @@
 #include "client/client.h"
 #include "client/program.h"
 #include "transport/auth.h"
+#include "dataflow/stream_peer.h"
+#include "grpcpp/create_channel.h"
 #include "transport/controller_client.h"
+#include "transport/schedule_stream.h"
 #include "transport/worker_client.h"
 #include "compute/executable.h"
 #include "device/cpu_device.h"
@@ -855,6 +858,32 @@ TEST_F(MultiProcessTest, ATenantsTokenDoesNotOpenTheCallsOfHosts) {
     rpc::ControlGraph graph;
     auto joined = WorkerClientCache::Global().Get(worker_address)->JoinControlGraph(graph).AwaitFor(absl::Seconds(30));
     EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnauthenticated) << joined.status();
+
+    // The plain TCP streams hold the same line: the tenants' token finds the controller's stream
+    // listener and opens a schedule stream there, but no dataflow stream, to it or to a worker.
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    grpc::ClientContext context;
+    AttachCallToken(context);
+    rpc::StreamPortResponse port;
+    ASSERT_TRUE(rpc::Dataflow::NewStub(channel)->StreamPort(&context, rpc::StreamPortRequest(), &port).ok());
+    ASSERT_GT(port.port(), 0);
+    EXPECT_TRUE(ScheduleStream::Connect(address, "127.0.0.1", port.port(), absl::Seconds(5)).ok());
+    grpc::ClientContext ping_context;
+    AttachCallToken(ping_context);
+    rpc::PingResponse pong;
+    ASSERT_TRUE(rpc::Worker::NewStub(grpc::CreateChannel(worker_address, grpc::InsecureChannelCredentials()))
+                    ->Ping(&ping_context, rpc::PingRequest(), &pong)
+                    .ok());
+    const int worker_data_port = pong.data_port();
+    ASSERT_GT(worker_data_port, 0);
+    for (int stream_port : {port.port(), worker_data_port}) {
+      auto fd = DialStream("test", "127.0.0.1", stream_port, dataflow::kDataflowStreamMagic, "tenants", absl::Seconds(5));
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      auto refused = ReadStreamHeader(*fd, absl::Seconds(5), "test");
+      ASSERT_TRUE(refused.ok()) << refused.status();
+      EXPECT_EQ(HeaderStatus(*refused).code(), absl::StatusCode::kUnauthenticated) << refused->message();
+      close(*fd);
+    }
 
     // The cluster still serves the tenant.
     ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));

@@ -40,6 +40,9 @@ struct ClientOptions {
   // The client's share of device time where islands share it proportionally (controller
   // --scheduler share): a client of weight 2 gets twice the device time of one of weight 1.
   double weight = 1;
+  // Runs go to the controller over one plain TCP stream (transport/schedule_stream.h) when it
+  // offers one, instead of a unary gRPC call per batch. Off: unary calls (benchmarks compare).
+  bool schedule_stream = true;
   // Test-only: runs go straight to their hosts instead of through their islands' schedulers, so
   // hosts may apply different clients' runs in different orders. Shows what the scheduler
   // prevents (gangs that share devices deadlocking in their collectives); never use otherwise.

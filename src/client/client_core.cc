@@ -57,6 +57,7 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
 }
 
 absl::Status ClientCore::StartLease() {
+  if (options_.schedule_stream) controller_->PreferScheduleStream();
   PW_ASSIGN_OR_RETURN(absl::Duration interval, controller_->ClientHeartbeat(identity_, /*goodbye=*/false));
   lease_thread_ = std::thread([this, interval] { LeaseLoop(interval); });
   return absl::OkStatus();
@@ -91,7 +92,7 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
           request.set_credential(identity.credential);
           request.set_weight(weight);
           for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
-          return controller->Schedule(request).Then([](const rpc::ScheduleResponse&) { return Unit{}; });
+          return controller->Schedule(request);
         },
         // A refused batch (a host left, say) fails its runs only. Their sequence numbers are
         // filled with no-ops on the hosts still there, which would otherwise wait for them.

@@ -11,6 +11,7 @@
 #include "transport/auth.h"
 #include "core/status_macros.h"
 #include "transport/rpc_util.h"
+#include "transport/schedule_stream.h"
 #include "transport/worker_client.h"
 
 namespace pathways {
@@ -112,6 +113,21 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
 
   // Answers once the runs reach their hosts: one call in flight per client and island, which is
   // also how a scheduler that holds runs back slows a client down.
+  // The same requests over clients' schedule streams (transport/schedule_stream.h), checked the
+  // same way.
+  StreamListener::Protocol ScheduleProtocol() {
+    return {std::string(kScheduleStreamMagic, kStreamMagicBytes), token_, cluster_token_,
+            [this](int fd, const StreamListener& listener) {
+              ServeScheduleStream(fd, listener, [this](const rpc::ScheduleRequest& request) {
+                absl::Status auth = CheckClientCredential(request.client_id(), request.credential());
+                if (!auth.ok()) return Future<Unit>::Ready(auth);
+                auto accepted = Submit(request);
+                if (!accepted.ok()) return Future<Unit>::Ready(accepted.status());
+                return AllDone(*accepted);
+              });
+            }};
+  }
+
   grpc::ServerUnaryReactor* Schedule(grpc::CallbackServerContext* context, const rpc::ScheduleRequest* request,
                                      rpc::ScheduleResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -349,11 +365,30 @@ absl::Status Controller::Start() {
   builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.RegisterService(service_.get());
   dataflow_service_.RequireToken(cluster_token);
+  dataflow_service_.AnswerStreamPortTo(token);  // tenants find their schedule streams
   builder.RegisterService(&dataflow_service_);
   PW_ASSIGN_OR_RETURN(server_, StartServer(builder, "controller", options_.listen_address, &port));
   address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')), ":", port);
   dataflow_transport_ = std::make_unique<dataflow::GrpcTransport>(address_);
   dataflow_service_.ServeInProcess(address_);
+  if (PlainControlStreams()) {
+    std::string ip = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
+    if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+    auto streams = StreamListener::Start("controller stream", ip, options_.stream_port,
+                                         {dataflow_service_.StreamProtocol(), service_->ScheduleProtocol()});
+    if (!streams.ok() && options_.stream_port != 0) {
+      return absl::UnavailableError(absl::StrCat("controller ", address_, " cannot serve its streams on port ",
+                                                 options_.stream_port, ": ", streams.status().message()));
+    }
+    if (streams.ok()) {
+      streams_ = *std::move(streams);
+      dataflow_service_.SetStreamPort(streams_->port());
+    } else {
+      PW_LOG(Warning) << "controller " << address_ << ": no stream listener, hosts send dataflow batches and "
+                      << "clients schedule through gRPC: "
+                      << streams.status();
+    }
+  }
   retire_thread_ = std::thread([this] { RetireLoop(); });
   if (options_.http_port >= 0) {
     StatusHttpOptions http;
@@ -387,6 +422,7 @@ void Controller::Shutdown() {
     }
   }
   dataflow_service_.StopServingInProcess();
+  streams_.reset();
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     server_.reset();

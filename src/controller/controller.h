@@ -18,6 +18,7 @@
 #include "grpcpp/server.h"
 #include "ops/status_http_server.h"
 #include "proto/pathways.grpc.pb.h"
+#include "transport/stream_listener.h"
 
 namespace pathways {
 
@@ -36,6 +37,9 @@ struct ControllerOptions {
   // address's IP (127.0.0.1 instead when TLS is on: it has no TLS of its own) and the tenants'
   // token: -1 off, 0 any free port.
   int http_port = -1;
+  // The plain TCP streams (hosts' dataflow batches, clients' schedule streams) on the listen
+  // address's IP: 0 any free port. Off with TLS (they are not encrypted).
+  int stream_port = 0;
   // Test-only: runs over several islands reach each island's scheduler independently, in an
   // order that differs between clients and 1 ms apart, as if islands were not ordered together:
   // gangs over several islands then meet out of order.
@@ -96,6 +100,9 @@ class Controller {
   std::unique_ptr<grpc::Server> server_;
   std::string http_ip_;
   std::unique_ptr<StatusHttpServer> http_;
+  // Plain TCP streams beside the gRPC port: hosts' dataflow batches (and clients' schedule
+  // streams); none with TLS (they are not encrypted).
+  std::unique_ptr<StreamListener> streams_;
   std::string address_;
 };
 

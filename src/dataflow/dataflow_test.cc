@@ -71,13 +71,18 @@ TEST(DataflowTest, AllShardsOnOneHostStayInMemory) {
 // Three hosts with gRPC transports in this process, host 2 registering its engine only after
 // the others have sent everything: what reached it before is held and handed over on
 // registration. With `in_process`, the hosts find each other in this process and skip the
-// network. Returns (messages written to the network, batches handed over in the process).
-std::pair<int64_t, int64_t> RunThreeGrpcHostsOneJoiningLate(bool in_process) {
+// network; with `streams`, they have stream listeners and batches go over plain TCP instead of
+// gRPC. Returns (messages written to the network, batches handed over in the process, batches
+// that came over plain TCP).
+struct Traffic {
+  int64_t written = 0, in_process = 0, streamed = 0;
+};
+Traffic RunThreeGrpcHostsOneJoiningLate(bool in_process, bool streams = false) {
   std::vector<std::unique_ptr<LoopbackDataflowHost>> servers;
   for (int i = 0; i < 3; ++i) {
-    auto h = StartLoopbackDataflowHost();
+    auto h = StartLoopbackDataflowHost(streams);
     EXPECT_TRUE(h.ok()) << h.status();
-    if (!h.ok()) return {-1, -1};
+    if (!h.ok()) return {-1, -1, -1};
     if (in_process) (*h)->service.ServeInProcess((*h)->address);
     servers.push_back(*std::move(h));
   }
@@ -101,11 +106,12 @@ std::pair<int64_t, int64_t> RunThreeGrpcHostsOneJoiningLate(bool in_process) {
   expected = DriveSparseSum(*engines[2], kEpochs, kSeed);
   EXPECT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30))) << results.size();
   CheckResults(results, expected);
-  std::pair<int64_t, int64_t> traffic{0, 0};
+  Traffic traffic;
   for (auto& t : transports) {
-    traffic.first += t->messages_written();
-    traffic.second += t->batches_in_process();
+    traffic.written += t->messages_written();
+    traffic.in_process += t->batches_in_process();
   }
+  for (auto& s : servers) traffic.streamed += s->service.batches_streamed();
   for (int i = 0; i < 3; ++i) servers[i]->service.RemoveEngine(engines[i]->graph().name());
   // Trailing punctuations may still be queued on the pools, and they send through the transports
   // (UBSan caught one sending through a transport already destroyed): stop the engines, then
@@ -118,15 +124,23 @@ std::pair<int64_t, int64_t> RunThreeGrpcHostsOneJoiningLate(bool in_process) {
 }
 
 TEST(DataflowTest, ThreeHostsOverGrpcStreamsInOneProcessOneJoiningLate) {
-  auto [written, in_process] = RunThreeGrpcHostsOneJoiningLate(/*in_process=*/false);
-  EXPECT_GT(written, 0);
-  EXPECT_EQ(in_process, 0);
+  Traffic t = RunThreeGrpcHostsOneJoiningLate(/*in_process=*/false);
+  EXPECT_GT(t.written, 0);
+  EXPECT_EQ(t.in_process, 0);
+  EXPECT_EQ(t.streamed, 0);  // no stream listeners: gRPC
+}
+
+TEST(DataflowTest, ThreeHostsOverPlainTcpStreamsOneJoiningLate) {
+  Traffic t = RunThreeGrpcHostsOneJoiningLate(/*in_process=*/false, /*streams=*/true);
+  EXPECT_GT(t.written, 0);
+  EXPECT_EQ(t.in_process, 0);
+  EXPECT_GT(t.streamed, 0);
 }
 
 TEST(DataflowTest, HostsSharingAProcessSkipTheNetwork) {
-  auto [written, in_process] = RunThreeGrpcHostsOneJoiningLate(/*in_process=*/true);
-  EXPECT_EQ(written, 0);
-  EXPECT_GT(in_process, 0);
+  Traffic t = RunThreeGrpcHostsOneJoiningLate(/*in_process=*/true);
+  EXPECT_EQ(t.written, 0);
+  EXPECT_GT(t.in_process, 0);
 }
 
 TEST(DataflowTest, BatchesForAGraphNotYetHereAreHeldAndForOneGoneAreDropped) {

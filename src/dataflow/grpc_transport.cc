@@ -1,4 +1,5 @@
 #include "dataflow/grpc_transport.h"
+#include "dataflow/stream_peer.h"
 
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
@@ -15,20 +16,6 @@
 
 namespace pathways::dataflow {
 namespace {
-
-void ToProto(const Envelope& e, rpc::DataflowEnvelope* p) {
-  p->set_epoch(e.epoch);
-  p->set_edge(e.edge);
-  p->set_src_shard(e.src_shard);
-  p->set_dst_shard(e.dst_shard);
-  p->set_punctuation(e.punctuation);
-  p->set_count(e.count);
-  p->set_payload(e.payload);
-}
-
-Envelope FromProto(const rpc::DataflowEnvelope& p) {
-  return {p.epoch(), p.edge(), p.src_shard(), p.dst_shard(), p.punctuation(), p.count(), p.payload()};
-}
 
 // The services of this process by the address they serve at. Delivery holds the reader lock, so a
 // service leaving (the writer lock) waits for batches being handed to it.
@@ -138,7 +125,7 @@ class GrpcTransport::PeerStream {
         rpc::DataflowBatch& m = merged[graph];
         m.set_graph(graph);
         m.set_src_host(self_);
-        for (const Envelope& e : batch) ToProto(e, m.add_envelopes());
+        for (const Envelope& e : batch) EnvelopeToProto(e, m.add_envelopes());
       }
       pending_.clear();
       for (auto& [graph, m] : merged) messages_.push_back(std::move(m));
@@ -229,6 +216,119 @@ class GrpcTransport::PeerStream {
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// One peer, reached over plain TCP when it has a stream listener (asked once, by its
+// StreamPort call), over a gRPC stream otherwise (TLS is on here or there: the TCP streams are
+// not encrypted). Batches sent before the answer comes wait for it, in order.
+class GrpcTransport::Peer {
+ public:
+  Peer(const std::string& self, const std::string& host) : self_(self), host_(host) {
+    if (!PlainControlStreams()) {
+      grpc_ = std::make_unique<PeerStream>(self_, host_);
+      answered_ = true;
+      return;
+    }
+    stub_ = rpc::Dataflow::NewStub(grpc::CreateChannel(host_, ChannelCredentials()));
+    context_.set_wait_for_ready(true);  // a peer still starting is waited for, a while
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + kAskFor));
+    AttachCallToken(context_);
+    stub_->async()->StreamPort(&context_, &request_, &response_, [this](grpc::Status s) { Answered(s); });
+  }
+  ~Peer() {
+    context_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&answered_));  // the answer's callback uses this object
+  }
+  void BeginClose(absl::Time deadline) {
+    {
+      absl::MutexLock lock(&mu_);
+      close_deadline_ = std::min(close_deadline_, deadline);
+      if (answered_) {
+        if (stream_) stream_->BeginClose(deadline);
+        if (grpc_) grpc_->BeginClose(deadline);
+        return;
+      }
+    }
+    context_.TryCancel();  // closing: the batches waiting go out over gRPC, or are dropped there
+  }
+  void Enqueue(const std::string& graph, std::vector<Envelope> batch) {
+    absl::MutexLock lock(&mu_);
+    if (!answered_) {
+      early_.push_back({graph, std::move(batch)});  // until the peer says how, and it works
+    } else if (stream_) {
+      stream_->Enqueue(graph, batch);
+    } else {
+      grpc_->Enqueue(graph, std::move(batch));
+    }
+  }
+  int64_t written() {
+    absl::MutexLock lock(&mu_);
+    if (!answered_) return 0;
+    return stream_ ? stream_->written() : grpc_->written();
+  }
+
+ private:
+  static constexpr absl::Duration kAskFor = absl::Seconds(10);
+  // The peer said where its stream listener is (or that it has none): try it.
+  void Answered(const grpc::Status& status) {
+    const int port = status.ok() ? response_.port() : 0;
+    const size_t colon = host_.rfind(':');
+    std::string ip = host_.substr(0, colon == std::string::npos ? 0 : colon);
+    if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+    absl::MutexLock lock(&mu_);
+    if (port > 0 && port <= 65535 && !ip.empty() && close_deadline_ == absl::InfiniteFuture()) {
+      stream_ = std::make_unique<StreamPeer>(
+          self_, host_, ip, port, [this](const absl::Status& s) { Connected(s); }, [this] { return AskPort(); });
+    } else {
+      UseGrpcLocked();
+    }
+  }
+  // Where the peer's stream listener is now (it may have restarted on another port); 0 when it
+  // does not say. Blocks a little: asked from the stream peer's own thread.
+  int AskPort() {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);  // a peer restarting is waited for, a little
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    AttachCallToken(context);
+    rpc::StreamPortResponse response;
+    const grpc::Status s = stub_->StreamPort(&context, rpc::StreamPortRequest(), &response);
+    return s.ok() && response.port() > 0 && response.port() <= 65535 ? response.port() : 0;
+  }
+  // The first connection worked (TCP from now on) or did not (gRPC, for good: a listener this
+  // process cannot reach, a firewall, a peer at its connection cap).
+  void Connected(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() || close_deadline_ != absl::InfiniteFuture()) {
+      if (!status.ok()) PW_LOG(Info) << "dataflow to " << host_ << " goes over gRPC: " << status;
+      failed_ = std::move(stream_);  // its thread is ending; it goes with this object
+      UseGrpcLocked();
+      return;
+    }
+    for (const auto& [graph, batch] : early_) stream_->Enqueue(graph, batch);
+    early_.clear();
+    answered_ = true;
+  }
+  void UseGrpcLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    grpc_ = std::make_unique<PeerStream>(self_, host_);
+    for (auto& [graph, batch] : early_) grpc_->Enqueue(graph, std::move(batch));
+    early_.clear();
+    if (close_deadline_ != absl::InfiniteFuture()) grpc_->BeginClose(close_deadline_);
+    answered_ = true;
+  }
+
+  const std::string self_, host_;
+  std::unique_ptr<rpc::Dataflow::Stub> stub_;
+  grpc::ClientContext context_;
+  rpc::StreamPortRequest request_;
+  rpc::StreamPortResponse response_;
+  absl::Mutex mu_;
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::pair<std::string, std::vector<Envelope>>> early_ ABSL_GUARDED_BY(mu_);
+  absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::unique_ptr<StreamPeer> stream_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StreamPeer> failed_ ABSL_GUARDED_BY(mu_);  // a first connection that did not work
+  std::unique_ptr<PeerStream> grpc_ ABSL_GUARDED_BY(mu_);
+};
+
 GrpcTransport::GrpcTransport(std::string self_host) : self_host_(std::move(self_host)) {}
 
 GrpcTransport::~GrpcTransport() {
@@ -258,9 +358,13 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
       return;
     }
   }
-  absl::MutexLock lock(&mu_);
-  auto& peer = peers_[host];
-  if (!peer) peer = std::make_unique<PeerStream>(self_host_, host);
+  Peer* peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = peers_[host];
+    if (!slot) slot = std::make_unique<Peer>(self_host_, host);
+    peer = slot.get();  // peers stay until the transport goes
+  }
   peer->Enqueue(graph, std::move(batch));
 }
 
@@ -357,7 +461,7 @@ class DataflowService::Reader : public grpc::ServerReadReactor<rpc::DataflowBatc
     }
     std::vector<Envelope> envelopes;
     envelopes.reserve(batch_.envelopes_size());
-    for (const auto& e : batch_.envelopes()) envelopes.push_back(FromProto(e));
+    for (auto& e : *batch_.mutable_envelopes()) envelopes.push_back(EnvelopeFromProto(e));
     service_.Receive(batch_.graph(), std::move(envelopes));
     StartRead(&batch_);
   }
@@ -371,6 +475,29 @@ class DataflowService::Reader : public grpc::ServerReadReactor<rpc::DataflowBatc
 grpc::ServerReadReactor<rpc::DataflowBatch>* DataflowService::Stream(grpc::CallbackServerContext* context,
                                                                      rpc::DataflowAck*) {
   return new Reader(*this, context);
+}
+
+grpc::ServerUnaryReactor* DataflowService::StreamPort(grpc::CallbackServerContext* context,
+                                                      const rpc::StreamPortRequest*,
+                                                      rpc::StreamPortResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckCallToken(*context, token_, port_token_); !s.ok()) {
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+  response->set_port(stream_port_.load());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+StreamListener::Protocol DataflowService::StreamProtocol() {
+  return {std::string(kDataflowStreamMagic, kStreamMagicBytes), token_, "",
+          [this](int fd, const StreamListener& listener) {
+            ServeDataflowStream(fd, listener, [this](const std::string& graph, std::vector<Envelope> batch) {
+              streamed_.fetch_add(1, std::memory_order_relaxed);
+              Receive(graph, std::move(batch));
+            });
+          }};
 }
 
 void DataflowService::Receive(const std::string& graph, std::vector<Envelope> batch) {

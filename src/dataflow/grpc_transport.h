@@ -13,14 +13,16 @@
 #include "absl/time/time.h"
 #include "dataflow/engine.h"
 #include "proto/pathways.grpc.pb.h"
+#include "transport/stream_listener.h"
 
 namespace pathways::dataflow {
 
 // Sends batches to other hosts' DataflowService, for any number of graphs. Thread-safe. A peer
 // served in this same process (see DataflowService::ServeInProcess) gets its batches handed over
-// directly: no network, no serialisation, no extra thread. Every other peer gets one stream on
-// gRPC's callback API (no thread per peer); batches queued while a write is in progress go out
-// merged, one message per graph.
+// directly: no network, no serialisation, no extra thread. Every other peer gets one plain TCP
+// connection to its stream listener (dataflow/stream_peer.h) when it has one, else one stream on
+// gRPC's callback API (no thread per peer; batches queued while a write is in progress go out
+// merged, one message per graph).
 class GrpcTransport : public Transport {
  public:
   explicit GrpcTransport(std::string self_host);
@@ -35,9 +37,10 @@ class GrpcTransport : public Transport {
 
  private:
   class PeerStream;
+  class Peer;
   const std::string self_host_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<PeerStream>> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> in_process_{0};
   std::atomic<int64_t> bytes_sent_{0};
 };
@@ -86,6 +89,18 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   // Each peer's stream, read without a thread of its own (gRPC's callback API).
   grpc::ServerReadReactor<rpc::DataflowBatch>* Stream(grpc::CallbackServerContext* context,
                                                       rpc::DataflowAck* ack) override;
+  // Where this process's stream listener takes the same batches over plain TCP.
+  grpc::ServerUnaryReactor* StreamPort(grpc::CallbackServerContext* context, const rpc::StreamPortRequest* request,
+                                       rpc::StreamPortResponse* response) override;
+  // The listener's protocol for dataflow batches (after RequireToken), and its port once it
+  // listens (0: none, senders use gRPC).
+  StreamListener::Protocol StreamProtocol();
+  void SetStreamPort(int port) { stream_port_.store(port); }
+  // StreamPort also answers calls that carry this token (the controller's listener serves
+  // tenants' schedule streams too, and tenants hold only their own token). Set before serving.
+  void AnswerStreamPortTo(std::string token) { port_token_ = std::move(token); }
+  // Batches that came over plain TCP streams.
+  int64_t batches_streamed() const { return streamed_.load(std::memory_order_relaxed); }
 
  private:
   class Reader;
@@ -107,6 +122,9 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> removed_order_ ABSL_GUARDED_BY(mu_);
   std::string token_;
+  std::string port_token_;
+  std::atomic<int> stream_port_{0};
+  std::atomic<int64_t> streamed_{0};
   std::string in_process_address_;  // guarded by the in-process directory's lock
 };
 

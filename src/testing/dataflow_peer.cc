@@ -14,7 +14,9 @@ using namespace pathways::dataflow;
 
 int main(int argc, char** argv) {
   int epochs = argc > 1 ? std::atoi(argv[1]) : 5;
-  auto host = StartLoopbackDataflowHost();
+  // With a stream listener: the peers send each other batches over plain TCP, and the test's
+  // own host (which has none) over gRPC.
+  auto host = StartLoopbackDataflowHost(/*streams=*/true);
   if (!host.ok()) return 1;
   const std::string self = (*host)->address;
   std::printf("address %s\n", self.c_str());

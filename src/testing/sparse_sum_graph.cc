@@ -126,10 +126,11 @@ std::map<int64_t, std::pair<int64_t, int64_t>> DriveSparseSum(Engine& engine, in
 }
 
 LoopbackDataflowHost::~LoopbackDataflowHost() {
+  streams.reset();
   if (server) server->Shutdown();
 }
 
-absl::StatusOr<std::unique_ptr<LoopbackDataflowHost>> StartLoopbackDataflowHost() {
+absl::StatusOr<std::unique_ptr<LoopbackDataflowHost>> StartLoopbackDataflowHost(bool streams) {
   auto host = std::make_unique<LoopbackDataflowHost>();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -138,6 +139,12 @@ absl::StatusOr<std::unique_ptr<LoopbackDataflowHost>> StartLoopbackDataflowHost(
   host->server = builder.BuildAndStart();
   if (host->server == nullptr || port == 0) return absl::UnavailableError("cannot listen on loopback");
   host->address = absl::StrCat("127.0.0.1:", port);
+  if (streams) {
+    auto listener = StreamListener::Start("dataflow streams", "127.0.0.1", 0, {host->service.StreamProtocol()});
+    if (!listener.ok()) return listener.status();
+    host->streams = *std::move(listener);
+    host->service.SetStreamPort(host->streams->port());
+  }
   return host;
 }
 

@@ -47,9 +47,10 @@ std::map<int64_t, std::pair<int64_t, int64_t>> DriveSparseSum(Engine& engine, in
 struct LoopbackDataflowHost {
   DataflowService service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<StreamListener> streams;  // with `streams`: batches over plain TCP too
   std::string address;
   ~LoopbackDataflowHost();
 };
-absl::StatusOr<std::unique_ptr<LoopbackDataflowHost>> StartLoopbackDataflowHost();
+absl::StatusOr<std::unique_ptr<LoopbackDataflowHost>> StartLoopbackDataflowHost(bool streams = false);
 
 }  // namespace pathways::dataflow

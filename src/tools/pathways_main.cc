@@ -41,6 +41,7 @@ constexpr char kUsage[] =
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
     "             [--cluster-token C] [--max-client-weight W] [--max-connections N]\n"
     "             [--http-port N] (dashboard, /api/status and /metrics over HTTP, the token's guard; 0 any port)\n"
+    "             [--stream-port N] (hosts' dataflow and clients' schedule streams over plain TCP; default any)\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
@@ -150,6 +151,11 @@ absl::Status RunController(const Flags& flags) {
                  "pathways controller: warning: the cluster token is the tenants' token, so a tenant can pose as "
                  "a host (and reach other tenants' data through it); give the controller and workers "
                  "--cluster-token (or PATHWAYS_CLUSTER_TOKEN) to tell them apart\n");
+  }
+  if (flags.Has("stream-port")) {
+    PW_ASSIGN_OR_RETURN(int64_t stream_port, flags.GetInt("stream-port", 0));
+    if (stream_port < 0 || stream_port > 65535) return absl::InvalidArgumentError("--stream-port must be 0..65535");
+    options.stream_port = static_cast<int>(stream_port);
   }
   if (flags.Has("http-port")) {
     PW_ASSIGN_OR_RETURN(int64_t http_port, flags.GetInt("http-port", 0));
@@ -345,7 +351,7 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "http-port"}, {"test-unordered-islands"}, RunController},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "http-port", "stream-port"}, {"test-unordered-islands"}, RunController},
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},

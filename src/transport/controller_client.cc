@@ -8,6 +8,7 @@
 #include "transport/async_call.h"
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
+#include "core/logging.h"
 
 namespace pathways {
 namespace {
@@ -28,8 +29,8 @@ absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char
 
 ControllerClient::ControllerClient(std::string address)
     : address_(std::move(address)),
-      stub_(rpc::Controller::NewStub(
-          grpc::CreateCustomChannel(address_, ChannelCredentials(), ChannelArgs()))) {}
+      channel_(grpc::CreateCustomChannel(address_, ChannelCredentials(), ChannelArgs())),
+      stub_(rpc::Controller::NewStub(channel_)) {}
 
 absl::StatusOr<rpc::RegisterWorkerResponse> ControllerClient::RegisterWorker(
     const rpc::RegisterWorkerRequest& r) {
@@ -76,10 +77,59 @@ absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::RemapSlice(const rp
       [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) { return stub_->RemapSlice(c, r, resp); });
 }
 
-Future<rpc::ScheduleResponse> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
+void ControllerClient::PreferScheduleStream() {
+  absl::MutexLock lock(&stream_mu_);
+  prefer_stream_ = PlainControlStreams();  // not with TLS: the stream is not encrypted
+}
+
+ScheduleStream* ControllerClient::CurrentScheduleStream() {
+  absl::MutexLock lock(&stream_mu_);
+  if (!prefer_stream_) return nullptr;
+  if (stream_ != nullptr && !stream_->broken()) return stream_.get();
+  const absl::Time now = absl::Now();
+  if (now < retry_stream_at_) return nullptr;
+  if (stream_ != nullptr) broken_streams_.push_back(std::move(stream_));
+  // Quick, and rare: once, and after a stream broke (the controller restarted, say).
+  constexpr absl::Duration kConnect = absl::Seconds(2);
+  if (stream_port_ < 0) {
+    auto port = CallWithDeadline<rpc::StreamPortResponse>(
+        address_, "StreamPort",
+        [&](grpc::ClientContext* c, rpc::StreamPortResponse* resp) {
+          return rpc::Dataflow::NewStub(channel_)->StreamPort(c, rpc::StreamPortRequest(), resp);
+        },
+        kConnect);
+    // UNIMPLEMENTED or a failure: unary calls, asking again later.
+    if (port.ok()) stream_port_ = port->port() > 0 && port->port() <= 65535 ? port->port() : 0;
+  }
+  absl::Status failed = absl::UnavailableError("the controller has no stream listener");
+  if (stream_port_ > 0) {
+    std::string ip = address_.substr(0, address_.rfind(':'));
+    if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+    auto stream = ScheduleStream::Connect(address_, ip, stream_port_, kConnect);
+    if (stream.ok()) {
+      stream_ = *std::move(stream);
+      return stream_.get();
+    }
+    failed = stream.status();
+    stream_port_ = -1;  // the controller may have restarted elsewhere: asked again
+  }
+  retry_stream_at_ = now + absl::Seconds(5);
+  if (stream_port_ != 0 && !told_) {
+    PW_LOG(Info) << "Schedule on controller " << address_ << " goes as unary calls: " << failed;
+    told_ = true;  // once: a controller reached by name (not by IP) says so every time
+  }
+  while (broken_streams_.size() > 16) broken_streams_.erase(broken_streams_.begin());  // long done
+  return nullptr;
+}
+
+Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
+  if (ScheduleStream* stream = CurrentScheduleStream(); stream != nullptr) return stream->Schedule(r);
   return AsyncUnaryCall<rpc::ScheduleResponse>(
-      absl::StrCat("Schedule on controller ", address_), r, absl::InfiniteDuration(),
-      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Schedule(ctx, req, resp, std::move(done)); });
+             absl::StrCat("Schedule on controller ", address_), r, absl::InfiniteDuration(),
+             [this](auto* ctx, auto* req, auto* resp, auto done) {
+               stub_->async()->Schedule(ctx, req, resp, std::move(done));
+             })
+      .Then([](const rpc::ScheduleResponse&) { return Unit{}; });
 }
 
 absl::StatusOr<absl::Duration> ControllerClient::ClientHeartbeat(const ClientIdentity& client, bool goodbye) {

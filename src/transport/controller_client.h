@@ -3,12 +3,15 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/future.h"
 #include "proto/pathways.grpc.pb.h"
 #include "transport/auth.h"
+#include "transport/schedule_stream.h"
 
 namespace pathways {
 
@@ -23,16 +26,34 @@ class ControllerClient {
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r);
   absl::StatusOr<rpc::SliceStatesResponse> SliceStates(const rpc::SliceStatesRequest& r);
   absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r);
-  // Submits runs to island schedulers; completes once their hosts have them. Asynchronous.
-  Future<rpc::ScheduleResponse> Schedule(const rpc::ScheduleRequest& r);
+  // Submits runs to island schedulers; completes once their hosts have them. Asynchronous. One
+  // request at a time (the next once this one is answered): requests may go different ways.
+  Future<Unit> Schedule(const rpc::ScheduleRequest& r);
+  // From now on Schedule requests go over a plain TCP stream to the controller's stream listener
+  // (transport/schedule_stream.h) when it has one, else (TLS is on, no stream could be made) as
+  // unary calls. A stream that breaks is made again for the next request.
+  void PreferScheduleStream();
   // Renews the client's lease (or ends it, with `goodbye`); returns the interval to renew at.
   absl::StatusOr<absl::Duration> ClientHeartbeat(const ClientIdentity& client, bool goodbye);
   absl::Status RendezvousSet(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> RendezvousGet(const std::string& key, absl::Duration timeout);
 
  private:
+  // The stream to use now; null: a unary call.
+  ScheduleStream* CurrentScheduleStream();
+
   const std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Controller::Stub> stub_;
+  absl::Mutex stream_mu_;
+  bool prefer_stream_ ABSL_GUARDED_BY(stream_mu_) = false;
+  int stream_port_ ABSL_GUARDED_BY(stream_mu_) = -1;  // -1: not asked yet; 0: none
+  std::unique_ptr<ScheduleStream> stream_ ABSL_GUARDED_BY(stream_mu_);
+  // Broken streams, kept until this client goes: one may be replaced from a continuation
+  // running on its own reader thread.
+  std::vector<std::unique_ptr<ScheduleStream>> broken_streams_ ABSL_GUARDED_BY(stream_mu_);
+  absl::Time retry_stream_at_ ABSL_GUARDED_BY(stream_mu_);
+  bool told_ ABSL_GUARDED_BY(stream_mu_) = false;  // why there is no stream, logged once
 };
 
 }  // namespace pathways

@@ -17,18 +17,6 @@
 
 namespace pathways {
 
-std::string EncodeStreamU32(uint32_t v) {
-  std::string out(4, '\0');
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  return out;
-}
-
-uint32_t DecodeStreamU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
 DataStreamClient::DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing)
     : worker_(std::move(worker)), ip_(std::move(ip)), port_(port), timing_(timing) {}
 
@@ -200,43 +188,8 @@ void DataStreamClient::Serve(Connection* c) {
 }
 
 absl::StatusOr<int> DataStreamClient::Dial() {
-  const std::string what = absl::StrCat("data stream to worker ", worker_);
-  socklen_t length = 0;
-  PW_ASSIGN_OR_RETURN(sockaddr_storage to, ParseAddress(absl::StrCat(ip_, ":", port_), &length));
-  const int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat(what, ": ", Errno(errno)));
-  const absl::Time deadline = absl::Now() + timing_.connect;
-  absl::Status s;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&to), length) != 0) {
-    if (errno != EINPROGRESS) {
-      s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(errno)));
-    } else {
-      pollfd p{fd, POLLOUT, 0};
-      int error = 0;
-      socklen_t error_length = sizeof(error);
-      int polled;
-      while ((polled = poll(&p, 1, RemainingMs(deadline))) < 0 && errno == EINTR) {
-      }
-      if (polled == 0) {
-        s = absl::UnavailableError(absl::StrCat(what, ": connecting timed out"));
-      } else if (polled < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_length) != 0) {
-        s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(errno)));
-      } else if (error != 0) {
-        s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(error)));
-      }
-    }
-  }
-  if (s.ok()) {
-    Configure(fd);
-    const std::string token = CallToken();
-    std::string hello = absl::StrCat(std::string(kDataStreamMagic, 8), EncodeStreamU32(static_cast<uint32_t>(token.size())), token);
-    s = TransferAll(fd, hello.data(), hello.size(), true, deadline, absl::StrCat(what, ": hello"));
-  }
-  if (!s.ok()) {
-    close(fd);
-    return s;
-  }
-  return fd;
+  return DialStream(absl::StrCat("data stream to worker ", worker_), ip_, port_,
+                    std::string(kDataStreamMagic, kStreamMagicBytes), CallToken(), timing_.connect);
 }
 
 absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r, Heard* heard) {

@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "core/future.h"
 #include "proto/pathways.pb.h"
+#include "transport/stream_listener.h"
 
 namespace pathways {
 
@@ -43,10 +44,6 @@ using FetchedShards = std::shared_ptr<rpc::FetchResponse>;
 
 inline constexpr char kDataStreamMagic[] = "PWDATA01";  // 8 bytes on the wire
 inline constexpr uint32_t kMaxStreamRequestBytes = 1 << 20;
-inline constexpr uint32_t kMaxStreamHeaderBytes = 16 << 20;
-inline constexpr uint32_t kMaxStreamTokenBytes = 4096;
-inline constexpr char kStreamWaiting = 'W';
-inline constexpr char kStreamHeader = 'H';
 
 struct DataStreamTiming {
   // How often a worker says it is still waiting for the data.
@@ -123,9 +120,5 @@ class DataStreamClient {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
 };
-
-// Little-endian u32 framing, shared with the worker's side.
-std::string EncodeStreamU32(uint32_t v);
-uint32_t DecodeStreamU32(const char* p);
 
 }  // namespace pathways

@@ -96,7 +96,9 @@ absl::Status Worker::Start() {
         .keep = [runtime](const rpc::StageRequest& request, BufferPtr buffer) {
           return runtime->KeepStaged(request, std::move(buffer));
         }};
-    auto stream = DataStreamServer::Start(host, token, cluster_token, std::move(handlers), {}, options_.data_port);
+    // The same port takes other hosts' (and the controller's) dataflow batches.
+    auto stream = DataStreamServer::Start(host, token, cluster_token, std::move(handlers), {}, options_.data_port,
+                                          DataStreamServer::kMaxConnections, {dataflow_service_.StreamProtocol()});
     if (!stream.ok() && options_.data_port != 0) {
       return absl::UnavailableError(absl::StrCat("worker ", address_, " cannot serve its data stream on port ",
                                                  options_.data_port, ": ", stream.status().message()));
@@ -104,8 +106,10 @@ absl::Status Worker::Start() {
     if (stream.ok()) {
       data_stream_ = *std::move(stream);
       service_->SetDataPort(data_stream_->port());
+      if (PlainControlStreams()) dataflow_service_.SetStreamPort(data_stream_->port());
     } else {
-      PW_LOG(Warning) << "worker " << address_ << ": no data stream, clients put and fetch through gRPC: "
+      PW_LOG(Warning) << "worker " << address_ << ": no data stream, clients put and fetch (and hosts send "
+                      << "dataflow batches) through gRPC: "
                       << stream.status();
     }
   }

@@ -1,0 +1,291 @@
+#include "dataflow/stream_peer.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "core/socket_util.h"
+#include "transport/auth.h"
+
+namespace pathways::dataflow {
+namespace {
+
+// A receiver closes a connection idle longer than any sender keeps one.
+constexpr absl::Duration kReceiverIdle = absl::Minutes(8);  // twice StreamPeer::kIdle
+// A frame that stops coming halfway for this long: the sender is frozen or gone.
+constexpr absl::Duration kFrameSilence = absl::Seconds(30);
+constexpr absl::Duration kConnect = absl::Seconds(5);
+
+}  // namespace
+
+std::string DataflowFrame(const std::string& self, const std::string& graph, const std::vector<Envelope>& batch) {
+  rpc::DataflowBatch m;
+  m.set_graph(graph);
+  m.set_src_host(self);
+  for (const Envelope& e : batch) EnvelopeToProto(e, m.add_envelopes());
+  std::string frame = EncodeStreamU32(static_cast<uint32_t>(m.ByteSizeLong()));
+  m.AppendToString(&frame);
+  return frame;
+}
+
+void EnvelopeToProto(const Envelope& e, rpc::DataflowEnvelope* p) {
+  p->set_epoch(e.epoch);
+  p->set_edge(e.edge);
+  p->set_src_shard(e.src_shard);
+  p->set_dst_shard(e.dst_shard);
+  p->set_punctuation(e.punctuation);
+  p->set_count(e.count);
+  p->set_payload(e.payload);
+}
+
+Envelope EnvelopeFromProto(rpc::DataflowEnvelope& p) {
+  return {p.epoch(), p.edge(), p.src_shard(), p.dst_shard(), p.punctuation(), p.count(),
+          std::move(*p.mutable_payload())};
+}
+
+void ServeDataflowStream(int fd, const StreamListener& listener,
+                         const std::function<void(const std::string& graph, std::vector<Envelope>)>& receive) {
+  std::string admitted = StreamStatusFrame(absl::OkStatus());
+  if (!TransferAll(fd, admitted.data(), admitted.size(), true, absl::Now() + kConnect, "admission").ok()) return;
+  std::string body;
+  while (true) {
+    pollfd polled[2] = {{fd, POLLIN, 0}, {listener.wake_fd(), POLLIN, 0}};
+    const int ready = poll(polled, 2, static_cast<int>(absl::ToInt64Milliseconds(kReceiverIdle)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0 || polled[1].revents != 0 || (polled[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) return;
+    char length[4];
+    // A sender that closes between batches is done; one that closes or stalls within a batch
+    // loses it (it writes the batch again on a new connection).
+    if (!TransferWhileMoving(fd, length, 4, false, kFrameSilence, "dataflow batch").ok()) return;
+    const uint32_t bytes = DecodeStreamU32(length);
+    if (bytes > kMaxDataflowFrameBytes) {
+      PW_LOG(Error) << "dataflow stream: a batch of " << bytes << " bytes (at most " << kMaxDataflowFrameBytes
+                    << "); the connection closes";
+      return;
+    }
+    body.resize(bytes);
+    if (absl::Status s = TransferWhileMoving(fd, body.data(), bytes, false, kFrameSilence, "dataflow batch");
+        !s.ok()) {
+      PW_LOG(Warning) << "dataflow stream: " << s << "; the connection closes";
+      return;
+    }
+    rpc::DataflowBatch batch;
+    if (!batch.ParseFromString(body)) {
+      PW_LOG(Error) << "dataflow stream: a batch of " << bytes << " bytes that does not parse; the connection closes";
+      return;
+    }
+    std::vector<Envelope> envelopes;
+    envelopes.reserve(batch.envelopes_size());
+    for (rpc::DataflowEnvelope& e : *batch.mutable_envelopes()) envelopes.push_back(EnvelopeFromProto(e));
+    receive(batch.graph(), std::move(envelopes));
+  }
+}
+
+StreamPeer::StreamPeer(std::string self, std::string peer, std::string ip, int port,
+                       std::function<void(const absl::Status&)> connected, std::function<int()> resolve)
+    : self_(std::move(self)),
+      peer_(std::move(peer)),
+      ip_(std::move(ip)),
+      port_(port),
+      connected_(std::move(connected)),
+      resolve_(std::move(resolve)) {
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  last_write_ = absl::Now();
+  thread_ = std::thread([this] {
+    absl::StatusOr<int> fd = Connect();
+    if (fd.ok()) {
+      absl::MutexLock lock(&mu_);
+      fd_ = *fd;
+      last_write_ = absl::Now();
+    }
+    connected_(fd.status());
+    if (fd.ok()) Loop();
+  });
+}
+
+absl::StatusOr<int> StreamPeer::Connect() {
+  const std::string what = absl::StrCat("dataflow stream to ", peer_);
+  absl::StatusOr<int> fd = DialStream(what, ip_, port_, kDataflowStreamMagic, CallToken(), kConnect);
+  if (!fd.ok()) return fd;
+  absl::StatusOr<rpc::StreamHeader> admitted = ReadStreamHeader(*fd, kConnect, what);
+  absl::Status s = admitted.ok() ? HeaderStatus(*admitted) : admitted.status();
+  if (!s.ok()) {
+    close(*fd);
+    return s;
+  }
+  return fd;
+}
+
+StreamPeer::~StreamPeer() {
+  BeginClose(absl::Now() + absl::Seconds(2));
+  thread_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void StreamPeer::BeginClose(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    close_deadline_ = std::min(close_deadline_, deadline);
+  }
+  const uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+int64_t StreamPeer::written() {
+  absl::MutexLock lock(&mu_);
+  return written_;
+}
+
+void StreamPeer::Enqueue(const std::string& graph, const std::vector<Envelope>& batch) {
+  Frame frame{DataflowFrame(self_, graph, batch)};
+  mu_.Lock();
+  if (writing_ || fd_ < 0 || !queued_.empty() || closing_) {
+    queued_.push_back(std::move(frame));  // the thread's turn (it waits for this)
+    mu_.Unlock();
+    return;
+  }
+  // The connection is idle: this thread writes, as much as the socket takes now.
+  writing_ = true;
+  const int fd = fd_;
+  mu_.Unlock();
+  // A receiver that closed (it restarted, or stopped) would take the batch into nothing: the
+  // thread connects again instead.
+  const bool closed = PeerClosed(fd);
+  const ssize_t n = closed ? -1 : send(fd, frame.bytes.data(), frame.bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  const int error = closed ? EPIPE : errno;
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+  if (n == static_cast<ssize_t>(frame.bytes.size())) {
+    ++written_;
+    last_write_ = absl::Now();
+    return;
+  }
+  if (n >= 0 || error == EAGAIN || error == EWOULDBLOCK || error == EINTR) {
+    frame.sent = n > 0 ? static_cast<size_t>(n) : 0;
+  } else {
+    close(fd_);  // broken: the thread connects again and writes the whole batch
+    fd_ = -1;
+  }
+  queued_.push_front(std::move(frame));  // batches queued meanwhile come after it
+}
+
+bool StreamPeer::WriteFrames(int fd, std::deque<Frame>& frames) {
+  int64_t whole = 0;
+  bool ok = true;
+  while (ok && !frames.empty()) {
+    Frame& f = frames.front();
+    while (f.sent < f.bytes.size()) {
+      const ssize_t n = send(fd, f.bytes.data() + f.sent, f.bytes.size() - f.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        f.sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        PW_LOG(Info) << "dataflow stream to " << peer_ << " broke: " << Errno(errno);
+        ok = false;
+        break;
+      }
+      absl::Time deadline;
+      {
+        absl::MutexLock lock(&mu_);
+        deadline = close_deadline_;
+      }
+      if (absl::Now() >= deadline) {
+        ok = false;  // closing, and out of time: a peer that takes nothing must not hold up shutdown
+        break;
+      }
+      pollfd polled[2] = {{fd, POLLOUT, 0}, {wake_fd_, POLLIN, 0}};
+      const int timeout = deadline == absl::InfiniteFuture() ? -1 : RemainingMs(deadline);
+      if (poll(polled, 2, timeout) > 0 && polled[1].revents != 0) {
+        uint64_t count;
+        (void)!read(wake_fd_, &count, sizeof(count));  // closing began: the deadline is read again
+      }
+    }
+    if (!ok) break;
+    frames.pop_front();
+    ++whole;
+  }
+  absl::MutexLock lock(&mu_);
+  written_ += whole;
+  if (whole > 0) last_write_ = absl::Now();
+  return ok;
+}
+
+void StreamPeer::Loop() {
+  while (true) {
+    std::deque<Frame> frames;
+    int fd;
+    {
+      absl::MutexLock lock(&mu_);
+      auto turn = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_ && (!queued_.empty() || closing_); };
+      if (fd_ >= 0) {
+        mu_.AwaitWithDeadline(absl::Condition(&turn), last_write_ + kIdle);
+      } else {
+        mu_.Await(absl::Condition(&turn));
+      }
+      if (!turn()) {
+        if (fd_ >= 0 && queued_.empty() && !writing_ && absl::Now() >= last_write_ + kIdle) {
+          close(fd_);  // idle: closed by this side, so no batch goes into a connection closing under it
+          fd_ = -1;
+        }
+        continue;
+      }
+      if (closing_ && (queued_.empty() || absl::Now() >= close_deadline_)) {
+        if (!queued_.empty()) {
+          PW_LOG(Error) << "dataflow: " << queued_.size() << " batches for " << peer_
+                        << " dropped: the transport closed before the peer took them";
+        }
+        queued_.clear();
+        if (fd_ >= 0) close(fd_);
+        fd_ = -1;
+        return;
+      }
+      writing_ = true;
+      frames.swap(queued_);
+      fd = fd_;
+    }
+    absl::Status connected;
+    if (fd < 0) {
+      if (resolve_) {
+        const int now_at = resolve_();
+        if (now_at > 0) port_ = now_at;
+      }
+      absl::StatusOr<int> dialed = Connect();
+      connected = dialed.status();
+      if (dialed.ok()) fd = *dialed;
+    }
+    if (connected.ok() && fd >= 0 && PeerClosed(fd)) connected = absl::UnavailableError("the receiver closed the connection");
+    const bool ok = connected.ok() && WriteFrames(fd, frames);
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (ok) {
+      fd_ = fd;
+      attempts_ = 0;
+      continue;
+    }
+    if (fd >= 0) close(fd);
+    fd_ = -1;
+    if (!frames.empty()) frames.front().sent = 0;  // written again, whole, on a new connection
+    for (auto it = frames.rbegin(); it != frames.rend(); ++it) queued_.push_front(std::move(*it));
+    if (++attempts_ >= kAttempts && !queued_.empty()) {
+      PW_LOG(Error) << "dataflow: a batch for " << peer_ << " dropped: " << attempts_ << " connections failed ("
+                    << (connected.ok() ? std::string("the last broke") : connected.ToString()) << ")";
+      queued_.pop_front();
+      attempts_ = 0;
+    }
+    if (!closing_) {
+      auto closing = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_; };
+      mu_.AwaitWithTimeout(absl::Condition(&closing), absl::Milliseconds(50) * (1 << std::max(0, attempts_ - 1)));
+    }
+  }
+}
+
+}  // namespace pathways::dataflow

@@ -1,0 +1,99 @@
+// Dataflow batches over a plain TCP connection instead of a gRPC stream: a batch is written to
+// the socket by the thread that sends it (no hand-off to gRPC's threads, which cost 100-200 µs
+// per hop on the round trip of a small computation), and read by a thread that hands it straight
+// to the graph's engine.
+//
+// The protocol, on a connection to the receiver's stream listener (transport/stream_listener.h):
+//   sender: the hello with magic kDataflowStreamMagic and the cluster token;
+//   receiver: a header frame, OK once admitted (or why not, and the connection closes);
+//   sender, per batch: u32 n (little-endian), a serialized rpc::DataflowBatch of n bytes (at
+//     most kMaxDataflowFrameBytes).
+// Nothing else flows back: TCP keeps the batches in order, as the gRPC stream did.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dataflow/engine.h"
+#include "proto/pathways.pb.h"
+#include "transport/stream_listener.h"
+
+namespace pathways::dataflow {
+
+inline constexpr char kDataflowStreamMagic[] = "PWFLOW01";
+inline constexpr uint32_t kMaxDataflowFrameBytes = 256u << 20;
+
+void EnvelopeToProto(const Envelope& e, rpc::DataflowEnvelope* p);
+Envelope EnvelopeFromProto(rpc::DataflowEnvelope& p);  // takes the payload
+// The frame of one batch (its length, then the batch).
+std::string DataflowFrame(const std::string& self, const std::string& graph, const std::vector<Envelope>& batch);
+// Serves one sender's connection: admits it, then hands every batch to `receive` until the
+// sender closes, the listener stops, or a frame is malformed (logged; the connection closes).
+void ServeDataflowStream(int fd, const StreamListener& listener,
+                         const std::function<void(const std::string& graph, std::vector<Envelope>)>& receive);
+
+// One long-lived connection to one peer's stream listener, for any number of graphs.
+// Thread-safe. It connects first, and says whether that worked (`connected`, on its thread);
+// one that did not takes nothing more (the caller sends another way). Enqueue writes the batch itself when the connection is idle and the socket takes
+// it whole; otherwise it is queued for this peer's thread, which connects, writes what is queued
+// (merged into one write), and reconnects when the connection breaks, writing again the batches
+// whose write failed, a bounded number of times.
+class StreamPeer {
+ public:
+  // `self` names this sender in batches; `peer` names the receiver in logs; it listens on
+  // `ip`:`port`. `connected` runs once, on this peer's thread, with none of its locks held.
+  // `resolve` (optional) says where the peer listens now, asked before connecting again: a peer
+  // that restarted listens on another port (0: do not know).
+  StreamPeer(std::string self, std::string peer, std::string ip, int port,
+             std::function<void(const absl::Status&)> connected, std::function<int()> resolve = nullptr);
+  ~StreamPeer();  // gives queued batches up to BeginClose's deadline (2 s by default), then cuts
+  StreamPeer(const StreamPeer&) = delete;
+  StreamPeer& operator=(const StreamPeer&) = delete;
+
+  void Enqueue(const std::string& graph, const std::vector<Envelope>& batch);
+  // Queued batches get until `deadline` to go out; then the connection is cut.
+  void BeginClose(absl::Time deadline);
+  // Batches written, whole (tests, counters).
+  int64_t written();
+
+  // A connection idle this long is closed by the sender (receivers close theirs after longer, so
+  // a batch is never written into a connection the receiver is closing).
+  static constexpr absl::Duration kIdle = absl::Minutes(4);
+  // Connections tried for a batch before it is dropped, 50 ms apart and doubling (1.5 s in all:
+  // a peer restarting is back by then, or its batches are for an incarnation that is gone).
+  static constexpr int kAttempts = 5;
+
+ private:
+  struct Frame {
+    std::string bytes;
+    size_t sent = 0;  // of a frame being written
+  };
+  absl::StatusOr<int> Connect();
+  void Loop();
+  // Writes the frames taken; false when the connection broke (the rest are put back).
+  bool WriteFrames(int fd, std::deque<Frame>& frames);
+
+  const std::string self_, peer_, ip_;
+  int port_;  // this peer's thread's
+  std::function<void(const absl::Status&)> connected_;
+  std::function<int()> resolve_;
+  absl::Mutex mu_;
+  std::deque<Frame> queued_ ABSL_GUARDED_BY(mu_);
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;         // the connection, once made; -1: none
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // someone writes to fd_ now
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time last_write_ ABSL_GUARDED_BY(mu_);
+  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  int wake_fd_ = -1;  // eventfd: wakes the thread's poll when closing
+  std::thread thread_;
+};
+
+}  // namespace pathways::dataflow

@@ -1,0 +1,177 @@
+#include "dataflow/stream_peer.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "core/socket_util.h"
+#include "gtest/gtest.h"
+
+namespace pathways::dataflow {
+namespace {
+
+// A receiver: a listener whose dataflow streams hand batches to a list.
+struct Receiver {
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, Envelope>> got ABSL_GUARDED_BY(mu);
+  std::unique_ptr<StreamListener> listener;
+
+  absl::Status Start(int port = 0) {
+    auto l = StreamListener::Start("test streams", "127.0.0.1", port,
+                                   {{std::string(kDataflowStreamMagic, 8), "", "",
+                                     [this](int fd, const StreamListener& listener) {
+                                       ServeDataflowStream(fd, listener, [this](const std::string& graph,
+                                                                                std::vector<Envelope> batch) {
+                                         absl::MutexLock lock(&mu);
+                                         for (Envelope& e : batch) got.emplace_back(graph, std::move(e));
+                                       });
+                                     }}});
+    if (!l.ok()) return l.status();
+    listener = *std::move(l);
+    return absl::OkStatus();
+  }
+  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(30)) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return got.size() >= n; };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu);
+    return got.size();
+  }
+};
+
+Envelope Numbered(int64_t i, size_t payload_bytes) {
+  return {i, 1, 0, 0, false, 0, std::string(payload_bytes, static_cast<char>('a' + i % 26))};
+}
+
+// Connects a peer to `port` and waits for its verdict.
+std::unique_ptr<StreamPeer> Connected(int port, absl::Status* verdict) {
+  auto done = std::make_shared<absl::Notification>();
+  auto status = std::make_shared<absl::Status>();
+  auto peer = std::make_unique<StreamPeer>("me", "the receiver", "127.0.0.1", port, [done, status](const absl::Status& s) {
+    *status = s;
+    done->Notify();
+  });
+  done->WaitForNotification();
+  *verdict = *status;
+  return peer;
+}
+
+TEST(StreamPeerTest, BatchesArriveWholeAndInOrder) {
+  Receiver r;
+  ASSERT_TRUE(r.Start().ok());
+  absl::Status verdict;
+  auto peer = Connected(r.listener->port(), &verdict);
+  ASSERT_TRUE(verdict.ok()) << verdict;
+  // Small batches written by the sender's own thread, and large ones the socket cannot take at
+  // once (left to the peer's thread), interleaved: the order holds across both ways.
+  constexpr int kBatches = 400;
+  for (int i = 0; i < kBatches; ++i) {
+    const size_t bytes = i % 50 == 7 ? (size_t{4} << 20) : static_cast<size_t>(i % 100);
+    peer->Enqueue(i % 2 == 0 ? "even" : "odd", {Numbered(i, bytes)});
+  }
+  ASSERT_TRUE(r.WaitFor(kBatches)) << r.size();
+  absl::MutexLock lock(&r.mu);
+  ASSERT_EQ(r.got.size(), static_cast<size_t>(kBatches));
+  for (int i = 0; i < kBatches; ++i) {
+    const auto& [graph, e] = r.got[i];
+    EXPECT_EQ(graph, i % 2 == 0 ? "even" : "odd");
+    ASSERT_EQ(e.epoch, i);
+    const size_t bytes = i % 50 == 7 ? (size_t{4} << 20) : static_cast<size_t>(i % 100);
+    EXPECT_EQ(e.payload, std::string(bytes, static_cast<char>('a' + i % 26)));
+  }
+  EXPECT_EQ(peer->written(), kBatches);
+}
+
+TEST(StreamPeerTest, NoListenerIsReportedAndNothingIsTaken) {
+  // A port just freed: nothing listens there.
+  int port = 0;
+  {
+    Receiver r;
+    ASSERT_TRUE(r.Start().ok());
+    port = r.listener->port();
+  }
+  absl::Status verdict;
+  auto peer = Connected(port, &verdict);
+  EXPECT_TRUE(absl::IsUnavailable(verdict)) << verdict;
+  EXPECT_NE(verdict.message().find("dataflow stream to the receiver"), std::string::npos) << verdict;
+}
+
+TEST(StreamPeerTest, AReceiverThatRestartsGetsWhatIsSentAfter) {
+  Receiver first;
+  ASSERT_TRUE(first.Start().ok());
+  const int port = first.listener->port();
+  absl::Status verdict;
+  auto peer = Connected(port, &verdict);
+  ASSERT_TRUE(verdict.ok()) << verdict;
+  for (int i = 0; i < 10; ++i) peer->Enqueue("g", {Numbered(i, 10)});
+  ASSERT_TRUE(first.WaitFor(10));
+  first.listener.reset();  // it closes every connection
+  Receiver second;
+  ASSERT_TRUE(second.Start(port).ok());
+  // The sender sees the closed connection before its next write and connects again: nothing is
+  // written into the old one.
+  for (int i = 10; i < 20; ++i) peer->Enqueue("g", {Numbered(i, 10)});
+  ASSERT_TRUE(second.WaitFor(10)) << second.size();
+  absl::MutexLock lock(&second.mu);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(second.got[i].second.epoch, 10 + i);
+}
+
+TEST(StreamPeerTest, AReceiverBackOnAnotherPortIsFoundThroughResolve) {
+  Receiver first;
+  ASSERT_TRUE(first.Start().ok());
+  std::atomic<int> now_at{first.listener->port()};
+  std::atomic<int> asked{0};
+  auto done = std::make_shared<absl::Notification>();
+  StreamPeer peer("me", "the receiver", "127.0.0.1", now_at.load(), [done](const absl::Status&) { done->Notify(); },
+                  [&] {
+                    ++asked;
+                    return now_at.load();
+                  });
+  done->WaitForNotification();
+  peer.Enqueue("g", {Numbered(0, 10)});
+  ASSERT_TRUE(first.WaitFor(1));
+  EXPECT_EQ(asked.load(), 0);  // not asked while the first connection stands
+  first.listener.reset();
+  Receiver second;  // a port of its own, as a restarted worker's
+  ASSERT_TRUE(second.Start().ok());
+  now_at = second.listener->port();
+  peer.Enqueue("g", {Numbered(1, 10)});
+  ASSERT_TRUE(second.WaitFor(1));
+  absl::MutexLock lock(&second.mu);
+  EXPECT_EQ(second.got[0].second.epoch, 1);
+  EXPECT_GE(asked.load(), 1);
+}
+
+TEST(StreamPeerTest, GarbageClosesOnlyThatConnection) {
+  Receiver r;
+  ASSERT_TRUE(r.Start().ok());
+  // A client that says hello, then sends a frame longer than any batch may be, then one that
+  // does not parse: each connection is closed, and the receiver still serves a real sender.
+  for (const std::string& after_hello : {EncodeStreamU32(kMaxDataflowFrameBytes + 1),
+                                         absl::StrCat(EncodeStreamU32(5), "xxxxx")}) {
+    auto fd = DialStream("test", "127.0.0.1", r.listener->port(), kDataflowStreamMagic, "", absl::Seconds(5));
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    auto admitted = ReadStreamHeader(*fd, absl::Seconds(5), "test");
+    ASSERT_TRUE(admitted.ok()) << admitted.status();
+    std::string bytes = after_hello;
+    ASSERT_TRUE(TransferAll(*fd, bytes.data(), bytes.size(), true, absl::Now() + absl::Seconds(5), "test").ok());
+    char c;
+    EXPECT_FALSE(TransferAll(*fd, &c, 1, false, absl::Now() + absl::Seconds(10), "test").ok());  // closed
+    close(*fd);
+  }
+  absl::Status verdict;
+  auto peer = Connected(r.listener->port(), &verdict);
+  ASSERT_TRUE(verdict.ok()) << verdict;
+  peer->Enqueue("g", {Numbered(1, 3)});
+  EXPECT_TRUE(r.WaitFor(1));
+}
+
+}  // namespace
+}  // namespace pathways::dataflow

@@ -1,0 +1,223 @@
+#include "transport/schedule_stream.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "core/socket_util.h"
+#include "transport/auth.h"
+
+namespace pathways {
+namespace {
+
+// A frame that stops halfway for this long: the other side is frozen or gone.
+constexpr absl::Duration kFrameSilence = absl::Seconds(30);
+
+}  // namespace
+
+struct ScheduleStream::State {
+  State(std::string controller, int fd) : controller(std::move(controller)), fd(fd) {
+    wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  }
+  ~State() {
+    close(fd);
+    if (wake_fd >= 0) close(wake_fd);
+  }
+  // Fails what waits (after the lock is released: continuations may schedule again).
+  std::deque<Promise<Unit>> BreakLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (broken.ok()) broken = why;
+    shutdown(fd, SHUT_RDWR);  // the reader sees it at once
+    std::deque<Promise<Unit>> failed;
+    failed.swap(waiting);
+    return failed;
+  }
+  void Break(const absl::Status& why) {
+    std::deque<Promise<Unit>> failed;
+    absl::Status broken_by;
+    {
+      absl::MutexLock lock(&mu);
+      failed = BreakLocked(why);
+      broken_by = broken;
+    }
+    for (Promise<Unit>& p : failed) p.Set(broken_by);
+  }
+
+  const std::string controller;
+  const int fd;
+  int wake_fd = -1;
+  absl::Mutex write_mu;  // a request's place among the waiting and its bytes go together
+  absl::Mutex mu;
+  std::deque<Promise<Unit>> waiting ABSL_GUARDED_BY(mu);
+  absl::Status broken ABSL_GUARDED_BY(mu);
+};
+
+absl::StatusOr<std::unique_ptr<ScheduleStream>> ScheduleStream::Connect(const std::string& controller,
+                                                                         const std::string& ip, int port,
+                                                                         absl::Duration timeout) {
+  const std::string what = absl::StrCat("schedule stream to controller ", controller);
+  absl::StatusOr<int> fd = DialStream(what, ip, port, kScheduleStreamMagic, CallToken(), timeout);
+  if (!fd.ok()) return fd.status();
+  absl::StatusOr<rpc::StreamHeader> admitted = ReadStreamHeader(*fd, timeout, what);
+  absl::Status s = admitted.ok() ? HeaderStatus(*admitted) : admitted.status();
+  if (!s.ok()) {
+    close(*fd);
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  return std::unique_ptr<ScheduleStream>(new ScheduleStream(std::make_shared<State>(controller, *fd)));
+}
+
+ScheduleStream::ScheduleStream(std::shared_ptr<State> state) : state_(std::move(state)) {
+  reader_ = std::thread([state = state_] { ReadLoop(state); });
+}
+
+ScheduleStream::~ScheduleStream() {
+  state_->Break(absl::CancelledError(absl::StrCat("the schedule stream to controller ", state_->controller, " closed")));
+  const uint64_t one = 1;
+  (void)!write(state_->wake_fd, &one, sizeof(one));
+  if (reader_.get_id() == std::this_thread::get_id()) {
+    reader_.detach();  // going from one of its continuations: it ends once that returns
+  } else {
+    reader_.join();
+  }
+}
+
+bool ScheduleStream::broken() {
+  absl::MutexLock lock(&state_->mu);
+  return !state_->broken.ok();
+}
+
+Future<Unit> ScheduleStream::Schedule(const rpc::ScheduleRequest& request) {
+  State& st = *state_;
+  const size_t bytes = request.ByteSizeLong();
+  if (bytes > kMaxScheduleRequestBytes) {
+    return Future<Unit>::Ready(absl::InvalidArgumentError(absl::StrCat(
+        "Schedule on controller ", st.controller, ": a request of ", bytes, " bytes (at most ",
+        kMaxScheduleRequestBytes, "): schedule fewer runs at a time")));
+  }
+  std::string frame = EncodeStreamU32(static_cast<uint32_t>(bytes));
+  request.AppendToString(&frame);
+  absl::MutexLock write(&st.write_mu);
+  Future<Unit> answer;
+  {
+    absl::MutexLock lock(&st.mu);
+    if (!st.broken.ok()) return Future<Unit>::Ready(st.broken);
+    st.waiting.emplace_back();
+    answer = st.waiting.back().future();
+  }
+  absl::Status sent = TransferWhileMoving(st.fd, frame.data(), frame.size(), true, kFrameSilence,
+                                          absl::StrCat("schedule stream to controller ", st.controller));
+  if (!sent.ok()) st.Break(absl::UnavailableError(sent.message()));
+  return answer;
+}
+
+void ScheduleStream::ReadLoop(const std::shared_ptr<State>& state) {
+  State& st = *state;
+  const std::string what = absl::StrCat("schedule stream to controller ", st.controller);
+  absl::Status why;
+  while (why.ok()) {
+    // An answer may be long in coming (a scheduler holding the client back): no bound here.
+    pollfd polled[2] = {{st.fd, POLLIN, 0}, {st.wake_fd, POLLIN, 0}};
+    const int ready = poll(polled, 2, -1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 || polled[1].revents != 0) {
+      why = absl::CancelledError(absl::StrCat(what, ": closed"));
+      break;
+    }
+    absl::StatusOr<rpc::StreamHeader> header = ReadStreamHeader(st.fd, kFrameSilence, what);
+    if (!header.ok()) {
+      why = absl::UnavailableError(absl::StrCat(header.status().message(), " (the controller went away or restarted)"));
+      break;
+    }
+    Promise<Unit> promise;
+    {
+      absl::MutexLock lock(&st.mu);
+      if (st.waiting.empty()) {
+        why = absl::DataLossError(absl::StrCat(what, ": an answer to no request"));
+        break;
+      }
+      promise = std::move(st.waiting.front());
+      st.waiting.pop_front();
+    }
+    const absl::Status s = HeaderStatus(*header);
+    // Named as the unary call names it, so errors read the same whichever way a request went.
+    if (s.ok()) {
+      promise.Set(Unit{});
+    } else {
+      promise.Set(absl::Status(s.code(), absl::StrCat("Schedule on controller ", st.controller, ": ", s.message())));
+    }
+  }
+  st.Break(why);
+}
+
+void ServeScheduleStream(int fd, const StreamListener& listener,
+                         const std::function<Future<Unit>(const rpc::ScheduleRequest&)>& submit) {
+  std::string admitted = StreamStatusFrame(absl::OkStatus());
+  if (!TransferAll(fd, admitted.data(), admitted.size(), true, absl::Now() + kFrameSilence, "admission").ok()) return;
+  // Answers go out in the requests' order, each once its runs reach their hosts, from a thread
+  // of their own: reading the next request never waits for the previous answer.
+  absl::Mutex mu;
+  std::deque<Future<Unit>> answers;
+  bool reading = true;
+  std::thread writer([&] {
+    while (true) {
+      Future<Unit> next;
+      {
+        absl::MutexLock lock(&mu);
+        auto has_work = [&]() { return !answers.empty() || !reading; };
+        mu.Await(absl::Condition(&has_work));
+        if (answers.empty()) return;
+        next = answers.front();
+        answers.pop_front();
+      }
+      while (!next.WaitFor(absl::Seconds(1))) {
+        if (listener.stopping()) return;
+      }
+      std::string frame = StreamStatusFrame(next.Await().status());
+      if (!TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + kFrameSilence, "schedule answer").ok()) {
+        shutdown(fd, SHUT_RDWR);  // the reader stops too
+        return;
+      }
+    }
+  });
+  auto answer = [&](Future<Unit> f) {
+    absl::MutexLock lock(&mu);
+    answers.push_back(std::move(f));
+  };
+  std::string body;
+  while (true) {
+    // No idle bound: a client keeps its stream while it lives (its lease says when it is gone,
+    // and the kernel closes a dead process's connection).
+    pollfd polled[2] = {{fd, POLLIN, 0}, {listener.wake_fd(), POLLIN, 0}};
+    const int ready = poll(polled, 2, -1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0 || polled[1].revents != 0 || (polled[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) break;
+    char length[4];
+    if (!TransferWhileMoving(fd, length, 4, false, kFrameSilence, "schedule request").ok()) break;
+    const uint32_t bytes = DecodeStreamU32(length);
+    if (bytes > kMaxScheduleRequestBytes) {
+      answer(Future<Unit>::Ready(absl::InvalidArgumentError(
+          absl::StrCat("a schedule request of ", bytes, " bytes (at most ", kMaxScheduleRequestBytes, ")"))));
+      break;  // the stream is at an unknown place: it closes after this answer
+    }
+    body.resize(bytes);
+    if (!TransferWhileMoving(fd, body.data(), bytes, false, kFrameSilence, "schedule request").ok()) break;
+    rpc::ScheduleRequest request;
+    if (!request.ParseFromString(body)) {
+      answer(Future<Unit>::Ready(absl::InvalidArgumentError("a schedule request that does not parse")));
+      continue;  // framed: the next request starts right after it
+    }
+    answer(submit(request));
+  }
+  {
+    absl::MutexLock lock(&mu);
+    reading = false;
+  }
+  writer.join();
+}
+
+}  // namespace pathways

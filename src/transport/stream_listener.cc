@@ -1,0 +1,305 @@
+#include "transport/stream_listener.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "core/socket_util.h"
+#include "core/status_macros.h"
+#include "transport/auth.h"
+
+namespace pathways {
+
+std::string EncodeStreamU32(uint32_t v) {
+  std::string out(4, '\0');
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+uint32_t DecodeStreamU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+std::string StreamHeaderFrame(const rpc::StreamHeader& header) {
+  const std::string body = header.SerializeAsString();
+  return absl::StrCat(std::string(1, kStreamHeader), EncodeStreamU32(static_cast<uint32_t>(body.size())), body);
+}
+
+std::string StreamStatusFrame(const absl::Status& status) {
+  rpc::StreamHeader header;
+  header.set_code(static_cast<int>(status.code()));
+  header.set_message(std::string(status.message()));
+  return StreamHeaderFrame(header);
+}
+
+absl::Status HeaderStatus(const rpc::StreamHeader& header) {
+  const int code = header.code();
+  if (code == 0) return absl::OkStatus();
+  return absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
+                      header.message());
+}
+
+void TurnAwayStream(int fd, const absl::Status& why, bool not_served) {
+  rpc::StreamHeader header;
+  header.set_code(static_cast<int>(why.code()));
+  header.set_message(std::string(why.message()));
+  header.set_not_served(not_served);
+  std::string frame = StreamHeaderFrame(header);
+  (void)!send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  shutdown(fd, SHUT_WR);
+  // One read, bounded: a request that came after the hello, so the close does not reset the
+  // answer away.
+  char sink[4096];
+  (void)!recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+  close(fd);
+}
+
+absl::StatusOr<rpc::StreamHeader> ReadStreamHeader(int fd, absl::Duration silence, const std::string& what) {
+  char start[5];
+  PW_RETURN_IF_ERROR(TransferWhileMoving(fd, start, 5, false, silence, what));
+  if (start[0] != kStreamHeader) return absl::DataLossError(absl::StrCat(what, ": a byte that starts no header"));
+  const uint32_t bytes = DecodeStreamU32(start + 1);
+  if (bytes > kMaxStreamHeaderBytes) return absl::DataLossError(absl::StrCat(what, ": a header of ", bytes, " bytes"));
+  std::string body(bytes, '\0');
+  PW_RETURN_IF_ERROR(TransferWhileMoving(fd, body.data(), bytes, false, silence, what));
+  rpc::StreamHeader header;
+  if (!header.ParseFromString(body)) return absl::DataLossError(absl::StrCat(what, ": a header that does not parse"));
+  return header;
+}
+
+bool PlainControlStreams() {
+  if (TlsConfigured()) return false;
+  const char* env = std::getenv("PATHWAYS_PLAIN_STREAMS");
+  return env == nullptr || std::string(env) != "0";
+}
+
+absl::StatusOr<int> DialStream(const std::string& what, const std::string& ip, int port, const std::string& magic,
+                               const std::string& token, absl::Duration timeout) {
+  socklen_t length = 0;
+  PW_ASSIGN_OR_RETURN(sockaddr_storage to, ParseAddress(absl::StrCat(ip, ":", port), &length));
+  const int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat(what, ": ", Errno(errno)));
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status s;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), length) != 0) {
+    if (errno != EINPROGRESS) {
+      s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(errno)));
+    } else {
+      pollfd p{fd, POLLOUT, 0};
+      int error = 0;
+      socklen_t error_length = sizeof(error);
+      int polled;
+      while ((polled = poll(&p, 1, RemainingMs(deadline))) < 0 && errno == EINTR) {
+      }
+      if (polled == 0) {
+        s = absl::UnavailableError(absl::StrCat(what, ": connecting timed out"));
+      } else if (polled < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_length) != 0) {
+        s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(errno)));
+      } else if (error != 0) {
+        s = absl::UnavailableError(absl::StrCat(what, ": connecting: ", Errno(error)));
+      }
+    }
+  }
+  if (s.ok()) {
+    Configure(fd);
+    std::string hello = absl::StrCat(magic.substr(0, kStreamMagicBytes),
+                                     EncodeStreamU32(static_cast<uint32_t>(token.size())), token);
+    s = TransferAll(fd, hello.data(), hello.size(), true, deadline, absl::StrCat(what, ": hello"));
+  }
+  if (!s.ok()) {
+    close(fd);
+    return s;
+  }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<StreamListener>> StreamListener::Start(const std::string& what, const std::string& ip,
+                                                                      int port, std::vector<Protocol> protocols,
+                                                                      absl::Duration connect, int max_connections) {
+  for (const Protocol& p : protocols) {
+    if (p.magic.size() != kStreamMagicBytes || !p.serve) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": a protocol without an 8-byte magic or a server"));
+    }
+  }
+  socklen_t length = 0;
+  PW_ASSIGN_OR_RETURN(sockaddr_storage at, ParseAddress(absl::StrCat(ip, ":1"), &length));
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat(what, " port ", port));
+  if (at.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&at)->sin_port = htons(static_cast<uint16_t>(port));
+  if (at.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&at)->sin6_port = htons(static_cast<uint16_t>(port));
+  const int fd = socket(at.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  // Address reuse (not port reuse): a port whose earlier connections linger in TIME_WAIT can be
+  // listened on again; one that a live listener holds cannot.
+  const int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&at), length) != 0 || listen(fd, 128) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&at), &length) != 0) {
+    const int error = errno;
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(absl::StrCat(what, " cannot listen on ", ip, ": ", Errno(error)));
+  }
+  port = at.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&at)->sin_port)
+                                 : ntohs(reinterpret_cast<sockaddr_in6*>(&at)->sin6_port);
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat(what, ": eventfd: ", Errno(errno)));
+  }
+  return std::unique_ptr<StreamListener>(
+      new StreamListener(fd, port, wake, std::move(protocols), connect, max_connections));
+}
+
+StreamListener::StreamListener(int listen_fd, int port, int wake_fd, std::vector<Protocol> protocols,
+                               absl::Duration connect, int max_connections)
+    : listen_fd_(listen_fd),
+      port_(port),
+      wake_fd_(wake_fd),
+      protocols_(std::move(protocols)),
+      connect_(connect),
+      max_connections_(max_connections) {
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+StreamListener::~StreamListener() {
+  std::list<Connection> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    for (Connection& c : connections_) {
+      if (!c.finished) shutdown(c.fd, SHUT_RDWR);  // (a finished one's descriptor is closed: maybe reused)
+    }
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  acceptor_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    connections.splice(connections.end(), connections_);
+  }
+  for (Connection& c : connections) c.thread.join();
+  close(listen_fd_);
+  close(wake_fd_);
+}
+
+bool StreamListener::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stop_;
+}
+
+// A connection whose hello has not all come yet: it waits in the acceptor's poll set, holding a
+// descriptor but no thread, until the hello is complete (then it gets a thread), wrong, or late.
+struct StreamListener::Greeting {
+  int fd;
+  absl::Time deadline;
+  std::string hello;                  // what has come so far
+  size_t want = kStreamMagicBytes + 4;  // the magic and the token's length; then the token too
+  const Protocol* protocol = nullptr;
+  absl::Status refused;  // why the token is not accepted
+};
+
+StreamListener::Heard StreamListener::Listen(Greeting& g) {
+  constexpr size_t kStart = kStreamMagicBytes + 4;
+  while (g.hello.size() < g.want) {
+    char buffer[512];
+    // Exactly the hello: what follows is the connection thread's to read.
+    const ssize_t n = recv(g.fd, buffer, std::min(sizeof(buffer), g.want - g.hello.size()), 0);
+    if (n == 0) return Heard::kBad;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Heard::kMore : Heard::kBad;
+    g.hello.append(buffer, static_cast<size_t>(n));
+    if (g.want == kStart && g.hello.size() == kStart) {
+      for (const Protocol& p : protocols_) {
+        if (std::memcmp(g.hello.data(), p.magic.data(), kStreamMagicBytes) == 0) g.protocol = &p;
+      }
+      if (g.protocol == nullptr) return Heard::kBad;
+      const uint32_t length = DecodeStreamU32(g.hello.data() + kStreamMagicBytes);
+      if (length > kMaxStreamTokenBytes) return Heard::kBad;
+      g.want = kStart + length;
+    }
+  }
+  g.refused = CheckToken(g.hello.substr(kStart), g.protocol->token, g.protocol->also);
+  return g.refused.ok() ? Heard::kHello : Heard::kWrongToken;
+}
+
+void StreamListener::AcceptLoop() {
+  std::deque<Greeting> greeting;  // oldest first: their deadlines are in this order
+  auto drop = [](Greeting& g) { close(g.fd); };
+  while (true) {
+    std::vector<pollfd> polled = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    for (const Greeting& g : greeting) polled.push_back({g.fd, POLLIN, 0});
+    const int timeout = greeting.empty() ? -1 : RemainingMs(greeting.front().deadline);
+    if (poll(polled.data(), polled.size(), timeout) < 0 && errno != EINTR) break;
+    if (polled[1].revents != 0) break;
+    std::deque<Greeting> still;
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < greeting.size(); ++i) {
+      Greeting& g = greeting[i];
+      const Heard heard = polled[2 + i].revents != 0 ? Listen(g) : Heard::kMore;
+      if (heard == Heard::kHello) {
+        Admit(g.fd, g.protocol);
+      } else if (heard == Heard::kWrongToken) {
+        TurnAwayStream(g.fd, g.refused, /*not_served=*/false);
+      } else if (heard == Heard::kBad || now >= g.deadline) {
+        drop(g);  // garbage, closed, or silent past the connect bound
+      } else {
+        still.push_back(std::move(g));
+      }
+    }
+    greeting = std::move(still);
+    if ((polled[0].revents & POLLIN) == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      // Out of descriptors or over the port's cap (core/process.cc): the connection may stay
+      // queued, and poll() would return at once.
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    Configure(fd);
+    if (greeting.size() >= kMaxGreeting) {
+      drop(greeting.front());  // the oldest silent one makes room
+      greeting.pop_front();
+    }
+    greeting.push_back({fd, absl::Now() + connect_});
+  }
+  for (Greeting& g : greeting) drop(g);
+}
+
+void StreamListener::Admit(int fd, const Protocol* protocol) {
+  std::list<Connection> finished;
+  bool served = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (it->finished) finished.splice(finished.end(), connections_, it);
+      it = next;
+    }
+    if (!stop_ && static_cast<int>(connections_.size()) < max_connections_) {
+      connections_.push_back({fd, {}, false});
+      Connection* c = &connections_.back();
+      try {
+        c->thread = std::thread([this, c, protocol] {
+          protocol->serve(c->fd, *this);
+          absl::MutexLock lock(&mu_);
+          close(c->fd);
+          c->finished = true;  // its descriptor is not touched again
+        });
+        served = true;
+      } catch (const std::system_error&) {
+        connections_.pop_back();  // no thread to be had
+      }
+    }
+  }
+  if (!served) TurnAwayStream(fd, absl::UnavailableError("its streams are all taken"), /*not_served=*/true);
+  for (Connection& c : finished) c.thread.join();  // threads that have ended
+}
+
+}  // namespace pathways
