@@ -7,7 +7,7 @@ namespace {
 std::vector<int> AxisToDim(const Sharding& s) {
   std::vector<int> axis_dim(s.mesh().dims.size(), -1);
   for (size_t d = 0; d < s.spec().size(); ++d) {
-    if (!s.spec()[d].empty()) axis_dim[s.mesh().AxisIndex(s.spec()[d])] = static_cast<int>(d);
+    for (const std::string& name : SpecAxes(s.spec()[d])) axis_dim[s.mesh().AxisIndex(name)] = static_cast<int>(d);
   }
   return axis_dim;
 }
@@ -52,9 +52,16 @@ std::vector<Piece> PlanShard(const Placement& src, const Placement& dst, int64_t
       continue;
     }
     if (target.size[d] == 0) return {};
+    split_axes.push_back(static_cast<int>(a));
+    if (s.spec()[d].find(',') != std::string::npos) {
+      // A dimension split over several axes: every block along them is tried, and those that
+      // miss the target are dropped below.
+      lo[a] = 0;
+      hi[a] = mesh.dims[a] - 1;
+      continue;
+    }
     lo[a] = target.start[d] / local[d];
     hi[a] = (target.start[d] + target.size[d] - 1) / local[d];
-    split_axes.push_back(static_cast<int>(a));
   }
 
   std::vector<Piece> pieces;

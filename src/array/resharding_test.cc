@@ -47,6 +47,8 @@ TEST(ReshardingTest, EveryLayoutPairAssemblesCorrectly) {
       *Sharding::Create(m8, {"x", ""}, {16, 8}),   *Sharding::Create(m8, {"", "x"}, {16, 8}),
       *Sharding::Create(m8, {}, {16, 8}),          *Sharding::Create(m24, {"x", "y"}, {16, 8}),
       *Sharding::Create(m24, {"y", ""}, {16, 8}),  *Sharding::Create(m42, {"b", "a"}, {16, 8}),
+      *Sharding::Create(m24, {"x,y", ""}, {16, 8}), *Sharding::Create(m24, {"", "y,x"}, {16, 8}),
+      *Sharding::Create(m42, {"a,b", ""}, {16, 8}),
   };
   auto dev_a = Devices(8, 4);
   auto dev_b = Devices(8, 2, 100);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace pathways {
 
@@ -71,9 +72,14 @@ std::string Mesh::ToString() const {
   return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
 }
 
+std::vector<std::string> SpecAxes(const std::string& entry) {
+  if (entry.empty()) return {};
+  return absl::StrSplit(entry, ',');
+}
+
 std::string PartitionSpecToString(const PartitionSpec& spec) {
   std::vector<std::string> parts;
-  for (const auto& s : spec) parts.push_back(s.empty() ? "-" : s);
+  for (const auto& s : spec) parts.push_back(s.empty() ? "-" : s.find(',') == std::string::npos ? s : absl::StrCat("(", s, ")"));
   return absl::StrCat("(", absl::StrJoin(parts, ","), ")");
 }
 
@@ -112,22 +118,26 @@ absl::StatusOr<Sharding> Sharding::Create(const Mesh& mesh, const PartitionSpec&
   std::set<std::string> used;
   for (size_t d = 0; d < full.size(); ++d) {
     if (full[d].empty()) continue;
-    int axis = mesh.AxisIndex(full[d]);
-    if (axis < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("partition spec names mesh axis '", full[d],
-                                                     "', which mesh ", mesh.ToString(),
-                                                     " does not have"));
+    int64_t parts = 1;
+    for (const std::string& name : SpecAxes(full[d])) {
+      const int axis = mesh.AxisIndex(name);
+      if (axis < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("partition spec ", PartitionSpecToString(spec),
+                                                       " names mesh axis '", name, "', which mesh ", mesh.ToString(),
+                                                       " does not have"));
+      }
+      if (!used.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat("mesh axis '", name, "' splits more than once in ",
+                                                       PartitionSpecToString(spec)));
+      }
+      parts *= mesh.dims[axis];
     }
-    if (!used.insert(full[d]).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mesh axis '", full[d], "' splits more than one dimension in ", PartitionSpecToString(spec)));
-    }
-    if (global_shape[d] % mesh.dims[axis] != 0) {
+    if (global_shape[d] % parts != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "dimension ", d, " of shape ", ShapeToString(global_shape), " (", global_shape[d],
-          ") does not divide evenly over mesh axis '", full[d], "' of size ", mesh.dims[axis]));
+          ") does not divide evenly over mesh axis '", full[d], "' of size ", parts));
     }
-    s.local_shape_[d] = global_shape[d] / mesh.dims[axis];
+    s.local_shape_[d] = global_shape[d] / parts;
   }
   return s;
 }
@@ -138,8 +148,12 @@ Region Sharding::ShardRegion(int64_t index) const {
   r.size = local_shape_;
   r.start.assign(global_shape_.size(), 0);
   for (size_t d = 0; d < spec_.size(); ++d) {
-    if (spec_[d].empty()) continue;
-    r.start[d] = coords[mesh_.AxisIndex(spec_[d])] * local_shape_[d];
+    int64_t block = 0;  // mixed radix over the entry's axes, the first major
+    for (const std::string& name : SpecAxes(spec_[d])) {
+      const int axis = mesh_.AxisIndex(name);
+      block = block * mesh_.dims[axis] + coords[axis];
+    }
+    r.start[d] = block * local_shape_[d];
   }
   return r;
 }

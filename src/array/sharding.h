@@ -31,10 +31,14 @@ struct Mesh {
   bool operator==(const Mesh&) const = default;
 };
 
-// One mesh axis name per array dimension, or "" for a dimension that is not split. Mesh axes
-// that split no dimension replicate the array along them.
+// Per array dimension, the mesh axes that split it: "" (not split), one axis name, or several
+// joined by commas ("x,y": the dimension is cut into |x|*|y| blocks, the first axis major, in
+// the order a collective over "x,y" ranks its members). Mesh axes that split no dimension
+// replicate the array along them.
 using PartitionSpec = std::vector<std::string>;
 std::string PartitionSpecToString(const PartitionSpec& spec);
+// The axis names of one entry of a spec (none for "").
+std::vector<std::string> SpecAxes(const std::string& entry);
 
 // A hyper-rectangle inside an array: per-dimension start and size.
 struct Region {

@@ -26,6 +26,25 @@ TEST(ShardingTest, SplitsRowsAndReplicatesAlongUnusedAxis) {
   EXPECT_EQ(s->ShardRegion(1), s->ShardRegion(5));
 }
 
+TEST(ShardingTest, ADimensionSplitOverTwoAxesHasTheFirstMajor) {
+  Mesh mesh = *Mesh::Create({2, 4}, {"a", "b"});
+  auto s = Sharding::Create(mesh, {"a,b", ""}, {16, 3});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->local_shape(), (Shape{2, 3}));
+  // Device k at (k / 4, k % 4) holds block 4 * a + b = k of the rows.
+  for (int64_t k = 0; k < 8; ++k) EXPECT_EQ(s->ShardRegion(k), (Region{{2 * k, 0}, {2, 3}})) << k;
+  auto swapped = Sharding::Create(mesh, {"", "b,a"}, {3, 16});
+  ASSERT_TRUE(swapped.ok()) << swapped.status();
+  // Device 1 at (0, 1): block 2 * b + a = 2.
+  EXPECT_EQ(swapped->ShardRegion(1), (Region{{0, 4}, {3, 2}}));
+  EXPECT_EQ(PartitionSpecToString(swapped->spec()), "(-,(b,a))");
+  EXPECT_FALSE(Sharding::Create(mesh, {"a,b", ""}, {12, 3}).ok());  // 12 % 8 != 0
+  EXPECT_FALSE(Sharding::Create(mesh, {"a,a", ""}, {16, 3}).ok());  // twice
+  EXPECT_FALSE(Sharding::Create(mesh, {"a,b", "b"}, {16, 4}).ok());
+  EXPECT_FALSE(Sharding::Create(mesh, {"a,q", ""}, {16, 3}).ok());
+  EXPECT_FALSE(Sharding::Create(mesh, {"a,", ""}, {16, 3}).ok());  // an empty name
+}
+
 TEST(ShardingTest, RejectsBadSpecs) {
   Mesh mesh = *Mesh::Create({4});
   EXPECT_FALSE(Sharding::Create(mesh, {"x"}, {6}).ok());        // 6 % 4 != 0

@@ -23,9 +23,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 # ---- Partition specs ----
 
 class P(tuple):
-    """A partition spec: one entry per array dimension, a mesh axis name or None (not split).
-    ``P("x", None)`` splits rows over axis x and replicates along every axis not named. (A tuple
-    of several axis names, one dimension split over all of them, is refused for now.)"""
+    """A partition spec: one entry per array dimension, a mesh axis name, a tuple of axis names
+    or None (not split). ``P("x", None)`` splits rows over axis x and replicates along every axis
+    not named; ``P(("x", "y"), None)`` splits rows into |x|*|y| blocks, x major (the order in
+    which a collective over ``"x,y"`` ranks its members)."""
 
     def __new__(cls, *entries: Union[str, Tuple[str, ...], None]) -> "P":
         for e in entries:
@@ -35,10 +36,9 @@ class P(tuple):
 
     def _runtime(self) -> List[str]:
         for e in self:
-            if isinstance(e, tuple) and len(e) != 1:
-                raise InvalidArgumentError(f"{self!r}: one dimension split over several mesh axes ({e!r}) is not "
-                                           f"supported yet; split it over one axis")
-        return ["" if e is None else e for e in self]
+            if isinstance(e, tuple) and len(e) == 0:
+                raise InvalidArgumentError(f"{self!r}: an empty tuple of axes; use None for a dimension not split")
+        return ["" if e is None else ",".join(e) if isinstance(e, tuple) else e for e in self]
 
     def __repr__(self) -> str:
         return "P(" + ", ".join(repr(e) for e in self) + ")"

@@ -47,13 +47,28 @@ def test_put_and_fetch_round_trip(client, dtype):
     mesh = client.slice((4, 2), axes=("x", "y"))
     assert mesh.shape == (4, 2) and mesh.axes == ("x", "y") and mesh.num_devices == 8
     host = (torch.rand(8, 6) * 100).to(dtype)
-    for spec in [P(), P("x", None), P("x", "y"), P(None, ("y",))]:
+    for spec in [P(), P("x", None), P("x", "y"), P(None, ("y",)), P(("x", "y"), None), P(("y", "x"), None)]:
         a = client.put(host, mesh, spec)
         assert a.shape == (8, 6) and a.dtype == dtype
         assert a.sharding == P(*spec, *[None] * (2 - len(spec)))  # one entry per dimension
         assert torch.equal(a.fetch(), host)
-    with pytest.raises(pathways.InvalidArgumentError, match="several mesh axes"):
-        client.put(host, mesh, P(("x", "y"), None))
+    with pytest.raises(pathways.InvalidArgumentError, match="does not divide evenly"):
+        client.put(host, mesh, P(None, ("x", "y")))  # 6 columns over 8 blocks
+    with pytest.raises(pathways.InvalidArgumentError, match="more than once"):
+        client.put(host, mesh, P(("x", "y"), "x"))
+
+
+def test_a_dimension_split_over_two_axes_is_ranked_as_their_collectives_rank(client):
+    mesh = client.slice((4, 2), axes=("x", "y"))
+
+    # Gathering the blocks over "x,y" in the collective's rank order gives the array back: block k
+    # of the rows sits on the member of rank k.
+    @pathways.function(in_shardings=[P(("x", "y"), None)], out_shardings=[P(None, None)])
+    def gather(v):
+        return pathways.all_gather(v, "x,y")
+
+    host = torch.arange(16 * 3, dtype=torch.float32).reshape(16, 3)
+    torch.testing.assert_close(gather(client.put(host, mesh, P(("x", "y"), None))).fetch(), host)
 
 
 def test_a_function_with_a_collective_matches_torch(client):
