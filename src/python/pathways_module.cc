@@ -62,6 +62,31 @@ T Wait(Future<T> future) {
   }
 }
 
+// Python callbacks of futures run on this thread, one at a time: never on a runtime thread (a
+// device's, an RPC's), which would then wait for the GIL while Python code runs.
+ThreadPool& CallbackThread() {
+  static auto* pool = new ThreadPool("py-callbacks", 1);  // never destroyed: used until exit
+  return *pool;
+}
+
+// Calls `fn` (a Python callable of no arguments) once `future` completes, whatever its result,
+// on CallbackThread. Nothing runs once the interpreter is finalizing: the callable is then left
+// unreleased, as it cannot be released without the GIL.
+void CallWhenReady(const Future<Unit>& future, py::function fn) {
+  auto* held = new py::function(std::move(fn));
+  future.OnReady(CallbackThread(), [held](const absl::StatusOr<Unit>&) {
+    if (_Py_IsFinalizing()) return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    try {
+      (*held)();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("pathways: a callback of Array.on_ready");
+    }
+    delete held;
+    PyGILState_Release(gil);
+  });
+}
+
 TensorSpec Spec(const std::string& dtype, const Shape& shape) { return {Value(ParseDType(dtype)), shape}; }
 
 std::vector<TensorSpec> Specs(const std::vector<std::pair<std::string, Shape>>& specs) {
@@ -253,6 +278,7 @@ PYBIND11_MODULE(_pathways, m) {
              return std::make_shared<FetchedBytes>(Wait(a.client->get()->Fetch(a.array)));
            })
       .def("ready", [](const PyArray& a) { Wait(a.client->get()->Ready(a.array)); })
+      .def("on_ready", [](const PyArray& a, py::function fn) { CallWhenReady(a.client->get()->Ready(a.array), std::move(fn)); })
       .def("is_ready",
            [](const PyArray& a) {
              if (!a.ready) a.ready = a.client->get()->Ready(a.array);

@@ -229,7 +229,23 @@ class Array:
         return self._native.is_ready()
 
     def __await__(self):
-        return asyncio.get_event_loop().run_in_executor(None, self.ready).__await__()
+        # No thread waits: the runtime wakes the event loop once every shard is computed (or
+        # failed), and ready() then returns at once, or raises why.
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def wake() -> None:
+            def settle() -> None:
+                if not done.done():
+                    done.set_result(None)
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+                pass
+
+        self._native.on_ready(wake)
+        yield from done.__await__()
+        return self.ready()
 
     def __repr__(self) -> str:
         return f"Array({list(self.shape)}, {self.dtype}, {self.sharding})"

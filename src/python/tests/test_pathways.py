@@ -155,6 +155,28 @@ def test_arrays_are_awaitable(client):
 
     torch.testing.assert_close(asyncio.run(main()), torch.full((4,), 2.0))
 
+    # Many awaited at once hold no thread each (no executor: the runtime wakes the loop).
+    threads = threading.active_count()
+
+    async def many():
+        arrays = [double(client.put(torch.full((4,), float(i)), mesh, P("x"))) for i in range(32)]
+        done = await asyncio.gather(*arrays)
+        assert threading.active_count() == threads
+        return [a.fetch() for a in done]
+
+    for i, got in enumerate(asyncio.run(many())):
+        torch.testing.assert_close(got, torch.full((4,), 2.0 * i))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def out_of_range(v):
+        return v + v[torch.tensor([10])]
+
+    async def failing():
+        await out_of_range(client.put(torch.ones(4), mesh, P("x")))
+
+    with pytest.raises(pathways.Error, match="out_of_range|index"):
+        asyncio.run(failing())
+
 
 def test_errors_raise_the_class_of_their_code(cluster, client):
     mesh = client.slice((2,))
