@@ -31,6 +31,46 @@ def _source_of(fn: Callable) -> Tuple[str, str]:
     return "\n" * (first - 1) + "".join(body), inspect.getsourcefile(fn) or "<unknown>"
 
 
+def _with_pathways_names(source: str, fn: Callable) -> str:
+    """``source`` with the names by which ``fn`` reaches this package written as TorchScript sees
+    it (``pathways.<op>``): ``import pathways as pw`` then ``pw.all_reduce(...)``, and
+    ``from pathways import all_reduce`` then ``all_reduce(...)``. Names the function binds itself
+    (arguments, locals) shadow the module's and stay as they are. Only names change, within
+    their lines, so line numbers in errors stay the user's."""
+    import sys
+    from . import collectives
+    package = sys.modules.get(__package__)
+    ops = {getattr(collectives, n) for n in dir(collectives) if not n.startswith("_")}
+    ops = {f for f in ops if callable(f) and getattr(f, "__module__", None) == collectives.__name__}
+    scope = dict(fn.__globals__)
+    scope.update(inspect.getclosurevars(fn).nonlocals)
+    local = set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
+    modules = {n for n, v in scope.items() if n != "pathways" and n not in local and (v is package or v is collectives)}
+    functions = {n: v.__name__ for n, v in scope.items() if n not in local and callable(v) and v in ops}
+    if not modules and not functions:
+        return source
+    import io
+    import tokenize
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    edits = []  # (line, start, end, text)
+    for i, t in enumerate(tokens):
+        if t.type != tokenize.NAME:
+            continue
+        before = tokens[i - 1].string if i > 0 else ""
+        after = tokens[i + 1].string if i + 1 < len(tokens) else ""
+        if before == "." or before == "def":
+            continue
+        if t.string in modules and after == ".":
+            edits.append((t.start[0], t.start[1], t.end[1], "pathways"))
+        elif t.string in functions and after == "(":
+            edits.append((t.start[0], t.start[1], t.end[1], "pathways." + functions[t.string]))
+    lines = source.splitlines(keepends=True)
+    for row, start, end, text in sorted(edits, reverse=True):
+        line = lines[row - 1]
+        lines[row - 1] = line[:start] + text + line[end:]
+    return "".join(lines)
+
+
 def _local_shape(shape: Sequence[int], spec: P, mesh: Slice) -> List[int]:
     local = list(shape)
     for d, axes in enumerate(spec._runtime()):
@@ -95,6 +135,8 @@ class Function:
         self._vjp_of = vjp_of
         self._compiled: Dict[Any, Any] = {}
         self._source, self._file = _source_of(fn) if vjp_of is None else (None, None)
+        if self._source is not None:
+            self._source = _with_pathways_names(self._source, fn)
 
     def _compile(self, client: Any, specs: List[Tuple[str, List[int]]], mesh: Slice) -> Any:
         key = (client.id(), tuple((d, tuple(s)) for d, s in specs), mesh.shape, mesh.axes)

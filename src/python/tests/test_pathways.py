@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import pathways
+import pathways as pw
+from pathways import all_reduce as summed_over
 from pathways import P
 
 
@@ -140,6 +142,23 @@ def test_vjp_matches_torch_autograd(client):
     expected.backward()
     torch.testing.assert_close(value.fetch(), expected.detach())
     torch.testing.assert_close(dw.fetch(), w_local.grad)
+
+
+def test_bodies_may_name_the_collectives_by_an_alias(client):
+    mesh = client.slice((4,))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def via_module_alias(v):
+        return v / pw.all_reduce(v.sum(), "x")
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def via_function_alias(v):
+        total = summed_over(v.sum(), "x")  # "summed_over(" in a comment or string stays as it is
+        return v / total
+
+    host = torch.rand(8)
+    for f in (via_module_alias, via_function_alias):
+        torch.testing.assert_close(f(client.put(host, mesh, P("x"))).fetch(), host / host.sum())
 
 
 def test_arrays_are_awaitable(client):
