@@ -1,5 +1,7 @@
-// Dispatch throughput (the paper's Figure 5 set-up) and parallel against sequential dispatch in
-// a pipeline (Figure 7), on embedded clusters. Prints markdown tables; see docs/benchmarks.md.
+// Dispatch throughput (the paper's Figure 5 set-up) on embedded clusters, and parallel against
+// sequential dispatch in a pipeline (Figure 7) on an embedded cluster and on real processes (a
+// worker per stage), with and without the emulated data-centre link between consecutive stages.
+// Prints markdown tables; see docs/benchmarks.md.
 //
 //   build/bin/dispatch_bench [--repeats R] [--max-hosts H] [--max-stages K]
 #include <algorithm>
@@ -8,10 +10,15 @@
 #include <cstdio>
 #include <functional>
 
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "bench_util.h"
 #include "cluster/local_cluster.h"
 #include "client/program.h"
 #include "core/process.h"
+#include "testing/subprocess.h"
 #include "tools/flags.h"
 
 namespace pathways {
@@ -97,39 +104,31 @@ void ThroughputTable(int max_hosts, int repeats) {
   std::printf("\n");
 }
 
-// A K-stage pipeline, stage k on host k, each stage a ~0.1 ms matmul: time to run it once,
-// parallel against sequential dispatch.
-void PipelineTable(int max_stages, int repeats) {
+// A K-stage pipeline, stage k on its own host (`stages[k]`, one device each), each stage a
+// ~0.1 ms matmul: time to run it once, parallel against sequential dispatch.
+void PipelineTable(Client& client, const std::vector<VirtualSlice>& stages, const std::string& where, int repeats) {
   const int64_t n = 96;  // a 96x96 f32 matmul: about 0.1 ms on one core here
   const TensorSpec spec{DType::kF32, {n, n}};
-  auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = max_stages, .devices_per_host = 1,
-                                       .device_memory_bytes = 16 << 20});
-  auto client = *cluster->Connect();
-  std::vector<VirtualSlice> stages;
-  for (int k = 0; k < max_stages; ++k) {
-    // One device each; the controller spreads slices over the least used devices, so stage k
-    // lands on its own host.
-    stages.push_back(*client->CreateSlice({.mesh_shape = {1}}));
-  }
-  CompiledFunction stage_fn = *client->Compile(FunctionSpec::Script(
+  CompiledFunction stage_fn = *client.Compile(FunctionSpec::Script(
       "stage", "def stage(x):\n    return torch.tanh(x @ x) * 0.1\n", {spec}, {spec}));
-  std::printf("### Pipeline of K stages, one host each, ~0.1 ms per stage: ms per run (median of %d)\n\n", repeats);
+  std::printf("### Pipeline of K stages, one host each, ~0.1 ms per stage, %s: ms per run (median of %d)\n\n",
+              where.c_str(), repeats);
   std::printf("| stages | parallel dispatch | sequential dispatch | sequential / parallel |\n|---|---|---|---|\n");
   HostArray input = *HostArray::Create(DType::kF32, {n, n});
   for (int64_t i = 0; i < n * n; ++i) input.mutable_data<float>()[i] = static_cast<float>(i % 7) * 0.01f;
   for (int k : {1, 2, 4, 8, 16}) {
-    if (k > max_stages) break;
+    if (k > static_cast<int>(stages.size())) break;
     ProgramBuilder builder("pipeline");
     TracedValue v = builder.Arg(spec);
     for (int s = 0; s < k; ++s) v = (*builder.Call(stage_fn, stages[s], {v}))[0];
     Program program = *builder.Build({v});
-    ShardedArray x = *client->Put(input, stages[0]);
+    ShardedArray x = *client.Put(input, stages[0]);
     std::vector<double> parallel, sequential;
     for (int r = 0; r < repeats + 1; ++r) {
       for (auto mode : {RunOptions::Dispatch::kParallel, RunOptions::Dispatch::kSequential}) {
         double t = Seconds([&] {
-          auto out = *client->Run(program, {x}, {.dispatch = mode});
-          (void)*client->Ready(out[0]).Await();
+          auto out = *client.Run(program, {x}, {.dispatch = mode});
+          (void)*client.Ready(out[0]).Await();
         });
         if (r == 0) continue;
         (mode == RunOptions::Dispatch::kParallel ? parallel : sequential).push_back(t * 1e3);
@@ -140,6 +139,57 @@ void PipelineTable(int max_stages, int repeats) {
     std::fflush(stdout);
   }
   std::printf("\n");
+}
+
+// One device per stage; the controller spreads slices over the least used devices, so stage k
+// lands on its own host (on island k % islands when there are several).
+std::vector<VirtualSlice> StageSlices(Client& client, int stages, int islands) {
+  std::vector<VirtualSlice> out;
+  for (int k = 0; k < stages; ++k) {
+    SliceSpec spec{.mesh_shape = {1}};
+    if (islands > 1) spec.island = k % islands;
+    out.push_back(*client.CreateSlice(spec));
+  }
+  return out;
+}
+
+void EmbeddedPipelineTable(int max_stages, int repeats) {
+  auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = max_stages, .devices_per_host = 1,
+                                       .device_memory_bytes = 16 << 20});
+  auto client = *cluster->Connect();
+  PipelineTable(*client, StageSlices(*client, max_stages, 1), "embedded (hosts in one process)", repeats);
+}
+
+// The same over real processes: a controller and one worker process per stage, every block
+// crossing a loopback socket; with `islands` = 2, consecutive stages on different islands joined
+// by the emulated data-centre link (`dcn`: worker flags), so every block crosses it.
+void ProcessPipelineTable(int max_stages, int islands, const std::vector<std::string>& dcn, int repeats) {
+  Subprocess controller;
+  std::vector<Subprocess> workers(static_cast<size_t>(max_stages));
+  auto address = StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
+  if (!address.ok()) {
+    std::fprintf(stderr, "controller: %s\n", std::string(address.status().message()).c_str());
+    return;
+  }
+  for (int k = 0; k < max_stages; ++k) {
+    std::vector<std::string> argv = {PATHWAYS_BINARY, "worker",          "--controller", *address, "--devices", "1",
+                                     "--device-memory", "16MiB", "--island", std::to_string(k % islands)};
+    argv.insert(argv.end(), dcn.begin(), dcn.end());
+    if (auto started = StartWorker(workers[k], argv); !started.ok()) {
+      std::fprintf(stderr, "worker %d: %s\n", k, std::string(started.status().message()).c_str());
+      return;
+    }
+  }
+  {
+    auto client = *Client::Connect(*address);
+    PipelineTable(*client, StageSlices(*client, max_stages, islands),
+                  islands > 1 ? absl::StrCat("a worker process per stage, consecutive stages on 2 islands over the "
+                                             "emulated link (", absl::StrJoin(dcn, " "), ")")
+                              : std::string("a worker process per stage"),
+                  repeats);
+  }
+  for (Subprocess& w : workers) w.Stop(SIGTERM);
+  controller.Stop(SIGTERM);
 }
 
 // CPU time of the calling thread: the client's own work, whatever the hosts in this process do.
@@ -208,7 +258,9 @@ int main(int argc, char** argv) {
   const int max_hosts = static_cast<int>(bench::IntFlagOrExit(*flags, "max-hosts", 8, 1, 64));
   const int max_stages = static_cast<int>(bench::IntFlagOrExit(*flags, "max-stages", 16, 1, 64));
   ThroughputTable(max_hosts, repeats);
-  PipelineTable(max_stages, repeats);
+  EmbeddedPipelineTable(max_stages, repeats);
+  ProcessPipelineTable(max_stages, 1, {}, repeats);
+  ProcessPipelineTable(max_stages, 2, {"--dcn-latency-us", "50", "--dcn-gbps", "10"}, repeats);
   ShardScalingTable(repeats);
   return 0;
 }
