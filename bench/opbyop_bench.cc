@@ -136,12 +136,19 @@ int Main(int argc, char** argv) {
     std::unique_ptr<Client> client;
   };
   auto start = [&](Processes& p, bool plain) {
-    if (!plain) setenv("PATHWAYS_PLAIN_STREAMS", "0", 1);
-    const std::string address = *StartController(p.controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
-    (void)StartWorker(p.worker, {PATHWAYS_BINARY, "worker", "--controller", address, "--devices",
-                                 std::to_string(devices), "--device-memory", "64MiB"});
-    p.client = *Client::Connect(address);
-    unsetenv("PATHWAYS_PLAIN_STREAMS");
+    // The switch goes to the processes through `env`, and to this process's client as an option
+    // (setting the environment here would race with the other client's threads reading it).
+    std::vector<std::string> prefix;
+    if (!plain) prefix = {"/usr/bin/env", "PATHWAYS_PLAIN_STREAMS=0"};
+    auto command = [&](std::vector<std::string> argv) {
+      argv.insert(argv.begin(), prefix.begin(), prefix.end());
+      return argv;
+    };
+    const std::string address =
+        *StartController(p.controller, command({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}));
+    (void)StartWorker(p.worker, command({PATHWAYS_BINARY, "worker", "--controller", address, "--devices",
+                                         std::to_string(devices), "--device-memory", "64MiB"}));
+    p.client = *Client::Connect(address, {.schedule_stream = plain});
   };
   Processes streams, grpc_only;
   start(streams, true);

@@ -66,6 +66,19 @@ absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, abs
   return Transfer(fd, data, len, write, absl::Now() + silence, silence, what);
 }
 
+void KeepAlive(int fd, int idle_ms) {
+  const int on = 1;
+  const int idle_s = std::max(1, idle_ms / 1000);
+  const int interval_s = std::max(1, idle_ms / 2000);
+  const int probes = 3;
+  const unsigned int user_timeout_ms = static_cast<unsigned int>(idle_ms) * 5;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+}
+
 bool PeerClosed(int fd) {
   char c;
   const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);

@@ -235,8 +235,13 @@ class GrpcTransport::Peer {
   }
   ~Peer() {
     context_.TryCancel();
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&answered_));  // the answer's callback uses this object
+    std::unique_ptr<StreamPeer> stream;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&answered_));  // the answer's callback uses this object
+      stream = std::move(stream_);
+    }
+    stream.reset();  // joins its thread: a Lost() in flight finds no stream and returns
   }
   void BeginClose(absl::Time deadline) {
     {
@@ -277,7 +282,8 @@ class GrpcTransport::Peer {
     absl::MutexLock lock(&mu_);
     if (port > 0 && port <= 65535 && !ip.empty() && close_deadline_ == absl::InfiniteFuture()) {
       stream_ = std::make_unique<StreamPeer>(
-          self_, host_, ip, port, [this](const absl::Status& s) { Connected(s); }, [this] { return AskPort(); });
+          self_, host_, ip, port, [this](const absl::Status& s) { Connected(s); }, [this] { return AskPort(); },
+          [this] { Lost(); });
     } else {
       UseGrpcLocked();
     }
@@ -307,6 +313,25 @@ class GrpcTransport::Peer {
     early_.clear();
     answered_ = true;
   }
+  // The stream gave up on the peer after it had worked (connections refused: the receiver's
+  // slots all taken, its stream port gone): what it still holds, and everything after, goes over
+  // gRPC, in order (Enqueue holds mu_ too, so nothing slips in between).
+  void Lost() {
+    absl::MutexLock lock(&mu_);
+    if (stream_ == nullptr) return;
+    std::deque<std::string> frames = stream_->TakeQueued();
+    given_up_ = std::move(stream_);  // its thread is ending; it goes with this object
+    grpc_ = std::make_unique<PeerStream>(self_, host_);
+    for (const std::string& frame : frames) {
+      rpc::DataflowBatch batch;
+      if (frame.size() < 4 || !batch.ParseFromArray(frame.data() + 4, static_cast<int>(frame.size() - 4))) continue;
+      std::vector<Envelope> envelopes;
+      envelopes.reserve(batch.envelopes_size());
+      for (rpc::DataflowEnvelope& e : *batch.mutable_envelopes()) envelopes.push_back(EnvelopeFromProto(e));
+      grpc_->Enqueue(batch.graph(), std::move(envelopes));
+    }
+    if (close_deadline_ != absl::InfiniteFuture()) grpc_->BeginClose(close_deadline_);
+  }
   void UseGrpcLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     grpc_ = std::make_unique<PeerStream>(self_, host_);
     for (auto& [graph, batch] : early_) grpc_->Enqueue(graph, std::move(batch));
@@ -326,6 +351,7 @@ class GrpcTransport::Peer {
   absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::unique_ptr<StreamPeer> stream_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<StreamPeer> failed_ ABSL_GUARDED_BY(mu_);  // a first connection that did not work
+  std::unique_ptr<StreamPeer> given_up_ ABSL_GUARDED_BY(mu_);  // one that stopped working later
   std::unique_ptr<PeerStream> grpc_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -497,7 +523,8 @@ StreamListener::Protocol DataflowService::StreamProtocol() {
               streamed_.fetch_add(1, std::memory_order_relaxed);
               Receive(graph, std::move(batch));
             });
-          }};
+          },
+          kMaxStreamSenders};
 }
 
 void DataflowService::Receive(const std::string& graph, std::vector<Envelope> batch) {

@@ -54,6 +54,9 @@ class GrpcTransport : public Transport {
 class DataflowService final : public rpc::Dataflow::CallbackService {
  public:
   static constexpr size_t kMaxHeldBatches = 100000;
+  // Plain TCP senders served at once (one per sending process; only the cluster's token opens
+  // one), counted apart from tenants' streams on the same listener.
+  static constexpr int kMaxStreamSenders = 4096;
   static constexpr size_t kMaxHeldBytes = size_t{256} << 20;
   static constexpr size_t kMaxHeldBytesPerGraph = size_t{64} << 20;
   // A graph not registered this long after its first batch came will not be: when room is

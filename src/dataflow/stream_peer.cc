@@ -1,6 +1,7 @@
 #include "dataflow/stream_peer.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -88,16 +89,19 @@ void ServeDataflowStream(int fd, const StreamListener& listener,
 }
 
 StreamPeer::StreamPeer(std::string self, std::string peer, std::string ip, int port,
-                       std::function<void(const absl::Status&)> connected, std::function<int()> resolve)
+                       std::function<void(const absl::Status&)> connected, std::function<int()> resolve,
+                       std::function<void()> lost)
     : self_(std::move(self)),
       peer_(std::move(peer)),
       ip_(std::move(ip)),
       port_(port),
       connected_(std::move(connected)),
-      resolve_(std::move(resolve)) {
+      resolve_(std::move(resolve)),
+      lost_(std::move(lost)) {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   last_write_ = absl::Now();
   thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "flow-peer");
     absl::StatusOr<int> fd = Connect();
     if (fd.ok()) {
       absl::MutexLock lock(&mu_);
@@ -117,7 +121,7 @@ absl::StatusOr<int> StreamPeer::Connect() {
   absl::Status s = admitted.ok() ? HeaderStatus(*admitted) : admitted.status();
   if (!s.ok()) {
     close(*fd);
-    return s;
+    return admitted.ok() ? absl::Status(s.code(), absl::StrCat(what, ": ", s.message())) : s;
   }
   return fd;
 }
@@ -141,6 +145,14 @@ void StreamPeer::BeginClose(absl::Time deadline) {
 int64_t StreamPeer::written() {
   absl::MutexLock lock(&mu_);
   return written_;
+}
+
+std::deque<std::string> StreamPeer::TakeQueued() {
+  absl::MutexLock lock(&mu_);
+  std::deque<std::string> out;
+  for (Frame& f : queued_) out.push_back(std::move(f.bytes));
+  queued_.clear();
+  return out;
 }
 
 void StreamPeer::Enqueue(const std::string& graph, const std::vector<Envelope>& batch) {
@@ -220,7 +232,8 @@ bool StreamPeer::WriteFrames(int fd, std::deque<Frame>& frames) {
 }
 
 void StreamPeer::Loop() {
-  while (true) {
+  bool gave_up = false;
+  while (!gave_up) {
     std::deque<Frame> frames;
     int fd;
     {
@@ -276,8 +289,15 @@ void StreamPeer::Loop() {
     if (!frames.empty()) frames.front().sent = 0;  // written again, whole, on a new connection
     for (auto it = frames.rbegin(); it != frames.rend(); ++it) queued_.push_front(std::move(*it));
     if (++attempts_ >= kAttempts && !queued_.empty()) {
+      const std::string why = connected.ok() ? std::string("the last broke") : connected.ToString();
+      if (lost_ && !closing_) {
+        PW_LOG(Warning) << "dataflow stream to " << peer_ << ": " << attempts_ << " connections failed (" << why
+                        << "); its " << queued_.size() << " batches and later ones go another way";
+        gave_up = true;
+        continue;  // the lock goes with this iteration
+      }
       PW_LOG(Error) << "dataflow: a batch for " << peer_ << " dropped: " << attempts_ << " connections failed ("
-                    << (connected.ok() ? std::string("the last broke") : connected.ToString()) << ")";
+                    << why << ")";
       queued_.pop_front();
       attempts_ = 0;
     }
@@ -286,6 +306,7 @@ void StreamPeer::Loop() {
       mu_.AwaitWithTimeout(absl::Condition(&closing), absl::Milliseconds(50) * (1 << std::max(0, attempts_ - 1)));
     }
   }
+  lost_();  // gave up: nothing more is written here
 }
 
 }  // namespace pathways::dataflow

@@ -43,15 +43,19 @@ void ServeDataflowStream(int fd, const StreamListener& listener,
 // one that did not takes nothing more (the caller sends another way). Enqueue writes the batch itself when the connection is idle and the socket takes
 // it whole; otherwise it is queued for this peer's thread, which connects, writes what is queued
 // (merged into one write), and reconnects when the connection breaks, writing again the batches
-// whose write failed, a bounded number of times.
+// whose write failed, a bounded number of times; then it gives up: with a `lost` callback it
+// stops, keeping what is queued for TakeQueued (the caller sends it another way), else it drops
+// the batch and tries again with the next.
 class StreamPeer {
  public:
   // `self` names this sender in batches; `peer` names the receiver in logs; it listens on
   // `ip`:`port`. `connected` runs once, on this peer's thread, with none of its locks held.
   // `resolve` (optional) says where the peer listens now, asked before connecting again: a peer
-  // that restarted listens on another port (0: do not know).
+  // that restarted listens on another port (0: do not know). `lost` (optional) runs once, on this
+  // peer's thread with none of its locks held, when it gives up on the peer.
   StreamPeer(std::string self, std::string peer, std::string ip, int port,
-             std::function<void(const absl::Status&)> connected, std::function<int()> resolve = nullptr);
+             std::function<void(const absl::Status&)> connected, std::function<int()> resolve = nullptr,
+             std::function<void()> lost = nullptr);
   ~StreamPeer();  // gives queued batches up to BeginClose's deadline (2 s by default), then cuts
   StreamPeer(const StreamPeer&) = delete;
   StreamPeer& operator=(const StreamPeer&) = delete;
@@ -61,6 +65,8 @@ class StreamPeer {
   void BeginClose(absl::Time deadline);
   // Batches written, whole (tests, counters).
   int64_t written();
+  // The frames (DataflowFrame) not written, oldest first, taken out: after `lost`.
+  std::deque<std::string> TakeQueued();
 
   // A connection idle this long is closed by the sender (receivers close theirs after longer, so
   // a batch is never written into a connection the receiver is closing).
@@ -83,6 +89,7 @@ class StreamPeer {
   int port_;  // this peer's thread's
   std::function<void(const absl::Status&)> connected_;
   std::function<int()> resolve_;
+  std::function<void()> lost_;
   absl::Mutex mu_;
   std::deque<Frame> queued_ ABSL_GUARDED_BY(mu_);
   int fd_ ABSL_GUARDED_BY(mu_) = -1;         // the connection, once made; -1: none

@@ -149,6 +149,30 @@ TEST(StreamPeerTest, AReceiverBackOnAnotherPortIsFoundThroughResolve) {
   EXPECT_GE(asked.load(), 1);
 }
 
+TEST(StreamPeerTest, APeerGoneForGoodHandsBackWhatItHeldInOrder) {
+  auto receiver = std::make_unique<Receiver>();
+  ASSERT_TRUE(receiver->Start().ok());
+  auto done = std::make_shared<absl::Notification>();
+  absl::Notification lost;
+  StreamPeer peer("me", "the receiver", "127.0.0.1", receiver->listener->port(),
+                  [done](const absl::Status&) { done->Notify(); }, [] { return 0; }, [&] { lost.Notify(); });
+  done->WaitForNotification();
+  peer.Enqueue("g", {Numbered(0, 10)});
+  ASSERT_TRUE(receiver->WaitFor(1));
+  receiver.reset();  // gone, and nothing listens there again
+  for (int i = 1; i <= 3; ++i) peer.Enqueue("g", {Numbered(i, 10)});
+  ASSERT_TRUE(lost.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  peer.Enqueue("g", {Numbered(4, 10)});  // after it gave up: kept for the caller too
+  std::deque<std::string> frames = peer.TakeQueued();
+  ASSERT_EQ(frames.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    rpc::DataflowBatch batch;
+    ASSERT_TRUE(batch.ParseFromArray(frames[i].data() + 4, static_cast<int>(frames[i].size() - 4)));
+    EXPECT_EQ(batch.graph(), "g");
+    EXPECT_EQ(batch.envelopes(0).epoch(), i + 1);
+  }
+}
+
 TEST(StreamPeerTest, GarbageClosesOnlyThatConnection) {
   Receiver r;
   ASSERT_TRUE(r.Start().ok());

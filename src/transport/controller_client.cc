@@ -1,6 +1,11 @@
 #include "transport/controller_client.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
@@ -77,53 +82,113 @@ absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::RemapSlice(const rp
       [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) { return stub_->RemapSlice(c, r, resp); });
 }
 
-void ControllerClient::PreferScheduleStream() {
-  absl::MutexLock lock(&stream_mu_);
-  prefer_stream_ = PlainControlStreams();  // not with TLS: the stream is not encrypted
+ControllerClient::~ControllerClient() {
+  std::thread connector;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    stopping_ = true;
+    connector = std::move(connector_);
+  }
+  if (connector.joinable()) connector.join();
 }
 
-ScheduleStream* ControllerClient::CurrentScheduleStream() {
-  absl::MutexLock lock(&stream_mu_);
-  if (!prefer_stream_) return nullptr;
-  if (stream_ != nullptr && !stream_->broken()) return stream_.get();
-  const absl::Time now = absl::Now();
-  if (now < retry_stream_at_) return nullptr;
-  if (stream_ != nullptr) broken_streams_.push_back(std::move(stream_));
-  // Quick, and rare: once, and after a stream broke (the controller restarted, say).
-  constexpr absl::Duration kConnect = absl::Seconds(2);
-  if (stream_port_ < 0) {
-    auto port = CallWithDeadline<rpc::StreamPortResponse>(
-        address_, "StreamPort",
-        [&](grpc::ClientContext* c, rpc::StreamPortResponse* resp) {
-          return rpc::Dataflow::NewStub(channel_)->StreamPort(c, rpc::StreamPortRequest(), resp);
-        },
-        kConnect);
-    // UNIMPLEMENTED or a failure: unary calls, asking again later.
-    if (port.ok()) stream_port_ = port->port() > 0 && port->port() <= 65535 ? port->port() : 0;
+void ControllerClient::PreferScheduleStream() {
+  {
+    absl::MutexLock lock(&stream_mu_);
+    prefer_stream_ = PlainControlStreams();  // not with TLS: the stream is not encrypted
   }
-  absl::Status failed = absl::UnavailableError("the controller has no stream listener");
-  if (stream_port_ > 0) {
-    std::string ip = address_.substr(0, address_.rfind(':'));
-    if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
-    auto stream = ScheduleStream::Connect(address_, ip, stream_port_, kConnect);
-    if (stream.ok()) {
-      stream_ = *std::move(stream);
-      return stream_.get();
+  (void)CurrentScheduleStream();  // starts connecting now, so the first requests may use it
+}
+
+std::shared_ptr<ScheduleStream> ControllerClient::CurrentScheduleStream() {
+  std::thread finished;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    if (!prefer_stream_ || no_stream_) return nullptr;
+    if (stream_ != nullptr && !stream_->broken()) return stream_;
+    // None (yet), or it broke (the controller restarted, say): made again in the background,
+    // unary calls meanwhile. Nothing here waits on the network: this runs on whatever thread
+    // sends a batch, gRPC's callback threads included.
+    if (!connecting_ && !stopping_ && absl::Now() >= retry_stream_at_) {
+      connecting_ = true;
+      finished = std::move(connector_);  // done with its work (connecting_ was false)
+      connector_ = std::thread([this] { ConnectScheduleStream(); });
     }
-    failed = stream.status();
-    stream_port_ = -1;  // the controller may have restarted elsewhere: asked again
   }
-  retry_stream_at_ = now + absl::Seconds(5);
-  if (stream_port_ != 0 && !told_) {
-    PW_LOG(Info) << "Schedule on controller " << address_ << " goes as unary calls: " << failed;
-    told_ = true;  // once: a controller reached by name (not by IP) says so every time
-  }
-  while (broken_streams_.size() > 16) broken_streams_.erase(broken_streams_.begin());  // long done
+  if (finished.joinable()) finished.join();
   return nullptr;
 }
 
+namespace {
+
+// `host` as a numeric address (an IP as it is; a name resolved), for a plain TCP connection.
+absl::StatusOr<std::string> NumericHost(std::string host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int e = getaddrinfo(host.c_str(), nullptr, &hints, &found); e != 0 || found == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(e)));
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* at = found->ai_family == AF_INET
+                       ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr)
+                       : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr);
+  inet_ntop(found->ai_family, at, text, sizeof(text));
+  freeaddrinfo(found);
+  return std::string(text);
+}
+
+}  // namespace
+
+void ControllerClient::ConnectScheduleStream() {
+  constexpr absl::Duration kConnect = absl::Seconds(2);
+  absl::Status failed;
+  bool never = false;  // no stream is to be had from this controller: stop asking
+  std::unique_ptr<ScheduleStream> made;
+  auto port = CallWithDeadline<rpc::StreamPortResponse>(
+      address_, "StreamPort",
+      [&](grpc::ClientContext* c, rpc::StreamPortResponse* resp) {
+        return rpc::Dataflow::NewStub(channel_)->StreamPort(c, rpc::StreamPortRequest(), resp);
+      },
+      kConnect);
+  if (!port.ok()) {
+    failed = port.status();
+    never = absl::IsUnimplemented(failed);
+  } else if (port->port() <= 0 || port->port() > 65535) {
+    failed = absl::UnavailableError("the controller has no stream listener");
+    never = true;
+  } else {
+    absl::StatusOr<std::string> ip = NumericHost(address_.substr(0, address_.rfind(':')));
+    auto stream = ip.ok() ? ScheduleStream::Connect(address_, *ip, port->port(), kConnect)
+                          : absl::StatusOr<std::unique_ptr<ScheduleStream>>(ip.status());
+    if (stream.ok()) {
+      made = *std::move(stream);
+    } else {
+      failed = stream.status();
+    }
+  }
+  std::shared_ptr<ScheduleStream> old;  // a broken one: it goes here, on this thread, without the lock
+  absl::MutexLock lock(&stream_mu_);
+  connecting_ = false;
+  if (made != nullptr) {
+    old = std::exchange(stream_, std::move(made));
+    return;
+  }
+  no_stream_ = never;
+  retry_stream_at_ = absl::Now() + absl::Seconds(5);
+  if (!told_) {
+    PW_LOG(Info) << "Schedule on controller " << address_ << " goes as unary calls"
+                 << (never ? "" : " for now") << ": " << failed;
+    told_ = true;
+  }
+}
+
 Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
-  if (ScheduleStream* stream = CurrentScheduleStream(); stream != nullptr) return stream->Schedule(r);
+  if (std::shared_ptr<ScheduleStream> stream = CurrentScheduleStream(); stream != nullptr) {
+    return stream->Schedule(r);
+  }
   return AsyncUnaryCall<rpc::ScheduleResponse>(
              absl::StrCat("Schedule on controller ", address_), r, absl::InfiniteDuration(),
              [this](auto* ctx, auto* req, auto* resp, auto done) {

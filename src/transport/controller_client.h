@@ -3,7 +3,7 @@
 
 #include <memory>
 #include <string>
-#include <vector>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -18,6 +18,7 @@ namespace pathways {
 class ControllerClient {
  public:
   explicit ControllerClient(std::string address);
+  ~ControllerClient();  // waits for a schedule stream being made
   const std::string& address() const { return address_; }
 
   absl::StatusOr<rpc::RegisterWorkerResponse> RegisterWorker(const rpc::RegisterWorkerRequest& r);
@@ -39,19 +40,21 @@ class ControllerClient {
   absl::StatusOr<std::string> RendezvousGet(const std::string& key, absl::Duration timeout);
 
  private:
-  // The stream to use now; null: a unary call.
-  ScheduleStream* CurrentScheduleStream();
+  // The stream to use now; null: a unary call. Starts making one in the background when there
+  // is none (or it broke) and none is being made; never waits on the network itself.
+  std::shared_ptr<ScheduleStream> CurrentScheduleStream();
+  void ConnectScheduleStream();  // the connector thread's work
 
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Controller::Stub> stub_;
   absl::Mutex stream_mu_;
   bool prefer_stream_ ABSL_GUARDED_BY(stream_mu_) = false;
-  int stream_port_ ABSL_GUARDED_BY(stream_mu_) = -1;  // -1: not asked yet; 0: none
-  std::unique_ptr<ScheduleStream> stream_ ABSL_GUARDED_BY(stream_mu_);
-  // Broken streams, kept until this client goes: one may be replaced from a continuation
-  // running on its own reader thread.
-  std::vector<std::unique_ptr<ScheduleStream>> broken_streams_ ABSL_GUARDED_BY(stream_mu_);
+  bool no_stream_ ABSL_GUARDED_BY(stream_mu_) = false;  // the controller offers none: unary for good
+  std::shared_ptr<ScheduleStream> stream_ ABSL_GUARDED_BY(stream_mu_);
+  std::thread connector_ ABSL_GUARDED_BY(stream_mu_);
+  bool connecting_ ABSL_GUARDED_BY(stream_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(stream_mu_) = false;
   absl::Time retry_stream_at_ ABSL_GUARDED_BY(stream_mu_);
   bool told_ ABSL_GUARDED_BY(stream_mu_) = false;  // why there is no stream, logged once
 };

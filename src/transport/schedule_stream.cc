@@ -1,6 +1,7 @@
 #include "transport/schedule_stream.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -72,7 +73,10 @@ absl::StatusOr<std::unique_ptr<ScheduleStream>> ScheduleStream::Connect(const st
 }
 
 ScheduleStream::ScheduleStream(std::shared_ptr<State> state) : state_(std::move(state)) {
-  reader_ = std::thread([state = state_] { ReadLoop(state); });
+  reader_ = std::thread([state = state_] {
+    pthread_setname_np(pthread_self(), "sched-reader");
+    ReadLoop(state);
+  });
 }
 
 ScheduleStream::~ScheduleStream() {
@@ -101,17 +105,20 @@ Future<Unit> ScheduleStream::Schedule(const rpc::ScheduleRequest& request) {
   }
   std::string frame = EncodeStreamU32(static_cast<uint32_t>(bytes));
   request.AppendToString(&frame);
-  absl::MutexLock write(&st.write_mu);
   Future<Unit> answer;
+  absl::Status sent;
   {
-    absl::MutexLock lock(&st.mu);
-    if (!st.broken.ok()) return Future<Unit>::Ready(st.broken);
-    st.waiting.emplace_back();
-    answer = st.waiting.back().future();
+    absl::MutexLock write(&st.write_mu);
+    {
+      absl::MutexLock lock(&st.mu);
+      if (!st.broken.ok()) return Future<Unit>::Ready(st.broken);
+      st.waiting.emplace_back();
+      answer = st.waiting.back().future();
+    }
+    sent = TransferWhileMoving(st.fd, frame.data(), frame.size(), true, kFrameSilence,
+                               absl::StrCat("schedule stream to controller ", st.controller));
   }
-  absl::Status sent = TransferWhileMoving(st.fd, frame.data(), frame.size(), true, kFrameSilence,
-                                          absl::StrCat("schedule stream to controller ", st.controller));
-  if (!sent.ok()) st.Break(absl::UnavailableError(sent.message()));
+  if (!sent.ok()) st.Break(absl::UnavailableError(sent.message()));  // continuations run without the lock
   return answer;
 }
 
@@ -164,6 +171,7 @@ void ServeScheduleStream(int fd, const StreamListener& listener,
   std::deque<Future<Unit>> answers;
   bool reading = true;
   std::thread writer([&] {
+    pthread_setname_np(pthread_self(), "sched-answers");
     while (true) {
       Future<Unit> next;
       {

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "core/socket_util.h"
 #include "core/status_macros.h"
 #include "transport/auth.h"
+#include "transport/rpc_util.h"
 
 namespace pathways {
 
@@ -112,6 +114,7 @@ absl::StatusOr<int> DialStream(const std::string& what, const std::string& ip, i
   }
   if (s.ok()) {
     Configure(fd);
+    KeepAlive(fd, KeepaliveMs());
     std::string hello = absl::StrCat(magic.substr(0, kStreamMagicBytes),
                                      EncodeStreamU32(static_cast<uint32_t>(token.size())), token);
     s = TransferAll(fd, hello.data(), hello.size(), true, deadline, absl::StrCat(what, ": hello"));
@@ -166,7 +169,10 @@ StreamListener::StreamListener(int listen_fd, int port, int wake_fd, std::vector
       protocols_(std::move(protocols)),
       connect_(connect),
       max_connections_(max_connections) {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+  acceptor_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "stream-accept");
+    AcceptLoop();
+  });
 }
 
 StreamListener::~StreamListener() {
@@ -263,6 +269,7 @@ void StreamListener::AcceptLoop() {
       continue;
     }
     Configure(fd);
+    KeepAlive(fd, KeepaliveMs());
     if (greeting.size() >= kMaxGreeting) {
       drop(greeting.front());  // the oldest silent one makes room
       greeting.pop_front();
@@ -282,11 +289,15 @@ void StreamListener::Admit(int fd, const Protocol* protocol) {
       if (it->finished) finished.splice(finished.end(), connections_, it);
       it = next;
     }
-    if (!stop_ && static_cast<int>(connections_.size()) < max_connections_) {
-      connections_.push_back({fd, {}, false});
+    const int cap = protocol->max_connections > 0 ? protocol->max_connections : max_connections_;
+    int of_protocol = 0;
+    for (const Connection& c : connections_) of_protocol += c.protocol == protocol ? 1 : 0;
+    if (!stop_ && of_protocol < cap) {
+      connections_.push_back({fd, protocol, {}, false});
       Connection* c = &connections_.back();
       try {
         c->thread = std::thread([this, c, protocol] {
+          pthread_setname_np(pthread_self(), "stream-conn");
           protocol->serve(c->fd, *this);
           absl::MutexLock lock(&mu_);
           close(c->fd);

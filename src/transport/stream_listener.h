@@ -44,10 +44,15 @@ class StreamListener {
     // Serves one admitted connection on its own thread, until the stream ends or the listener
     // stops (poll `listener.wake_fd()` beside the socket). The listener closes `fd` after.
     std::function<void(int fd, const StreamListener& listener)> serve;
+    // At most this many of this protocol's connections at once (each has a thread); more are
+    // turned away, told they were not served. 0: the listener's `max_connections`. Protocols
+    // count apart, so tenants' streams cannot take the slots of the hosts' dataflow.
+    int max_connections = 0;
   };
 
   // Listens on `ip` (a port of its own, or `port`); `what` names the listener in errors. At most
-  // `max_connections` connections are served at once; a hello must be complete within `connect`.
+  // `max_connections` connections of each protocol are served at once (unless the protocol says
+  // otherwise); a hello must be complete within `connect`.
   static absl::StatusOr<std::unique_ptr<StreamListener>> Start(const std::string& what, const std::string& ip,
                                                                int port, std::vector<Protocol> protocols,
                                                                absl::Duration connect = absl::Seconds(5),
@@ -64,6 +69,7 @@ class StreamListener {
  private:
   struct Connection {
     int fd;
+    const Protocol* protocol;
     std::thread thread;
     bool finished = false;
   };

@@ -97,8 +97,10 @@ absl::Status Worker::Start() {
           return runtime->KeepStaged(request, std::move(buffer));
         }};
     // The same port takes other hosts' (and the controller's) dataflow batches.
+    std::vector<StreamListener::Protocol> more;
+    if (PlainControlStreams()) more.push_back(dataflow_service_.StreamProtocol());
     auto stream = DataStreamServer::Start(host, token, cluster_token, std::move(handlers), {}, options_.data_port,
-                                          DataStreamServer::kMaxConnections, {dataflow_service_.StreamProtocol()});
+                                          DataStreamServer::kMaxConnections, std::move(more));
     if (!stream.ok() && options_.data_port != 0) {
       return absl::UnavailableError(absl::StrCat("worker ", address_, " cannot serve its data stream on port ",
                                                  options_.data_port, ": ", stream.status().message()));
