@@ -71,7 +71,9 @@ void KeepAlive(int fd, int idle_ms) {
   const int idle_s = std::max(1, idle_ms / 1000);
   const int interval_s = std::max(1, idle_ms / 2000);
   const int probes = 3;
-  const unsigned int user_timeout_ms = static_cast<unsigned int>(idle_ms) * 5;
+  // At least the streams' own 30 s bound on a frame that stops halfway: a receiver whose window
+  // stays closed this long (since Linux 5.11 that aborts too) is frozen or far too slow.
+  const unsigned int user_timeout_ms = static_cast<unsigned int>(std::max(30'000, idle_ms * 5));
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));

@@ -16,10 +16,12 @@ int RemainingMs(absl::Time deadline);
 std::string Errno(int err);
 // TCP_NODELAY and non-blocking.
 void Configure(int fd);
-// TCP keepalive probes after `idle_ms` of silence, `idle_ms` / 2 apart, 3 of them, and unacknowledged
-// data given up after `idle_ms` * 5: a connection whose other end's machine vanished (no FIN, no
-// reset) fails within seconds instead of the kernel's 2 hours. A frozen process still has its
-// kernel answer, so this tells machines gone from processes stopped.
+// TCP keepalive probes after `idle_ms` of silence, `idle_ms` / 2 apart, 3 of them, and data
+// unacknowledged (or a receive window closed) for max(30 s, `idle_ms` * 5) given up: a
+// connection whose other end's machine vanished (no FIN, no reset) fails within seconds when
+// idle and within that bound when sending, instead of the kernel's 2 hours or 15 minutes. An
+// idle connection to a frozen process stays up (its kernel answers the probes); one that fills
+// a frozen process's window fails after the bound.
 void KeepAlive(int fd, int idle_ms);
 // Writes or reads all of [data, data+len) on a non-blocking socket before `deadline`; `what` names
 // the exchange in errors.

@@ -318,7 +318,10 @@ class GrpcTransport::Peer {
   // gRPC, in order (Enqueue holds mu_ too, so nothing slips in between).
   void Lost() {
     absl::MutexLock lock(&mu_);
-    if (stream_ == nullptr) return;
+    if (stream_ == nullptr) {
+      PW_LOG(Warning) << "dataflow to " << host_ << ": the stream gave up while the transport closed; what it held is dropped";
+      return;
+    }
     std::deque<std::string> frames = stream_->TakeQueued();
     given_up_ = std::move(stream_);  // its thread is ending; it goes with this object
     grpc_ = std::make_unique<PeerStream>(self_, host_);

@@ -4,7 +4,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 
+#include <pthread.h>
+
 #include <chrono>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -84,12 +87,21 @@ absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::RemapSlice(const rp
 
 ControllerClient::~ControllerClient() {
   std::thread connector;
+  std::vector<std::shared_ptr<ScheduleStream>> streams;
   {
     absl::MutexLock lock(&stream_mu_);
     stopping_ = true;
     connector = std::move(connector_);
   }
-  if (connector.joinable()) connector.join();
+  if (connector.joinable()) connector.join();  // it joins nothing itself, so this cannot wait on a reader
+  {
+    absl::MutexLock lock(&stream_mu_);
+    streams = std::move(retired_);
+    streams.push_back(std::move(stream_));
+  }
+  // Destroyed without the lock (their readers' continuations may schedule again); one going on
+  // its own reader thread leaves that thread to end by itself.
+  streams.clear();
 }
 
 void ControllerClient::PreferScheduleStream() {
@@ -101,22 +113,37 @@ void ControllerClient::PreferScheduleStream() {
 }
 
 std::shared_ptr<ScheduleStream> ControllerClient::CurrentScheduleStream() {
-  std::thread finished;
-  {
-    absl::MutexLock lock(&stream_mu_);
-    if (!prefer_stream_ || no_stream_) return nullptr;
-    if (stream_ != nullptr && !stream_->broken()) return stream_;
-    // None (yet), or it broke (the controller restarted, say): made again in the background,
-    // unary calls meanwhile. Nothing here waits on the network: this runs on whatever thread
-    // sends a batch, gRPC's callback threads included.
-    if (!connecting_ && !stopping_ && absl::Now() >= retry_stream_at_) {
-      connecting_ = true;
-      finished = std::move(connector_);  // done with its work (connecting_ was false)
-      connector_ = std::thread([this] { ConnectScheduleStream(); });
+  absl::MutexLock lock(&stream_mu_);
+  if (!prefer_stream_ || no_stream_) return nullptr;
+  if (stream_ != nullptr && !stream_->broken()) return stream_;
+  // None (yet), or it broke (the controller restarted, say): made again by the connector thread,
+  // unary calls meanwhile. Nothing here waits, on the network or on a thread: this runs on
+  // whatever thread sends a batch, gRPC's callback threads and streams' readers included.
+  if (!connecting_ && !stopping_ && absl::Now() >= retry_stream_at_) {
+    connecting_ = true;
+    if (!connector_.joinable()) {
+      try {
+        connector_ = std::thread([this] { ConnectorLoop(); });
+      } catch (const std::system_error&) {
+        connecting_ = false;  // no thread to be had: unary calls, and asked again later
+        retry_stream_at_ = absl::Now() + absl::Seconds(5);
+      }
     }
   }
-  if (finished.joinable()) finished.join();
   return nullptr;
+}
+
+void ControllerClient::ConnectorLoop() {
+  pthread_setname_np(pthread_self(), "sched-connect");
+  while (true) {
+    {
+      absl::MutexLock lock(&stream_mu_);
+      auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) { return connecting_ || stopping_; };
+      stream_mu_.Await(absl::Condition(&wanted));
+      if (stopping_) return;
+    }
+    ConnectScheduleStream();
+  }
 }
 
 namespace {
@@ -147,20 +174,29 @@ void ControllerClient::ConnectScheduleStream() {
   absl::Status failed;
   bool never = false;  // no stream is to be had from this controller: stop asking
   std::unique_ptr<ScheduleStream> made;
+  std::string peer;  // the address gRPC reached the controller at ("ipv4:IP:PORT", "ipv6:[IP]:PORT")
   auto port = CallWithDeadline<rpc::StreamPortResponse>(
       address_, "StreamPort",
       [&](grpc::ClientContext* c, rpc::StreamPortResponse* resp) {
-        return rpc::Dataflow::NewStub(channel_)->StreamPort(c, rpc::StreamPortRequest(), resp);
+        grpc::Status s = rpc::Dataflow::NewStub(channel_)->StreamPort(c, rpc::StreamPortRequest(), resp);
+        peer = c->peer();
+        return s;
       },
       kConnect);
   if (!port.ok()) {
     failed = port.status();
-    never = absl::IsUnimplemented(failed);
+    never = absl::IsUnimplemented(failed) || absl::IsPermissionDenied(failed) || absl::IsUnauthenticated(failed);
   } else if (port->port() <= 0 || port->port() > 65535) {
     failed = absl::UnavailableError("the controller has no stream listener");
     never = true;
   } else {
-    absl::StatusOr<std::string> ip = NumericHost(address_.substr(0, address_.rfind(':')));
+    // The IP gRPC connected to (a name may resolve to several, of which the controller listens
+    // on one); else the address's host, resolved.
+    std::string host = address_.substr(0, address_.rfind(':'));
+    for (const char* family : {"ipv4:", "ipv6:"}) {
+      if (peer.rfind(family, 0) == 0 && peer.rfind(':') > 5) host = peer.substr(5, peer.rfind(':') - 5);
+    }
+    absl::StatusOr<std::string> ip = NumericHost(host);
     auto stream = ip.ok() ? ScheduleStream::Connect(address_, *ip, port->port(), kConnect)
                           : absl::StatusOr<std::unique_ptr<ScheduleStream>>(ip.status());
     if (stream.ok()) {
@@ -169,11 +205,15 @@ void ControllerClient::ConnectScheduleStream() {
       failed = stream.status();
     }
   }
-  std::shared_ptr<ScheduleStream> old;  // a broken one: it goes here, on this thread, without the lock
   absl::MutexLock lock(&stream_mu_);
   connecting_ = false;
   if (made != nullptr) {
-    old = std::exchange(stream_, std::move(made));
+    // A broken stream is parked, not destroyed here: destroying it joins its reader, which may be
+    // running continuations that schedule again. The oldest go once there are many (their
+    // readers ended long before).
+    if (stream_ != nullptr) retired_.push_back(std::move(stream_));
+    while (retired_.size() > kRetired) retired_.erase(retired_.begin());
+    stream_ = std::move(made);
     return;
   }
   no_stream_ = never;

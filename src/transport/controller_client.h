@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -43,7 +44,9 @@ class ControllerClient {
   // The stream to use now; null: a unary call. Starts making one in the background when there
   // is none (or it broke) and none is being made; never waits on the network itself.
   std::shared_ptr<ScheduleStream> CurrentScheduleStream();
-  void ConnectScheduleStream();  // the connector thread's work
+  // The connector thread: makes a stream each time one is wanted (connecting_), until stopping_.
+  void ConnectorLoop();
+  void ConnectScheduleStream();
 
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -52,6 +55,8 @@ class ControllerClient {
   bool prefer_stream_ ABSL_GUARDED_BY(stream_mu_) = false;
   bool no_stream_ ABSL_GUARDED_BY(stream_mu_) = false;  // the controller offers none: unary for good
   std::shared_ptr<ScheduleStream> stream_ ABSL_GUARDED_BY(stream_mu_);
+  static constexpr size_t kRetired = 8;
+  std::vector<std::shared_ptr<ScheduleStream>> retired_ ABSL_GUARDED_BY(stream_mu_);  // broken ones
   std::thread connector_ ABSL_GUARDED_BY(stream_mu_);
   bool connecting_ ABSL_GUARDED_BY(stream_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(stream_mu_) = false;

@@ -106,7 +106,8 @@ Future<Unit> ScheduleStream::Schedule(const rpc::ScheduleRequest& request) {
   std::string frame = EncodeStreamU32(static_cast<uint32_t>(bytes));
   request.AppendToString(&frame);
   Future<Unit> answer;
-  absl::Status sent;
+  std::deque<Promise<Unit>> failed;
+  absl::Status broken_by;
   {
     absl::MutexLock write(&st.write_mu);
     {
@@ -115,10 +116,16 @@ Future<Unit> ScheduleStream::Schedule(const rpc::ScheduleRequest& request) {
       st.waiting.emplace_back();
       answer = st.waiting.back().future();
     }
-    sent = TransferWhileMoving(st.fd, frame.data(), frame.size(), true, kFrameSilence,
-                               absl::StrCat("schedule stream to controller ", st.controller));
+    absl::Status sent = TransferWhileMoving(st.fd, frame.data(), frame.size(), true, kFrameSilence,
+                                            absl::StrCat("schedule stream to controller ", st.controller));
+    if (!sent.ok()) {
+      // Broken before the next writer may append to a half-written frame.
+      absl::MutexLock lock(&st.mu);
+      failed = st.BreakLocked(absl::UnavailableError(sent.message()));
+      broken_by = st.broken;
+    }
   }
-  if (!sent.ok()) st.Break(absl::UnavailableError(sent.message()));  // continuations run without the lock
+  for (Promise<Unit>& p : failed) p.Set(broken_by);  // continuations run without the locks
   return answer;
 }
 
