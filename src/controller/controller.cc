@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/socket_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/collective.h"
@@ -372,8 +373,7 @@ absl::Status Controller::Start() {
   dataflow_transport_ = std::make_unique<dataflow::GrpcTransport>(address_);
   dataflow_service_.ServeInProcess(address_);
   if (PlainControlStreams()) {
-    std::string ip = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
-    if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+    const std::string ip = HostOfAddress(options_.listen_address);
     auto streams = StreamListener::Start("controller stream", ip, options_.stream_port,
                                          {dataflow_service_.StreamProtocol(), service_->ScheduleProtocol()});
     if (!streams.ok() && options_.stream_port != 0) {
@@ -392,8 +392,7 @@ absl::Status Controller::Start() {
   retire_thread_ = std::thread([this] { RetireLoop(); });
   if (options_.http_port >= 0) {
     StatusHttpOptions http;
-    http.ip = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
-    if (http.ip.size() > 2 && http.ip.front() == '[' && http.ip.back() == ']') http.ip = http.ip.substr(1, http.ip.size() - 2);
+    http.ip = HostOfAddress(options_.listen_address);
     const bool loopback = http.ip == "localhost" || http.ip == "::1" || http.ip.rfind("127.", 0) == 0;
     if (TlsConfigured() && !loopback) {
       // It has no TLS of its own: off loopback the token would cross the network in the clear.

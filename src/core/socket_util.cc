@@ -87,14 +87,20 @@ bool PeerClosed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+std::string HostOfAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon == std::string::npos ? 0 : colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
 absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, socklen_t* len) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("bad address '", address, "'"));
   }
-  std::string ip = address.substr(0, colon);
-  if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  const std::string ip = HostOfAddress(address);
   sockaddr_storage storage{};
   auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
   auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);

@@ -34,5 +34,7 @@ absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, abs
 bool PeerClosed(int fd);
 // "ip:port" or "[ip6]:port".
 absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, socklen_t* len);
+// The host part of "host:port" or "[ip6]:port", without brackets.
+std::string HostOfAddress(const std::string& address);
 
 }  // namespace pathways

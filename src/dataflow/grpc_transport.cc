@@ -1,4 +1,5 @@
 #include "dataflow/grpc_transport.h"
+#include "core/socket_util.h"
 #include "dataflow/stream_peer.h"
 
 #include "transport/auth.h"
@@ -276,9 +277,7 @@ class GrpcTransport::Peer {
   // The peer said where its stream listener is (or that it has none): try it.
   void Answered(const grpc::Status& status) {
     const int port = status.ok() ? response_.port() : 0;
-    const size_t colon = host_.rfind(':');
-    std::string ip = host_.substr(0, colon == std::string::npos ? 0 : colon);
-    if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+    const std::string ip = HostOfAddress(host_);
     absl::MutexLock lock(&mu_);
     if (port > 0 && port <= 65535 && !ip.empty() && close_deadline_ == absl::InfiniteFuture()) {
       stream_ = std::make_unique<StreamPeer>(
@@ -326,12 +325,12 @@ class GrpcTransport::Peer {
     given_up_ = std::move(stream_);  // its thread is ending; it goes with this object
     grpc_ = std::make_unique<PeerStream>(self_, host_);
     for (const std::string& frame : frames) {
-      rpc::DataflowBatch batch;
-      if (frame.size() < 4 || !batch.ParseFromArray(frame.data() + 4, static_cast<int>(frame.size() - 4))) continue;
+      std::string graph;
       std::vector<Envelope> envelopes;
-      envelopes.reserve(batch.envelopes_size());
-      for (rpc::DataflowEnvelope& e : *batch.mutable_envelopes()) envelopes.push_back(EnvelopeFromProto(e));
-      grpc_->Enqueue(batch.graph(), std::move(envelopes));
+      // Frames this process made: they parse.
+      if (frame.size() >= 4 && DecodeDataflowBatch(frame.data() + 4, frame.size() - 4, &graph, &envelopes)) {
+        grpc_->Enqueue(graph, std::move(envelopes));
+      }
     }
     if (close_deadline_ != absl::InfiniteFuture()) grpc_->BeginClose(close_deadline_);
   }

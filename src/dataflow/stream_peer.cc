@@ -50,6 +50,16 @@ Envelope EnvelopeFromProto(rpc::DataflowEnvelope& p) {
           std::move(*p.mutable_payload())};
 }
 
+bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std::vector<Envelope>* envelopes) {
+  rpc::DataflowBatch batch;
+  if (!batch.ParseFromArray(data, static_cast<int>(size))) return false;
+  *graph = batch.graph();
+  envelopes->clear();
+  envelopes->reserve(batch.envelopes_size());
+  for (rpc::DataflowEnvelope& e : *batch.mutable_envelopes()) envelopes->push_back(EnvelopeFromProto(e));
+  return true;
+}
+
 void ServeDataflowStream(int fd, const StreamListener& listener,
                          const std::function<void(const std::string& graph, std::vector<Envelope>)>& receive) {
   std::string admitted = StreamStatusFrame(absl::OkStatus());
@@ -76,15 +86,13 @@ void ServeDataflowStream(int fd, const StreamListener& listener,
       PW_LOG(Warning) << "dataflow stream: " << s << "; the connection closes";
       return;
     }
-    rpc::DataflowBatch batch;
-    if (!batch.ParseFromString(body)) {
+    std::string graph;
+    std::vector<Envelope> envelopes;
+    if (!DecodeDataflowBatch(body.data(), body.size(), &graph, &envelopes)) {
       PW_LOG(Error) << "dataflow stream: a batch of " << bytes << " bytes that does not parse; the connection closes";
       return;
     }
-    std::vector<Envelope> envelopes;
-    envelopes.reserve(batch.envelopes_size());
-    for (rpc::DataflowEnvelope& e : *batch.mutable_envelopes()) envelopes.push_back(EnvelopeFromProto(e));
-    receive(batch.graph(), std::move(envelopes));
+    receive(graph, std::move(envelopes));
   }
 }
 

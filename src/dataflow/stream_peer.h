@@ -31,6 +31,9 @@ inline constexpr uint32_t kMaxDataflowFrameBytes = 256u << 20;
 
 void EnvelopeToProto(const Envelope& e, rpc::DataflowEnvelope* p);
 Envelope EnvelopeFromProto(rpc::DataflowEnvelope& p);  // takes the payload
+// A serialized rpc::DataflowBatch (a frame after its length) as its graph and envelopes; false
+// when it does not parse.
+bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std::vector<Envelope>* envelopes);
 // The frame of one batch (its length, then the batch).
 std::string DataflowFrame(const std::string& self, const std::string& graph, const std::vector<Envelope>& batch);
 // Serves one sender's connection: admits it, then hands every batch to `receive` until the

@@ -10,6 +10,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/socket_util.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -148,9 +149,9 @@ void ControllerClient::ConnectorLoop() {
 
 namespace {
 
-// `host` as a numeric address (an IP as it is; a name resolved), for a plain TCP connection.
-absl::StatusOr<std::string> NumericHost(std::string host) {
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+// `host` (no brackets) as a numeric address (an IP as it is; a name resolved), for a plain TCP
+// connection.
+absl::StatusOr<std::string> NumericHost(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -192,9 +193,9 @@ void ControllerClient::ConnectScheduleStream() {
   } else {
     // The IP gRPC connected to (a name may resolve to several, of which the controller listens
     // on one); else the address's host, resolved.
-    std::string host = address_.substr(0, address_.rfind(':'));
+    std::string host = HostOfAddress(address_);
     for (const char* family : {"ipv4:", "ipv6:"}) {
-      if (peer.rfind(family, 0) == 0 && peer.rfind(':') > 5) host = peer.substr(5, peer.rfind(':') - 5);
+      if (peer.rfind(family, 0) == 0 && !HostOfAddress(peer.substr(5)).empty()) host = HostOfAddress(peer.substr(5));
     }
     absl::StatusOr<std::string> ip = NumericHost(host);
     auto stream = ip.ok() ? ScheduleStream::Connect(address_, *ip, port->port(), kConnect)

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <set>
 
+#include "core/socket_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "array/sharding.h"
@@ -20,8 +21,7 @@ namespace {
 // host otherwise.
 std::shared_ptr<collective::TcpLinks> LinksFor(const HostRuntimeOptions& options, DcnEmulation* dcn) {
   if (options.rendezvous == nullptr) return nullptr;
-  std::string ip = options.name.substr(0, options.name.rfind(':'));
-  if (ip.size() > 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  const std::string ip = HostOfAddress(options.name);
   auto links =
       collective::TcpLinks::Create(options.name, ip, options.rendezvous, dcn, options.cluster_token, options.links_port);
   if (!links.ok()) {
