@@ -153,12 +153,17 @@ Future<T> ReadOncePushed(const std::shared_ptr<const ShardedArray::State>& state
     state->delivered.OnReady([settle](const absl::StatusOr<Unit>& d) {
       if (!d.ok()) settle(d.status());
     });
-    read().OnReady([state, settle](const absl::StatusOr<T>& r) {
+    // Holds the state until the answer is in, and lets go before settling: whoever sees the read
+    // done and drops the last handle frees the array now, ahead of its next op (not later, on
+    // this thread, behind it).
+    read().OnReady([held = state, settle](const absl::StatusOr<T>& r) mutable {
+      const Future<Unit> delivered = held->delivered;
+      held.reset();
       if (r.ok()) {
         settle(r);
         return;
       }
-      state->delivered.OnReady([settle, r](const absl::StatusOr<Unit>& d) { settle(d.ok() ? r : d.status()); });
+      delivered.OnReady([settle, r](const absl::StatusOr<Unit>& d) { settle(d.ok() ? r : d.status()); });
     });
     return result;
   });

@@ -144,6 +144,7 @@ void CpuDevice::RecordTrace(TraceEvent event) {
   absl::MutexLock lock(&mu_);
   busy_by_client_[event.label.client] += event.end_us - event.start_us;
   busy_micros_ += event.end_us - event.start_us;
+  ++executed_;
   trace_.push_back(std::move(event));
   if (trace_.size() > kTraceCapacity) trace_.pop_front();
 }
@@ -185,8 +186,6 @@ void CpuDevice::StreamLoop() {
       queue_.pop_front();
     }
     std::move(work)();
-    absl::MutexLock lock(&mu_);
-    ++executed_;
   }
 }
 

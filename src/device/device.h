@@ -110,7 +110,7 @@ struct DeviceStats {
   int64_t memory_capacity = 0;
   int64_t memory_used = 0;
   int64_t memory_peak = 0;  // since the device started or its peak was last reset
-  int64_t executed = 0;     // work items run on the stream
+  int64_t executed = 0;     // computations run (each traced, and counted before its results show)
   int64_t busy_micros = 0;  // traced time computing (not time an item spent waiting for inputs)
   // Traced device time per client: what multi-tenant shares are measured in.
   std::map<std::string, int64_t> busy_micros_by_client;
@@ -133,8 +133,9 @@ class Device {
                                              absl::Duration wait = absl::ZeroDuration()) = 0;
   // Work enqueued after Shutdown is dropped, never run.
   virtual void Enqueue(absl::AnyInvocable<void() &&> work) = 0;
-  // Adds what a work item ran to the device's trace. Called by the work item itself, before it
-  // makes its results visible, so anyone who sees a result can also see its trace event.
+  // Adds what a work item ran to the device's trace and counts it as executed. Called by the work
+  // item itself, before it makes its results visible, so anyone who sees a result can also see
+  // its trace event and its count.
   virtual void RecordTrace(TraceEvent event) = 0;
   // The recorded events that ended at or after `since_us`, oldest first. Devices keep the most
   // recent ones only (a bounded ring).
