@@ -40,6 +40,11 @@ std::vector<Case> Cases() {
        [=](const Group& g, int) { return stack(g).amin(0); }},
       {"mean", "pathways.all_reduce(x, AXES, 'mean')", "all_reduce_mean",
        [=](const Group& g, int) { return stack(g).mean(0); }},
+      // Of a temporary, which the reduction overwrites in place.
+      {"sum_of_temporary", "pathways.all_reduce(x * 2.0, AXES)", "",
+       [=](const Group& g, int) { return stack(g).sum(0) * 2.0; }},
+      {"mean_of_temporary", "pathways.all_reduce(x + 0.5, AXES, 'mean')", "",
+       [=](const Group& g, int) { return stack(g).mean(0) + 0.5; }},
       {"all_gather", "pathways.all_gather(x, AXES)", "all_gather", [](const Group& g, int) { return torch::cat(g, 0); }},
       {"all_gather_dim1", "pathways.all_gather(x, AXES, 1)", "", [](const Group& g, int) { return torch::cat(g, 1); }},
       {"reduce_scatter", "pathways.reduce_scatter(x, AXES)", "reduce_scatter_sum",
@@ -139,6 +144,10 @@ class CollectivesTest : public ::testing::TestWithParam<int /*hosts*/> {
     ASSERT_TRUE(fetched.ok()) << fetched.status();
     EXPECT_TRUE(torch::allclose(ToTensor(*fetched), want, 1e-5, 1e-5))
         << "got\n" << ToTensor(*fetched) << "\nwant\n" << want;
+    // The input is the caller's still: no collective wrote over it.
+    auto input = client_->Fetch(*x).Await();
+    ASSERT_TRUE(input.ok()) << input.status();
+    EXPECT_TRUE(torch::equal(ToTensor(*input), global));
   }
 
   std::unique_ptr<LocalCluster> cluster_;
@@ -187,6 +196,60 @@ TEST_P(CollectivesTest, BadCollectiveArgumentsFailTheRunWithTheirReason) {
   auto fetched = client_->Fetch((*client_->Call(sum, slice, {x}))[0]).Await();
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(torch::allclose(ToTensor(*fetched), torch::full({16, 3}, 4.0f)));
+}
+
+// An all_reduce of a value the body no longer needs reduces it where it is: the device holds the
+// temporary, the output buffer and nothing more, while a value still in use (here a view of it
+// is returned too) is reduced into a fresh buffer and keeps its value.
+TEST_P(CollectivesTest, AnAllReduceOfATemporaryReducesInPlace) {
+  auto slice = client_->CreateSlice({{4}, {"x"}});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  constexpr int64_t kElements = 256 << 10;  // 1 MiB per shard
+  const TensorSpec spec{DType::kF32, {4 * kElements}};
+  auto in_place = client_->Compile(FunctionSpec::Script(
+      "temporary", "def temporary(x):\n    return pathways.all_reduce(x * 2.0, 'x')\n", {spec}, {spec}, {{"x"}},
+      {{"x"}}));
+  auto kept = client_->Compile(FunctionSpec::Script(
+      "kept", "def kept(x):\n    y = x * 2.0\n    return pathways.all_reduce(y, 'x'), y[0:4]\n", {spec},
+      {spec, {DType::kF32, {16}}}, {{"x"}}, {{"x"}, {"x"}}));
+  ASSERT_TRUE(in_place.ok() && kept.ok()) << in_place.status() << kept.status();
+  at::Tensor global = torch::arange(4 * kElements, torch::kFloat);
+  auto x = client_->Put(FromTensor(global), *slice, {"x"});
+  ASSERT_TRUE(x.ok() && client_->Ready(*x).Await().ok());
+  auto peak_of = [&](const CompiledFunction& fn, std::vector<HostArray>* fetched) {
+    int64_t peak = 0;
+    for (int w = 0; w < cluster_->num_workers(); ++w) {
+      for (int d = 0; d < cluster_->worker(w).runtime().num_devices(); ++d) cluster_->worker(w).runtime().device(d).ResetMemoryPeak();
+    }
+    const int64_t before = cluster_->worker(0).runtime().device(0).stats().memory_used;
+    auto out = client_->Call(fn, *slice, {*x});
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return peak;
+    for (const ShardedArray& a : *out) {
+      auto f = client_->Fetch(a).Await();
+      EXPECT_TRUE(f.ok()) << f.status();
+      if (f.ok()) fetched->push_back(*f);
+    }
+    peak = cluster_->worker(0).runtime().device(0).stats().memory_peak - before;
+    return peak;
+  };
+  const at::Tensor sum = (global * 2.0).view({4, kElements}).sum(0).repeat(4);
+  std::vector<HostArray> got;
+  const int64_t temporary_peak = peak_of(*in_place, &got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(torch::equal(ToTensor(got[0]), sum));
+  constexpr int64_t kShardBytes = kElements * 4;
+  // (Besides a few bytes of scalars.)
+  EXPECT_GE(temporary_peak, 2 * kShardBytes);
+  EXPECT_LT(temporary_peak, 2 * kShardBytes + 4096) << "the temporary and the output buffer only";
+  got.clear();
+  const int64_t kept_peak = peak_of(*kept, &got);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(torch::equal(ToTensor(got[0]), sum));
+  at::Tensor firsts = torch::empty({16});
+  for (int s = 0; s < 4; ++s) firsts.narrow(0, 4 * s, 4).copy_(global.narrow(0, s * kElements, 4) * 2.0);
+  EXPECT_TRUE(torch::equal(ToTensor(got[1]), firsts)) << ToTensor(got[1]);
+  EXPECT_GE(kept_peak, 3 * kShardBytes) << "y, the reduction's own buffer and the output";
 }
 
 INSTANTIATE_TEST_SUITE_P(Hosts, CollectivesTest, ::testing::Values(1, 2),

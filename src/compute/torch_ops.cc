@@ -2,6 +2,7 @@
 // random numbers and the Markov data set; and the built-in kernels.
 #include "compute/torch_ops.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
@@ -94,11 +95,30 @@ void CheckSplits(const at::Tensor& x, int64_t dim, int members, const char* what
               " does not split into ", members, " equal chunks");
 }
 
+// Whether a collective may write its result over `x`: torch allocated the storage inside the body
+// (it is no view of an input's device buffer, which other runs may read), `x` spans all of it,
+// and nothing else refers to the tensor or its storage. TorchScript's interpreter moves a value
+// into the op that uses it last, so a temporary (`all_reduce(x * 2)`, a loop-carried value)
+// arrives with the only reference, and its bytes are reduced where they are instead of into a
+// fresh buffer: one less buffer written per call.
+bool Overwritable(const at::Tensor& x) {
+  return x.defined() && !x.requires_grad() && x.is_contiguous() && x.use_count() == 1 && x.has_storage() &&
+         x.storage().use_count() == 1 && x.storage_offset() == 0 &&
+         x.nbytes() == x.storage().nbytes() &&
+         x.storage().data_ptr().get_deleter() == c10::GetCPUAllocator()->raw_deleter();
+}
+
 at::Tensor AllReduceRaw(const at::Tensor& x, const std::string& axes, const std::string& op) {
   const bool mean = op == "mean";
   TORCH_CHECK(!mean || at::isFloatingType(x.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
   auto reduce = collective::ParseReduceOp(mean ? "sum" : op);
   TORCH_CHECK(reduce.ok(), reduce.status().message());
+  if (Overwritable(x)) {
+    at::Tensor inout = x;
+    RunCollective(collective::CollectiveKind::kAllReduce, axes, inout, inout, *reduce);
+    if (mean) inout.div_(GroupSize(axes));
+    return inout;
+  }
   at::Tensor in = x.contiguous();
   at::Tensor out = torch::empty_like(in);
   RunCollective(collective::CollectiveKind::kAllReduce, axes, in, out, *reduce);
@@ -226,7 +246,12 @@ struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
   }
 };
 
-at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) { return AllReduceGrad::apply(x, axes, op); }
+// Outside differentiation the op skips autograd's wrapper, which would hold a second reference
+// to `x` (and so never let the reduction happen in place).
+at::Tensor AllReduce(const at::Tensor& x, std::string axes, std::string op) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return AllReduceRaw(x, axes, op);
+  return AllReduceGrad::apply(x, axes, op);
+}
 at::Tensor AllGather(const at::Tensor& x, std::string axes, int64_t dim) { return AllGatherGrad::apply(x, axes, dim); }
 at::Tensor ReduceScatter(const at::Tensor& x, std::string axes, std::string op, int64_t dim) {
   return ReduceScatterGrad::apply(x, axes, op, dim);
