@@ -1,10 +1,16 @@
 // What every benchmark program measures with: medians of repeated runs and wall time.
 #pragma once
 
+#include <sys/resource.h>
+#include <sys/types.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -25,6 +31,29 @@ inline double Seconds(const std::function<void()>& body) {
   const auto start = std::chrono::steady_clock::now();
   body();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// CPU seconds the threads of process `pid` have run, from each thread's schedstat (nanoseconds;
+// /proc/PID/stat counts in clock ticks of 10 ms, too coarse for a few thousand short runs).
+// Threads that have exited no longer count.
+inline double ProcessCpuSeconds(pid_t pid) {
+  int64_t nanos = 0;
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+    std::ifstream in(task.path() / "schedstat");
+    int64_t ran = 0;
+    if (in >> ran) nanos += ran;
+  }
+  return static_cast<double>(nanos) * 1e-9;
+}
+
+// CPU seconds this process has run, user and system.
+inline double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 // The integer flag `name` (or `fallback`), which must be from `min` to `max`: a benchmark given a

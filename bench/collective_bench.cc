@@ -6,7 +6,7 @@
 // docs/benchmarks.md. The peers come from `make deps-bench`; a missing one is reported, not fatal.
 //
 //   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
-//                              [--hub-only true] [--work 0,64,128,256]
+//                              [--hub-only true] [--runtime-only true] [--work 0,64,128,256]
 //
 // With --work, Figure 6 instead: the step with a matrix product of each side given, at the first
 // size, against the multi-controller baseline only.
@@ -47,12 +47,20 @@ namespace pathways {
 namespace {
 
 using bench::Median;
+using bench::ProcessCpuSeconds;
 using bench::Seconds;
+using bench::SelfCpuSeconds;
 
 using bench::StepsFor;
 
 struct Rates {
   double opbyop = 0, chained = 0, fused = 0;
+  // CPU microseconds per step of each form (OpByOp, Chained, Fused), medians over the repeats:
+  // the client's process, the controller's, and every worker's together.
+  struct Cpu {
+    double client = 0, controller = 0, workers = 0;
+  };
+  Cpu cpu[3];
 };
 
 // A controller and `hosts` workers of `devices` devices each, as processes.
@@ -76,6 +84,12 @@ class ProcessCluster {
     controller_.Stop(SIGTERM);
   }
   const std::string& address() const { return address_; }
+  pid_t controller_pid() const { return controller_.pid(); }
+  double WorkersCpuSeconds() const {
+    double total = 0;
+    for (const auto& w : workers_) total += ProcessCpuSeconds(w->pid());
+    return total;
+  }
 
  private:
   Subprocess controller_;
@@ -124,6 +138,19 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
     }
   };
   std::vector<double> opbyop, chained, fused_rate;
+  std::vector<double> cpu[3][3];  // form, then client / controller / workers
+  // Times `body` (one form's run of `steps` steps) and notes each process's CPU per step.
+  auto timed = [&](int form, bool keep, const std::function<void()>& body) {
+    const double client0 = SelfCpuSeconds(), controller0 = ProcessCpuSeconds(cluster.controller_pid()),
+                 workers0 = cluster.WorkersCpuSeconds();
+    const double t = Seconds(body);
+    if (keep) {
+      cpu[form][0].push_back((SelfCpuSeconds() - client0) * 1e6 / steps);
+      cpu[form][1].push_back((ProcessCpuSeconds(cluster.controller_pid()) - controller0) * 1e6 / steps);
+      cpu[form][2].push_back((cluster.WorkersCpuSeconds() - workers0) * 1e6 / steps);
+    }
+    return t;
+  };
   absl::Status failure;
   // The next step's input is this step's output, or the run stops at the first failure.
   auto advance = [&](const absl::StatusOr<std::vector<ShardedArray>>& out) {
@@ -134,7 +161,8 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
     }
   };
   for (int r = 0; r < repeats + 1 && failure.ok(); ++r) {  // the first round warms up
-    const double t1 = Seconds([&] {
+    const bool keep = r > 0;
+    const double t1 = timed(0, keep, [&] {
       for (int i = 0; i < steps && failure.ok(); ++i) {
         advance(client->Call(step, slice, {x}));
       }
@@ -142,13 +170,13 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
     });
     expected += steps;
     check(failure);
-    const double t2 = Seconds([&] {
+    const double t2 = timed(1, keep, [&] {
       advance(client->Run(chain, {x}));
       ready(failure);
     });
     expected += steps;
     check(failure);
-    const double t3 = Seconds([&] {
+    const double t3 = timed(2, keep, [&] {
       advance(client->Call(fused, slice, {x}));
       ready(failure);
     });
@@ -160,7 +188,9 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
     fused_rate.push_back(steps / t3);
   }
   PW_RETURN_IF_ERROR(failure);
-  return Rates{Median(opbyop), Median(chained), Median(fused_rate)};
+  Rates rates{Median(opbyop), Median(chained), Median(fused_rate)};
+  for (int f = 0; f < 3; ++f) rates.cpu[f] = {Median(cpu[f][0]), Median(cpu[f][1]), Median(cpu[f][2])};
+  return rates;
 }
 
 // The median of the "steps_per_s" lines a peer printed.
@@ -356,7 +386,7 @@ int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, cons
 
 int Main(int argc, char** argv) {
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only", "work"});
+  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
@@ -398,10 +428,7 @@ int Main(int argc, char** argv) {
     }
     return Figure6(configs, sizes.front(), work, repeats);
   }
-  const bool have_torch = Available({"/usr/bin/python3", "-c", "import torch.distributed"});
-  const bool have_mpi = access(MPI_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;
-  if (!have_torch) std::printf("torch.distributed: not installed (make deps-bench)\n\n");
-  if (!have_mpi) std::printf("OpenMPI: not installed or peer not built (make deps-bench, then rebuild)\n\n");
+
   const double memcpy_bw = MemcpyBandwidth();
   std::printf("memcpy on this machine: %.2f GB/s (bytes read + written)\n\n", memcpy_bw / 1e9);
   std::printf(
@@ -413,6 +440,14 @@ int Main(int argc, char** argv) {
       "loopback links between them, no compiled function; GB/s counts every member's input read and output "
       "written, against memcpy's bytes read and written.\n\n");
   const bool hub_only = flags->Get("hub-only", "false") == "true";
+  // This runtime alone, no hub and no peers: for profiling it (`perf record -a`).
+  const bool runtime_only = flags->Get("runtime-only", "false") == "true";
+  const bool have_torch = !runtime_only && Available({"/usr/bin/python3", "-c", "import torch.distributed"});
+  const bool have_mpi = !runtime_only && access(MPI_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;
+  if (!runtime_only && !have_torch) std::printf("torch.distributed: not installed (make deps-bench)\n\n");
+  if (!runtime_only && !have_mpi) {
+    std::printf("OpenMPI: not installed or peer not built (make deps-bench, then rebuild)\n\n");
+  }
   // On a terminal, what is being measured (on stderr: the tables on stdout stay clean).
   Progress progress("measured", static_cast<int64_t>(configs.size() * sizes.size()) * (hub_only ? 1 : 2), stderr,
                     Progress::OffTerminal::kSilent);
@@ -420,8 +455,10 @@ int Main(int argc, char** argv) {
   auto now_measuring = [&](const char* what, int hosts, int devices, int64_t bytes) {
     progress.Show(measured++, absl::StrFormat("%s %dx%d, %lld B", what, hosts, devices, static_cast<long long>(bytes)));
   };
-  std::printf("| hosts x devices | bytes/device | all_reduce/s | GB/s touched | of memcpy |\n|---|---|---|---|---|\n");
-  for (auto [hosts, devices] : configs) {
+  if (!runtime_only) {
+    std::printf("| hosts x devices | bytes/device | all_reduce/s | GB/s touched | of memcpy |\n|---|---|---|---|---|\n");
+  }
+  for (auto [hosts, devices] : runtime_only ? decltype(configs){} : configs) {
     for (int64_t bytes : sizes) {
       now_measuring("hub only", hosts, devices, bytes);
       const double rate = MeasureHubOnly(hosts, devices, bytes, repeats);
@@ -442,6 +479,7 @@ int Main(int argc, char** argv) {
       "torch+Gloo | OpenMPI TCP | Fused/torch | Fused/MPI | OpByOp/Fused | Chained/Fused | Chained/MC step | "
       "Fused/MC fused | Fused GB/s touched |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> cpu_rows;
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {
       now_measuring("this runtime and its peers", hosts, devices, bytes);
@@ -454,7 +492,8 @@ int Main(int argc, char** argv) {
         continue;
       }
       const int ranks = hosts * devices;
-      const MultiControllerRates mc = MeasureMultiController(hosts, devices, bytes, repeats);
+      const MultiControllerRates mc =
+          runtime_only ? MultiControllerRates{} : MeasureMultiController(hosts, devices, bytes, repeats);
       std::optional<double> torch = have_torch ? MeasureTorch(ranks, bytes, repeats) : std::nullopt;
       std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats) : std::nullopt;
       progress.Clear();
@@ -467,9 +506,26 @@ int Main(int argc, char** argv) {
                   ours->chained / ours->fused, Ratio(ours->chained, mc.step).c_str(),
                   Ratio(ours->fused, mc.fused).c_str(), touched);
       std::fflush(stdout);
+      static const char* kForms[] = {"OpByOp", "Chained", "Fused"};
+      for (int f = 0; f < 3; ++f) {
+        cpu_rows.push_back(absl::StrFormat("| %dx%d | %lld | %s | %.0f | %.0f | %.0f | %.0f | %.0f |", hosts, devices,
+                                           static_cast<long long>(bytes), kForms[f], 1e6 / (f == 0   ? ours->opbyop
+                                                                                            : f == 1 ? ours->chained
+                                                                                                     : ours->fused),
+                                           ours->cpu[f].client, ours->cpu[f].controller, ours->cpu[f].workers,
+                                           ours->cpu[f].client + ours->cpu[f].controller + ours->cpu[f].workers));
+      }
     }
   }
   progress.Show(measured);
+  if (!cpu_rows.empty()) {
+    std::printf(
+        "\nCPU per step of this runtime, microseconds (medians over the repeats; the client's process, the "
+        "controller's, every worker's together), beside the wall time of a step:\n\n"
+        "| hosts x devices | bytes/device | form | wall | client | controller | workers | all |\n"
+        "|---|---|---|---|---|---|---|---|\n");
+    for (const std::string& row : cpu_rows) std::printf("%s\n", row.c_str());
+  }
   return 0;
 }
 

@@ -39,22 +39,11 @@
 namespace pathways {
 namespace {
 
+using bench::ProcessCpuSeconds;
 using bench::Seconds;
+using bench::SelfCpuSeconds;
 
 constexpr int kChain = 128;
-
-// CPU seconds the threads of process `pid` have run, from each thread's schedstat (nanoseconds;
-// /proc/PID/stat counts in clock ticks of 10 ms, too coarse for a few thousand short runs).
-double ProcessCpuSeconds(pid_t pid) {
-  int64_t nanos = 0;
-  std::error_code error;
-  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
-    std::ifstream in(task.path() / "schedstat");
-    int64_t ran = 0;
-    if (in >> ran) nanos += ran;
-  }
-  return static_cast<double>(nanos) * 1e-9;
-}
 
 // A field of /proc/PID/status ("VmRSS", "Threads") as its number (kB for sizes).
 int64_t StatusField(pid_t pid, const std::string& name) {
@@ -63,13 +52,6 @@ int64_t StatusField(pid_t pid, const std::string& name) {
     if (line.rfind(name + ":", 0) == 0) return std::stoll(line.substr(name.size() + 1));
   }
   return 0;
-}
-
-double SelfCpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 void Die(const std::string& what, const absl::Status& status) {
