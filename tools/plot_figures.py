@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Draws the paper's Figures 5, 6 and 7 from the markdown tables the benchmarks print, and turns
+any benchmark's tables into CSV.
+
+    build/bin/collective_bench --configs 1x4,2x4,4x4,8x4,16x4 --sizes 4 --work 0 > fig5.md
+    /usr/bin/python3 tools/plot_figures.py fig5 fig5.md fig5.png
+
+    build/bin/collective_bench --configs 4x1,8x1,16x1 --sizes 4 --work 0,64,128,256,512 > fig6.md
+    /usr/bin/python3 tools/plot_figures.py fig6 fig6.md fig6.png
+
+    build/bin/dispatch_bench > dispatch.md
+    /usr/bin/python3 tools/plot_figures.py fig7 dispatch.md fig7.png
+
+    /usr/bin/python3 tools/plot_figures.py csv ANY_BENCHMARK_OUTPUT.md > tables.csv
+
+Figures 5 and 6 read collective_bench's Figure 6 table (`--work`; work 0 is Figure 5's step, a
+scalar all_reduce and an add), Figure 7 the pipeline tables of dispatch_bench. Drawing needs
+Debian's python3-matplotlib (`make deps-plot`); `csv` needs nothing.
+"""
+import csv
+import sys
+import textwrap
+
+
+def cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def tables(lines):
+    """Every markdown table in `lines`: (the heading line above it, header cells, rows of cells).
+    Rows printed later without a header of their own (collective_bench's Figure 6 table puts a
+    line of text after each configuration) join the table before them."""
+    found, heading, i = [], "", 0
+    while i < len(lines):
+        line = lines[i].strip()
+        if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].strip().startswith("|---"):
+            header = cells(line)
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                rows.append(cells(lines[i]))
+                i += 1
+            found.append((heading, header, rows))
+            continue
+        if line.startswith("|") and found and len(cells(line)) == len(found[-1][1]):
+            found[-1][2].append(cells(line))
+        elif line:
+            heading = line
+        i += 1
+    return found
+
+
+def number(cell):
+    try:
+        return float(cell.rstrip("x%"))
+    except ValueError:
+        return None
+
+
+def figure6_rows(found):
+    """Rows of collective_bench's Figure 6 table as dicts of numbers, with 'config' kept as text."""
+    rows = []
+    for _, header, body in found:
+        if header[:3] != ["hosts x devices", "work", "step ms (MC)"]:
+            continue
+        for cells in body:
+            if len(cells) != len(header):
+                continue  # a failed measurement
+            row = {h: number(c) for h, c in zip(header, cells)}
+            row["config"] = cells[0]
+            hosts, devices = (int(v) for v in cells[0].split("x"))
+            row["devices"] = hosts * devices
+            rows.append(row)
+    return rows
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+FORMS = [("OpByOp", "tab:red"), ("Chained", "tab:blue"), ("Fused", "tab:green")]
+
+
+def figure5(found, out):
+    rows = [r for r in figure6_rows(found) if r["work"] == 0]
+    if not rows:
+        return "no Figure 6 table with work 0 (run collective_bench with --work 0)"
+    rows.sort(key=lambda r: r["devices"])
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    devices = [r["devices"] for r in rows]
+    for form, color in FORMS:
+        ax.plot(devices, [r[form] for r in rows], "o-", color=color, label=f"{form} (single controller)")
+    ax.plot(devices, [r["MC step"] for r in rows], "s--", color="0.35", label="multi-controller, a call per step")
+    ax.plot(devices, [r["MC fused"] for r in rows], "^--", color="0.6", label="multi-controller, fused loop")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(devices)
+    ax.set_xticklabels([r["config"] for r in rows])
+    ax.set_xlabel("hosts x devices")
+    ax.set_ylabel("computations per second")
+    ax.set_title("Figure 5: scalar all_reduce + add, each feeding the next")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return None
+
+
+def figure6(found, out):
+    rows = figure6_rows(found)
+    if not rows:
+        return "no Figure 6 table (run collective_bench with --work)"
+    def size(config):
+        hosts, devices = (int(v) for v in config.split("x"))
+        return (hosts * devices, hosts)
+
+    configs = sorted({r["config"] for r in rows}, key=size)
+    plt = pyplot()
+    columns = min(3, len(configs))
+    lines = (len(configs) + columns - 1) // columns
+    fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.4 * lines), sharey=True, squeeze=False)
+    for ax in axes.flat[len(configs):]:
+        ax.set_visible(False)
+    ratios = [("OpByOp", "OpByOp/MC"), ("Chained", "Chained/MC"), ("Fused", "Fused/MC fused")]
+    for ax, config in zip(axes.flat, configs):
+        mine = sorted((r for r in rows if r["config"] == config), key=lambda r: r["step ms (MC)"])
+        steps = [r["step ms (MC)"] for r in mine]
+        for (form, color), (_, column) in zip(FORMS, ratios):
+            ax.plot(steps, [r[column] for r in mine], "o-", color=color, label=form)
+        ax.axhline(0.95, color="0.5", linestyle=":", label="95%")
+        ax.set_xscale("log")
+        ax.set_xlabel("step of the multi-controller (ms)")
+        ax.set_title(config)
+        ax.grid(True, which="both", alpha=0.3)
+    for line in axes:
+        line[0].set_ylabel("throughput / multi-controller's")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Figure 6: computation size at which a single controller catches up")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return None
+
+
+def figure7(found, out):
+    pipelines = [(h, rows) for h, header, rows in found if header[:2] == ["stages", "parallel dispatch"]]
+    if not pipelines:
+        return "no pipeline table (dispatch_bench prints them)"
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(pipelines), figsize=(4.2 * len(pipelines), 3.8), sharey=False, squeeze=False)
+    for ax, (heading, rows) in zip(axes[0], pipelines):
+        stages = [int(r[0]) for r in rows]
+        ax.plot(stages, [float(r[1]) for r in rows], "o-", color="tab:blue", label="parallel dispatch")
+        ax.plot(stages, [float(r[2]) for r in rows], "s--", color="tab:red", label="sequential dispatch")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(stages)
+        ax.set_xticklabels([str(s) for s in stages])
+        ax.set_xlabel("pipeline stages")
+        ax.set_ylim(bottom=0)
+        where = heading.split("per stage,", 1)[-1].split(": ms per run")[0].strip() or heading
+        ax.set_title("\n".join(textwrap.wrap(where, 48)), fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("ms per pipeline run")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Figure 7: parallel against sequential asynchronous dispatch")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return None
+
+
+def to_csv(found):
+    writer = csv.writer(sys.stdout)
+    for heading, header, rows in found:
+        writer.writerow(["# " + heading] if heading else ["#"])
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def main(argv):
+    figures = {"fig5": figure5, "fig6": figure6, "fig7": figure7}
+    if len(argv) == 3 and argv[1] == "csv":
+        with open(argv[2]) as f:
+            to_csv(tables(f.read().splitlines()))
+        return 0
+    if len(argv) != 4 or argv[1] not in figures:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    with open(argv[2]) as f:
+        found = tables(f.read().splitlines())
+    problem = figures[argv[1]](found, argv[3])
+    if problem:
+        print(f"{argv[2]}: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

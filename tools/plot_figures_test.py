@@ -1,0 +1,68 @@
+"""tools/plot_figures.py reads the tables the benchmarks print: CSV always, and the figures when
+Debian's python3-matplotlib is installed (`make deps-plot`; skipped otherwise)."""
+import csv
+import importlib.util
+import io
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import plot_figures  # noqa: E402
+
+# As collective_bench --work prints it: a line of text after each configuration's rows.
+FIGURE6 = """Figure 6: a step is a work x work matrix product.
+
+| hosts x devices | work | step ms (MC) | OpByOp | Chained | Fused | MC step | MC fused | OpByOp/MC | Chained/MC | Fused/MC fused |
+|---|---|---|---|---|---|---|---|---|---|---|
+| 2x1 | 0 | 0.050 | 9000 | 12000 | 30000 | 20000 | 40000 | 0.45 | 0.60 | 0.75 |
+| 2x1 | 128 | 0.300 | 3000 | 3200 | 3300 | 3333 | 3400 | 0.90 | 0.96 | 0.97 |
+
+2x1: 95% of the multi-controller from a step of OpByOp not within the sweep, Chained 0.300 ms, Fused 0.300 ms
+
+| 4x4 | 0 | 0.200 | 1500 | 1800 | 3400 | 5000 | 5100 | 0.30 | 0.36 | 0.67 |
+| 4x4 | 128 | failed: the multi-controller peer |
+"""
+
+# As dispatch_bench prints its pipelines.
+FIGURE7 = """### Pipeline of K stages, one host each, ~0.1 ms per stage, embedded: ms per run (median of 3)
+
+| stages | parallel dispatch | sequential dispatch | sequential / parallel |
+|---|---|---|---|
+| 1 | 0.49 | 0.50 | 1.02x |
+| 2 | 0.62 | 0.79 | 1.27x |
+"""
+
+
+def test_rows_after_a_line_of_text_join_their_table_and_failed_rows_are_left_out():
+    rows = plot_figures.figure6_rows(plot_figures.tables(FIGURE6.splitlines()))
+    assert [(r["config"], r["work"]) for r in rows] == [("2x1", 0), ("2x1", 128), ("4x4", 0)]
+    assert rows[2]["devices"] == 16 and rows[2]["Fused/MC fused"] == 0.67
+
+
+def test_csv_gives_every_table_with_its_heading(capsys):
+    plot_figures.to_csv(plot_figures.tables((FIGURE6 + "\n" + FIGURE7).splitlines()))
+    got = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    assert got[1][:3] == ["hosts x devices", "work", "step ms (MC)"]
+    assert got[2][0] == "2x1" and got[4][0] == "4x4"
+    pipeline = got.index(["stages", "parallel dispatch", "sequential dispatch", "sequential / parallel"])
+    assert got[pipeline - 1][0].startswith("# ### Pipeline of K stages")
+    assert got[pipeline + 2] == ["2", "0.62", "0.79", "1.27x"]
+
+
+def test_a_missing_table_is_named(tmp_path):
+    source = tmp_path / "empty.md"
+    source.write_text("no tables here\n")
+    assert plot_figures.main(["plot_figures.py", "fig7", str(source), str(tmp_path / "x.png")]) == 1
+    assert plot_figures.main(["plot_figures.py", "fig9", str(source), str(tmp_path / "x.png")]) == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="python3-matplotlib is not installed")
+@pytest.mark.parametrize("figure,text", [("fig5", FIGURE6), ("fig6", FIGURE6), ("fig7", FIGURE7)])
+def test_each_figure_is_drawn(tmp_path, figure, text):
+    source = tmp_path / "bench.md"
+    source.write_text(text)
+    out = tmp_path / f"{figure}.png"
+    assert plot_figures.main(["plot_figures.py", figure, str(source), str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
