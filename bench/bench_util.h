@@ -13,7 +13,11 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 
 #include "tools/flags.h"
 
@@ -66,6 +70,23 @@ inline int64_t IntFlagOrExit(const Flags& flags, const std::string& name, int64_
                                      : value.status().ToString();
   std::fprintf(stderr, "--%s: %s\n", name.c_str(), why.c_str());
   std::exit(2);
+}
+
+// "HxD,HxD,...": (hosts, devices per host) pairs, at most 64 devices each. A bad one is named on
+// stderr and the benchmark exits with status 2.
+inline std::vector<std::pair<int, int>> ConfigsOrExit(const std::string& text) {
+  std::vector<std::pair<int, int>> configs;
+  for (absl::string_view c : absl::StrSplit(text, ',')) {
+    std::vector<std::string> hd = absl::StrSplit(c, 'x');
+    int h = 0, d = 0;
+    if (hd.size() != 2 || !absl::SimpleAtoi(hd[0], &h) || !absl::SimpleAtoi(hd[1], &d) || h < 1 || d < 1 ||
+        h * d > 64) {
+      std::fprintf(stderr, "bad config '%s': want HOSTSxDEVICES, at most 64 devices\n", std::string(c).c_str());
+      std::exit(2);
+    }
+    configs.push_back({h, d});
+  }
+  return configs;
 }
 
 }  // namespace pathways::bench

@@ -33,6 +33,7 @@
 #include "absl/strings/strip.h"
 #include "bench_util.h"
 #include "figure_step.h"
+#include "process_cluster.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "collective/collective.h"
@@ -47,6 +48,7 @@ namespace pathways {
 namespace {
 
 using bench::Median;
+using bench::ProcessCluster;
 using bench::ProcessCpuSeconds;
 using bench::Seconds;
 using bench::SelfCpuSeconds;
@@ -63,45 +65,11 @@ struct Rates {
   Cpu cpu[3];
 };
 
-// A controller and `hosts` workers of `devices` devices each, as processes.
-class ProcessCluster {
- public:
-  absl::Status Start(int hosts, int devices, int64_t device_memory) {
-    PW_RETURN_IF_ERROR(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}));
-    PW_ASSIGN_OR_RETURN(std::string line, controller_.WaitForLine("listening on", absl::Seconds(60)));
-    address_ = line.substr(line.rfind(' ') + 1);
-    for (int h = 0; h < hosts; ++h) {
-      workers_.push_back(std::make_unique<Subprocess>());
-      PW_RETURN_IF_ERROR(workers_.back()->Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--listen",
-                                                 "127.0.0.1:0", "--devices", std::to_string(devices), "--device-memory",
-                                                 std::to_string(device_memory)}));
-    }
-    for (auto& w : workers_) PW_RETURN_IF_ERROR(w->WaitForLine("serving", absl::Seconds(60)).status());
-    return absl::OkStatus();
-  }
-  ~ProcessCluster() {
-    for (auto& w : workers_) w->Stop(SIGTERM);
-    controller_.Stop(SIGTERM);
-  }
-  const std::string& address() const { return address_; }
-  pid_t controller_pid() const { return controller_.pid(); }
-  double WorkersCpuSeconds() const {
-    double total = 0;
-    for (const auto& w : workers_) total += ProcessCpuSeconds(w->pid());
-    return total;
-  }
-
- private:
-  Subprocess controller_;
-  std::vector<std::unique_ptr<Subprocess>> workers_;
-  std::string address_;
-};
-
 absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int repeats, int work = 0) {
   const int members = hosts * devices;
   const int64_t per_device = std::max<int64_t>(1, bytes / 4);
   ProcessCluster cluster;
-  PW_RETURN_IF_ERROR(cluster.Start(hosts, devices, std::max<int64_t>(64 << 20, 8 * bytes)));
+  PW_RETURN_IF_ERROR(cluster.Start(PATHWAYS_BINARY, hosts, devices, std::max<int64_t>(64 << 20, 8 * bytes)));
   PW_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(cluster.address()));
   PW_ASSIGN_OR_RETURN(VirtualSlice slice, client->CreateSlice({.mesh_shape = {members}}));
   const TensorSpec spec{DType::kF32, {members * per_device}};
@@ -392,17 +360,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
-  std::vector<std::pair<int, int>> configs;
-  for (absl::string_view c : absl::StrSplit(flags->Get("configs", "2x1,4x1,8x1,4x4,1x4"), ',')) {
-    std::vector<std::string> hd = absl::StrSplit(c, 'x');
-    int h = 0, d = 0;
-    if (hd.size() != 2 || !absl::SimpleAtoi(hd[0], &h) || !absl::SimpleAtoi(hd[1], &d) || h < 1 || d < 1 ||
-        h * d > 64) {
-      std::fprintf(stderr, "bad config '%s': want HOSTSxDEVICES, at most 64 devices\n", std::string(c).c_str());
-      return 2;
-    }
-    configs.push_back({h, d});
-  }
+  const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags->Get("configs", "2x1,4x1,8x1,4x4,1x4"));
   std::vector<int64_t> sizes;
   for (absl::string_view s : absl::StrSplit(flags->Get("sizes", "4,64KiB,4MiB"), ',')) {
     auto bytes = ParseBytes(std::string(s));

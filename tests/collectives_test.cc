@@ -58,6 +58,9 @@ std::vector<Case> Cases() {
       {"broadcast", "pathways.broadcast(x, AXES, 1)", "",
        [](const Group& g, int) { return g[std::min<size_t>(1, g.size() - 1)]; }},
       {"broadcast_root0", "pathways.broadcast(x, AXES)", "broadcast", [](const Group& g, int) { return g[0]; }},
+      // Not a collective: each shard's position in its group.
+      {"axis_index", "x * 0.0 + pathways.axis_index(AXES)", "",
+       [](const Group& g, int rank) { return torch::full_like(g[static_cast<size_t>(rank)], rank); }},
       // Collectives that only move data take element types the runtime cannot reduce.
       {"all_gather_half", "pathways.all_gather(x.half(), AXES).float()", "",
        [](const Group& g, int) { return torch::cat(g, 0).to(torch::kHalf).to(torch::kFloat); }},

@@ -261,6 +261,14 @@ at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
   return BroadcastGrad::apply(x, axes, root);
 }
 
+// This shard's position along `axes` (row-major over several, as the collectives order their
+// members): what a body needs to find its neighbours, as JAX's axis_index.
+int64_t AxisIndex(std::string axes) {
+  auto group = CurrentShard().GroupOver(axes);
+  TORCH_CHECK(group.ok(), "axis_index: ", group.status().message());
+  return group->rank;
+}
+
 // Random numbers (compute/counter_rng.h). `shape` is the shard's local shape and `spec` names,
 // per dimension, the mesh axes that split it ("" or absent: not split; "x,y": both), as the
 // output's partition spec does: each shard draws its block of one global array, so replicas
@@ -410,6 +418,7 @@ TORCH_LIBRARY(pathways, m) {
   m.def(op("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor"), &ReduceScatter);
   m.def(op("all_to_all(Tensor x, str axes='', int dim=0) -> Tensor"), &AllToAll);
   m.def(op("broadcast(Tensor x, str axes='', int root=0) -> Tensor"), &Broadcast);
+  m.def(op("axis_index(str axes='') -> int"), &AxisIndex);
 }
 
 // Built-in kernels. Collective ones take the mesh axes after an '@' in their name

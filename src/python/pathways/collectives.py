@@ -57,6 +57,12 @@ def broadcast(x: torch.Tensor, axes: str = "", root: int = 0) -> torch.Tensor:
     return x.clone()
 
 
+def axis_index(axes: str = "") -> int:
+    """This device's position along ``axes`` (row-major over several), from 0: to find neighbours."""
+    _group(axes)
+    return 0
+
+
 def uniform(shape: List[int], spec: List[str], seed: int, step: int) -> torch.Tensor:
     """Counter-based uniform numbers in [0, 1) for this shard's block of one global array."""
     return torch.empty(shape, device="meta")

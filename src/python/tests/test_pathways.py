@@ -161,6 +161,21 @@ def test_bodies_may_name_the_collectives_by_an_alias(client):
         torch.testing.assert_close(f(client.put(host, mesh, P("x"))).fetch(), host / host.sum())
 
 
+def test_axis_index_finds_a_shards_neighbours(client):
+    mesh = client.slice((4,))
+
+    # One step of a 1-D stencil: each shard averages its value with its two neighbours' (a ring).
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def stencil(v):
+        every = pathways.all_gather(v, "x")
+        me = pathways.axis_index("x")
+        return (every[(me + 3) % 4:(me + 3) % 4 + 1] + v + every[(me + 1) % 4:(me + 1) % 4 + 1]) / 3.0
+
+    host = torch.tensor([0.0, 3.0, 6.0, 9.0])
+    want = (torch.roll(host, 1) + host + torch.roll(host, -1)) / 3.0
+    torch.testing.assert_close(stencil(client.put(host, mesh, P("x"))).fetch(), want)
+
+
 def test_arrays_are_awaitable(client):
     mesh = client.slice((2,))
 
