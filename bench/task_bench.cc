@@ -9,9 +9,9 @@
 // repeated for `steps` timesteps; the task at (t, i) reads the results of (t-1, i-1), (t-1, i)
 // and (t-1, i+1) (a ring), then runs a compute-bound kernel: `iterations` times y = y * a + b over
 // `elements` floats. On this runtime a timestep is one compiled function over the slice: each
-// shard all_gathers one value per member and picks its two neighbours by
-// `pathways.axis_index` (the body's collectives are how shards of one computation exchange);
-// OpByOp makes one client call per timestep, Chained one program of `steps` nodes. The MPI peer
+// shard gets one value from each neighbour by `pathways.roll` (point to point, as MPI's
+// neighbours exchange); OpByOp makes one client call per timestep, Chained one program of
+// `steps` nodes. The MPI peer
 // (peers/mpi_stencil.c) exchanges with its two neighbours by MPI_Sendrecv and runs the same
 // kernel as a C loop.
 //
@@ -51,12 +51,11 @@ using bench::Seconds;
 
 constexpr float kScale = 0.999f, kShift = 0.001f;
 
-std::string StencilSource(int width, int64_t iterations) {
+std::string StencilSource(int64_t iterations) {
   return absl::StrCat("def stencil(x):\n",
-                      "    every = pathways.all_gather(x[0:1], 'x')\n",
-                      "    me = pathways.axis_index('x')\n",
-                      "    y = (x + every[(me + ", width - 1, ") % ", width, "] + every[(me + 1) % ", width,
-                      "]) * (1.0 / 3.0)\n",
+                      "    left = pathways.roll(x[0:1], 'x', 1)\n",
+                      "    right = pathways.roll(x[0:1], 'x', -1)\n",
+                      "    y = (x + left + right) * (1.0 / 3.0)\n",
                       "    for _ in range(", iterations, "):\n",
                       "        y = y * ", kScale, " + ", kShift, "\n",
                       "    return y\n");
@@ -100,7 +99,7 @@ absl::StatusOr<RuntimePoints> MeasureRuntime(int hosts, int devices, int steps, 
   RuntimePoints points;
   for (int64_t iterations : sweep) {
     PW_ASSIGN_OR_RETURN(CompiledFunction step,
-                        client->Compile(FunctionSpec::Script("stencil", StencilSource(width, iterations), {spec},
+                        client->Compile(FunctionSpec::Script("stencil", StencilSource(iterations), {spec},
                                                              {spec}, {{"x"}}, {{"x"}})));
     ProgramBuilder builder("stencil_chain");
     TracedValue v = builder.Arg(spec);

@@ -58,6 +58,11 @@ std::vector<Case> Cases() {
       {"broadcast", "pathways.broadcast(x, AXES, 1)", "",
        [](const Group& g, int) { return g[std::min<size_t>(1, g.size() - 1)]; }},
       {"broadcast_root0", "pathways.broadcast(x, AXES)", "broadcast", [](const Group& g, int) { return g[0]; }},
+      // Point to point: member r gets member (r - shift)'s input.
+      {"roll", "pathways.roll(x, AXES, 1)", "",
+       [](const Group& g, int rank) { return g[static_cast<size_t>((rank + g.size() - 1) % g.size())]; }},
+      {"roll_back_three", "pathways.roll(x, AXES, -3)", "",
+       [](const Group& g, int rank) { return g[static_cast<size_t>((rank + 3) % g.size())]; }},
       // Not a collective: each shard's position in its group.
       {"axis_index", "x * 0.0 + pathways.axis_index(AXES)", "",
        [](const Group& g, int rank) { return torch::full_like(g[static_cast<size_t>(rank)], rank); }},

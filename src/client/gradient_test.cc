@@ -106,8 +106,8 @@ TEST_F(GradientTest, TensorParallelMlpAndItsLoss) {
                       {RandomF32({4, 6}, 4), RandomF32({}, 5)});
 }
 
-// all_gather, reduce_scatter, all_to_all and broadcast, each against what it computes on the
-// global array.
+// all_gather, reduce_scatter, all_to_all, broadcast and roll, each against what it computes on
+// the global array.
 TEST_F(GradientTest, CollectivesTransposeToTheirAdjoints) {
   const std::string sharded_source =
       "def moves(x):\n"
@@ -115,15 +115,19 @@ TEST_F(GradientTest, CollectivesTransposeToTheirAdjoints) {
       "    rs = pathways.reduce_scatter(g * g, 'y', 'sum', 0)\n"
       "    a2a = pathways.all_to_all(torch.sin(x), 'y', 1)\n"
       "    bc = pathways.broadcast(x * 3.0, 'y', 1)\n"
-      "    return rs, a2a, bc\n";
+      "    rl = pathways.roll(torch.cos(x), 'y', 1)\n"
+      "    return rs, a2a, bc, rl\n";
   const std::string whole_source =
       "def moves(x):\n"
       "    a2a = torch.sin(x).reshape(4, 2, 4).permute(2, 1, 0).reshape(8, 4)\n"
-      "    return 4.0 * x * x, a2a, (x * 3.0)[2:4]\n";
-  const std::vector<TensorSpec> in = {F32({8, 4})}, out = {F32({8, 4}), F32({8, 4}), F32({2, 4})};
-  auto sharded = FunctionSpec::Script("moves", sharded_source, in, out, {{"y", ""}}, {{"y", ""}, {"y", ""}, {}});
+      "    return 4.0 * x * x, a2a, (x * 3.0)[2:4], torch.roll(torch.cos(x), 2, 0)\n";
+  const std::vector<TensorSpec> in = {F32({8, 4})},
+                                out = {F32({8, 4}), F32({8, 4}), F32({2, 4}), F32({8, 4})};
+  auto sharded = FunctionSpec::Script("moves", sharded_source, in, out, {{"y", ""}},
+                                      {{"y", ""}, {"y", ""}, {}, {"y", ""}});
   auto whole = FunctionSpec::Script("moves", whole_source, in, out);
-  ExpectSameGradients(sharded, whole, {RandomF32({8, 4}, 6)}, {RandomF32({8, 4}, 7), RandomF32({8, 4}, 8), RandomF32({2, 4}, 9)});
+  ExpectSameGradients(sharded, whole, {RandomF32({8, 4}, 6)},
+                      {RandomF32({8, 4}, 7), RandomF32({8, 4}, 8), RandomF32({2, 4}, 9), RandomF32({8, 4}, 10)});
 }
 
 // Dropout draws the same mask when the forward pass runs again for the gradient, and a mean over

@@ -98,6 +98,8 @@ const char* CollectiveName(CollectiveKind kind) {
       return "all_to_all";
     case CollectiveKind::kBroadcast:
       return "broadcast";
+    case CollectiveKind::kRoll:
+      return "roll";
   }
   return "collective";
 }
@@ -118,12 +120,14 @@ std::string Describe(const CollectiveCall& c) {
     absl::StrAppend(&s, ", ", ReduceOpName(c.op));
   }
   if (c.kind == CollectiveKind::kBroadcast) absl::StrAppend(&s, ", root ", c.root);
+  if (c.kind == CollectiveKind::kRoll) absl::StrAppend(&s, ", shift ", c.shift);
   return s + ")";
 }
 
 bool SameCall(const CollectiveCall& a, const CollectiveCall& b) {
   return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count &&
          (a.kind != CollectiveKind::kBroadcast || a.root == b.root) &&
+         (a.kind != CollectiveKind::kRoll || a.shift == b.shift) &&
          ((a.kind != CollectiveKind::kAllReduce && a.kind != CollectiveKind::kReduceScatter) || a.op == b.op);
 }
 
@@ -302,9 +306,12 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
   }
   // What the members must agree on, as SameCall checks it locally.
   const bool reduces = c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter;
-  const int64_t what[] = {static_cast<int64_t>(c.kind), static_cast<int64_t>(c.dtype),
-                          reduces ? static_cast<int64_t>(c.op) : -1, c.kind == CollectiveKind::kBroadcast ? c.root : -1,
-                          static_cast<int64_t>(c.count)};
+  const int64_t what[] = {static_cast<int64_t>(c.kind),
+                          static_cast<int64_t>(c.dtype),
+                          reduces ? static_cast<int64_t>(c.op) : -1,
+                          c.kind == CollectiveKind::kBroadcast ? c.root : -1,
+                          static_cast<int64_t>(c.count),
+                          c.kind == CollectiveKind::kRoll ? c.shift : 0};
   const uint32_t signature =
       static_cast<uint32_t>(Fnv64(absl::string_view(reinterpret_cast<const char*>(what), sizeof(what))));
   // Runs the cross-host part on the group's mesh (connections are kept per set of devices).
@@ -424,6 +431,34 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
       }
       for (size_t i = 1; i < plan.local.size(); ++i) std::memcpy(calls[plan.local[i]]->out, buf, bytes);
       return absl::OkStatus();
+    }
+    case CollectiveKind::kRoll: {
+      // Member r gets member (r - shift) mod G's input: copied when both are on this host, else
+      // straight from the sender's input into the receiver's output, one message per pair of
+      // hosts that exchange, enumerated by the receiving rank on both sides.
+      const int64_t n = static_cast<int64_t>(size);
+      const int64_t shift = ((c.shift % n) + n) % n;
+      auto source = [&](int64_t r) { return static_cast<int>((r - shift + n) % n); };
+      for (int r : plan.local) {
+        if (plan.host_of[source(r)] == plan.mine) std::memcpy(calls[r]->out, calls[source(r)]->in, bytes);
+      }
+      if (!cross) return absl::OkStatus();
+      return across([&](MeshSteps& s) {
+        std::vector<PeerTransfer> transfers;
+        for (int h = 0; h < static_cast<int>(plan.hosts.size()); ++h) {
+          if (h == plan.mine) continue;
+          PeerTransfer t;
+          t.peer = h;
+          for (int64_t r = 0; r < n; ++r) {
+            if (plan.host_of[r] == h && plan.host_of[source(r)] == plan.mine) AddPiece(t.send, calls[source(r)]->in, bytes);
+          }
+          for (int r : plan.local) {
+            if (plan.host_of[source(r)] == h) AddPiece(t.recv, calls[r]->out, bytes);
+          }
+          if (!t.send.empty() || !t.recv.empty()) transfers.push_back(std::move(t));
+        }
+        return s.Step(transfers);
+      });
     }
   }
   return fail(absl::StatusCode::kInvalidArgument, "unknown collective");

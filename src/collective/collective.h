@@ -1,7 +1,7 @@
 // SPMD collectives between the shards of one gang computation: the runtime half, torch-free.
 //
-// The runtime offers all_reduce, all_gather, reduce_scatter, all_to_all and broadcast over a
-// group: the shards that share their coordinates on the mesh axes not named. The compute layer
+// The runtime offers all_reduce, all_gather, reduce_scatter, all_to_all, broadcast and roll over
+// a group: the shards that share their coordinates on the mesh axes not named. The compute layer
 // hands each call's contiguous input and output buffers here (no copies through strings); the
 // arithmetic of reductions is done here on raw buffers (reduction.h), in place in the output.
 //
@@ -95,15 +95,17 @@ absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shar
 class TcpLinks;
 struct CallId;
 
-enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kRoll };
 const char* CollectiveName(CollectiveKind kind);
 
 // One member's part of a collective. The buffers are the member's and stay valid until the call
 // returns; `in` and `out` do not overlap. With G members in the group, `out` holds `count`
 // elements, except for all_gather (G * count: every member's input in rank order) and
 // reduce_scatter (count / G: the caller's chunk of the reduction). reduce_scatter and all_to_all
-// split `in` into G equal chunks, chunk j for member j. Collectives that only move data may be
-// given any data as bytes (kBool elements).
+// split `in` into G equal chunks, chunk j for member j. roll is a point-to-point exchange: member
+// r gets member (r - shift) mod G's input, as torch.roll moves elements (a ring shift: what a
+// stencil's halo or a pipeline's next stage needs). Collectives that only move data may be given
+// any data as bytes (kBool elements).
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   DType dtype = DType::kF32;
@@ -112,6 +114,7 @@ struct CollectiveCall {
   size_t count = 0;
   const char* in = nullptr;
   char* out = nullptr;
+  int64_t shift = 0;  // roll: by how many ranks the inputs move (any sign)
 };
 
 // One host's meeting point for collectives. Thread-safe; one per host runtime.

@@ -103,6 +103,7 @@ std::vector<int32_t> Expected(CollectiveKind kind, int g, int rank, size_t count
       }
       break;
     case CollectiveKind::kBroadcast: out = Input(root, count); break;
+    case CollectiveKind::kRoll: out = Input((rank - root % g + g) % g, count); break;  // shifted by `root`
   }
   return out;
 }
@@ -115,7 +116,7 @@ size_t OutCount(CollectiveKind kind, int g, size_t count) {
 
 constexpr CollectiveKind kKinds[] = {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
                                      CollectiveKind::kReduceScatter, CollectiveKind::kAllToAll,
-                                     CollectiveKind::kBroadcast};
+                                     CollectiveKind::kBroadcast, CollectiveKind::kRoll};
 
 // Runs every collective over `axes` on every shard of `layout` (shard s on hub of its member's
 // host) and checks each output against Expected.
@@ -136,7 +137,7 @@ void CheckEveryCollective(Cluster& cluster, const GangLayout& layout_value, cons
       const std::vector<int32_t> in = Input(groups[s].rank, count);
       outs[s].assign(OutCount(kind, g, count), -1);
       CollectiveCall call{kind, DType::kI32, ReduceOp::kSum, root, count, reinterpret_cast<const char*>(in.data()),
-                          reinterpret_cast<char*>(outs[s].data())};
+                          reinterpret_cast<char*>(outs[s].data()), /*shift=*/root};
       return shard.Run(axes, call);
     });
     for (int s = 0; s < n; ++s) {

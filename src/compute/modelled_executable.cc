@@ -19,7 +19,8 @@
 namespace pathways {
 namespace {
 
-constexpr const char* kCollectives[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
+constexpr const char* kCollectives[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                       "roll"};
 
 // The mesh axes the body's rendezvous spans, or nullopt when the body calls no collective.
 // Built-in collectives are named "kernel@axes" (no '@': every axis); TorchScript calls them as

@@ -62,7 +62,7 @@ int GroupSize(const std::string& axes) {
 // Runs `kind` with `x` (contiguous) as input and `out` as output. Collectives that only move
 // data take any element type, as bytes; reductions need one the runtime can add.
 void RunCollective(collective::CollectiveKind kind, const std::string& axes, const at::Tensor& x, at::Tensor& out,
-                   collective::ReduceOp op = collective::ReduceOp::kSum, int root = 0) {
+                   collective::ReduceOp op = collective::ReduceOp::kSum, int root = 0, int64_t shift = 0) {
   const bool reduces =
       kind == collective::CollectiveKind::kAllReduce || kind == collective::CollectiveKind::kReduceScatter;
   DType dtype = FromTorch(x.scalar_type());
@@ -78,6 +78,7 @@ void RunCollective(collective::CollectiveKind kind, const std::string& axes, con
   call.dtype = dtype;
   call.op = op;
   call.root = root;
+  call.shift = shift;
   call.count = count;
   call.in = static_cast<const char*>(x.data_ptr());
   call.out = static_cast<char*>(out.data_ptr());
@@ -169,11 +170,19 @@ at::Tensor BroadcastRaw(const at::Tensor& x, const std::string& axes, int64_t ro
   return out;
 }
 
+// Member r gets member (r - shift)'s x, as torch.roll moves elements along the group.
+at::Tensor RollRaw(const at::Tensor& x, const std::string& axes, int64_t shift) {
+  at::Tensor in = x.contiguous();
+  at::Tensor out = torch::empty_like(in);
+  RunCollective(collective::CollectiveKind::kRoll, axes, in, out, collective::ReduceOp::kSum, 0, shift);
+  return out;
+}
+
 // Gradients of the collectives (their transposes), for bodies differentiated by a gradient body.
 // A value replicated over a group carries, per shard, a part of its cotangent: the cotangent of
 // the global value is the sum of the parts (see FunctionBody::Gradient). So all_reduce(sum)
 // transposes to all_reduce(sum), all_gather to reduce_scatter(sum) and back, all_to_all to
-// itself, and broadcast to a sum that lands on the root.
+// itself, roll by s to roll by -s, and broadcast to a sum that lands on the root.
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
@@ -230,6 +239,18 @@ struct AllToAllGrad : torch::autograd::Function<AllToAllGrad> {
   }
 };
 
+struct RollGrad : torch::autograd::Function<RollGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t shift) {
+    ctx->saved_data["axes"] = axes;
+    ctx->saved_data["shift"] = shift;
+    return RollRaw(x, axes, shift);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
+    return {RollRaw(g[0], ctx->saved_data["axes"].toStringRef(), -ctx->saved_data["shift"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t root) {
     ctx->saved_data["axes"] = axes;
@@ -260,6 +281,7 @@ at::Tensor AllToAll(const at::Tensor& x, std::string axes, int64_t dim) { return
 at::Tensor Broadcast(const at::Tensor& x, std::string axes, int64_t root) {
   return BroadcastGrad::apply(x, axes, root);
 }
+at::Tensor Roll(const at::Tensor& x, std::string axes, int64_t shift) { return RollGrad::apply(x, axes, shift); }
 
 // This shard's position along `axes` (row-major over several, as the collectives order their
 // members): what a body needs to find its neighbours, as JAX's axis_index.
@@ -418,6 +440,7 @@ TORCH_LIBRARY(pathways, m) {
   m.def(op("reduce_scatter(Tensor x, str axes='', str op='sum', int dim=0) -> Tensor"), &ReduceScatter);
   m.def(op("all_to_all(Tensor x, str axes='', int dim=0) -> Tensor"), &AllToAll);
   m.def(op("broadcast(Tensor x, str axes='', int root=0) -> Tensor"), &Broadcast);
+  m.def(op("roll(Tensor x, str axes='', int shift=1) -> Tensor"), &Roll);
   m.def(op("axis_index(str axes='') -> int"), &AxisIndex);
 }
 

@@ -23,7 +23,7 @@ traces several calls into one program run with one client call. Errors are excep
 """
 
 from .collectives import (all_gather, all_reduce, all_to_all, axis_index, broadcast, normal,  # noqa: F401
-                          reduce_scatter, uniform)
+                          reduce_scatter, roll, uniform)
 from .core import Array, Client, LocalCluster, P, Slice, Trainer, connect  # noqa: F401
 from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,  # noqa: F401
                      DeadlineExceededError, Error, FailedPreconditionError, InternalError, InvalidArgumentError,
@@ -33,8 +33,9 @@ from .functions import Function, Program, function, grad, program, vjp  # noqa: 
 
 __all__ = [
     "LocalCluster", "connect", "Client", "Slice", "Array", "P", "function", "Function", "program", "Program",
-    "vjp", "grad", "Trainer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "axis_index",
-    "Error", "InvalidArgumentError", "NotFoundError", "UnavailableError", "ResourceExhaustedError",
-    "DeadlineExceededError", "UnauthenticatedError", "PermissionDeniedError", "FailedPreconditionError",
-    "AbortedError", "CancelledError", "AlreadyExistsError", "DataLossError", "InternalError", "UnimplementedError",
+    "vjp", "grad", "Trainer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "roll",
+    "axis_index", "Error", "InvalidArgumentError", "NotFoundError", "UnavailableError",
+    "ResourceExhaustedError", "DeadlineExceededError", "UnauthenticatedError", "PermissionDeniedError",
+    "FailedPreconditionError", "AbortedError", "CancelledError", "AlreadyExistsError", "DataLossError",
+    "InternalError", "UnimplementedError",
 ]

@@ -57,6 +57,13 @@ def broadcast(x: torch.Tensor, axes: str = "", root: int = 0) -> torch.Tensor:
     return x.clone()
 
 
+def roll(x: torch.Tensor, axes: str = "", shift: int = 1) -> torch.Tensor:
+    """Member r gets member (r - shift)'s ``x`` along ``axes``, as ``torch.roll`` moves elements:
+    a stencil's halo, or a pipeline's next stage."""
+    _group(axes)
+    return x.clone()
+
+
 def axis_index(axes: str = "") -> int:
     """This device's position along ``axes`` (row-major over several), from 0: to find neighbours."""
     _group(axes)

@@ -176,6 +176,18 @@ def test_axis_index_finds_a_shards_neighbours(client):
     torch.testing.assert_close(stencil(client.put(host, mesh, P("x"))).fetch(), want)
 
 
+def test_roll_moves_each_shard_to_its_neighbour(client):
+    mesh = client.slice((4,))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def stencil(v):
+        return (pathways.roll(v, "x", 1) + v + pathways.roll(v, "x", -1)) / 3.0
+
+    host = torch.tensor([0.0, 3.0, 6.0, 9.0, 1.0, 2.0, 4.0, 8.0])  # two elements per shard
+    want = (torch.roll(host, 2) + host + torch.roll(host, -2)) / 3.0
+    torch.testing.assert_close(stencil(client.put(host, mesh, P("x"))).fetch(), want)
+
+
 def test_arrays_are_awaitable(client):
     mesh = client.slice((2,))
 
