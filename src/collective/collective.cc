@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -330,6 +331,21 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
     return segments;
   };
   const int first = plan.local.front();
+  // One step in which this host swaps with each other host h the pieces `fill(h, t)` lists in
+  // t.send and t.recv (hosts with nothing to swap exchange no message).
+  auto swap_with_each_host = [&](const std::function<void(int h, PeerTransfer& t)>& fill) {
+    return across([&](MeshSteps& s) {
+      std::vector<PeerTransfer> transfers;
+      for (int h = 0; h < static_cast<int>(plan.hosts.size()); ++h) {
+        if (h == plan.mine) continue;
+        PeerTransfer t;
+        t.peer = h;
+        fill(h, t);
+        if (!t.send.empty() || !t.recv.empty()) transfers.push_back(std::move(t));
+      }
+      return s.Step(transfers);
+    });
+  };
 
   switch (c.kind) {
     case CollectiveKind::kAllReduce: {
@@ -402,24 +418,16 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
       if (!cross) return absl::OkStatus();
       // One step: each pair of hosts swaps exactly the chunks between their members, straight
       // from the inputs into the outputs, enumerated (sender rank, receiver rank) on both sides.
-      return across([&](MeshSteps& s) {
-        std::vector<PeerTransfer> transfers;
-        for (int h = 0; h < static_cast<int>(plan.hosts.size()); ++h) {
-          if (h == plan.mine) continue;
-          PeerTransfer t;
-          t.peer = h;
-          for (int i : plan.local) {
-            for (size_t j = 0; j < size; ++j) {
-              if (plan.host_of[j] == h) AddPiece(t.send, calls[i]->in + j * chunk, chunk);
-            }
+      return swap_with_each_host([&](int h, PeerTransfer& t) {
+        for (int i : plan.local) {
+          for (size_t j = 0; j < size; ++j) {
+            if (plan.host_of[j] == h) AddPiece(t.send, calls[i]->in + j * chunk, chunk);
           }
-          for (size_t i = 0; i < size; ++i) {
-            if (plan.host_of[i] != h) continue;
-            for (int j : plan.local) AddPiece(t.recv, calls[j]->out + i * chunk, chunk);
-          }
-          transfers.push_back(std::move(t));
         }
-        return s.Step(transfers);
+        for (size_t i = 0; i < size; ++i) {
+          if (plan.host_of[i] != h) continue;
+          for (int j : plan.local) AddPiece(t.recv, calls[j]->out + i * chunk, chunk);
+        }
       });
     }
     case CollectiveKind::kBroadcast: {
@@ -443,21 +451,13 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
         if (plan.host_of[source(r)] == plan.mine) std::memcpy(calls[r]->out, calls[source(r)]->in, bytes);
       }
       if (!cross) return absl::OkStatus();
-      return across([&](MeshSteps& s) {
-        std::vector<PeerTransfer> transfers;
-        for (int h = 0; h < static_cast<int>(plan.hosts.size()); ++h) {
-          if (h == plan.mine) continue;
-          PeerTransfer t;
-          t.peer = h;
-          for (int64_t r = 0; r < n; ++r) {
-            if (plan.host_of[r] == h && plan.host_of[source(r)] == plan.mine) AddPiece(t.send, calls[source(r)]->in, bytes);
-          }
-          for (int r : plan.local) {
-            if (plan.host_of[source(r)] == h) AddPiece(t.recv, calls[r]->out, bytes);
-          }
-          if (!t.send.empty() || !t.recv.empty()) transfers.push_back(std::move(t));
+      return swap_with_each_host([&](int h, PeerTransfer& t) {
+        for (int64_t r = 0; r < n; ++r) {
+          if (plan.host_of[r] == h && plan.host_of[source(r)] == plan.mine) AddPiece(t.send, calls[source(r)]->in, bytes);
         }
-        return s.Step(transfers);
+        for (int r : plan.local) {
+          if (plan.host_of[source(r)] == h) AddPiece(t.recv, calls[r]->out, bytes);
+        }
       });
     }
   }
