@@ -4,8 +4,9 @@
 //
 //   build/bin/multitenancy_bench [--seconds S] [--repeats R] [--max-clients N] [--trace-prefix P]
 //
-// With --trace-prefix, writes one Chrome trace per Figure 9 weighting (P1111.json, P1248.json):
-// 30 ms of every tenant's work, for tools/plot_trace.py.
+// With --trace-prefix, writes one Chrome trace per Figure 9 weighting (P1111.json, P1248.json)
+// and one per Figure 8 client count (Pclients_1.json, Pclients_2.json, ...): 30 ms of every
+// tenant's work, for tools/plot_trace.py and Figure 11 (`tools/plot_figures.py fig11 P`).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -148,7 +149,7 @@ Measured RunTenants(LocalCluster& cluster, std::vector<std::unique_ptr<Tenant>>&
   return m;
 }
 
-void ThroughputTable(int max_clients, int repeats, double seconds) {
+void ThroughputTable(int max_clients, int repeats, double seconds, const std::string& trace_prefix) {
   std::printf("### Figure 8: aggregate throughput as clients grow (FIFO scheduler, median of %d)\n\n", repeats);
   std::printf("Every client runs a gang program over both devices of one host (a %ldx%ld matmul, tanh and an\n"
               "all_reduce), keeping %d runs in flight.\n\n", static_cast<long>(kSide), static_cast<long>(kSide),
@@ -161,7 +162,8 @@ void ThroughputTable(int max_clients, int repeats, double seconds) {
                                            .device_memory_bytes = int64_t{256} << 20});
       std::vector<std::unique_ptr<Tenant>> tenants;
       for (int i = 0; i < n; ++i) tenants.push_back(NewTenant(*cluster, i, 1.0, kSide));
-      Measured m = RunTenants(*cluster, tenants, kOutstanding, seconds, "");
+      const std::string trace = r == 0 && !trace_prefix.empty() ? absl::StrCat(trace_prefix, "clients_", n, ".json") : "";
+      Measured m = RunTenants(*cluster, tenants, kOutstanding, seconds, trace);
       rate.push_back(m.runs_per_second);
       util.push_back(m.utilisation);
       per_run.push_back(m.device_ms_per_run);
@@ -215,7 +217,7 @@ int main(int argc, char** argv) {
   const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
   const int max_clients = static_cast<int>(bench::IntFlagOrExit(*flags, "max-clients", 16, 1, 64));
   const std::string prefix = flags->Get("trace-prefix");
-  ThroughputTable(max_clients, repeats, seconds);
+  ThroughputTable(max_clients, repeats, seconds, prefix);
   std::printf("### Figure 9: shares of device time under proportional share (median of %d)\n\n", repeats);
   SharesTable({1, 1, 1, 1}, repeats, seconds, prefix.empty() ? "" : prefix + "1111.json");
   SharesTable({1, 2, 4, 8}, repeats, seconds, prefix.empty() ? "" : prefix + "1248.json");

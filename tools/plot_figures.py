@@ -11,13 +11,20 @@ any benchmark's tables into CSV.
     build/bin/dispatch_bench > dispatch.md
     /usr/bin/python3 tools/plot_figures.py fig7 dispatch.md fig7.png
 
+    build/bin/multitenancy_bench --trace-prefix /tmp/mt_ > mt.md
+    /usr/bin/python3 tools/plot_figures.py fig11 /tmp/mt_ fig11.png
+
     /usr/bin/python3 tools/plot_figures.py csv ANY_BENCHMARK_OUTPUT.md > tables.csv
 
 Figures 5 and 6 read collective_bench's Figure 6 table (`--work`; work 0 is Figure 5's step, a
-scalar all_reduce and an add), Figure 7 the pipeline tables of dispatch_bench. Drawing needs
+scalar all_reduce and an add), Figure 7 the pipeline tables of dispatch_bench, and Figure 11 the
+traces multitenancy_bench writes per client count (PREFIXclients_N.json). Drawing needs
 Debian's python3-matplotlib (`make deps-plot`); `csv` needs nothing.
 """
 import csv
+import glob
+import json
+import re
 import sys
 import textwrap
 
@@ -172,6 +179,47 @@ def figure7(found, out):
     return None
 
 
+def figure11(prefix, out, window_ms=12.0):
+    """Per-device timelines of the last `window_ms` of each client count's trace, one panel per
+    count, each computation coloured by its client (the tenants' functions are named tenantN)."""
+    counts = []
+    for path in glob.glob(glob.escape(prefix) + "clients_*.json"):
+        m = re.search(r"clients_(\d+)\.json$", path)
+        if m:
+            counts.append((int(m.group(1)), path))
+    if not counts:
+        return f"no traces {prefix}clients_N.json (run multitenancy_bench with --trace-prefix)"
+    counts.sort()
+    plt = pyplot()
+    fig, axes = plt.subplots(len(counts), 1, figsize=(10, 1.1 * len(counts) + 1.2), sharex=True, squeeze=False)
+    for ax, (n, path) in zip(axes[:, 0], counts):
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        ax.set_ylabel(f"{n} client{'s' if n > 1 else ''}", rotation=0, ha="right", va="center", fontsize=9)
+        ax.set_yticks([])
+        if not events:
+            continue
+        end = max(e["ts"] + e["dur"] for e in events)
+        start = end - window_ms * 1000.0
+        lanes = sorted({(e["pid"], e["tid"]) for e in events})
+        lane_of = {lane: i for i, lane in enumerate(lanes)}
+        names = sorted({e["name"] for e in events})
+        colours = {name: plt.cm.tab20(i % 20) for i, name in enumerate(names)}
+        for e in events:
+            if e["ts"] + e["dur"] < start:
+                continue
+            left = max(e["ts"], start)
+            ax.broken_barh([((left - start) / 1000.0, (e["ts"] + e["dur"] - left) / 1000.0)],
+                           (lane_of[(e["pid"], e["tid"])] + 0.1, 0.8), facecolors=colours[e["name"]])
+        ax.set_ylim(0, len(lanes))
+        ax.set_xlim(0, window_ms)
+    axes[-1][0].set_xlabel("ms (the last of the measured window); one lane per device, one colour per client")
+    fig.suptitle("Figure 11: device time as concurrent clients grow")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return None
+
+
 def to_csv(found):
     writer = csv.writer(sys.stdout)
     for heading, header, rows in found:
@@ -182,6 +230,12 @@ def to_csv(found):
 
 def main(argv):
     figures = {"fig5": figure5, "fig6": figure6, "fig7": figure7}
+    if len(argv) == 4 and argv[1] == "fig11":
+        problem = figure11(argv[2], argv[3])
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        return 0
     if len(argv) == 3 and argv[1] == "csv":
         with open(argv[2]) as f:
             to_csv(tables(f.read().splitlines()))

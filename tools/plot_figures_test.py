@@ -3,6 +3,7 @@ Debian's python3-matplotlib is installed (`make deps-plot`; skipped otherwise)."
 import csv
 import importlib.util
 import io
+import json
 import os
 import sys
 
@@ -56,6 +57,24 @@ def test_a_missing_table_is_named(tmp_path):
     source.write_text("no tables here\n")
     assert plot_figures.main(["plot_figures.py", "fig7", str(source), str(tmp_path / "x.png")]) == 1
     assert plot_figures.main(["plot_figures.py", "fig9", str(source), str(tmp_path / "x.png")]) == 2
+
+
+def test_figure11_names_missing_traces(tmp_path, capsys):
+    assert plot_figures.main(["plot_figures.py", "fig11", str(tmp_path / "none_"), str(tmp_path / "x.png")]) == 1
+    assert "clients_N.json" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="python3-matplotlib is not installed")
+def test_figure11_draws_one_panel_per_client_count(tmp_path):
+    for n in (1, 2):
+        events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "host h"}}]
+        for i in range(4):
+            events.append({"ph": "X", "name": f"tenant{i % n}", "pid": 0, "tid": i % 2, "ts": 1000 * i, "dur": 900,
+                           "args": {"client": f"c{i % n}"}})
+        (tmp_path / f"mt_clients_{n}.json").write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "fig11.png"
+    assert plot_figures.main(["plot_figures.py", "fig11", str(tmp_path / "mt_"), str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="python3-matplotlib is not installed")
