@@ -32,9 +32,15 @@ class ProcessCluster {
     for (auto& w : workers_) PW_RETURN_IF_ERROR(w->WaitForLine("serving", absl::Seconds(60)).status());
     return absl::OkStatus();
   }
+  // Each process gets SIGTERM and 30 s to exit, then SIGKILL: a benchmark never waits forever.
   ~ProcessCluster() {
-    for (auto& w : workers_) w->Stop(SIGTERM);
-    controller_.Stop(SIGTERM);
+    auto stop = [](Subprocess& p) {
+      if (p.pid() <= 0) return;
+      kill(p.pid(), SIGTERM);
+      if (!p.WaitFor(absl::Seconds(30)).ok()) p.Stop(SIGKILL);
+    };
+    for (auto& w : workers_) stop(*w);
+    stop(controller_);
   }
   const std::string& address() const { return address_; }
   pid_t controller_pid() const { return controller_.pid(); }

@@ -3,21 +3,22 @@
 // in the same run, real processes on loopback.
 //
 //   build/bin/task_bench [--configs 1x1,4x1,16x1] [--steps 16] [--elements 1024] [--repeats 3]
-//                        [--iterations 1,4,16,64,256,1024,4096] [--mpi-iterations 1,4,...,16384]
+//                        [--iterations 1,4,16,64,256,1024,4096,16384]
 //
 // The stencil: a row of W tasks (one per device of a slice of W devices, or one per MPI rank),
 // repeated for `steps` timesteps; the task at (t, i) reads the results of (t-1, i-1), (t-1, i)
 // and (t-1, i+1) (a ring), then runs a compute-bound kernel: `iterations` times y = y * a + b over
-// `elements` floats. On this runtime a timestep is one compiled function over the slice: each
-// shard gets one value from each neighbour by `pathways.roll` (point to point, as MPI's
-// neighbours exchange); OpByOp makes one client call per timestep, Chained one program of
-// `steps` nodes. The MPI peer
-// (peers/mpi_stencil.c) exchanges with its two neighbours by MPI_Sendrecv and runs the same
-// kernel as a C loop.
+// `elements` floats, the same C++ loop on both systems (`pathways.fma_loop` in a body, the same
+// loop in the MPI peer), as Task Bench links one kernel library into every system. On this
+// runtime a timestep is one compiled function over the slice: each shard gets one value from
+// each neighbour by `pathways.roll` (point to point, as MPI's neighbours exchange); OpByOp makes
+// one client call per timestep, Chained one program of `steps` nodes. The MPI peer
+// (peers/mpi_stencil.c) exchanges with its two neighbours by MPI_Sendrecv.
 //
-// As in Task Bench, for each kernel size: the task granularity is wall time x cores / tasks, the
-// efficiency is the FLOP rate over the system's peak (its best rate in the sweep), and METG(50%)
-// is the smallest granularity at which the efficiency is still 50% or more.
+// As in Task Bench, for each kernel size: the task granularity is wall time x cores used / tasks
+// (cores used: the machine's, or fewer when fewer tasks run at once); the efficiency is the FLOP
+// rate over the peak, the best rate any system reached in the sweep on that configuration; and
+// METG(50%) is the smallest granularity at which the efficiency is still 50% or more.
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,10 +56,8 @@ std::string StencilSource(int64_t iterations) {
   return absl::StrCat("def stencil(x):\n",
                       "    left = pathways.roll(x[0:1], 'x', 1)\n",
                       "    right = pathways.roll(x[0:1], 'x', -1)\n",
-                      "    y = (x + left + right) * (1.0 / 3.0)\n",
-                      "    for _ in range(", iterations, "):\n",
-                      "        y = y * ", kScale, " + ", kShift, "\n",
-                      "    return y\n");
+                      "    return pathways.fma_loop((x + left + right) * (1.0 / 3.0), ", iterations, ", ", kScale,
+                      ", ", kShift, ")\n");
 }
 
 // What every element of task i holds after `steps` timesteps from x = i, computed here.
@@ -169,7 +168,11 @@ std::vector<Point> MeasureMpi(int ranks, int steps, int64_t elements, const std:
       double t;
       if (absl::ConsumePrefix(&line, "seconds ") && absl::SimpleAtod(line, &t)) times.push_back(t);
     }
-    if (times.empty()) return {};
+    if (static_cast<int>(times.size()) != repeats) {  // the peer failed part way
+      std::fprintf(stderr, "OpenMPI stencil at %d ranks, %lld iterations: %zu of %d repeats\n", ranks,
+                   static_cast<long long>(iterations), times.size(), repeats);
+      return {};
+    }
     points.push_back({iterations, Median(times)});
   }
   return points;
@@ -179,7 +182,7 @@ struct Summary {
   std::optional<double> metg_us;
 };
 
-// Prints one system's rows and returns its METG(50%). `peak` is the best FLOP rate of the system.
+// Prints one system's rows and returns its METG(50%). `peak` is the best FLOP rate of any system.
 Summary PrintRows(const std::string& config, const std::string& system, const std::vector<Point>& points, int width,
                   int steps, int64_t elements, double peak, int cores) {
   Summary summary;
@@ -229,7 +232,7 @@ std::string Format(const std::optional<double>& us) {
 int Main(int argc, char** argv) {
   InitServingProcess();
   auto flags =
-      Flags::Parse(argc - 1, argv + 1, {"configs", "steps", "elements", "repeats", "iterations", "mpi-iterations"});
+      Flags::Parse(argc - 1, argv + 1, {"configs", "steps", "elements", "repeats", "iterations"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
@@ -237,9 +240,8 @@ int Main(int argc, char** argv) {
   const int steps = static_cast<int>(bench::IntFlagOrExit(*flags, "steps", 16, 1, 1024));
   const int64_t elements = bench::IntFlagOrExit(*flags, "elements", 1024, 1, 1 << 20);
   const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3, 1, 50));
-  const std::vector<int64_t> sweep = ParseSweep(flags->Get("iterations", "1,4,16,64,256,1024,4096"), "iterations");
-  const std::vector<int64_t> mpi_sweep =
-      ParseSweep(flags->Get("mpi-iterations", "1,4,16,64,256,1024,4096,16384"), "mpi-iterations");
+  const std::vector<int64_t> sweep =
+      ParseSweep(flags->Get("iterations", "1,4,16,64,256,1024,4096,16384"), "iterations");
   const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags->Get("configs", "1x1,4x1,16x1"));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const bool have_mpi = access(MPI_STENCIL_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;
@@ -247,7 +249,8 @@ int Main(int argc, char** argv) {
   std::printf(
       "Task Bench stencil: W tasks per timestep (one per device or rank), %d timesteps, each task y = y * a + b over "
       "%lld floats, `iterations` times, after reading its two neighbours' results. Wall time of the %d timesteps "
-      "(median of %d); granularity = wall x %d cores / tasks; efficiency = FLOP rate / the system's best rate.\n\n",
+      "(median of %d); granularity = wall x cores used (%d, or fewer tasks per timestep) / tasks; efficiency = FLOP "
+      "rate / the best rate of any system on the configuration.\n\n",
       steps, static_cast<long long>(elements), steps, repeats, cores);
   std::printf("| hosts x devices | system | iterations | wall ms | granularity µs | GFLOP/s | efficiency |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
@@ -260,13 +263,13 @@ int Main(int argc, char** argv) {
       std::printf("| %s | this runtime | failed: %s |\n", config.c_str(), std::string(ours.status().message()).c_str());
       continue;
     }
-    const std::vector<Point> mpi = have_mpi ? MeasureMpi(width, steps, elements, mpi_sweep, repeats)
+    const std::vector<Point> mpi = have_mpi ? MeasureMpi(width, steps, elements, sweep, repeats)
                                             : std::vector<Point>{};
-    const double ours_peak = Peak({ours->opbyop, ours->chained}, width, steps, elements);
-    const Summary opbyop = PrintRows(config, "OpByOp", ours->opbyop, width, steps, elements, ours_peak, cores);
-    const Summary chained = PrintRows(config, "Chained", ours->chained, width, steps, elements, ours_peak, cores);
-    const Summary mpi_summary =
-        PrintRows(config, "OpenMPI", mpi, width, steps, elements, Peak({mpi}, width, steps, elements), cores);
+    const double peak = Peak({ours->opbyop, ours->chained, mpi}, width, steps, elements);
+    const int used = std::min(cores, width);
+    const Summary opbyop = PrintRows(config, "OpByOp", ours->opbyop, width, steps, elements, peak, used);
+    const Summary chained = PrintRows(config, "Chained", ours->chained, width, steps, elements, peak, used);
+    const Summary mpi_summary = PrintRows(config, "OpenMPI", mpi, width, steps, elements, peak, used);
     std::fflush(stdout);
     summary.push_back(absl::StrFormat("| %s | %s | %s | %s |", config, Format(opbyop.metg_us), Format(chained.metg_us),
                                       mpi.empty() ? std::string("n/a") : Format(mpi_summary.metg_us)));

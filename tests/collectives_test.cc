@@ -189,14 +189,16 @@ TEST_P(CollectivesTest, BadCollectiveArgumentsFailTheRunWithTheirReason) {
   for (const Bad& bad : std::vector<Bad>{{"pathways.all_reduce(x, 'nope')", "unknown mesh axis 'nope'"},
                                          {"pathways.all_reduce(x, 'x', 'median')", "unknown reduction 'median'"},
                                          {"pathways.broadcast(x, 'x', 9)", "root 9"},
-                                         {"pathways.all_to_all(x[:3], 'x')", "does not split into 4"}}) {
+                                         {"pathways.all_to_all(x[:3], 'x')", "does not split into 4"},
+                                         {"pathways.roll(x, 'nope', 1)", "unknown mesh axis 'nope'"},
+                                         {"x * pathways.axis_index('nope')", "unknown mesh axis 'nope'"}}) {
     auto fn = client_->Compile(FunctionSpec::Script("f", absl::StrCat("def f(x):\n    return ", bad.body, "\n"), io,
                                                     io, {{"x", ""}}, {{"x", ""}}));
     ASSERT_TRUE(fn.ok()) << fn.status();
     auto r = client_->Call(*fn, slice, {x});
     ASSERT_TRUE(r.ok()) << r.status();
     auto fetched = client_->Fetch((*r)[0]).Await();
-    EXPECT_FALSE(fetched.ok()) << bad.body;
+    EXPECT_TRUE(absl::IsInvalidArgument(fetched.status())) << bad.body << ": " << fetched.status();
     EXPECT_NE(fetched.status().message().find(bad.message), std::string::npos) << fetched.status();
   }
   // The devices keep serving.

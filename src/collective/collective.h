@@ -99,7 +99,8 @@ enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, k
 const char* CollectiveName(CollectiveKind kind);
 
 // One member's part of a collective. The buffers are the member's and stay valid until the call
-// returns; `in` and `out` do not overlap. With G members in the group, `out` holds `count`
+// returns; `in` and `out` do not overlap, except that an all_reduce may be given the same buffer
+// for both (it then reduces in place). With G members in the group, `out` holds `count`
 // elements, except for all_gather (G * count: every member's input in rank order) and
 // reduce_scatter (count / G: the caller's chunk of the reduction). reduce_scatter and all_to_all
 // split `in` into G equal chunks, chunk j for member j. roll is a point-to-point exchange: member

@@ -47,15 +47,26 @@ namespace {
 // exchange are contiguous. Failures throw, as torch ops do; the executable turns them back into
 // the collective's Status.
 
+// A bad argument of a pathways op: the run fails with InvalidArgument and this message, not as
+// an Internal failure of the TorchScript interpreter (the executable reads OpFailure()).
+#define PW_OP_CHECK(cond, ...)                                     \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      const std::string pw_op_message = c10::str(__VA_ARGS__);     \
+      OpFailure() = absl::InvalidArgumentError(pw_op_message);     \
+      TORCH_CHECK(false, pw_op_message);                           \
+    }                                                              \
+  } while (0)
+
 collective::ShardCollectives& CurrentShard() {
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
-  TORCH_CHECK(shard != nullptr, "pathways collectives run only inside a compiled function running on a slice");
+  PW_OP_CHECK(shard != nullptr, "pathways collectives run only inside a compiled function running on a slice");
   return *shard;
 }
 
 int GroupSize(const std::string& axes) {
   auto size = CurrentShard().GroupSize(axes);
-  TORCH_CHECK(size.ok(), size.status().ToString());
+  PW_OP_CHECK(size.ok(), size.status().ToString());
   return *size;
 }
 
@@ -71,7 +82,7 @@ void RunCollective(collective::CollectiveKind kind, const std::string& axes, con
     dtype = DType::kBool;  // one byte per element
     count = x.nbytes();
   }
-  TORCH_CHECK(dtype != DType::kInvalid, collective::CollectiveName(kind), ": cannot reduce tensors of type ",
+  PW_OP_CHECK(dtype != DType::kInvalid, collective::CollectiveName(kind), ": cannot reduce tensors of type ",
               x.scalar_type());
   collective::CollectiveCall call;
   call.kind = kind;
@@ -83,16 +94,16 @@ void RunCollective(collective::CollectiveKind kind, const std::string& axes, con
   call.in = static_cast<const char*>(x.data_ptr());
   call.out = static_cast<char*>(out.data_ptr());
   absl::Status s = CurrentShard().Run(axes, call);
-  TORCH_CHECK(s.ok(), s.ToString());
+  TORCH_CHECK(s.ok(), s.ToString());  // the run fails with the collective's own code (its first error)
 }
 
 void CheckDim(const at::Tensor& x, int64_t dim, const char* what) {
-  TORCH_CHECK(dim >= 0 && dim < x.dim(), what, ": dimension ", dim, " is not in a tensor of rank ", x.dim());
+  PW_OP_CHECK(dim >= 0 && dim < x.dim(), what, ": dimension ", dim, " is not in a tensor of rank ", x.dim());
 }
 
 void CheckSplits(const at::Tensor& x, int64_t dim, int members, const char* what) {
   CheckDim(x, dim, what);
-  TORCH_CHECK(x.size(dim) % members == 0, what, ": dimension ", dim, " of size ", x.size(dim),
+  PW_OP_CHECK(x.size(dim) % members == 0, what, ": dimension ", dim, " of size ", x.size(dim),
               " does not split into ", members, " equal chunks");
 }
 
@@ -111,9 +122,9 @@ bool Overwritable(const at::Tensor& x) {
 
 at::Tensor AllReduceRaw(const at::Tensor& x, const std::string& axes, const std::string& op) {
   const bool mean = op == "mean";
-  TORCH_CHECK(!mean || at::isFloatingType(x.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
+  PW_OP_CHECK(!mean || at::isFloatingType(x.scalar_type()), "all_reduce 'mean' needs a floating-point tensor");
   auto reduce = collective::ParseReduceOp(mean ? "sum" : op);
-  TORCH_CHECK(reduce.ok(), reduce.status().message());
+  PW_OP_CHECK(reduce.ok(), reduce.status().message());
   if (Overwritable(x)) {
     at::Tensor inout = x;
     RunCollective(collective::CollectiveKind::kAllReduce, axes, inout, inout, *reduce);
@@ -140,7 +151,7 @@ at::Tensor AllGatherRaw(const at::Tensor& x, const std::string& axes, int64_t di
 
 at::Tensor ReduceScatterRaw(const at::Tensor& x, const std::string& axes, const std::string& op, int64_t dim) {
   auto reduce = collective::ParseReduceOp(op);
-  TORCH_CHECK(reduce.ok(), reduce.status().message());
+  PW_OP_CHECK(reduce.ok(), reduce.status().message());
   const int members = GroupSize(axes);
   CheckSplits(x, dim, members, "reduce_scatter");
   at::Tensor in = x.movedim(dim, 0).contiguous();
@@ -162,7 +173,7 @@ at::Tensor AllToAllRaw(const at::Tensor& x, const std::string& axes, int64_t dim
 
 at::Tensor BroadcastRaw(const at::Tensor& x, const std::string& axes, int64_t root) {
   const int members = GroupSize(axes);
-  TORCH_CHECK(root >= 0 && root < members, "broadcast: root ", root, " is not a member of a group of ", members);
+  PW_OP_CHECK(root >= 0 && root < members, "broadcast: root ", root, " is not a member of a group of ", members);
   at::Tensor in = x.contiguous();
   at::Tensor out = torch::empty_like(in);
   RunCollective(collective::CollectiveKind::kBroadcast, axes, in, out, collective::ReduceOp::kSum,
@@ -170,8 +181,11 @@ at::Tensor BroadcastRaw(const at::Tensor& x, const std::string& axes, int64_t ro
   return out;
 }
 
-// Member r gets member (r - shift)'s x, as torch.roll moves elements along the group.
+// Member r gets member (r - shift)'s x, as torch.roll moves elements along the group. The shift
+// is taken modulo the group's size, so that its transpose (-shift) cannot overflow.
 at::Tensor RollRaw(const at::Tensor& x, const std::string& axes, int64_t shift) {
+  const int64_t members = GroupSize(axes);
+  shift = (shift % members + members) % members;
   at::Tensor in = x.contiguous();
   at::Tensor out = torch::empty_like(in);
   RunCollective(collective::CollectiveKind::kRoll, axes, in, out, collective::ReduceOp::kSum, 0, shift);
@@ -287,8 +301,24 @@ at::Tensor Roll(const at::Tensor& x, std::string axes, int64_t shift) { return R
 // members): what a body needs to find its neighbours, as JAX's axis_index.
 int64_t AxisIndex(std::string axes) {
   auto group = CurrentShard().GroupOver(axes);
-  TORCH_CHECK(group.ok(), "axis_index: ", group.status().message());
+  PW_OP_CHECK(group.ok(), "axis_index: ", group.status().message());
   return group->rank;
+}
+
+// Task Bench's compute-bound kernel (bench/task_bench.cc): `iterations` times y = y * a + b over
+// every element, a plain loop, so that a task's duration grows with `iterations` and costs
+// no op dispatch per iteration; bench/peers/mpi_stencil.c runs the same loop.
+at::Tensor FmaLoop(const at::Tensor& x, int64_t iterations, double a, double b) {
+  PW_OP_CHECK(x.scalar_type() == at::kFloat, "fma_loop needs a float tensor, not ", x.scalar_type());
+  PW_OP_CHECK(iterations >= 0, "fma_loop: ", iterations, " iterations");
+  at::Tensor y = x.contiguous().clone();
+  float* p = y.data_ptr<float>();
+  const int64_t n = y.numel();
+  const float fa = static_cast<float>(a), fb = static_cast<float>(b);
+  for (int64_t k = 0; k < iterations; ++k) {
+    for (int64_t j = 0; j < n; ++j) p[j] = p[j] * fa + fb;
+  }
+  return y;
 }
 
 // Random numbers (compute/counter_rng.h). `shape` is the shard's local shape and `spec` names,
@@ -297,15 +327,15 @@ int64_t AxisIndex(std::string axes) {
 // agree and the pieces of a split array differ. Outside a slice every dimension is whole.
 at::Tensor Random(RandomDistribution distribution, const std::vector<int64_t>& shape,
                   const std::vector<std::string>& spec, int64_t seed, int64_t step) {
-  TORCH_CHECK(spec.size() <= shape.size(), "random numbers: a spec of ", spec.size(), " entries for a shape of rank ",
+  PW_OP_CHECK(spec.size() <= shape.size(), "random numbers: a spec of ", spec.size(), " entries for a shape of rank ",
               shape.size());
   std::vector<int64_t> global = shape, origin(shape.size(), 0);
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
   for (size_t d = 0; d < shape.size(); ++d) {
-    TORCH_CHECK(shape[d] >= 0, "random numbers: dimension ", d, " of size ", shape[d]);
+    PW_OP_CHECK(shape[d] >= 0, "random numbers: dimension ", d, " of size ", shape[d]);
     if (d >= spec.size() || spec[d].empty() || shard == nullptr) continue;
     auto group = shard->GroupOver(spec[d]);
-    TORCH_CHECK(group.ok(), "random numbers: ", group.status().message());
+    PW_OP_CHECK(group.ok(), "random numbers: ", group.status().message());
     origin[d] = group->rank * shape[d];
     global[d] = shape[d] * static_cast<int64_t>(group->shards.size());
   }
@@ -326,8 +356,8 @@ at::Tensor Normal(std::vector<int64_t> shape, std::vector<std::string> spec, int
 // Zeroes each element with probability `p` and scales the rest by 1 / (1 - p); the mask is a
 // uniform draw over `x`'s shape under `spec`, so it is the same wherever `x` is replicated.
 at::Tensor Dropout(const at::Tensor& x, double p, std::vector<std::string> spec, int64_t seed, int64_t step) {
-  TORCH_CHECK(p >= 0 && p < 1, "dropout: probability ", p, " is not in [0, 1)");
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "dropout needs a floating-point tensor");
+  PW_OP_CHECK(p >= 0 && p < 1, "dropout: probability ", p, " is not in [0, 1)");
+  PW_OP_CHECK(at::isFloatingType(x.scalar_type()), "dropout needs a floating-point tensor");
   if (p == 0) return x;
   at::Tensor keep = Random(RandomDistribution::kUniform, x.sizes().vec(), spec, seed, step).ge(p);
   return x * keep.to(x.scalar_type()) / (1 - p);
@@ -442,6 +472,7 @@ TORCH_LIBRARY(pathways, m) {
   m.def(op("broadcast(Tensor x, str axes='', int root=0) -> Tensor"), &Broadcast);
   m.def(op("roll(Tensor x, str axes='', int shift=1) -> Tensor"), &Roll);
   m.def(op("axis_index(str axes='') -> int"), &AxisIndex);
+  m.def(op("fma_loop(Tensor x, int iterations, float a, float b) -> Tensor"), &FmaLoop);
 }
 
 // Built-in kernels. Collective ones take the mesh axes after an '@' in their name

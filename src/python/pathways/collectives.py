@@ -65,7 +65,10 @@ def roll(x: torch.Tensor, axes: str = "", shift: int = 1) -> torch.Tensor:
 
 
 def axis_index(axes: str = "") -> int:
-    """This device's position along ``axes`` (row-major over several), from 0: to find neighbours."""
+    """This device's position along ``axes`` (row-major over several), from 0: to find neighbours.
+
+    While output shapes are found (on meta tensors, before the first call) it is 0 on every
+    shard, so an output's shape must not depend on it."""
     _group(axes)
     return 0
 
