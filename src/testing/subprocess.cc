@@ -152,6 +152,10 @@ absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, abs
       continue;
     }
     if (absl::IsUnavailable(line.status())) break;  // the command finished its output
+    // Past the deadline: SIGTERM first, so that a launcher (mpirun) stops what it started, then
+    // SIGKILL if it has not gone within 10 s.
+    kill(p.pid(), SIGTERM);
+    if (!p.WaitFor(absl::Seconds(10)).ok()) p.Stop(SIGKILL);
     return line.status();
   }
   p.Stop(SIGKILL);  // already exited; reaps it

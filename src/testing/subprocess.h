@@ -61,7 +61,8 @@ absl::StatusOr<std::string> StartController(Subprocess& process, const std::vect
 absl::StatusOr<std::string> StartWorker(Subprocess& process, const std::vector<std::string>& argv,
                                         absl::Duration timeout = absl::Seconds(60));
 
-// Runs a command to completion and returns its stdout (bounded by `timeout`).
+// Runs a command to completion and returns its stdout (bounded by `timeout`: past it the command
+// gets SIGTERM, then SIGKILL 10 s later, and the result is DeadlineExceeded).
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
 
 // Runs `command` with /bin/sh, its stderr into its stdout, to completion: its wait status and
