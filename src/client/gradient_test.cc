@@ -157,6 +157,15 @@ TEST_F(GradientTest, WhatHasNoGradientIsAClearError) {
   EXPECT_EQ(first->outputs.size(), 1u);
   EXPECT_NE(FunctionSpec::Vjp(*first).status().message().find("gradients of gradients"), std::string::npos);
 
+  // fma_loop (a benchmark kernel that writes raw memory) is refused rather than differentiated
+  // as the identity.
+  auto loop = FunctionSpec::Script("loop", "def loop(x):\n    return pathways.fma_loop(x, 3, 0.5, 0.25)\n",
+                                   {F32({4})}, {F32({4})});
+  auto refused = ValueAndGradient(loop, one_, {RandomF32({4}, 16)}, {RandomF32({4}, 17)});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("fma_loop has no gradient"), std::string::npos) << refused.status();
+
   // all_reduce(max) runs forward but has no gradient: the call fails, naming why, and the
   // devices carry on.
   auto max = FunctionSpec::Script("top", "def top(x):\n    return pathways.all_reduce(x, 'y', 'max')\n", {F32({4})},

@@ -311,6 +311,9 @@ int64_t AxisIndex(std::string axes) {
 at::Tensor FmaLoop(const at::Tensor& x, int64_t iterations, double a, double b) {
   PW_OP_CHECK(x.scalar_type() == at::kFloat, "fma_loop needs a float tensor, not ", x.scalar_type());
   PW_OP_CHECK(iterations >= 0, "fma_loop: ", iterations, " iterations");
+  // Its loop writes raw memory, which autograd would not see: refuse rather than differentiate
+  // it as the identity.
+  PW_OP_CHECK(!(at::GradMode::is_enabled() && x.requires_grad()), "fma_loop has no gradient");
   at::Tensor y = x.contiguous().clone();
   float* p = y.data_ptr<float>();
   const int64_t n = y.numel();
