@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench_util.h"
+#include "chain.h"
 #include "figure_step.h"
 #include "process_cluster.h"
 #include "client/client.h"
@@ -79,13 +80,7 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
   PW_ASSIGN_OR_RETURN(CompiledFunction fused,
                       client->Compile(FunctionSpec::Script("fused", bench::FusedSource(steps, work), {spec}, {spec},
                                                            {{"x"}}, {{"x"}})));
-  ProgramBuilder builder("chain");
-  TracedValue v = builder.Arg(spec);
-  for (int i = 0; i < steps; ++i) {
-    PW_ASSIGN_OR_RETURN(auto out, builder.Call(step, slice, {v}));
-    v = out[0];
-  }
-  PW_ASSIGN_OR_RETURN(Program chain, builder.Build({v}));
+  PW_ASSIGN_OR_RETURN(Program chain, bench::ChainOf("chain", step, slice, spec, steps));
   PW_ASSIGN_OR_RETURN(HostArray zeros, HostArray::Create(DType::kF32, {members * per_device}));
   PW_ASSIGN_OR_RETURN(ShardedArray x, client->Put(zeros, slice, {"x"}));
   float expected = 0;
@@ -386,7 +381,6 @@ int Main(int argc, char** argv) {
     }
     return Figure6(configs, sizes.front(), work, repeats);
   }
-
   const double memcpy_bw = MemcpyBandwidth();
   std::printf("memcpy on this machine: %.2f GB/s (bytes read + written)\n\n", memcpy_bw / 1e9);
   std::printf(
@@ -407,7 +401,8 @@ int Main(int argc, char** argv) {
     std::printf("OpenMPI: not installed or peer not built (make deps-bench, then rebuild)\n\n");
   }
   // On a terminal, what is being measured (on stderr: the tables on stdout stay clean).
-  Progress progress("measured", static_cast<int64_t>(configs.size() * sizes.size()) * (hub_only ? 1 : 2), stderr,
+  Progress progress("measured",
+                    static_cast<int64_t>(configs.size() * sizes.size()) * (hub_only || runtime_only ? 1 : 2), stderr,
                     Progress::OffTerminal::kSilent);
   int64_t measured = 0;
   auto now_measuring = [&](const char* what, int hosts, int devices, int64_t bytes) {
@@ -415,19 +410,19 @@ int Main(int argc, char** argv) {
   };
   if (!runtime_only) {
     std::printf("| hosts x devices | bytes/device | all_reduce/s | GB/s touched | of memcpy |\n|---|---|---|---|---|\n");
-  }
-  for (auto [hosts, devices] : runtime_only ? decltype(configs){} : configs) {
-    for (int64_t bytes : sizes) {
-      now_measuring("hub only", hosts, devices, bytes);
-      const double rate = MeasureHubOnly(hosts, devices, bytes, repeats);
-      progress.Clear();
-      const double touched = 2.0 * hosts * devices * static_cast<double>(bytes) * rate;
-      std::printf("| %dx%d | %lld | %.0f | %.2f | %.0f%% |\n", hosts, devices, static_cast<long long>(bytes), rate,
-                  touched / 1e9, 100 * touched / memcpy_bw);
-      std::fflush(stdout);
+    for (auto [hosts, devices] : configs) {
+      for (int64_t bytes : sizes) {
+        now_measuring("hub only", hosts, devices, bytes);
+        const double rate = MeasureHubOnly(hosts, devices, bytes, repeats);
+        progress.Clear();
+        const double touched = 2.0 * hosts * devices * static_cast<double>(bytes) * rate;
+        std::printf("| %dx%d | %lld | %.0f | %.2f | %.0f%% |\n", hosts, devices, static_cast<long long>(bytes), rate,
+                    touched / 1e9, 100 * touched / memcpy_bw);
+        std::fflush(stdout);
+      }
     }
+    std::printf("\n");
   }
-  std::printf("\n");
   if (hub_only) {
     progress.Show(measured);
     return 0;
@@ -465,13 +460,12 @@ int Main(int argc, char** argv) {
                   Ratio(ours->fused, mc.fused).c_str(), touched);
       std::fflush(stdout);
       static const char* kForms[] = {"OpByOp", "Chained", "Fused"};
+      const double rates[] = {ours->opbyop, ours->chained, ours->fused};
       for (int f = 0; f < 3; ++f) {
+        const Rates::Cpu& c = ours->cpu[f];
         cpu_rows.push_back(absl::StrFormat("| %dx%d | %lld | %s | %.0f | %.0f | %.0f | %.0f | %.0f |", hosts, devices,
-                                           static_cast<long long>(bytes), kForms[f], 1e6 / (f == 0   ? ours->opbyop
-                                                                                            : f == 1 ? ours->chained
-                                                                                                     : ours->fused),
-                                           ours->cpu[f].client, ours->cpu[f].controller, ours->cpu[f].workers,
-                                           ours->cpu[f].client + ours->cpu[f].controller + ours->cpu[f].workers));
+                                           static_cast<long long>(bytes), kForms[f], 1e6 / rates[f], c.client,
+                                           c.controller, c.workers, c.client + c.controller + c.workers));
       }
     }
   }

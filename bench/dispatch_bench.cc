@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench_util.h"
+#include "chain.h"
 #include "cluster/local_cluster.h"
 #include "client/program.h"
 #include "core/process.h"
@@ -58,10 +59,7 @@ void ThroughputTable(int max_hosts, int repeats) {
     CompiledFunction fused = *client->Compile(FunctionSpec::Script(
         "fused", "def fused(x):\n    for _ in range(128):\n        x = x + 1.0\n    return x\n", {spec}, {spec},
         {{"x"}}, {{"x"}}));
-    ProgramBuilder builder("chain128");
-    TracedValue v = builder.Arg(spec);
-    for (int i = 0; i < kChain; ++i) v = (*builder.Call(inc, slice, {v}))[0];
-    Program chain = *builder.Build({v});
+    Program chain = *bench::ChainOf("chain128", inc, slice, spec, kChain);
 
     std::vector<double> opbyop, waiting, chained, fused_rate, submit_opbyop, submit_chained;
     for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up and is dropped

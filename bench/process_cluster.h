@@ -2,7 +2,6 @@
 // started by Start, stopped (SIGTERM) when this goes.
 #pragma once
 
-#include <signal.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -34,13 +33,8 @@ class ProcessCluster {
   }
   // Each process gets SIGTERM and 30 s to exit, then SIGKILL: a benchmark never waits forever.
   ~ProcessCluster() {
-    auto stop = [](Subprocess& p) {
-      if (p.pid() <= 0) return;
-      kill(p.pid(), SIGTERM);
-      if (!p.WaitFor(absl::Seconds(30)).ok()) p.Stop(SIGKILL);
-    };
-    for (auto& w : workers_) stop(*w);
-    stop(controller_);
+    for (auto& w : workers_) w->Terminate(absl::Seconds(30));
+    controller_.Terminate(absl::Seconds(30));
   }
   const std::string& address() const { return address_; }
   pid_t controller_pid() const { return controller_.pid(); }

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench_util.h"
+#include "chain.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "core/process.h"
@@ -129,10 +130,7 @@ int Run(const Flags& flags) {
         Must(client->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}})), "add_one");
     CompiledFunction neg =
         Must(client->Compile(FunctionSpec::Builtin("negate", {spec}, {spec}, {{"x"}}, {{"x"}})), "negate");
-    ProgramBuilder chain_builder(absl::StrCat("chain", hosts));
-    TracedValue v = chain_builder.Arg(spec);
-    for (int i = 0; i < kChain; ++i) v = Must(chain_builder.Call(inc, slice, {v}), "tracing")[0];
-    Program chain = Must(chain_builder.Build({v}), "building the chain");
+    Program chain = Must(bench::ChainOf(absl::StrCat("chain", hosts), inc, slice, spec, kChain), "building the chain");
     ShardedArray x = Must(client->Put(Must(HostArray::Create(DType::kF32, {shards}), "array"), slice, {"x"}), "put");
     const double t_lower = Seconds([&] {
       x = Must(client->Run(chain, {x}), "the first chain")[0];

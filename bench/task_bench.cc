@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench_util.h"
+#include "chain.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "core/process.h"
@@ -100,13 +101,7 @@ absl::StatusOr<RuntimePoints> MeasureRuntime(int hosts, int devices, int steps, 
     PW_ASSIGN_OR_RETURN(CompiledFunction step,
                         client->Compile(FunctionSpec::Script("stencil", StencilSource(iterations), {spec},
                                                              {spec}, {{"x"}}, {{"x"}})));
-    ProgramBuilder builder("stencil_chain");
-    TracedValue v = builder.Arg(spec);
-    for (int t = 0; t < steps; ++t) {
-      PW_ASSIGN_OR_RETURN(auto out, builder.Call(step, slice, {v}));
-      v = out[0];
-    }
-    PW_ASSIGN_OR_RETURN(Program chain, builder.Build({v}));
+    PW_ASSIGN_OR_RETURN(Program chain, bench::ChainOf("stencil_chain", step, slice, spec, steps));
     const std::vector<double> want = Expected(width, iterations, steps);
     // Runs `steps` timesteps from the initial values, checks the result and returns the seconds
     // until it was ready on the devices.

@@ -65,7 +65,7 @@ def test_figure11_names_missing_traces(tmp_path, capsys):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="python3-matplotlib is not installed")
-def test_figure11_draws_one_panel_per_client_count(tmp_path):
+def test_figure11_is_drawn_from_the_traces_it_finds(tmp_path):
     for n in (1, 2):
         events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "host h"}}]
         for i in range(4):

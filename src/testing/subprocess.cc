@@ -122,6 +122,13 @@ absl::StatusOr<int> Subprocess::WaitFor(absl::Duration timeout) {
   }
 }
 
+int Subprocess::Terminate(absl::Duration grace) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  absl::StatusOr<int> status = WaitFor(grace);
+  return status.ok() ? *status : Stop(SIGKILL);
+}
+
 int Subprocess::Stop(int signal) {
   if (pid_ <= 0) return -1;
   if (signal != 0) kill(pid_, signal);
@@ -152,10 +159,7 @@ absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, abs
       continue;
     }
     if (absl::IsUnavailable(line.status())) break;  // the command finished its output
-    // Past the deadline: SIGTERM first, so that a launcher (mpirun) stops what it started, then
-    // SIGKILL if it has not gone within 10 s.
-    kill(p.pid(), SIGTERM);
-    if (!p.WaitFor(absl::Seconds(10)).ok()) p.Stop(SIGKILL);
+    p.Terminate(absl::Seconds(10));  // past the deadline: a launcher (mpirun) stops its ranks first
     return line.status();
   }
   p.Stop(SIGKILL);  // already exited; reaps it

@@ -36,6 +36,9 @@ class Subprocess {
   absl::StatusOr<std::string> WaitForLine(const std::string& needle, absl::Duration timeout);
   // Sends `signal` and waits for the exit; returns the exit status as waitpid reports it.
   int Stop(int signal);
+  // SIGTERM, so that the child can stop what it started (mpirun its ranks), then SIGKILL if it
+  // has not exited within `grace`; returns the exit status. Never waits longer than `grace`.
+  int Terminate(absl::Duration grace);
   // Waits for the process to exit by itself; returns its wait status.
   int Wait();
   // Waits up to `timeout` for the child to exit: its wait status, or DeadlineExceeded (it still
