@@ -924,9 +924,13 @@ std::vector<std::pair<bool, std::string>> TenantsOverTwoIslands(const std::vecto
   for (int i = 0; i < 2; ++i) {
     EXPECT_TRUE(tenants[i]
                     .Start({PATHWAYS_BINARY, "tenant", "--controller", address, "--devices", "8", "--span-islands",
-                            "--runs", std::to_string(runs), "--value", std::to_string(i + 1)})
+                            "--runs", std::to_string(runs), "--value", std::to_string(i + 1), "--wait-for-go"})
                     .ok());
   }
+  // Both start their runs once both are set up, so that their gangs overlap even on a loaded
+  // machine (a tenant started late could otherwise find the other one done).
+  for (auto& tenant : tenants) EXPECT_TRUE(tenant.WaitForLine(" runs over ", kStartTimeout).ok());
+  for (auto& tenant : tenants) EXPECT_TRUE(tenant.WriteLine("go").ok());
   std::vector<std::pair<bool, std::string>> results;
   // Seconds on this machine; a tenant still running at the deadline hangs, and the test says
   // where every process of the cluster is before it ends them.

@@ -54,7 +54,7 @@ constexpr char kUsage[] =
     "  status --controller HOST:PORT [--token T] [--json]\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
-    "         [--token T] [--span-islands]\n"
+    "         [--token T] [--span-islands] [--wait-for-go] (starts its runs on a line on stdin)\n"
     "  train [--controller HOST:PORT] [--model tiny|small|medium|large] [--steps N] [--batch N]\n"
     "        [--seq-len N] [--vocab N] [--data-parallel D] [--tensor-parallel T] [--pipeline-stages S]\n"
     "        [--microbatches M] [--islands I] [--seed N] [--data markov] [--learning-rate LR]\n"
@@ -355,7 +355,7 @@ int main(int argc, char** argv) {
       {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
-      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands"}, RunTenant},
+      {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands", "wait-for-go"}, RunTenant},
       {"train", {"controller", "model", "steps", "batch", "seq-len", "vocab", "data-parallel", "tensor-parallel",
                  "pipeline-stages", "microbatches", "islands", "seed", "data", "learning-rate", "trace",
                  "metrics-jsonl", "device-memory", "dcn-latency-us", "dcn-gbps", "save", "save-every", "resume", "token",

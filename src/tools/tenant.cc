@@ -43,6 +43,11 @@ absl::Status RunTenant(const Flags& flags) {
   std::printf("tenant %s: %lld runs over %s\n", client->id().c_str(), static_cast<long long>(runs),
               slice.ToString().c_str());
   std::fflush(stdout);
+  if (flags.Has("wait-for-go")) {
+    // Tenants that must overlap (a test of how their gangs are ordered) start together.
+    char line[16];
+    if (std::fgets(line, sizeof line, stdin) == nullptr) return absl::CancelledError("stdin closed before the go");
+  }
   std::deque<ShardedArray> in_flight;
   int64_t checked = 0;
   auto check_oldest = [&]() -> absl::Status {
