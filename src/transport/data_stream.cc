@@ -84,6 +84,15 @@ std::optional<Future<Unit>> DataStreamClient::Stage(rpc::StageRequest request,
   return sent->Then([](const FetchedShards&) { return Unit{}; });
 }
 
+std::optional<Future<Unit>> DataStreamClient::Enqueue(rpc::EnqueueRequest request) {
+  Request r;
+  *r.message.mutable_enqueue() = std::move(request);
+  if (r.message.ByteSizeLong() > kMaxStreamRequestBytes) return std::nullopt;
+  auto sent = Submit(std::move(r));
+  if (!sent.has_value()) return std::nullopt;
+  return sent->Then([](const FetchedShards&) { return Unit{}; });
+}
+
 std::optional<Future<FetchedShards>> DataStreamClient::Submit(Request request) {
   absl::MutexLock lock(&mu_);
   if (stop_) return std::nullopt;
@@ -126,7 +135,8 @@ absl::StatusOr<FetchedShards> DataStreamClient::Exchange(Connection* c, const Re
   }
   // A kept connection the worker closed meanwhile (its idle bound, a restart) is dialed afresh;
   // so is one that fails before any answer came, once (fetches only read, so sending again is
-  // safe, and so is staging the same bytes again). Settled: an answer (or part of one) came, the worker went silent (it is frozen:
+  // safe, and so is staging the same bytes again; a worker reads an enqueue request only to
+  // answer it, so one closed before any answer never took its ops). Settled: an answer (or part of one) came, the worker went silent (it is frozen:
   // another way would wait on it too), or it turned the fetch away itself.
   const bool reused = fd >= 0 && !PeerClosed(fd);
   for (bool fresh = !reused;; fresh = true) {
@@ -195,7 +205,8 @@ absl::StatusOr<int> DataStreamClient::Dial() {
 absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r, Heard* heard) {
   *heard = Heard::kNothing;
   const bool stage = r.message.has_stage();
-  const std::string what = absl::StrCat("data stream ", stage ? "to" : "from", " worker ", worker_);
+  const bool enqueue = r.message.has_enqueue();
+  const std::string what = absl::StrCat("data stream ", stage || enqueue ? "to" : "from", " worker ", worker_);
   const std::string body = r.message.SerializeAsString();
   std::string frame = absl::StrCat(EncodeStreamU32(static_cast<uint32_t>(body.size())), body);
   PW_RETURN_IF_ERROR(TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence,
@@ -238,11 +249,12 @@ absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r,
     // Named as the gRPC path names it, so errors read the same whichever way a fetch went.
     const int code = header.code();
     absl::Status refused(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
-                         absl::StrCat(stage ? "Stage" : "Fetch", " on worker ", worker_, ": ", header.message()));
+                         absl::StrCat(stage ? "Stage" : enqueue ? "Enqueue" : "Fetch", " on worker ", worker_, ": ",
+                                      header.message()));
     return header.not_served() ? NotSentBecause(refused, NotSentReason::kBusy) : refused;
   }
   auto response = std::make_shared<rpc::FetchResponse>();
-  if (stage || request.status_only()) return response;
+  if (stage || enqueue || request.status_only()) return response;
   uint64_t total = 0;
   for (rpc::ShardData& shard : *header.mutable_shards()) {
     absl::StatusOr<TensorSpec> spec = FromProto(shard.spec());

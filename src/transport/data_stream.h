@@ -16,7 +16,9 @@
 //     (so a client tells a frozen worker from a long computation), then kStreamHeader, u32 n, a
 //     serialized rpc::StreamHeader, then, when its code is OK and the request was not status
 //     only, every shard's bytes in the header's order;
-//   worker, per stage request, once it has every byte: kStreamHeader, u32 n, rpc::StreamHeader.
+//   worker, per stage request, once it has every byte: kStreamHeader, u32 n, rpc::StreamHeader;
+//   worker, per enqueue request (a client's ops, as through gRPC's Worker.Enqueue), once the ops
+//     are taken: kStreamHeader, u32 n, rpc::StreamHeader with the Enqueue's status.
 //     One it refuses before the bytes (a bad device or spec, no memory) is answered at once and
 //     the connection closed; a client still sending then mostly sees the connection reset.
 // Streams are not encrypted: with TLS on, workers offer none and clients use gRPC.
@@ -77,6 +79,9 @@ class DataStreamClient {
   // for the put op that names the same dest. Complete once the worker has them all. As Fetch,
   // nullopt when every connection is busy.
   std::optional<Future<Unit>> Stage(rpc::StageRequest request, std::shared_ptr<const std::string> bytes);
+  // Sends a client's ops, answered as Worker.Enqueue answers them. A request larger than
+  // kMaxStreamRequestBytes, or none idle: nullopt.
+  std::optional<Future<Unit>> Enqueue(rpc::EnqueueRequest request);
   // Whether a request's error means the worker never served it, so that it may be sent another
   // way: the stream could not be dialed (kUnreachable: the worker may have restarted with another
   // stream port, or the port is not reachable from here), or the worker turned it away or closed

@@ -3,6 +3,7 @@
 // moves through the sharded dataflow engine (src/dataflow).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,7 +32,9 @@ class WorkerClient {
   bool WaitUntilConnected(absl::Time deadline);
 
   Future<rpc::CompileResponse> Compile(const rpc::CompileRequest& request);
-  Future<rpc::EnqueueResponse> Enqueue(const rpc::EnqueueRequest& request);
+  // A client's ops, over the worker's data stream when one is known and idle (and the request
+  // small), else through gRPC.
+  Future<Unit> Enqueue(const rpc::EnqueueRequest& request);
   // The controller asks the host to join its island's control graph.
   Future<rpc::JoinControlGraphResponse> JoinControlGraph(const rpc::ControlGraph& request);
   // No deadline: a fetch waits for the computation that produces the data. Goes over the
@@ -51,6 +54,12 @@ class WorkerClient {
  private:
 
   Future<FetchedShards> FetchThroughGrpc(const rpc::FetchRequest& request);
+  Future<Unit> EnqueueThroughGrpc(const rpc::EnqueueRequest& request);
+  // What `streamed` (a request sent on `s`, or nullopt when it could not be) answers, or, when
+  // it was never sent or never served, what `grpc` sends the same request through gRPC answers.
+  template <typename T>
+  Future<T> StreamElseGrpc(const std::shared_ptr<DataStreamClient>& s, std::optional<Future<T>> streamed,
+                           std::function<Future<T>()> grpc);
   // The data stream, when one is known and not resting; asks the worker where it is when none is.
   std::shared_ptr<DataStreamClient> stream();
   // Pings the worker for its stream port (asking_ is set by the caller).

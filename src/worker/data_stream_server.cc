@@ -71,6 +71,19 @@ void DataStreamServer::Serve(int fd, const StreamListener& listener) {
       s = AnswerStage(fd, request.stage());
       continue;
     }
+    if (request.has_enqueue()) {
+      const rpc::EnqueueRequest& ops = request.enqueue();
+      absl::Status taken = CheckClientCredential(ops.client_id(), ops.credential());
+      if (taken.ok()) {
+        taken = handlers_.enqueue ? handlers_.enqueue(ops) : absl::UnimplementedError("this stream takes no ops");
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        ++answered_;
+      }
+      s = SendStatus(fd, taken);
+      continue;
+    }
     const rpc::FetchRequest& fetch = request.fetch();
     if (absl::Status client = CheckClientCredential(fetch.client_id(), fetch.credential()); !client.ok()) {
       s = SendStatus(fd, client);

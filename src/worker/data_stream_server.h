@@ -2,7 +2,7 @@
 // the worker's gRPC port (transport/stream_listener.h), one thread per connection, each
 // answering its client's requests in turn: a fetch's shard bytes written from their device
 // buffers to the socket, a staged put's read from the socket into the device buffer that will
-// hold them. A connection is admitted by
+// hold them, a batch of the client's ops taken into the host's sequence. A connection is admitted by
 // the token (the tenants' or the cluster's, as the worker's gRPC calls are), each request by the
 // credential of the client it names. Bounded: at most kMaxConnections served (more are turned
 // away at once, told they were not served), requests of at most kMaxStreamRequestBytes, idle
@@ -37,6 +37,8 @@ class DataStreamServer {
     std::function<absl::StatusOr<BufferPtr>(const rpc::StageRequest&)> land;
     // The bytes are all in the buffer `land` gave: it waits for its put op.
     std::function<absl::Status(const rpc::StageRequest&, BufferPtr)> keep;
+    // A client's ops, taken as Worker.Enqueue takes them (on the connection's thread).
+    std::function<absl::Status(const rpc::EnqueueRequest&)> enqueue;
   };
 
   // Listens on `ip` (a port of its own, or `port`). Connections must show `token` or `also`

@@ -35,6 +35,7 @@ struct Fixture {
   absl::Status refuse_landing;
   absl::Mutex mu;
   std::map<int64_t, BufferPtr> kept ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> freed ABSL_GUARDED_BY(mu);  // the array ids of the frees enqueued, in order
   std::unique_ptr<DataStreamServer> server;
 
   explicit Fixture(std::string token = "", int max_connections = DataStreamServer::kMaxConnections)
@@ -58,6 +59,14 @@ struct Fixture {
           absl::MutexLock lock(&mu);
           kept[r.dest().array_id()] = std::move(b);
           return absl::OkStatus();
+        },
+        .enqueue = [this](const rpc::EnqueueRequest& r) {
+          absl::MutexLock lock(&mu);
+          for (const rpc::Op& op : r.ops()) {
+            if (!op.has_free()) return absl::InvalidArgumentError("only frees here");
+            freed.push_back(op.free().array_id());
+          }
+          return absl::OkStatus();
         }};
     return DataStreamServer::Start("127.0.0.1", token, "", std::move(handlers), Quick(), port, max_connections);
   }
@@ -72,6 +81,17 @@ struct Fixture {
     r.set_credential(client.credential);
     r.mutable_dest()->set_array_id(array_id);
     *r.mutable_spec() = ToProto(TensorSpec{DType::kF32, {elements}});
+    return r;
+  }
+  std::vector<int64_t> Freed() {
+    absl::MutexLock lock(&mu);
+    return freed;
+  }
+  rpc::EnqueueRequest Frees(std::vector<int64_t> ids) const {
+    rpc::EnqueueRequest r;
+    r.set_client_id(client.id);
+    r.set_credential(client.credential);
+    for (int64_t id : ids) r.add_ops()->mutable_free()->set_array_id(id);
     return r;
   }
   rpc::FetchRequest Request(bool status_only = false) const {
@@ -260,6 +280,33 @@ TEST(DataStreamTest, ARefusedStageKeepsNothingAndTheStreamServesOn) {
   EXPECT_EQ(f.Kept(2), nullptr);
   EXPECT_TRUE(client.Stage(f.Stage(3, 1 << 18), bytes)->AwaitFor(absl::Seconds(30)).ok());
   EXPECT_NE(f.Kept(3), nullptr);
+}
+
+// A client's ops reach the worker in order over the stream; ops the worker refuses, or another
+// client's credential, come back as errors with the worker named, and the stream serves on. A
+// request over the stream's bound is not sent (the caller uses gRPC).
+TEST(DataStreamTest, OpsAreTakenInOrderAndRefusalsComeBack) {
+  Fixture f;
+  DataStreamClient client("worker-a", "127.0.0.1", f.server->port(), Quick());
+  for (int64_t i = 1; i <= 3; ++i) {
+    auto taken = client.Enqueue(f.Frees({2 * i, 2 * i + 1}))->AwaitFor(absl::Seconds(30));
+    ASSERT_TRUE(taken.ok()) << taken.status();
+  }
+  EXPECT_EQ(f.Freed(), (std::vector<int64_t>{2, 3, 4, 5, 6, 7}));
+  rpc::EnqueueRequest refused = f.Frees({});
+  refused.add_ops()->mutable_put();
+  auto bad = client.Enqueue(refused)->AwaitFor(absl::Seconds(30));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("Enqueue on worker worker-a: only frees here"), std::string::npos)
+      << bad.status();
+  rpc::EnqueueRequest forged = f.Frees({9});
+  forged.set_credential(NewClientIdentity().credential);
+  EXPECT_FALSE(client.Enqueue(forged)->AwaitFor(absl::Seconds(30)).ok());
+  rpc::EnqueueRequest large = f.Frees({});
+  large.add_ops()->mutable_put()->set_data(std::string(kMaxStreamRequestBytes, 'x'));
+  EXPECT_FALSE(client.Enqueue(large).has_value());
+  EXPECT_TRUE(client.Enqueue(f.Frees({10}))->AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_EQ(f.Freed(), (std::vector<int64_t>{2, 3, 4, 5, 6, 7, 10}));
 }
 
 // A client that stops halfway through a stage's bytes (it died, or lied about the size) leaves

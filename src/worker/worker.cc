@@ -95,7 +95,8 @@ absl::Status Worker::Start() {
         .land = [runtime](const rpc::StageRequest& request) { return runtime->LandStaged(request); },
         .keep = [runtime](const rpc::StageRequest& request, BufferPtr buffer) {
           return runtime->KeepStaged(request, std::move(buffer));
-        }};
+        },
+        .enqueue = [runtime](const rpc::EnqueueRequest& request) { return runtime->Enqueue(request); }};
     // The same port takes other hosts' (and the controller's) dataflow batches.
     std::vector<StreamListener::Protocol> more;
     if (PlainControlStreams()) more.push_back(dataflow_service_.StreamProtocol());
