@@ -26,8 +26,13 @@ constexpr uint64_t kMaxStashedBytes = uint64_t{1} << 30;
 const absl::Duration kStashedFor = absl::Minutes(5);
 // Executions remembered as done, to recognise a lagging peer's messages.
 constexpr size_t kPastExecutions = 4096;
-// How long a waiting step spins before it sleeps (see Exchange).
-const absl::Duration kSpin = absl::Microseconds(50);
+// How long a waiting step spins (yielding) before it sleeps in poll (see Exchange). A chained
+// program's nodes reach a collective a few tens of microseconds apart on different hosts (each
+// node's set-up and trace around the body), longer than a fused loop's calls: with 50 µs a
+// waiting host mostly slept and paid a wake-up per node. collective_bench side by side (scalar
+// all_reduce, 3 pairs of runs): Chained 1.6-2.9x at 2 hosts and 1.1-1.4x at 4 with 250 µs
+// against 50, OpByOp 1.0-1.2x, Fused within its noise; 1000 µs gained nothing more.
+const absl::Duration kSpin = absl::Microseconds(250);
 
 // Builds an iovec over `pieces` from byte `skip` on (at most kMaxIov entries).
 int IovFrom(const std::vector<Piece>& pieces, size_t skip, iovec* iov) {
