@@ -13,7 +13,7 @@ DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compi
   protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev iproute2 \
   pybind11-dev python3-dev python3-torch python3-pytest python3-yaml libcpp-httplib-dev pkg-config
 
-.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot install-packages build test demo install package bench collective-bench fuzz sanitize clean
+.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot install-packages build test demo install package check-package bench collective-bench fuzz sanitize clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -74,6 +74,12 @@ install: build
 package: build
 	@$(MAKE) install-packages PACKAGES="dpkg-dev"
 	cd $(BUILD_DIR) && cpack -G DEB
+
+# The packages installed into a clean Debian 12 made by debootstrap, and used there (root, and
+# Debian's mirror reachable; about 5 minutes): deploy/clean_debian_check.sh.
+check-package: package
+	@$(MAKE) install-packages PACKAGES="debootstrap"
+	deploy/clean_debian_check.sh $(BUILD_DIR)
 
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench

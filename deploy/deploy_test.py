@@ -1,6 +1,7 @@
 """Checks the deployment files in deploy/ without a cluster: the Kubernetes manifests parse and hang
-together (selectors, services, secrets), the systemd units and the Slurm script are well formed, and
-every flag any of them passes to `pathways` is one that `pathways help` lists for that command.
+together (selectors, services, secrets), the systemd units, the Slurm script and the clean-Debian
+check are well formed, and every flag any of them passes to `pathways` is one that `pathways help`
+lists for that command.
 
 Run by CTest (deploy.files); PATHWAYS_BINARY names the binary whose help is the reference."""
 import os
@@ -156,6 +157,16 @@ def test_slurm_script_parses_and_uses_known_flags(known_flags):
     assert re.search(r"^#SBATCH --nodes=", text, re.M)
     found = check_flags(text, known_flags, "pathways.sbatch")
     assert {"controller", "worker", "status", "tenant"} <= {c for c, _ in found}, found
+
+
+def test_clean_debian_check_parses_and_uses_known_flags(known_flags):
+    """The clean-Debian check (make check-package) is run by hand, as root: here only its shell
+    syntax and the flags it gives the installed binary are checked."""
+    path = os.path.join(HERE, "clean_debian_check.sh")
+    syntax = subprocess.run(["sh", "-n", path], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    found = check_flags(read("clean_debian_check.sh"), known_flags, "clean_debian_check.sh")
+    assert {"controller", "worker", "demo", "train"} <= {c for c, _ in found}, found
 
 
 def test_dockerfile_builds_on_debian_12_and_runs_the_binary():
