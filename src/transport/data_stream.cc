@@ -220,11 +220,15 @@ absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r,
   const rpc::FetchRequest& request = r.message.fetch();
   const uint64_t max_bytes = r.max_bytes;
   // Reads `n` bytes, failing once none came for the silence bound; a silent worker is named as such.
+  // An enqueue is answered once its ops are applied, with no keepalives meanwhile: registering a
+  // large program on a loaded host can take seconds, so its answer is waited for as long as
+  // gRPC's Enqueue would be.
+  const absl::Duration silence = enqueue ? std::max(timing_.silence, kEnqueueAnswerBound) : timing_.silence;
   auto read = [&](char* into, size_t n, const char* part) -> absl::Status {
-    absl::Status s = TransferWhileMoving(fd, into, n, false, timing_.silence, absl::StrCat(what, ": ", part));
+    absl::Status s = TransferWhileMoving(fd, into, n, false, silence, absl::StrCat(what, ": ", part));
     if (absl::IsDeadlineExceeded(s)) {
       if (*heard == Heard::kNothing) *heard = Heard::kSilence;
-      return absl::UnavailableError(absl::StrCat(what, ": nothing came for ", absl::FormatDuration(timing_.silence),
+      return absl::UnavailableError(absl::StrCat(what, ": nothing came for ", absl::FormatDuration(silence),
                                                  " (", part, "): the worker is frozen, overloaded or cut off"));
     }
     return s;

@@ -46,6 +46,9 @@ using FetchedShards = std::shared_ptr<rpc::FetchResponse>;
 
 inline constexpr char kDataStreamMagic[] = "PWDATA01";  // 8 bytes on the wire
 inline constexpr uint32_t kMaxStreamRequestBytes = 1 << 20;
+// How long a client waits for the answer to an enqueue (the worker sends no keepalives while it
+// applies the ops): the deadline of gRPC's Enqueue.
+inline constexpr absl::Duration kEnqueueAnswerBound = absl::Seconds(60);
 
 struct DataStreamTiming {
   // How often a worker says it is still waiting for the data.

@@ -104,7 +104,7 @@ Future<Unit> WorkerClient::Enqueue(const rpc::EnqueueRequest& request) {
 
 Future<Unit> WorkerClient::EnqueueThroughGrpc(const rpc::EnqueueRequest& request) {
   return AsyncUnaryCall<rpc::EnqueueResponse>(
-             absl::StrCat("Enqueue on worker ", address_), request, absl::Seconds(60),
+             absl::StrCat("Enqueue on worker ", address_), request, kEnqueueAnswerBound,
              [this](auto* ctx, auto* req, auto* resp, auto done) {
                stub_->async()->Enqueue(ctx, req, resp, std::move(done));
              })
