@@ -611,7 +611,7 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
         free.set_client_id(victim);
         free.set_credential(credential);
         free.add_ops()->mutable_free()->set_array_id(id.value());
-        refused(worker->Enqueue(free).AwaitFor(absl::Seconds(30)).status(), "Enqueue");
+        refused(worker->Enqueue(std::make_shared<rpc::EnqueueRequest>(free)).AwaitFor(absl::Seconds(30)).status(), "Enqueue");
       }
       rpc::GetTraceRequest trace;
       trace.set_client_id(victim);

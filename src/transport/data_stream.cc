@@ -84,10 +84,10 @@ std::optional<Future<Unit>> DataStreamClient::Stage(rpc::StageRequest request,
   return sent->Then([](const FetchedShards&) { return Unit{}; });
 }
 
-std::optional<Future<Unit>> DataStreamClient::Enqueue(rpc::EnqueueRequest request) {
+std::optional<Future<Unit>> DataStreamClient::Enqueue(const rpc::EnqueueRequest& request) {
+  if (request.ByteSizeLong() + 16 > kMaxStreamRequestBytes) return std::nullopt;  // 16: the oneof's framing, at most
   Request r;
-  *r.message.mutable_enqueue() = std::move(request);
-  if (r.message.ByteSizeLong() > kMaxStreamRequestBytes) return std::nullopt;
+  *r.message.mutable_enqueue() = request;
   auto sent = Submit(std::move(r));
   if (!sent.has_value()) return std::nullopt;
   return sent->Then([](const FetchedShards&) { return Unit{}; });
@@ -135,9 +135,10 @@ absl::StatusOr<FetchedShards> DataStreamClient::Exchange(Connection* c, const Re
   }
   // A kept connection the worker closed meanwhile (its idle bound, a restart) is dialed afresh;
   // so is one that fails before any answer came, once (fetches only read, so sending again is
-  // safe, and so is staging the same bytes again; a worker reads an enqueue request only to
-  // answer it, so one closed before any answer never took its ops). Settled: an answer (or part of one) came, the worker went silent (it is frozen:
-  // another way would wait on it too), or it turned the fetch away itself.
+  // safe, and so is staging the same bytes again). Settled: an answer (or part of one) came, the
+  // worker went silent (it is frozen: another way would wait on it too), it turned the request
+  // away itself, or an enqueue was written whole: the worker may have applied its ops before the
+  // connection went (a worker that stops closes its connections), so it is never sent again.
   const bool reused = fd >= 0 && !PeerClosed(fd);
   for (bool fresh = !reused;; fresh = true) {
     if (fresh) {
@@ -146,8 +147,10 @@ absl::StatusOr<FetchedShards> DataStreamClient::Exchange(Connection* c, const Re
       SetFd(c, fd = *dialed);
     }
     Heard heard = Heard::kNothing;
-    absl::StatusOr<FetchedShards> result = RunOne(fd, request, &heard);
+    bool written = false;
+    absl::StatusOr<FetchedShards> result = RunOne(fd, request, &heard, &written);
     if (result.ok() || heard != Heard::kNothing || WhyNotSent(result.status()) != NotSentReason::kSent) return result;
+    if (written && request.message.has_enqueue()) return result;
     // A fresh connection closed before any answer: the worker is full, or going; gRPC will tell.
     if (fresh) return NotSentBecause(result.status(), NotSentReason::kBusy);
   }
@@ -202,7 +205,7 @@ absl::StatusOr<int> DataStreamClient::Dial() {
                     std::string(kDataStreamMagic, kStreamMagicBytes), CallToken(), timing_.connect);
 }
 
-absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r, Heard* heard) {
+absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r, Heard* heard, bool* written) {
   *heard = Heard::kNothing;
   const bool stage = r.message.has_stage();
   const bool enqueue = r.message.has_enqueue();
@@ -217,6 +220,7 @@ absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r,
     PW_RETURN_IF_ERROR(TransferWhileMoving(fd, const_cast<char*>(r.payload->data()), r.payload->size(), true,
                                            timing_.silence, absl::StrCat(what, ": sending the bytes")));
   }
+  *written = true;
   const rpc::FetchRequest& request = r.message.fetch();
   const uint64_t max_bytes = r.max_bytes;
   // Reads `n` bytes, failing once none came for the silence bound; a silent worker is named as such.
@@ -235,7 +239,7 @@ absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r,
   };
   char kind = kStreamWaiting;
   while (kind == kStreamWaiting) {
-    PW_RETURN_IF_ERROR(read(&kind, 1, "waiting for the data"));
+    PW_RETURN_IF_ERROR(read(&kind, 1, enqueue ? "waiting for the ops to be taken" : "waiting for the data"));
     *heard = Heard::kSomething;
   }
   if (kind != kStreamHeader) return absl::DataLossError(absl::StrCat(what, ": a byte that starts no answer"));

@@ -84,11 +84,12 @@ class DataStreamClient {
   std::optional<Future<Unit>> Stage(rpc::StageRequest request, std::shared_ptr<const std::string> bytes);
   // Sends a client's ops, answered as Worker.Enqueue answers them. A request larger than
   // kMaxStreamRequestBytes, or none idle: nullopt.
-  std::optional<Future<Unit>> Enqueue(rpc::EnqueueRequest request);
+  std::optional<Future<Unit>> Enqueue(const rpc::EnqueueRequest& request);
   // Whether a request's error means the worker never served it, so that it may be sent another
   // way: the stream could not be dialed (kUnreachable: the worker may have restarted with another
   // stream port, or the port is not reachable from here), or the worker turned it away or closed
-  // the connection before answering (kBusy: full, or going).
+  // the connection before answering (kBusy: full, or going; never for an enqueue written whole,
+  // whose ops the worker may have taken).
   enum class NotSentReason { kSent, kUnreachable, kBusy };
   static NotSentReason WhyNotSent(const absl::Status& status);
   // Fails what is queued (Cancelled) and lets the threads end, without waiting for them; later
@@ -117,7 +118,8 @@ class DataStreamClient {
   // What a failed exchange heard from the worker before it failed.
   enum class Heard { kNothing, kSilence, kSomething };
   // One request and its answer on `fd`.
-  absl::StatusOr<FetchedShards> RunOne(int fd, const Request& request, Heard* heard);
+  // `written`: the whole request (and a stage's bytes) went out.
+  absl::StatusOr<FetchedShards> RunOne(int fd, const Request& request, Heard* heard, bool* written);
   absl::StatusOr<int> Dial();
   void SetFd(Connection* c, int fd);
 

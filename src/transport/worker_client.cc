@@ -92,14 +92,14 @@ Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint
   return StreamElseGrpc<FetchedShards>(s, std::move(streamed), [this, request] { return FetchThroughGrpc(request); });
 }
 
-Future<Unit> WorkerClient::Enqueue(const rpc::EnqueueRequest& request) {
+Future<Unit> WorkerClient::Enqueue(std::shared_ptr<const rpc::EnqueueRequest> request) {
   // The data stream first: a gRPC call costs the worker about as much CPU again as the ops it
   // carries when they are a free or two (measured with collective_bench's CPU table). Requests
   // over the stream's bound (puts of data too small to stage) go through gRPC.
   std::shared_ptr<DataStreamClient> s = stream();
   std::optional<Future<Unit>> streamed;
-  if (s != nullptr) streamed = s->Enqueue(request);
-  return StreamElseGrpc<Unit>(s, std::move(streamed), [this, request] { return EnqueueThroughGrpc(request); });
+  if (s != nullptr) streamed = s->Enqueue(*request);
+  return StreamElseGrpc<Unit>(s, std::move(streamed), [this, request] { return EnqueueThroughGrpc(*request); });
 }
 
 Future<Unit> WorkerClient::EnqueueThroughGrpc(const rpc::EnqueueRequest& request) {
@@ -214,11 +214,11 @@ HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity cl
     : worker_(std::move(worker)), session_(static_cast<int64_t>(absl::Uniform<uint64_t>(absl::BitGen()) >> 1)) {
   queue_ = std::make_shared<OrderedBatchQueue<rpc::Op>>(
       [worker = worker_, client = std::move(client)](std::vector<rpc::Op> ops) {
-        rpc::EnqueueRequest request;
-        request.set_client_id(client.id);
-        request.set_credential(client.credential);
-        for (rpc::Op& op : ops) *request.add_ops() = std::move(op);
-        return worker->Enqueue(request);
+        auto request = std::make_shared<rpc::EnqueueRequest>();
+        request->set_client_id(client.id);
+        request->set_credential(client.credential);
+        for (rpc::Op& op : ops) *request->add_ops() = std::move(op);
+        return worker->Enqueue(std::move(request));
       },
       nullptr, OrderedBatchQueue<rpc::Op>::BatchLimit{[](const rpc::Op& op) { return op.ByteSizeLong(); }, size_t{64} << 20});  // a worker takes 1 GiB
 }

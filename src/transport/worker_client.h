@@ -33,8 +33,8 @@ class WorkerClient {
 
   Future<rpc::CompileResponse> Compile(const rpc::CompileRequest& request);
   // A client's ops, over the worker's data stream when one is known and idle (and the request
-  // small), else through gRPC.
-  Future<Unit> Enqueue(const rpc::EnqueueRequest& request);
+  // small), else through gRPC. Shared: a fallback to gRPC sends the same request without a copy.
+  Future<Unit> Enqueue(std::shared_ptr<const rpc::EnqueueRequest> request);
   // The controller asks the host to join its island's control graph.
   Future<rpc::JoinControlGraphResponse> JoinControlGraph(const rpc::ControlGraph& request);
   // No deadline: a fetch waits for the computation that produces the data. Goes over the

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/socket_util.h"
@@ -307,6 +308,34 @@ TEST(DataStreamTest, OpsAreTakenInOrderAndRefusalsComeBack) {
   EXPECT_FALSE(client.Enqueue(large).has_value());
   EXPECT_TRUE(client.Enqueue(f.Frees({10}))->AwaitFor(absl::Seconds(30)).ok());
   EXPECT_EQ(f.Freed(), (std::vector<int64_t>{2, 3, 4, 5, 6, 7, 10}));
+}
+
+// A worker that reads a request and hangs up before answering (it was stopping, say) may have
+// taken an enqueue's ops: that one fails as sent, so nothing sends the batch again (another way
+// would apply it twice), while a fetch cut off the same way is one gRPC may try.
+TEST(DataStreamTest, AnEnqueueCutOffAfterItWentOutIsNotSentAgain) {
+  int port = 0;
+  const int listener = testing::ListenLoopback(&port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  std::thread hang_up([listener] {
+    for (int i = 0; i < 2; ++i) {
+      const int fd = accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      char taken[256];
+      (void)recv(fd, taken, sizeof taken, 0);  // the hello and the request, or part of them
+      close(fd);
+    }
+  });
+  Fixture f;
+  DataStreamClient client("worker-a", "127.0.0.1", port, Quick());
+  auto cut = client.Enqueue(f.Frees({1}))->AwaitFor(absl::Seconds(30));
+  EXPECT_FALSE(cut.ok());
+  EXPECT_EQ(DataStreamClient::WhyNotSent(cut.status()), DataStreamClient::NotSentReason::kSent) << cut.status();
+  auto fetch = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
+  EXPECT_FALSE(fetch.ok());
+  EXPECT_EQ(DataStreamClient::WhyNotSent(fetch.status()), DataStreamClient::NotSentReason::kBusy) << fetch.status();
+  hang_up.join();
+  close(listener);
 }
 
 // A client that stops halfway through a stage's bytes (it died, or lied about the size) leaves
