@@ -241,29 +241,23 @@ struct ReduceScatterGrad : torch::autograd::Function<ReduceScatterGrad> {
   }
 };
 
-struct AllToAllGrad : torch::autograd::Function<AllToAllGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t dim) {
+// A permutation of the group's data with one integer argument, whose transpose is the same op
+// with the argument times `kSign`: all_to_all (its own transpose, along the same dimension) and
+// roll (the transpose of a shift is the opposite shift).
+template <at::Tensor (*Op)(const at::Tensor&, const std::string&, int64_t), int64_t kSign>
+struct PermutationGrad : torch::autograd::Function<PermutationGrad<Op, kSign>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t arg) {
     ctx->saved_data["axes"] = axes;
-    ctx->saved_data["dim"] = dim;
-    return AllToAllRaw(x, axes, dim);
+    ctx->saved_data["arg"] = arg;
+    return Op(x, axes, arg);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list g) {
-    return {AllToAllRaw(g[0], ctx->saved_data["axes"].toStringRef(), ctx->saved_data["dim"].toInt()), at::Tensor(),
+    return {Op(g[0], ctx->saved_data["axes"].toStringRef(), kSign * ctx->saved_data["arg"].toInt()), at::Tensor(),
             at::Tensor()};
   }
 };
-
-struct RollGrad : torch::autograd::Function<RollGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t shift) {
-    ctx->saved_data["axes"] = axes;
-    ctx->saved_data["shift"] = shift;
-    return RollRaw(x, axes, shift);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list g) {
-    return {RollRaw(g[0], ctx->saved_data["axes"].toStringRef(), -ctx->saved_data["shift"].toInt()), at::Tensor(),
-            at::Tensor()};
-  }
-};
+using AllToAllGrad = PermutationGrad<AllToAllRaw, 1>;
+using RollGrad = PermutationGrad<RollRaw, -1>;
 
 struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& axes, int64_t root) {
