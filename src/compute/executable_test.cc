@@ -9,6 +9,13 @@
 namespace pathways {
 namespace {
 
+std::vector<float> Values(const DeviceBuffer& b) {
+  const float* p = reinterpret_cast<const float*>(b.data());
+  return std::vector<float>(p, p + b.byte_size() / sizeof(float));
+}
+
+struct TanhCase;
+
 class ExecutableTest : public ::testing::Test {
  protected:
   BufferPtr MakeF32(const Shape& shape, std::vector<float> values) {
@@ -16,10 +23,7 @@ class ExecutableTest : public ::testing::Test {
     std::memcpy(b->data(), values.data(), values.size() * sizeof(float));
     return b;
   }
-  std::vector<float> Values(const DeviceBuffer& b) {
-    const float* p = reinterpret_cast<const float*>(b.data());
-    return std::vector<float>(p, p + b.byte_size() / sizeof(float));
-  }
+  TanhCase MakeTanhCase();
   CpuDevice device_{0, 1 << 20};
   FunctionCache cache_;
 };
@@ -110,30 +114,51 @@ FunctionBody TanhGradient(std::vector<int> wrt, bool with_outputs) {
   return body;
 }
 
+// f's inputs, cotangents and output buffers, and the check of its product worked out by hand:
+// d/da = dy * b * (1 - tanh(a)^2) + ds, d/db = dy * tanh(a).
+struct TanhCase {
+  const std::vector<float> a = {0.5f, -1, 2}, b = {3, 1, -2}, dy = {1, -0.5f, 2};
+  const float ds = 0.25f;
+  BufferPtr ba, bb, n, dy1, dy2, y1, y2, da, db;
+
+  void ExpectProduct() const {
+    for (int i = 0; i < 3; ++i) {
+      const float t = std::tanh(a[i]);
+      EXPECT_NEAR(Values(*y1)[i], t * b[i], 1e-6);
+      EXPECT_NEAR(Values(*da)[i], dy[i] * b[i] * (1 - t * t) + ds, 1e-5) << i;
+      EXPECT_NEAR(Values(*db)[i], dy[i] * t, 1e-5) << i;
+    }
+    EXPECT_NEAR(Values(*y2)[0], 1.5f, 1e-6);
+  }
+};
+
+TanhCase ExecutableTest::MakeTanhCase() {
+  TanhCase c;
+  c.ba = MakeF32({3}, c.a);
+  c.bb = MakeF32({3}, c.b);
+  c.dy1 = MakeF32({3}, c.dy);
+  c.dy2 = MakeF32({}, {c.ds});
+  c.n = *device_.Allocate(DType::kI32, {2});
+  std::memset(c.n->data(), 0, 8);
+  c.y1 = *device_.Allocate(DType::kF32, {3});
+  c.y2 = *device_.Allocate(DType::kF32, {});
+  c.da = *device_.Allocate(DType::kF32, {3});
+  c.db = *device_.Allocate(DType::kF32, {3});
+  return c;
+}
+
 TEST_F(ExecutableTest, GradientMatchesTheDerivativeWorkedOutByHand) {
   auto exe = cache_.Compile(TanhGradient({0, 1}, /*with_outputs=*/true));
   ASSERT_TRUE(exe.ok()) << exe.status();
   EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey(TanhGradient({0, 1}, false)));
   EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey({FunctionBody::Kind::kTorchScript, "f", kTanhSource}));
-  const std::vector<float> a = {0.5f, -1, 2}, b = {3, 1, -2}, dy = {1, -0.5f, 2};
-  const float ds = 0.25f;
-  BufferPtr ba = MakeF32({3}, a), bb = MakeF32({3}, b), dy1 = MakeF32({3}, dy), dy2 = MakeF32({}, {ds});
-  BufferPtr n = *device_.Allocate(DType::kI32, {2});
-  std::memset(n->data(), 0, 8);
-  BufferPtr y1 = *device_.Allocate(DType::kF32, {3}), y2 = *device_.Allocate(DType::kF32, {});
-  BufferPtr da = *device_.Allocate(DType::kF32, {3}), db = *device_.Allocate(DType::kF32, {3});
-  const DeviceBuffer* ins[] = {ba.get(), bb.get(), n.get(), dy1.get(), dy2.get()};
-  DeviceBuffer* outs[] = {y1.get(), y2.get(), da.get(), db.get()};
+  TanhCase c = MakeTanhCase();
+  const DeviceBuffer* ins[] = {c.ba.get(), c.bb.get(), c.n.get(), c.dy1.get(), c.dy2.get()};
+  DeviceBuffer* outs[] = {c.y1.get(), c.y2.get(), c.da.get(), c.db.get()};
   ASSERT_TRUE((*exe)->Run(ins, outs).ok());
-  for (int i = 0; i < 3; ++i) {
-    const float t = std::tanh(a[i]);
-    EXPECT_NEAR(Values(*y1)[i], t * b[i], 1e-6);
-    EXPECT_NEAR(Values(*da)[i], dy[i] * b[i] * (1 - t * t) + ds, 1e-5) << i;
-    EXPECT_NEAR(Values(*db)[i], dy[i] * t, 1e-5) << i;
-  }
-  EXPECT_NEAR(Values(*y2)[0], 1.5f, 1e-6);
+  c.ExpectProduct();
   // The inputs are untouched: the body differentiated copies of nothing, views of them.
-  EXPECT_EQ(Values(*ba), a);
+  EXPECT_EQ(Values(*c.ba), c.a);
 }
 
 TEST_F(ExecutableTest, GradientOfAnInputTheOutputsIgnoreIsZeroAndBadGradientsAreErrors) {
@@ -169,6 +194,66 @@ TEST_F(ExecutableTest, GradientOfAnInputTheOutputsIgnoreIsZeroAndBadGradientsAre
   EXPECT_EQ(cache_.Compile(TanhGradient({0, 0}, false)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(ExecutableTest, SplitGradientKeepsItsResidualsOnTheDeviceUntilItsHandleGoes) {
+  ConfigureComputeThreads(1);  // installs the allocator that charges kernels' allocations
+  FunctionBody forward_body = TanhGradient({0, 1}, false), backward_body = forward_body;
+  forward_body.gradient->residuals = FunctionBody::Residuals::kKeep;
+  backward_body.gradient->residuals = FunctionBody::Residuals::kUse;
+  EXPECT_NE(FunctionKey(forward_body), FunctionKey(backward_body));
+  EXPECT_NE(FunctionKey(forward_body), FunctionKey(TanhGradient({0, 1}, false)));
+  EXPECT_EQ(forward_body.DisplayName(), "vjp_forward(f)");
+  auto forward = cache_.Compile(forward_body);
+  auto backward = cache_.Compile(backward_body);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  ASSERT_TRUE(backward.ok()) << backward.status();
+  TanhCase c = MakeTanhCase();
+  BufferPtr handle = *device_.Allocate(DType::kI64, {});
+  auto budget = std::make_shared<MemoryBudget>("device", 16 << 20);
+  {
+    MemoryBudget::ScopedCurrent scope(budget);
+    const DeviceBuffer* ins[] = {c.ba.get(), c.bb.get(), c.n.get()};
+    DeviceBuffer* outs[] = {c.y1.get(), c.y2.get(), handle.get()};
+    ASSERT_TRUE((*forward)->Run(ins, outs).ok());
+  }
+  // tanh(a) is kept (for both products), and so are the outputs; the handle says how much.
+  const int64_t kept = *reinterpret_cast<const int64_t*>(handle->data());
+  EXPECT_GT(kept, 0);
+  EXPECT_EQ(budget->used(), kept);
+  EXPECT_GT(c.ba.use_count(), 1);  // the graph holds views of the inputs it saved
+
+  const DeviceBuffer* bins[] = {handle.get(), c.dy1.get(), c.dy2.get()};
+  DeviceBuffer* bouts[] = {c.da.get(), c.db.get()};
+  for (int pass = 0; pass < 2; ++pass) {  // a kept graph serves more than one backward pass
+    MemoryBudget::ScopedCurrent scope(budget);
+    ASSERT_TRUE((*backward)->Run(bins, bouts).ok());
+    c.ExpectProduct();
+  }
+  EXPECT_EQ(budget->used(), kept);
+
+  // A handle with no residuals (a copy of one, as a transfer makes), and one of another function.
+  BufferPtr copy = *device_.Allocate(DType::kI64, {});
+  std::memcpy(copy->data(), handle->data(), 8);
+  const DeviceBuffer* copied[] = {copy.get(), c.dy1.get(), c.dy2.get()};
+  absl::Status s = (*backward)->Run(copied, bouts);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("carries no residuals on this device"), std::string::npos) << s;
+  FunctionBody other = backward_body;
+  other.gradient->wrt = {1};
+  auto other_backward = cache_.Compile(other);
+  ASSERT_TRUE(other_backward.ok());
+  DeviceBuffer* one_out[] = {c.db.get()};
+  s = (*other_backward)->Run(bins, one_out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("residuals of another function"), std::string::npos) << s;
+  FunctionBody with_outputs = forward_body;
+  with_outputs.gradient->with_outputs = true;
+  EXPECT_EQ(cache_.Compile(with_outputs).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Freeing the handle frees what it kept, and lets go of the inputs.
+  handle.reset();
+  EXPECT_EQ(budget->used(), 0);
+  EXPECT_EQ(c.ba.use_count(), 1);
+}
 
 TEST_F(ExecutableTest, KernelTemporariesAreChargedToTheDeviceRunningThem) {
   ConfigureComputeThreads(1);  // installs the allocator that charges them, as workers do

@@ -8,7 +8,17 @@
 
 namespace pathways {
 
-std::string FunctionBody::DisplayName() const { return gradient ? absl::StrCat("vjp(", name, ")") : name; }
+std::string FunctionBody::DisplayName() const {
+  if (!gradient) return name;
+  switch (gradient->residuals) {
+    case Residuals::kKeep:
+      return absl::StrCat("vjp_forward(", name, ")");
+    case Residuals::kUse:
+      return absl::StrCat("vjp_backward(", name, ")");
+    default:
+      return absl::StrCat("vjp(", name, ")");
+  }
+}
 namespace {
 
 void AppendField(std::string& out, const std::string& field) { absl::StrAppend(&out, field.size(), ":", field); }
@@ -30,7 +40,7 @@ std::string FunctionKey(const FunctionBody& body) {
   std::string encoded = absl::StrCat(static_cast<int>(body.kind), ":", body.name.size(), ":", body.name, ":", body.source);
   if (body.gradient) {
     const FunctionBody::Gradient& g = *body.gradient;
-    absl::StrAppend(&encoded, "|vjp", g.with_outputs ? "+" : "-", g.wrt.size());
+    absl::StrAppend(&encoded, "|vjp", g.with_outputs ? "+" : "-", static_cast<int>(g.residuals), ":", g.wrt.size());
     for (int i : g.wrt) absl::StrAppend(&encoded, ",", i);
     AppendSpecs(encoded, g.in_specs);
     AppendSpecs(encoded, g.out_specs);
@@ -47,6 +57,16 @@ absl::Status ValidateFunctionBody(const FunctionBody& body) {
   if (body.name.empty()) return absl::InvalidArgumentError("a function body needs a name");
   if (!body.gradient) return absl::OkStatus();
   const FunctionBody::Gradient& g = *body.gradient;
+  if (g.residuals != FunctionBody::Residuals::kRecompute && g.residuals != FunctionBody::Residuals::kKeep &&
+      g.residuals != FunctionBody::Residuals::kUse) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient of '", body.name, "' has an unknown residual mode ",
+                                                   static_cast<int>(g.residuals)));
+  }
+  if (g.with_outputs && g.residuals != FunctionBody::Residuals::kRecompute) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of '", body.name, "': with_outputs is for a gradient that recomputes its forward pass; the forward "
+        "half of a split one returns the outputs already"));
+  }
   std::set<int> seen;
   for (int i : g.wrt) {
     if (i < 0 || i >= static_cast<int>(g.in_specs.size())) {

@@ -26,16 +26,30 @@ struct FunctionBody {
   // dimension) say along which mesh axes each value is replicated: a replicated output's
   // cotangent is shared among its replicas, and a replicated input's cotangent is the sum of
   // what each replica's shard contributes (an all_reduce over those axes).
+  //
+  // `residuals` says how the forward pass's intermediates reach the backward pass:
+  // - kRecompute: as above, one body that runs the forward pass again (rematerialisation).
+  // - kKeep: the forward half of a split product. Inputs: the primal's; outputs: the primal's,
+  //   then a residual handle, an i64 scalar laid out replicated whose value is the bytes the kept
+  //   residuals (and the outputs autograd holds) take on each device. The residuals stay on the
+  //   device, with the handle's buffer, charged to the device's memory until the handle is freed.
+  // - kUse: the backward half. Inputs: a kKeep handle of the same function and `wrt`, then one
+  //   cotangent per floating-point output; outputs: the cotangents of the inputs in `wrt`. A
+  //   handle carries its residuals only on the device that made it.
+  // `with_outputs` applies to kRecompute only.
+  enum class Residuals { kRecompute = 0, kKeep = 1, kUse = 2 };
   struct Gradient {
     std::vector<int> wrt;
     std::vector<std::vector<std::string>> in_specs;   // one per primal input
     std::vector<std::vector<std::string>> out_specs;  // one per primal output
     bool with_outputs = false;
+    Residuals residuals = Residuals::kRecompute;
     bool operator==(const Gradient&) const = default;
   };
   std::optional<Gradient> gradient;
 
-  // How IR, traces and errors name the function: its name, or vjp(name) for a gradient.
+  // How IR, traces and errors name the function: its name, or vjp(name) for a gradient
+  // (vjp_forward(name) and vjp_backward(name) for the halves of a split one).
   std::string DisplayName() const;
 };
 

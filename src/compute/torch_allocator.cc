@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "compute/executable.h"
@@ -20,6 +21,12 @@ absl::Status& KernelMemoryFailure() {
 }
 
 namespace {
+thread_local AllocationScope* current_scope = nullptr;
+std::atomic<uint64_t> next_scope_id{1};
+}  // namespace
+
+AllocationScope::AllocationScope() : id_(next_scope_id.fetch_add(1)), outer_(current_scope) { current_scope = this; }
+AllocationScope::~AllocationScope() { current_scope = outer_; }
 
 // libtorch's CPU allocations (kernel outputs and temporaries) through HostMemory: a large one
 // reuses the pages of an earlier one of its size instead of faulting in fresh ones. On a device's
@@ -29,6 +36,7 @@ namespace {
 // released (by clients, or by transfers to other devices), then fails the kernel
 // (ResourceExhausted). A header in front of the data says
 // what to release; the data pointer is its own context, so raw_allocate works too.
+
 class CachingHostAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) const override {
@@ -43,7 +51,10 @@ class CachingHostAllocator final : public c10::Allocator {
       if (budget != nullptr) (*budget)->Release(static_cast<int64_t>(bytes));
       throw std::bad_alloc();
     }
-    new (block) Header{budget != nullptr ? *budget : nullptr, static_cast<int64_t>(bytes)};
+    AllocationScope* scope = current_scope;
+    if (scope != nullptr) scope->live_bytes_ += static_cast<int64_t>(bytes);
+    new (block) Header{budget != nullptr ? *budget : nullptr, static_cast<int64_t>(bytes),
+                       scope != nullptr ? scope->id_ : 0};
     char* data = block + kHeaderBytes;
     return {data, data, &Delete, c10::Device(c10::DeviceType::CPU)};
   }
@@ -53,6 +64,7 @@ class CachingHostAllocator final : public c10::Allocator {
   struct Header {
     std::shared_ptr<MemoryBudget> budget;
     int64_t bytes;
+    uint64_t scope;  // the AllocationScope it was made in, or 0
   };
   static constexpr size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned
   static_assert(sizeof(Header) <= kHeaderBytes);
@@ -61,12 +73,13 @@ class CachingHostAllocator final : public c10::Allocator {
     char* block = static_cast<char*>(data) - kHeaderBytes;
     Header* header = reinterpret_cast<Header*>(block);
     if (header->budget != nullptr) header->budget->Release(header->bytes);
+    if (header->scope != 0 && current_scope != nullptr && current_scope->id_ == header->scope) {
+      current_scope->live_bytes_ -= header->bytes;
+    }
     header->~Header();
     HostMemory::Free(block);
   }
 };
-
-}  // namespace
 
 void ConfigureComputeThreads(int intra_op_threads) {
   static std::once_flag allocator_installed;

@@ -29,10 +29,22 @@ bool SharesMemory(const at::Tensor& t, const DeviceBuffer& buffer) {
   return begin < buffer.data() + buffer.byte_size() && buffer.data() < end;
 }
 
-at::Tensor View(const DeviceBuffer& buffer) {
-  return torch::from_blob(const_cast<char*>(buffer.data()), buffer.shape(),
-                          torch::TensorOptions().dtype(*ToTorch(buffer.dtype())));
+// A tensor over the buffer's bytes. One that `keeps` the buffer holds a reference to it, for as
+// long as anything (an autograd graph kept after the call) holds the tensor's storage.
+at::Tensor View(const DeviceBuffer& buffer, bool keeps) {
+  char* data = const_cast<char*>(buffer.data());
+  const auto options = torch::TensorOptions().dtype(*ToTorch(buffer.dtype()));
+  if (!keeps) return torch::from_blob(data, buffer.shape(), options);
+  std::shared_ptr<const DeviceBuffer> owner = buffer.weak_from_this().lock();
+  TORCH_CHECK(owner != nullptr, "a kept view needs a buffer owned by a BufferPtr");
+  return torch::from_blob(data, buffer.shape(), [owner = std::move(owner)](void*) {}, options);
 }
+
+// The device buffers a body runs on, for bodies that read or set what they carry besides bytes.
+struct Buffers {
+  absl::Span<const DeviceBuffer* const> inputs;
+  absl::Span<DeviceBuffer* const> outputs;
+};
 
 // Script source sees the collectives as `pathways.<op>`.
 class PathwaysResolver : public torch::jit::Resolver {
@@ -65,8 +77,8 @@ class TorchExecutable : public Executable {
       if (!differentiates()) inference.emplace();
       std::vector<at::Tensor> args;
       args.reserve(inputs.size());
-      for (const DeviceBuffer* b : inputs) args.push_back(View(*b));
-      auto r = Invoke(args);
+      for (const DeviceBuffer* b : inputs) args.push_back(View(*b, keeps_input_views()));
+      auto r = Invoke(args, {inputs, outputs});
       if (!r.ok()) return r.status();
       results = std::move(*r);
       if (results.size() != outputs.size()) {
@@ -122,10 +134,13 @@ class TorchExecutable : public Executable {
   }
 
   // Runs the body on torch views of the inputs.
-  virtual absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const = 0;
+  virtual absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args,
+                                                         const Buffers& buffers) const = 0;
 
  protected:
   virtual bool differentiates() const { return false; }
+  // Whether the views of the inputs keep their buffers alive (they may outlive the call).
+  virtual bool keeps_input_views() const { return false; }
 
  private:
   std::string name_;
@@ -137,7 +152,7 @@ class BuiltinExecutable : public TorchExecutable {
       : TorchExecutable(std::move(name)), kernel_(kernel), axes_(std::move(axes)) {}
 
  public:
-  absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const override {
+  absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args, const Buffers&) const override {
     if (static_cast<int>(args.size()) != kernel_.arity) {
       return absl::InvalidArgumentError(absl::StrCat("built-in kernel '", name(), "' takes ",
                                                      kernel_.arity, " inputs, got ", args.size()));
@@ -157,7 +172,7 @@ class ScriptExecutable : public TorchExecutable {
       : TorchExecutable(std::move(name)), unit_(std::move(unit)), function_(function) {}
 
  public:
-  absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const override {
+  absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args, const Buffers&) const override {
     std::vector<c10::IValue> stack(args.begin(), args.end());
     c10::IValue result = (*function_)(std::move(stack));
     std::vector<at::Tensor> out;
@@ -186,47 +201,148 @@ class ScriptExecutable : public TorchExecutable {
 };
 
 
-// The vector-Jacobian product of a primal body (FunctionBody::Gradient). The forward pass runs
-// again here under autograd rather than keeping its residuals from an earlier call: a residual
-// would be one more output per intermediate, held on the device between the forward and the
-// backward call (for every microbatch in flight, in a pipeline), and tied to how the primal was
-// written; recomputing costs one more forward pass and keeps the primal's signature as the user
-// wrote it (GPipe rematerialises the same way). Random ops draw from counters, so the recomputed
-// pass sees the same numbers as the original one.
+// What a forward pass that keeps its residuals leaves with its handle's buffer: the autograd
+// graph from the inputs it differentiates to its outputs. The graph's saved tensors are
+// libtorch's allocations, charged to the device that ran the pass, and views of input buffers,
+// which they keep alive (so a later call that is donated one of them copies it instead).
+struct KeptResiduals final : public BufferAttachment {
+  std::string forward_key;          // FunctionKey of the forward body that made them
+  std::vector<at::Tensor> outputs;  // the primal's outputs, with their graph
+  std::vector<at::Tensor> wrt;      // the inputs differentiated, leaves of the graph
+  mutable absl::Mutex mu;           // one backward pass through the graph at a time
+};
+
+// The vector-Jacobian product of a primal body (FunctionBody::Gradient), whole or in halves.
+// Whole, the forward pass runs again here under autograd: a residual would be one more output
+// per intermediate, held on the device between the forward and the backward call (for every
+// microbatch in flight, in a pipeline); recomputing costs one more forward pass (GPipe
+// rematerialises the same way). Split, the forward half keeps the graph with its residual handle
+// and the backward half runs it: one forward pass less, for the memory of the residuals. Random
+// ops draw from counters, so a recomputed pass sees the same numbers as the original one.
 class VjpExecutable : public TorchExecutable {
  public:
-  VjpExecutable(std::string name, std::shared_ptr<const TorchExecutable> primal, FunctionBody::Gradient gradient)
-      : TorchExecutable(std::move(name)), primal_(std::move(primal)), gradient_(std::move(gradient)) {}
+  VjpExecutable(std::string name, std::shared_ptr<const TorchExecutable> primal, FunctionBody::Gradient gradient,
+                std::string forward_key)
+      : TorchExecutable(std::move(name)),
+        primal_(std::move(primal)),
+        gradient_(std::move(gradient)),
+        forward_key_(std::move(forward_key)) {}
 
-  absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args) const override {
+  absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args, const Buffers& buffers) const override {
+    switch (gradient_.residuals) {
+      case FunctionBody::Residuals::kKeep:
+        return ForwardKeepingResiduals(args, buffers);
+      case FunctionBody::Residuals::kUse:
+        return BackwardFromResiduals(args, buffers);
+      default:
+        return Recompute(args);
+    }
+  }
+
+ protected:
+  bool differentiates() const override { return true; }
+  bool keeps_input_views() const override { return gradient_.residuals == FunctionBody::Residuals::kKeep; }
+
+ private:
+  struct Forward {
+    std::vector<at::Tensor> outputs;
+    std::vector<at::Tensor> wrt;
+  };
+
+  absl::StatusOr<std::vector<at::Tensor>> Recompute(std::vector<at::Tensor>& args) const {
     const size_t num_inputs = gradient_.in_specs.size();
     if (args.size() < num_inputs) return Invalid(absl::StrCat("takes at least ", num_inputs, " inputs, got ", args.size()));
     std::vector<at::Tensor> primal_args(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(num_inputs));
-    std::vector<at::Tensor> wrt;
+    PW_ASSIGN_OR_RETURN(Forward forward, RunForward(primal_args));
+    PW_ASSIGN_OR_RETURN(std::vector<at::Tensor> grads,
+                        Backward(forward, absl::MakeConstSpan(args).subspan(num_inputs), /*retain=*/false));
+    std::vector<at::Tensor> results;
+    if (gradient_.with_outputs) {
+      for (const at::Tensor& y : forward.outputs) results.push_back(y.detach());
+    }
+    results.insert(results.end(), grads.begin(), grads.end());
+    return results;
+  }
+
+  absl::StatusOr<std::vector<at::Tensor>> ForwardKeepingResiduals(std::vector<at::Tensor>& args,
+                                                                  const Buffers& buffers) const {
+    if (args.size() != gradient_.in_specs.size()) {
+      return Invalid(absl::StrCat("takes ", gradient_.in_specs.size(), " inputs, got ", args.size()));
+    }
+    if (buffers.outputs.size() != gradient_.out_specs.size() + 1) {
+      return Invalid(absl::StrCat("returns ", gradient_.out_specs.size() + 1,
+                                  " values (the outputs and a residual handle), its signature has ",
+                                  buffers.outputs.size()));
+    }
+    auto kept = std::make_shared<KeptResiduals>();
+    kept->forward_key = forward_key_;
+    int64_t kept_bytes = 0;
+    {
+      AllocationScope scope;
+      PW_ASSIGN_OR_RETURN(Forward forward, RunForward(args));
+      kept->outputs = std::move(forward.outputs);
+      kept->wrt = std::move(forward.wrt);
+      kept_bytes = scope.live_bytes();
+    }
+    std::vector<at::Tensor> results;
+    for (const at::Tensor& y : kept->outputs) results.push_back(y.detach());
+    results.push_back(torch::full({}, kept_bytes, torch::kInt64));
+    buffers.outputs.back()->set_attachment(std::move(kept));
+    return results;
+  }
+
+  absl::StatusOr<std::vector<at::Tensor>> BackwardFromResiduals(std::vector<at::Tensor>& args,
+                                                                const Buffers& buffers) const {
+    if (args.empty()) return Invalid("takes a residual handle first, got no inputs");
+    const auto* kept = dynamic_cast<const KeptResiduals*>(buffers.inputs[0]->attachment().get());
+    if (kept == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gradient '", name(), "' input 0 carries no residuals on this device: a residual handle holds them only on "
+          "the devices of the forward call that made it (call both halves on one slice; a handle moved elsewhere or "
+          "put from the client has none)"));
+    }
+    if (kept->forward_key != forward_key_) {
+      return Invalid("input 0 holds the residuals of another function's forward pass");
+    }
+    absl::MutexLock lock(&kept->mu);
+    return Backward({kept->outputs, kept->wrt}, absl::MakeConstSpan(args).subspan(1), /*retain=*/true);
+  }
+
+  // The primal's outputs on `primal_args`, recorded by autograd from the inputs in `wrt`.
+  absl::StatusOr<Forward> RunForward(std::vector<at::Tensor>& primal_args) const {
+    Forward forward;
     for (int i : gradient_.wrt) {
       at::Tensor& x = primal_args[static_cast<size_t>(i)];
       if (!at::isFloatingType(x.scalar_type())) {
         return Invalid(absl::StrCat("input ", i, " is not floating point and has no gradient"));
       }
       x = x.detach().requires_grad_(true);
-      wrt.push_back(x);
+      forward.wrt.push_back(x);
     }
-    std::vector<at::Tensor> outputs;
     {
       at::AutoGradMode grad(true);
-      PW_ASSIGN_OR_RETURN(outputs, primal_->Invoke(primal_args));
+      PW_ASSIGN_OR_RETURN(forward.outputs, primal_->Invoke(primal_args, {}));
     }
-    if (outputs.size() != gradient_.out_specs.size()) {
-      return Invalid(absl::StrCat("its primal returned ", outputs.size(), " values, its signature has ",
+    if (forward.outputs.size() != gradient_.out_specs.size()) {
+      return Invalid(absl::StrCat("its primal returned ", forward.outputs.size(), " values, its signature has ",
                                   gradient_.out_specs.size(), " outputs"));
     }
+    return forward;
+  }
+
+  // The cotangents of `forward.wrt`, from one cotangent per floating-point output. `retain` keeps
+  // the graph for another pass.
+  absl::StatusOr<std::vector<at::Tensor>> Backward(const Forward& forward, absl::Span<const at::Tensor> cotangents,
+                                                   bool retain) const {
+    const std::vector<at::Tensor>& outputs = forward.outputs;
+    const std::vector<at::Tensor>& wrt = forward.wrt;
     // One cotangent per floating-point output, each shared among the output's replicas.
     std::vector<at::Tensor> differentiated, seeds;
-    size_t next = num_inputs;
+    size_t next = 0;
     for (size_t k = 0; k < outputs.size(); ++k) {
       if (!at::isFloatingType(outputs[k].scalar_type())) continue;
-      if (next >= args.size()) return Invalid(absl::StrCat("has no cotangent for output ", k));
-      const at::Tensor& cotangent = args[next++];
+      if (next >= cotangents.size()) return Invalid(absl::StrCat("has no cotangent for output ", k));
+      const at::Tensor& cotangent = cotangents[next++];
       if (cotangent.sizes() != outputs[k].sizes() || cotangent.scalar_type() != outputs[k].scalar_type()) {
         return Invalid(absl::StrCat("the cotangent of output ", k, " is ", c10::toString(cotangent.scalar_type()),
                                     c10::str(cotangent.sizes()), " but the output is ",
@@ -237,18 +353,14 @@ class VjpExecutable : public TorchExecutable {
       const int replicas = Replicas(gradient_.out_specs[k]);
       seeds.push_back(replicas == 1 ? cotangent : cotangent / replicas);
     }
-    if (next != args.size()) {
-      return Invalid(absl::StrCat("takes ", next, " inputs (", num_inputs, " and one cotangent per floating-point output), got ",
-                                  args.size()));
+    if (next != cotangents.size()) {
+      return Invalid(absl::StrCat("takes one cotangent per floating-point output of its primal (", next, "), got ",
+                                  cotangents.size()));
     }
     std::vector<at::Tensor> grads(wrt.size());
     if (!differentiated.empty() && !wrt.empty()) {
-      grads = torch::autograd::grad(differentiated, wrt, seeds, /*retain_graph=*/false, /*create_graph=*/false,
+      grads = torch::autograd::grad(differentiated, wrt, seeds, /*retain_graph=*/retain, /*create_graph=*/false,
                                     /*allow_unused=*/true);
-    }
-    std::vector<at::Tensor> results;
-    if (gradient_.with_outputs) {
-      for (const at::Tensor& y : outputs) results.push_back(y.detach());
     }
     // A replicated input's cotangent is the sum of its replicas' parts. Cotangents summed over the
     // same axes go in one all_reduce, concatenated (gradient bucketing, as DDP does): each
@@ -275,14 +387,10 @@ class VjpExecutable : public TorchExecutable {
         offset += n;
       }
     }
-    for (const at::Tensor& g : grads) results.push_back(g.detach());
-    return results;
+    for (at::Tensor& g : grads) g = g.detach();
+    return grads;
   }
 
- protected:
-  bool differentiates() const override { return true; }
-
- private:
   absl::Status Invalid(const std::string& what) const {
     return absl::InvalidArgumentError(absl::StrCat("gradient '", name(), "' ", what));
   }
@@ -308,6 +416,7 @@ class VjpExecutable : public TorchExecutable {
 
   const std::shared_ptr<const TorchExecutable> primal_;
   const FunctionBody::Gradient gradient_;
+  const std::string forward_key_;  // of the forward half of this product, split
 };
 
 absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const FunctionBody& body) {
@@ -349,7 +458,10 @@ absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBo
   primal_body.gradient.reset();
   PW_ASSIGN_OR_RETURN(std::shared_ptr<const TorchExecutable> primal, CompilePrimal(primal_body));
   if (!body.gradient) return primal;
-  return std::make_shared<VjpExecutable>(absl::StrCat("vjp(", body.name, ")"), std::move(primal), *body.gradient);
+  FunctionBody forward = body;
+  forward.gradient->residuals = FunctionBody::Residuals::kKeep;
+  return std::make_shared<VjpExecutable>(body.DisplayName(), std::move(primal), *body.gradient,
+                                         FunctionKey(forward));
 }
 
 std::vector<std::string> BuiltinKernelNames() {

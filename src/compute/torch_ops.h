@@ -45,4 +45,22 @@ absl::Status& KernelMemoryFailure();
 // read, say), so the function's error keeps that code.
 absl::Status& OpFailure();
 
+// Counts what libtorch allocates on this thread during the scope's life and still holds: what a
+// forward pass that keeps its residuals leaves behind. Frees on other threads meanwhile are not
+// seen. Scopes nest; an inner one's allocations are not counted by the outer one.
+class AllocationScope {
+ public:
+  AllocationScope();
+  ~AllocationScope();
+  AllocationScope(const AllocationScope&) = delete;
+  AllocationScope& operator=(const AllocationScope&) = delete;
+  int64_t live_bytes() const { return live_bytes_; }
+
+ private:
+  friend class CachingHostAllocator;
+  const uint64_t id_;
+  int64_t live_bytes_ = 0;
+  AllocationScope* const outer_;
+};
+
 }  // namespace pathways

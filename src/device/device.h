@@ -60,10 +60,18 @@ class MemoryBudget {
   int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// What a body keeps on a device with one of its output buffers besides the bytes (the autograd
+// graph of a forward pass that keeps its residuals), released with the buffer.
+class BufferAttachment {
+ public:
+  virtual ~BufferAttachment() = default;
+};
+
 // A dense row-major array in one device's memory. Owns its storage and its charge against the
 // device's budget, which it releases when destroyed. The contents are written once, by whoever
-// allocated it, before the buffer is shared; after that it is read-only and thread-safe.
-class DeviceBuffer {
+// allocated it, before the buffer is shared; after that it is read-only and thread-safe. Buffers
+// are always owned by BufferPtrs, so a kernel that keeps a view of one can keep it alive.
+class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
  public:
   DeviceBuffer(std::shared_ptr<MemoryBudget> budget, int device_index, DType dtype, Shape shape,
                int64_t byte_size);
@@ -77,9 +85,14 @@ class DeviceBuffer {
   int64_t byte_size() const { return byte_size_; }
   char* data() { return data_; }
   const char* data() const { return data_; }
+  // Set, like the contents, by the body that writes the buffer, before it is shared. Never
+  // copied: a copy of the buffer (a transfer, an assembled input) has none.
+  void set_attachment(std::shared_ptr<const BufferAttachment> attachment) { attachment_ = std::move(attachment); }
+  const std::shared_ptr<const BufferAttachment>& attachment() const { return attachment_; }
 
  private:
   std::shared_ptr<MemoryBudget> budget_;
+  std::shared_ptr<const BufferAttachment> attachment_;
   const int device_index_;
   const DType dtype_;
   const Shape shape_;

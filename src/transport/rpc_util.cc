@@ -130,6 +130,7 @@ rpc::FunctionBodyProto ToProto(const FunctionBody& body) {
     for (const auto& spec : body.gradient->in_specs) *g->add_in_specs()->mutable_dims() = {spec.begin(), spec.end()};
     for (const auto& spec : body.gradient->out_specs) *g->add_out_specs()->mutable_dims() = {spec.begin(), spec.end()};
     g->set_with_outputs(body.gradient->with_outputs);
+    g->set_residuals(static_cast<int32_t>(body.gradient->residuals));
   }
   return proto;
 }
@@ -145,6 +146,7 @@ absl::StatusOr<FunctionBody> FromProto(const rpc::FunctionBodyProto& proto) {
     for (const auto& spec : proto.gradient().in_specs()) g.in_specs.emplace_back(spec.dims().begin(), spec.dims().end());
     for (const auto& spec : proto.gradient().out_specs()) g.out_specs.emplace_back(spec.dims().begin(), spec.dims().end());
     g.with_outputs = proto.gradient().with_outputs();
+    g.residuals = static_cast<FunctionBody::Residuals>(proto.gradient().residuals());
     body.gradient = std::move(g);
   }
   if (absl::Status s = ValidateFunctionBody(body); !s.ok()) return s;
