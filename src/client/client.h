@@ -156,6 +156,21 @@ struct FunctionSpec {
   // collectives, is differentiated as the function of whole arrays that it is.
   static absl::StatusOr<FunctionSpec> Vjp(const FunctionSpec& primal, std::vector<int> wrt = {},
                                           bool with_outputs = false);
+  // The same product in two calls that keep the forward pass's intermediates (residuals) on the
+  // devices instead of recomputing them, as jax.vjp does. `forward` takes the primal's inputs and
+  // returns its outputs, then a residual handle: an i64 scalar, replicated, holding the bytes its
+  // residuals take on each device, which stay charged to those devices until the handle is freed.
+  // `backward` takes the handle, then one cotangent per floating-point output, and returns the
+  // cotangents of inputs `wrt`; it may be called again with other cotangents. Call both on the
+  // same slice: a handle moved to other devices has no residuals there, and `backward` fails
+  // saying so. One forward pass saved per call, for the memory of every intermediate until then
+  // (in a pipeline, of every microbatch in flight).
+  struct SplitVjp;
+  static absl::StatusOr<SplitVjp> VjpKeepingResiduals(const FunctionSpec& primal, std::vector<int> wrt = {});
+};
+struct FunctionSpec::SplitVjp {
+  FunctionSpec forward;
+  FunctionSpec backward;
 };
 
 // A function compiled on the cluster's workers. Cheap to copy; thread-safe.

@@ -151,4 +151,37 @@ absl::StatusOr<FunctionSpec> FunctionSpec::Vjp(const FunctionSpec& primal, std::
   return vjp;
 }
 
+absl::StatusOr<FunctionSpec::SplitVjp> FunctionSpec::VjpKeepingResiduals(const FunctionSpec& primal,
+                                                                         std::vector<int> wrt) {
+  PW_ASSIGN_OR_RETURN(FunctionSpec whole, Vjp(primal, std::move(wrt)));
+  const auto primal_inputs = static_cast<std::ptrdiff_t>(primal.inputs.size());
+  const TensorSpec handle{DType::kI64, {}};
+  SplitVjp split;
+  FunctionSpec& forward = split.forward;
+  forward.body = whole.body;
+  forward.body.gradient->residuals = FunctionBody::Residuals::kKeep;
+  forward.inputs = primal.inputs;
+  forward.in_shardings.assign(whole.in_shardings.begin(), whole.in_shardings.begin() + primal_inputs);
+  forward.outputs = primal.outputs;
+  forward.outputs.push_back(handle);
+  if (!primal.out_shardings.empty()) {
+    forward.out_shardings = primal.out_shardings;
+    forward.out_shardings.push_back({});
+  }
+  forward.data_dependent_shapes = primal.data_dependent_shapes;
+  FunctionSpec& backward = split.backward;
+  backward.body = whole.body;
+  backward.body.gradient->residuals = FunctionBody::Residuals::kUse;
+  backward.inputs = {handle};
+  backward.inputs.insert(backward.inputs.end(), whole.inputs.begin() + primal_inputs, whole.inputs.end());
+  backward.in_shardings = {{}};
+  backward.in_shardings.insert(backward.in_shardings.end(), whole.in_shardings.begin() + primal_inputs,
+                               whole.in_shardings.end());
+  backward.outputs = whole.outputs;
+  backward.out_shardings = whole.out_shardings;
+  PW_RETURN_IF_ERROR(ValidateFunctionBody(forward.body));
+  PW_RETURN_IF_ERROR(ValidateFunctionBody(backward.body));
+  return split;
+}
+
 }  // namespace pathways

@@ -30,27 +30,19 @@ class GradientTest : public ::testing::Test {
     one_ = *client_->CreateSlice({.mesh_shape = {1}});
   }
 
-  // The function's outputs, then its inputs' cotangents, computed by its gradient on `slice`
-  // from `inputs` and the output cotangents `cotangents`.
-  absl::StatusOr<std::vector<HostArray>> ValueAndGradient(const FunctionSpec& primal, const VirtualSlice& slice,
-                                                          const std::vector<HostArray>& inputs,
-                                                          const std::vector<HostArray>& cotangents) {
-    auto spec = FunctionSpec::Vjp(primal, {}, /*with_outputs=*/true);
-    if (!spec.ok()) return spec.status();
-    auto vjp = client_->Compile(*spec);
-    if (!vjp.ok()) return vjp.status();
-    std::vector<ShardedArray> args;
-    std::vector<HostArray> all = inputs;
-    all.insert(all.end(), cotangents.begin(), cotangents.end());
-    for (size_t i = 0; i < all.size(); ++i) {
-      auto a = client_->Put(all[i], slice, spec->in_shardings[i]);
+  absl::StatusOr<std::vector<ShardedArray>> PutAll(const std::vector<HostArray>& arrays, const FunctionSpec& spec,
+                                                   size_t first, const VirtualSlice& slice) {
+    std::vector<ShardedArray> placed;
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      auto a = client_->Put(arrays[i], slice, spec.in_shardings[first + i]);
       if (!a.ok()) return a.status();
-      args.push_back(*a);
+      placed.push_back(*a);
     }
-    auto outs = client_->Call(*vjp, slice, args);
-    if (!outs.ok()) return outs.status();
+    return placed;
+  }
+  absl::StatusOr<std::vector<HostArray>> FetchAll(absl::Span<const ShardedArray> arrays) {
     std::vector<HostArray> fetched;
-    for (const ShardedArray& o : *outs) {
+    for (const ShardedArray& o : arrays) {
       auto h = client_->Fetch(o).Await();
       if (!h.ok()) return h.status();
       fetched.push_back(*h);
@@ -58,14 +50,61 @@ class GradientTest : public ::testing::Test {
     return fetched;
   }
 
-  // Runs the sharded function's gradient on the 2x4 mesh (three times: TorchScript optimises a
-  // function after its first runs) and the whole-array one on one device, and compares.
+  // The same, in two calls: the forward half keeping its residuals, then the backward half.
+  absl::StatusOr<std::vector<HostArray>> SplitValueAndGradient(const FunctionSpec& primal, const VirtualSlice& slice,
+                                                               const std::vector<HostArray>& inputs,
+                                                               const std::vector<HostArray>& cotangents) {
+    auto split = FunctionSpec::VjpKeepingResiduals(primal);
+    if (!split.ok()) return split.status();
+    auto forward = client_->Compile(split->forward);
+    if (!forward.ok()) return forward.status();
+    auto backward = client_->Compile(split->backward);
+    if (!backward.ok()) return backward.status();
+    auto args = PutAll(inputs, split->forward, 0, slice);
+    if (!args.ok()) return args.status();
+    auto outs = client_->Call(*forward, slice, *args);
+    if (!outs.ok()) return outs.status();
+    auto cots = PutAll(cotangents, split->backward, 1, slice);
+    if (!cots.ok()) return cots.status();
+    std::vector<ShardedArray> backward_args = {outs->back()};
+    backward_args.insert(backward_args.end(), cots->begin(), cots->end());
+    auto grads = client_->Call(*backward, slice, backward_args);
+    if (!grads.ok()) return grads.status();
+    std::vector<ShardedArray> all(outs->begin(), outs->end() - 1);
+    all.insert(all.end(), grads->begin(), grads->end());
+    return FetchAll(all);
+  }
+
+  // The function's outputs, then its inputs' cotangents, computed by its gradient on `slice`
+  // from `inputs` and the output cotangents `cotangents`.
+  absl::StatusOr<std::vector<HostArray>> ValueAndGradient(const FunctionSpec& primal, const VirtualSlice& slice,
+                                                          const std::vector<HostArray>& inputs,
+                                                          const std::vector<HostArray>& cotangents,
+                                                          bool split = false) {
+    if (split) return SplitValueAndGradient(primal, slice, inputs, cotangents);
+    auto spec = FunctionSpec::Vjp(primal, {}, /*with_outputs=*/true);
+    if (!spec.ok()) return spec.status();
+    auto vjp = client_->Compile(*spec);
+    if (!vjp.ok()) return vjp.status();
+    std::vector<HostArray> all = inputs;
+    all.insert(all.end(), cotangents.begin(), cotangents.end());
+    auto args = PutAll(all, *spec, 0, slice);
+    if (!args.ok()) return args.status();
+    auto outs = client_->Call(*vjp, slice, *args);
+    if (!outs.ok()) return outs.status();
+    return FetchAll(*outs);
+  }
+
+  // Runs the sharded function's gradient on the 2x4 mesh, whole and split (three times each:
+  // TorchScript optimises a function after its first runs), and the whole-array one on one
+  // device, and compares.
   void ExpectSameGradients(const FunctionSpec& sharded, const FunctionSpec& whole, const std::vector<HostArray>& inputs,
                            const std::vector<HostArray>& cotangents) {
     auto expected = ValueAndGradient(whole, one_, inputs, cotangents);
     ASSERT_TRUE(expected.ok()) << expected.status();
-    for (int repeat = 0; repeat < 3; ++repeat) {
-      auto got = ValueAndGradient(sharded, mesh_, inputs, cotangents);
+    for (int repeat = 0; repeat < 6; ++repeat) {
+      SCOPED_TRACE(repeat % 2 == 0 ? "whole" : "split");
+      auto got = ValueAndGradient(sharded, mesh_, inputs, cotangents, /*split=*/repeat % 2 == 1);
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_EQ(got->size(), expected->size());
       for (size_t k = 0; k < got->size(); ++k) {
@@ -143,6 +182,65 @@ TEST_F(GradientTest, DropoutAndMeanDifferentiateThroughTheRecomputedForwardPass)
   auto sharded = FunctionSpec::Script("drop", sharded_source, in, out, {{"x", ""}}, {{"x", ""}});
   auto whole = FunctionSpec::Script("drop", whole_source, in, out);
   ExpectSameGradients(sharded, whole, {RandomF32({4, 6}, 10)}, {RandomF32({4, 6}, 11)});
+}
+
+// A forward half's residuals hold what they saved: an input donated to a later call is copied
+// for it, so the backward half still sees the values its forward pass saw. A handle fetched and
+// put back, or moved to another slice, has no residuals there, and the backward half says so.
+TEST_F(GradientTest, KeptResidualsSurviveDonationAndStayOnTheirDevices) {
+  auto primal = FunctionSpec::Script("scale", "def scale(x, w):\n    return torch.tanh(x * w)\n", {F32({8}), F32({8})},
+                                     {F32({8})}, {{"y"}, {"y"}}, {{"y"}});
+  auto split = FunctionSpec::VjpKeepingResiduals(primal, {0});  // x's cotangent reads the w saved
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->forward.outputs.size(), 2u);
+  EXPECT_EQ(split->forward.outputs[1].dtype, DType::kI64);
+  EXPECT_EQ(split->backward.inputs.size(), 2u);  // the handle and the output's cotangent
+  auto forward = client_->Compile(split->forward);
+  auto backward = client_->Compile(split->backward);
+  ASSERT_TRUE(forward.ok() && backward.ok()) << forward.status() << backward.status();
+  const HostArray x = RandomF32({8}, 20), w = RandomF32({8}, 21), dy = RandomF32({8}, 22);
+  auto args = PutAll({x, w}, split->forward, 0, mesh_);
+  ASSERT_TRUE(args.ok()) << args.status();
+  auto outs = client_->Call(*forward, mesh_, *args);
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto kept = client_->Fetch((*outs)[1]).Await();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_GT(kept->data<int64_t>()[0], 0);  // bytes held on each device
+
+  // w is donated to a call that zeroes it in place.
+  auto zero = FunctionSpec::Script("zero", "def zero(w):\n    return w.zero_()\n", {F32({8})}, {F32({8})}, {{"y"}},
+                                   {{"y"}});
+  zero.donated_inputs = {0};
+  auto zeroing = client_->Compile(zero);
+  ASSERT_TRUE(zeroing.ok()) << zeroing.status();
+  auto zeroed = client_->Call(*zeroing, mesh_, {(*args)[1]});
+  ASSERT_TRUE(zeroed.ok()) << zeroed.status();
+  auto zeros = client_->Fetch((*zeroed)[0]).Await();
+  ASSERT_TRUE(zeros.ok()) << zeros.status();
+  EXPECT_EQ(zeros->data<float>()[3], 0.0f);
+
+  auto cot = client_->Put(dy, mesh_, split->backward.in_shardings[1]);
+  ASSERT_TRUE(cot.ok()) << cot.status();
+  auto grads = client_->Call(*backward, mesh_, {(*outs)[1], *cot});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  auto dx = client_->Fetch((*grads)[0]).Await();
+  ASSERT_TRUE(dx.ok()) << dx.status();
+  for (int i = 0; i < 8; ++i) {
+    const float wi = w.data<float>()[i], t = std::tanh(x.data<float>()[i] * wi);
+    EXPECT_NEAR(dx->data<float>()[i], dy.data<float>()[i] * (1 - t * t) * wi, 1e-5) << i;
+  }
+
+  auto put_back = client_->Put(*kept, mesh_);
+  ASSERT_TRUE(put_back.ok()) << put_back.status();
+  auto none = client_->Call(*backward, mesh_, {*put_back, *cot});
+  ASSERT_TRUE(none.ok()) << none.status();
+  absl::Status s = client_->Ready((*none)[0]).Await().status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("carries no residuals on this device"), std::string::npos) << s;
+  // The devices carry on: the kept handle still works.
+  auto again = client_->Call(*backward, mesh_, {(*outs)[1], *cot});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(client_->Ready((*again)[0]).Await().ok());
 }
 
 TEST_F(GradientTest, WhatHasNoGradientIsAClearError) {
