@@ -6,6 +6,7 @@
 //
 //   build/bin/train_bench [--devices 8] [--layers 8] [--batch 32] [--steps 10] [--repeats 3]
 //                         [--dcn-latency-us 50] [--dcn-gbps 10] [--trace-prefix P]
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -65,13 +66,23 @@ struct Result {
   double tokens_per_s;
   double loss;
   size_t calls;
+  double peak_mib;  // the most device memory any one device held at once, after warming up
 };
+
+template <typename F>
+void ForEachDevice(LocalCluster& cluster, F f) {
+  for (int w = 0; w < cluster.num_workers(); ++w) {
+    HostRuntime& runtime = cluster.worker(w).runtime();
+    for (int d = 0; d < runtime.num_devices(); ++d) f(runtime.device(d));
+  }
+}
 
 Result Measure(LocalCluster& cluster, const TrainOptions& options, int steps, int repeats,
                const std::string& trace) {
   auto client = OrDie(cluster.Connect(), "connect");
   auto trainer = OrDie(Trainer::Create(*client, options), "trainer");
   for (int i = 0; i < 2; ++i) (void)OrDie(trainer->Step(), "step").Await();  // warm up: compile, first runs
+  ForEachDevice(cluster, [](Device& d) { d.ResetMemoryPeak(); });
   std::vector<double> rates;
   double loss = 0;
   for (int r = 0; r < repeats; ++r) {
@@ -84,7 +95,9 @@ Result Measure(LocalCluster& cluster, const TrainOptions& options, int steps, in
     rates.push_back(static_cast<double>(steps * trainer->tokens_per_step()) / s);
     if (!trace.empty() && r == repeats - 1) (void)client->WriteTrace(trace, start);
   }
-  return {Median(rates), loss, trainer->step_program().calls().size()};
+  int64_t peak = 0;
+  ForEachDevice(cluster, [&](Device& d) { peak = std::max(peak, d.stats().memory_peak); });
+  return {Median(rates), loss, trainer->step_program().calls().size(), static_cast<double>(peak) / (1 << 20)};
 }
 
 int Main(int argc, char** argv) {
@@ -124,24 +137,40 @@ int Main(int argc, char** argv) {
               matmul / 1e9, per_token / 1e6);
 
   std::printf("### SPMD against pipelines (%lld devices, one island)\n\n", static_cast<long long>(devices));
-  std::printf("| layout | calls per step | tokens/s | of SPMD | model FLOP/s utilisation | loss after |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("Pipelines keep each stage's residuals (the default) or recompute its forward pass (--recompute).\n\n");
+  std::printf("| layout | calls per step | tokens/s | of SPMD | model FLOP/s utilisation | peak MiB per device | loss after |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   double spmd = 0;
   for (int64_t stages = 1; stages <= std::min<int64_t>(8, std::min(devices, layers)); stages *= 2) {
-    TrainOptions o = base;
-    o.layout = {.data = devices / stages, .tensor = 1, .stages = stages};
-    o.microbatches = stages == 1 ? 1 : 2 * stages;
-    while (o.microbatches > 1 && batch % (o.layout.data * o.microbatches) != 0) o.microbatches /= 2;
-    const std::string trace = trace_prefix.empty() || stages == 1
-                                  ? ""
-                                  : absl::StrCat(trace_prefix, "pipeline_s", stages, ".json");
-    const Result r = Measure(*one_island, o, steps, repeats, trace);
-    if (stages == 1) spmd = r.tokens_per_s;
-    std::printf("| %s | %zu | %.0f | %.2f | %.1f%% | %.4f |\n",
-                stages == 1 ? absl::StrCat("SPMD: data ", devices).c_str()
-                            : absl::StrCat("S=", stages, " x data ", o.layout.data, ", M=", o.microbatches).c_str(),
-                r.calls, r.tokens_per_s, r.tokens_per_s / spmd, 100 * r.tokens_per_s * per_token / matmul, r.loss);
-    std::fflush(stdout);
+    // M = 2S microbatches keeping residuals, then recomputing them; then M = S, the per-device
+    // microbatch as large as SPMD's batch, for a larger bubble.
+    struct Variant {
+      int64_t microbatches_per_stage;
+      bool recompute;
+    };
+    for (const Variant v : {Variant{2, false}, Variant{2, true}, Variant{1, false}}) {
+      if (stages == 1 && (v.recompute || v.microbatches_per_stage == 1)) continue;  // one way to run SPMD
+      const bool recompute = v.recompute;
+      TrainOptions o = base;
+      o.layout = {.data = devices / stages, .tensor = 1, .stages = stages};
+      o.microbatches = stages == 1 ? 1 : v.microbatches_per_stage * stages;
+      o.recompute = recompute;
+      while (o.microbatches > 1 && batch % (o.layout.data * o.microbatches) != 0) o.microbatches /= 2;
+      const std::string trace = trace_prefix.empty() || stages == 1
+                                    ? ""
+                                    : absl::StrCat(trace_prefix, "pipeline_s", stages, "_m", o.microbatches,
+                                                   recompute ? "_recompute" : "", ".json");
+      const Result r = Measure(*one_island, o, steps, repeats, trace);
+      if (stages == 1) spmd = r.tokens_per_s;
+      std::printf("| %s | %zu | %.0f | %.2f | %.1f%% | %.1f | %.4f |\n",
+                  stages == 1 ? absl::StrCat("SPMD: data ", devices).c_str()
+                              : absl::StrCat("S=", stages, " x data ", o.layout.data, ", M=", o.microbatches,
+                                             recompute ? ", recomputing" : ", residuals kept")
+                                    .c_str(),
+                  r.calls, r.tokens_per_s, r.tokens_per_s / spmd, 100 * r.tokens_per_s * per_token / matmul,
+                  r.peak_mib, r.loss);
+      std::fflush(stdout);
+    }
   }
   one_island.reset();
 

@@ -60,6 +60,7 @@ constexpr char kUsage[] =
     "        [--microbatches M] [--islands I] [--seed N] [--data markov] [--learning-rate LR]\n"
     "        [--trace FILE] [--metrics-jsonl FILE] [--device-memory SIZE] [--dcn-latency-us N]\n"
     "        [--dcn-gbps G] [--save MANIFEST [--save-every N]] [--resume MANIFEST] [--token T]\n"
+    "        [--recompute] (pipeline stages recompute their forward pass instead of keeping residuals)\n"
     "Every command takes [--log-level debug|info|warning|error] (default info, or PATHWAYS_LOG_LEVEL).\n"
     "Every --token defaults to the environment variable PATHWAYS_TOKEN; without either, no token.\n"
     "Tenants show the token; the controller and workers show each other the cluster token\n"
@@ -359,7 +360,7 @@ int main(int argc, char** argv) {
       {"train", {"controller", "model", "steps", "batch", "seq-len", "vocab", "data-parallel", "tensor-parallel",
                  "pipeline-stages", "microbatches", "islands", "seed", "data", "learning-rate", "trace",
                  "metrics-jsonl", "device-memory", "dcn-latency-us", "dcn-gbps", "save", "save-every", "resume", "token",
-                 "tls-ca"}, {}, RunTrain},
+                 "tls-ca"}, {"recompute"}, RunTrain},
   };
   for (const Command& c : commands) {
     if (command != c.name) continue;

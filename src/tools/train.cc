@@ -55,6 +55,7 @@ absl::StatusOr<TrainOptions> OptionsFromFlags(const Flags& flags) {
   o.data_seed = static_cast<uint64_t>(seed) + 1;
   o.islands = static_cast<int>(islands);
   o.resume_from = flags.Get("resume");
+  o.recompute = flags.Has("recompute");
   return o;
 }
 

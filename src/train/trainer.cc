@@ -89,13 +89,21 @@ absl::Status Trainer::Init() {
   // The functions. Each is compiled once whatever the number of slices that call it.
   for (const TransformerStage& stage : model_.stages) {
     StageFunctions f;
-    PW_ASSIGN_OR_RETURN(f.forward, client_.Compile(stage.forward));
     std::vector<int> wrt;
     if (!stage.first) wrt.push_back(0);
     const int params_at = static_cast<int>(stage.forward.inputs.size() - stage.params.size());
     for (size_t i = 0; i < stage.params.size(); ++i) wrt.push_back(params_at + static_cast<int>(i));
-    PW_ASSIGN_OR_RETURN(FunctionSpec vjp, FunctionSpec::Vjp(stage.forward, wrt, /*with_outputs=*/stage.last));
-    PW_ASSIGN_OR_RETURN(f.vjp, client_.Compile(vjp));
+    if (stage.last || options_.recompute) {
+      PW_ASSIGN_OR_RETURN(FunctionSpec vjp, FunctionSpec::Vjp(stage.forward, wrt, /*with_outputs=*/stage.last));
+      PW_ASSIGN_OR_RETURN(f.vjp, client_.Compile(vjp));
+    }
+    if (!stage.last && options_.recompute) {
+      PW_ASSIGN_OR_RETURN(f.forward, client_.Compile(stage.forward));
+    } else if (!stage.last) {
+      PW_ASSIGN_OR_RETURN(FunctionSpec::SplitVjp split, FunctionSpec::VjpKeepingResiduals(stage.forward, wrt));
+      PW_ASSIGN_OR_RETURN(f.forward, client_.Compile(split.forward));
+      PW_ASSIGN_OR_RETURN(f.backward, client_.Compile(split.backward));
+    }
     PW_ASSIGN_OR_RETURN(f.init, client_.Compile(stage.init));
     PW_ASSIGN_OR_RETURN(f.accumulate, client_.Compile(stage.accumulate));
     std::vector<TensorSpec> specs;
@@ -195,8 +203,11 @@ absl::StatusOr<Program> Trainer::TraceStep() {
   };
 
   // Forward: every microbatch through stages 0 .. S-2 (the last stage's forward runs inside its
-  // gradient). inputs[s][m] is what stage s reads for microbatch m.
+  // gradient). inputs[s][m] is what stage s reads for microbatch m, residuals[s][m] the handle of
+  // what its forward kept.
+  const bool keep = !options_.recompute;
   std::vector<std::vector<TracedValue>> inputs(stages, std::vector<TracedValue>(microbatches));
+  std::vector<std::vector<TracedValue>> residuals(stages, std::vector<TracedValue>(microbatches));
   std::vector<TracedValue> targets(microbatches);
   for (int64_t m = 0; m < microbatches; ++m) {
     PW_ASSIGN_OR_RETURN(auto tokens, call(data_[m], 0, {values[0].count}));
@@ -209,6 +220,7 @@ absl::StatusOr<Program> Trainer::TraceStep() {
     for (int s = 0; s + 1 < stages; ++s) {
       PW_ASSIGN_OR_RETURN(auto out, call(functions_[s].forward, s, with_params({inputs[s][m]}, s)));
       inputs[s + 1][m] = out[0];
+      if (keep) residuals[s][m] = out[1];
     }
   }
 
@@ -219,11 +231,16 @@ absl::StatusOr<Program> Trainer::TraceStep() {
     TracedValue upstream = cotangent;
     for (int s = stages - 1; s >= 0; --s) {
       const TransformerStage& stage = model_.stages[s];
-      std::vector<TracedValue> in = {inputs[s][m]};
-      if (stage.last && !stage.first) in.push_back(targets[m]);
-      in = with_params(in, s);
-      in.push_back(upstream);
-      PW_ASSIGN_OR_RETURN(auto out, call(functions_[s].vjp, s, in));
+      std::vector<TracedValue> out;
+      if (keep && !stage.last) {
+        PW_ASSIGN_OR_RETURN(out, call(functions_[s].backward, s, {residuals[s][m], upstream}));
+      } else {
+        std::vector<TracedValue> in = {inputs[s][m]};
+        if (stage.last && !stage.first) in.push_back(targets[m]);
+        in = with_params(in, s);
+        in.push_back(upstream);
+        PW_ASSIGN_OR_RETURN(out, call(functions_[s].vjp, s, in));
+      }
       // Outputs: [loss when last], [input cotangent when not first], parameter cotangents.
       size_t at = 0;
       std::vector<TracedValue> acc;

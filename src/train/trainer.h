@@ -3,9 +3,12 @@
 //
 // A step of S stages and M microbatches (GPipe): each microbatch's tokens are drawn on the devices
 // of the first and last stages (never through the client), its activations go forward stage by
-// stage, then every stage's gradient function runs the stage's forward again under autograd
-// (rematerialisation: only the activations between stages are kept, one per microbatch) and
-// passes its input's cotangent back; gradients add up in place over microbatches, and one Adam
+// stage, each stage's forward keeping its residuals on its devices (FunctionSpec::
+// VjpKeepingResiduals); then every stage's backward runs that graph (the last stage's gradient
+// runs its forward and backward in one call) and passes its input's cotangent back. With
+// `recompute`, stages keep only the activations between them (one per microbatch) and their
+// gradients run the forward again (rematerialisation: a third more work on every stage but the
+// last, for less memory). Gradients add up in place over microbatches, and one Adam
 // call per stage updates its parameters and moments in place (donated). The client only issues
 // the step: the hosts plan and move the activations between stages, and parallel asynchronous
 // dispatch keeps every stage's queue full.
@@ -31,6 +34,8 @@ struct TrainOptions {
   // Islands the stages are spread over (stage s on island s * islands / stages); with one stage,
   // its slice spans this many islands (the data axis crosses them).
   int islands = 1;
+  // Recompute each stage's forward pass in its gradient instead of keeping its residuals.
+  bool recompute = false;
   AdamOptions adam = {.learning_rate = 3e-3};
   // The data: the built-in Markov source (compute/markov.h) over the model's vocabulary, or with
   // `text_file` set, that file's bytes (compute/text_source.h: a path on the workers' hosts, under
@@ -99,7 +104,10 @@ class Trainer {
   double entropy_ = 0;
   std::vector<VirtualSlice> slices_;
   struct StageFunctions {
-    CompiledFunction forward, vjp, init, accumulate, adam;
+    // `forward` passes activations on: the primal, or with residuals kept, the split product's
+    // forward half, whose backward half is `backward`. `vjp` is the whole product (the last
+    // stage's, or every stage's when recomputing).
+    CompiledFunction forward, backward, vjp, init, accumulate, adam;
   };
   std::vector<StageFunctions> functions_;
   std::vector<CompiledFunction> data_;  // per microbatch

@@ -66,7 +66,8 @@ std::string* TrainerTest::data_dir_ = nullptr;
 
 // The same global batch and seed give the same losses, within float rounding, on one device and
 // split every way: data parallel, tensor parallel, a pipeline of two stages with four
-// microbatches, two stages on two islands with the data axis in each, and all three at once.
+// microbatches (its first stage keeping its residuals, or recomputing them), two stages on two
+// islands with the data axis in each, and all three at once.
 TEST_F(TrainerTest, EveryParallelismComputesTheSameLosses) {
   constexpr int kSteps = 3;
   auto base = Losses(Tiny(), kSteps);
@@ -78,11 +79,13 @@ TEST_F(TrainerTest, EveryParallelismComputesTheSameLosses) {
     ParallelLayout layout;
     int64_t microbatches;
     int islands;
+    bool recompute = false;
   };
   const Case cases[] = {
       {"D=2", {.data = 2}, 1, 1},
       {"T=2", {.tensor = 2}, 1, 1},
       {"S=2 M=4", {.stages = 2}, 4, 1},
+      {"S=2 M=4 recomputing", {.stages = 2}, 4, 1, true},
       {"D=2 S=2 over two islands", {.data = 2, .stages = 2}, 1, 2},
       {"D=2 T=2 S=2 M=2", {.data = 2, .tensor = 2, .stages = 2}, 2, 1},
   };
@@ -91,6 +94,7 @@ TEST_F(TrainerTest, EveryParallelismComputesTheSameLosses) {
     o.layout = c.layout;
     o.microbatches = c.microbatches;
     o.islands = c.islands;
+    o.recompute = c.recompute;
     auto got = Losses(o, kSteps);
     ASSERT_TRUE(got.ok()) << c.name << ": " << got.status();
     for (int i = 0; i < kSteps; ++i) EXPECT_NEAR((*got)[i], (*base)[i], 2e-4 * (*base)[i]) << c.name << " step " << i;
