@@ -31,6 +31,8 @@ def main(argv):
     p.add_argument("--data", default="markov")
     p.add_argument("--metrics-jsonl", default="")
     p.add_argument("--device-memory", default="1GiB")
+    p.add_argument("--recompute", action="store_true",
+                   help="pipeline stages recompute their forward pass instead of keeping residuals")
     a = p.parse_args(argv)
 
     # The embedded cluster `pathways train` starts for these flags: islands of hosts of
@@ -44,7 +46,8 @@ def main(argv):
         trainer = pathways.Trainer(client, model=a.model, batch=a.batch, seq_len=a.seq_len, vocab=a.vocab,
                                    data_parallel=a.data_parallel, tensor_parallel=a.tensor_parallel,
                                    pipeline_stages=a.pipeline_stages, microbatches=a.microbatches,
-                                   islands=a.islands, seed=a.seed, learning_rate=a.learning_rate, data=a.data)
+                                   islands=a.islands, seed=a.seed, learning_rate=a.learning_rate, data=a.data,
+                                   recompute=a.recompute)
         print(trainer)
         metrics = open(a.metrics_jsonl, "w") if a.metrics_jsonl else None
         start = last = time.monotonic()

@@ -222,6 +222,18 @@ PYBIND11_MODULE(_pathways, m) {
            py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
            py::arg("out_shardings"), py::arg("donated"), py::arg("vjp_wrt") = std::nullopt,
            py::arg("vjp_with_outputs") = false)
+      .def("compile_split_vjp",
+           [](PyClient& c, const std::string& name, const std::string& source,
+              const std::vector<std::pair<std::string, Shape>>& inputs,
+              const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
+              const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& wrt) {
+             FunctionSpec primal = ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, {});
+             FunctionSpec::SplitVjp split = Value(FunctionSpec::VjpKeepingResiduals(primal, wrt));
+             py::gil_scoped_release release;
+             return std::make_pair(Value(c.get()->Compile(split.forward)), Value(c.get()->Compile(split.backward)));
+           },
+           py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
+           py::arg("out_shardings"), py::arg("wrt"))
       .def("call",
            [](std::shared_ptr<PyClient> c, const CompiledFunction& f, const VirtualSlice& slice,
               const std::vector<std::shared_ptr<PyArray>>& args) {
@@ -384,7 +396,7 @@ PYBIND11_MODULE(_pathways, m) {
       .def(py::init([](std::shared_ptr<PyClient> client, const std::string& model, int64_t batch, int64_t seq_len,
                        int64_t vocab, int64_t data_parallel, int64_t tensor_parallel, int64_t pipeline_stages,
                        int64_t microbatches, int islands, int64_t seed, double learning_rate,
-                       const std::string& text_file, const std::string& resume_from) {
+                       const std::string& text_file, const std::string& resume_from, bool recompute) {
              TrainOptions o;
              o.model = Value(TransformerPreset(model));
              if (seq_len > 0) o.model.seq_len = seq_len;
@@ -398,6 +410,7 @@ PYBIND11_MODULE(_pathways, m) {
              o.adam.learning_rate = learning_rate;
              o.text_file = text_file;
              o.resume_from = resume_from;
+             o.recompute = recompute;
              auto t = std::make_shared<PyTrainer>();
              t->client = client->get();
              t->py_client = std::move(client);
@@ -408,7 +421,7 @@ PYBIND11_MODULE(_pathways, m) {
            py::arg("client"), py::arg("model"), py::arg("batch"), py::arg("seq_len"), py::arg("vocab"),
            py::arg("data_parallel"), py::arg("tensor_parallel"), py::arg("pipeline_stages"), py::arg("microbatches"),
            py::arg("islands"), py::arg("seed"), py::arg("learning_rate"), py::arg("text_file"),
-           py::arg("resume_from"))
+           py::arg("resume_from"), py::arg("recompute") = false)
       .def("step",
            [](PyTrainer& t) {
              py::gil_scoped_release release;

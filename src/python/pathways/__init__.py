@@ -29,11 +29,11 @@ from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossE
                      DeadlineExceededError, Error, FailedPreconditionError, InternalError, InvalidArgumentError,
                      NotFoundError, PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
                      UnavailableError, UnimplementedError)
-from .functions import Function, Program, function, grad, program, vjp  # noqa: F401
+from .functions import Function, Program, Residuals, function, grad, program, vjp  # noqa: F401
 
 __all__ = [
     "LocalCluster", "connect", "Client", "Slice", "Array", "P", "function", "Function", "program", "Program",
-    "vjp", "grad", "Trainer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "roll",
+    "vjp", "Residuals", "grad", "Trainer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "roll",
     "axis_index", "Error", "InvalidArgumentError", "NotFoundError", "UnavailableError",
     "ResourceExhaustedError", "DeadlineExceededError", "UnauthenticatedError", "PermissionDeniedError",
     "FailedPreconditionError", "AbortedError", "CancelledError", "AlreadyExistsError", "DataLossError",

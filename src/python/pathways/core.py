@@ -256,17 +256,20 @@ class Array:
 class Trainer:
     """Trains the built-in decoder-only Transformer (``pathways train``'s) on a client's cluster:
     data, tensor and pipeline parallelism composed in one traced step, parameters and data made on
-    the devices. ``step()`` issues a step and returns its loss's future (``.result()`` waits)."""
+    the devices. ``step()`` issues a step and returns its loss's future (``.result()`` waits).
+    Pipeline stages keep their forward passes' residuals on their devices for the backward pass;
+    ``recompute=True`` recomputes them instead (less memory, a third more work per stage)."""
 
     def __init__(self, client: Client, model: str = "tiny", batch: int = 16, seq_len: int = 0, vocab: int = 0,
                  data_parallel: int = 1, tensor_parallel: int = 1, pipeline_stages: int = 1, microbatches: int = 1,
                  islands: int = 1, seed: int = 0, learning_rate: float = 3e-3, data: str = "markov",
-                 resume: str = "") -> None:
+                 resume: str = "", recompute: bool = False) -> None:
         self._native = _ext.Trainer(client._native, model=model, batch=batch, seq_len=seq_len, vocab=vocab,
                                     data_parallel=data_parallel, tensor_parallel=tensor_parallel,
                                     pipeline_stages=pipeline_stages, microbatches=microbatches, islands=islands,
                                     seed=seed, learning_rate=learning_rate,
-                                    text_file="" if data == "markov" else data, resume_from=resume)
+                                    text_file="" if data == "markov" else data, resume_from=resume,
+                                    recompute=recompute)
 
     def step(self) -> Any:
         """Issues the next step with one client call; returns the future of its mean loss (nats)."""

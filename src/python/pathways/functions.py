@@ -125,7 +125,8 @@ class Function:
     shapes and dtypes, and returns arrays at once."""
 
     def __init__(self, fn: Callable, in_shardings: Optional[Sequence[P]], out_shardings: Optional[Sequence[P]],
-                 donate: Sequence[int], vjp_of: Optional[Tuple["Function", Optional[List[int]], bool]] = None) -> None:
+                 donate: Sequence[int],
+                 vjp_of: Optional[Tuple["Function", Optional[List[int]], bool, bool]] = None) -> None:
         self._fn = fn
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
@@ -157,9 +158,13 @@ class Function:
         if self._vjp_of is not None:
             kwargs = {"vjp_wrt": self._vjp_of[1] or [], "vjp_with_outputs": self._vjp_of[2]}
         try:
-            compiled = client.compile(primal.__name__, primal._source, primal_inputs, outputs,
-                                      [s._runtime() for s in in_specs], [s._runtime() for s in out_specs],
-                                      primal._donate if self._vjp_of is None else [], **kwargs)
+            shardings = ([s._runtime() for s in in_specs], [s._runtime() for s in out_specs])
+            if self._keeps_residuals():  # (forward half, backward half)
+                compiled = client.compile_split_vjp(primal.__name__, primal._source, primal_inputs, outputs,
+                                                    *shardings, self._vjp_of[1] or [])
+            else:
+                compiled = client.compile(primal.__name__, primal._source, primal_inputs, outputs, *shardings,
+                                          primal._donate if self._vjp_of is None else [], **kwargs)
         except InvalidArgumentError as e:
             # TorchScript names the source "<string>"; its lines are the file's (see _source_of).
             raise InvalidArgumentError(str(e).replace('File "<string>"', f'File "{primal._file}"')) from None
@@ -174,9 +179,45 @@ class Function:
         client = args[0]._native.client
         mesh = slice if slice is not None else Slice(args[0]._native.slice)
         compiled = self._compile(client, [a._native.spec for a in args], mesh)
+        if self._keeps_residuals():
+            forward, backward = compiled
+            out = client.call(forward, mesh._native, [a._native for a in args])
+            return tuple(Array(o) for o in out[:-1]) + (Residuals(Array(out[-1]), backward, mesh),)
         out = client.call(compiled, mesh._native, [a._native for a in args])
         arrays = tuple(Array(o) for o in out)
         return arrays[0] if len(arrays) == 1 else arrays
+
+    def _keeps_residuals(self) -> bool:
+        return self._vjp_of is not None and self._vjp_of[3]
+
+
+class Residuals:
+    """What the forward half of ``vjp(f, keep_residuals=True)`` kept on the devices of its slice
+    for the backward pass, until this object (and its ``handle``) goes. ``backward(*cotangents)``
+    takes one cotangent per floating-point output of ``f`` and returns the cotangents of the
+    inputs differentiated; it may be called more than once. ``handle`` is an i64 scalar array:
+    the bytes the residuals take on each device. The residuals stay on those devices: call
+    ``backward`` on the same slice."""
+
+    def __init__(self, handle: Any, backward: Any, mesh: Slice) -> None:
+        self.handle = handle
+        self._backward = backward
+        self._slice = mesh
+
+    def backward(self, *cotangents: Any) -> Any:
+        """The cotangents of the differentiated inputs, one array each (a single array for one)."""
+        natives = [self.handle._native] + [c._native for c in cotangents]
+        if isinstance(self.handle, _Traced):
+            state = _BUILDER.get()
+            if state is None:
+                raise FailedPreconditionError("traced residuals are used only inside the @pathways.program being traced")
+            values = tuple(_Traced(o, self._slice) for o in state[0].call(self._backward, self._slice._native, natives))
+        else:
+            if not all(isinstance(c, Array) for c in cotangents):
+                raise InvalidArgumentError("backward takes pathways Arrays (use client.put)")
+            client = self.handle._native.client
+            values = tuple(Array(o) for o in client.call(self._backward, self._slice._native, natives))
+        return values[0] if len(values) == 1 else values
 
 
 def function(fn: Optional[Callable] = None, *, in_shardings: Optional[Sequence[P]] = None,
@@ -194,12 +235,21 @@ def function(fn: Optional[Callable] = None, *, in_shardings: Optional[Sequence[P
     return wrap(fn) if fn is not None else wrap
 
 
-def vjp(f: Function, wrt: Optional[Sequence[int]] = None, with_outputs: bool = False) -> Function:
+def vjp(f: Function, wrt: Optional[Sequence[int]] = None, with_outputs: bool = False,
+        keep_residuals: bool = False) -> Function:
     """The vector-Jacobian product of ``f``: called with f's inputs and then one cotangent per
     floating-point output, it returns f's outputs when ``with_outputs``, then the cotangents of the
     inputs ``wrt`` (default: every floating-point input). The body runs f's forward again under
-    autograd (rematerialisation); collectives carry their transposes."""
-    return Function(f._fn, None, None, (), vjp_of=(f, list(wrt) if wrt is not None else None, with_outputs))
+    autograd (rematerialisation); collectives carry their transposes.
+
+    With ``keep_residuals``, as ``jax.vjp``: called with f's inputs only, it runs the forward pass
+    once, keeping what the backward pass needs on the devices, and returns f's outputs and then a
+    :class:`Residuals`, whose ``backward(*cotangents)`` returns the cotangents (one forward pass
+    less, for the memory of the residuals until they go)."""
+    if keep_residuals and with_outputs:
+        raise InvalidArgumentError("vjp with keep_residuals returns f's outputs already: drop with_outputs")
+    return Function(f._fn, None, None, (),
+                    vjp_of=(f, list(wrt) if wrt is not None else None, with_outputs, keep_residuals))
 
 
 def grad(f: Function, argnums: Optional[Sequence[int]] = None) -> Callable[..., Any]:
@@ -240,6 +290,10 @@ def _trace_call(f: Function, args: Sequence[Any], slice: Optional[Slice]) -> Any
     builder, client = state
     mesh = slice if slice is not None else args[0]._slice
     compiled = f._compile(client, [a._native.spec for a in args], mesh)
+    if f._keeps_residuals():
+        forward, backward = compiled
+        out = builder.call(forward, mesh._native, [a._native for a in args])
+        return tuple(_Traced(o, mesh) for o in out[:-1]) + (Residuals(_Traced(out[-1], mesh), backward, mesh),)
     out = builder.call(compiled, mesh._native, [a._native for a in args])
     values = tuple(_Traced(o, mesh) for o in out)
     return values[0] if len(values) == 1 else values

@@ -144,6 +144,42 @@ def test_vjp_matches_torch_autograd(client):
     torch.testing.assert_close(dw.fetch(), w_local.grad)
 
 
+def test_vjp_keeping_residuals_matches_the_recomputing_one(client):
+    mesh = client.slice((2,))
+
+    @pathways.function(in_shardings=[P("x", None), P()], out_shardings=[P("x", None)])
+    def layer(x, w):
+        return torch.tanh(x @ w) * pathways.all_reduce(x.sum(), "x")
+
+    x, w, dy = torch.rand(4, 3), torch.rand(3, 2), torch.rand(4, 2)
+    fx, fw, fdy = client.put(x, mesh, P("x", None)), client.put(w, mesh), client.put(dy, mesh, P("x", None))
+    y, residuals = pathways.vjp(layer, keep_residuals=True)(fx, fw)
+    assert isinstance(residuals, pathways.Residuals)
+    assert residuals.handle.fetch().item() > 0  # bytes kept on each device
+    whole = pathways.vjp(layer, with_outputs=True)(fx, fw, fdy)
+    for _ in range(2):  # the kept graph serves more than one backward pass
+        dx, dw = residuals.backward(fdy)
+        for got, want in zip((y, dx, dw), whole):
+            torch.testing.assert_close(got.fetch(), want.fetch())
+
+    # Inside a program: the forward half, then the backward half, traced into one run.
+    @pathways.program
+    def step(a, b, cot):
+        out, kept = pathways.vjp(layer, wrt=[1], keep_residuals=True)(a, b)
+        return out, kept.backward(cot)
+
+    out, dw_traced = step(fx, fw, fdy)
+    torch.testing.assert_close(dw_traced.fetch(), whole[2].fetch())
+    assert "vjp_forward(layer)" in step.ir() and "vjp_backward(layer)" in step.ir()
+    with pytest.raises(pathways.InvalidArgumentError, match="drop with_outputs"):
+        pathways.vjp(layer, with_outputs=True, keep_residuals=True)
+
+    # A handle put from the client carries no residuals: the backward half says so.
+    fake = pathways.Residuals(client.put(torch.tensor(8), mesh), residuals._backward, mesh)
+    with pytest.raises(pathways.FailedPreconditionError, match="carries no residuals"):
+        fake.backward(fdy)[0].fetch()
+
+
 def test_bodies_may_name_the_collectives_by_an_alias(client):
     mesh = client.slice((4,))
 
