@@ -8,10 +8,12 @@ MAKEFLAGS += --no-print-directory
 # are SHA-256 preimages of their ids) and iproute2 (a test cuts a worker off in network namespaces);
 # cpp-httplib (found through pkg-config) for the controller's dashboard and metrics;
 # for the Python package, pybind11 and Python's headers, torch for Python (tensors in and out) and
-# pytest for its tests; PyYAML for the deployment files' test (deploy/deploy_test.py).
+# pytest for its tests; PyYAML for the deployment files' test (deploy/deploy_test.py); tcmalloc
+# (gperftools), the executables' allocator (CMakeLists.txt says why).
 DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compiler \
   protobuf-compiler-grpc libgrpc++-dev libtorch-dev libopenblas-dev libgtest-dev openssl libssl-dev iproute2 \
-  pybind11-dev python3-dev python3-torch python3-pytest python3-yaml libcpp-httplib-dev pkg-config
+  pybind11-dev python3-dev python3-torch python3-pytest python3-yaml libcpp-httplib-dev pkg-config \
+  libgoogle-perftools-dev
 
 .PHONY: deps deps-fuzz deps-bench deps-browser deps-plot install-packages build test demo install package check-package bench collective-bench fuzz sanitize clean
 

@@ -187,6 +187,9 @@ extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict 
   return -1;
 }
 
+// tcmalloc's, where the process allocates through it.
+extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+
 namespace pathways {
 
 void InitServingProcess() {
@@ -201,11 +204,17 @@ void InitServingProcess() {
   // That threshold holds per arena, and threads get arenas of their own (up to 8 per core): free
   // memory of gRPC's received messages, spread over many, stayed in the process. Once a second,
   // what the arenas hold free goes back to the system.
+  // Under tcmalloc (executables link it: CMakeLists.txt), mallopt does nothing and what its
+  // caches hold free goes back the same way, through its own call.
   static const bool trimming = [] {
     std::thread([] {
       while (true) {
         absl::SleepFor(absl::Seconds(1));
-        malloc_trim(0);
+        if (MallocExtension_ReleaseFreeMemory != nullptr) {
+          MallocExtension_ReleaseFreeMemory();
+        } else {
+          malloc_trim(0);
+        }
       }
     }).detach();
     return true;
