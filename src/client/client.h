@@ -162,9 +162,10 @@ struct FunctionSpec {
   // residuals take on each device, which stay charged to those devices until the handle is freed.
   // `backward` takes the handle, then one cotangent per floating-point output, and returns the
   // cotangents of inputs `wrt`; it may be called again with other cotangents. Call both on the
-  // same slice: a handle moved to other devices has no residuals there, and `backward` fails
-  // saying so. One forward pass saved per call, for the memory of every intermediate until then
-  // (in a pipeline, of every microbatch in flight).
+  // same slice: a handle moved to other devices, or used on the same devices as another mesh, is
+  // refused (FailedPrecondition). `forward` takes no donated inputs. One forward pass saved per
+  // call, for the memory of every intermediate until then (in a pipeline, of every microbatch in
+  // flight).
   struct SplitVjp;
   static absl::StatusOr<SplitVjp> VjpKeepingResiduals(const FunctionSpec& primal, std::vector<int> wrt = {});
 };

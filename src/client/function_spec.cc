@@ -45,6 +45,11 @@ absl::Status ValidateFunctionSpec(const FunctionSpec& spec) {
                                                    " outputs but ", spec.out_shardings.size(),
                                                    " output shardings"));
   }
+  if (!spec.donated_inputs.empty() && spec.body.gradient.has_value() &&
+      spec.body.gradient->residuals == FunctionBody::Residuals::kKeep) {
+    return absl::InvalidArgumentError(absl::StrCat("function '", name, "' keeps residuals, which view its inputs: ",
+                                                   "it cannot take a donated input's buffer"));
+  }
   std::set<int> donated;
   for (int i : spec.donated_inputs) {
     if (i < 0 || i >= static_cast<int>(spec.inputs.size())) {

@@ -237,6 +237,23 @@ TEST_F(GradientTest, KeptResidualsSurviveDonationAndStayOnTheirDevices) {
   absl::Status s = client_->Ready((*none)[0]).Await().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("carries no residuals on this device"), std::string::npos) << s;
+  // The same devices as another mesh: the handle reaches them as it is, but the graph belongs to
+  // the forward call's gang (its collectives' groups), so the backward half refuses it.
+  auto other_mesh = client_->CreateSlice({.mesh_shape = {4, 2}});
+  ASSERT_TRUE(other_mesh.ok()) << other_mesh.status();
+  auto other_cot = client_->Put(dy, *other_mesh, split->backward.in_shardings[1]);
+  ASSERT_TRUE(other_cot.ok()) << other_cot.status();
+  auto elsewhere = client_->Call(*backward, *other_mesh, {(*outs)[1], *other_cot});
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  s = client_->Ready((*elsewhere)[0]).Await().status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("on another slice or mesh"), std::string::npos) << s;
+
+  // The forward half cannot take a donated input's buffer: its graph views its inputs.
+  FunctionSpec donating = split->forward;
+  donating.donated_inputs = {0};
+  EXPECT_EQ(client_->Compile(donating).status().code(), absl::StatusCode::kInvalidArgument);
+
   // The devices carry on: the kept handle still works.
   auto again = client_->Call(*backward, mesh_, {(*outs)[1], *cot});
   ASSERT_TRUE(again.ok()) << again.status();

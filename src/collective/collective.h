@@ -58,6 +58,7 @@ class InMemoryKeyValueStore : public KeyValueStore {
 struct Member {
   std::string host;
   int32_t device = -1;
+  friend bool operator==(const Member&, const Member&) = default;
 };
 
 // A gang's shape: the mesh of its slice and where each shard runs (shard i at members[i],
@@ -66,6 +67,7 @@ struct GangLayout {
   std::vector<int64_t> mesh_dims;
   std::vector<std::string> axis_names;
   std::vector<Member> members;
+  friend bool operator==(const GangLayout&, const GangLayout&) = default;
 };
 
 // The members of one shard's group over some mesh axes.
@@ -204,6 +206,8 @@ class ShardCollectives {
   absl::StatusOr<Group> GroupOver(absl::string_view axes) const { return GroupOf(*layout_, shard_, axes); }
   // The gang's mesh axis names, in mesh order.
   const std::vector<std::string>& axis_names() const { return layout_->axis_names; }
+  // The gang's mesh and members.
+  const std::shared_ptr<const GangLayout>& layout() const { return layout_; }
   // Which shard of the gang's arrays this is (its device's place in the slice, row-major).
   int64_t shard() const { return shard_; }
   // The first error a collective of this shard returned: kernels report failures by throwing,

@@ -245,6 +245,14 @@ TEST_F(ExecutableTest, SplitGradientKeepsItsResidualsOnTheDeviceUntilItsHandleGo
   s = (*other_backward)->Run(bins, one_out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("residuals of another function"), std::string::npos) << s;
+  // An output that is one of the inputs (donated in place) would be written under the graph.
+  {
+    const DeviceBuffer* ins[] = {c.ba.get(), c.bb.get(), c.n.get()};
+    DeviceBuffer* outs[] = {c.ba.get(), c.y2.get(), copy.get()};
+    s = (*forward)->Run(ins, outs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("cannot take a donated input's buffer"), std::string::npos) << s;
+  }
   FunctionBody with_outputs = forward_body;
   with_outputs.gradient->with_outputs = true;
   EXPECT_EQ(cache_.Compile(with_outputs).status().code(), absl::StatusCode::kInvalidArgument);

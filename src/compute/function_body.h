@@ -33,9 +33,11 @@ struct FunctionBody {
   //   then a residual handle, an i64 scalar laid out replicated whose value is the bytes the kept
   //   residuals (and the outputs autograd holds) take on each device. The residuals stay on the
   //   device, with the handle's buffer, charged to the device's memory until the handle is freed.
+  //   It takes no donated inputs (its graph views them).
   // - kUse: the backward half. Inputs: a kKeep handle of the same function and `wrt`, then one
   //   cotangent per floating-point output; outputs: the cotangents of the inputs in `wrt`. A
-  //   handle carries its residuals only on the device that made it.
+  //   handle carries its residuals only on the device that made it, and is used only in the gang
+  //   (mesh, devices, shard) of the forward call that made it.
   // `with_outputs` applies to kRecompute only.
   enum class Residuals { kRecompute = 0, kKeep = 1, kUse = 2 };
   struct Gradient {

@@ -5,6 +5,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -75,6 +76,16 @@ class TorchExecutable : public Executable {
       // inputs must not be inference tensors, which autograd cannot record.
       c10::optional<c10::InferenceMode> inference;
       if (!differentiates()) inference.emplace();
+      // A kept graph views its inputs: one that is also an output (donated in place) would be
+      // written over under it, and a handle's graph holding its own buffer would never be freed.
+      if (keeps_input_views()) {
+        for (const DeviceBuffer* out : outputs) {
+          if (std::find(inputs.begin(), inputs.end(), out) != inputs.end()) {
+            return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' keeps residuals, which view its ",
+                                                           "inputs: it cannot take a donated input's buffer"));
+          }
+        }
+      }
       std::vector<at::Tensor> args;
       args.reserve(inputs.size());
       for (const DeviceBuffer* b : inputs) args.push_back(View(*b, keeps_input_views()));
@@ -207,6 +218,10 @@ class ScriptExecutable : public TorchExecutable {
 // which they keep alive (so a later call that is donated one of them copies it instead).
 struct KeptResiduals final : public BufferAttachment {
   std::string forward_key;          // FunctionKey of the forward body that made them
+  // The gang it ran in and this shard's place in it (null outside one): the graph's collectives
+  // go over its groups, so the backward pass runs only in the same gang.
+  std::shared_ptr<const collective::GangLayout> gang;
+  int64_t shard = -1;
   std::vector<at::Tensor> outputs;  // the primal's outputs, with their graph
   std::vector<at::Tensor> wrt;      // the inputs differentiated, leaves of the graph
   mutable absl::Mutex mu;           // one backward pass through the graph at a time
@@ -276,6 +291,10 @@ class VjpExecutable : public TorchExecutable {
     }
     auto kept = std::make_shared<KeptResiduals>();
     kept->forward_key = forward_key_;
+    if (const collective::ShardCollectives* shard = collective::ShardCollectives::Current()) {
+      kept->gang = shard->layout();
+      kept->shard = shard->shard();
+    }
     int64_t kept_bytes = 0;
     {
       AllocationScope scope;
@@ -303,6 +322,16 @@ class VjpExecutable : public TorchExecutable {
     }
     if (kept->forward_key != forward_key_) {
       return Invalid("input 0 holds the residuals of another function's forward pass");
+    }
+    // Every member of a gang that differs fails here alike, before any collective.
+    const collective::ShardCollectives* shard = collective::ShardCollectives::Current();
+    const bool same_gang = shard == nullptr ? kept->gang == nullptr
+                                            : kept->gang != nullptr && *kept->gang == *shard->layout() &&
+                                                  kept->shard == shard->shard();
+    if (!same_gang) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gradient '", name(), "' input 0 holds residuals of a forward call on another slice or mesh: the backward ",
+          "half runs only on the slice (the same devices in the same mesh) of the forward call that made them"));
     }
     absl::MutexLock lock(&kept->mu);
     return Backward({kept->outputs, kept->wrt}, absl::MakeConstSpan(args).subspan(1), /*retain=*/true);

@@ -160,7 +160,10 @@ namespace {
 // shard's work holds it (`held` references), so the body updates it in place; otherwise (an
 // earlier run or a fetch still reads it) a copy, so that they see it unchanged.
 absl::StatusOr<BufferPtr> DonatedBuffer(Device& device, absl::Duration memory_wait, const BufferPtr& input, long held) {
-  if (input.use_count() <= held && input->device_index() == device.local_index()) return input;
+  if (input.use_count() <= held && input->device_index() == device.local_index()) {
+    input->set_attachment(nullptr);  // what it carried (kept residuals) belongs to its old contents
+    return input;
+  }
   PW_ASSIGN_OR_RETURN(BufferPtr copy, device.Allocate(input->dtype(), input->shape(), memory_wait));
   std::memcpy(copy->data(), input->data(), static_cast<size_t>(input->byte_size()));
   return copy;
