@@ -48,24 +48,31 @@ void ObjectStore::FailArrays(const std::string& client, ArrayId first, int64_t c
 }
 
 int ObjectStore::FreeArray(const std::string& client, ArrayId array_id) {
-  absl::MutexLock lock(&mu_);
-  auto c = buffers_.find(client);
-  if (c == buffers_.end()) return 0;
-  auto a = c->second.find(array_id);
-  if (a == c->second.end()) return 0;
-  const int dropped = static_cast<int>(a->second.size());
-  c->second.erase(a);
-  if (c->second.empty()) buffers_.erase(c);
-  return dropped;
+  // The last references go after the lock: a buffer may carry what takes a while to tear down
+  // (a kept autograd graph), and every Get and Put waits on the lock.
+  ClientBuffers::mapped_type released;
+  {
+    absl::MutexLock lock(&mu_);
+    auto c = buffers_.find(client);
+    if (c == buffers_.end()) return 0;
+    auto a = c->second.find(array_id);
+    if (a == c->second.end()) return 0;
+    released = std::move(a->second);
+    c->second.erase(a);
+    if (c->second.empty()) buffers_.erase(c);
+  }
+  return static_cast<int>(released.size());
 }
 
 int ObjectStore::DropClient(const std::string& client, const absl::Status& why) {
   std::vector<Promise<BufferPtr>> failed;
+  ClientBuffers released;  // freed after the lock, as in FreeArray
   int dropped = 0;
   {
     absl::MutexLock lock(&mu_);
     if (auto c = buffers_.find(client); c != buffers_.end()) {
       for (const auto& [id, shards] : c->second) dropped += static_cast<int>(shards.size());
+      released = std::move(c->second);
       buffers_.erase(c);
     }
     failed_.erase(client);
