@@ -79,9 +79,14 @@ TEST(DashboardBrowserTest, ThePageShowsTheHostsAndEachTenantsShare) {
     ASSERT_TRUE(std::regex_search(dom, m, row)) << label << " has no share in:\n" << dom;
     shares.push_back(std::stod(m[1]));
   }
-  // Both got device time, the heavier more (about 3:1 under proportional share).
+  // Both got device time, and the shares shown are of all of it. Which got more is left out:
+  // these runs are tiny, so the share follows the weights only while both tenants keep the
+  // devices backlogged, which a loaded machine does not guarantee (with another job on the two
+  // cores the light tenant got 58%). Proportional share itself is checked where its load is
+  // controlled (IslandSchedulerTest.ProportionalShareReleasesDeviceTimeByWeight).
+  EXPECT_GT(shares[0], 0) << dom;
   EXPECT_GT(shares[1], 0) << dom;
-  EXPECT_GT(shares[0], shares[1]) << dom;
+  EXPECT_NEAR(shares[0] + shares[1], 100.0, 0.2) << dom;
 
   Subprocess shot;
   std::vector<std::string> shot_args = browser;
