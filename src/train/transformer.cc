@@ -182,8 +182,14 @@ class Builder {
     const std::string name = stage.last ? "loss" : "stage";
     std::string body = absl::StrCat(BlockSource(), "\n", "def ", name, "(", absl::StrJoin(args, ", "), "):\n");
     if (stage.first) absl::StrAppend(&body, "    x = torch.embedding(tok_emb, tokens[:, :-1]) + pos_emb\n");
+    // Each stacked parameter is split into its layers once: the gradient of unbind is one stack
+    // of the layers' gradients, where indexing each layer's slice (w[i]) would make a zero-filled
+    // stacked gradient per layer and add them up, layers x the parameter's size in work.
     std::vector<std::string> layer_args = {"x"};
-    for (const ParamKind& k : kBlockParams) layer_args.push_back(absl::StrCat(k.name, "[i]"));
+    for (const ParamKind& k : kBlockParams) {
+      absl::StrAppend(&body, "    ", k.name, "_l = ", k.name, ".unbind(0)\n");
+      layer_args.push_back(absl::StrCat(k.name, "_l[i]"));
+    }
     absl::StrAppend(&body, "    for i in range(", stage.num_layers, "):\n", "        x = block(",
                     absl::StrJoin(layer_args, ", "), ")\n");
     if (stage.last) {
