@@ -258,6 +258,20 @@ TEST_F(GradientTest, KeptResidualsSurviveDonationAndStayOnTheirDevices) {
   auto again = client_->Call(*backward, mesh_, {(*outs)[1], *cot});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(client_->Ready((*again)[0]).Await().ok());
+
+  // Donated to another call, the handle's buffer holds that call's output, not the graph.
+  auto bump = FunctionSpec::Script("bump", "def bump(h):\n    return h + 0\n", {{DType::kI64, {}}},
+                                   {{DType::kI64, {}}});
+  bump.donated_inputs = {0};
+  auto bumping = client_->Compile(bump);
+  ASSERT_TRUE(bumping.ok()) << bumping.status();
+  auto bumped = client_->Call(*bumping, mesh_, {(*outs)[1]});
+  ASSERT_TRUE(bumped.ok()) << bumped.status();
+  auto after = client_->Call(*backward, mesh_, {(*bumped)[0], *cot});
+  ASSERT_TRUE(after.ok()) << after.status();
+  s = client_->Ready((*after)[0]).Await().status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("carries no residuals on this device"), std::string::npos) << s;
 }
 
 TEST_F(GradientTest, WhatHasNoGradientIsAClearError) {
