@@ -59,6 +59,11 @@ class CachingHostAllocator final : public c10::Allocator {
     return {data, data, &Delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+  // The AllocationScope that `data` was allocated in, or 0 (none, or another allocator's).
+  static uint64_t ScopeOf(const c10::DataPtr& data) {
+    if (data.get_deleter() != &Delete || data.get() == nullptr) return 0;
+    return reinterpret_cast<const Header*>(static_cast<const char*>(data.get()) - kHeaderBytes)->scope;
+  }
 
  private:
   struct Header {
@@ -80,6 +85,10 @@ class CachingHostAllocator final : public c10::Allocator {
     HostMemory::Free(block);
   }
 };
+
+int64_t AllocationScope::BytesOf(const c10::Storage& storage) const {
+  return CachingHostAllocator::ScopeOf(storage.data_ptr()) == id_ ? static_cast<int64_t>(storage.nbytes()) : 0;
+}
 
 void ConfigureComputeThreads(int intra_op_threads) {
   static std::once_flag allocator_installed;

@@ -1,4 +1,5 @@
 // The one place that turns DeviceBuffers into torch tensors. Buffers are viewed, not copied.
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/csrc/jit/frontend/sugared_value.h>
@@ -212,6 +213,33 @@ class ScriptExecutable : public TorchExecutable {
 };
 
 
+// What a backward pass needs of a forward one: where each output's cotangent enters the autograd
+// graph and where each differentiated input's gradient leaves it, with their shapes. It holds the
+// graph's nodes (and so what they saved), not the outputs' storage.
+struct AutogradGraph {
+  struct End {
+    std::vector<int64_t> sizes;
+    c10::ScalarType dtype;
+    torch::autograd::Edge edge;  // without a function: not in the graph
+  };
+  std::vector<End> outputs, wrt;
+
+  static AutogradGraph Of(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& wrt) {
+    AutogradGraph g;
+    for (const at::Tensor& y : outputs) {
+      g.outputs.push_back({y.sizes().vec(), y.scalar_type(),
+                           y.requires_grad() ? torch::autograd::impl::gradient_edge(y) : torch::autograd::Edge()});
+    }
+    for (const at::Tensor& x : wrt) {  // leaves: their gradient arrives at their accumulator, if used
+      std::shared_ptr<torch::autograd::Node> fn = x.grad_fn();
+      if (fn == nullptr) fn = torch::autograd::impl::try_get_grad_accumulator(x);
+      g.wrt.push_back({x.sizes().vec(), x.scalar_type(),
+                       fn != nullptr ? torch::autograd::Edge(std::move(fn), x.output_nr()) : torch::autograd::Edge()});
+    }
+    return g;
+  }
+};
+
 // What a forward pass that keeps its residuals leaves with its handle's buffer: the autograd
 // graph from the inputs it differentiates to its outputs. The graph's saved tensors are
 // libtorch's allocations, charged to the device that ran the pass, and views of input buffers,
@@ -222,9 +250,8 @@ struct KeptResiduals final : public BufferAttachment {
   // go over its groups, so the backward pass runs only in the same gang.
   std::shared_ptr<const collective::GangLayout> gang;
   int64_t shard = -1;
-  std::vector<at::Tensor> outputs;  // the primal's outputs, with their graph
-  std::vector<at::Tensor> wrt;      // the inputs differentiated, leaves of the graph
-  mutable absl::Mutex mu;           // one backward pass through the graph at a time
+  AutogradGraph graph;
+  mutable absl::Mutex mu;  // one backward pass through the graph at a time
 };
 
 // The vector-Jacobian product of a primal body (FunctionBody::Gradient), whole or in halves.
@@ -270,7 +297,8 @@ class VjpExecutable : public TorchExecutable {
     std::vector<at::Tensor> primal_args(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(num_inputs));
     PW_ASSIGN_OR_RETURN(Forward forward, RunForward(primal_args));
     PW_ASSIGN_OR_RETURN(std::vector<at::Tensor> grads,
-                        Backward(forward, absl::MakeConstSpan(args).subspan(num_inputs), /*retain=*/false));
+                        Backward(AutogradGraph::Of(forward.outputs, forward.wrt),
+                                 absl::MakeConstSpan(args).subspan(num_inputs), /*retain=*/false));
     std::vector<at::Tensor> results;
     if (gradient_.with_outputs) {
       for (const at::Tensor& y : forward.outputs) results.push_back(y.detach());
@@ -296,15 +324,26 @@ class VjpExecutable : public TorchExecutable {
       kept->shard = shard->shard();
     }
     int64_t kept_bytes = 0;
+    std::vector<at::Tensor> results;
     {
       AllocationScope scope;
       PW_ASSIGN_OR_RETURN(Forward forward, RunForward(args));
-      kept->outputs = std::move(forward.outputs);
-      kept->wrt = std::move(forward.wrt);
+      kept->graph = AutogradGraph::Of(forward.outputs, forward.wrt);
+      // What stays is what the pass allocated and holds, less the outputs' storage that only the
+      // outputs hold (freed once they are copied out; one the graph saved stays).
       kept_bytes = scope.live_bytes();
+      std::map<const c10::StorageImpl*, std::pair<const at::Tensor*, size_t>> storages;  // holders among outputs
+      for (const at::Tensor& y : forward.outputs) {
+        auto& [first, holders] = storages[y.storage().unsafeGetStorageImpl()];
+        if (first == nullptr) first = &y;
+        ++holders;
+      }
+      for (const auto& [impl, holders] : storages) {
+        const c10::Storage& storage = holders.first->storage();
+        if (storage.use_count() == holders.second) kept_bytes -= scope.BytesOf(storage);
+      }
+      for (const at::Tensor& y : forward.outputs) results.push_back(y.detach());
     }
-    std::vector<at::Tensor> results;
-    for (const at::Tensor& y : kept->outputs) results.push_back(y.detach());
     results.push_back(torch::full({}, kept_bytes, torch::kInt64));
     buffers.outputs.back()->set_attachment(std::move(kept));
     return results;
@@ -334,7 +373,7 @@ class VjpExecutable : public TorchExecutable {
           "half runs only on the slice (the same devices in the same mesh) of the forward call that made them"));
     }
     absl::MutexLock lock(&kept->mu);
-    return Backward({kept->outputs, kept->wrt}, absl::MakeConstSpan(args).subspan(1), /*retain=*/true);
+    return Backward(kept->graph, absl::MakeConstSpan(args).subspan(1), /*retain=*/true);
   }
 
   // The primal's outputs on `primal_args`, recorded by autograd from the inputs in `wrt`.
@@ -361,24 +400,24 @@ class VjpExecutable : public TorchExecutable {
 
   // The cotangents of `forward.wrt`, from one cotangent per floating-point output. `retain` keeps
   // the graph for another pass.
-  absl::StatusOr<std::vector<at::Tensor>> Backward(const Forward& forward, absl::Span<const at::Tensor> cotangents,
-                                                   bool retain) const {
-    const std::vector<at::Tensor>& outputs = forward.outputs;
-    const std::vector<at::Tensor>& wrt = forward.wrt;
+  absl::StatusOr<std::vector<at::Tensor>> Backward(const AutogradGraph& graph,
+                                                   absl::Span<const at::Tensor> cotangents, bool retain) const {
+    const std::vector<AutogradGraph::End>& outputs = graph.outputs;
     // One cotangent per floating-point output, each shared among the output's replicas.
-    std::vector<at::Tensor> differentiated, seeds;
+    torch::autograd::edge_list roots, ends;
+    std::vector<at::Tensor> seeds;
     size_t next = 0;
     for (size_t k = 0; k < outputs.size(); ++k) {
-      if (!at::isFloatingType(outputs[k].scalar_type())) continue;
+      if (!at::isFloatingType(outputs[k].dtype)) continue;
       if (next >= cotangents.size()) return Invalid(absl::StrCat("has no cotangent for output ", k));
       const at::Tensor& cotangent = cotangents[next++];
-      if (cotangent.sizes() != outputs[k].sizes() || cotangent.scalar_type() != outputs[k].scalar_type()) {
+      if (cotangent.sizes() != c10::IntArrayRef(outputs[k].sizes) || cotangent.scalar_type() != outputs[k].dtype) {
         return Invalid(absl::StrCat("the cotangent of output ", k, " is ", c10::toString(cotangent.scalar_type()),
                                     c10::str(cotangent.sizes()), " but the output is ",
-                                    c10::toString(outputs[k].scalar_type()), c10::str(outputs[k].sizes())));
+                                    c10::toString(outputs[k].dtype), c10::str(c10::IntArrayRef(outputs[k].sizes))));
       }
-      if (!outputs[k].requires_grad()) continue;  // does not depend on what is differentiated
-      differentiated.push_back(outputs[k]);
+      if (!outputs[k].edge.is_valid()) continue;  // does not depend on what is differentiated
+      roots.push_back(outputs[k].edge);
       const int replicas = Replicas(gradient_.out_specs[k]);
       seeds.push_back(replicas == 1 ? cotangent : cotangent / replicas);
     }
@@ -386,18 +425,28 @@ class VjpExecutable : public TorchExecutable {
       return Invalid(absl::StrCat("takes one cotangent per floating-point output of its primal (", next, "), got ",
                                   cotangents.size()));
     }
-    std::vector<at::Tensor> grads(wrt.size());
-    if (!differentiated.empty() && !wrt.empty()) {
-      grads = torch::autograd::grad(differentiated, wrt, seeds, /*retain_graph=*/retain, /*create_graph=*/false,
-                                    /*allow_unused=*/true);
+    // As torch::autograd::grad does, from the graph's ends rather than the tensors: the gradients
+    // arriving at each differentiated input's end, none where nothing reaches it.
+    std::vector<size_t> reached;
+    for (size_t j = 0; j < graph.wrt.size(); ++j) {
+      if (!graph.wrt[j].edge.is_valid()) continue;
+      ends.push_back(graph.wrt[j].edge);
+      reached.push_back(j);
+    }
+    std::vector<at::Tensor> grads(graph.wrt.size());
+    if (!roots.empty() && !ends.empty()) {
+      std::vector<at::Tensor> got = torch::autograd::Engine::get_default_engine().execute(
+          roots, seeds, /*keep_graph=*/retain, /*create_graph=*/false, /*accumulate_grad=*/false, ends);
+      for (size_t e = 0; e < reached.size(); ++e) grads[reached[e]] = std::move(got[e]);
     }
     // A replicated input's cotangent is the sum of its replicas' parts. Cotangents summed over the
     // same axes go in one all_reduce, concatenated (gradient bucketing, as DDP does): each
     // collective pays its latency per round, tens of microseconds over a data-centre link, and a
     // model's parameters are tens of arrays. The buckets are in the same order on every shard.
     std::map<std::pair<std::string, c10::ScalarType>, std::vector<size_t>> buckets;
-    for (size_t j = 0; j < wrt.size(); ++j) {
-      if (!grads[j].defined()) grads[j] = torch::zeros_like(wrt[j]);
+    for (size_t j = 0; j < grads.size(); ++j) {
+      const AutogradGraph::End& x = graph.wrt[j];
+      if (!grads[j].defined()) grads[j] = torch::zeros(x.sizes, torch::TensorOptions().dtype(x.dtype));
       const std::string axes = ReplicatedAxes(gradient_.in_specs[static_cast<size_t>(gradient_.wrt[j])]);
       if (!axes.empty() && ShardGroupSize(axes) > 1) buckets[{axes, grads[j].scalar_type()}].push_back(j);
     }

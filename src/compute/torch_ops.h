@@ -55,6 +55,8 @@ class AllocationScope {
   AllocationScope(const AllocationScope&) = delete;
   AllocationScope& operator=(const AllocationScope&) = delete;
   int64_t live_bytes() const { return live_bytes_; }
+  // The bytes of `storage` when this scope allocated it, else 0.
+  int64_t BytesOf(const c10::Storage& storage) const;
 
  private:
   friend class CachingHostAllocator;
