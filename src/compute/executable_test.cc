@@ -263,6 +263,31 @@ TEST_F(ExecutableTest, SplitGradientKeepsItsResidualsOnTheDeviceUntilItsHandleGo
   EXPECT_EQ(c.ba.use_count(), 1);
 }
 
+// An output that a later op of the pass saved stays with the graph, and the handle counts it;
+// one nothing saved goes once copied out, and the handle leaves it out.
+TEST_F(ExecutableTest, AResidualHandleCountsWhatStaysOnTheDevice) {
+  ConfigureComputeThreads(1);
+  FunctionBody body{FunctionBody::Kind::kTorchScript, "g", "def g(a, b):\n    h = a * 2.0\n    return h, h * b\n"};
+  body.gradient = FunctionBody::Gradient{{0, 1}, {{}, {}}, {{}, {}}, false};
+  body.gradient->residuals = FunctionBody::Residuals::kKeep;
+  auto forward = cache_.Compile(body);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  BufferPtr a = MakeF32({256}, std::vector<float>(256, 1.5f)), b = MakeF32({256}, std::vector<float>(256, 2));
+  BufferPtr h = *device_.Allocate(DType::kF32, {256}), y = *device_.Allocate(DType::kF32, {256});
+  BufferPtr handle = *device_.Allocate(DType::kI64, {});
+  auto budget = std::make_shared<MemoryBudget>("device", 16 << 20);
+  {
+    MemoryBudget::ScopedCurrent scope(budget);
+    const DeviceBuffer* ins[] = {a.get(), b.get()};
+    DeviceBuffer* outs[] = {h.get(), y.get(), handle.get()};
+    ASSERT_TRUE((*forward)->Run(ins, outs).ok());
+  }
+  const int64_t kept = *reinterpret_cast<const int64_t*>(handle->data());
+  EXPECT_GE(kept, 256 * 4);  // h, saved by h * b (y, saved by nothing, is not kept)
+  EXPECT_EQ(budget->used(), kept);
+  EXPECT_NEAR(Values(*y)[7], 6.0f, 1e-6);
+}
+
 TEST_F(ExecutableTest, KernelTemporariesAreChargedToTheDeviceRunningThem) {
   ConfigureComputeThreads(1);  // installs the allocator that charges them, as workers do
   // A 4 MiB temporary (x expanded to 1M elements), summed back to a scalar.

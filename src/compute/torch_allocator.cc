@@ -59,10 +59,12 @@ class CachingHostAllocator final : public c10::Allocator {
     return {data, data, &Delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
-  // The AllocationScope that `data` was allocated in, or 0 (none, or another allocator's).
-  static uint64_t ScopeOf(const c10::DataPtr& data) {
-    if (data.get_deleter() != &Delete || data.get() == nullptr) return 0;
-    return reinterpret_cast<const Header*>(static_cast<const char*>(data.get()) - kHeaderBytes)->scope;
+  // The AllocationScope that `data` was allocated in (0: none, or another allocator's) and the
+  // bytes it counted.
+  static std::pair<uint64_t, int64_t> ScopeOf(const c10::DataPtr& data) {
+    if (data.get_deleter() != &Delete || data.get_context() == nullptr) return {0, 0};
+    const auto* header = reinterpret_cast<const Header*>(static_cast<const char*>(data.get_context()) - kHeaderBytes);
+    return {header->scope, header->bytes};
   }
 
  private:
@@ -87,7 +89,8 @@ class CachingHostAllocator final : public c10::Allocator {
 };
 
 int64_t AllocationScope::BytesOf(const c10::Storage& storage) const {
-  return CachingHostAllocator::ScopeOf(storage.data_ptr()) == id_ ? static_cast<int64_t>(storage.nbytes()) : 0;
+  const auto [scope, bytes] = CachingHostAllocator::ScopeOf(storage.data_ptr());
+  return scope == id_ ? bytes : 0;
 }
 
 void ConfigureComputeThreads(int intra_op_threads) {

@@ -330,17 +330,23 @@ class VjpExecutable : public TorchExecutable {
       PW_ASSIGN_OR_RETURN(Forward forward, RunForward(args));
       kept->graph = AutogradGraph::Of(forward.outputs, forward.wrt);
       // What stays is what the pass allocated and holds, less the outputs' storage that only the
-      // outputs hold (freed once they are copied out; one the graph saved stays).
+      // outputs hold (freed once they are copied out). Provably only theirs: no tensor but the
+      // outputs on the storage, and no reference to them but the outputs' own (the graph saves a
+      // tensor that another op read as that tensor itself). A view output holds its base too, so
+      // its storage is counted: the value may be above what stays, never below.
       kept_bytes = scope.live_bytes();
-      std::map<const c10::StorageImpl*, std::pair<const at::Tensor*, size_t>> storages;  // holders among outputs
+      std::map<const c10::StorageImpl*, std::map<const c10::TensorImpl*, size_t>> holders;
+      for (const at::Tensor& y : forward.outputs) ++holders[y.storage().unsafeGetStorageImpl()][y.unsafeGetTensorImpl()];
       for (const at::Tensor& y : forward.outputs) {
-        auto& [first, holders] = storages[y.storage().unsafeGetStorageImpl()];
-        if (first == nullptr) first = &y;
-        ++holders;
-      }
-      for (const auto& [impl, holders] : storages) {
-        const c10::Storage& storage = holders.first->storage();
-        if (storage.use_count() == holders.second) kept_bytes -= scope.BytesOf(storage);
+        const auto& tensors = holders[y.storage().unsafeGetStorageImpl()];
+        if (tensors.empty()) continue;  // counted already
+        bool only_outputs = y.storage().use_count() == tensors.size();
+        for (const at::Tensor& z : forward.outputs) {
+          auto it = tensors.find(z.unsafeGetTensorImpl());
+          if (it != tensors.end() && z.use_count() != it->second) only_outputs = false;
+        }
+        if (only_outputs) kept_bytes -= scope.BytesOf(y.storage());
+        holders[y.storage().unsafeGetStorageImpl()].clear();
       }
       for (const at::Tensor& y : forward.outputs) results.push_back(y.detach());
     }
