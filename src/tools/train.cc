@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <deque>
 #include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -86,6 +88,26 @@ absl::Status RunTrain(const Flags& flags) {
     return absl::InvalidArgumentError(
         "need 1 <= --steps <= 1e8, 0 <= --dcn-latency-us <= 1e7 and --dcn-gbps from 0 (unlimited) to 1e6");
   }
+  PW_ASSIGN_OR_RETURN(int64_t save_every, flags.GetInt("save-every", 0));
+  const std::string save = flags.Get("save");
+  if (save_every < 0 || (save_every > 0 && save.empty())) {
+    return absl::InvalidArgumentError("--save-every N needs N >= 0 and --save PATH");
+  }
+  if (!save.empty()) {
+    // Saving replaces the manifest, the only record of its checkpoint's secret: an existing one is
+    // replaced only when this run resumes from it.
+    struct stat st;
+    if (::stat(save.c_str(), &st) == 0 && save != options.resume_from) {
+      return absl::AlreadyExistsError(absl::StrCat("--save ", save, " holds a checkpoint already: resume from it (--resume ",
+                                                   save, "), or save elsewhere"));
+    }
+  }
+  // Bad input leaves nothing behind: a shards directory this run made goes again if the run fails
+  // before its first step, and the metrics file is made only once the trainer exists.
+  std::string made_directory;
+  absl::Cleanup remove_made_directory = [&made_directory] {
+    if (!made_directory.empty()) ::rmdir(made_directory.c_str());  // only if still empty
+  };
   std::unique_ptr<LocalCluster> cluster;
   std::unique_ptr<Client> client;
   if (flags.Has("controller")) {
@@ -117,7 +139,9 @@ absl::Status RunTrain(const Flags& flags) {
     }
     if (!manifests.empty()) {
       c.checkpoint_directory = absl::StrCat(manifests, "/pathways-shards");
-      if (mkdir(c.checkpoint_directory.c_str(), 0700) != 0 && errno != EEXIST) {
+      if (mkdir(c.checkpoint_directory.c_str(), 0700) == 0) {
+        made_directory = c.checkpoint_directory;
+      } else if (errno != EEXIST) {
         return absl::InvalidArgumentError(
             absl::StrCat("cannot make ", c.checkpoint_directory, ": ", std::strerror(errno)));
       }
@@ -130,6 +154,8 @@ absl::Status RunTrain(const Flags& flags) {
     PW_ASSIGN_OR_RETURN(cluster, LocalCluster::Start(c));
     PW_ASSIGN_OR_RETURN(client, cluster->Connect());
   }
+  const absl::Time start = absl::Now();
+  PW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(*client, options));
   std::FILE* metrics = nullptr;
   if (flags.Has("metrics-jsonl")) {
     metrics = std::fopen(flags.Get("metrics-jsonl").c_str(), "w");
@@ -141,8 +167,6 @@ absl::Status RunTrain(const Flags& flags) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
     return f == nullptr ? 0 : std::fclose(f);
   });
-  const absl::Time start = absl::Now();
-  PW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(*client, options));
   const TrainOptions& o = options;
   std::printf("model: %s\n", o.model.ToString().c_str());
   std::printf("layout: data %lld x tensor %lld x %lld stages, %lld microbatches, %d islands; batch %lld x %lld tokens\n",
@@ -157,22 +181,9 @@ absl::Status RunTrain(const Flags& flags) {
                             : absl::StrCat("the bytes of ", o.text_file).c_str());
   std::fflush(stdout);
 
-  PW_ASSIGN_OR_RETURN(int64_t save_every, flags.GetInt("save-every", 0));
-  const std::string save = flags.Get("save");
-  if (save_every < 0 || (save_every > 0 && save.empty())) {
-    return absl::InvalidArgumentError("--save-every N needs N >= 0 and --save PATH");
-  }
-  if (!save.empty()) {
-    // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the
-    // run. Saving replaces the manifest, the only record of its checkpoint's secret: an existing
-    // one is replaced only when this run resumes from it.
-    struct stat st;
-    if (::stat(save.c_str(), &st) == 0 && save != o.resume_from) {
-      return absl::AlreadyExistsError(absl::StrCat("--save ", save, " holds a checkpoint already: resume from it (--resume ",
-                                                   save, "), or save elsewhere"));
-    }
-    PW_RETURN_IF_ERROR(trainer->Save(save));
-  }
+  // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the run.
+  if (!save.empty()) PW_RETURN_IF_ERROR(trainer->Save(save));
+  made_directory.clear();  // the run has begun: its directory stays, whatever happens next
   const int64_t first_step = trainer->steps_issued();
   if (first_step > 0) std::printf("resumed from %s after step %lld\n", o.resume_from.c_str(), static_cast<long long>(first_step));
   // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.

@@ -1,0 +1,105 @@
+#include "tools/train.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+// `pathways train` as the command line runs it, in this process.
+absl::Status Train(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  auto flags = Flags::Parse(static_cast<int>(argv.size()), argv.data(),
+                            {"model", "steps", "batch", "seq-len", "data-parallel", "pipeline-stages", "microbatches",
+                             "islands", "metrics-jsonl", "device-memory", "save", "save-every", "resume"});
+  if (!flags.ok()) return flags.status();
+  return RunTrain(*flags);
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return {"<cannot read " + dir + ">"};
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(d);
+  return names;
+}
+
+class TrainCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/train_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
+  std::string dir_;
+};
+
+// Each refusal comes before any step and leaves nothing behind: no metrics file, no checkpoint
+// manifest, no shards directory.
+TEST_F(TrainCommandTest, BadInputFailsBeforeAnyStepAndWritesNothing) {
+  const std::vector<std::string> common = {"--model", "tiny", "--steps", "2", "--seq-len", "8",
+                                           "--metrics-jsonl", dir_ + "/m.jsonl", "--save", dir_ + "/ck"};
+  struct Case {
+    std::vector<std::string> args;
+    absl::StatusCode code;
+    std::string says;
+  };
+  const Case cases[] = {
+      {{"--batch", "3", "--data-parallel", "2"}, absl::StatusCode::kInvalidArgument, "does not split"},
+      {{"--batch", "4", "--pipeline-stages", "8"}, absl::StatusCode::kInvalidArgument, "stage"},
+      {{"--batch", "4", "--save-every", "-1"}, absl::StatusCode::kInvalidArgument, "--save-every"},
+      {{"--batch", "4", "--islands", "0"}, absl::StatusCode::kInvalidArgument, "--islands"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const absl::Status status = Train(args);
+    EXPECT_EQ(status.code(), c.code) << absl::StrJoin(c.args, " ") << ": " << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), c.says)) << status;
+    EXPECT_EQ(Entries(dir_), std::vector<std::string>{}) << absl::StrJoin(c.args, " ");
+  }
+}
+
+TEST_F(TrainCommandTest, AnExistingCheckpointIsNotOverwritten) {
+  { std::ofstream(dir_ + "/ck") << "a manifest"; }
+  const absl::Status status =
+      Train({"--model", "tiny", "--steps", "2", "--batch", "4", "--save", dir_ + "/ck", "--metrics-jsonl",
+             dir_ + "/m.jsonl"});
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists) << status;
+  EXPECT_EQ(Entries(dir_), std::vector<std::string>{"ck"});
+}
+
+// A short run writes one JSON line per step with the fields the issue names.
+TEST_F(TrainCommandTest, MetricsHaveALinePerStep) {
+  ASSERT_TRUE(Train({"--model", "tiny", "--steps", "3", "--batch", "4", "--seq-len", "8", "--metrics-jsonl",
+                     dir_ + "/m.jsonl"})
+                  .ok());
+  std::ifstream in(dir_ + "/m.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    EXPECT_TRUE(absl::StrContains(line, absl::StrCat("\"step\": ", lines, ","))) << line;
+    EXPECT_TRUE(absl::StrContains(line, "\"loss\": ")) << line;
+    EXPECT_TRUE(absl::StrContains(line, "\"tokens_per_s\": ")) << line;
+  }
+  EXPECT_EQ(lines, 3);
+}
+
+}  // namespace
+}  // namespace pathways
