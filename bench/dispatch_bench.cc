@@ -161,13 +161,14 @@ void EmbeddedPipelineTable(int max_stages, int repeats) {
 // The same over real processes: a controller and one worker process per stage, every block
 // crossing a loopback socket; with `islands` = 2, consecutive stages on different islands joined
 // by the emulated data-centre link (`dcn`: worker flags), so every block crosses it.
-void ProcessPipelineTable(int max_stages, int islands, const std::vector<std::string>& dcn, int repeats) {
+// False when its processes did not start (said on stderr).
+bool ProcessPipelineTable(int max_stages, int islands, const std::vector<std::string>& dcn, int repeats) {
   Subprocess controller;
   std::vector<Subprocess> workers(static_cast<size_t>(max_stages));
   auto address = StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"});
   if (!address.ok()) {
     std::fprintf(stderr, "controller: %s\n", std::string(address.status().message()).c_str());
-    return;
+    return false;
   }
   for (int k = 0; k < max_stages; ++k) {
     std::vector<std::string> argv = {PATHWAYS_BINARY, "worker",          "--controller", *address, "--devices", "1",
@@ -175,7 +176,7 @@ void ProcessPipelineTable(int max_stages, int islands, const std::vector<std::st
     argv.insert(argv.end(), dcn.begin(), dcn.end());
     if (auto started = StartWorker(workers[k], argv); !started.ok()) {
       std::fprintf(stderr, "worker %d: %s\n", k, std::string(started.status().message()).c_str());
-      return;
+      return false;
     }
   }
   {
@@ -188,6 +189,7 @@ void ProcessPipelineTable(int max_stages, int islands, const std::vector<std::st
   }
   for (Subprocess& w : workers) w.Stop(SIGTERM);
   controller.Stop(SIGTERM);
+  return true;
 }
 
 // CPU time of the calling thread: the client's own work, whatever the hosts in this process do.
@@ -257,8 +259,9 @@ int main(int argc, char** argv) {
   const int max_stages = static_cast<int>(bench::IntFlagOrExit(*flags, "max-stages", 16, 1, 64));
   ThroughputTable(max_hosts, repeats);
   EmbeddedPipelineTable(max_stages, repeats);
-  ProcessPipelineTable(max_stages, 1, {}, repeats);
-  ProcessPipelineTable(max_stages, 2, {"--dcn-latency-us", "50", "--dcn-gbps", "10"}, repeats);
+  int failed = 0;
+  if (!ProcessPipelineTable(max_stages, 1, {}, repeats)) ++failed;
+  if (!ProcessPipelineTable(max_stages, 2, {"--dcn-latency-us", "50", "--dcn-gbps", "10"}, repeats)) ++failed;
   ShardScalingTable(repeats);
-  return 0;
+  return bench::FailedRows(failed);
 }

@@ -250,12 +250,14 @@ int Main(int argc, char** argv) {
   std::printf("| hosts x devices | system | iterations | wall ms | granularity µs | GFLOP/s | efficiency |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> summary;
+  int failed = 0;
   for (auto [hosts, devices] : configs) {
     const int width = hosts * devices;
     const std::string config = absl::StrCat(hosts, "x", devices);
     auto ours = MeasureRuntime(hosts, devices, steps, elements, sweep, repeats);
     if (!ours.ok()) {
       std::printf("| %s | this runtime | failed: %s |\n", config.c_str(), std::string(ours.status().message()).c_str());
+      ++failed;
       continue;
     }
     const std::vector<Point> mpi = have_mpi ? MeasureMpi(width, steps, elements, sweep, repeats)
@@ -272,7 +274,7 @@ int Main(int argc, char** argv) {
   std::printf("\nMETG(50%%): the smallest task granularity measured at 50%% efficiency or more\n\n");
   std::printf("| hosts x devices | OpByOp | Chained | OpenMPI |\n|---|---|---|---|\n");
   for (const std::string& row : summary) std::printf("%s\n", row.c_str());
-  return 0;
+  return bench::FailedRows(failed);
 }
 
 }  // namespace
