@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -210,6 +211,11 @@ void InitServingProcess() {
   // (2026-12-04, three pairs of runs).
   static const bool trimming = [] {
     std::thread([] {
+      // It serves no one, so it takes no signal: a serving process's SIGTERM goes to the thread
+      // that waits for it (tools/pathways_main.cc).
+      sigset_t all;
+      sigfillset(&all);
+      pthread_sigmask(SIG_BLOCK, &all, nullptr);
       while (true) {
         absl::SleepFor(absl::Seconds(1));
         if (MallocExtension_ReleaseFreeMemory != nullptr) {
