@@ -128,7 +128,7 @@ absl::Status RunTrain(const Flags& flags) {
     }
     // The embedded workers keep checkpoint shards beside the manifests, in pathways-shards/.
     std::string manifests;
-    for (const std::string& path : {flags.Get("save"), options.resume_from}) {
+    for (const std::string& path : {save, options.resume_from}) {
       if (path.empty()) continue;
       const size_t slash = path.rfind('/');
       const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
@@ -156,17 +156,6 @@ absl::Status RunTrain(const Flags& flags) {
   }
   const absl::Time start = absl::Now();
   PW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(*client, options));
-  std::FILE* metrics = nullptr;
-  if (flags.Has("metrics-jsonl")) {
-    metrics = std::fopen(flags.Get("metrics-jsonl").c_str(), "w");
-    if (metrics == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metrics-jsonl ", flags.Get("metrics-jsonl"), ": cannot write: ", std::strerror(errno)));
-    }
-  }
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
-    return f == nullptr ? 0 : std::fclose(f);
-  });
   const TrainOptions& o = options;
   std::printf("model: %s\n", o.model.ToString().c_str());
   std::printf("layout: data %lld x tensor %lld x %lld stages, %lld microbatches, %d islands; batch %lld x %lld tokens\n",
@@ -183,6 +172,17 @@ absl::Status RunTrain(const Flags& flags) {
 
   // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the run.
   if (!save.empty()) PW_RETURN_IF_ERROR(trainer->Save(save));
+  std::FILE* metrics = nullptr;
+  if (flags.Has("metrics-jsonl")) {
+    metrics = std::fopen(flags.Get("metrics-jsonl").c_str(), "w");
+    if (metrics == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-jsonl ", flags.Get("metrics-jsonl"), ": cannot write: ", std::strerror(errno)));
+    }
+  }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
+    return f == nullptr ? 0 : std::fclose(f);
+  });
   made_directory.clear();  // the run has begun: its directory stays, whatever happens next
   const int64_t first_step = trainer->steps_issued();
   if (first_step > 0) std::printf("resumed from %s after step %lld\n", o.resume_from.c_str(), static_cast<long long>(first_step));
