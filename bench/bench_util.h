@@ -91,7 +91,7 @@ inline std::vector<std::pair<int, int>> ConfigsOrExit(const std::string& text) {
 
 // A benchmark's exit status: 1 when a measurement of this runtime (or of a peer the project builds) failed,
 // so that its smoke test fails; a missing peer from Debian is no failure.
-inline int FailedRows(int failed) {
+inline int ExitStatus(int failed) {
   if (failed == 0) return 0;
   std::fprintf(stderr, "%d measurements failed (above)\n", failed);
   return 1;

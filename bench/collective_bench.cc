@@ -48,7 +48,7 @@
 namespace pathways {
 namespace {
 
-using bench::FailedRows;
+using bench::ExitStatus;
 using bench::Median;
 using bench::ProcessCluster;
 using bench::ProcessCpuSeconds;
@@ -347,7 +347,7 @@ int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, cons
     std::printf("\n%dx%d: 95%% of the multi-controller from a step of OpByOp %s, Chained %s, Fused %s\n\n", hosts,
                 devices, at(cross[0]).c_str(), at(cross[1]).c_str(), at(cross[2]).c_str());
   }
-  return FailedRows(failed);
+  return ExitStatus(failed);
 }
 
 int Main(int argc, char** argv) {
@@ -485,7 +485,7 @@ int Main(int argc, char** argv) {
         "|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : cpu_rows) std::printf("%s\n", row.c_str());
   }
-  return FailedRows(failed);
+  return ExitStatus(failed);
 }
 
 }  // namespace

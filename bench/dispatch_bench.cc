@@ -263,5 +263,5 @@ int main(int argc, char** argv) {
   if (!ProcessPipelineTable(max_stages, 1, {}, repeats)) ++failed;
   if (!ProcessPipelineTable(max_stages, 2, {"--dcn-latency-us", "50", "--dcn-gbps", "10"}, repeats)) ++failed;
   ShardScalingTable(repeats);
-  return bench::FailedRows(failed);
+  return bench::ExitStatus(failed);
 }

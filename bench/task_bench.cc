@@ -274,7 +274,7 @@ int Main(int argc, char** argv) {
   std::printf("\nMETG(50%%): the smallest task granularity measured at 50%% efficiency or more\n\n");
   std::printf("| hosts x devices | OpByOp | Chained | OpenMPI |\n|---|---|---|---|\n");
   for (const std::string& row : summary) std::printf("%s\n", row.c_str());
-  return bench::FailedRows(failed);
+  return bench::ExitStatus(failed);
 }
 
 }  // namespace
