@@ -29,7 +29,7 @@ namespace {
 // and close a pending connection (see accept4 below).
 std::atomic<bool> guard_on{false};  // from InitServingProcess on
 int spare_descriptor = -1;
-absl::Mutex spare_mu;
+absl::Mutex& spare_mu = *new absl::Mutex;  // never destroyed: accepts go on while the process exits
 std::atomic<int64_t> last_warning_ns{0};
 
 int RawAccept4(int fd, sockaddr* addr, socklen_t* length, int flags) {
@@ -46,7 +46,7 @@ struct AcceptedConnections {
   int64_t next_prune_ns = 0;
 };
 std::atomic<int> connection_cap{0};  // 0: no cap
-absl::Mutex accepted_mu;
+absl::Mutex& accepted_mu = *new absl::Mutex;  // never destroyed, as spare_mu
 std::unordered_map<int, AcceptedConnections>* accepted ABSL_GUARDED_BY(accepted_mu) =
     new std::unordered_map<int, AcceptedConnections>();
 std::atomic<int64_t> last_cap_warning_ns{0};
@@ -210,12 +210,13 @@ void InitServingProcess() {
   // settled at 437 MiB with it against 528 without, and training ran as fast either way
   // (2026-12-04, three pairs of runs).
   static const bool trimming = [] {
+    // It serves no one, so it takes no SIGINT or SIGTERM: a serving process's goes to the thread
+    // that waits for it (tools/pathways_main.cc). Blocked around its start, so it never runs
+    // without the mask.
+    const sigset_t stop = TerminationSignals();
+    sigset_t before;
+    pthread_sigmask(SIG_BLOCK, &stop, &before);
     std::thread([] {
-      // It serves no one, so it takes no signal: a serving process's SIGTERM goes to the thread
-      // that waits for it (tools/pathways_main.cc).
-      sigset_t all;
-      sigfillset(&all);
-      pthread_sigmask(SIG_BLOCK, &all, nullptr);
       while (true) {
         absl::SleepFor(absl::Seconds(1));
         if (MallocExtension_ReleaseFreeMemory != nullptr) {
@@ -225,6 +226,7 @@ void InitServingProcess() {
         }
       }
     }).detach();
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
     return true;
   }();
   (void)trimming;
@@ -254,6 +256,14 @@ absl::Status SetConnectionsPerListener(int64_t max) {
   }
   connection_cap = static_cast<int>(max);
   return absl::OkStatus();
+}
+
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
 }
 
 int ConnectionsPerListener() { return connection_cap.load(); }

@@ -1,6 +1,8 @@
 // Process-wide settings for programs that serve or measure (the `pathways` tool, benchmarks).
 #pragma once
 
+#include <signal.h>
+
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -25,5 +27,8 @@ inline constexpr int64_t kMaxConnectionsPerListener = 1 << 20;
 inline constexpr int64_t kDefaultMaxConnections = 65536;
 absl::Status SetConnectionsPerListener(int64_t max);
 int ConnectionsPerListener();
+
+// SIGINT and SIGTERM: what stops a serving process. Threads that serve no one block them.
+sigset_t TerminationSignals();
 
 }  // namespace pathways

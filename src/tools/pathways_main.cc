@@ -2,6 +2,7 @@
 // demo.
 #include <cerrno>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -72,7 +73,7 @@ constexpr char kUsage[] =
 
 // Serving commands stop on SIGINT or SIGTERM through a handler that writes to a pipe the main
 // thread waits on. The threads the process makes once it serves block both signals, so the main
-// thread, waiting in read(), takes them: a thread parked in a futex wait would hold one back under
+// thread, waiting in poll(), takes them: a thread parked in a futex wait would hold one back under
 // ThreadSanitizer, which runs a handler only when its thread next enters the sanitizer's runtime
 // (the controller and workers of `make sanitize-thread` never stopped). Threads a library started
 // before main are not covered by the mask, so the handler stays the way the signal arrives: a
@@ -83,14 +84,6 @@ int stop_pipe[2] = {-1, -1};
 void OnTerminationSignal(int sig) {
   const char c = static_cast<char>(sig);
   (void)!write(stop_pipe[1], &c, 1);  // async-signal-safe
-}
-
-sigset_t TerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
 }
 
 // Before the process makes its serving threads: they inherit the calling thread's mask.
@@ -118,7 +111,10 @@ void WaitForTerminationSignal() {
   const sigset_t set = TerminationSignals();
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   char sig = 0;
-  while (read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+  pollfd stop{.fd = stop_pipe[0], .events = POLLIN, .revents = 0};
+  // Polled with a timeout, not read until it comes: ThreadSanitizer holds a signal that arrives
+  // during a read() until the thread's next call into its runtime, which each poll() makes.
+  while (poll(&stop, 1, /*timeout_ms=*/1000) <= 0 || read(stop_pipe[0], &sig, 1) != 1) {
   }
   if (sig != 0) std::fprintf(stderr, "pathways: received signal %d, shutting down\n", sig);
 }
