@@ -19,7 +19,8 @@ namespace {
 
 constexpr char kTokenKey[] = "pathways-token";
 
-absl::Mutex token_mu;
+// Never destroyed, as what it guards: threads still take it while the process exits.
+absl::Mutex& token_mu = *new absl::Mutex;
 bool token_set ABSL_GUARDED_BY(token_mu) = false;
 std::string* token ABSL_GUARDED_BY(token_mu) = new std::string;  // never destroyed: used until exit
 
@@ -120,7 +121,7 @@ namespace {
 struct TlsPems {
   std::string cert, key, ca;
 };
-absl::Mutex tls_mu;
+absl::Mutex& tls_mu = *new absl::Mutex;  // never destroyed, as token_mu
 TlsPems* tls ABSL_GUARDED_BY(tls_mu) = nullptr;  // never destroyed once set
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
