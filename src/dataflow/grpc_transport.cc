@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "core/logging.h"
+#include "core/tsan.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -20,7 +21,7 @@ namespace {
 
 // The services of this process by the address they serve at. Delivery holds the reader lock, so a
 // service leaving (the writer lock) waits for batches being handed to it.
-absl::Mutex in_process_mu;
+absl::Mutex& in_process_mu = *new absl::Mutex;  // never destroyed, as the map it guards
 std::map<std::string, DataflowService*>& InProcessServices() ABSL_SHARED_LOCKS_REQUIRED(in_process_mu) {
   static auto* services = new std::map<std::string, DataflowService*>();
   return *services;
@@ -232,7 +233,11 @@ class GrpcTransport::Peer {
     context_.set_wait_for_ready(true);  // a peer still starting is waited for, a while
     context_.set_deadline(absl::ToChronoTime(absl::Now() + kAskFor));
     AttachCallToken(context_);
-    stub_->async()->StreamPort(&context_, &request_, &response_, [this](grpc::Status s) { Answered(s); });
+    TsanRelease(this);  // gRPC's core hands the call to the thread that completes it
+    stub_->async()->StreamPort(&context_, &request_, &response_, [this](grpc::Status s) {
+      TsanAcquire(this);
+      Answered(s);
+    });
   }
   ~Peer() {
     context_.TryCancel();

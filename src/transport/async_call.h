@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "core/future.h"
+#include "core/tsan.h"
 #include "grpcpp/client_context.h"
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
@@ -31,8 +32,10 @@ Future<Value> StartUnaryCall(std::string description, const Request& request, ab
     call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   }
   Future<Value> result = call->promise.future();
+  TsanRelease(call);  // gRPC's core hands the call to the thread that completes it
   start(&call->context, &call->request, &call->response,
         [call, description = std::move(description), wrap = std::move(wrap)](grpc::Status status) {
+          TsanAcquire(call);
           std::unique_ptr<CallState> owned(call);
           if (status.ok()) {
             owned->promise.Set(wrap(std::move(owned->response)));
