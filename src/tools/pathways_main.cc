@@ -110,6 +110,7 @@ void StopWaiting() {
 void WaitForTerminationSignal() {
   const sigset_t set = TerminationSignals();
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  if (stop_pipe[0] < 0) return;  // no pipe (CatchTerminationSignals failed): nothing to wait on
   char sig = 0;
   pollfd stop{.fd = stop_pipe[0], .events = POLLIN, .revents = 0};
   // Polled with a timeout, not read until it comes: ThreadSanitizer holds a signal that arrives

@@ -103,7 +103,7 @@ absl::Status RunTrain(const Flags& flags) {
     }
   }
   // Bad input leaves nothing behind: a shards directory this run made goes again if the run fails
-  // before its first step, and the metrics file is made only once the trainer exists.
+  // before its first step, and the metrics file is made only once the first save succeeded.
   std::string made_directory;
   absl::Cleanup remove_made_directory = [&made_directory] {
     if (!made_directory.empty()) ::rmdir(made_directory.c_str());  // only if still empty

@@ -1,6 +1,5 @@
 #include "tools/train.h"
 
-#include <dirent.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -29,13 +28,7 @@ absl::Status Train(std::vector<std::string> args) {
 
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> names;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return {"<cannot read " + dir + ">"};
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  closedir(d);
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
   return names;
 }
 
