@@ -792,6 +792,11 @@ TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgai
 
   const std::string address = worker_addresses_[0];
   worker_a_.Stop(SIGKILL);
+  // A fetch while it is down fails, and leaves the client's channel to that address waiting
+  // between connection attempts: the fetch after the restart must still reach the new process.
+  auto down = client_->Fetch(x).AwaitFor(absl::Seconds(30));
+  ASSERT_FALSE(down.ok());
+  EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable) << down.status();
   ASSERT_TRUE(worker_a_.Start({PATHWAYS_BINARY, "worker", "--controller", address_, "--listen", address, "--devices",
                                "4", "--device-memory", "256MiB"})
                   .ok());

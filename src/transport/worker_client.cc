@@ -15,6 +15,8 @@ namespace pathways {
 namespace {
 
 constexpr int kMaxMessageBytes = 1 << 30;
+// How long a fetch that failed Unavailable waits for the channel to connect before it is made again.
+constexpr absl::Duration kReachableWait = absl::Seconds(3);
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args = ChannelArgs();
@@ -182,10 +184,43 @@ void WorkerClient::AskForStream() {
       });
 }
 
-Future<FetchedShards> WorkerClient::FetchThroughGrpc(const rpc::FetchRequest& request) {
-  return AsyncUnaryCallShared<rpc::FetchResponse>(
+Future<FetchedShards> WorkerClient::FetchThroughGrpc(const rpc::FetchRequest& request, bool again) {
+  Future<FetchedShards> first = AsyncUnaryCallShared<rpc::FetchResponse>(
       absl::StrCat("Fetch on worker ", address_), request, absl::InfiniteDuration(),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Fetch(ctx, req, resp, std::move(done)); });
+  if (!again) return first;
+  // A call made while the channel waits between connection attempts fails at once with the last
+  // attempt's error ("Connection refused"), even when a worker restarted at this address is back
+  // already: the worker is asked again once the channel connects. A fetch only reads, so asking
+  // twice is harmless; a worker still unreachable after a few seconds gets the first error.
+  Promise<FetchedShards> promise;
+  Future<FetchedShards> result = promise.future();
+  first.OnReady([this, request, promise = std::move(promise)](const absl::StatusOr<FetchedShards>& r) mutable {
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable) {
+      promise.Set(r);
+      return;
+    }
+    WhenReachable(kReachableWait)
+        .OnReady([this, request, promise = std::move(promise), first_error = r.status()](
+                     const absl::StatusOr<Unit>& up) mutable {
+          if (!up.ok()) {
+            promise.Set(first_error);
+            return;
+          }
+          FetchThroughGrpc(request, /*again=*/false)
+              .OnReady([promise = std::move(promise)](const absl::StatusOr<FetchedShards>& g) mutable { promise.Set(g); });
+        });
+  });
+  return result;
+}
+
+Future<Unit> WorkerClient::WhenReachable(absl::Duration wait) {
+  return AsyncUnaryCall<rpc::PingResponse>(absl::StrCat("Ping on worker ", address_), rpc::PingRequest(), wait,
+                                           [this](auto* ctx, auto* req, auto* resp, auto done) {
+                                             ctx->set_wait_for_ready(true);
+                                             stub_->async()->Ping(ctx, req, resp, std::move(done));
+                                           })
+      .Then([](const rpc::PingResponse&) { return Unit{}; });
 }
 
 WorkerClientCache& WorkerClientCache::Global() {

@@ -53,7 +53,11 @@ class WorkerClient {
 
  private:
 
-  Future<FetchedShards> FetchThroughGrpc(const rpc::FetchRequest& request);
+  // Through gRPC; a call that fails Unavailable is made once more when the channel connects
+  // within a few seconds (see the definition), when `again` is set.
+  Future<FetchedShards> FetchThroughGrpc(const rpc::FetchRequest& request, bool again = true);
+  // Complete once the channel is connected (a ping waits for it), or failed after `wait`.
+  Future<Unit> WhenReachable(absl::Duration wait);
   Future<Unit> EnqueueThroughGrpc(const rpc::EnqueueRequest& request);
   // What `streamed` (a request sent on `s`, or nullopt when it could not be) answers, or, when
   // it was never sent or never served, what `grpc` sends the same request through gRPC answers.
