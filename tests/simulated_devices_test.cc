@@ -145,6 +145,9 @@ TEST(SimulatedDevicesTest, BadWorkerFlagsAreNamed) {
       {{"--sim-cost-us", "*=5"}, "simulated devices only"},
       {{"--hosts", "0"}, "--hosts must be between"},
       {{"--hosts", "2", "--listen", "127.0.0.1:45678"}, "port 0"},
+      // A computation's time includes its collective and memory waits (30 s and 10 s by default).
+      {{"--computation-timeout-ms", "5000"}, "more than --collective-timeout-ms plus --memory-wait-ms (40000)"},
+      {{"--computation-timeout-ms", "-1"}, "--computation-timeout-ms must be 0 (none)"},
   };
   for (const auto& [extra, expected] : cases) {
     std::string command = std::string(PATHWAYS_BINARY) + " worker --controller 127.0.0.1:1";

@@ -34,7 +34,7 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   // once the one there stopped heartbeating (a restart after a crash waits that long).
   if (host_id >= 0) {
     const Host& held = hosts_[host_id];
-    if (held.incarnation != r.incarnation() && now - held.last_heartbeat <= heartbeat_timeout_) {
+    if (held.incarnation != r.incarnation() && AliveLocked(held, now)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "address ", r.address(), " belongs to a live worker (heard from ",
           absl::ToInt64Milliseconds(now - held.last_heartbeat),
@@ -54,6 +54,7 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   host.address = r.address();
   host.incarnation = r.incarnation();
   host.last_heartbeat = now;
+  host.left.clear();
   std::vector<Device> old = std::move(host.devices);
   host.devices.clear();
   rpc::RegisterWorkerResponse response;
@@ -150,7 +151,13 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
   if (host.address != r.address()) return Beat::kUnknown;  // the id is another worker's here: register
   // A newer process took this address meanwhile (this one was silent): this one must leave.
   if (host.incarnation != r.incarnation()) return Beat::kExpired;
-  if (now - host.last_heartbeat > heartbeat_timeout_) return Beat::kExpired;
+  if (now - host.last_heartbeat > heartbeat_timeout_ || !host.left.empty()) return Beat::kExpired;
+  if (!r.leaving().empty()) {
+    // It leaves, and says why: departed from now on, with its reason (bounded: it reaches clients).
+    constexpr size_t kMaxReason = 1024;
+    host.left = r.leaving().substr(0, kMaxReason);
+    return Beat::kExpired;
+  }
   host.last_heartbeat = now;
   for (const rpc::DeviceInfo& d : r.devices()) {
     if (d.local_index() < 0 || d.local_index() >= static_cast<int>(host.devices.size())) continue;
@@ -188,6 +195,7 @@ rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {
     hs->set_address(h.address);
     hs->set_alive(AliveLocked(h, now));
     hs->set_millis_since_heartbeat(absl::ToInt64Milliseconds(now - h.last_heartbeat));
+    hs->set_left(h.left);
     for (const Device& d : h.devices) *hs->add_devices() = d.info;
     *hs->mutable_counters() = h.counters;
   }
@@ -381,6 +389,10 @@ std::string ClusterRegistry::LostReasonLocked(const Slice& s, absl::Time now) co
       gone.insert(absl::StrCat("host ", p.host_id, " is gone"));
       continue;
     }
+    if (!h->second.left.empty()) {
+      gone.insert(absl::StrCat("host ", h->second.address, " left: ", h->second.left));
+      continue;
+    }
     if (!AliveLocked(h->second, now)) {
       gone.insert(absl::StrCat("host ", h->second.address, " stopped heartbeating"));
       continue;
@@ -441,6 +453,7 @@ absl::StatusOr<int32_t> ClusterRegistry::IslandOf(const std::string& address, ab
   absl::MutexLock lock(&mu_);
   for (const auto& [id, h] : hosts_) {
     if (h.address != address) continue;
+    if (!h.left.empty()) return absl::UnavailableError(absl::StrCat("host ", address, " left: ", h.left));
     if (!AliveLocked(h, now)) return absl::UnavailableError(absl::StrCat("host ", address, " stopped heartbeating"));
     return h.island;
   }

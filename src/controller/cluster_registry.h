@@ -104,6 +104,7 @@ class ClusterRegistry {
     absl::Time last_heartbeat;
     std::vector<Device> devices;
     rpc::HostCounters counters;  // as of the last heartbeat
+    std::string left;  // why it left the cluster, as it said (a device stuck); empty while it serves
   };
   // Chooses devices for a slice request; fills `response` and records the slice as `slice_id`.
   absl::Status PlaceLocked(const rpc::AllocateSliceRequest& r, int64_t slice_id, absl::Time now,
@@ -113,7 +114,7 @@ class ClusterRegistry {
   // Why the slice has lost devices; empty when it has not.
   std::string LostReasonLocked(const Slice& s, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AliveLocked(const Host& h, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return now - h.last_heartbeat <= heartbeat_timeout_;
+    return h.left.empty() && now - h.last_heartbeat <= heartbeat_timeout_;
   }
 
   const absl::Duration heartbeat_timeout_;

@@ -452,5 +452,51 @@ TEST(ClusterRegistryTest, AClientMayUseOnlyTheHostsOfItsSlices) {
   EXPECT_EQ(registry.SliceStates("a", later).slices_size(), 0);
 }
 
+
+// A host that says it leaves (a device stuck in a computation) is departed at once, not after the
+// heartbeat timeout: slices on it are lost with its reason, status shows the reason, its later
+// heartbeats are told it expired, and a new process may take its address at once.
+TEST(ClusterRegistryTest, AHostThatSaysItLeavesIsDepartedAtOnceWithItsReason) {
+  ClusterRegistry registry(absl::Seconds(3));
+  const absl::Time t = absl::UnixEpoch();
+  rpc::RegisterWorkerRequest stuck = Worker("h:1", 0, 2), fresh = Worker("h:1", 0, 2);
+  stuck.set_incarnation("stuck");
+  fresh.set_incarnation("fresh");
+  auto registered = registry.RegisterWorker(stuck, t);
+  ASSERT_TRUE(registered.ok());
+  rpc::AllocateSliceRequest request = Slice({2});
+  request.set_client_id("c");
+  ASSERT_TRUE(registry.AllocateSlice(request, t).ok());
+
+  rpc::HeartbeatRequest beat;
+  beat.set_host_id(registered->host_id());
+  beat.set_address("h:1");
+  beat.set_incarnation("stuck");
+  beat.set_leaving("device 0 is stuck in 'spin'");
+  const absl::Time now = t + absl::Milliseconds(100);  // well within the heartbeat timeout
+  EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kExpired);
+  EXPECT_EQ(registry.DepartedHosts(now), std::vector<std::string>{"h:1"});
+  EXPECT_TRUE(registry.LiveHosts(now).empty());
+  rpc::SliceStatesResponse states = registry.SliceStates("c", now);
+  ASSERT_EQ(states.slices_size(), 1);
+  EXPECT_TRUE(states.slices(0).lost());
+  EXPECT_NE(states.slices(0).reason().find("h:1 left: device 0 is stuck in 'spin'"), std::string::npos)
+      << states.slices(0).reason();
+  rpc::ClusterStatus status = registry.Status(now);
+  ASSERT_EQ(status.hosts_size(), 1);
+  EXPECT_FALSE(status.hosts(0).alive());
+  EXPECT_EQ(status.hosts(0).left(), "device 0 is stuck in 'spin'");
+  beat.clear_leaving();
+  EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kExpired);
+
+  // A supervisor's new process at the address registers at once, and serves.
+  auto again = registry.RegisterWorker(fresh, now);
+  ASSERT_TRUE(again.ok()) << again.status();
+  beat.set_incarnation("fresh");
+  beat.set_host_id(again->host_id());
+  EXPECT_EQ(registry.Heartbeat(beat, now + absl::Milliseconds(100)), ClusterRegistry::Beat::kAlive);
+  EXPECT_TRUE(registry.Status(now).hosts(0).left().empty());
+}
+
 }  // namespace
 }  // namespace pathways

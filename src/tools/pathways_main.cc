@@ -1,6 +1,7 @@
 // `pathways`: one binary, with subcommands for the controller, a worker, cluster status and the
 // demo.
 #include <cerrno>
+#include <cstdlib>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -45,6 +46,8 @@ constexpr char kUsage[] =
     "             [--stream-port N] (hosts' dataflow and clients' schedule streams over plain TCP; default any)\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
+    "         [--computation-timeout-ms N] (a device on one computation longer is stuck: the worker\n"
+    "         leaves; 0 never; default 600000)\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
     "         [--data-dir DIR] [--checkpoint-dir DIR]  (where compiled functions may read training data\n"
     "         and keep checkpoint shards; neither by default) [--max-connections N]\n"
@@ -220,6 +223,15 @@ absl::Status RunWorker(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t memory_wait_ms, flags.GetInt("memory-wait-ms", 10'000));
   if (memory_wait_ms < 0) return absl::InvalidArgumentError("--memory-wait-ms must not be negative");
   options.memory_wait = absl::Milliseconds(memory_wait_ms);
+  PW_ASSIGN_OR_RETURN(int64_t computation_ms, flags.GetInt("computation-timeout-ms", 600'000));
+  // A computation's time includes the memory and collective waits it makes: a limit within them
+  // would call a device stuck that only waits for a slow peer.
+  if (computation_ms != 0 && (computation_ms < 0 || computation_ms <= collective_ms + memory_wait_ms)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--computation-timeout-ms must be 0 (none) or more than --collective-timeout-ms plus --memory-wait-ms (",
+        collective_ms + memory_wait_ms, "), got ", computation_ms));
+  }
+  options.computation_timeout = computation_ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(computation_ms);
   PW_ASSIGN_OR_RETURN(options.device_memory_bytes, flags.GetBytes("device-memory", int64_t{1} << 30));
   if (island < 0 || island > 1 << 20) return absl::InvalidArgumentError("--island must be non-negative");
   if (threads < 1 || threads > 256) return absl::InvalidArgumentError("--intra-op-threads must be 1..256");
@@ -285,6 +297,13 @@ absl::Status RunWorker(const Flags& flags) {
   std::fflush(stdout);
   WaitForTerminationSignal();
   absl::MutexLock lock(&left_mu);
+  for (const auto& w : workers) {
+    if (!w->stuck()) continue;
+    // Its stuck device thread cannot be stopped, so shutting down would wait for it forever.
+    std::fprintf(stderr, "pathways: %s\n", left->ToString().c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   return *left;
 }
 
@@ -317,6 +336,7 @@ absl::Status RunStatus(const Flags& flags) {
     for (const rpc::HostStatus* h : hosts) {
       std::printf("  host %d  %-21s %-5s heartbeat %lld ms ago\n", h->host_id(), h->address().c_str(),
                   h->alive() ? "alive" : "DEAD", static_cast<long long>(h->millis_since_heartbeat()));
+      if (!h->left().empty()) std::printf("    left: %s\n", h->left().c_str());
       for (const auto& d : h->devices()) {
         std::printf("    device %-4d %s:%d  at (%s)  memory %lld / %lld bytes used (peak %lld)  ran %lld  busy %lld us\n",
                     d.device_id(), d.kind().c_str(), d.local_index(), absl::StrJoin(d.coords(), ",").c_str(),
@@ -368,7 +388,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "http-port", "stream-port"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands", "wait-for-go"}, RunTenant},

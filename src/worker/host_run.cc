@@ -221,12 +221,13 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
   Device* device = devices_[node.slice->local_devices[shard]].get();
   WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
   collective::CollectiveHub* hub = &collectives_;
+  ComputationWatch* watch = &watch_;
   // Enqueued now, in the order runs are applied here; the device waits for the inputs when it
   // reaches the item (an in-order stream, like an accelerator's).
   Future<std::vector<BufferPtr>> inputs = JoinAll(piece_futures);
   // The closure holds the program, and so the node's plan, until the work is done (the client
   // may be collected meanwhile).
-  device->Enqueue([device, exe, plans, outputs, entry, node_index, shard, fail, label, hub,
+  device->Enqueue([device, exe, plans, outputs, entry, node_index, shard, fail, label, hub, watch,
                    memory_wait = options_.memory_wait, inputs = std::move(inputs), tracker = std::move(tracker),
                    donations_dropped = std::move(donations_dropped)]() {
     const NodePlan& node_plan = entry->nodes[node_index];
@@ -280,8 +281,11 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
       PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
       return results;
     };
-    const int64_t start_us = absl::ToUnixMicros(absl::Now());
+    const absl::Time start = absl::Now();
+    watch->Begin(device->local_index(), label, start);
     auto results = run();
+    watch->End(device->local_index());
+    const int64_t start_us = absl::ToUnixMicros(start);
     const int64_t end_us = absl::ToUnixMicros(absl::Now());
     device->RecordTrace({label, start_us, end_us});  // before results show
     if (tracker) tracker->ShardDone(end_us - start_us);

@@ -38,6 +38,7 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       dcn_(options_.dcn.enabled() ? std::make_shared<DcnEmulation>(options_.island, options_.dcn) : nullptr),
       links_(LinksFor(options_, dcn_.get())),
       collectives_(options_.name, links_, options_.collective_timeout),
+      watch_(options_.num_devices),
       functions_(options_.backend.compiler()),
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),

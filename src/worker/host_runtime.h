@@ -23,6 +23,7 @@
 #include "dataflow/grpc_transport.h"
 #include "worker/lowered_program.h"
 #include "worker/host_control.h"
+#include "worker/computation_watch.h"
 #include "worker/object_store.h"
 #include "worker/op_sequencer.h"
 #include "worker/program_plan.h"
@@ -83,6 +84,8 @@ class HostRuntime {
   int num_devices() const { return static_cast<int>(devices_.size()); }
   Device& device(int i) { return *devices_[i]; }
   ObjectStore& store() { return store_; }
+  // What the devices compute now and since when (a device stuck in one computation).
+  const ComputationWatch& computations() const { return watch_; }
   // Whether this host can meet other hosts (for collectives and blocks): false without a
   // rendezvous, or when its links could not listen.
   bool has_links() const { return links_ != nullptr; }
@@ -208,6 +211,7 @@ class HostRuntime {
   const std::shared_ptr<DcnEmulation> dcn_;  // null unless emulating; links learn islands from programs
   const std::shared_ptr<collective::TcpLinks> links_;  // null without a rendezvous store
   collective::CollectiveHub collectives_;  // used by device threads; outlives them (see ~HostRuntime)
+  ComputationWatch watch_;  // used by device threads; outlives them
   std::vector<std::unique_ptr<Device>> devices_;
   ObjectStore store_;
   std::unique_ptr<collective::BlockStreams> blocks_;  // null without links; lands blocks in store_

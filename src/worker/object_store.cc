@@ -88,7 +88,8 @@ int ObjectStore::DropClient(const std::string& client, const absl::Status& why) 
 }
 
 absl::Status ObjectStore::Departed(const std::string& host, const TransferId& id) {
-  return absl::UnavailableError(absl::StrCat("host ", host, " left the cluster (it stopped heartbeating); a block of run ",
+  return absl::UnavailableError(absl::StrCat("host ", host, " left the cluster (it stopped heartbeating, or said why it left: "
+                                             "`pathways status` shows it); a block of run ",
                                              id.epoch, " it was to send will not come"));
 }
 

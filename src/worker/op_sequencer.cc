@@ -12,10 +12,11 @@ constexpr size_t kMaxWaitingOpsPerClient = 1 << 20;
 constexpr size_t kMaxRememberedDropped = 1 << 16;
 }  // namespace
 
-OpSequencer::OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout)
+OpSequencer::OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout, Limits limits)
     : apply_(std::move(apply)),
       retire_(std::move(retire)),
       gap_timeout_(gap_timeout),
+      limits_(limits),
       watchdog_([this] { WatchGaps(); }) {}
 
 OpSequencer::~OpSequencer() {
@@ -60,14 +61,28 @@ absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::
                                                          " is not new (applied up to ", c.applied, ")"));
         continue;
       }
-      if (c.waiting.size() >= kMaxWaitingOpsPerClient) {
-        status = absl::ResourceExhaustedError(absl::StrCat("client ", client, " has ", c.waiting.size(),
-                                                           " ops waiting for earlier ones"));
-        continue;
+      size_t charged = 0;
+      if (seq != c.applied + 1) {  // it waits: within the limits
+        const size_t bytes = op.ByteSizeLong();
+        const size_t client_bytes = waiting_bytes_.contains(client) ? waiting_bytes_[client] : 0;
+        if (c.waiting.size() >= kMaxWaitingOpsPerClient || client_bytes + bytes > limits_.waiting_bytes_per_client ||
+            total_waiting_bytes_ + bytes > limits_.waiting_bytes) {
+          status = absl::ResourceExhaustedError(absl::StrCat(
+              "op ", seq, " of client ", client, " (", bytes, " bytes) would wait for earlier ones, and this host ",
+              "already holds ", c.waiting.size(), " such ops of ", client_bytes, " bytes for the client, ",
+              total_waiting_bytes_, " for all clients (at most ", kMaxWaitingOpsPerClient, " ops, ",
+              limits_.waiting_bytes_per_client, " and ", limits_.waiting_bytes,
+              " bytes): send fewer ops ahead of the runs they follow"));
+          continue;
+        }
+        charged = bytes;
+        waiting_bytes_[client] += bytes;
+        total_waiting_bytes_ += bytes;
+        c.waiting_bytes += bytes;
       }
-      c.waiting.emplace(seq, std::move(op));
+      c.waiting.emplace(seq, std::make_pair(std::move(op), charged));
+      AdvanceLocked(client, c, settle);  // an op next in sequence is applied at once, never held
     }
-    AdvanceLocked(client, c, settle);
     DrainLocked(settle);
   }
   Settle(settle);
@@ -132,20 +147,34 @@ void OpSequencer::DropClientLocked(const std::string& client, Settlements& settl
       continue;
     }
     for (auto& [seq, p] : it->second.waiters) settle.emplace_back(std::move(p), why);
+    total_waiting_bytes_ -= it->second.waiting_bytes;
     clients_.erase(it++);
   }
+  waiting_bytes_.erase(client);
+}
+
+rpc::Op OpSequencer::TakeFirstWaitingLocked(const std::string& client, ClientState& c) {
+  auto it = c.waiting.begin();
+  auto [op, charged] = std::move(it->second);
+  c.waiting.erase(it);
+  if (charged > 0) {
+    c.waiting_bytes -= charged;
+    total_waiting_bytes_ -= charged;
+    auto counted = waiting_bytes_.find(client);
+    if ((counted->second -= charged) == 0) waiting_bytes_.erase(counted);
+  }
+  return op;
 }
 
 void OpSequencer::AdvanceLocked(const std::string& client, ClientState& c, Settlements& settle) {
   while (!c.waiting.empty()) {
     auto it = c.waiting.begin();
     if (it->first <= c.applied) {  // skipped over by the gap watchdog
-      c.waiting.erase(it);
+      TakeFirstWaitingLocked(client, c);
       continue;
     }
     if (it->first != c.applied + 1) break;
-    rpc::Op op = std::move(it->second);
-    c.waiting.erase(it);
+    rpc::Op op = TakeFirstWaitingLocked(client, c);
     c.applied = op.seq();
     apply_(client, op);
   }

@@ -17,6 +17,13 @@
 
 namespace pathways {
 
+// What ops that came early may hold, in bytes (their serialised size): a client sends ops ahead
+// of runs the island has not scheduled yet, but not without bound.
+struct OpSequencerLimits {
+  size_t waiting_bytes_per_client = size_t{1} << 30;
+  size_t waiting_bytes = size_t{4} << 30;  // all clients together
+};
+
 // Ops reach a host two ways: directly from their client (puts, frees, program registrations),
 // and through the island scheduler (runs, in the island's order). Each op carries its place in
 // its client's sequence for this host. The sequencer applies:
@@ -37,11 +44,12 @@ class OpSequencer {
   // Called when a scheduled op retires a client (it went away), at that op's place in the
   // island's order, under the sequencer's lock (it must not call back into the sequencer).
   using RetireFn = std::function<void(const std::string& client)>;
-  OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout);
+  using Limits = OpSequencerLimits;
+  OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout, Limits limits = {});
   ~OpSequencer();
 
-  // InvalidArgument for ops without a sequence number or with one already used; the others
-  // are still applied in turn.
+  // InvalidArgument for ops without a sequence number or with one already used, ResourceExhausted
+  // for an op that would have to wait beyond the limits; the others are still applied in turn.
   absl::Status AddDirect(const std::string& client, std::vector<rpc::Op> ops);
   absl::Status AddScheduled(std::vector<rpc::ScheduledOp> ops);
   // Completes once the client's ops up to `seq` of `session` are applied (or skipped).
@@ -54,7 +62,10 @@ class OpSequencer {
  private:
   struct ClientState {
     int64_t applied = 0;                // every op up to here is applied or skipped
-    std::map<int64_t, rpc::Op> waiting;  // direct ops that came early
+    // Direct ops that came early, with the bytes charged to the limits for them (none for an op
+    // that is next when it comes: it is applied at once).
+    std::map<int64_t, std::pair<rpc::Op, size_t>> waiting;
+    size_t waiting_bytes = 0;  // charged for this session's waiting ops
     std::multimap<int64_t, Promise<Unit>> waiters;
   };
   // Waiters to answer once the lock is released (their continuations may run inline).
@@ -71,8 +82,15 @@ class OpSequencer {
 
   const ApplyFn apply_;
   const RetireFn retire_;
+  // Takes the first waiting op of `c` out, and what was charged for it off the byte counts.
+  rpc::Op TakeFirstWaitingLocked(const std::string& client, ClientState& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const absl::Duration gap_timeout_;
+  const Limits limits_;
   absl::Mutex mu_;
+  // Bytes of waiting ops by client (all its sessions), and in all.
+  absl::flat_hash_map<std::string, size_t> waiting_bytes_ ABSL_GUARDED_BY(mu_);
+  size_t total_waiting_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // By client and session: each session is its own sequence.
   absl::flat_hash_map<std::pair<std::string, int64_t>, ClientState> clients_ ABSL_GUARDED_BY(mu_);
   // Clients that went away, so that their late ops are refused; the oldest are forgotten beyond

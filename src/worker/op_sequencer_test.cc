@@ -67,5 +67,39 @@ TEST_F(OpSequencerTest, AGapOfAClientWhoseRetirementIsQueuedClosesAtOnce) {
   EXPECT_FALSE(sequencer_.AddDirect("gone", {Direct(1, 7)}).ok());
 }
 
+// Ops that came early are held within byte limits, per client and in all; an op next in its
+// sequence is applied at once and never counted, however large; what was held is released once
+// it is applied.
+TEST(OpSequencerLimitsTest, OpsHeldForEarlierOnesAreBoundedInBytes) {
+  std::vector<int64_t> applied;
+  OpSequencer sequencer([&](const std::string&, const rpc::Op& op) { applied.push_back(op.seq()); },
+                        [](const std::string&) {}, absl::Hours(1),
+                        OpSequencer::Limits{.waiting_bytes_per_client = 3000, .waiting_bytes = 5000});
+  auto put = [](int64_t seq, int64_t session, size_t bytes) {
+    rpc::Op op = Direct(seq, session);
+    op.mutable_put()->set_data(std::string(bytes, 'x'));
+    return op;
+  };
+  // Larger than every limit, but next in sequence: applied.
+  ASSERT_TRUE(sequencer.AddDirect("a", {put(1, 1, 10000)}).ok());
+  // Op 2 is a run the island has not scheduled yet: 3 and 4 wait for it; 5 is past the client's limit.
+  ASSERT_TRUE(sequencer.AddDirect("a", {put(3, 1, 1400), put(4, 1, 1400)}).ok());
+  absl::Status over = sequencer.AddDirect("a", {put(5, 1, 1400)});
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_NE(over.message().find("client a"), std::string::npos) << over;
+  // Another session of the same client counts against the same limit.
+  EXPECT_EQ(sequencer.AddDirect("a", {put(2, 2, 1400)}).code(), absl::StatusCode::kResourceExhausted);
+  // Another client has its own, up to the limit of all clients together (5000 bytes).
+  ASSERT_TRUE(sequencer.AddDirect("b", {put(2, 1, 1400)}).ok());
+  EXPECT_EQ(sequencer.AddDirect("b", {put(3, 1, 1400)}).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(applied, (std::vector<int64_t>{1}));
+
+  // The run comes: 3 and 4 go, and what they held is free again.
+  ASSERT_TRUE(sequencer.AddScheduled({Scheduled("a", 2, 1)}).ok());
+  EXPECT_EQ(applied, (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(sequencer.AddDirect("a", {put(6, 1, 1400)}).ok());  // waits for the refused 5
+  EXPECT_TRUE(sequencer.AddDirect("b", {put(3, 1, 1400)}).ok());
+}
+
 }  // namespace
 }  // namespace pathways

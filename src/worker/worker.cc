@@ -1,11 +1,14 @@
 #include "worker/worker.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "compute/checkpoint_files.h"
 #include "compute/text_source.h"
 #include "core/logging.h"
+#include "dataflow/stream_peer.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/auth.h"
@@ -29,6 +32,21 @@ class ControllerRendezvous : public collective::KeyValueStore {
  private:
   ControllerClient controller_;
 };
+
+// gRPC message limits sized from what the protocol carries, not a blanket size that any peer
+// could make this process buffer: a request holds at most one shard's data (a put through gRPC,
+// when the data stream is not used) or one dataflow batch; a response at most this host's shards
+// of one array (a fetch).
+int MessageLimit(int64_t bytes) {
+  return static_cast<int>(std::min<int64_t>(bytes + (int64_t{1} << 20), std::numeric_limits<int>::max()));
+}
+int ReceiveLimit(const WorkerOptions& o) {
+  return MessageLimit(std::max<int64_t>(dataflow::kMaxDataflowFrameBytes, o.device_memory_bytes));
+}
+int SendLimit(const WorkerOptions& o) {
+  const int64_t most = std::numeric_limits<int>::max();
+  return MessageLimit(o.device_memory_bytes > most / o.num_devices ? most : o.num_devices * o.device_memory_bytes);
+}
 
 }  // namespace
 
@@ -61,8 +79,8 @@ absl::Status Worker::Start() {
   ConfigureServer(builder);
   int port = 0;
   builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(1 << 30);
-  builder.SetMaxSendMessageSize(1 << 30);
+  builder.SetMaxReceiveMessageSize(ReceiveLimit(options_));
+  builder.SetMaxSendMessageSize(SendLimit(options_));
   builder.RegisterService(service_.get());
   builder.RegisterService(&dataflow_service_);
   PW_ASSIGN_OR_RETURN(server_, StartServer(builder, "worker", options_.listen_address, &port));
@@ -188,6 +206,14 @@ absl::Status Worker::Register() {
   return absl::OkStatus();
 }
 
+absl::Status Worker::StuckDevice() const {
+  const absl::Duration limit = options_.computation_timeout;
+  if (limit <= absl::ZeroDuration() || limit == absl::InfiniteDuration()) return absl::OkStatus();
+  std::optional<ComputationWatch::Overrun> overrun = runtime_->computations().LongerThan(limit, absl::Now());
+  if (!overrun.has_value()) return absl::OkStatus();
+  return absl::UnavailableError(DescribeOverrun(address_, *overrun, limit));
+}
+
 void Worker::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(heartbeat_ms_.load()))) {
     rpc::HeartbeatRequest request;
@@ -196,6 +222,20 @@ void Worker::HeartbeatLoop() {
     request.set_incarnation(incarnation_);
     DescribeDevices(request.mutable_devices(), /*recent_work=*/true);
     runtime_->DescribeCounters(request.mutable_counters());
+    // Liveness on progress, not only on heartbeats: the process answers, but a device that makes
+    // none holds every later gang of its island on this host. The controller hears why at once
+    // (not after its heartbeat timeout), and the worker leaves.
+    if (absl::Status stuck = StuckDevice(); !stuck.ok()) {
+      PW_LOG(Error) << stuck.message();
+      request.set_leaving(std::string(stuck.message()));
+      if (auto told = controller_->Heartbeat(request); !told.ok()) {
+        PW_LOG(Warning) << "the controller was not told (it declares this host dead once its heartbeats stop): "
+                        << told.status();
+      }
+      stuck_ = true;
+      if (options_.on_left) options_.on_left(stuck);
+      return;
+    }
     auto response = controller_->Heartbeat(request);
     if (!response.ok()) {
       PW_LOG(Warning) << "heartbeat to " << controller_->address() << " failed: " << response.status();

@@ -58,6 +58,10 @@ struct WorkerOptions {
   // peers gave up on it), so it leaves; a new process rejoins as a new incarnation. The
   // `pathways worker` command exits with this status. Null: the worker only stops heartbeating.
   std::function<void(const absl::Status&)> on_left;
+  // A device that has run one computation longer than this is stuck (see ComputationWatch): the
+  // worker tells the controller why and leaves, with on_left, as above; its runs fail. Zero or
+  // infinite: never.
+  absl::Duration computation_timeout = absl::Minutes(10);
 };
 
 // Start() serves and registers; the destructor stops heartbeats and the server. Thread-safe.
@@ -73,10 +77,15 @@ class Worker {
   const std::string& address() const { return address_; }
   int32_t host_id() const { return host_id_.load(); }
   HostRuntime& runtime() { return *runtime_; }
+  // Whether it left because a device was stuck in a computation: its device threads cannot be
+  // stopped, so the process cannot shut down cleanly and should exit at once.
+  bool stuck() const { return stuck_.load(); }
 
  private:
   absl::Status Register();
   void HeartbeatLoop();
+  // Why the worker must leave because a device is stuck in a computation; OK when none is.
+  absl::Status StuckDevice() const;
   rpc::RegisterWorkerRequest RegistrationRequest();
   // `recent_work`: also each device's work since the last call that asked for it (heartbeats).
   void DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices, bool recent_work = false);
@@ -93,6 +102,7 @@ class Worker {
   std::string address_;
   std::atomic<int32_t> host_id_{-1};
   std::atomic<int64_t> heartbeat_ms_{500};
+  std::atomic<bool> stuck_{false};
   absl::Notification stop_;
   std::thread heartbeat_thread_;
   std::vector<int64_t> work_reported_until_us_;  // per device; the heartbeat thread's own

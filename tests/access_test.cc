@@ -1,0 +1,352 @@
+// Who may use a cluster of real processes, and what: tokens, tenants kept from each other's data,
+// TLS, and addresses that have one owner.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/client.h"
+#include "dataflow/stream_peer.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "multiprocess_fixture.h"
+#include "testing/subprocess.h"
+#include "transport/auth.h"
+#include "transport/controller_client.h"
+#include "transport/schedule_stream.h"
+#include "transport/worker_client.h"
+
+namespace pathways {
+namespace {
+
+// Access control: a controller and worker that require a token refuse every call without it,
+// with Unauthenticated; status says so; with the token everything works.
+TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
+  Subprocess controller, worker;
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", "s3cret"}).ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "2", "--token", "s3cret"})
+                  .ok());
+  ASSERT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());  // it registered: it has the token
+
+  auto status = [&](const std::string& token_flag) {
+    return *RunCommand({"/bin/sh", "-c",
+                        absl::StrCat("env -u PATHWAYS_TOKEN ", PATHWAYS_BINARY, " status --controller ", address, " ",
+                                     token_flag, " 2>&1; echo exit=$?")},
+                       absl::Seconds(30));
+  };
+  std::string none = status("");
+  EXPECT_NE(none.find("requires a token"), std::string::npos) << none;
+  EXPECT_NE(none.find("exit=1"), std::string::npos) << none;
+  std::string wrong = status("--token guess");
+  EXPECT_NE(wrong.find("not this cluster's"), std::string::npos) << wrong;
+  std::string right = status("--token s3cret");
+  EXPECT_NE(right.find("1 islands, 1 hosts"), std::string::npos) << right;
+
+  // The client library sends the process's token (PATHWAYS_TOKEN, or SetCallToken).
+  SetCallToken("");
+  auto refused = Client::Connect(address);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
+  SetCallToken("s3cret");
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
+  client->reset();
+  SetCallToken("");  // the fixture's cluster needs none
+  EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
+}
+
+// One tenant tries every path into another's data and lease. It holds the cluster's token and
+// knows the victim's id (as from a log), its array and slice ids (they count from 1), and has a
+// valid identity of its own. Each call is refused; afterwards the victim's data and lease are whole.
+TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  ShardedArray y = (*client_->Call(inc, slice, {x}))[0];
+  ASSERT_TRUE(client_->Fetch(y).Await().ok());
+
+  const std::string victim = client_->id();
+  const ClientIdentity thief = NewClientIdentity();
+  auto refused = [](const absl::Status& s, const char* path) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << path << ": " << s;
+  };
+  // Every way a call can name the victim: no credential, the thief's own, a made-up one.
+  const std::vector<std::string> forged = {"", thief.credential, std::string(64, '0')};
+  ControllerClient controller(address_);
+  for (const std::string& credential : forged) {
+    refused(controller.ClientHeartbeat({victim, credential}, /*goodbye=*/true).status(), "goodbye");
+    rpc::SliceStatesRequest states;
+    states.set_client_id(victim);
+    states.set_credential(credential);
+    refused(controller.SliceStates(states).status(), "SliceStates");
+    rpc::RemapSliceRequest remap;
+    remap.set_client_id(victim);
+    remap.set_credential(credential);
+    remap.set_slice_id(slice.id());
+    refused(controller.RemapSlice(remap).status(), "RemapSlice");
+    rpc::AllocateSliceRequest allocate;
+    allocate.set_client_id(victim);
+    allocate.set_credential(credential);
+    allocate.add_mesh_shape(8);
+    refused(controller.AllocateSlice(allocate).status(), "AllocateSlice");
+    rpc::ScheduleRequest schedule;
+    schedule.set_client_id(victim);
+    schedule.set_credential(credential);
+    schedule.add_runs()->mutable_run()->set_program_id(1);
+    refused(controller.Schedule(schedule).AwaitFor(absl::Seconds(30)).status(), "Schedule");
+    for (const std::string& host : worker_addresses_) {
+      std::shared_ptr<WorkerClient> worker = WorkerClientCache::Global().Get(host);
+      for (ArrayId id : {x.id(), y.id()}) {
+        rpc::FetchRequest fetch;
+        fetch.set_client_id(victim);
+        fetch.set_credential(credential);
+        fetch.set_array_id(id.value());
+        for (int s = 0; s < 8; ++s) fetch.add_shards(s);
+        refused(worker->Fetch(fetch, 1 << 20).AwaitFor(absl::Seconds(30)).status(), "Fetch");
+        rpc::EnqueueRequest free;
+        free.set_client_id(victim);
+        free.set_credential(credential);
+        free.add_ops()->mutable_free()->set_array_id(id.value());
+        refused(worker->Enqueue(std::make_shared<rpc::EnqueueRequest>(free)).AwaitFor(absl::Seconds(30)).status(), "Enqueue");
+      }
+      rpc::GetTraceRequest trace;
+      trace.set_client_id(victim);
+      trace.set_credential(credential);
+      refused(worker->GetTrace(trace).AwaitFor(absl::Seconds(30)).status(), "GetTrace");
+    }
+  }
+  // Under its own identity the thief reaches only its own (empty) namespace.
+  for (const std::string& host : worker_addresses_) {
+    rpc::FetchRequest fetch;
+    fetch.set_client_id(thief.id);
+    fetch.set_credential(thief.credential);
+    fetch.set_array_id(x.id().value());
+    fetch.add_shards(0);
+    auto got = WorkerClientCache::Global().Get(host)->Fetch(fetch, 1 << 20).AwaitFor(absl::Seconds(30));
+    EXPECT_FALSE(got.ok());
+    EXPECT_NE(got.status().code(), absl::StatusCode::kUnauthenticated) << got.status();
+  }
+  // Nor can it run work on the devices leased to the victim: a run naming a host where it has no
+  // slice is refused (before this check, the controller scheduled it).
+  for (const std::string& host : worker_addresses_) {
+    rpc::ScheduleRequest schedule;
+    schedule.set_client_id(thief.id);
+    schedule.set_credential(thief.credential);
+    rpc::GangRun* run = schedule.add_runs();
+    run->mutable_run()->set_program_id(1);
+    run->add_hosts()->set_host(host);
+    auto scheduled = controller.Schedule(schedule).AwaitFor(absl::Seconds(30));
+    EXPECT_EQ(scheduled.status().code(), absl::StatusCode::kPermissionDenied) << scheduled.status();
+    EXPECT_NE(scheduled.status().message().find("has no slice"), std::string::npos) << scheduled.status();
+  }
+  // `status` shows the victim by a label, not by its id.
+  auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", address_}, absl::Seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->find(victim), std::string::npos) << *status;
+
+  // The victim's lease held through a whole lease period (1 s here) after the forged goodbyes,
+  // and its data is intact: this waits out a span in which nothing may happen.
+  absl::SleepFor(absl::Milliseconds(1500));
+  auto again = client_->Fetch(y).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(again->data<float>()[i], Pattern({8}, 1.0f).data<float>()[i] + 1);
+  auto z = client_->Fetch((*client_->Call(inc, slice, {y}))[0]).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(z.ok()) << z.status();
+}
+
+// TLS: a controller and worker serving with a certificate; status and a client job that trust its
+// CA work, one that does not cannot connect.
+TEST_F(MultiProcessTest, ClustersServeTlsWhenGivenACertificate) {
+  const std::string dir = ::testing::TempDir() + "/pathways_tls";
+  auto made = RunCommand({"/bin/sh", "-c",
+                          absl::StrCat("mkdir -p ", dir, " && openssl req -x509 -newkey rsa:2048 -nodes -days 1",
+                                       " -keyout ", dir, "/key.pem -out ", dir, "/cert.pem -subj /CN=127.0.0.1",
+                                       " -addext subjectAltName=IP:127.0.0.1 2>&1; echo exit=$?")},
+                         absl::Seconds(60));
+  ASSERT_TRUE(made.ok() && made->find("exit=0") != std::string::npos) << (made.ok() ? *made : made.status().ToString());
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  Subprocess controller, worker;
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                                "--tls-key", key, "--tls-ca", cert})
+                  .ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "2", "--tls-cert", cert,
+                            "--tls-key", key, "--tls-ca", cert})
+                  .ok());
+  ASSERT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());  // it registered over TLS
+
+  auto run = [&](const std::string& args) {
+    return *RunCommand({"/bin/sh", "-c",
+                        absl::StrCat("env -u PATHWAYS_TLS_CA ", PATHWAYS_BINARY, " ", args, " 2>&1; echo exit=$?")},
+                       absl::Seconds(60));
+  };
+  std::string plain = run(absl::StrCat("status --controller ", address));
+  EXPECT_NE(plain.find("exit=1"), std::string::npos) << plain;
+  std::string trusted = run(absl::StrCat("status --controller ", address, " --tls-ca ", cert));
+  EXPECT_NE(trusted.find("1 islands, 1 hosts"), std::string::npos) << trusted;
+  std::string job = run(absl::StrCat("tenant --controller ", address, " --tls-ca ", cert, " --devices 2 --runs 20"));
+  EXPECT_NE(job.find("CHECK PASSED"), std::string::npos) << job;
+  EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
+}
+
+TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
+  // A second worker on a running worker's port, a second controller on the controller's.
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen ", worker_addresses_[0])),
+              "cannot listen on " + worker_addresses_[0]);
+  ExpectFailedSaying(RunToEnd(absl::StrCat("controller --listen ", address_)), "cannot listen on " + address_);
+  // Ports out of range, and a port file that cannot be written.
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen 127.0.0.1:70000")), "70000");
+  ExpectFailedSaying(RunToEnd("worker --controller 127.0.0.1:65536"), "65536");
+  ExpectFailedSaying(RunToEnd("controller --listen 127.0.0.1:0 --port-file /nonexistent-dir/port"), "--port-file");
+  // A wildcard address, which they would give others to reach them by.
+  ExpectFailedSaying(RunToEnd("controller --listen 0.0.0.0:0"), "a wildcard reaches no one");
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen [::]:0")), "a wildcard reaches no one");
+  // The cluster is untouched: both workers still serve the client.
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  EXPECT_EQ(slice.host_addresses().size(), 2u);
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  auto out = client_->Fetch((*client_->Call(inc, slice, {x}))[0]).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->data<float>()[0], Pattern({8}, 1.0f).data<float>()[0] + 1);
+}
+
+TEST_F(MultiProcessTest, AWorkersDataAndLinkPortsCanBeFixedAndAreItsAlone) {
+  const int data_port = FreePort(), link_port = FreePort();
+  ASSERT_GT(data_port, 0);
+  ASSERT_GT(link_port, 0);
+  Subprocess fixed;
+  auto served = StartWorker(fixed, {PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4",
+                                    "--device-memory", "256MiB", "--data-port", absl::StrCat(data_port),
+                                    "--link-port", absl::StrCat(link_port)});
+  ASSERT_TRUE(served.ok()) << served.status();
+  // Another worker asking for either port exits at once, naming it.
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --link-port ", link_port)),
+              absl::StrCat("cannot listen for other hosts on port ", link_port));
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port ", data_port)),
+              absl::StrCat("cannot serve its data stream on port ", data_port));
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --data-port 70000")),
+              "--data-port must be in 0..65535");
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --hosts 2 --link-port 7100")),
+              "the hosts cannot share a port");
+  // The worker with fixed ports serves: puts and fetches through its data stream, and an
+  // all_reduce with the other two workers over its links.
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {12}});
+  ASSERT_EQ(slice.host_addresses().size(), 3u);
+  const TensorSpec row{DType::kF32, {12}};
+  auto sum = *client_->Compile(FunctionSpec::Builtin("all_reduce_sum", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Pattern({12}, 1.0f), slice, {"x"});
+  auto out = client_->Fetch((*client_->Call(sum, slice, {x}))[0]).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(out.ok()) << out.status();
+  float want = 0;
+  for (int i = 0; i < 12; ++i) want += Pattern({12}, 1.0f).data<float>()[i];
+  EXPECT_EQ(out->data<float>()[0], want);
+  EXPECT_EQ(fixed.Stop(SIGTERM) & 0x7f, 0);
+}
+
+// Tenants show the token, hosts the cluster token: a process with only the tenants' token runs
+// jobs, but is refused every call that only hosts and the controller make.
+TEST_F(MultiProcessTest, ATenantsTokenDoesNotOpenTheCallsOfHosts) {
+  Subprocess controller, worker;
+  ASSERT_TRUE(controller
+                  .Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", "tenants",
+                          "--cluster-token", "hosts"})
+                  .ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker
+                  .Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "2", "--token", "tenants",
+                          "--cluster-token", "hosts"})
+                  .ok());
+  auto ready = worker.WaitForLine("serving", kStartTimeout);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  const std::string worker_address = ready->substr(7, ready->find(' ', 7) - 7);
+
+  // A worker with only the tenants' token is refused at once, with a reason.
+  auto impostor = RunToEnd(absl::StrCat("worker --controller ", address, " --devices 2 --token tenants"));
+  EXPECT_TRUE(WIFEXITED(impostor.first) && WEXITSTATUS(impostor.first) != 0) << impostor.second;
+  EXPECT_NE(impostor.second.find("refused to register"), std::string::npos) << impostor.second;
+
+  SetCallToken("tenants");
+  {
+    auto client = Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
+
+    ControllerClient as_host(address);
+    rpc::RegisterWorkerRequest reg;
+    reg.set_address("127.0.0.1:1");
+    reg.add_devices();
+    EXPECT_EQ(as_host.RegisterWorker(reg).status().code(), absl::StatusCode::kUnauthenticated);
+    rpc::HeartbeatRequest beat;
+    EXPECT_EQ(as_host.Heartbeat(beat).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(as_host.RendezvousSet("collective-links/" + worker_address, "127.0.0.1:1").code(),
+              absl::StatusCode::kUnauthenticated);
+    rpc::ControlGraph graph;
+    auto joined = WorkerClientCache::Global().Get(worker_address)->JoinControlGraph(graph).AwaitFor(absl::Seconds(30));
+    EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnauthenticated) << joined.status();
+
+    // The plain TCP streams hold the same line: the tenants' token finds the controller's stream
+    // listener and opens a schedule stream there, but no dataflow stream, to it or to a worker.
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    grpc::ClientContext context;
+    AttachCallToken(context);
+    rpc::StreamPortResponse port;
+    ASSERT_TRUE(rpc::Dataflow::NewStub(channel)->StreamPort(&context, rpc::StreamPortRequest(), &port).ok());
+    ASSERT_GT(port.port(), 0);
+    EXPECT_TRUE(ScheduleStream::Connect(address, "127.0.0.1", port.port(), absl::Seconds(5)).ok());
+    grpc::ClientContext ping_context;
+    AttachCallToken(ping_context);
+    rpc::PingResponse pong;
+    ASSERT_TRUE(rpc::Worker::NewStub(grpc::CreateChannel(worker_address, grpc::InsecureChannelCredentials()))
+                    ->Ping(&ping_context, rpc::PingRequest(), &pong)
+                    .ok());
+    const int worker_data_port = pong.data_port();
+    ASSERT_GT(worker_data_port, 0);
+    for (int stream_port : {port.port(), worker_data_port}) {
+      auto fd = DialStream("test", "127.0.0.1", stream_port, dataflow::kDataflowStreamMagic, "tenants", absl::Seconds(5));
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      auto refused = ReadStreamHeader(*fd, absl::Seconds(5), "test");
+      ASSERT_TRUE(refused.ok()) << refused.status();
+      EXPECT_EQ(HeaderStatus(*refused).code(), absl::StatusCode::kUnauthenticated) << refused->message();
+      close(*fd);
+    }
+
+    // The cluster still serves the tenant.
+    ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
+  }
+  SetCallToken("");  // the fixture's cluster needs none
+  EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
+}
+
+
+// A worker takes messages as large as its protocol needs (one shard of its device memory, one
+// dataflow batch), not more: a larger one is refused before it is read into memory, and the
+// worker serves on.
+TEST_F(MultiProcessTest, AMessageLargerThanAnyShardIsRefusedAndTheWorkerServesOn) {
+  auto stub = rpc::Worker::NewStub(grpc::CreateChannel(worker_addresses_[0], grpc::InsecureChannelCredentials()));
+  rpc::EnqueueRequest request;
+  request.set_client_id("whoever");
+  rpc::Op* op = request.add_ops();
+  op->set_seq(1);
+  op->mutable_put()->set_data(std::string((size_t{258} << 20), 'x'));  // the devices hold 256 MiB
+  grpc::ClientContext context;
+  rpc::EnqueueResponse response;
+  grpc::Status sent = stub->Enqueue(&context, request, &response);
+  EXPECT_EQ(sent.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << sent.error_message();
+  request.Clear();
+  ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(*client_));
+}
+
+}  // namespace
+}  // namespace pathways
