@@ -65,6 +65,7 @@ double RawTcp(int64_t bytes) {
 }
 
 int Main(int argc, char** argv) {
+  Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"sizes", "repeats"});
   if (!flags.ok()) {

@@ -351,6 +351,7 @@ int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, cons
 }
 
 int Main(int argc, char** argv) {
+  Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work"});
   if (!flags.ok()) {

@@ -249,6 +249,7 @@ void ShardScalingTable(int repeats) {
 int main(int argc, char** argv) {
   using namespace pathways;
   InitServingProcess();
+  Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   auto flags = Flags::Parse(argc - 1, argv + 1, {"repeats", "max-hosts", "max-stages"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());

@@ -29,6 +29,7 @@ double StatusMiB(pid_t pid, const std::string& field) {
 }
 
 int Main(int argc, char** argv) {
+  Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"device-memory", "cycles"});
   if (!flags.ok()) {

@@ -112,6 +112,7 @@ double MeasureKernelOnly(int64_t calls, int repeats) {
 }
 
 int Main(int argc, char** argv) {
+  Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
   auto flags = Flags::Parse(argc - 1, argv + 1, {"calls", "repeats", "devices"});
   if (!flags.ok()) {

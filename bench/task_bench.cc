@@ -225,6 +225,7 @@ std::string Format(const std::optional<double>& us) {
 }
 
 int Main(int argc, char** argv) {
+  Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
   auto flags =
       Flags::Parse(argc - 1, argv + 1, {"configs", "steps", "elements", "repeats", "iterations"});

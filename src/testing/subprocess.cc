@@ -8,12 +8,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace pathways {
+namespace {
+std::atomic<bool> every_child_dies_with_parent{false};
+}  // namespace
+
+void Subprocess::KillEveryChildWhenParentEnds() { every_child_dies_with_parent = true; }
 
 Subprocess::~Subprocess() {
   if (pid_ > 0) Stop(SIGKILL);
@@ -40,14 +46,17 @@ void Subprocess::CloseStdin() {
 
 absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
   signal(SIGPIPE, SIG_IGN);  // a child that exits early must fail a write, not kill us
-  int fds[2], in_fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0 || pipe2(in_fds, O_CLOEXEC) != 0) {
+  // exec_fds: closed by the exec (O_CLOEXEC), so that the parent knows when the child runs the
+  // program, or reads why it could not.
+  int fds[2], in_fds[2], exec_fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0 || pipe2(in_fds, O_CLOEXEC) != 0 || pipe2(exec_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t parent = getpid();
+  const bool die_with_parent = die_with_parent_ || every_child_dies_with_parent.load();
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
@@ -57,15 +66,33 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (die_with_parent_) {
+    if (die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);  // the parent died before the request took hold
     }
     execv(args[0], args.data());
+    const int error = errno;
+    (void)!write(exec_fds[1], &error, sizeof(error));
     _exit(127);
   }
   close(fds[1]);
   close(in_fds[0]);
+  close(exec_fds[1]);
+  // Returns once the child runs the program: by then it has asked to die with this thread (a
+  // thread that ended before the request took hold would not be noticed, since the child would
+  // be handed to another thread of this process), and a program that cannot run is said so.
+  int error = 0;
+  ssize_t n;
+  do {
+    n = read(exec_fds[0], &error, sizeof(error));
+  } while (n < 0 && errno == EINTR);
+  close(exec_fds[0]);
+  if (n == static_cast<ssize_t>(sizeof(error))) {
+    close(fds[0]);
+    close(in_fds[1]);
+    waitpid(pid, nullptr, 0);
+    return absl::InvalidArgumentError(absl::StrCat("cannot run ", argv.empty() ? "" : argv[0], ": ", strerror(error)));
+  }
   pid_ = pid;
   stdout_fd_ = fds[0];
   stdin_fd_ = in_fds[1];

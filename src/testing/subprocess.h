@@ -25,6 +25,9 @@ class Subprocess {
   // Children started after this are killed when the thread that started them ends (the process
   // killed included): for programs whose children must not outlive them however they end.
   void KillWhenParentEnds() { die_with_parent_ = true; }
+  // The same for every Subprocess of this process from now on: for a program that starts all its
+  // children from its main thread (a benchmark), so that none outlives it when it is killed.
+  static void KillEveryChildWhenParentEnds();
   // Writes one line to the child's stdin.
   absl::Status WriteLine(const std::string& line);
   // The child sees end of input.

@@ -2,10 +2,13 @@
 // deadline stopped (SIGTERM, so that a launcher stops what it started; then SIGKILL).
 #include "testing/subprocess.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -38,6 +41,34 @@ TEST(RunCommandTest, ACommandThatIgnoresSigtermIsKilled) {
                         absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsDeadlineExceeded(out.status())) << out.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+
+// A child started by a thread that ends is killed with it: what keeps a benchmark's cluster from
+// outliving a benchmark that is killed. One Subprocess asks for it, or every one of the process.
+TEST(SubprocessTest, AChildOfAThreadThatEndsIsKilledWhenAsked) {
+  for (bool every : {false, true}) {
+    Subprocess child;
+    if (every) {
+      Subprocess::KillEveryChildWhenParentEnds();
+    } else {
+      child.KillWhenParentEnds();
+    }
+    std::thread starter([&] { ASSERT_TRUE(child.Start({"/bin/sleep", "1000"}).ok()); });
+    starter.join();
+    absl::StatusOr<int> status = child.WaitFor(absl::Seconds(30));
+    ASSERT_TRUE(status.ok()) << "the child outlived the thread that started it";
+    EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << *status;
+  }
+}
+
+
+TEST(SubprocessTest, AProgramThatCannotRunIsSaidSoAtStart) {
+  Subprocess child;
+  absl::Status started = child.Start({"/nonexistent/program"});
+  EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
+  EXPECT_NE(started.message().find("/nonexistent/program"), std::string::npos) << started;
+  EXPECT_EQ(child.pid(), -1);
 }
 
 }  // namespace
