@@ -102,11 +102,30 @@ absl::Status RunTrain(const Flags& flags) {
                                                    save, "), or save elsewhere"));
     }
   }
-  // Bad input leaves nothing behind: a shards directory this run made goes again if the run fails
-  // before its first step, and the metrics file is made only once the first save succeeded.
-  std::string made_directory;
+  // Bad input leaves nothing behind: a shards directory or metrics file this run made goes again
+  // if the run fails before its first step. The metrics file is opened first (one that cannot be
+  // written fails before anything is made), for appending, so that an existing one keeps what it
+  // holds until the run begins; then it is emptied.
+  std::string made_directory, made_metrics;
   absl::Cleanup remove_made_directory = [&made_directory] {
     if (!made_directory.empty()) ::rmdir(made_directory.c_str());  // only if still empty
+  };
+  std::FILE* metrics = nullptr;
+  if (flags.Has("metrics-jsonl")) {
+    const std::string path = flags.Get("metrics-jsonl");
+    struct stat st;
+    const bool existed = ::stat(path.c_str(), &st) == 0;
+    metrics = std::fopen(path.c_str(), "a");
+    if (metrics == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", path, ": cannot write: ", std::strerror(errno)));
+    }
+    if (!existed) made_metrics = path;
+  }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
+    return f == nullptr ? 0 : std::fclose(f);
+  });
+  absl::Cleanup remove_made_metrics = [&made_metrics] {
+    if (!made_metrics.empty()) ::unlink(made_metrics.c_str());
   };
   std::unique_ptr<LocalCluster> cluster;
   std::unique_ptr<Client> client;
@@ -172,18 +191,12 @@ absl::Status RunTrain(const Flags& flags) {
 
   // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the run.
   if (!save.empty()) PW_RETURN_IF_ERROR(trainer->Save(save));
-  std::FILE* metrics = nullptr;
-  if (flags.Has("metrics-jsonl")) {
-    metrics = std::fopen(flags.Get("metrics-jsonl").c_str(), "w");
-    if (metrics == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metrics-jsonl ", flags.Get("metrics-jsonl"), ": cannot write: ", std::strerror(errno)));
-    }
+  if (metrics != nullptr && ::ftruncate(::fileno(metrics), 0) != 0) {
+    return absl::InternalError(absl::StrCat("--metrics-jsonl ", flags.Get("metrics-jsonl"),
+                                            ": cannot empty it: ", std::strerror(errno)));
   }
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
-    return f == nullptr ? 0 : std::fclose(f);
-  });
-  made_directory.clear();  // the run has begun: its directory stays, whatever happens next
+  made_directory.clear();  // the run has begun: what it made stays, whatever happens next
+  made_metrics.clear();
   const int64_t first_step = trainer->steps_issued();
   if (first_step > 0) std::printf("resumed from %s after step %lld\n", o.resume_from.c_str(), static_cast<long long>(first_step));
   // Steps go out ahead of their losses: one step in flight while the previous one's loss is read.

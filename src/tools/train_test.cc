@@ -69,6 +69,25 @@ TEST_F(TrainCommandTest, BadInputFailsBeforeAnyStepAndWritesNothing) {
   }
 }
 
+// A metrics file that cannot be written is refused before anything is made; an existing one keeps
+// what it holds when the run fails before its first step.
+TEST_F(TrainCommandTest, MetricsThatCannotBeWrittenFailFirstAndOldMetricsStayUntilTheRunBegins) {
+  absl::Status status = Train({"--model", "tiny", "--steps", "2", "--batch", "4", "--save", dir_ + "/ck",
+                               "--metrics-jsonl", dir_ + "/missing/m.jsonl"});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "--metrics-jsonl")) << status;
+  EXPECT_EQ(Entries(dir_), std::vector<std::string>{});
+
+  { std::ofstream(dir_ + "/m.jsonl") << "an earlier run's line\n"; }
+  status = Train({"--model", "tiny", "--steps", "2", "--batch", "3", "--data-parallel", "2", "--metrics-jsonl",
+                  dir_ + "/m.jsonl"});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  std::ifstream in(dir_ + "/m.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(line, "an earlier run's line");
+}
+
 TEST_F(TrainCommandTest, AnExistingCheckpointIsNotOverwritten) {
   { std::ofstream(dir_ + "/ck") << "a manifest"; }
   const absl::Status status =
