@@ -27,8 +27,8 @@ from .collectives import (all_gather, all_reduce, all_to_all, axis_index, broadc
 from .core import Array, Client, LocalCluster, P, Slice, Trainer, connect  # noqa: F401
 from .errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,  # noqa: F401
                      DeadlineExceededError, Error, FailedPreconditionError, InternalError, InvalidArgumentError,
-                     NotFoundError, PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
-                     UnavailableError, UnimplementedError)
+                     NotFoundError, OutOfRangeError, PermissionDeniedError, ResourceExhaustedError,
+                     UnauthenticatedError, UnavailableError, UnimplementedError)
 from .functions import Function, Program, Residuals, function, grad, program, vjp  # noqa: F401
 
 __all__ = [
@@ -37,5 +37,5 @@ __all__ = [
     "axis_index", "Error", "InvalidArgumentError", "NotFoundError", "UnavailableError",
     "ResourceExhaustedError", "DeadlineExceededError", "UnauthenticatedError", "PermissionDeniedError",
     "FailedPreconditionError", "AbortedError", "CancelledError", "AlreadyExistsError", "DataLossError",
-    "InternalError", "UnimplementedError",
+    "InternalError", "UnimplementedError", "OutOfRangeError",
 ]

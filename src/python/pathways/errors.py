@@ -66,6 +66,12 @@ class AbortedError(Error):
     code = 10
 
 
+class OutOfRangeError(Error, IndexError):
+    """A value past the end of what it indexes (a step beyond a data set, a position past a file)."""
+
+    code = 11
+
+
 class UnimplementedError(Error, NotImplementedError):
     """Not offered by this runtime."""
 

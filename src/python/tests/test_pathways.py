@@ -260,6 +260,68 @@ def test_arrays_are_awaitable(client):
         asyncio.run(failing())
 
 
+def test_all_to_all_and_broadcast_match_torch(client):
+    mesh = client.slice((4,), axes=("x",))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x"), P("x")])
+    def exchange(v):
+        return pathways.all_to_all(v, "x"), pathways.broadcast(v, "x", root=2)
+
+    host = torch.arange(16, dtype=torch.float32)
+    swapped, rooted = exchange(client.put(host, mesh, P("x")))
+    # Member m's piece i goes to member i: the 4x4 blocks of the shards come back transposed.
+    torch.testing.assert_close(swapped.fetch(), host.reshape(4, 4).t().reshape(16))
+    torch.testing.assert_close(rooted.fetch(), host[8:12].repeat(4))
+
+
+def test_a_function_runs_on_the_slice_it_is_given(client):
+    mesh = client.slice((2,), axes=("x",))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def double(v):
+        return v * 2
+
+    x = client.put(torch.arange(4, dtype=torch.float32), mesh, P("x"))
+    torch.testing.assert_close(double(x, slice=mesh).fetch(), torch.arange(4, dtype=torch.float32) * 2)
+    # Other devices: the input moves there (as between a program's slices), and so does the work.
+    elsewhere = client.slice((2,), axes=("x",))
+    torch.testing.assert_close(double(x, slice=elsewhere).fetch(), torch.arange(4, dtype=torch.float32) * 2)
+
+
+def test_bad_functions_and_calls_raise_at_the_first_call_naming_the_function(client):
+    mesh = client.slice((2,), axes=("x",))
+    x = client.put(torch.zeros(4), mesh, P("x"))
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def over_nothing(v):
+        return pathways.all_reduce(v, "nope")
+
+    with pytest.raises(pathways.InvalidArgumentError, match="nope"):
+        over_nothing(x).fetch()
+
+    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
+    def mistyped(v):
+        return v + "one"  # a type error in TorchScript
+
+    line = next(i for i, l in enumerate(open(__file__), 1) if "a type error in TorchScript" in l)
+    with pytest.raises(pathways.InvalidArgumentError, match="mistyped") as e:
+        mistyped(x)
+    assert f"line {line}" in str(e.value), str(e.value)
+
+    @pathways.function(in_shardings=[P("x"), P("x")], out_shardings=[P("x")])
+    def add(a, b):
+        return a + b
+
+    with pytest.raises((pathways.InvalidArgumentError, TypeError)):
+        add(x)  # one input of two
+    with pytest.raises(pathways.InvalidArgumentError):
+        add(x, client.put(torch.zeros(6), mesh, P("x"))).fetch()  # shapes that do not add
+    # Each class has its code, OutOfRangeError's too.
+    assert pathways.OutOfRangeError.code == 11 and issubclass(pathways.OutOfRangeError, IndexError)
+    # The cluster serves on.
+    torch.testing.assert_close(add(x, x).fetch(), torch.zeros(4))
+
+
 def test_errors_raise_the_class_of_their_code(cluster, client):
     mesh = client.slice((2,))
     with pytest.raises(pathways.InvalidArgumentError, match="dtype"):
