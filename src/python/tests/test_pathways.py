@@ -407,6 +407,19 @@ def test_the_training_example_reports_the_losses_of_pathways_train(tmp_path):
     assert python_losses[-1] < python_losses[0]
 
 
+def test_the_readmes_example_runs_and_prints_what_it_says(tmp_path):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
+    example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "example.py").write_text(example)  # TorchScript reads the functions' source from a file
+    out = subprocess.run([sys.executable, str(tmp_path / "example.py")], check=True, env=os.environ, timeout=240,
+                         capture_output=True, text=True).stdout
+    # The line its comment promises: shape, dtype, sharding, and a sum of 1 (normalised).
+    shape, dtype, sharding, total = re.search(r"^(\(8, 3\)) (torch\.float32) (P\('x', None\)) tensor\(([0-9.]+)\)",
+                                              out, re.M).groups()
+    assert abs(float(total) - 1.0) < 1e-4, out
+    assert "%1 = normalise(%0) on slice" in out, out  # the program's IR: two calls
+
+
 def test_grad_of_a_scalar_function(client):
     mesh = client.slice((2,))
 
