@@ -2,13 +2,18 @@
 // TLS, and addresses that have one owner.
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <string>
+#include <vector>
 
 #include "client/client.h"
 #include "dataflow/stream_peer.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "multiprocess_fixture.h"
+#include "testing/loopback.h"
 #include "testing/subprocess.h"
 #include "transport/auth.h"
 #include "transport/controller_client.h"
@@ -346,6 +351,80 @@ TEST_F(MultiProcessTest, AMessageLargerThanAnyShardIsRefusedAndTheWorkerServesOn
   EXPECT_EQ(sent.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << sent.error_message();
   request.Clear();
   ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(*client_));
+}
+
+
+// Strangers on every port of a cluster of real processes: the controller's gRPC and stream ports,
+// and each worker's gRPC, data stream and collective link ports get random bytes, a huge length
+// prefix, an abrupt reset, and a connection that stays silent throughout. Nothing crashes, and a
+// job whose collective spans both workers (links), with puts and fetches (data streams), passes.
+TEST_F(MultiProcessTest, GarbageOnEveryPortLeavesTheClusterServing) {
+  auto port_of = [](const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); };
+  std::vector<int> ports = {port_of(address_)};
+  {
+    grpc::ClientContext context;
+    rpc::StreamPortResponse stream;
+    ASSERT_TRUE(rpc::Dataflow::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))
+                    ->StreamPort(&context, rpc::StreamPortRequest(), &stream)
+                    .ok());
+    ports.push_back(stream.port());
+  }
+  ControllerClient controller(address_);
+  for (const std::string& worker : worker_addresses_) {
+    ports.push_back(port_of(worker));
+    grpc::ClientContext context;
+    rpc::PingResponse pong;
+    ASSERT_TRUE(rpc::Worker::NewStub(grpc::CreateChannel(worker, grpc::InsecureChannelCredentials()))
+                    ->Ping(&context, rpc::PingRequest(), &pong)
+                    .ok());
+    ports.push_back(pong.data_port());
+    auto links = controller.RendezvousGet("collective-links/" + worker, absl::Seconds(10));
+    ASSERT_TRUE(links.ok()) << links.status();
+    ports.push_back(port_of(*links));
+  }
+  ASSERT_EQ(ports.size(), 8u);
+
+  std::string noise(64 << 10, '\0');
+  uint32_t state = 12345;
+  for (char& c : noise) c = static_cast<char>((state = state * 1103515245 + 12345) >> 16);
+  const std::string huge_length("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
+  std::vector<int> silent;
+  for (int port : ports) {
+    ASSERT_GT(port, 0);
+    for (const std::string& bytes : {noise, huge_length}) {
+      const int fd = testing::DialLoopback(port);
+      ASSERT_GE(fd, 0) << port;
+      (void)!send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      close(fd);
+    }
+    const int reset = testing::DialLoopback(port);
+    ASSERT_GE(reset, 0) << port;
+    const linger abrupt{1, 0};
+    setsockopt(reset, SOL_SOCKET, SO_LINGER, &abrupt, sizeof(abrupt));
+    close(reset);  // RST, not FIN
+    silent.push_back(testing::DialLoopback(port));
+  }
+
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  ASSERT_EQ(slice.host_addresses().size(), 2u);
+  const TensorSpec row{DType::kF32, {8}};
+  auto total = client_->Compile(FunctionSpec::Script("total", "def total(x):\n    return pathways.all_reduce(x, 'x')\n",
+                                                     {row}, {row}, {{"x"}}, {{"x"}}));
+  ASSERT_TRUE(total.ok()) << total.status();
+  HostArray data = Pattern({8}, 1.0f);
+  float want = 0;
+  for (int i = 0; i < 8; ++i) want += data.data<float>()[i];
+  for (int round = 0; round < 3; ++round) {
+    ShardedArray x = *client_->Put(data, slice, {"x"});
+    auto out = client_->Call(*total, slice, {x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    auto got = client_->Fetch((*out)[0]).AwaitFor(absl::Seconds(60));
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(got->data<float>()[i], want);
+  }
+  for (int fd : silent) {
+    if (fd >= 0) close(fd);
+  }
 }
 
 }  // namespace
