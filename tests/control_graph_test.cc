@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "controller/island_control.h"
+#include "dataflow/grpc_transport.h"
 #include "gtest/gtest.h"
 #include "worker/host_control.h"
 

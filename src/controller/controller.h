@@ -14,6 +14,7 @@
 #include "controller/island_scheduler.h"
 #include "core/executor.h"
 #include "core/ids.h"
+#include "dataflow/dataflow_service.h"
 #include "dataflow/grpc_transport.h"
 #include "grpcpp/server.h"
 #include "ops/status_http_server.h"

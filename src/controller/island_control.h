@@ -13,7 +13,7 @@
 #include "controller/island_scheduler.h"
 #include "core/executor.h"
 #include "dataflow/engine.h"
-#include "dataflow/grpc_transport.h"
+#include "dataflow/dataflow_service.h"
 
 namespace pathways {
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
 #include "dataflow/engine.h"
+#include "dataflow/dataflow_service.h"
 #include "dataflow/grpc_transport.h"
 #include "testing/sparse_sum_graph.h"
 #include "gtest/gtest.h"

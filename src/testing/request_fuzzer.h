@@ -10,7 +10,7 @@
 #include <string>
 
 #include "controller/cluster_registry.h"
-#include "dataflow/grpc_transport.h"
+#include "dataflow/dataflow_service.h"
 #include "worker/host_runtime.h"
 
 namespace pathways {

@@ -12,7 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "dataflow/engine.h"
-#include "dataflow/grpc_transport.h"
+#include "dataflow/dataflow_service.h"
 #include "grpcpp/server.h"
 
 namespace pathways::dataflow {

@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/executor.h"
 #include "dataflow/engine.h"
-#include "dataflow/grpc_transport.h"
+#include "dataflow/dataflow_service.h"
 #include "proto/pathways.pb.h"
 
 namespace pathways {

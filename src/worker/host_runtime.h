@@ -20,6 +20,7 @@
 #include "transport/worker_client.h"
 #include "array/resharding.h"
 #include "dataflow/engine.h"
+#include "dataflow/dataflow_service.h"
 #include "dataflow/grpc_transport.h"
 #include "worker/lowered_program.h"
 #include "worker/host_control.h"

@@ -10,7 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "core/ids.h"
 #include "grpcpp/server.h"
-#include "dataflow/grpc_transport.h"
+#include "dataflow/dataflow_service.h"
 #include "transport/controller_client.h"
 #include "worker/data_stream_server.h"
 #include "worker/host_runtime.h"

@@ -1,0 +1,112 @@
+// The receiving side of the dataflow engine's batches between hosts: a gRPC service, a plain TCP
+// stream protocol, and a directory of the services of this process for batches that stay in it.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dataflow/engine.h"
+#include "proto/pathways.grpc.pb.h"
+#include "transport/stream_listener.h"
+
+namespace pathways::dataflow {
+
+// Payload bytes of a batch's envelopes.
+int64_t PayloadBytes(const std::vector<Envelope>& batch);
+
+// Receives batches for the engines registered with it (by graph name) and hands them over.
+// Batches for a graph not registered yet are held until it is: hosts set up a graph
+// independently, and a fast peer may send before this host has its engine. What is held is
+// bounded by count and by bytes, in all and per graph (a peer cannot fill the host's memory
+// with batches for graphs nobody registers); past a bound a batch is dropped with an error
+// logged. Thread-safe.
+class DataflowService final : public rpc::Dataflow::CallbackService {
+ public:
+  static constexpr size_t kMaxHeldBatches = 100000;
+  // Plain TCP senders served at once (one per sending process; only the cluster's token opens
+  // one), counted apart from tenants' streams on the same listener.
+  static constexpr int kMaxStreamSenders = 4096;
+  static constexpr size_t kMaxHeldBytes = size_t{256} << 20;
+  static constexpr size_t kMaxHeldBytesPerGraph = size_t{64} << 20;
+  // A graph not registered this long after its first batch came will not be: when room is
+  // needed, what it held goes.
+  static constexpr absl::Duration kHoldFor = absl::Seconds(60);
+  // Tests: lower byte bounds.
+  void SetHoldLimits(size_t bytes, size_t bytes_per_graph) {
+    absl::MutexLock lock(&mu_);
+    max_held_bytes_ = bytes;
+    max_held_bytes_per_graph_ = bytes_per_graph;
+  }
+  ~DataflowService() override;  // leaves the in-process directory
+  // Also takes batches for `address` from transports in this process directly, until
+  // StopServingInProcess (or destruction, or another service taking the address). Call once the
+  // address is known.
+  void ServeInProcess(const std::string& address);
+  void StopServingInProcess();
+  // Hands a batch to the graph's engine, or holds it until the graph is registered.
+  void Receive(const std::string& graph, std::vector<Envelope> batch);
+  // Hands `batch` to the service serving `host` in this process, if one does (under the
+  // directory's reader lock, so that a service leaving waits for it): whether one did.
+  static bool DeliverInProcess(const std::string& host, const std::string& graph, std::vector<Envelope>& batch);
+  // Streams must carry this token (see transport/auth.h); empty: none needed. Set before serving.
+  void RequireToken(std::string token) { token_ = std::move(token); }
+
+  // The owner removes an engine before letting it go. Batches that come for a graph removed
+  // recently (the last kRememberedRemoved) are dropped, not held: stragglers of a finished
+  // program or an old control graph generation.
+  static constexpr size_t kRememberedRemoved = 4096;
+  void AddEngine(Engine* engine);
+  void RemoveEngine(const std::string& graph);
+  // Payload bytes of every envelope received, held or dropped ones too.
+  int64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  size_t num_held_batches();
+  size_t num_held_bytes();
+  // Each peer's stream, read without a thread of its own (gRPC's callback API).
+  grpc::ServerReadReactor<rpc::DataflowBatch>* Stream(grpc::CallbackServerContext* context,
+                                                      rpc::DataflowAck* ack) override;
+  // Where this process's stream listener takes the same batches over plain TCP.
+  grpc::ServerUnaryReactor* StreamPort(grpc::CallbackServerContext* context, const rpc::StreamPortRequest* request,
+                                       rpc::StreamPortResponse* response) override;
+  // The listener's protocol for dataflow batches (after RequireToken), and its port once it
+  // listens (0: none, senders use gRPC).
+  StreamListener::Protocol StreamProtocol();
+  void SetStreamPort(int port) { stream_port_.store(port); }
+  // StreamPort also answers calls that carry this token (the controller's listener serves
+  // tenants' schedule streams too, and tenants hold only their own token). Set before serving.
+  void AnswerStreamPortTo(std::string token) { port_token_ = std::move(token); }
+  // Batches that came over plain TCP streams.
+  int64_t batches_streamed() const { return streamed_.load(std::memory_order_relaxed); }
+
+ private:
+  class Reader;
+  std::atomic<int64_t> bytes_received_{0};
+  absl::Mutex mu_;
+  std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
+  struct Held {
+    std::vector<std::vector<Envelope>> batches;
+    size_t bytes = 0;
+    absl::Time since;  // when its first batch came
+  };
+  // Drops what has been held longer than kHoldFor for graphs that never came.
+  void DropStaleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
+  size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t max_held_bytes_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytes;
+  size_t max_held_bytes_per_graph_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerGraph;
+  absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> removed_order_ ABSL_GUARDED_BY(mu_);
+  std::string token_;
+  std::string port_token_;
+  std::atomic<int> stream_port_{0};
+  std::atomic<int64_t> streamed_{0};
+  std::string in_process_address_;  // guarded by the in-process directory's lock
+};
+
+}  // namespace pathways::dataflow
