@@ -460,8 +460,9 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   ASSERT_TRUE(call.ok()) << call.status();
   auto got = (*client)->Fetch((*call)[0]).AwaitFor(absl::Seconds(60));
   ASSERT_FALSE(got.ok()) << "a computation of 10^9 steps finished";
-  // The worker went: the transport says so (the reason is the controller's, below).
+  // The worker went: the transport says so, and the client adds the controller's reason.
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_NE(got.status().message().find("past the worker's computation timeout"), std::string::npos) << got.status();
 
   absl::StatusOr<int> exited = stuck.WaitFor(absl::Seconds(30));
   ASSERT_TRUE(exited.ok()) << "the stuck worker did not leave";

@@ -209,6 +209,40 @@ void ShardedArray::State::AwaitReads() const {
   for (const Future<Unit>& r : pending) (void)r.Await();  // their errors are their callers'
 }
 
+// `read`, or, when it failed Unavailable (a host of the array went) and the controller knows the
+// array's slice lost hosts, the same failure with the controller's reason added: the transport's
+// words ("connection closed") do not say what happened to the host, the host's own last word to
+// the controller may (a device stuck in a computation, say).
+template <typename T>
+Future<T> WithTheControllersReason(const std::shared_ptr<ClientCore>& core, const ShardedArray::State& state,
+                                   Future<T> read) {
+  Promise<T> promise;
+  Future<T> result = promise.future();
+  read.OnReady([core, slice = state.slice.id(), promise = std::move(promise)](const absl::StatusOr<T>& r) mutable {
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable) {
+      promise.Set(r);
+      return;
+    }
+    rpc::SliceStatesRequest request;
+    request.set_client_id(core->id());
+    request.set_credential(core->credential());
+    core->controller().SliceStatesAsync(request).OnReady(
+        [slice, why = r.status(), promise = std::move(promise)](
+            const absl::StatusOr<rpc::SliceStatesResponse>& states) mutable {
+          if (states.ok()) {
+            for (const rpc::SliceState& s : states->slices()) {
+              if (s.slice_id() != slice || !s.lost()) continue;
+              promise.Set(absl::UnavailableError(
+                  absl::StrCat(why.message(), " (the controller says the array's slice lost hosts: ", s.reason(), ")")));
+              return;
+            }
+          }
+          promise.Set(why);
+        });
+  });
+  return result;
+}
+
 Future<HostArray> Client::Fetch(const ShardedArray& array) {
   if (absl::Status s = CheckOwned(array, "Fetch"); !s.ok()) return Future<HostArray>::Ready(s);
   auto core = core_;
@@ -217,6 +251,7 @@ Future<HostArray> Client::Fetch(const ShardedArray& array) {
       ReadOncePushed<std::vector<FetchedShards>>(
           state, [core, state] { return FetchShards(core, *state, DistinctShards(state->sharding), false); })
           .Then([state](const std::vector<FetchedShards>& all) { return Assemble(*state, all); });
+  fetched = WithTheControllersReason(core, *state, std::move(fetched));
   state->TrackRead(fetched.Then([](const HostArray&) { return Unit{}; }));
   return fetched;
 }
@@ -230,7 +265,8 @@ Future<Unit> Client::Ready(const ShardedArray& array) {
   if (absl::Status s = CheckOwned(array, "Ready"); !s.ok()) return Future<Unit>::Ready(s);
   auto core = core_;
   auto state = array.state_;
-  Future<Unit> ready = ReadOncePushed<Unit>(state, [core, state] { return ShardsReady(core, state); });
+  Future<Unit> ready = WithTheControllersReason(
+      core, *state, ReadOncePushed<Unit>(state, [core, state] { return ShardsReady(core, state); }));
   state->TrackRead(ready);
   return ready;
 }

@@ -80,6 +80,12 @@ absl::StatusOr<rpc::SliceStatesResponse> ControllerClient::SliceStates(const rpc
       [&](grpc::ClientContext* c, rpc::SliceStatesResponse* resp) { return stub_->SliceStates(c, r, resp); });
 }
 
+Future<rpc::SliceStatesResponse> ControllerClient::SliceStatesAsync(const rpc::SliceStatesRequest& r) {
+  return AsyncUnaryCall<rpc::SliceStatesResponse>(
+      absl::StrCat("SliceStates on controller ", address_), r, absl::Seconds(5),
+      [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->SliceStates(ctx, req, resp, std::move(done)); });
+}
+
 absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::RemapSlice(const rpc::RemapSliceRequest& r) {
   return CallWithDeadline<rpc::AllocateSliceResponse>(
       address_, "RemapSlice",

@@ -27,6 +27,8 @@ class ControllerClient {
   absl::StatusOr<rpc::ClusterStatus> GetStatus();
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r);
   absl::StatusOr<rpc::SliceStatesResponse> SliceStates(const rpc::SliceStatesRequest& r);
+  // The same without blocking, for code that runs on callback threads (an error being explained).
+  Future<rpc::SliceStatesResponse> SliceStatesAsync(const rpc::SliceStatesRequest& r);
   absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r);
   // Submits runs to island schedulers; completes once their hosts have them. Asynchronous. One
   // request at a time (the next once this one is answered): requests may go different ways.
