@@ -439,8 +439,10 @@ TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgai
 TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServesOn) {
   Subprocess controller, stuck, other;
   auto address = StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0",
-                                              "--heartbeat-timeout-ms", "1000", "--client-timeout-ms", "1000"});
+                                              "--heartbeat-timeout-ms", "5000", "--client-timeout-ms", "1000"});
   ASSERT_TRUE(address.ok()) << address.status();
+  // The spinning devices load both cores of a small machine for seconds: heartbeats may be late,
+  // and the stuck worker says why it leaves without waiting for the heartbeat timeout anyway.
   // Registered first, so a slice of two devices is placed on it.
   ASSERT_TRUE(StartWorker(stuck, {PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2",
                                   "--collective-timeout-ms", "1000", "--memory-wait-ms", "500",
@@ -475,7 +477,7 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   }
   auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", *address}, absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_NE(status->find("left: device 0"), std::string::npos) << *status;
+  EXPECT_NE(status->find("left: device "), std::string::npos) << *status;  // both devices spin
 
   ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
   client->reset();

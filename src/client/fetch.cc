@@ -209,6 +209,8 @@ void ShardedArray::State::AwaitReads() const {
   for (const Future<Unit>& r : pending) (void)r.Await();  // their errors are their callers'
 }
 
+namespace {
+
 // `read`, or, when it failed Unavailable (a host of the array went) and the controller knows the
 // array's slice lost hosts, the same failure with the controller's reason added: the transport's
 // words ("connection closed") do not say what happened to the host, the host's own last word to
@@ -242,6 +244,8 @@ Future<T> WithTheControllersReason(const std::shared_ptr<ClientCore>& core, cons
   });
   return result;
 }
+
+}  // namespace
 
 Future<HostArray> Client::Fetch(const ShardedArray& array) {
   if (absl::Status s = CheckOwned(array, "Fetch"); !s.ok()) return Future<HostArray>::Ready(s);

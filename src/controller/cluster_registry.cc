@@ -151,13 +151,14 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
   if (host.address != r.address()) return Beat::kUnknown;  // the id is another worker's here: register
   // A newer process took this address meanwhile (this one was silent): this one must leave.
   if (host.incarnation != r.incarnation()) return Beat::kExpired;
-  if (now - host.last_heartbeat > heartbeat_timeout_ || !host.left.empty()) return Beat::kExpired;
   if (!r.leaving().empty()) {
-    // It leaves, and says why: departed from now on, with its reason (bounded: it reaches clients).
+    // It leaves, and says why: departed from now on, with its reason (bounded: it reaches clients),
+    // even when it was already silent past the timeout (its last word says more than that does).
     constexpr size_t kMaxReason = 1024;
-    host.left = r.leaving().substr(0, kMaxReason);
+    if (host.left.empty()) host.left = r.leaving().substr(0, kMaxReason);
     return Beat::kExpired;
   }
+  if (now - host.last_heartbeat > heartbeat_timeout_ || !host.left.empty()) return Beat::kExpired;
   host.last_heartbeat = now;
   for (const rpc::DeviceInfo& d : r.devices()) {
     if (d.local_index() < 0 || d.local_index() >= static_cast<int>(host.devices.size())) continue;

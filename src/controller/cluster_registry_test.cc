@@ -489,6 +489,19 @@ TEST(ClusterRegistryTest, AHostThatSaysItLeavesIsDepartedAtOnceWithItsReason) {
   beat.clear_leaving();
   EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kExpired);
 
+  // A host whose last word came after the heartbeat timeout (late, under load) keeps its reason.
+  rpc::RegisterWorkerRequest late = Worker("h:2", 0, 1);
+  late.set_incarnation("late");
+  auto late_id = registry.RegisterWorker(late, t);
+  ASSERT_TRUE(late_id.ok());
+  rpc::HeartbeatRequest last;
+  last.set_host_id(late_id->host_id());
+  last.set_address("h:2");
+  last.set_incarnation("late");
+  last.set_leaving("device 0 is stuck in 'loop'");
+  EXPECT_EQ(registry.Heartbeat(last, t + absl::Seconds(10)), ClusterRegistry::Beat::kExpired);
+  EXPECT_EQ(registry.Status(t + absl::Seconds(10)).hosts(1).left(), "device 0 is stuck in 'loop'");
+
   // A supervisor's new process at the address registers at once, and serves.
   auto again = registry.RegisterWorker(fresh, now);
   ASSERT_TRUE(again.ok()) << again.status();

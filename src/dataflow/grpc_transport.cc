@@ -27,6 +27,9 @@ namespace pathways::dataflow {
 //
 // gRPC may run a reaction inline in the thread that starts an operation, so operations are
 // decided under mu_ and started after it is released (Steps).
+// What an envelope adds to a message beyond its payload, at most (its ids and framing).
+constexpr size_t kEnvelopeOverhead = 64;
+
 class GrpcTransport::PeerStream {
  public:
   PeerStream(const std::string& self, const std::string& peer)
@@ -111,16 +114,27 @@ class GrpcTransport::PeerStream {
       return steps;
     }
     if (messages_.empty()) {
-      // Everything queued since the last write goes out together: one message per graph.
-      std::map<std::string, rpc::DataflowBatch> merged;
+      // Everything queued since the last write goes out together: one message per graph, each
+      // within the frame bound the receivers take (a graph's batches stay in order).
+      std::map<std::string, std::vector<rpc::DataflowBatch>> merged;
+      std::map<std::string, size_t> last_bytes;  // of each graph's last message, at most
       for (const auto& [graph, batch] : pending_) {
-        rpc::DataflowBatch& m = merged[graph];
-        m.set_graph(graph);
-        m.set_src_host(self_);
-        for (const Envelope& e : batch) EnvelopeToProto(e, m.add_envelopes());
+        std::vector<rpc::DataflowBatch>& ms = merged[graph];
+        size_t bytes = 0;
+        for (const Envelope& e : batch) bytes += e.payload.size() + kEnvelopeOverhead;
+        size_t& last = last_bytes[graph];
+        if (ms.empty() || last + bytes > kMaxDataflowFrameBytes / 2) {
+          ms.emplace_back().set_graph(graph);
+          ms.back().set_src_host(self_);
+          last = graph.size() + self_.size() + kEnvelopeOverhead;
+        }
+        last += bytes;
+        for (const Envelope& e : batch) EnvelopeToProto(e, ms.back().add_envelopes());
       }
       pending_.clear();
-      for (auto& [graph, m] : merged) messages_.push_back(std::move(m));
+      for (auto& [graph, ms] : merged) {
+        for (rpc::DataflowBatch& m : ms) messages_.push_back(std::move(m));
+      }
     }
     if (messages_.empty()) {
       if (closing_ && call_ != nullptr) {

@@ -48,9 +48,16 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
   signal(SIGPIPE, SIG_IGN);  // a child that exits early must fail a write, not kill us
   // exec_fds: closed by the exec (O_CLOEXEC), so that the parent knows when the child runs the
   // program, or reads why it could not.
-  int fds[2], in_fds[2], exec_fds[2];
+  int fds[2] = {-1, -1}, in_fds[2] = {-1, -1}, exec_fds[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int fd : {fds[0], fds[1], in_fds[0], in_fds[1], exec_fds[0], exec_fds[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  };
   if (pipe2(fds, O_CLOEXEC) != 0 || pipe2(in_fds, O_CLOEXEC) != 0 || pipe2(exec_fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    const int error = errno;
+    close_all();
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(error)));
   }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -58,7 +65,11 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
   const pid_t parent = getpid();
   const bool die_with_parent = die_with_parent_ || every_child_dies_with_parent.load();
   pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid < 0) {
+    const int error = errno;
+    close_all();
+    return absl::InternalError(absl::StrCat("fork: ", strerror(error)));
+  }
   if (pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
     dup2(in_fds[0], STDIN_FILENO);

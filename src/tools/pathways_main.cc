@@ -2,6 +2,7 @@
 // demo.
 #include <cerrno>
 #include <cstdlib>
+#include <thread>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,6 +37,9 @@
 
 namespace pathways {
 namespace {
+
+// How long a serving process may take to shut down before it exits without finishing.
+constexpr absl::Duration kShutdownDeadline = absl::Seconds(60);
 
 constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
@@ -300,10 +304,20 @@ absl::Status RunWorker(const Flags& flags) {
   for (const auto& w : workers) {
     if (!w->stuck()) continue;
     // Its stuck device thread cannot be stopped, so shutting down would wait for it forever.
-    std::fprintf(stderr, "pathways: %s\n", left->ToString().c_str());
+    std::fprintf(stderr, "pathways: %s\n",
+                 left->ok() ? "a device is stuck in a computation; the worker left" : left->ToString().c_str());
     std::fflush(stderr);
     std::_Exit(1);
   }
+  // Shutting down finishes the work on the devices; one stuck in a computation that the worker
+  // had not yet called stuck (it was stopped or expired first) would hold it for good.
+  std::thread([] {
+    absl::SleepFor(kShutdownDeadline);
+    std::fprintf(stderr, "pathways: shutdown did not finish within %s (a device stuck in a computation?); exiting\n",
+                 absl::FormatDuration(kShutdownDeadline).c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }).detach();
   return *left;
 }
 

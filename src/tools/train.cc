@@ -105,7 +105,7 @@ absl::Status RunTrain(const Flags& flags) {
   // Bad input leaves nothing behind: a shards directory or metrics file this run made goes again
   // if the run fails before its first step. The metrics file is opened first (one that cannot be
   // written fails before anything is made), for appending, so that an existing one keeps what it
-  // holds until the run begins; then it is emptied.
+  // holds until the run begins; then a regular file is emptied (a pipe or /dev/stdout is not).
   std::string made_directory, made_metrics;
   absl::Cleanup remove_made_directory = [&made_directory] {
     if (!made_directory.empty()) ::rmdir(made_directory.c_str());  // only if still empty
@@ -191,7 +191,9 @@ absl::Status RunTrain(const Flags& flags) {
 
   // A save that cannot happen (workers without --checkpoint-dir, say) fails now, not after the run.
   if (!save.empty()) PW_RETURN_IF_ERROR(trainer->Save(save));
-  if (metrics != nullptr && ::ftruncate(::fileno(metrics), 0) != 0) {
+  struct stat metrics_stat;
+  if (metrics != nullptr && ::fstat(::fileno(metrics), &metrics_stat) == 0 && S_ISREG(metrics_stat.st_mode) &&
+      ::ftruncate(::fileno(metrics), 0) != 0) {
     return absl::InternalError(absl::StrCat("--metrics-jsonl ", flags.Get("metrics-jsonl"),
                                             ": cannot empty it: ", std::strerror(errno)));
   }

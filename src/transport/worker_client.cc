@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -196,7 +197,10 @@ Future<FetchedShards> WorkerClient::FetchThroughGrpc(const rpc::FetchRequest& re
   Promise<FetchedShards> promise;
   Future<FetchedShards> result = promise.future();
   first.OnReady([this, request, promise = std::move(promise)](const absl::StatusOr<FetchedShards>& r) mutable {
-    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable) {
+    // Only a call that never reached a worker: errors a worker returns, and a worker that went
+    // mid-call, are answered at once.
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
+        !absl::StrContains(r.status().message(), "failed to connect")) {
       promise.Set(r);
       return;
     }

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "array/sharding.h"
@@ -283,8 +284,11 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     };
     const absl::Time start = absl::Now();
     watch->Begin(device->local_index(), label, start);
-    auto results = run();
-    watch->End(device->local_index());
+    absl::StatusOr<std::vector<BufferPtr>> results;
+    {
+      absl::Cleanup ended = [&] { watch->End(device->local_index()); };  // however run() ends
+      results = run();
+    }
     const int64_t start_us = absl::ToUnixMicros(start);
     const int64_t end_us = absl::ToUnixMicros(absl::Now());
     device->RecordTrace({label, start_us, end_us});  // before results show

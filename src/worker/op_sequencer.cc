@@ -69,7 +69,7 @@ absl::Status OpSequencer::AddDirect(const std::string& client, std::vector<rpc::
             total_waiting_bytes_ + bytes > limits_.waiting_bytes) {
           status = absl::ResourceExhaustedError(absl::StrCat(
               "op ", seq, " of client ", client, " (", bytes, " bytes) would wait for earlier ones, and this host ",
-              "already holds ", c.waiting.size(), " such ops of ", client_bytes, " bytes for the client, ",
+              "already holds ", c.waiting.size(), " such ops of this session, ", client_bytes, " bytes for the client, ",
               total_waiting_bytes_, " for all clients (at most ", kMaxWaitingOpsPerClient, " ops, ",
               limits_.waiting_bytes_per_client, " and ", limits_.waiting_bytes,
               " bytes): send fewer ops ahead of the runs they follow"));
