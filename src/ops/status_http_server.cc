@@ -1,5 +1,7 @@
 #include "ops/status_http_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cctype>
@@ -92,6 +94,23 @@ std::string ExactRoute(const std::string& path) {
   return pattern;
 }
 
+// Whether a request's Host names this server by address (an IP literal or localhost, with or
+// without a port) rather than by a DNS name. A page on another site that rebinds its name to
+// 127.0.0.1 sends its own name: without a token, that is all that tells it from the operator.
+bool HostIsAnAddress(std::string host) {
+  if (!host.empty() && host.front() == '[') {  // [v6]:port
+    const size_t close = host.find(']');
+    if (close == std::string::npos) return false;
+    in6_addr v6;
+    return inet_pton(AF_INET6, host.substr(1, close - 1).c_str(), &v6) == 1;
+  }
+  const size_t colon = host.rfind(':');
+  if (colon != std::string::npos) host.resize(colon);
+  for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  in_addr v4;
+  return host == "localhost" || inet_pton(AF_INET, host.c_str(), &v4) == 1;
+}
+
 std::string BearerToken(const httplib::Request& req) {
   const std::string header = req.get_header_value("Authorization");
   constexpr std::string_view kBearer = "Bearer ";
@@ -164,7 +183,13 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
   server->set_payload_max_length(64 << 10);
 
   const std::string token = options.token;
-  server->set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
+  // A server on loopback is what a page rebinding its name reaches through the operator's browser;
+  // one on another address is reached by name legitimately (a Kubernetes Service, Prometheus).
+  in_addr v4;
+  const bool on_loopback = options.ip == "::1" || options.ip == "[::1]" || options.ip == "localhost" ||
+                           (inet_pton(AF_INET, options.ip.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127);
+  const bool by_address_only = token.empty() && on_loopback;
+  server->set_pre_routing_handler([token, by_address_only](const httplib::Request& req, httplib::Response& res) {
     // Before any body is read (cpp-httplib reads a chunked one whatever its payload limit): only
     // GETs without a body are served.
     if ((req.method != "GET" && req.method != "HEAD") || req.has_header("Transfer-Encoding") ||
@@ -172,6 +197,14 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
       res.status = 405;
       res.set_header("Allow", "GET, HEAD");
       res.set_content("only GET is served here\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (by_address_only && req.has_header("Host") && !HostIsAnAddress(req.get_header_value("Host"))) {
+      res.status = 403;
+      res.set_content("without a token, this server on loopback answers only requests to its address (an IP "
+                      "address or localhost), not to a host name (DNS rebinding); give the controller a token to "
+                      "use one\n",
+                      "text/plain");
       return httplib::Server::HandlerResponse::Handled;
     }
     absl::Status auth = CheckToken(BearerToken(req), token);

@@ -11,6 +11,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "testing/loopback.h"
 
@@ -191,6 +192,35 @@ TEST(StatusHttpServerTest, SurvivesGarbageAndSlowClients) {
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 200);
   for (int fd : silent) close(fd);
+}
+
+// Without a token, a request that names the server by a host name (a page whose name was rebound
+// to 127.0.0.1) is refused; by address or as localhost it is served; with a token, a host name
+// may be used (the token is what keeps other pages out).
+TEST(StatusHttpServerTest, WithoutATokenOnlyRequestsToItsAddressAreServed) {
+  auto open = Serve();
+  ASSERT_NE(open, nullptr);
+  httplib::Client client = ClientOf(*open);
+  for (const char* host : {"attacker.example", "attacker.example:80", "localhost.attacker.example"}) {
+    auto r = client.Get("/api/status", {{"Host", host}});
+    ASSERT_TRUE(r) << host;
+    EXPECT_EQ(r->status, 403) << host;
+  }
+  for (const std::string host : {std::string("localhost"), absl::StrCat("127.0.0.1:", open->port()),
+                                 absl::StrCat("LOCALHOST:", open->port()), std::string("[::1]:80")}) {
+    auto r = client.Get("/api/status", {{"Host", host}});
+    ASSERT_TRUE(r) << host;
+    EXPECT_EQ(r->status, 200) << host;
+  }
+
+  StatusHttpOptions options;
+  options.token = "s3cret";
+  auto guarded = Serve(options);
+  ASSERT_NE(guarded, nullptr);
+  httplib::Client with_token = ClientOf(*guarded);
+  auto r = with_token.Get("/api/status", {{"Host", "dashboard.example"}, {"Authorization", "Bearer s3cret"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
 }
 
 TEST(StatusHttpServerTest, APortInUseIsRefused) {
