@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -113,13 +114,18 @@ absl::Status RunTrain(const Flags& flags) {
   std::FILE* metrics = nullptr;
   if (flags.Has("metrics-jsonl")) {
     const std::string path = flags.Get("metrics-jsonl");
-    struct stat st;
-    const bool existed = ::stat(path.c_str(), &st) == 0;
-    metrics = std::fopen(path.c_str(), "a");
+    // Made here only if no one else made it first (O_EXCL): only then is it this run's to remove.
+    int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const bool made = fd >= 0;
+    if (!made && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    metrics = fd >= 0 ? ::fdopen(fd, "a") : nullptr;
     if (metrics == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", path, ": cannot write: ", std::strerror(errno)));
+      const int error = errno;
+      if (fd >= 0) ::close(fd);
+      if (made) ::unlink(path.c_str());
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", path, ": cannot write: ", std::strerror(error)));
     }
-    if (!existed) made_metrics = path;
+    if (made) made_metrics = path;
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
     return f == nullptr ? 0 : std::fclose(f);
