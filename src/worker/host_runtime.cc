@@ -152,12 +152,27 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
 }
 
 absl::Status HostRuntime::ApplyScheduled(std::vector<rpc::ScheduledOp> ops) {
-  for (const rpc::ScheduledOp& op : ops) {
-    if (op.client_id().empty() || (!op.op().has_run() && !op.retire_client())) {
-      return absl::InvalidArgumentError("a scheduled op must be a run or a retirement, with a client id");
+  // One malformed op does not hold back the valid ones of its batch (other clients' runs). One
+  // with a client keeps its place in that client's sequence as a skip, so the client's later ops
+  // do not wait for it forever; one without a client has no sequence to keep.
+  absl::Status status;
+  std::vector<rpc::ScheduledOp> valid;
+  valid.reserve(ops.size());
+  for (rpc::ScheduledOp& op : ops) {
+    if (!op.client_id().empty() && (op.op().has_run() || op.retire_client())) {
+      valid.push_back(std::move(op));
+      continue;
     }
+    if (status.ok()) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("a scheduled op must be a run or a retirement, with a client id (order ", op.order(), ")"));
+    }
+    if (op.client_id().empty() || op.op().seq() <= 0) continue;
+    op.mutable_op()->mutable_skip();
+    valid.push_back(std::move(op));
   }
-  return sequencer_.AddScheduled(std::move(ops));
+  PW_RETURN_IF_ERROR(sequencer_.AddScheduled(std::move(valid)));
+  return status;
 }
 
 bool HostRuntime::CollectClient(const std::string& client) {

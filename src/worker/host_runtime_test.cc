@@ -83,6 +83,29 @@ TEST_F(HostRuntimeTest, ASkipKeepsItsPlaceInTheSequenceAndIsNotAnError) {
   EXPECT_EQ(*values, (std::vector<float>{3, 4}));
 }
 
+// A malformed op from the scheduler (neither a run nor a retirement) is refused, but it keeps its
+// client's sequence (as a skip) and does not hold back the valid runs of its batch.
+TEST_F(HostRuntimeTest, AMalformedScheduledOpKeepsItsPlaceAndTheRestOfItsBatchApplies) {
+  rpc::ScheduledOp malformed;
+  malformed.set_client_id("c");
+  malformed.set_order(1);
+  malformed.mutable_op()->set_seq(2);
+  malformed.mutable_op()->set_session(1);
+  malformed.mutable_op()->mutable_put();  // a put does not come through the scheduler
+  rpc::ScheduledOp nobodys;  // no client: nothing to keep
+  nobodys.set_order(2);
+  absl::Status refused = host_.ApplyScheduled({malformed, nobodys});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  rpc::EnqueueRequest request;
+  request.set_client_id("c");
+  *request.add_ops() = PutOp(1, 1, 0, {1, 2});
+  *request.add_ops() = PutOp(3, 2, 0, {3, 4});  // after the malformed op's number
+  ASSERT_TRUE(host_.Enqueue(request).ok());
+  auto values = FetchAfter(2, 3);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<float>{3, 4}));
+}
+
 // A put whose bytes were staged (over a data stream) takes the staged buffer when its op is
 // applied in the client's order; one whose bytes never came fails its array with the reason,
 // and a collected client's staged bytes are freed.
