@@ -76,6 +76,23 @@ LocalClusterOptions EmbeddedCluster(const TrainOptions& o, int64_t device_memory
   return c;
 }
 
+// Opens `path` for appending, making it when it does not exist (O_EXCL: then `made` is set to
+// it, and it is this run's to remove).
+absl::StatusOr<std::FILE*> OpenMetrics(const std::string& path, std::string& made) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (!created && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  std::FILE* file = fd >= 0 ? ::fdopen(fd, "a") : nullptr;
+  if (file == nullptr) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    if (created) ::unlink(path.c_str());
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", path, ": cannot write: ", std::strerror(error)));
+  }
+  if (created) made = path;
+  return file;
+}
+
 }  // namespace
 
 absl::Status RunTrain(const Flags& flags) {
@@ -113,19 +130,7 @@ absl::Status RunTrain(const Flags& flags) {
   };
   std::FILE* metrics = nullptr;
   if (flags.Has("metrics-jsonl")) {
-    const std::string path = flags.Get("metrics-jsonl");
-    // Made here only if no one else made it first (O_EXCL): only then is it this run's to remove.
-    int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    const bool made = fd >= 0;
-    if (!made && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-    metrics = fd >= 0 ? ::fdopen(fd, "a") : nullptr;
-    if (metrics == nullptr) {
-      const int error = errno;
-      if (fd >= 0) ::close(fd);
-      if (made) ::unlink(path.c_str());
-      return absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", path, ": cannot write: ", std::strerror(error)));
-    }
-    if (made) made_metrics = path;
+    PW_ASSIGN_OR_RETURN(metrics, OpenMetrics(flags.Get("metrics-jsonl"), made_metrics));
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_file(metrics, [](std::FILE* f) {
     return f == nullptr ? 0 : std::fclose(f);

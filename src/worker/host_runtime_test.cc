@@ -66,21 +66,27 @@ class HostRuntimeTest : public ::testing::Test {
     return values;
   }
 
+  // Puts [1, 2] as op 1 and [3, 4] as op 3 of client "c", with `between` after the first, and
+  // expects the second put's array read back once op 3 is applied.
+  void ExpectTheSecondPutReadsBack(std::vector<rpc::Op> between) {
+    rpc::EnqueueRequest request;
+    request.set_client_id("c");
+    *request.add_ops() = PutOp(1, 1, 0, {1, 2});
+    for (rpc::Op& op : between) *request.add_ops() = std::move(op);
+    *request.add_ops() = PutOp(3, 2, 0, {3, 4});
+    ASSERT_TRUE(host_.Enqueue(request).ok());
+    auto values = FetchAfter(2, 3);
+    ASSERT_TRUE(values.ok()) << values.status();
+    EXPECT_EQ(*values, (std::vector<float>{3, 4}));
+  }
+
   HostRuntime host_{{.num_devices = 1, .device_memory_bytes = 64 << 20, .name = "h"}};
 };
 
 // A client fills the number it reserved for a run the scheduler refused with a skip; the host
 // takes it as a no-op, not as a malformed op.
 TEST_F(HostRuntimeTest, ASkipKeepsItsPlaceInTheSequenceAndIsNotAnError) {
-  rpc::EnqueueRequest request;
-  request.set_client_id("c");
-  *request.add_ops() = PutOp(1, 1, 0, {1, 2});
-  *request.add_ops() = Skip(2);
-  *request.add_ops() = PutOp(3, 2, 0, {3, 4});
-  ASSERT_TRUE(host_.Enqueue(request).ok());
-  auto values = FetchAfter(2, 3);
-  ASSERT_TRUE(values.ok()) << values.status();
-  EXPECT_EQ(*values, (std::vector<float>{3, 4}));
+  ExpectTheSecondPutReadsBack({Skip(2)});
 }
 
 // A malformed op from the scheduler (neither a run nor a retirement) is refused, but it keeps its
@@ -96,14 +102,7 @@ TEST_F(HostRuntimeTest, AMalformedScheduledOpKeepsItsPlaceAndTheRestOfItsBatchAp
   nobodys.set_order(2);
   absl::Status refused = host_.ApplyScheduled({malformed, nobodys});
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-  rpc::EnqueueRequest request;
-  request.set_client_id("c");
-  *request.add_ops() = PutOp(1, 1, 0, {1, 2});
-  *request.add_ops() = PutOp(3, 2, 0, {3, 4});  // after the malformed op's number
-  ASSERT_TRUE(host_.Enqueue(request).ok());
-  auto values = FetchAfter(2, 3);
-  ASSERT_TRUE(values.ok()) << values.status();
-  EXPECT_EQ(*values, (std::vector<float>{3, 4}));
+  ExpectTheSecondPutReadsBack({});  // op 3 comes after the malformed op's number
 }
 
 // A put whose bytes were staged (over a data stream) takes the staged buffer when its op is
