@@ -155,6 +155,12 @@ int64_t StreamPeer::written() {
   return written_;
 }
 
+bool StreamPeer::WaitUntilWritten(int64_t batches, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto enough = [this, batches]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return written_ >= batches; };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
 std::deque<std::string> StreamPeer::TakeQueued() {
   absl::MutexLock lock(&mu_);
   std::deque<std::string> out;

@@ -66,8 +66,10 @@ class StreamPeer {
   void Enqueue(const std::string& graph, const std::vector<Envelope>& batch);
   // Queued batches get until `deadline` to go out; then the connection is cut.
   void BeginClose(absl::Time deadline);
-  // Batches written, whole (tests, counters).
+  // Batches written, whole (tests, counters). A receiver may have a batch before it is counted:
+  // WaitUntilWritten waits for the count (false when `timeout` passed first).
   int64_t written();
+  bool WaitUntilWritten(int64_t batches, absl::Duration timeout);
   // The frames (DataflowFrame) not written, oldest first, taken out: after `lost`.
   std::deque<std::string> TakeQueued();
 

@@ -86,6 +86,8 @@ TEST(StreamPeerTest, BatchesArriveWholeAndInOrder) {
     const size_t bytes = i % 50 == 7 ? (size_t{4} << 20) : static_cast<size_t>(i % 100);
     EXPECT_EQ(e.payload, std::string(bytes, static_cast<char>('a' + i % 26)));
   }
+  // The sender counts a batch once its write returned, which may be after the receiver has it.
+  EXPECT_TRUE(peer->WaitUntilWritten(kBatches, absl::Seconds(30)));
   EXPECT_EQ(peer->written(), kBatches);
 }
 
