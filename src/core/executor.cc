@@ -2,13 +2,23 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+
 namespace pathways {
+
+namespace {
+
+void NameThisThread(const std::string& pool, int index) {
+  std::string name = pool.substr(0, 12) + "-" + std::to_string(index);
+  pthread_setname_np(pthread_self(), name.c_str());
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(std::string name, int num_threads) : name_(std::move(name)) {
   for (int i = 0; i < num_threads; ++i) {
     threads_.emplace_back([this, i] {
-      std::string thread_name = name_.substr(0, 12) + "-" + std::to_string(i);
-      pthread_setname_np(pthread_self(), thread_name.c_str());
+      NameThisThread(name_, i);
       WorkLoop();
     });
   }
@@ -55,6 +65,67 @@ void ThreadPool::WorkLoop() {
     }
     std::move(task)();
   }
+}
+
+GrowingThreadPool::GrowingThreadPool(std::string name, int max_threads)
+    : name_(std::move(name)), max_threads_(std::max(1, max_threads)) {}
+
+GrowingThreadPool::~GrowingThreadPool() { Shutdown(); }
+
+void GrowingThreadPool::Shutdown() {
+  std::vector<std::thread> joining;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    joining.swap(threads_);  // no thread starts from now on
+  }
+  for (auto& t : joining) t.join();
+  std::deque<absl::AnyInvocable<void() &&>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    dropped.swap(queue_);  // scheduled while the last threads ended: dropped outside the lock
+  }
+}
+
+void GrowingThreadPool::Schedule(absl::AnyInvocable<void() &&> task) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return;
+  queue_.push_back(std::move(task));
+  if (!stopping_ && static_cast<size_t>(free_) < queue_.size() && started_ < max_threads_) {
+    const int index = started_++;
+    threads_.emplace_back([this, index] {
+      NameThisThread(name_, index);
+      WorkLoop();
+    });
+  }
+}
+
+int GrowingThreadPool::threads_started() {
+  absl::MutexLock lock(&mu_);
+  return started_;
+}
+
+void GrowingThreadPool::WorkLoop() {
+  mu_.Lock();
+  while (true) {
+    ++free_;
+    mu_.Await(absl::Condition(
+        +[](GrowingThreadPool* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+          return self->stopping_ || !self->queue_.empty();
+        },
+        this));
+    --free_;
+    if (queue_.empty()) break;  // stopping and drained
+    absl::AnyInvocable<void() &&> task = std::move(queue_.front());
+    queue_.pop_front();
+    mu_.Unlock();
+    std::move(task)();
+    task = nullptr;  // what it held goes before the lock is taken again
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 }  // namespace pathways

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 
@@ -40,6 +41,36 @@ class ThreadPool : public Executor {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
+};
+
+// A pool that starts a thread when a task arrives and no thread is free to take it, up to
+// `max_threads`; the threads stay until Shutdown. For tasks that may block on one another (the
+// continuations of RPC completions, which may wait for other calls): a task that blocks holds
+// back the queue only once `max_threads` block. Thread-safe. Shutdown (or the destructor) runs
+// every task already scheduled, then joins the threads; tasks scheduled after that are dropped.
+class GrowingThreadPool : public Executor {
+ public:
+  GrowingThreadPool(std::string name, int max_threads);
+  ~GrowingThreadPool() override;
+  GrowingThreadPool(const GrowingThreadPool&) = delete;
+  GrowingThreadPool& operator=(const GrowingThreadPool&) = delete;
+
+  void Schedule(absl::AnyInvocable<void() &&> task) override;
+  void Shutdown();
+  int threads_started();
+
+ private:
+  void WorkLoop();
+
+  const std::string name_;
+  const int max_threads_;
+  absl::Mutex mu_;
+  std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
+  int free_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for a task
+  int started_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);  // moved out to be joined once stopping_
 };
 
 }  // namespace pathways

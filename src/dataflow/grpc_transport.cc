@@ -240,7 +240,8 @@ class GrpcTransport::Peer {
     TsanRelease(this);  // gRPC's core hands the call to the thread that completes it
     stub_->async()->StreamPort(&context_, &request_, &response_, [this](grpc::Status s) {
       TsanAcquire(this);
-      Answered(s);
+      // Answering starts a stream peer (a thread, a connection): not on gRPC's thread.
+      RpcCompletions().Schedule([this, s = std::move(s)] { Answered(s); });
     });
   }
   ~Peer() {

@@ -23,32 +23,37 @@ Future<Value> StartUnaryCall(std::string description, const Request& request, ab
     grpc::ClientContext context;
     Request request;
     Response response;
+    grpc::Status status;
+    std::string description;
+    Wrap wrap;
     Promise<Value> promise;
   };
-  auto* call = new CallState;
-  call->request = request;
+  auto* call = new CallState{{}, request, {}, {}, std::move(description), std::move(wrap), {}};
   AttachCallToken(call->context);
   if (timeout != absl::InfiniteDuration()) {
     call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   }
   Future<Value> result = call->promise.future();
   TsanRelease(call);  // gRPC's core hands the call to the thread that completes it
-  start(&call->context, &call->request, &call->response,
-        [call, description = std::move(description), wrap = std::move(wrap)](grpc::Status status) {
-          TsanAcquire(call);
-          std::unique_ptr<CallState> owned(call);
-          if (status.ok()) {
-            owned->promise.Set(wrap(std::move(owned->response)));
-          } else {
-            owned->promise.Set(FromGrpc(status, description));
-          }
-        });
+  start(&call->context, &call->request, &call->response, [call](grpc::Status status) {
+    TsanAcquire(call);
+    call->status = std::move(status);
+    // gRPC's thread only hands over: the promise's continuations may do real work, or block.
+    RpcCompletions().Schedule([call] {
+      std::unique_ptr<CallState> owned(call);
+      if (owned->status.ok()) {
+        owned->promise.Set(owned->wrap(std::move(owned->response)));
+      } else {
+        owned->promise.Set(FromGrpc(owned->status, owned->description));
+      }
+    });
+  });
   return result;
 }
 
 // Starts `start(context, request, response, done)` (a stub's async() method) and returns the
 // response as a future, or the call's error prefixed with `description`. The future completes
-// on gRPC's callback thread: continuations that do real work should hop to an executor.
+// on a thread of RpcCompletions(), which inline continuations share with every other call's.
 template <typename Response, typename Request, typename Start>
 Future<Response> AsyncUnaryCall(std::string description, const Request& request, absl::Duration timeout,
                                 Start start) {

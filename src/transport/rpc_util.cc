@@ -9,6 +9,11 @@
 
 namespace pathways {
 
+Executor& RpcCompletions() {
+  static GrowingThreadPool* pool = new GrowingThreadPool("rpc-done", 64);
+  return *pool;
+}
+
 int KeepaliveMs() {
   static const int ms = [] {
     constexpr int kDefault = 2000;

@@ -4,6 +4,7 @@
 #include "absl/status/status.h"
 #include "array/sharding.h"
 #include "compute/function_body.h"
+#include "core/executor.h"
 #include "core/types.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -28,6 +29,12 @@ int KeepaliveMs();
 // bound port in `*port`); a clear error naming `what` and the address when it cannot listen.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::ServerBuilder& builder, const std::string& what,
                                                          const std::string& address, const int* port);
+
+// Where the completions of the runtime's outgoing calls run: gRPC's callback threads only hand
+// each one over to this pool, where the call's promise is settled and the continuations run.
+// It grows while continuations block (one may wait for another call), up to 64 threads; one
+// pool for the process, never shut down.
+Executor& RpcCompletions();
 
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status);

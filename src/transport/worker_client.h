@@ -20,8 +20,8 @@
 
 namespace pathways {
 
-// Asynchronous calls to one worker. Thread-safe. Futures complete on gRPC's callback threads:
-// continuations that do real work should hop to an executor.
+// Asynchronous calls to one worker. Thread-safe. Futures complete on RpcCompletions(), never on
+// gRPC's own threads.
 class WorkerClient {
  public:
   explicit WorkerClient(std::string address);
