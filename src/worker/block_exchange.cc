@@ -56,20 +56,36 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
  public:
   BlockReceiver(HostRuntime& runtime, std::string client, int program_node)
       : runtime_(runtime), client_(std::move(client)), program_node_(program_node) {}
-  void OnMessage(dataflow::ShardContext&, int, int, const std::string& payload) override {
+  void OnMessage(dataflow::ShardContext& ctx, int, int, const std::string& payload) override {
     rpc::TransferRequest request;
     if (!request.ParseFromString(payload)) {
-      PW_LOG(Error) << "dataflow block that does not parse, dropped";
+      // Whose block it was is inside what did not parse: the epoch's end fails every block that
+      // did not come, with this as the reason.
+      absl::MutexLock lock(&mu_);
+      unreadable_[ctx.epoch()] = absl::StrCat("a block of ", payload.size(), " bytes that does not parse reached ",
+                                              runtime_.name(), " (dropped)");
       return;
     }
     runtime_.ReceiveTransfer(client_, request);
   }
-  void OnEpochDone(dataflow::ShardContext& ctx) override { runtime_.FinishEpoch(client_, ctx.epoch(), program_node_); }
+  void OnEpochDone(dataflow::ShardContext& ctx) override {
+    std::string unreadable;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = unreadable_.find(ctx.epoch()); it != unreadable_.end()) {
+        unreadable = std::move(it->second);
+        unreadable_.erase(it);
+      }
+    }
+    runtime_.FinishEpoch(client_, ctx.epoch(), program_node_, unreadable);
+  }
 
  private:
   HostRuntime& runtime_;
   const std::string client_;
   const int program_node_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<int64_t, std::string> unreadable_ ABSL_GUARDED_BY(mu_);  // by epoch, until it ends
 };
 
 std::unique_ptr<dataflow::Operator> HostRuntime::MakeBlockReceiver(const std::string& client, int program_node) {

@@ -109,11 +109,12 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   return absl::OkStatus();
 }
 
-void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch, int node) {
+void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch, int node, const std::string& why) {
   int failed = store_.FailUndeliveredTransfers(
       client, epoch, node, node,
       absl::InternalError(absl::StrCat("epoch ", epoch, ": a block of node ", node,
-                                       " that every sender has accounted for never reached ", name())));
+                                       " that every sender has accounted for never reached ", name(),
+                                       why.empty() ? "" : ": ", why)));
   if (failed > 0) PW_LOG(Error) << failed << " blocks of epoch " << epoch << " never reached " << name();
 }
 

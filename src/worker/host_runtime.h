@@ -202,8 +202,9 @@ class HostRuntime {
   static bool DeliverInProcess(const std::string& host, const std::string& client, const ObjectStore::TransferId& id,
                                BufferPtr block);
   void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);
-  // Every block of `node` in the epoch has arrived: fails any this host still waits for.
-  void FinishEpoch(const std::string& client, int64_t epoch, int node);
+  // Every block of `node` in the epoch has arrived: fails any this host still waits for, with
+  // `why` added when something is known (a block that did not parse).
+  void FinishEpoch(const std::string& client, int64_t epoch, int node, const std::string& why);
   void Put(const std::string& client, const rpc::PutOp& op);
   // The bytes staged for `dest`, taken out of staged_; null when none are.
   BufferPtr TakeStaged(const std::string& client, const rpc::ShardRef& dest);
