@@ -16,30 +16,6 @@ GangLayout Layout(std::vector<int64_t> dims, std::vector<std::string> names, std
   return layout;
 }
 
-TEST(GroupOfTest, GroupsFollowTheNamedAxes) {
-  GangLayout layout = Layout({2, 3}, {"x", "y"}, std::vector<std::string>(6, "h"));
-  auto y = GroupOf(layout, 4, "y");  // shard 4 is at (1, 1)
-  ASSERT_TRUE(y.ok()) << y.status();
-  EXPECT_EQ(y->shards, (std::vector<int64_t>{3, 4, 5}));
-  EXPECT_EQ(y->rank, 1);
-  auto x = GroupOf(layout, 4, "x");
-  ASSERT_TRUE(x.ok());
-  EXPECT_EQ(x->shards, (std::vector<int64_t>{1, 4}));
-  EXPECT_EQ(x->rank, 1);
-  EXPECT_NE(x->id, GroupOf(layout, 5, "x")->id);
-  EXPECT_EQ(x->id, GroupOf(layout, 1, "x")->id);
-  auto all = GroupOf(layout, 4, "");
-  ASSERT_TRUE(all.ok());
-  EXPECT_EQ(all->shards, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
-  EXPECT_EQ(all->rank, 4);
-  auto yx = GroupOf(layout, 4, "y, x");  // y varies slowest
-  ASSERT_TRUE(yx.ok());
-  EXPECT_EQ(yx->shards, (std::vector<int64_t>{0, 3, 1, 4, 2, 5}));
-  EXPECT_EQ(yx->rank, 3);
-  EXPECT_EQ(GroupOf(layout, 0, "z").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(GroupOf(layout, 0, "x,x").status().code(), absl::StatusCode::kInvalidArgument);
-}
-
 // Runs `body(shard)` on one thread per shard and returns each shard's status.
 template <typename F>
 std::vector<absl::Status> RunShards(int n, F body) {
