@@ -1,7 +1,7 @@
 // Internal to the compute layer, the only one that includes torch: the `pathways.*` torch ops
-// (collectives and their gradients, random numbers, training data; torch_ops.cc), the built-in
-// kernels, and what the executables (torch_executable.cc) and the allocator (torch_allocator.cc)
-// share.
+// (collectives and their gradients, collective_ops.cc; random numbers, training data,
+// torch_ops.cc), the built-in kernels, and what the executables (torch_executable.cc) and the
+// allocator (torch_allocator.cc) share.
 #pragma once
 
 // ivalue.h first: clang (C++20) otherwise instantiates List<IValue> members while IValue is
@@ -24,6 +24,23 @@ absl::StatusOr<at::ScalarType> ToTorch(DType dtype);
 // kInvalid for a type the runtime has no dtype for.
 DType FromTorch(at::ScalarType t);
 
+// A bad argument of a pathways op: the run fails with InvalidArgument and this message, not as
+// an Internal failure of the TorchScript interpreter (the executable reads OpFailure()).
+#define PW_OP_CHECK(cond, ...)                                     \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      const std::string pw_op_message = c10::str(__VA_ARGS__);     \
+      OpFailure() = absl::InvalidArgumentError(pw_op_message);     \
+      TORCH_CHECK(false, pw_op_message);                           \
+    }                                                              \
+  } while (0)
+
+// The collective torch ops (collective_ops.cc), differentiable. Each throws on failure.
+at::Tensor AllReduceOp(const at::Tensor& x, std::string axes, std::string op);
+at::Tensor AllGatherOp(const at::Tensor& x, std::string axes, int64_t dim);
+at::Tensor ReduceScatterOp(const at::Tensor& x, std::string axes, std::string op, int64_t dim);
+at::Tensor AllToAllOp(const at::Tensor& x, std::string axes, int64_t dim);
+at::Tensor BroadcastOp(const at::Tensor& x, std::string axes, int64_t root);
 // The number of members of the running shard's group over `axes`. Throws outside a slice.
 int ShardGroupSize(const std::string& axes);
 // all_reduce ('sum', 'max', 'min' or 'mean') over `axes`, recording no gradient. Throws on failure.
