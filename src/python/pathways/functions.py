@@ -46,7 +46,9 @@ def _with_pathways_names(source: str, fn: Callable) -> str:
     scope.update(inspect.getclosurevars(fn).nonlocals)
     local = set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
     modules = {n for n, v in scope.items() if n != "pathways" and n not in local and (v is package or v is collectives)}
-    functions = {n: v.__name__ for n, v in scope.items() if n not in local and callable(v) and v in ops}
+    # By identity: a module's globals may hold unhashable callables (pytest's marks, say).
+    op_ids = {id(f) for f in ops}
+    functions = {n: v.__name__ for n, v in scope.items() if n not in local and id(v) in op_ids}
     if not modules and not functions:
         return source
     import io
