@@ -68,7 +68,19 @@ void ThreadPool::WorkLoop() {
 }
 
 GrowingThreadPool::GrowingThreadPool(std::string name, int max_threads)
-    : name_(std::move(name)), max_threads_(std::max(1, max_threads)) {}
+    : name_(std::move(name)), max_threads_(std::max(1, max_threads)) {
+  absl::MutexLock lock(&mu_);
+  StartThreadLocked();
+}
+
+void GrowingThreadPool::StartThreadLocked() {
+  ++free_;  // from now: a thread still starting takes the next task as soon as it can
+  const int index = started_++;
+  threads_.emplace_back([this, index] {
+    NameThisThread(name_, index);
+    WorkLoop();
+  });
+}
 
 GrowingThreadPool::~GrowingThreadPool() { Shutdown(); }
 
@@ -93,13 +105,6 @@ void GrowingThreadPool::Schedule(absl::AnyInvocable<void() &&> task) {
   absl::MutexLock lock(&mu_);
   if (closed_) return;
   queue_.push_back(std::move(task));
-  if (!stopping_ && static_cast<size_t>(free_) < queue_.size() && started_ < max_threads_) {
-    const int index = started_++;
-    threads_.emplace_back([this, index] {
-      NameThisThread(name_, index);
-      WorkLoop();
-    });
-  }
 }
 
 int GrowingThreadPool::threads_started() {
@@ -109,22 +114,24 @@ int GrowingThreadPool::threads_started() {
 
 void GrowingThreadPool::WorkLoop() {
   mu_.Lock();
-  while (true) {
-    ++free_;
+  while (true) {  // counted in free_ here: since StartThreadLocked, or since its last task
     mu_.Await(absl::Condition(
         +[](GrowingThreadPool* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
           return self->stopping_ || !self->queue_.empty();
         },
         this));
-    --free_;
     if (queue_.empty()) break;  // stopping and drained
     absl::AnyInvocable<void() &&> task = std::move(queue_.front());
     queue_.pop_front();
+    --free_;
+    if (free_ == 0 && started_ < max_threads_ && !stopping_) StartThreadLocked();  // one free for the next
     mu_.Unlock();
     std::move(task)();
     task = nullptr;  // what it held goes before the lock is taken again
     mu_.Lock();
+    ++free_;
   }
+  --free_;
   mu_.Unlock();
 }
 

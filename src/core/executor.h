@@ -43,10 +43,12 @@ class ThreadPool : public Executor {
   std::vector<std::thread> threads_;
 };
 
-// A pool that starts a thread when a task arrives and no thread is free to take it, up to
-// `max_threads`; the threads stay until Shutdown. For tasks that may block on one another (the
-// continuations of RPC completions, which may wait for other calls): a task that blocks holds
-// back the queue only once `max_threads` block. Thread-safe. Shutdown (or the destructor) runs
+// A pool that keeps a thread free for the next task: a thread that takes a task and leaves none
+// free starts another, up to `max_threads`; threads stay until Shutdown. For tasks that may block
+// on one another (the continuations of RPC completions, which may wait for other calls): a task
+// that blocks holds back the queue only once `max_threads` block. Threads are started by the
+// constructor and by the pool's own threads, never by Schedule's caller (which may be a thread of
+// a library's, gRPC's completion threads say). Thread-safe. Shutdown (or the destructor) runs
 // every task already scheduled, then joins the threads; tasks scheduled after that are dropped.
 class GrowingThreadPool : public Executor {
  public:
@@ -60,13 +62,16 @@ class GrowingThreadPool : public Executor {
   int threads_started();
 
  private:
+  // Under mu_: callers of Schedule wait for a thread's creation, which is rare (the pool only
+  // grows while tasks block).
+  void StartThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WorkLoop();
 
   const std::string name_;
   const int max_threads_;
   absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
-  int free_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for a task
+  int free_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for a task, or starting
   int started_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

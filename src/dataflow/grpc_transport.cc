@@ -83,8 +83,16 @@ class GrpcTransport::PeerStream {
   class Call : public grpc::ClientWriteReactor<rpc::DataflowBatch> {
    public:
     explicit Call(PeerStream& owner) : owner_(owner) {}
-    void OnWriteDone(bool ok) override { owner_.WriteDone(ok); }
-    void OnDone(const grpc::Status& status) override { owner_.CallDone(status); }
+    // gRPC's core runs the reactions on its threads: what Take() did before it started the
+    // operation they end comes first (core/tsan.h).
+    void OnWriteDone(bool ok) override {
+      TsanAcquire(this);
+      owner_.WriteDone(ok);
+    }
+    void OnDone(const grpc::Status& status) override {
+      TsanAcquire(this);
+      owner_.CallDone(status);
+    }
     grpc::ClientContext context;
     rpc::DataflowAck ack;
     rpc::DataflowBatch message;  // the one being written
@@ -160,6 +168,9 @@ class GrpcTransport::PeerStream {
   }
 
   void Take(const Steps& steps) {
+    for (Call* c : {steps.release, steps.start, steps.write}) {
+      if (c != nullptr) TsanRelease(c);  // handed to gRPC's core, which completes it on its threads
+    }
     if (steps.release != nullptr) {
       if (steps.finish) steps.release->StartWritesDone();
       steps.release->RemoveHold();
@@ -238,10 +249,11 @@ class GrpcTransport::Peer {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + kAskFor));
     AttachCallToken(context_);
     TsanRelease(this);  // gRPC's core hands the call to the thread that completes it
-    stub_->async()->StreamPort(&context_, &request_, &response_, [this](grpc::Status s) {
+    Executor* completions = &RpcCompletions();  // made here the first time, not on gRPC's thread
+    stub_->async()->StreamPort(&context_, &request_, &response_, [this, completions](grpc::Status s) {
       TsanAcquire(this);
       // Answering starts a stream peer (a thread, a connection): not on gRPC's thread.
-      RpcCompletions().Schedule([this, s = std::move(s)] { Answered(s); });
+      completions->Schedule([this, s = std::move(s)] { Answered(s); });
     });
   }
   ~Peer() {

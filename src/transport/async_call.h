@@ -34,12 +34,13 @@ Future<Value> StartUnaryCall(std::string description, const Request& request, ab
     call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   }
   Future<Value> result = call->promise.future();
+  Executor* completions = &RpcCompletions();  // made here the first time, not on gRPC's thread
   TsanRelease(call);  // gRPC's core hands the call to the thread that completes it
-  start(&call->context, &call->request, &call->response, [call](grpc::Status status) {
+  start(&call->context, &call->request, &call->response, [call, completions](grpc::Status status) {
     TsanAcquire(call);
     call->status = std::move(status);
     // gRPC's thread only hands over: the promise's continuations may do real work, or block.
-    RpcCompletions().Schedule([call] {
+    completions->Schedule([call] {
       std::unique_ptr<CallState> owned(call);
       if (owned->status.ok()) {
         owned->promise.Set(owned->wrap(std::move(owned->response)));
