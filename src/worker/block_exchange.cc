@@ -85,7 +85,9 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
   const std::string client_;
   const int program_node_;
   absl::Mutex mu_;
-  absl::flat_hash_map<int64_t, std::string> unreadable_ ABSL_GUARDED_BY(mu_);  // by epoch, until it ends
+  // By epoch, until it ends; an epoch that never ends leaves its entry until the graph (and this
+  // operator) goes, one string per epoch at most.
+  absl::flat_hash_map<int64_t, std::string> unreadable_ ABSL_GUARDED_BY(mu_);
 };
 
 std::unique_ptr<dataflow::Operator> HostRuntime::MakeBlockReceiver(const std::string& client, int program_node) {

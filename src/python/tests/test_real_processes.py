@@ -58,6 +58,7 @@ class Processes:
             hosts = json.loads(out.stdout).get("hosts", [])
             if not any(h["address"] == address and h["alive"] for h in hosts):
                 return
+            time.sleep(0.2)  # between questions; the answer is what is waited for
         raise AssertionError(f"the controller still counts {address} alive after {seconds} s")
 
     def close(self) -> None:
@@ -133,16 +134,18 @@ def test_bad_input_raises_its_class_and_the_processes_serve_on(processes, client
 
 def test_another_tenants_arrays_and_a_closed_client(processes, client):
     other = pathways.connect(processes.address)
-    theirs = other.put(torch.arange(2, dtype=torch.float32), other.slice((2,)), P("x"))
-    mesh = client.slice((2,))
+    try:
+        theirs = other.put(torch.arange(2, dtype=torch.float32), other.slice((2,)), P("x"))
+        mesh = client.slice((2,))
 
-    @pathways.function(in_shardings=[P("x"), P("x")], out_shardings=[P("x")])
-    def add(a, b):
-        return a + b
+        @pathways.function(in_shardings=[P("x"), P("x")], out_shardings=[P("x")])
+        def add(a, b):
+            return a + b
 
-    with pytest.raises(pathways.InvalidArgumentError):
-        add(client.put(torch.zeros(2), mesh, P("x")), theirs)
-    other.close()
+        with pytest.raises(pathways.InvalidArgumentError):
+            add(client.put(torch.zeros(2), mesh, P("x")), theirs)
+    finally:
+        other.close()
     with pytest.raises(pathways.FailedPreconditionError, match="closed"):
         theirs.fetch()
     with pytest.raises(pathways.FailedPreconditionError, match="closed"):
