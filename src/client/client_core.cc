@@ -68,6 +68,11 @@ void ClientCore::LeaseLoop(absl::Duration interval) {
     auto next = controller_->ClientHeartbeat(identity_, /*goodbye=*/false);
     if (next.ok()) {
       interval = *next;
+    } else if (next.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // The controller refuses this client for good (a computation of its held a device past its
+      // host's computation timeout): said once, and no more renewals.
+      PW_LOG(Error) << "client " << id() << ": " << next.status();
+      return;
     } else {
       PW_LOG(Warning) << "client " << id() << " could not renew its lease: " << next.status();
     }

@@ -238,6 +238,10 @@ Future<T> WithTheControllersReason(const std::shared_ptr<ClientCore>& core, cons
                   absl::StrCat(why.message(), " (the controller says the array's slice lost hosts: ", s.reason(), ")")));
               return;
             }
+          } else if (states.status().code() == absl::StatusCode::kFailedPrecondition) {
+            // The controller refuses this client (its computation is why the host left): that is the reason.
+            promise.Set(absl::UnavailableError(absl::StrCat(why.message(), " (", states.status().message(), ")")));
+            return;
           }
           promise.Set(why);
         });

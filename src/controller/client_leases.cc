@@ -1,5 +1,7 @@
 #include "controller/client_leases.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace pathways {
 
 void ClientLeases::Renew(const std::string& client, absl::Time now) {
@@ -21,6 +23,22 @@ void ClientLeases::Goodbye(const std::string& client, absl::Time now) {
   if (lease.departed == absl::InfiniteFuture()) lease.departed = now;
 }
 
+void ClientLeases::Refuse(const std::string& client, std::string reason, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Lease& lease = leases_[client];
+  if (lease.departed == absl::InfiniteFuture()) lease.departed = now;
+  lease.refused = std::move(reason);
+}
+
+absl::Status ClientLeases::CheckNotRefused(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(client);
+  if (it == leases_.end() || it->second.refused.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("this cluster refuses client ", client, ": ", it->second.refused,
+                   "; what it held is collected (a new client may connect)"));
+}
+
 int64_t ClientLeases::Live(absl::Time now) {
   absl::MutexLock lock(&mu_);
   int64_t live = 0;
@@ -36,7 +54,8 @@ std::vector<std::string> ClientLeases::TakeDeparted(absl::Time now) {
   for (auto it = leases_.begin(); it != leases_.end();) {
     Lease& lease = it->second;
     if (lease.departed == absl::InfiniteFuture() && now - lease.last_seen > timeout_) lease.departed = now;
-    if (lease.departed != absl::InfiniteFuture() && now - lease.departed > remember_) {
+    const absl::Duration keep = lease.refused.empty() ? remember_ : refuse_for_;
+    if (lease.departed != absl::InfiniteFuture() && now - lease.departed > keep) {
       leases_.erase(it++);
       continue;
     }

@@ -35,5 +35,26 @@ TEST(ClientLeasesTest, ClientsThatHostsHoldAreAdoptedByARestartedController) {
   EXPECT_TRUE(leases.TakeDeparted(t + absl::Seconds(7)).empty());
 }
 
+TEST(ClientLeasesTest, ARefusedClientDepartsAtOnceAndIsRefusedLongerThanOthersAreRemembered) {
+  ClientLeases leases(absl::Seconds(3), absl::Seconds(60), absl::Hours(1));
+  const absl::Time t = absl::UnixEpoch();
+  leases.Renew("spinner", t);
+  leases.Renew("other", t);
+  EXPECT_TRUE(leases.CheckNotRefused("spinner").ok());
+  leases.Refuse("spinner", "its computation 'spin' held device 0 of h:1 for 10s", t + absl::Seconds(1));
+  EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(1)), std::vector<std::string>{"spinner"});  // retired now
+  const absl::Status refused = leases.CheckNotRefused("spinner");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("'spin' held device 0 of h:1"), std::string::npos) << refused;
+  EXPECT_TRUE(leases.CheckNotRefused("other").ok());
+  leases.Renew("spinner", t + absl::Seconds(2));  // its heartbeats do not bring it back
+  EXPECT_TRUE(leases.TakeDeparted(t + absl::Seconds(2)).empty());
+  // Still refused after the minute other departed clients are remembered for; forgotten after the hour.
+  (void)leases.TakeDeparted(t + absl::Minutes(30));
+  EXPECT_FALSE(leases.CheckNotRefused("spinner").ok());
+  (void)leases.TakeDeparted(t + absl::Minutes(62));
+  EXPECT_TRUE(leases.CheckNotRefused("spinner").ok());
+}
+
 }  // namespace
 }  // namespace pathways

@@ -152,11 +152,11 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
   // A newer process took this address meanwhile (this one was silent): this one must leave.
   if (host.incarnation != r.incarnation()) return Beat::kExpired;
   if (!r.leaving().empty()) {
-    // It leaves, and says why: departed from now on, with its reason (bounded: it reaches clients),
-    // even when it was already silent past the timeout (its last word says more than that does).
-    constexpr size_t kMaxReason = 1024;
-    if (host.left.empty()) host.left = r.leaving().substr(0, kMaxReason);
-    return Beat::kExpired;
+    // It leaves, and says why: departed from now on, with its reason, even when it was already
+    // silent past the timeout (its last word says more than that does).
+    if (!host.left.empty()) return Beat::kExpired;
+    host.left = r.leaving().substr(0, kMaxLeaveReason);
+    return Beat::kLeft;
   }
   if (now - host.last_heartbeat > heartbeat_timeout_ || !host.left.empty()) return Beat::kExpired;
   host.last_heartbeat = now;

@@ -26,7 +26,10 @@ class ClusterRegistry {
   // kUnknown: the host is not registered here (a restarted controller): it registers again.
   // kExpired: it was silent past the heartbeat timeout, so it was already treated as gone (its
   // runs failed, its island went on without it); it is not revived and must leave.
-  enum class Beat { kAlive, kUnknown, kExpired };
+  // kLeft: the registered process said it leaves, and why (HeartbeatRequest.leaving, kept up to
+  // kMaxLeaveReason bytes); it is departed from now on. Said once: later beats are kExpired.
+  enum class Beat { kAlive, kUnknown, kExpired, kLeft };
+  static constexpr size_t kMaxLeaveReason = 1024;  // it reaches clients
   Beat Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now);
   rpc::ClusterStatus Status(absl::Time now) const;
   // Each device's work (as its heartbeats reported it, in buckets) that ended within `window`

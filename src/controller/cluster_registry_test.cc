@@ -474,7 +474,8 @@ TEST(ClusterRegistryTest, AHostThatSaysItLeavesIsDepartedAtOnceWithItsReason) {
   beat.set_incarnation("stuck");
   beat.set_leaving("device 0 is stuck in 'spin'");
   const absl::Time now = t + absl::Milliseconds(100);  // well within the heartbeat timeout
-  EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kExpired);
+  EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kLeft);
+  EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kExpired);  // said once
   EXPECT_EQ(registry.DepartedHosts(now), std::vector<std::string>{"h:1"});
   EXPECT_TRUE(registry.LiveHosts(now).empty());
   rpc::SliceStatesResponse states = registry.SliceStates("c", now);
@@ -499,7 +500,7 @@ TEST(ClusterRegistryTest, AHostThatSaysItLeavesIsDepartedAtOnceWithItsReason) {
   last.set_address("h:2");
   last.set_incarnation("late");
   last.set_leaving("device 0 is stuck in 'loop'");
-  EXPECT_EQ(registry.Heartbeat(last, t + absl::Seconds(10)), ClusterRegistry::Beat::kExpired);
+  EXPECT_EQ(registry.Heartbeat(last, t + absl::Seconds(10)), ClusterRegistry::Beat::kLeft);
   EXPECT_EQ(registry.Status(t + absl::Seconds(10)).hosts(1).left(), "device 0 is stuck in 'loop'");
 
   // A supervisor's new process at the address registers at once, and serves.

@@ -97,9 +97,10 @@ grpc::Status Answer(absl::StatusOr<T> r, T* response) {
   if (absl::Status auth = CheckCallToken(*(context), token_, cluster_token_); !auth.ok()) return ToGrpc(auth)
 #define PW_CHECK_CLUSTER_TOKEN(context)                                                      \
   if (absl::Status auth = CheckCallToken(*(context), cluster_token_); !auth.ok()) return ToGrpc(auth)
-// And a call that acts for a client must carry that client's credential.
-#define PW_CHECK_CLIENT(request)                                                                               \
-  if (absl::Status auth = CheckClientCredential((request)->client_id(), (request)->credential()); !auth.ok()) \
+// And a call that acts for a client must carry that client's credential, of a client this
+// controller does not refuse.
+#define PW_CHECK_CLIENT(request)                                                                   \
+  if (absl::Status auth = CheckClient((request)->client_id(), (request)->credential()); !auth.ok()) \
   return ToGrpc(auth)
 
 // Schedule is served on gRPC's callback API (it waits for hosts, and must not hold a thread
@@ -120,7 +121,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     return {std::string(kScheduleStreamMagic, kStreamMagicBytes), token_, cluster_token_,
             [this](int fd, const StreamListener& listener) {
               ServeScheduleStream(fd, listener, [this](const rpc::ScheduleRequest& request) {
-                absl::Status auth = CheckClientCredential(request.client_id(), request.credential());
+                absl::Status auth = CheckClient(request.client_id(), request.credential());
                 if (!auth.ok()) return Future<Unit>::Ready(auth);
                 auto accepted = Submit(request);
                 if (!accepted.ok()) return Future<Unit>::Ready(accepted.status());
@@ -133,7 +134,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                                      rpc::ScheduleResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     absl::Status auth = CheckCallToken(*context, token_, cluster_token_);
-    if (auth.ok()) auth = CheckClientCredential(request->client_id(), request->credential());
+    if (auth.ok()) auth = CheckClient(request->client_id(), request->credential());
     if (!auth.ok()) {
       reactor->Finish(ToGrpc(auth));
       return reactor;
@@ -213,8 +214,17 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     PW_CHECK_CLUSTER_TOKEN(context);
     const absl::Time now = absl::Now();
     const ClusterRegistry::Beat beat = registry_.Heartbeat(*request, now);
+    // The registered process of a host (it holds the cluster token and its incarnation) leaves
+    // because a client's computation never ended: that client would take down the next host the
+    // same way, so it is refused from now on and retired, which collects what it holds
+    // everywhere. (It may connect again as a new client: the refusal is per client identity.)
+    if (beat == ClusterRegistry::Beat::kLeft && !request->stuck_client().empty()) {
+      const std::string reason = request->leaving().substr(0, ClusterRegistry::kMaxLeaveReason);
+      PW_LOG(Warning) << "refusing client " << ClientLabel(request->stuck_client()) << ": " << reason;
+      controller_.clients_.Refuse(request->stuck_client(), reason, now);
+    }
     response->set_registered(beat == ClusterRegistry::Beat::kAlive);
-    response->set_expired(beat == ClusterRegistry::Beat::kExpired);
+    response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft);
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }
@@ -232,6 +242,11 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   }
 
  private:
+  absl::Status CheckClient(const std::string& client, const std::string& credential) {
+    PW_RETURN_IF_ERROR(CheckClientCredential(client, credential));
+    return controller_.clients_.CheckNotRefused(client);
+  }
+
   // Checks a schedule request and hands its runs to their islands' schedulers; one future per
   // island, complete once its hosts have the runs.
   absl::StatusOr<std::vector<Future<Unit>>> Submit(const rpc::ScheduleRequest& request) {

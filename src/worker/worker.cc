@@ -206,12 +206,10 @@ absl::Status Worker::Register() {
   return absl::OkStatus();
 }
 
-absl::Status Worker::StuckDevice() const {
+std::optional<ComputationWatch::Overrun> Worker::StuckDevice() const {
   const absl::Duration limit = options_.computation_timeout;
-  if (limit <= absl::ZeroDuration() || limit == absl::InfiniteDuration()) return absl::OkStatus();
-  std::optional<ComputationWatch::Overrun> overrun = runtime_->computations().LongerThan(limit, absl::Now());
-  if (!overrun.has_value()) return absl::OkStatus();
-  return absl::UnavailableError(DescribeOverrun(address_, *overrun, limit));
+  if (limit <= absl::ZeroDuration() || limit == absl::InfiniteDuration()) return std::nullopt;
+  return runtime_->computations().LongerThan(limit, absl::Now());
 }
 
 void Worker::HeartbeatLoop() {
@@ -225,9 +223,12 @@ void Worker::HeartbeatLoop() {
     // Liveness on progress, not only on heartbeats: the process answers, but a device that makes
     // none holds every later gang of its island on this host. The controller hears why at once
     // (not after its heartbeat timeout), and the worker leaves.
-    if (absl::Status stuck = StuckDevice(); !stuck.ok()) {
+    if (std::optional<ComputationWatch::Overrun> overrun = StuckDevice(); overrun.has_value()) {
+      const absl::Status stuck =
+          absl::UnavailableError(DescribeOverrun(address_, *overrun, options_.computation_timeout));
       PW_LOG(Error) << stuck.message();
       request.set_leaving(std::string(stuck.message()));
+      request.set_stuck_client(overrun->label.client);
       if (auto told = controller_->Heartbeat(request); !told.ok()) {
         PW_LOG(Warning) << "the controller was not told (it declares this host dead once its heartbeats stop): "
                         << told.status();

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -84,8 +85,9 @@ class Worker {
  private:
   absl::Status Register();
   void HeartbeatLoop();
-  // Why the worker must leave because a device is stuck in a computation; OK when none is.
-  absl::Status StuckDevice() const;
+  // The computation a device has been stuck in past the computation timeout, for which the
+  // worker must leave; none when no device is.
+  std::optional<ComputationWatch::Overrun> StuckDevice() const;
   rpc::RegisterWorkerRequest RegistrationRequest();
   // `recent_work`: also each device's work since the last call that asked for it (heartbeats).
   void DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices, bool recent_work = false);
