@@ -40,6 +40,10 @@ namespace {
 
 // How long a serving process may take to shut down before it exits without finishing.
 constexpr absl::Duration kShutdownDeadline = absl::Seconds(60);
+// The same for a worker that left because the cluster went on without it (it was silent past
+// the heartbeat timeout): its runs failed already, so the work still on its devices is of no use
+// to anyone, and a supervisor restarts it sooner.
+constexpr absl::Duration kLeftShutdownDeadline = absl::Seconds(5);
 
 constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
@@ -311,10 +315,11 @@ absl::Status RunWorker(const Flags& flags) {
   }
   // Shutting down finishes the work on the devices; one stuck in a computation that the worker
   // had not yet called stuck (it was stopped or expired first) would hold it for good.
-  std::thread([] {
-    absl::SleepFor(kShutdownDeadline);
-    std::fprintf(stderr, "pathways: shutdown did not finish within %s (a device stuck in a computation?); exiting\n",
-                 absl::FormatDuration(kShutdownDeadline).c_str());
+  const absl::Duration deadline = left->ok() ? kShutdownDeadline : kLeftShutdownDeadline;
+  std::thread([deadline] {
+    absl::SleepFor(deadline);
+    std::fprintf(stderr, "pathways: shutdown did not finish within %s (work still on the devices); exiting\n",
+                 absl::FormatDuration(deadline).c_str());
     std::fflush(stderr);
     std::_Exit(1);
   }).detach();
