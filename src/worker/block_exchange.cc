@@ -61,7 +61,6 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
     if (!request.ParseFromString(payload)) {
       // Whose block it was is inside what did not parse: the epoch's end fails every block that
       // did not come, with this as the reason.
-      absl::MutexLock lock(&mu_);
       unreadable_[ctx.epoch()] = absl::StrCat("a block of ", payload.size(), " bytes that does not parse reached ",
                                               runtime_.name(), " (dropped)");
       return;
@@ -70,12 +69,9 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
   }
   void OnEpochDone(dataflow::ShardContext& ctx) override {
     std::string unreadable;
-    {
-      absl::MutexLock lock(&mu_);
-      if (auto it = unreadable_.find(ctx.epoch()); it != unreadable_.end()) {
-        unreadable = std::move(it->second);
-        unreadable_.erase(it);
-      }
+    if (auto it = unreadable_.find(ctx.epoch()); it != unreadable_.end()) {
+      unreadable = std::move(it->second);
+      unreadable_.erase(it);
     }
     runtime_.FinishEpoch(client_, ctx.epoch(), program_node_, unreadable);
   }
@@ -84,10 +80,10 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
   HostRuntime& runtime_;
   const std::string client_;
   const int program_node_;
-  absl::Mutex mu_;
   // By epoch, until it ends; an epoch that never ends leaves its entry until the graph (and this
-  // operator) goes, one string per epoch at most.
-  absl::flat_hash_map<int64_t, std::string> unreadable_ ABSL_GUARDED_BY(mu_);
+  // operator) goes, one string per epoch at most. One operator per shard, whose callbacks never
+  // run concurrently (dataflow::Operator): no lock.
+  absl::flat_hash_map<int64_t, std::string> unreadable_;
 };
 
 std::unique_ptr<dataflow::Operator> HostRuntime::MakeBlockReceiver(const std::string& client, int program_node) {

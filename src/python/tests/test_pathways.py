@@ -19,6 +19,8 @@ import pathways as pw
 from pathways import all_reduce as summed_over
 from pathways import P
 
+from bad_input import expect_bad_puts_and_slices_refused
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -344,14 +346,7 @@ def test_bad_functions_and_calls_raise_at_the_first_call_naming_the_function(cli
 
 def test_errors_raise_the_class_of_their_code(cluster, client):
     mesh = client.slice((2,))
-    with pytest.raises(pathways.InvalidArgumentError, match="dtype"):
-        client.put(torch.zeros(2, dtype=torch.float16), mesh)
-    with pytest.raises(pathways.ResourceExhaustedError, match="devices"):
-        client.slice((1000,))
-    with pytest.raises(pathways.InvalidArgumentError):
-        client.put(torch.zeros(3), mesh, P("x"))  # 3 rows do not split over 2 devices
-    with pytest.raises(pathways.InvalidArgumentError):
-        client.put(torch.zeros(2), mesh, P("nope"))
+    expect_bad_puts_and_slices_refused(client, mesh)
 
     @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
     def lam(v):

@@ -21,6 +21,8 @@ os.environ["PATHWAYS_TOKEN"] = TOKEN
 import pathways  # noqa: E402
 from pathways import P  # noqa: E402
 
+from bad_input import expect_bad_puts_and_slices_refused  # noqa: E402
+
 BINARY = os.environ.get("PATHWAYS_BINARY")
 pytestmark = pytest.mark.skipif(not BINARY, reason="PATHWAYS_BINARY is not set (ctest sets it)")
 
@@ -94,14 +96,7 @@ def test_a_function_with_a_collective_matches_torch(client):
 
 def test_bad_input_raises_its_class_and_the_processes_serve_on(processes, client):
     mesh = client.slice((2,))
-    with pytest.raises(pathways.InvalidArgumentError, match="dtype"):
-        client.put(torch.zeros(2, dtype=torch.float16), mesh)
-    with pytest.raises(pathways.ResourceExhaustedError, match="devices"):
-        client.slice((1000,))
-    with pytest.raises(pathways.InvalidArgumentError):
-        client.put(torch.zeros(3), mesh, P("x"))  # 3 rows do not split over 2 devices
-    with pytest.raises(pathways.InvalidArgumentError, match="nope"):
-        client.put(torch.zeros(2), mesh, P("nope"))
+    expect_bad_puts_and_slices_refused(client, mesh)
 
     @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
     def lam(v):
