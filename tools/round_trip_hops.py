@@ -36,7 +36,7 @@ class Wakeup(NamedTuple):
 
 
 _WAKEUP = re.compile(r"\s*([\d.]+)\s+\[\d+\]\s+(.+?)\[(\d+)(?:/(\d+))?\]\s+awakened: (.+?)\[(\d+)(?:/(\d+))?\]")
-_THREAD = re.compile(r"(\S+?)\[(\d+)/(\d+)\]")
+_THREAD = re.compile(r"(\S+?)\[(\d+)(?:/(\d+))?\]")  # a process's main thread: no "/pid"
 
 HOPS = ["client sends the run", "controller to worker", "worker reader to I/O pool",
         "apply and run, to the fetch", "worker answers the fetch", "client reader to caller"]
@@ -59,9 +59,11 @@ def first_pid(path: str, thread_name: str, besides: Optional[int] = None) -> Opt
     pids = set()
     with open(path) as f:
         for line in f:
-            for name, _, pid in _THREAD.findall(line):
-                if name == thread_name and int(pid) != besides:
-                    pids.add(int(pid))
+            # After "next:" perf prints a thread id alone, which is not its process's.
+            for name, tid, pid in _THREAD.findall(line.split("next:")[0]):
+                pid = int(pid or tid)
+                if name == thread_name and pid != besides:
+                    pids.add(pid)
     return min(pids) if pids else None
 
 
