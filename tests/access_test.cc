@@ -23,16 +23,22 @@
 namespace pathways {
 namespace {
 
+// Starts a controller and a worker of 2 devices that require `token`; the controller's address.
+void StartGuardedCluster(Subprocess& controller, Subprocess& worker, const std::string& token, std::string* address) {
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", token}).ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  *address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2", "--token", token})
+                  .ok());
+}
+
 // Access control: a controller and worker that require a token refuse every call without it,
 // with Unauthenticated; status says so; with the token everything works.
 TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
   Subprocess controller, worker;
-  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0", "--token", "s3cret"}).ok());
-  auto line = controller.WaitForLine("listening on", kStartTimeout);
-  ASSERT_TRUE(line.ok()) << line.status();
-  const std::string address = line->substr(line->rfind(' ') + 1);
-  ASSERT_TRUE(worker.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "2", "--token", "s3cret"})
-                  .ok());
+  std::string address;
+  ASSERT_NO_FATAL_FAILURE(StartGuardedCluster(controller, worker, "s3cret", &address));
   ASSERT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());  // it registered: it has the token
 
   auto status = [&](const std::string& token_flag) {
@@ -58,6 +64,42 @@ TEST_F(MultiProcessTest, AClustersTokenIsRequiredOfEveryCall) {
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**client));
   client->reset();
+  SetCallToken("");  // the fixture's cluster needs none
+  EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
+}
+
+// Clients of one process show each its own cluster's token (ClientOptions::token): one to a
+// cluster that requires a token, one to the fixture's that requires none, both working at once,
+// while the process's own token is a wrong one; a client given the wrong token is refused, and a
+// token gRPC could not carry is refused before anything is sent.
+TEST_F(MultiProcessTest, ClientsOfOneProcessShowTheirOwnClustersTokens) {
+  Subprocess controller, worker;
+  std::string address;
+  ASSERT_NO_FATAL_FAILURE(StartGuardedCluster(controller, worker, "s3cret", &address));
+  ASSERT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());
+
+  SetCallToken("not-the-token");  // what a client without a token of its own shows
+  auto wrong = Client::Connect(address, {.token = "guess"});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
+  auto guarded = Client::Connect(address, {.token = "s3cret"});
+  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  auto open = Client::Connect(address_);
+  ASSERT_TRUE(open.ok()) << open.status();
+  // Interleaved: each client's calls, streams and fetches carry its own token (or none).
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**guarded));
+    ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**open));
+  }
+  // The process's token was never changed: a client without a token of its own is refused there.
+  auto unguarded = Client::Connect(address);
+  EXPECT_EQ(unguarded.status().code(), absl::StatusCode::kUnauthenticated) << unguarded.status();
+  for (const std::string& bad : {std::string("s3cret\n"), std::string("s\xc3\xa9" "cret"), std::string(5000, 'x')}) {
+    auto refused = Client::Connect(address, {.token = bad});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  }
+  guarded->reset();
+  open->reset();
   SetCallToken("");  // the fixture's cluster needs none
   EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
   EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);

@@ -43,6 +43,9 @@ struct ClientOptions {
   // Runs go to the controller over one plain TCP stream (transport/schedule_stream.h) when it
   // offers one, instead of a unary gRPC call per batch. Off: unary calls (benchmarks compare).
   bool schedule_stream = true;
+  // The cluster's token for this client's calls ("": none). Unset: the process's (SetCallToken,
+  // else PATHWAYS_TOKEN), so one process may hold clients of clusters with different tokens.
+  std::optional<std::string> token;
   // Test-only: runs go straight to their hosts instead of through their islands' schedulers, so
   // hosts may apply different clients' runs in different orders. Shows what the scheduler
   // prevents (gangs that share devices deadlocking in their collectives); never use otherwise.
@@ -209,8 +212,10 @@ class ShardedArray {
 // A connection to one cluster. Thread-safe.
 class Client {
  public:
-  // Sends the token in PATHWAYS_TOKEN, if set; uses TLS with the authority in PATHWAYS_TLS_CA
-  // (and a certificate from PATHWAYS_TLS_CERT/_KEY), if set, unless the process set up TLS itself.
+  // Sends `options.token`, else the process's (SetCallToken, else PATHWAYS_TOKEN, if set): a token
+  // that is not printable ASCII of at most 4096 bytes is InvalidArgument. Uses TLS with the
+  // authority in PATHWAYS_TLS_CA (and a certificate from PATHWAYS_TLS_CERT/_KEY), if set, unless
+  // the process set up TLS itself.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& controller_address,
                                                          const ClientOptions& options = {});
   ~Client();

@@ -35,7 +35,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       : serial_(NextSerial()),
         identity_(NewClientIdentity()),
         options_(options),
-        controller_(std::make_shared<ControllerClient>(std::move(controller_address))) {}
+        controller_(std::make_shared<ControllerClient>(std::move(controller_address), options_.token)) {}
 
   // Says goodbye to the controller: workers then free whatever the client still owned.
   ~ClientCore();
@@ -50,7 +50,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Fails if the controller cannot be reached.
   absl::Status StartLease();
   std::shared_ptr<WorkerClient> worker(const std::string& address) {
-    return WorkerClientCache::Global().Get(address);
+    return WorkerClientCache::Global().Get(address, options_.token);
   }
 
   // The client's ordered queue to a host. A queue whose delivery stopped (the host refused a

@@ -347,10 +347,13 @@ PYBIND11_MODULE(_pathways, m) {
     std::unique_ptr<Client> client = Value(cluster->Connect());
     return std::make_shared<PyClient>(std::move(cluster), std::move(client));
   });
-  m.def("connect", [](const std::string& address) {
-    py::gil_scoped_release release;
-    return std::make_shared<PyClient>(nullptr, Value(Client::Connect(address)));
-  });
+  m.def(
+      "connect",
+      [](const std::string& address, std::optional<std::string> token) {
+        py::gil_scoped_release release;
+        return std::make_shared<PyClient>(nullptr, Value(Client::Connect(address, {.token = std::move(token)})));
+      },
+      py::arg("address"), py::arg("token") = py::none());
   m.def("parse_bytes", [](const std::string& text) { return Value(ParseBytes(text)); });
 
   // For bench/python_bench.py: the loops the Python benchmark times, written in C++ against the

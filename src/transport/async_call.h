@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -17,8 +18,8 @@ namespace pathways {
 
 // The call's state, and how its response becomes the future's value (`Wrap`).
 template <typename Response, typename Value, typename Wrap, typename Request, typename Start>
-Future<Value> StartUnaryCall(std::string description, const Request& request, absl::Duration timeout, Start start,
-                             Wrap wrap) {
+Future<Value> StartUnaryCall(std::string description, const std::optional<std::string>& token, const Request& request,
+                             absl::Duration timeout, Start start, Wrap wrap) {
   struct CallState {
     grpc::ClientContext context;
     Request request;
@@ -29,7 +30,7 @@ Future<Value> StartUnaryCall(std::string description, const Request& request, ab
     Promise<Value> promise;
   };
   auto* call = new CallState{{}, request, {}, {}, std::move(description), std::move(wrap), {}};
-  AttachCallToken(call->context);
+  AttachToken(call->context, token);
   if (timeout != absl::InfiniteDuration()) {
     call->context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   }
@@ -53,22 +54,24 @@ Future<Value> StartUnaryCall(std::string description, const Request& request, ab
 }
 
 // Starts `start(context, request, response, done)` (a stub's async() method) and returns the
-// response as a future, or the call's error prefixed with `description`. The future completes
-// on a thread of RpcCompletions(), which inline continuations share with every other call's.
+// response as a future, or the call's error prefixed with `description`. The call carries
+// `token` when given, else the process's (TokenOr). The future completes on a thread of
+// RpcCompletions(), which inline continuations share with every other call's.
 template <typename Response, typename Request, typename Start>
-Future<Response> AsyncUnaryCall(std::string description, const Request& request, absl::Duration timeout,
-                                Start start) {
-  return StartUnaryCall<Response, Response>(std::move(description), request, timeout, std::move(start),
+Future<Response> AsyncUnaryCall(std::string description, const std::optional<std::string>& token,
+                                const Request& request, absl::Duration timeout, Start start) {
+  return StartUnaryCall<Response, Response>(std::move(description), token, request, timeout, std::move(start),
                                             [](Response&& r) { return std::move(r); });
 }
 
 // The same, with the response held by a shared_ptr: for large responses, which continuations
 // would otherwise copy.
 template <typename Response, typename Request, typename Start>
-Future<std::shared_ptr<Response>> AsyncUnaryCallShared(std::string description, const Request& request,
-                                                       absl::Duration timeout, Start start) {
+Future<std::shared_ptr<Response>> AsyncUnaryCallShared(std::string description,
+                                                       const std::optional<std::string>& token,
+                                                       const Request& request, absl::Duration timeout, Start start) {
   return StartUnaryCall<Response, std::shared_ptr<Response>>(
-      std::move(description), request, timeout, std::move(start),
+      std::move(description), token, request, timeout, std::move(start),
       [](Response&& r) { return std::make_shared<Response>(std::move(r)); });
 }
 

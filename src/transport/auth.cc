@@ -51,10 +51,14 @@ std::string CallToken() {
   return *token;
 }
 
-void AttachCallToken(grpc::ClientContext& context) {
-  const std::string value = CallToken();
+std::string TokenOr(const std::optional<std::string>& own) { return own.has_value() ? *own : CallToken(); }
+
+void AttachToken(grpc::ClientContext& context, const std::optional<std::string>& own) {
+  const std::string value = TokenOr(own);
   if (!value.empty()) context.AddMetadata(kTokenKey, value);
 }
+
+void AttachCallToken(grpc::ClientContext& context) { AttachToken(context, std::nullopt); }
 
 std::string TokenFromFlagOrEnv(const std::string& flag) { return flag.empty() ? EnvToken() : flag; }
 

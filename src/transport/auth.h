@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -13,13 +14,16 @@
 
 namespace pathways {
 
-// The token every outgoing call of this process carries (one process talks to one cluster):
-// set by SetCallToken, else read once from the environment variable PATHWAYS_TOKEN. Empty: no
-// token is sent.
+// The token outgoing calls of this process carry unless their connection was given its own (a
+// client connected with ClientOptions::token): set by SetCallToken, else read once from the
+// environment variable PATHWAYS_TOKEN. Empty: no token is sent.
 void SetCallToken(std::string token);
 void AttachCallToken(grpc::ClientContext& context);
 // That token, for connections that are not gRPC calls (data streams).
 std::string CallToken();
+// A connection's own token when it has one, else the process's (CallToken, read at each call).
+std::string TokenOr(const std::optional<std::string>& own);
+void AttachToken(grpc::ClientContext& context, const std::optional<std::string>& own);
 
 // `flag` when given, else PATHWAYS_TOKEN, else none: the token a server requires, or a command
 // line tool sends.

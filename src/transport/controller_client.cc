@@ -23,11 +23,11 @@ namespace pathways {
 namespace {
 
 template <typename Response, typename Fn>
-absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char* what, Fn fn,
-                                          absl::Duration deadline = absl::Seconds(10)) {
+absl::StatusOr<Response> CallWithDeadline(const std::string& address, const std::optional<std::string>& token,
+                                          const char* what, Fn fn, absl::Duration deadline = absl::Seconds(10)) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  AttachCallToken(context);
+  AttachToken(context, token);
   Response response;
   grpc::Status status = fn(&context, &response);
   if (!status.ok()) return FromGrpc(status, absl::StrCat(what, " on controller ", address));
@@ -36,15 +36,16 @@ absl::StatusOr<Response> CallWithDeadline(const std::string& address, const char
 
 }  // namespace
 
-ControllerClient::ControllerClient(std::string address)
+ControllerClient::ControllerClient(std::string address, std::optional<std::string> token)
     : address_(std::move(address)),
+      token_(std::move(token)),
       channel_(grpc::CreateCustomChannel(address_, ChannelCredentials(), ChannelArgs())),
       stub_(rpc::Controller::NewStub(channel_)) {}
 
 absl::StatusOr<rpc::RegisterWorkerResponse> ControllerClient::RegisterWorker(
     const rpc::RegisterWorkerRequest& r) {
   return CallWithDeadline<rpc::RegisterWorkerResponse>(
-      address_, "RegisterWorker",
+      address_, token_, "RegisterWorker",
       [&](grpc::ClientContext* c, rpc::RegisterWorkerResponse* resp) {
         return stub_->RegisterWorker(c, r, resp);
       });
@@ -52,7 +53,7 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ControllerClient::RegisterWorker(
 
 absl::StatusOr<rpc::HeartbeatResponse> ControllerClient::Heartbeat(const rpc::HeartbeatRequest& r) {
   return CallWithDeadline<rpc::HeartbeatResponse>(
-      address_, "Heartbeat",
+      address_, token_, "Heartbeat",
       [&](grpc::ClientContext* c, rpc::HeartbeatResponse* resp) {
         return stub_->Heartbeat(c, r, resp);
       });
@@ -60,7 +61,7 @@ absl::StatusOr<rpc::HeartbeatResponse> ControllerClient::Heartbeat(const rpc::He
 
 absl::StatusOr<rpc::ClusterStatus> ControllerClient::GetStatus() {
   return CallWithDeadline<rpc::ClusterStatus>(
-      address_, "GetStatus", [&](grpc::ClientContext* c, rpc::ClusterStatus* resp) {
+      address_, token_, "GetStatus", [&](grpc::ClientContext* c, rpc::ClusterStatus* resp) {
         return stub_->GetStatus(c, rpc::GetStatusRequest(), resp);
       });
 }
@@ -68,7 +69,7 @@ absl::StatusOr<rpc::ClusterStatus> ControllerClient::GetStatus() {
 absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::AllocateSlice(
     const rpc::AllocateSliceRequest& r) {
   return CallWithDeadline<rpc::AllocateSliceResponse>(
-      address_, "AllocateSlice",
+      address_, token_, "AllocateSlice",
       [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) {
         return stub_->AllocateSlice(c, r, resp);
       });
@@ -76,19 +77,19 @@ absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::AllocateSlice(
 
 absl::StatusOr<rpc::SliceStatesResponse> ControllerClient::SliceStates(const rpc::SliceStatesRequest& r) {
   return CallWithDeadline<rpc::SliceStatesResponse>(
-      address_, "SliceStates",
+      address_, token_, "SliceStates",
       [&](grpc::ClientContext* c, rpc::SliceStatesResponse* resp) { return stub_->SliceStates(c, r, resp); });
 }
 
 Future<rpc::SliceStatesResponse> ControllerClient::SliceStatesAsync(const rpc::SliceStatesRequest& r) {
   return AsyncUnaryCall<rpc::SliceStatesResponse>(
-      absl::StrCat("SliceStates on controller ", address_), r, absl::Seconds(5),
+      absl::StrCat("SliceStates on controller ", address_), token_, r, absl::Seconds(5),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->SliceStates(ctx, req, resp, std::move(done)); });
 }
 
 absl::StatusOr<rpc::AllocateSliceResponse> ControllerClient::RemapSlice(const rpc::RemapSliceRequest& r) {
   return CallWithDeadline<rpc::AllocateSliceResponse>(
-      address_, "RemapSlice",
+      address_, token_, "RemapSlice",
       [&](grpc::ClientContext* c, rpc::AllocateSliceResponse* resp) { return stub_->RemapSlice(c, r, resp); });
 }
 
@@ -183,7 +184,7 @@ void ControllerClient::ConnectScheduleStream() {
   std::unique_ptr<ScheduleStream> made;
   std::string peer;  // the address gRPC reached the controller at ("ipv4:IP:PORT", "ipv6:[IP]:PORT")
   auto port = CallWithDeadline<rpc::StreamPortResponse>(
-      address_, "StreamPort",
+      address_, token_, "StreamPort",
       [&](grpc::ClientContext* c, rpc::StreamPortResponse* resp) {
         grpc::Status s = rpc::Dataflow::NewStub(channel_)->StreamPort(c, rpc::StreamPortRequest(), resp);
         peer = c->peer();
@@ -204,7 +205,7 @@ void ControllerClient::ConnectScheduleStream() {
       if (peer.rfind(family, 0) == 0 && !HostOfAddress(peer.substr(5)).empty()) host = HostOfAddress(peer.substr(5));
     }
     absl::StatusOr<std::string> ip = NumericHost(host);
-    auto stream = ip.ok() ? ScheduleStream::Connect(address_, *ip, port->port(), kConnect)
+    auto stream = ip.ok() ? ScheduleStream::Connect(address_, *ip, port->port(), kConnect, token_)
                           : absl::StatusOr<std::unique_ptr<ScheduleStream>>(ip.status());
     if (stream.ok()) {
       made = *std::move(stream);
@@ -237,7 +238,7 @@ Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
     return stream->Schedule(r);
   }
   return AsyncUnaryCall<rpc::ScheduleResponse>(
-             absl::StrCat("Schedule on controller ", address_), r, absl::InfiniteDuration(),
+             absl::StrCat("Schedule on controller ", address_), token_, r, absl::InfiniteDuration(),
              [this](auto* ctx, auto* req, auto* resp, auto done) {
                stub_->async()->Schedule(ctx, req, resp, std::move(done));
              })
@@ -250,7 +251,7 @@ absl::StatusOr<absl::Duration> ControllerClient::ClientHeartbeat(const ClientIde
   request.set_credential(client.credential);
   request.set_goodbye(goodbye);
   auto response = CallWithDeadline<rpc::ClientHeartbeatResponse>(
-      address_, "ClientHeartbeat",
+      address_, token_, "ClientHeartbeat",
       [&](grpc::ClientContext* c, rpc::ClientHeartbeatResponse* resp) { return stub_->ClientHeartbeat(c, request, resp); },
       absl::Seconds(2));
   if (!response.ok()) return response.status();
@@ -262,7 +263,7 @@ absl::Status ControllerClient::RendezvousSet(const std::string& key, const std::
   request.set_key(key);
   request.set_value(value);
   return CallWithDeadline<rpc::RendezvousSetResponse>(
-             address_, "RendezvousSet",
+             address_, token_, "RendezvousSet",
              [&](grpc::ClientContext* c, rpc::RendezvousSetResponse* resp) { return stub_->RendezvousSet(c, request, resp); })
       .status();
 }
@@ -272,7 +273,7 @@ absl::StatusOr<std::string> ControllerClient::RendezvousGet(const std::string& k
   request.set_key(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   auto response = CallWithDeadline<rpc::RendezvousGetResponse>(
-      address_, "RendezvousGet",
+      address_, token_, "RendezvousGet",
       [&](grpc::ClientContext* c, rpc::RendezvousGetResponse* resp) { return stub_->RendezvousGet(c, request, resp); },
       timeout + absl::Seconds(10));
   if (!response.ok()) return response.status();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,7 +19,9 @@ namespace pathways {
 
 class ControllerClient {
  public:
-  explicit ControllerClient(std::string address);
+  // Calls and the schedule stream show `token` when given, else the process's token (TokenOr,
+  // at each call).
+  explicit ControllerClient(std::string address, std::optional<std::string> token = std::nullopt);
   ~ControllerClient();  // waits for a schedule stream being made
   const std::string& address() const { return address_; }
 
@@ -51,6 +54,7 @@ class ControllerClient {
   void ConnectScheduleStream();
 
   const std::string address_;
+  const std::optional<std::string> token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Controller::Stub> stub_;
   absl::Mutex stream_mu_;

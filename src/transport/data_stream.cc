@@ -17,8 +17,9 @@
 
 namespace pathways {
 
-DataStreamClient::DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing)
-    : worker_(std::move(worker)), ip_(std::move(ip)), port_(port), timing_(timing) {}
+DataStreamClient::DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing,
+                                   std::optional<std::string> token)
+    : worker_(std::move(worker)), ip_(std::move(ip)), port_(port), timing_(timing), token_(std::move(token)) {}
 
 namespace {
 
@@ -202,7 +203,7 @@ void DataStreamClient::Serve(Connection* c) {
 
 absl::StatusOr<int> DataStreamClient::Dial() {
   return DialStream(absl::StrCat("data stream to worker ", worker_), ip_, port_,
-                    std::string(kDataStreamMagic, kStreamMagicBytes), CallToken(), timing_.connect);
+                    std::string(kDataStreamMagic, kStreamMagicBytes), TokenOr(token_), timing_.connect);
 }
 
 absl::StatusOr<FetchedShards> DataStreamClient::RunOne(int fd, const Request& r, Heard* heard, bool* written) {

@@ -67,8 +67,10 @@ class DataStreamClient {
  public:
   static constexpr int kMaxConnections = 8;
 
-  // `worker` names the worker in errors; `ip` and `port` are where its stream listens.
-  DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing = {});
+  // `worker` names the worker in errors; `ip` and `port` are where its stream listens. Connections
+  // show `token` when given, else the process's (TokenOr).
+  DataStreamClient(std::string worker, std::string ip, int port, DataStreamTiming timing = {},
+                   std::optional<std::string> token = std::nullopt);
   ~DataStreamClient();  // fails requests in flight (their sockets are shut down), joins the threads
   DataStreamClient(const DataStreamClient&) = delete;
   DataStreamClient& operator=(const DataStreamClient&) = delete;
@@ -126,6 +128,7 @@ class DataStreamClient {
   const std::string worker_, ip_;
   const int port_;
   const DataStreamTiming timing_;
+  const std::optional<std::string> token_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);

@@ -59,9 +59,10 @@ struct ScheduleStream::State {
 
 absl::StatusOr<std::unique_ptr<ScheduleStream>> ScheduleStream::Connect(const std::string& controller,
                                                                          const std::string& ip, int port,
-                                                                         absl::Duration timeout) {
+                                                                         absl::Duration timeout,
+                                                                         const std::optional<std::string>& token) {
   const std::string what = absl::StrCat("schedule stream to controller ", controller);
-  absl::StatusOr<int> fd = DialStream(what, ip, port, kScheduleStreamMagic, CallToken(), timeout);
+  absl::StatusOr<int> fd = DialStream(what, ip, port, kScheduleStreamMagic, TokenOr(token), timeout);
   if (!fd.ok()) return fd.status();
   absl::StatusOr<rpc::StreamHeader> admitted = ReadStreamHeader(*fd, timeout, what);
   absl::Status s = admitted.ok() ? HeaderStatus(*admitted) : admitted.status();

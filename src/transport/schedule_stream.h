@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -34,9 +35,10 @@ inline constexpr uint32_t kMaxScheduleRequestBytes = 64u << 20;
 class ScheduleStream {
  public:
   // Connects to the controller (named `controller` in errors) at `ip`:`port` and is admitted,
-  // within `timeout`.
+  // within `timeout`, showing `token` when given, else the process's (TokenOr).
   static absl::StatusOr<std::unique_ptr<ScheduleStream>> Connect(const std::string& controller, const std::string& ip,
-                                                                 int port, absl::Duration timeout);
+                                                                 int port, absl::Duration timeout,
+                                                                 const std::optional<std::string>& token = std::nullopt);
   ~ScheduleStream();  // fails what is still waiting, joins the reader
   ScheduleStream(const ScheduleStream&) = delete;
   ScheduleStream& operator=(const ScheduleStream&) = delete;

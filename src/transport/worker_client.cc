@@ -28,20 +28,21 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 
 }  // namespace
 
-WorkerClient::WorkerClient(std::string address)
+WorkerClient::WorkerClient(std::string address, std::optional<std::string> token)
     : address_(std::move(address)),
+      token_(std::move(token)),
       channel_(MakeChannel(address_)),
       stub_(rpc::Worker::NewStub(channel_)) {}
 
 Future<rpc::CompileResponse> WorkerClient::Compile(const rpc::CompileRequest& request) {
   return AsyncUnaryCall<rpc::CompileResponse>(
-      absl::StrCat("Compile on worker ", address_), request, absl::Seconds(120),
+      absl::StrCat("Compile on worker ", address_), token_, request, absl::Seconds(120),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Compile(ctx, req, resp, std::move(done)); });
 }
 
 Future<rpc::JoinControlGraphResponse> WorkerClient::JoinControlGraph(const rpc::ControlGraph& request) {
   return AsyncUnaryCall<rpc::JoinControlGraphResponse>(
-      absl::StrCat("JoinControlGraph on worker ", address_), request, absl::Seconds(30),
+      absl::StrCat("JoinControlGraph on worker ", address_), token_, request, absl::Seconds(30),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->JoinControlGraph(ctx, req, resp, std::move(done)); });
 }
 
@@ -54,9 +55,10 @@ constexpr absl::Duration kAskAgain = absl::Seconds(10);
 
 // A stream whose last reference may go on one of its own threads (a fetch's continuation) is
 // destroyed on a thread of its own: its destructor joins its threads.
-std::shared_ptr<DataStreamClient> NewStream(const std::string& address, int port) {
+std::shared_ptr<DataStreamClient> NewStream(const std::string& address, int port,
+                                            const std::optional<std::string>& token) {
   return std::shared_ptr<DataStreamClient>(
-      new DataStreamClient(address, address.substr(0, address.rfind(':')), port),
+      new DataStreamClient(address, address.substr(0, address.rfind(':')), port, {}, token),
       [](DataStreamClient* s) {
         try {
           std::thread([s] { delete s; }).detach();
@@ -107,7 +109,7 @@ Future<Unit> WorkerClient::Enqueue(std::shared_ptr<const rpc::EnqueueRequest> re
 
 Future<Unit> WorkerClient::EnqueueThroughGrpc(const rpc::EnqueueRequest& request) {
   return AsyncUnaryCall<rpc::EnqueueResponse>(
-             absl::StrCat("Enqueue on worker ", address_), request, kEnqueueAnswerBound,
+             absl::StrCat("Enqueue on worker ", address_), token_, request, kEnqueueAnswerBound,
              [this](auto* ctx, auto* req, auto* resp, auto done) {
                stub_->async()->Enqueue(ctx, req, resp, std::move(done));
              })
@@ -161,7 +163,7 @@ std::shared_ptr<DataStreamClient> WorkerClient::stream() {
 
 void WorkerClient::AskForStream() {
   AsyncUnaryCall<rpc::PingResponse>(
-      absl::StrCat("Ping on worker ", address_), rpc::PingRequest(), absl::Seconds(30),
+      absl::StrCat("Ping on worker ", address_), token_, rpc::PingRequest(), absl::Seconds(30),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Ping(ctx, req, resp, std::move(done)); })
       .OnReady([this](const absl::StatusOr<rpc::PingResponse>& r) {
         std::shared_ptr<DataStreamClient> old;
@@ -178,7 +180,7 @@ void WorkerClient::AskForStream() {
         stream_port_ = port;
         paused_until_ = absl::InfinitePast();
         if (port != 0) {
-          stream_ = NewStream(address_, port);
+          stream_ = NewStream(address_, port, token_);
         } else {
           ask_after_ = absl::Now() + kUnreachablePause;  // it offers none (TLS, or it could not listen)
         }
@@ -187,7 +189,7 @@ void WorkerClient::AskForStream() {
 
 Future<FetchedShards> WorkerClient::FetchThroughGrpc(const rpc::FetchRequest& request, bool again) {
   Future<FetchedShards> first = AsyncUnaryCallShared<rpc::FetchResponse>(
-      absl::StrCat("Fetch on worker ", address_), request, absl::InfiniteDuration(),
+      absl::StrCat("Fetch on worker ", address_), token_, request, absl::InfiniteDuration(),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->Fetch(ctx, req, resp, std::move(done)); });
   if (!again) return first;
   // A call made while the channel waits between connection attempts fails at once with the last
@@ -219,7 +221,7 @@ Future<FetchedShards> WorkerClient::FetchThroughGrpc(const rpc::FetchRequest& re
 }
 
 Future<Unit> WorkerClient::WhenReachable(absl::Duration wait) {
-  return AsyncUnaryCall<rpc::PingResponse>(absl::StrCat("Ping on worker ", address_), rpc::PingRequest(), wait,
+  return AsyncUnaryCall<rpc::PingResponse>(absl::StrCat("Ping on worker ", address_), token_, rpc::PingRequest(), wait,
                                            [this](auto* ctx, auto* req, auto* resp, auto done) {
                                              ctx->set_wait_for_ready(true);
                                              stub_->async()->Ping(ctx, req, resp, std::move(done));
@@ -234,7 +236,7 @@ WorkerClientCache& WorkerClientCache::Global() {
 
 Future<rpc::GetTraceResponse> WorkerClient::GetTrace(const rpc::GetTraceRequest& request) {
   return AsyncUnaryCall<rpc::GetTraceResponse>(
-      absl::StrCat("GetTrace on worker ", address_), request, absl::Seconds(30),
+      absl::StrCat("GetTrace on worker ", address_), token_, request, absl::Seconds(30),
       [this](auto* ctx, auto* req, auto* resp, auto done) { stub_->async()->GetTrace(ctx, req, resp, std::move(done)); });
 }
 
@@ -242,10 +244,13 @@ bool WorkerClient::WaitUntilConnected(absl::Time deadline) {
   return channel_->WaitForConnected(absl::ToChronoTime(deadline));
 }
 
-std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address) {
+std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address,
+                                                     const std::optional<std::string>& token) {
+  // An address holds no NUL, so the key tells "no token of its own" from every token.
+  const std::string key = token.has_value() ? absl::StrCat(address, std::string(1, '\0'), "=", *token) : address;
   absl::MutexLock lock(&mu_);
-  auto& slot = clients_[address];
-  if (!slot) slot = std::make_shared<WorkerClient>(address);
+  auto& slot = clients_[key];
+  if (!slot) slot = std::make_shared<WorkerClient>(address, token);
   return slot;
 }
 

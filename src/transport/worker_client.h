@@ -24,7 +24,8 @@ namespace pathways {
 // gRPC's own threads.
 class WorkerClient {
  public:
-  explicit WorkerClient(std::string address);
+  // Calls and streams show `token` when given, else the process's token (TokenOr, at each call).
+  explicit WorkerClient(std::string address, std::optional<std::string> token = std::nullopt);
   const std::string& address() const { return address_; }
   // Connects the channel, waiting until `deadline`; false if it is not connected by then. A
   // worker that restarted at this address is only reached once the channel reconnects, and
@@ -73,6 +74,7 @@ class WorkerClient {
   void NoteStreamFailure(const std::shared_ptr<DataStreamClient>& s, const absl::Status& status);
 
   const std::string address_;
+  const std::optional<std::string> token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Worker::Stub> stub_;
   absl::Mutex stream_mu_;
@@ -83,17 +85,19 @@ class WorkerClient {
   absl::Time paused_until_ ABSL_GUARDED_BY(stream_mu_) = absl::InfinitePast();  // its port could not be dialed
 };
 
-// Shares one WorkerClient (and so one channel) per address. Thread-safe.
+// Shares one WorkerClient (and so one channel) per address and token. Thread-safe.
 //
 // The process-wide cache keeps every channel for the life of the process. That is deliberate:
 // the last reference to a channel can otherwise be dropped inside one of its own completion
 // callbacks (an op queue or array freed when its final call completes), and destroying a channel
 // on gRPC's callback thread crashes Debian's gRPC 1.51 (seen as a SIGSEGV in
-// grpc_completion_queue_next on "nexting_thread"). Channels are few: one per worker address.
+// grpc_completion_queue_next on "nexting_thread"). Channels are few: one per worker address, and
+// one more per other token that clients of this process show it (each client its cluster's).
 class WorkerClientCache {
  public:
   static WorkerClientCache& Global();
-  std::shared_ptr<WorkerClient> Get(const std::string& address);
+  // One per address and token (clients of one process may show different clusters' tokens).
+  std::shared_ptr<WorkerClient> Get(const std::string& address, const std::optional<std::string>& token = std::nullopt);
 
  private:
   absl::Mutex mu_;

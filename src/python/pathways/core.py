@@ -89,9 +89,14 @@ class LocalCluster:
         self.close()
 
 
-def connect(address: str) -> "Client":
-    """A client of the running cluster whose controller is at ``address`` (HOST:PORT)."""
-    return Client(_ext.connect(address))
+def connect(address: str, token: Optional[str] = None) -> "Client":
+    """A client of the running cluster whose controller is at ``address`` (HOST:PORT).
+
+    ``token`` is the cluster's token (its controller's and workers' ``--token``; ``""`` for none);
+    without one, the client shows the environment's ``PATHWAYS_TOKEN``, if set. Clients of one
+    process may show different tokens, each to its own cluster. A token that is not printable ASCII
+    of at most 4096 bytes raises ``InvalidArgumentError``."""
+    return Client(_ext.connect(address, token))
 
 
 class Slice:

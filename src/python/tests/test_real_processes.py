@@ -162,6 +162,34 @@ def test_a_process_without_the_token_is_unauthenticated(processes):
     assert "unauthenticated: 16" in out.stdout, out.stdout + out.stderr
 
 
+def test_a_token_given_to_connect_is_the_one_shown(processes, tmp_path):
+    # The argument wins over a wrong PATHWAYS_TOKEN: the client puts, runs a function and fetches;
+    # beside it, a client given a wrong token is refused, and one that gRPC could not carry is bad
+    # input, in the same process.
+    script = ("import pathways, torch\n"
+              "@pathways.function(in_shardings=[pathways.P('x')], out_shardings=[pathways.P('x')])\n"
+              "def double(x: torch.Tensor) -> torch.Tensor:\n"
+              "    return x * 2.0\n"
+              f"with pathways.connect('{processes.address}', token='{TOKEN}') as c:\n"
+              "    a = double(c.put(torch.ones(2), c.slice((2,)), pathways.P('x')))\n"
+              "    try:\n"
+              f"        pathways.connect('{processes.address}', token='not-the-token')\n"
+              "    except pathways.UnauthenticatedError as e:\n"
+              "        print('wrong token:', e.code)\n"
+              "    try:\n"
+              f"        pathways.connect('{processes.address}', token='{TOKEN}\\n')\n"
+              "    except pathways.InvalidArgumentError as e:\n"
+              "        print('bad token:', e.code)\n"
+              "    print('fetched:', a.fetch().tolist())\n")
+    env = dict(os.environ, PATHWAYS_TOKEN="not-the-token")
+    path = tmp_path / "tenant.py"  # a function's source is read from its file
+    path.write_text(script)
+    out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
+    assert "wrong token: 16" in out.stdout, out.stdout + out.stderr
+    assert "bad token: 3" in out.stdout, out.stdout + out.stderr
+    assert "fetched: [2.0, 2.0]" in out.stdout, out.stdout + out.stderr
+
+
 def test_a_worker_that_dies_fails_its_arrays_unavailable_and_the_other_serves_on():
     cluster = Processes(workers=2, heartbeat_timeout_ms=2000)
     try:
