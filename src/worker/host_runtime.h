@@ -143,6 +143,12 @@ class HostRuntime {
     test_op_delays_[client] = delay;
     test_op_delays_set_.store(true);
   }
+  // For tests of a node's block exchange on its own dataflow graph: the receiving operator of
+  // program node `program_node`, and the store its blocks land in.
+  std::unique_ptr<dataflow::Operator> TEST_MakeBlockReceiver(const std::string& client, int program_node) {
+    return MakeBlockReceiver(client, program_node);
+  }
+  ObjectStore& TEST_store() { return store_; }
 
  private:
   absl::Status ValidateOp(const rpc::Op& op) const;

@@ -4,7 +4,10 @@
 #include <memory>
 #include <vector>
 
+#include "core/executor.h"
 #include "core/status_macros.h"
+#include "dataflow/engine.h"
+#include "dataflow/graph.h"
 #include "gtest/gtest.h"
 #include "transport/rpc_util.h"
 
@@ -192,6 +195,52 @@ TEST_F(HostRuntimeTest, ARunOfAProgramThatFailedToRegisterSaysWhy) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
   EXPECT_NE(got.status().message().find("program 7 failed to register"), std::string::npos) << got.status();
   EXPECT_NE(got.status().message().find("no dataflow service"), std::string::npos) << got.status();
+}
+
+// Forwards what it is given to the next node's shard 0.
+class Forward : public dataflow::Operator {
+ public:
+  void OnMessage(dataflow::ShardContext& ctx, int, int, const std::string& payload) override { ctx.Send(0, 0, payload); }
+  void OnEpochDone(dataflow::ShardContext&) override {}
+};
+
+// A block that reaches the receiving end of a node's exchange and does not parse cannot say whose
+// it was: the blocks its epoch still lacks fail when the epoch ends, with that as the reason. The
+// reason belongs to its epoch alone.
+TEST_F(HostRuntimeTest, ABlockThatDoesNotParseFailsWhatItsEpochLacksWithTheReason) {
+  constexpr int kProgramNode = 5;
+  auto graph = std::make_shared<dataflow::GraphDef>("exchange");
+  ASSERT_TRUE(graph->AddNode("senders", {"h"}).ok());
+  ASSERT_TRUE(graph->AddNode("receivers", {"h"}).ok());
+  ASSERT_TRUE(graph->AddEdge(0, 1, dataflow::EdgeKind::kOneToOne).ok());
+  dataflow::LocalTransport transport;
+  ThreadPool pool("exchange", 1);
+  auto engine = std::make_shared<dataflow::Engine>(
+      "h", graph,
+      [&](int node, int) -> std::unique_ptr<dataflow::Operator> {
+        if (node == 0) return std::make_unique<Forward>();
+        return host_.TEST_MakeBlockReceiver("c", kProgramNode);
+      },
+      transport, pool);
+  transport.Register(engine.get());
+
+  ObjectStore& store = host_.TEST_store();
+  Future<BufferPtr> garbled = store.ExpectTransfer("c", {.epoch = 1, .node = kProgramNode, .input = 0, .dst_shard = 0, .src_shard = 0});
+  Future<BufferPtr> missing = store.ExpectTransfer("c", {.epoch = 2, .node = kProgramNode, .input = 0, .dst_shard = 0, .src_shard = 0});
+  ASSERT_TRUE(engine->InjectAll(0, 0, /*epoch=*/1, {"not a transfer request"}).ok());
+  ASSERT_TRUE(engine->InjectAll(0, 0, /*epoch=*/2, {}).ok());
+
+  auto first = garbled.AwaitFor(absl::Seconds(30));
+  ASSERT_FALSE(first.ok());
+  EXPECT_NE(first.status().message().find("epoch 1"), std::string::npos) << first.status();
+  EXPECT_NE(first.status().message().find("a block of 22 bytes that does not parse reached h"), std::string::npos)
+      << first.status();
+  auto second = missing.AwaitFor(absl::Seconds(30));
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("never reached h"), std::string::npos) << second.status();
+  EXPECT_EQ(second.status().message().find("does not parse"), std::string::npos) << second.status();
+  engine->Shutdown();
+  pool.Shutdown();
 }
 
 }  // namespace
