@@ -19,7 +19,13 @@ from .errors import Error, FailedPreconditionError, InvalidArgumentError
 def _source_of(fn: Callable) -> Tuple[str, str]:
     """The function's source as TorchScript will compile it, padded so that its line numbers are
     the lines of the user's file, and the file's name."""
-    lines, first = inspect.getsourcelines(fn)
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as e:
+        raise InvalidArgumentError(
+            f"function '{getattr(fn, '__name__', fn)}': its source cannot be read ({e}); TorchScript compiles "
+            "from source, so define it in a file (not at the interpreter's prompt, in `python -c` or "
+            "through exec)") from None
     source = textwrap.dedent("".join(lines))
     body = source.splitlines(keepends=True)
     while body and body[0].lstrip().startswith("@"):  # decorators, possibly over several lines

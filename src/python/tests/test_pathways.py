@@ -202,6 +202,15 @@ def test_a_module_holding_an_unhashable_callable_may_define_functions(client):
     torch.testing.assert_close(double(client.put(torch.ones(2), mesh, P("x"))).fetch(), torch.full((2,), 2.0))
 
 
+def test_a_function_whose_source_cannot_be_read_says_so():
+    # As at the interpreter's prompt or in `python -c`: no file holds the function's lines.
+    code = ("@pathways.function(in_shardings=[P('x')], out_shardings=[P('x')])\n"
+            "def typed_in(v):\n"
+            "    return v * 2\n")
+    with pytest.raises(pathways.InvalidArgumentError, match="'typed_in': its source cannot be read"):
+        exec(compile(code, "<stdin>", "exec"), {"pathways": pathways, "P": P})
+
+
 def test_bodies_may_name_the_collectives_by_an_alias(client):
     mesh = client.slice((4,))
 
