@@ -3,6 +3,11 @@
 // proportional share. Prints markdown tables; see docs/benchmarks.md.
 //
 //   build/bin/multitenancy_bench [--seconds S] [--repeats R] [--max-clients N] [--trace-prefix P]
+//                                [--hosts H] [--sim-cost-us C]
+//
+// By default one host of two CPU devices (one per core of the development machine). With
+// --sim-cost-us, H hosts of two simulated devices each (every mechanism real, each run's kernel a
+// modelled C us: compute/modelled_executable.h), so the paper's 4-host shape runs on two cores.
 //
 // With --trace-prefix, writes one Chrome trace per Figure 9 weighting (P1111.json, P1248.json)
 // and one per Figure 8 client count (Pclients_1.json, Pclients_2.json, ...): 30 ms of every
@@ -28,7 +33,7 @@ namespace {
 
 using bench::Median;
 
-constexpr int kDevices = 2;     // one host, one device per core of the machine
+constexpr int kDevicesPerHost = 2;  // one device per core of the machine
 constexpr int kOutstanding = 8;  // runs each client keeps in flight for Figure 8
 // For Figure 9 every client must always have runs waiting at the scheduler, or it cannot be
 // given its share: more in flight than the scheduler's window holds.
@@ -50,10 +55,24 @@ struct Tenant {
   std::atomic<int64_t> completed{0};
 };
 
-std::unique_ptr<Tenant> NewTenant(const LocalCluster& cluster, int index, double weight, int64_t side) {
+// The cluster every table runs on: one host of CPU devices, or several of simulated ones.
+struct TenancyShape {
+  int hosts = 1;
+  int64_t sim_cost_us = 0;  // 0: CPU devices
+  int devices() const { return hosts * kDevicesPerHost; }
+  LocalClusterOptions Options() const {
+    LocalClusterOptions options{.num_islands = 1, .hosts_per_island = hosts, .devices_per_host = kDevicesPerHost,
+                                .device_memory_bytes = int64_t{256} << 20};
+    if (sim_cost_us > 0) options.backend = *DeviceBackend::Create("sim", absl::StrCat("*=", sim_cost_us));
+    return options;
+  }
+};
+
+std::unique_ptr<Tenant> NewTenant(const LocalCluster& cluster, const TenancyShape& shape, int index, double weight,
+                                  int64_t side) {
   auto t = std::make_unique<Tenant>();
   t->client = *Client::Connect(cluster.controller_address(), {.weight = weight});
-  t->slice = *t->client->CreateSlice({.mesh_shape = {kDevices}});
+  t->slice = *t->client->CreateSlice({.mesh_shape = {shape.devices()}});
   const TensorSpec spec{DType::kF32, {side, side}};
   const std::string name = absl::StrCat("tenant", index);
   t->fn = *t->client->Compile(FunctionSpec::Script(
@@ -80,8 +99,12 @@ void Drive(Tenant& t, int outstanding, const std::atomic<bool>& stop) {
 
 std::map<std::string, int64_t> BusyByClient(LocalCluster& cluster) {
   std::map<std::string, int64_t> busy;
-  for (int d = 0; d < kDevices; ++d) {
-    for (const auto& [client, us] : cluster.worker(0).runtime().device(d).stats().busy_micros_by_client) busy[client] += us;
+  for (int w = 0; w < cluster.num_workers(); ++w) {
+    for (int d = 0; d < kDevicesPerHost; ++d) {
+      for (const auto& [client, us] : cluster.worker(w).runtime().device(d).stats().busy_micros_by_client) {
+        busy[client] += us;
+      }
+    }
   }
   return busy;
 }
@@ -95,8 +118,8 @@ struct Measured {
 
 // Runs the tenants for `seconds` after a warm-up and measures. With `trace_path`, also writes 30
 // ms of every tenant's work as one Chrome trace.
-Measured RunTenants(LocalCluster& cluster, std::vector<std::unique_ptr<Tenant>>& tenants, int outstanding,
-                    double seconds, const std::string& trace_path) {
+Measured RunTenants(LocalCluster& cluster, const TenancyShape& shape, std::vector<std::unique_ptr<Tenant>>& tenants,
+                    int outstanding, double seconds, const std::string& trace_path) {
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (auto& t : tenants) threads.emplace_back([&t, outstanding, &stop] { Drive(*t, outstanding, stop); });
@@ -126,8 +149,8 @@ Measured RunTenants(LocalCluster& cluster, std::vector<std::unique_ptr<Tenant>>&
   }
   for (int64_t b : busy) m.share.push_back(total_busy > 0 ? static_cast<double>(b) / total_busy : 0);
   m.runs_per_second = runs / elapsed;
-  m.utilisation = total_busy / (elapsed * 1e6 * kDevices);
-  m.device_ms_per_run = runs > 0 ? total_busy / 1e3 / kDevices / runs : 0;
+  m.utilisation = total_busy / (elapsed * 1e6 * shape.devices());
+  m.device_ms_per_run = runs > 0 ? total_busy / 1e3 / shape.devices() / runs : 0;
   if (!trace_path.empty()) {
     // Each tenant sees only its own work; one file with all of them shows how they interleave.
     std::string events;
@@ -149,21 +172,28 @@ Measured RunTenants(LocalCluster& cluster, std::vector<std::unique_ptr<Tenant>>&
   return m;
 }
 
-void ThroughputTable(int max_clients, int repeats, double seconds, const std::string& trace_prefix) {
+// What every run's kernel is, for the tables' captions.
+std::string Work(const TenancyShape& shape, int64_t side) {
+  if (shape.sim_cost_us > 0) {
+    return absl::StrCat("a modelled ", shape.sim_cost_us, " us kernel and a rendezvous of the gang, on ",
+                        shape.devices(), " simulated devices over ", shape.hosts, " hosts");
+  }
+  return absl::StrCat("a ", side, "x", side, " matmul, tanh and an all_reduce, on both CPU devices of one host");
+}
+
+void ThroughputTable(const TenancyShape& shape, int max_clients, int repeats, double seconds, const std::string& trace_prefix) {
   std::printf("### Figure 8: aggregate throughput as clients grow (FIFO scheduler, median of %d)\n\n", repeats);
-  std::printf("Every client runs a gang program over both devices of one host (a %ldx%ld matmul, tanh and an\n"
-              "all_reduce), keeping %d runs in flight.\n\n", static_cast<long>(kSide), static_cast<long>(kSide),
-              kOutstanding);
+  std::printf("Every client runs a gang program over every device (%s), keeping %d runs in flight.\n\n",
+              Work(shape, kSide).c_str(), kOutstanding);
   std::printf("| clients | runs/s (all clients) | device utilisation | device ms per run |\n|---|---|---|---|\n");
   for (int n = 1; n <= max_clients; n *= 2) {
     std::vector<double> rate, util, per_run;
     for (int r = 0; r < repeats; ++r) {
-      auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = 1, .devices_per_host = kDevices,
-                                           .device_memory_bytes = int64_t{256} << 20});
+      auto cluster = *LocalCluster::Start(shape.Options());
       std::vector<std::unique_ptr<Tenant>> tenants;
-      for (int i = 0; i < n; ++i) tenants.push_back(NewTenant(*cluster, i, 1.0, kSide));
+      for (int i = 0; i < n; ++i) tenants.push_back(NewTenant(*cluster, shape, i, 1.0, kSide));
       const std::string trace = r == 0 && !trace_prefix.empty() ? absl::StrCat(trace_prefix, "clients_", n, ".json") : "";
-      Measured m = RunTenants(*cluster, tenants, kOutstanding, seconds, trace);
+      Measured m = RunTenants(*cluster, shape, tenants, kOutstanding, seconds, trace);
       rate.push_back(m.runs_per_second);
       util.push_back(m.utilisation);
       per_run.push_back(m.device_ms_per_run);
@@ -173,7 +203,8 @@ void ThroughputTable(int max_clients, int repeats, double seconds, const std::st
   std::printf("\n");
 }
 
-void SharesTable(const std::vector<double>& weights, int repeats, double seconds, const std::string& trace_path) {
+void SharesTable(const TenancyShape& shape, const std::vector<double>& weights, int repeats, double seconds,
+                 const std::string& trace_path) {
   std::string label;
   for (double w : weights) absl::StrAppend(&label, label.empty() ? "" : ":", static_cast<int>(w));
   double total_weight = 0;
@@ -181,18 +212,19 @@ void SharesTable(const std::vector<double>& weights, int repeats, double seconds
   std::vector<std::vector<double>> shares(weights.size());
   std::vector<double> util;
   for (int r = 0; r < repeats; ++r) {
-    LocalClusterOptions options{.num_islands = 1, .hosts_per_island = 1, .devices_per_host = kDevices,
-                                .device_memory_bytes = int64_t{256} << 20};
+    LocalClusterOptions options = shape.Options();
     options.scheduler.policy = SchedulingPolicy::kProportionalShare;
     auto cluster = *LocalCluster::Start(options);
     std::vector<std::unique_ptr<Tenant>> tenants;
-    for (size_t i = 0; i < weights.size(); ++i) tenants.push_back(NewTenant(*cluster, static_cast<int>(i), weights[i], kSideForShares));
-    Measured m = RunTenants(*cluster, tenants, kOutstandingForShares, seconds, r == 0 ? trace_path : "");
+    for (size_t i = 0; i < weights.size(); ++i) {
+      tenants.push_back(NewTenant(*cluster, shape, static_cast<int>(i), weights[i], kSideForShares));
+    }
+    Measured m = RunTenants(*cluster, shape, tenants, kOutstandingForShares, seconds, r == 0 ? trace_path : "");
     for (size_t i = 0; i < weights.size(); ++i) shares[i].push_back(m.share[i]);
     util.push_back(m.utilisation);
   }
-  std::printf("#### Weights %s (%ldx%ld matmul per run, device utilisation %.0f%%)\n\n", label.c_str(),
-              static_cast<long>(kSideForShares), static_cast<long>(kSideForShares), 100 * Median(util));
+  std::printf("#### Weights %s (each run %s; device utilisation %.0f%%)\n\n", label.c_str(),
+              Work(shape, kSideForShares).c_str(), 100 * Median(util));
   std::printf("| client | weight | target share | measured share | measured / target |\n|---|---|---|---|---|\n");
   for (size_t i = 0; i < weights.size(); ++i) {
     const double target = weights[i] / total_weight, got = Median(shares[i]);
@@ -208,7 +240,7 @@ void SharesTable(const std::vector<double>& weights, int repeats, double seconds
 int main(int argc, char** argv) {
   using namespace pathways;
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"seconds", "repeats", "max-clients", "trace-prefix"});
+  auto flags = Flags::Parse(argc - 1, argv + 1, {"seconds", "repeats", "max-clients", "trace-prefix", "hosts", "sim-cost-us"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
@@ -217,9 +249,16 @@ int main(int argc, char** argv) {
   const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
   const int max_clients = static_cast<int>(bench::IntFlagOrExit(*flags, "max-clients", 16, 1, 64));
   const std::string prefix = flags->Get("trace-prefix");
-  ThroughputTable(max_clients, repeats, seconds, prefix);
+  const TenancyShape shape{.hosts = static_cast<int>(bench::IntFlagOrExit(*flags, "hosts", 1, 1, 64)),
+                    .sim_cost_us = bench::IntFlagOrExit(*flags, "sim-cost-us", 0, 0, 1000000)};
+  if (shape.hosts > 1 && shape.sim_cost_us == 0) {
+    // More CPU devices than the machine has cores would measure the cores, not the runtime.
+    std::fprintf(stderr, "--hosts above 1 needs --sim-cost-us (simulated devices)\n");
+    return 2;
+  }
+  ThroughputTable(shape, max_clients, repeats, seconds, prefix);
   std::printf("### Figure 9: shares of device time under proportional share (median of %d)\n\n", repeats);
-  SharesTable({1, 1, 1, 1}, repeats, seconds, prefix.empty() ? "" : prefix + "1111.json");
-  SharesTable({1, 2, 4, 8}, repeats, seconds, prefix.empty() ? "" : prefix + "1248.json");
+  SharesTable(shape, {1, 1, 1, 1}, repeats, seconds, prefix.empty() ? "" : prefix + "1111.json");
+  SharesTable(shape, {1, 2, 4, 8}, repeats, seconds, prefix.empty() ? "" : prefix + "1248.json");
   return 0;
 }
