@@ -255,6 +255,16 @@ TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
   // A wildcard address, which they would give others to reach them by.
   ExpectFailedSaying(RunToEnd("controller --listen 0.0.0.0:0"), "a wildcard reaches no one");
   ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen [::]:0")), "a wildcard reaches no one");
+  // Tokens that gRPC could not carry (it would abort the process at the first call): refused at
+  // start, naming where they came from, never echoed.
+  ExpectFailedSaying(RunToEnd("controller --listen 127.0.0.1:0 --token \"$(printf 'a\\nb')\""),
+                     "the token from --token (3 bytes) is not printable ASCII");
+  ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --cluster-token \"$(printf '\\377')\"")),
+                     "the token from --cluster-token");
+  ExpectFailedSaying(RunToEnd(absl::StrCat("status --controller ", address_, " --token \"$(printf 'a\\tb')\"")),
+                     "the token from --token");
+  ExpectFailedSaying(RunToEnd(absl::StrCat("tenant --controller ", address_, " --token ", std::string(5000, 'x'))),
+                     "(5000 bytes) is not printable ASCII of at most 4096 bytes");
   // The cluster is untouched: both workers still serve the client.
   VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
   EXPECT_EQ(slice.host_addresses().size(), 2u);

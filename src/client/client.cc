@@ -13,7 +13,6 @@
 #include "core/status_macros.h"
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
-#include "transport/stream_listener.h"
 
 namespace pathways {
 
@@ -57,15 +56,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& contr
   // A program that set up no TLS itself (the pathways binary does, from its flags) gets it from
   // PATHWAYS_TLS_CA (and _CERT, _KEY), before its first channel is made.
   if (!TlsConfigured()) PW_RETURN_IF_ERROR(ConfigureTls({}));
-  // gRPC takes only printable ASCII in a metadata value (another aborts the process when the call
-  // is made), and the stream listeners read a hello's token up to 4096 bytes.
-  const std::string token = TokenOr(options.token);
-  if (token.size() > kMaxStreamTokenBytes ||
-      !std::all_of(token.begin(), token.end(), [](char c) { return c >= 0x20 && c <= 0x7e; })) {
-    return absl::InvalidArgumentError(absl::StrCat("the cluster token given (", token.size(),
-                                                   " bytes) is not printable ASCII of at most ", kMaxStreamTokenBytes,
-                                                   " bytes"));
-  }
+  PW_RETURN_IF_ERROR(CheckTokenCanTravel(
+      TokenOr(options.token), options.token.has_value() ? "the client's options" : "the process (PATHWAYS_TOKEN)"));
   auto core = std::make_shared<ClientCore>(controller_address, options);
   PW_RETURN_IF_ERROR(core->StartLease());
   PW_RETURN_IF_ERROR(core->controller().GetStatus().status());

@@ -372,8 +372,8 @@ constexpr absl::Duration kDashboardTimeline = absl::Seconds(10);
 }  // namespace
 
 absl::Status Controller::Start() {
-  const std::string token = TokenFromFlagOrEnv(options_.token);
-  const std::string cluster_token = ClusterTokenFromFlagOrEnv(options_.cluster_token, token);
+  PW_ASSIGN_OR_RETURN(const std::string token, TokenFromFlagOrEnv(options_.token));
+  PW_ASSIGN_OR_RETURN(const std::string cluster_token, ClusterTokenFromFlagOrEnv(options_.cluster_token, token));
   service_ = std::make_unique<Service>(*this, registry_, token, cluster_token);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);

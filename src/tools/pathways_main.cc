@@ -171,8 +171,8 @@ absl::Status RunController(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(int64_t max_weight, flags.GetInt("max-client-weight", 1'000'000));
   if (max_weight < 1 || max_weight > 1'000'000) return absl::InvalidArgumentError("--max-client-weight must be 1..1e6");
   options.scheduler.max_client_weight = static_cast<double>(max_weight);
-  options.token = TokenFromFlagOrEnv(flags.Get("token"));
-  options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
+  PW_ASSIGN_OR_RETURN(options.token, TokenFromFlagOrEnv(flags.Get("token")));
+  PW_ASSIGN_OR_RETURN(options.cluster_token, ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token));
   if (!options.token.empty() && options.cluster_token == options.token) {
     std::fprintf(stderr,
                  "pathways controller: warning: the cluster token is the tenants' token, so a tenant can pose as "
@@ -272,8 +272,8 @@ absl::Status RunWorker(const Flags& flags) {
     }
     *port = static_cast<int>(value);
   }
-  options.token = TokenFromFlagOrEnv(flags.Get("token"));
-  options.cluster_token = ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token);
+  PW_ASSIGN_OR_RETURN(options.token, TokenFromFlagOrEnv(flags.Get("token")));
+  PW_ASSIGN_OR_RETURN(options.cluster_token, ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token));
   SetCallToken(options.cluster_token);  // its own calls to the controller and to other workers
   // Told to leave: the main thread stops waiting, and the command exits with why.
   static absl::Mutex left_mu(absl::kConstInit);
@@ -328,7 +328,8 @@ absl::Status RunWorker(const Flags& flags) {
 
 absl::Status RunStatus(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("status needs --controller HOST:PORT");
-  SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
+  PW_ASSIGN_OR_RETURN(std::string token, TokenFromFlagOrEnv(flags.Get("token")));
+  SetCallToken(std::move(token));
   PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
   ControllerClient controller(address);
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, controller.GetStatus());

@@ -12,7 +12,8 @@ namespace pathways {
 
 absl::Status RunTenant(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("tenant needs --controller HOST:PORT");
-  SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
+  PW_ASSIGN_OR_RETURN(std::string token, TokenFromFlagOrEnv(flags.Get("token")));
+  SetCallToken(std::move(token));
   PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
   PW_ASSIGN_OR_RETURN(int64_t devices, flags.GetInt("devices", 8));
   PW_ASSIGN_OR_RETURN(int64_t runs, flags.GetInt("runs", 100));

@@ -141,7 +141,8 @@ absl::Status RunTrain(const Flags& flags) {
   std::unique_ptr<LocalCluster> cluster;
   std::unique_ptr<Client> client;
   if (flags.Has("controller")) {
-    SetCallToken(TokenFromFlagOrEnv(flags.Get("token")));
+    PW_ASSIGN_OR_RETURN(std::string token, TokenFromFlagOrEnv(flags.Get("token")));
+    SetCallToken(std::move(token));
     PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
     PW_ASSIGN_OR_RETURN(client, Client::Connect(address));
   } else {

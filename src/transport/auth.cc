@@ -1,5 +1,6 @@
 #include "transport/auth.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/synchronization/mutex.h"
 #include "core/logging.h"
+#include "transport/stream_listener.h"
 #include "openssl/crypto.h"
 #include "openssl/rand.h"
 #include "openssl/sha.h"
@@ -60,12 +62,31 @@ void AttachToken(grpc::ClientContext& context, const std::optional<std::string>&
 
 void AttachCallToken(grpc::ClientContext& context) { AttachToken(context, std::nullopt); }
 
-std::string TokenFromFlagOrEnv(const std::string& flag) { return flag.empty() ? EnvToken() : flag; }
+absl::Status CheckTokenCanTravel(const std::string& token, const std::string& what) {
+  if (token.size() > kMaxStreamTokenBytes ||
+      !std::all_of(token.begin(), token.end(), [](char c) { return c >= 0x20 && c <= 0x7e; })) {
+    return absl::InvalidArgumentError(absl::StrCat("the token from ", what, " (", token.size(),
+                                                   " bytes) is not printable ASCII of at most ", kMaxStreamTokenBytes,
+                                                   " bytes"));
+  }
+  return absl::OkStatus();
+}
 
-std::string ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token) {
-  if (!flag.empty()) return flag;
+absl::StatusOr<std::string> TokenFromFlagOrEnv(const std::string& flag) {
+  std::string token = flag.empty() ? EnvToken() : flag;
+  if (absl::Status s = CheckTokenCanTravel(token, flag.empty() ? "PATHWAYS_TOKEN" : "--token"); !s.ok()) return s;
+  return token;
+}
+
+absl::StatusOr<std::string> ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token) {
+  if (!flag.empty()) {
+    if (absl::Status s = CheckTokenCanTravel(flag, "--cluster-token"); !s.ok()) return s;
+    return flag;
+  }
   const char* env = std::getenv("PATHWAYS_CLUSTER_TOKEN");
-  return env == nullptr || *env == '\0' ? token : env;
+  if (env == nullptr || *env == '\0') return token;
+  if (absl::Status s = CheckTokenCanTravel(env, "PATHWAYS_CLUSTER_TOKEN"); !s.ok()) return s;
+  return std::string(env);
 }
 
 absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected,

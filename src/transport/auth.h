@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -25,16 +26,22 @@ std::string CallToken();
 std::string TokenOr(const std::optional<std::string>& own);
 void AttachToken(grpc::ClientContext& context, const std::optional<std::string>& own);
 
+// OK when `token` can travel: gRPC takes only printable ASCII in a metadata value (it aborts the
+// process on another), and stream hellos carry at most kMaxStreamTokenBytes. InvalidArgument
+// naming `what` (where the token came from) otherwise, never the token itself.
+absl::Status CheckTokenCanTravel(const std::string& token, const std::string& what);
+
 // `flag` when given, else PATHWAYS_TOKEN, else none: the token a server requires, or a command
-// line tool sends.
-std::string TokenFromFlagOrEnv(const std::string& flag);
+// line tool sends. InvalidArgument when it cannot travel (CheckTokenCanTravel).
+absl::StatusOr<std::string> TokenFromFlagOrEnv(const std::string& flag);
 
 // Two tokens guard a cluster. Tenants (clients, `pathways status`) show the token; workers and
 // the controller show the cluster token to each other, and the calls only they make (registering,
 // heartbeats, rendezvous, control graphs, dataflow streams, links between hosts) require it. So
 // the token lets a process in as a tenant, never as a host or a controller. Returns `flag` when
-// given, else PATHWAYS_CLUSTER_TOKEN, else `token` (one secret for both roles).
-std::string ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token);
+// given, else PATHWAYS_CLUSTER_TOKEN, else `token` (one secret for both roles). InvalidArgument when
+// it cannot travel.
+absl::StatusOr<std::string> ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token);
 
 // OK when `expected` is empty or the call carries it (or carries `also`, when not empty);
 // Unauthenticated otherwise (never says what the token should be).

@@ -4,8 +4,10 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "transport/auth.h"
 #include "transport/ordered_batch_queue.h"
 #include "transport/rpc_util.h"
+#include "transport/stream_listener.h"
 #include "transport/worker_client.h"
 
 namespace pathways {
@@ -119,6 +121,25 @@ TEST(RpcUtilTest, StatusRoundTripsThroughGrpc) {
   absl::Status wrapped = FromGrpc(ToGrpc(absl::UnavailableError("gone")), "Enqueue on worker h:1");
   EXPECT_EQ(wrapped.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(wrapped.message(), "Enqueue on worker h:1: gone");
+}
+
+TEST(AuthTest, OnlyTokensGrpcCanCarryAreTaken) {
+  EXPECT_TRUE(CheckTokenCanTravel("", "--token").ok());
+  EXPECT_TRUE(CheckTokenCanTravel("s3cret ~!", "--token").ok());
+  EXPECT_TRUE(CheckTokenCanTravel(std::string(kMaxStreamTokenBytes, 'x'), "--token").ok());
+  for (const std::string& bad : {std::string("a\nb"), std::string("tab\t"), std::string("\x7f"), std::string("\xc3\xa9"),
+                                 std::string(1, '\0'), std::string(kMaxStreamTokenBytes + 1, 'x')}) {
+    absl::Status s = CheckTokenCanTravel(bad, "PATHWAYS_TOKEN");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("the token from PATHWAYS_TOKEN"), std::string::npos) << s;
+    if (bad.size() > 1) EXPECT_EQ(s.message().find(bad), std::string::npos) << "the token is echoed: " << s;
+  }
+  absl::StatusOr<std::string> flag = TokenFromFlagOrEnv("a\nb");
+  EXPECT_EQ(flag.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(flag.status().message().find("--token"), std::string::npos) << flag.status();
+  absl::StatusOr<std::string> cluster = ClusterTokenFromFlagOrEnv("\x01", "fine");
+  EXPECT_NE(cluster.status().message().find("--cluster-token"), std::string::npos) << cluster.status();
+  EXPECT_EQ(*ClusterTokenFromFlagOrEnv("", "fine"), "fine");
 }
 
 TEST(RpcUtilTest, TensorSpecFromWireIsValidated) {

@@ -71,8 +71,8 @@ absl::Status Worker::Start() {
     if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat("--checkpoint-dir: ", set.message()));
   }
   service_ = std::make_unique<WorkerService>();
-  const std::string token = TokenFromFlagOrEnv(options_.token);
-  const std::string cluster_token = ClusterTokenFromFlagOrEnv(options_.cluster_token, token);
+  PW_ASSIGN_OR_RETURN(const std::string token, TokenFromFlagOrEnv(options_.token));
+  PW_ASSIGN_OR_RETURN(const std::string cluster_token, ClusterTokenFromFlagOrEnv(options_.cluster_token, token));
   service_->RequireTokens(token, cluster_token);
   dataflow_service_.RequireToken(cluster_token);
   grpc::ServerBuilder builder;
