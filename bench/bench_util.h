@@ -19,9 +19,24 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 
+#include "core/progress.h"
 #include "tools/flags.h"
 
 namespace pathways::bench {
+
+// On a terminal, which row of a table is being measured: a bar on stderr, so the tables on
+// stdout stay clean, and nothing off a terminal. Measuring(row) before a row's work, Printing()
+// before its line is printed (it wipes the bar).
+class RowProgress {
+ public:
+  RowProgress(std::string table, int64_t rows) : progress_(std::move(table), rows, stderr, Progress::OffTerminal::kSilent) {}
+  void Measuring(const std::string& row) { progress_.Show(done_++, row); }
+  void Printing() { progress_.Clear(); }
+
+ private:
+  Progress progress_;
+  int64_t done_ = 0;
+};
 
 // The median of `v` (the upper one of an even count); 0 for none.
 inline double Median(std::vector<double> v) {

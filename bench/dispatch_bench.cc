@@ -49,7 +49,11 @@ void ThroughputTable(int max_hosts, int repeats) {
               "| Chained / OpByOp | Chained / OpByOp waiting | client submit OpByOp us | client submit Chained us |\n",
               kChain, kChain);
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  int rows = 0;
+  for (int hosts = 1; hosts <= max_hosts; hosts *= 2) ++rows;
+  bench::RowProgress progress("dispatch throughput", rows);
   for (int hosts = 1; hosts <= max_hosts; hosts *= 2) {
+    progress.Measuring(absl::StrCat(hosts, " hosts"));
     auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = hosts, .devices_per_host = 1,
                                          .device_memory_bytes = 16 << 20});
     auto client = *cluster->Connect();
@@ -94,6 +98,7 @@ void ThroughputTable(int max_hosts, int repeats) {
       submit_opbyop.push_back(s1 * 1e6 / kChain);
       submit_chained.push_back(s2 * 1e6 / kChain);
     }
+    progress.Printing();
     std::printf("| %d | %.0f | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.2f | %.2f |\n", hosts, Median(opbyop),
                 Median(waiting), Median(chained), Median(fused_rate), Median(chained) / Median(opbyop),
                 Median(chained) / Median(waiting), Median(submit_opbyop), Median(submit_chained));
@@ -114,8 +119,12 @@ void PipelineTable(Client& client, const std::vector<VirtualSlice>& stages, cons
   std::printf("| stages | parallel dispatch | sequential dispatch | sequential / parallel |\n|---|---|---|---|\n");
   HostArray input = *HostArray::Create(DType::kF32, {n, n});
   for (int64_t i = 0; i < n * n; ++i) input.mutable_data<float>()[i] = static_cast<float>(i % 7) * 0.01f;
+  int rows = 0;
+  for (int k : {1, 2, 4, 8, 16}) rows += k <= static_cast<int>(stages.size()) ? 1 : 0;
+  bench::RowProgress progress("pipeline", rows);
   for (int k : {1, 2, 4, 8, 16}) {
     if (k > static_cast<int>(stages.size())) break;
+    progress.Measuring(absl::StrCat(k, " stages"));
     ProgramBuilder builder("pipeline");
     TracedValue v = builder.Arg(spec);
     for (int s = 0; s < k; ++s) v = (*builder.Call(stage_fn, stages[s], {v}))[0];
@@ -132,6 +141,7 @@ void PipelineTable(Client& client, const std::vector<VirtualSlice>& stages, cons
         (mode == RunOptions::Dispatch::kParallel ? parallel : sequential).push_back(t * 1e3);
       }
     }
+    progress.Printing();
     std::printf("| %d | %.2f | %.2f | %.2fx |\n", k, Median(parallel), Median(sequential),
                 Median(sequential) / Median(parallel));
     std::fflush(stdout);
@@ -211,7 +221,9 @@ void ShardScalingTable(int repeats) {
   std::printf("| shards | hosts | graph nodes | graph edges | first run (lowers, registers) us | later run us "
               "| run message bytes (one per island) |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
+  bench::RowProgress progress("client work per run", 4);
   for (int64_t shards : {1, 8, 64, 512}) {
+    progress.Measuring(absl::StrCat(shards, " shards"));
     VirtualSlice slice = *client->CreateSlice({.mesh_shape = {shards}});
     const TensorSpec spec{DType::kF32, {1024}};
     auto inc = *client->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
@@ -235,6 +247,7 @@ void ShardScalingTable(int repeats) {
                       static_cast<double>(after.run_ops_sent - before.run_ops_sent));
       (void)*client->Ready(out[0]).Await();
     }
+    progress.Printing();
     std::printf("| %lld | %zu | %lld | %lld | %.0f | %.1f | %.0f |\n", static_cast<long long>(shards),
                 slice.host_addresses().size(), static_cast<long long>(program.num_graph_nodes()), static_cast<long long>(program.num_graph_edges()),
                 first, Median(submit), Median(bytes));

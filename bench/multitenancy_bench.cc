@@ -186,7 +186,11 @@ void ThroughputTable(const TenancyShape& shape, int max_clients, int repeats, do
   std::printf("Every client runs a gang program over every device (%s), keeping %d runs in flight.\n\n",
               Work(shape, kSide).c_str(), kOutstanding);
   std::printf("| clients | runs/s (all clients) | device utilisation | device ms per run |\n|---|---|---|---|\n");
+  int rows = 0;
+  for (int n = 1; n <= max_clients; n *= 2) ++rows;
+  bench::RowProgress progress("Figure 8", rows);
   for (int n = 1; n <= max_clients; n *= 2) {
+    progress.Measuring(absl::StrCat(n, " clients"));
     std::vector<double> rate, util, per_run;
     for (int r = 0; r < repeats; ++r) {
       auto cluster = *LocalCluster::Start(shape.Options());
@@ -198,6 +202,7 @@ void ThroughputTable(const TenancyShape& shape, int max_clients, int repeats, do
       util.push_back(m.utilisation);
       per_run.push_back(m.device_ms_per_run);
     }
+    progress.Printing();
     std::printf("| %d | %.0f | %.0f%% | %.3f |\n", n, Median(rate), 100 * Median(util), Median(per_run));
   }
   std::printf("\n");
@@ -211,7 +216,9 @@ void SharesTable(const TenancyShape& shape, const std::vector<double>& weights, 
   for (double w : weights) total_weight += w;
   std::vector<std::vector<double>> shares(weights.size());
   std::vector<double> util;
+  bench::RowProgress progress(absl::StrCat("Figure 9, weights ", label), repeats);
   for (int r = 0; r < repeats; ++r) {
+    progress.Measuring(absl::StrCat("repeat ", r + 1));
     LocalClusterOptions options = shape.Options();
     options.scheduler.policy = SchedulingPolicy::kProportionalShare;
     auto cluster = *LocalCluster::Start(options);
@@ -223,6 +230,7 @@ void SharesTable(const TenancyShape& shape, const std::vector<double>& weights, 
     for (size_t i = 0; i < weights.size(); ++i) shares[i].push_back(m.share[i]);
     util.push_back(m.utilisation);
   }
+  progress.Printing();
   std::printf("#### Weights %s (each run %s; device utilisation %.0f%%)\n\n", label.c_str(),
               Work(shape, kSideForShares).c_str(), 100 * Median(util));
   std::printf("| client | weight | target share | measured share | measured / target |\n|---|---|---|---|---|\n");

@@ -252,10 +252,13 @@ int Main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> summary;
   int failed = 0;
+  bench::RowProgress progress("Task Bench", static_cast<int64_t>(configs.size()));
   for (auto [hosts, devices] : configs) {
     const int width = hosts * devices;
     const std::string config = absl::StrCat(hosts, "x", devices);
+    progress.Measuring(config);
     auto ours = MeasureRuntime(hosts, devices, steps, elements, sweep, repeats);
+    progress.Printing();
     if (!ours.ok()) {
       std::printf("| %s | this runtime | failed: %s |\n", config.c_str(), std::string(ours.status().message()).c_str());
       ++failed;
@@ -263,6 +266,7 @@ int Main(int argc, char** argv) {
     }
     const std::vector<Point> mpi = have_mpi ? MeasureMpi(width, steps, elements, sweep, repeats)
                                             : std::vector<Point>{};
+    progress.Printing();
     const double peak = Peak({ours->opbyop, ours->chained, mpi}, width, steps, elements);
     const int used = std::min(cores, width);
     const Summary opbyop = PrintRows(config, "OpByOp", ours->opbyop, width, steps, elements, peak, used);

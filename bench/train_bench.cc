@@ -141,6 +141,9 @@ int Main(int argc, char** argv) {
   std::printf("| layout | calls per step | tokens/s | of SPMD | model FLOP/s utilisation | peak MiB per device | loss after |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   double spmd = 0;
+  int rows = 0;
+  for (int64_t stages = 1; stages <= std::min<int64_t>(8, std::min(devices, layers)); stages *= 2) rows += stages == 1 ? 1 : 3;
+  bench::RowProgress progress("SPMD against pipelines", rows);
   for (int64_t stages = 1; stages <= std::min<int64_t>(8, std::min(devices, layers)); stages *= 2) {
     // M = 2S microbatches keeping residuals, then recomputing them; then M = S, the per-device
     // microbatch as large as SPMD's batch, for a larger bubble.
@@ -160,13 +163,14 @@ int Main(int argc, char** argv) {
                                     ? ""
                                     : absl::StrCat(trace_prefix, "pipeline_s", stages, "_m", o.microbatches,
                                                    recompute ? "_recompute" : "", ".json");
+      const std::string layout = stages == 1 ? absl::StrCat("SPMD: data ", devices)
+                                             : absl::StrCat("S=", stages, " x data ", o.layout.data, ", M=",
+                                                            o.microbatches, recompute ? ", recomputing" : ", residuals kept");
+      progress.Measuring(layout);
       const Result r = Measure(*one_island, o, steps, repeats, trace);
+      progress.Printing();
       if (stages == 1) spmd = r.tokens_per_s;
-      std::printf("| %s | %zu | %.0f | %.2f | %.1f%% | %.1f | %.4f |\n",
-                  stages == 1 ? absl::StrCat("SPMD: data ", devices).c_str()
-                              : absl::StrCat("S=", stages, " x data ", o.layout.data, ", M=", o.microbatches,
-                                             recompute ? ", recomputing" : ", residuals kept")
-                                    .c_str(),
+      std::printf("| %s | %zu | %.0f | %.2f | %.1f%% | %.1f | %.4f |\n", layout.c_str(),
                   r.calls, r.tokens_per_s, r.tokens_per_s / spmd, 100 * r.tokens_per_s * per_token / matmul,
                   r.peak_mib, r.loss);
       std::fflush(stdout);
@@ -178,7 +182,9 @@ int Main(int argc, char** argv) {
               static_cast<long long>(latency_us), static_cast<long long>(gbps));
   std::printf("| cluster | tokens/s | of one island | loss after |\n|---|---|---|---|\n");
   double single = 0;
+  bench::RowProgress islands_progress("two islands", 2);
   for (int islands : {1, 2}) {
+    islands_progress.Measuring(absl::StrCat(islands, islands == 1 ? " island" : " islands"));
     const int per_host = devices / islands >= 2 ? 2 : 1;
     LocalClusterOptions c{.num_islands = islands, .hosts_per_island = static_cast<int>(devices / islands / per_host),
                           .devices_per_host = per_host, .device_memory_bytes = int64_t{1} << 30};
@@ -191,6 +197,7 @@ int Main(int argc, char** argv) {
         trace_prefix.empty() || islands == 1 ? "" : absl::StrCat(trace_prefix, "two_islands.json");
     const Result r = Measure(*cluster, o, steps, repeats, trace);
     if (islands == 1) single = r.tokens_per_s;
+    islands_progress.Printing();
     std::printf("| %d island%s x %lld devices | %.0f | %.3f | %.4f |\n", islands, islands == 1 ? "" : "s",
                 static_cast<long long>(devices / islands), r.tokens_per_s, r.tokens_per_s / single, r.loss);
     std::fflush(stdout);
