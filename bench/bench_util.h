@@ -24,6 +24,13 @@
 
 namespace pathways::bench {
 
+// 1, 2, 4, ... up to `max`: the sizes most tables sweep.
+inline std::vector<int> Doublings(int max) {
+  std::vector<int> out;
+  for (int n = 1; n <= max; n *= 2) out.push_back(n);
+  return out;
+}
+
 // On a terminal, which row of a table is being measured: a bar on stderr, so the tables on
 // stdout stay clean, and nothing off a terminal. Measuring(row) before a row's work, Printing()
 // before its line is printed (it wipes the bar).

@@ -49,10 +49,9 @@ void ThroughputTable(int max_hosts, int repeats) {
               "| Chained / OpByOp | Chained / OpByOp waiting | client submit OpByOp us | client submit Chained us |\n",
               kChain, kChain);
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  int rows = 0;
-  for (int hosts = 1; hosts <= max_hosts; hosts *= 2) ++rows;
-  bench::RowProgress progress("dispatch throughput", rows);
-  for (int hosts = 1; hosts <= max_hosts; hosts *= 2) {
+  const std::vector<int> sizes = bench::Doublings(max_hosts);
+  bench::RowProgress progress("dispatch throughput", static_cast<int64_t>(sizes.size()));
+  for (int hosts : sizes) {
     progress.Measuring(absl::StrCat(hosts, " hosts"));
     auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = hosts, .devices_per_host = 1,
                                          .device_memory_bytes = 16 << 20});
@@ -119,11 +118,9 @@ void PipelineTable(Client& client, const std::vector<VirtualSlice>& stages, cons
   std::printf("| stages | parallel dispatch | sequential dispatch | sequential / parallel |\n|---|---|---|---|\n");
   HostArray input = *HostArray::Create(DType::kF32, {n, n});
   for (int64_t i = 0; i < n * n; ++i) input.mutable_data<float>()[i] = static_cast<float>(i % 7) * 0.01f;
-  int rows = 0;
-  for (int k : {1, 2, 4, 8, 16}) rows += k <= static_cast<int>(stages.size()) ? 1 : 0;
-  bench::RowProgress progress("pipeline", rows);
-  for (int k : {1, 2, 4, 8, 16}) {
-    if (k > static_cast<int>(stages.size())) break;
+  const std::vector<int> lengths = bench::Doublings(std::min(16, static_cast<int>(stages.size())));
+  bench::RowProgress progress("pipeline", static_cast<int64_t>(lengths.size()));
+  for (int k : lengths) {
     progress.Measuring(absl::StrCat(k, " stages"));
     ProgramBuilder builder("pipeline");
     TracedValue v = builder.Arg(spec);
@@ -221,8 +218,9 @@ void ShardScalingTable(int repeats) {
   std::printf("| shards | hosts | graph nodes | graph edges | first run (lowers, registers) us | later run us "
               "| run message bytes (one per island) |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  bench::RowProgress progress("client work per run", 4);
-  for (int64_t shards : {1, 8, 64, 512}) {
+  const std::vector<int64_t> shard_counts = {1, 8, 64, 512};
+  bench::RowProgress progress("client work per run", static_cast<int64_t>(shard_counts.size()));
+  for (int64_t shards : shard_counts) {
     progress.Measuring(absl::StrCat(shards, " shards"));
     VirtualSlice slice = *client->CreateSlice({.mesh_shape = {shards}});
     const TensorSpec spec{DType::kF32, {1024}};

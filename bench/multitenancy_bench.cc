@@ -186,10 +186,9 @@ void ThroughputTable(const TenancyShape& shape, int max_clients, int repeats, do
   std::printf("Every client runs a gang program over every device (%s), keeping %d runs in flight.\n\n",
               Work(shape, kSide).c_str(), kOutstanding);
   std::printf("| clients | runs/s (all clients) | device utilisation | device ms per run |\n|---|---|---|---|\n");
-  int rows = 0;
-  for (int n = 1; n <= max_clients; n *= 2) ++rows;
-  bench::RowProgress progress("Figure 8", rows);
-  for (int n = 1; n <= max_clients; n *= 2) {
+  const std::vector<int> counts = bench::Doublings(max_clients);
+  bench::RowProgress progress("Figure 8", static_cast<int64_t>(counts.size()));
+  for (int n : counts) {
     progress.Measuring(absl::StrCat(n, " clients"));
     std::vector<double> rate, util, per_run;
     for (int r = 0; r < repeats; ++r) {

@@ -252,11 +252,11 @@ int Main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> summary;
   int failed = 0;
-  bench::RowProgress progress("Task Bench", static_cast<int64_t>(configs.size()));
+  bench::RowProgress progress("Task Bench", static_cast<int64_t>(configs.size()) * (have_mpi ? 2 : 1));
   for (auto [hosts, devices] : configs) {
     const int width = hosts * devices;
     const std::string config = absl::StrCat(hosts, "x", devices);
-    progress.Measuring(config);
+    progress.Measuring(config + ", this runtime");
     auto ours = MeasureRuntime(hosts, devices, steps, elements, sweep, repeats);
     progress.Printing();
     if (!ours.ok()) {
@@ -264,6 +264,7 @@ int Main(int argc, char** argv) {
       ++failed;
       continue;
     }
+    if (have_mpi) progress.Measuring(config + ", OpenMPI");
     const std::vector<Point> mpi = have_mpi ? MeasureMpi(width, steps, elements, sweep, repeats)
                                             : std::vector<Point>{};
     progress.Printing();

@@ -141,40 +141,44 @@ int Main(int argc, char** argv) {
   std::printf("| layout | calls per step | tokens/s | of SPMD | model FLOP/s utilisation | peak MiB per device | loss after |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   double spmd = 0;
-  int rows = 0;
-  for (int64_t stages = 1; stages <= std::min<int64_t>(8, std::min(devices, layers)); stages *= 2) rows += stages == 1 ? 1 : 3;
-  bench::RowProgress progress("SPMD against pipelines", rows);
+  // M = 2S microbatches keeping residuals, then recomputing them; then M = S, the per-device
+  // microbatch as large as SPMD's batch, for a larger bubble. One way to run SPMD.
+  struct Layout {
+    int64_t stages;
+    int64_t microbatches_per_stage;
+    bool recompute;
+  };
+  std::vector<Layout> layouts;
   for (int64_t stages = 1; stages <= std::min<int64_t>(8, std::min(devices, layers)); stages *= 2) {
-    // M = 2S microbatches keeping residuals, then recomputing them; then M = S, the per-device
-    // microbatch as large as SPMD's batch, for a larger bubble.
-    struct Variant {
-      int64_t microbatches_per_stage;
-      bool recompute;
-    };
-    for (const Variant v : {Variant{2, false}, Variant{2, true}, Variant{1, false}}) {
-      if (stages == 1 && (v.recompute || v.microbatches_per_stage == 1)) continue;  // one way to run SPMD
-      const bool recompute = v.recompute;
-      TrainOptions o = base;
-      o.layout = {.data = devices / stages, .tensor = 1, .stages = stages};
-      o.microbatches = stages == 1 ? 1 : v.microbatches_per_stage * stages;
-      o.recompute = recompute;
-      while (o.microbatches > 1 && batch % (o.layout.data * o.microbatches) != 0) o.microbatches /= 2;
-      const std::string trace = trace_prefix.empty() || stages == 1
-                                    ? ""
-                                    : absl::StrCat(trace_prefix, "pipeline_s", stages, "_m", o.microbatches,
-                                                   recompute ? "_recompute" : "", ".json");
-      const std::string layout = stages == 1 ? absl::StrCat("SPMD: data ", devices)
-                                             : absl::StrCat("S=", stages, " x data ", o.layout.data, ", M=",
-                                                            o.microbatches, recompute ? ", recomputing" : ", residuals kept");
-      progress.Measuring(layout);
-      const Result r = Measure(*one_island, o, steps, repeats, trace);
-      progress.Printing();
-      if (stages == 1) spmd = r.tokens_per_s;
-      std::printf("| %s | %zu | %.0f | %.2f | %.1f%% | %.1f | %.4f |\n", layout.c_str(),
-                  r.calls, r.tokens_per_s, r.tokens_per_s / spmd, 100 * r.tokens_per_s * per_token / matmul,
-                  r.peak_mib, r.loss);
-      std::fflush(stdout);
+    for (const Layout v : {Layout{stages, 2, false}, Layout{stages, 2, true}, Layout{stages, 1, false}}) {
+      if (stages == 1 && (v.recompute || v.microbatches_per_stage == 1)) continue;
+      layouts.push_back(v);
     }
+  }
+  bench::RowProgress progress("SPMD against pipelines", static_cast<int64_t>(layouts.size()));
+  for (const Layout& v : layouts) {
+    const int64_t stages = v.stages;
+    const bool recompute = v.recompute;
+    TrainOptions o = base;
+    o.layout = {.data = devices / stages, .tensor = 1, .stages = stages};
+    o.microbatches = stages == 1 ? 1 : v.microbatches_per_stage * stages;
+    o.recompute = recompute;
+    while (o.microbatches > 1 && batch % (o.layout.data * o.microbatches) != 0) o.microbatches /= 2;
+    const std::string trace = trace_prefix.empty() || stages == 1
+                                  ? ""
+                                  : absl::StrCat(trace_prefix, "pipeline_s", stages, "_m", o.microbatches,
+                                                 recompute ? "_recompute" : "", ".json");
+    const std::string layout = stages == 1 ? absl::StrCat("SPMD: data ", devices)
+                                           : absl::StrCat("S=", stages, " x data ", o.layout.data, ", M=",
+                                                          o.microbatches, recompute ? ", recomputing" : ", residuals kept");
+    progress.Measuring(layout);
+    const Result r = Measure(*one_island, o, steps, repeats, trace);
+    progress.Printing();
+    if (stages == 1) spmd = r.tokens_per_s;
+    std::printf("| %s | %zu | %.0f | %.2f | %.1f%% | %.1f | %.4f |\n", layout.c_str(),
+                r.calls, r.tokens_per_s, r.tokens_per_s / spmd, 100 * r.tokens_per_s * per_token / matmul,
+                r.peak_mib, r.loss);
+    std::fflush(stdout);
   }
   one_island.reset();
 

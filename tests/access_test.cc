@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "client/client.h"
 #include "dataflow/stream_peer.h"
 #include "grpcpp/create_channel.h"
@@ -80,13 +81,16 @@ TEST_F(MultiProcessTest, ClientsOfOneProcessShowTheirOwnClustersTokens) {
   ASSERT_TRUE(worker.WaitForLine("serving", kStartTimeout).ok());
 
   SetCallToken("not-the-token");  // what a client without a token of its own shows
+  absl::Cleanup restore = [] { SetCallToken(""); };  // the fixture's cluster needs none
   auto wrong = Client::Connect(address, {.token = "guess"});
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
   auto guarded = Client::Connect(address, {.token = "s3cret"});
   ASSERT_TRUE(guarded.ok()) << guarded.status();
   auto open = Client::Connect(address_);
   ASSERT_TRUE(open.ok()) << open.status();
-  // Interleaved: each client's calls, streams and fetches carry its own token (or none).
+  // Interleaved: each client's calls carry its own token (`open` shows the process's wrong one,
+  // which the fixture's cluster, requiring none, ignores). A wrong token on a stream alone would
+  // not fail these jobs: a refused stream falls back to gRPC.
   for (int round = 0; round < 2; ++round) {
     ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**guarded));
     ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**open));
@@ -100,7 +104,6 @@ TEST_F(MultiProcessTest, ClientsOfOneProcessShowTheirOwnClustersTokens) {
   }
   guarded->reset();
   open->reset();
-  SetCallToken("");  // the fixture's cluster needs none
   EXPECT_EQ(worker.Stop(SIGTERM) & 0x7f, 0);
   EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
 }

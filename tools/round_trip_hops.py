@@ -38,8 +38,9 @@ class Wakeup(NamedTuple):
 _WAKEUP = re.compile(r"\s*([\d.]+)\s+\[\d+\]\s+(.+?)\[(\d+)(?:/(\d+))?\]\s+awakened: (.+?)\[(\d+)(?:/(\d+))?\]")
 _THREAD = re.compile(r"(\S+?)\[(\d+)(?:/(\d+))?\]")  # a process's main thread: no "/pid"
 
-HOPS = ["client sends the run", "controller to worker", "worker reader to I/O pool",
-        "apply and run, to the fetch", "worker answers the fetch", "client reader to caller"]
+HOPS = ["client: wake, call, send the run to the controller", "controller: read, schedule, send to the worker",
+        "worker: stream reader wakes, hands to the I/O pool", "worker: apply the run, device, wake the fetch's connection",
+        "worker: answer the fetch; client's reader wakes", "client: reader to the caller"]
 
 
 def parse(path: str) -> List[Wakeup]:
@@ -88,6 +89,8 @@ def one_trip(trip: List[Wakeup], start: float, client: int, controller: int, wor
     def after(t: float, cond) -> Optional[Wakeup]:
         return next((e for e in trip if e.time >= t and cond(e)), None)
 
+    # The calling thread writes the run, or the schedule stream's reader does, when the previous
+    # batch's answer comes after the call (one batch in flight).
     sent = after(start, lambda e: e.waker_pid == client and e.wakee_pid == controller)
     if sent is None:
         return None
@@ -98,7 +101,8 @@ def one_trip(trip: List[Wakeup], start: float, client: int, controller: int, wor
                    not e.wakee.startswith("stream-conn"))
     if handed is None:
         return None
-    applied = after(handed.time, lambda e: e.waker_tid == handed.wakee_tid and e.wakee.startswith("stream-conn"))
+    applied = after(handed.time, lambda e: e.waker_tid == handed.wakee_tid and e.wakee_pid == worker and
+                    e.wakee.startswith("stream-conn"))
     if applied is None:
         return None
     answered = after(applied.time, lambda e: e.waker_pid == worker and e.wakee_pid == client)
@@ -125,7 +129,7 @@ def main() -> int:
         print("no round trip found in the trace", file=sys.stderr)
         return 1
     print(f"{len(rows)} round trips (client {client}, controller {controller}, worker {worker}), us\n")
-    print("| hop | median | p25 | p75 |\n|---|---|---|---|")
+    print("| hop (µs) | median | p25 | p75 |\n|---|---|---|---|")
     for i, name in enumerate(HOPS + ["whole round trip"]):
         col = sorted(sum(r) if i == len(HOPS) else r[i] for r in rows)
         print(f"| {name} | {statistics.median(col):.0f} | {col[len(col) // 4]:.0f} | {col[3 * len(col) // 4]:.0f} |")

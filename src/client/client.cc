@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& contr
   // PATHWAYS_TLS_CA (and _CERT, _KEY), before its first channel is made.
   if (!TlsConfigured()) PW_RETURN_IF_ERROR(ConfigureTls({}));
   PW_RETURN_IF_ERROR(CheckTokenCanTravel(
-      TokenOr(options.token), options.token.has_value() ? "the client's options" : "the process (PATHWAYS_TOKEN)"));
+      TokenOr(options.token), options.token.has_value() ? "the client's options" : "the process (SetCallToken or PATHWAYS_TOKEN)"));
   auto core = std::make_shared<ClientCore>(controller_address, options);
   PW_RETURN_IF_ERROR(core->StartLease());
   PW_RETURN_IF_ERROR(core->controller().GetStatus().status());

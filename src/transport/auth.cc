@@ -11,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/synchronization/mutex.h"
 #include "core/logging.h"
+#include "core/status_macros.h"
 #include "transport/stream_listener.h"
 #include "openssl/crypto.h"
 #include "openssl/rand.h"
@@ -74,18 +75,18 @@ absl::Status CheckTokenCanTravel(const std::string& token, const std::string& wh
 
 absl::StatusOr<std::string> TokenFromFlagOrEnv(const std::string& flag) {
   std::string token = flag.empty() ? EnvToken() : flag;
-  if (absl::Status s = CheckTokenCanTravel(token, flag.empty() ? "PATHWAYS_TOKEN" : "--token"); !s.ok()) return s;
+  PW_RETURN_IF_ERROR(CheckTokenCanTravel(token, flag.empty() ? "PATHWAYS_TOKEN" : "--token"));
   return token;
 }
 
 absl::StatusOr<std::string> ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token) {
   if (!flag.empty()) {
-    if (absl::Status s = CheckTokenCanTravel(flag, "--cluster-token"); !s.ok()) return s;
+    PW_RETURN_IF_ERROR(CheckTokenCanTravel(flag, "--cluster-token"));
     return flag;
   }
   const char* env = std::getenv("PATHWAYS_CLUSTER_TOKEN");
   if (env == nullptr || *env == '\0') return token;
-  if (absl::Status s = CheckTokenCanTravel(env, "PATHWAYS_CLUSTER_TOKEN"); !s.ok()) return s;
+  PW_RETURN_IF_ERROR(CheckTokenCanTravel(env, "PATHWAYS_CLUSTER_TOKEN"));
   return std::string(env);
 }
 

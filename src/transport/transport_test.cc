@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -132,14 +133,31 @@ TEST(AuthTest, OnlyTokensGrpcCanCarryAreTaken) {
     absl::Status s = CheckTokenCanTravel(bad, "PATHWAYS_TOKEN");
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("the token from PATHWAYS_TOKEN"), std::string::npos) << s;
-    if (bad.size() > 1) EXPECT_EQ(s.message().find(bad), std::string::npos) << "the token is echoed: " << s;
+    if (bad.size() > 1) {
+      EXPECT_EQ(s.message().find(bad), std::string::npos) << "the token is echoed: " << s;
+    }
   }
   absl::StatusOr<std::string> flag = TokenFromFlagOrEnv("a\nb");
   EXPECT_EQ(flag.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(flag.status().message().find("--token"), std::string::npos) << flag.status();
   absl::StatusOr<std::string> cluster = ClusterTokenFromFlagOrEnv("\x01", "fine");
   EXPECT_NE(cluster.status().message().find("--cluster-token"), std::string::npos) << cluster.status();
-  EXPECT_EQ(*ClusterTokenFromFlagOrEnv("", "fine"), "fine");
+  // From the environment (nothing else of this test binary reads these variables).
+  ASSERT_EQ(setenv("PATHWAYS_TOKEN", "a\nb", 1), 0);
+  ASSERT_EQ(setenv("PATHWAYS_CLUSTER_TOKEN", "c\rd", 1), 0);
+  absl::StatusOr<std::string> env = TokenFromFlagOrEnv("");
+  absl::StatusOr<std::string> cluster_env = ClusterTokenFromFlagOrEnv("", "fine");
+  absl::StatusOr<std::string> flag_wins = TokenFromFlagOrEnv("good");
+  unsetenv("PATHWAYS_TOKEN");
+  unsetenv("PATHWAYS_CLUSTER_TOKEN");
+  EXPECT_NE(env.status().message().find("the token from PATHWAYS_TOKEN"), std::string::npos) << env.status();
+  EXPECT_NE(cluster_env.status().message().find("the token from PATHWAYS_CLUSTER_TOKEN"), std::string::npos)
+      << cluster_env.status();
+  ASSERT_TRUE(flag_wins.ok()) << flag_wins.status();
+  EXPECT_EQ(*flag_wins, "good");
+  absl::StatusOr<std::string> fallback = ClusterTokenFromFlagOrEnv("", "fine");
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_EQ(*fallback, "fine");
 }
 
 TEST(RpcUtilTest, TensorSpecFromWireIsValidated) {
