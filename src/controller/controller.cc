@@ -224,6 +224,14 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       controller_.clients_.Refuse(request->stuck_client(), reason, now);
     }
     response->set_registered(beat == ClusterRegistry::Beat::kAlive);
+    // Clients it came to hold since it registered, perhaps never heard of here (see
+    // HeartbeatRequest.clients): each gets a lease, as at registration.
+    if (beat == ClusterRegistry::Beat::kAlive) {
+      for (const std::string& client : request->clients()) {
+        controller_.clients_.Adopt(client, now);
+        registry_.NoteClientOnHost(client, request->address());
+      }
+    }
     response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft);
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;

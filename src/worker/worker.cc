@@ -196,8 +196,10 @@ rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
 }
 
 absl::Status Worker::Register() {
-  auto response = controller_->RegisterWorker(RegistrationRequest());
+  rpc::RegisterWorkerRequest request = RegistrationRequest();
+  auto response = controller_->RegisterWorker(request);
   if (!response.ok()) return response.status();
+  named_clients_ = {request.clients().begin(), request.clients().end()};
   host_id_ = response->host_id();
   runtime_->PublishLinks();  // into this controller's rendezvous store (a restarted one forgot them)
   heartbeat_ms_ = std::max<int64_t>(10, response->heartbeat_interval_ms());
@@ -220,6 +222,10 @@ void Worker::HeartbeatLoop() {
     request.set_incarnation(incarnation_);
     DescribeDevices(request.mutable_devices(), /*recent_work=*/true);
     runtime_->DescribeCounters(request.mutable_counters());
+    std::vector<std::string> held = runtime_->HeldClients();
+    for (const std::string& client : held) {
+      if (!named_clients_.contains(client)) request.add_clients(client);
+    }
     // Liveness on progress, not only on heartbeats: the process answers, but a device that makes
     // none holds every later gang of its island on this host. The controller hears why at once
     // (not after its heartbeat timeout), and the worker leaves.
@@ -252,8 +258,10 @@ void Worker::HeartbeatLoop() {
       return;
     }
     if (!response->registered()) {
-      absl::Status s = Register();  // the controller restarted
+      absl::Status s = Register();  // the controller restarted; names every client it holds
       if (!s.ok()) PW_LOG(Warning) << "re-registration failed: " << s;
+    } else {
+      named_clients_ = {held.begin(), held.end()};  // those it no longer holds are forgotten too
     }
     absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
     if (int failed = runtime_->store().SetDepartedHosts(std::move(departed)); failed > 0) {

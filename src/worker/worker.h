@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/notification.h"
 #include "core/ids.h"
 #include "grpcpp/server.h"
@@ -108,6 +109,9 @@ class Worker {
   absl::Notification stop_;
   std::thread heartbeat_thread_;
   std::vector<int64_t> work_reported_until_us_;  // per device; the heartbeat thread's own
+  // The clients this host held when it last named them to the controller (see
+  // HeartbeatRequest.clients); the heartbeat thread's own (Start registers before it starts).
+  absl::flat_hash_set<std::string> named_clients_;
 };
 
 }  // namespace pathways
