@@ -39,6 +39,8 @@ class RowProgress {
   RowProgress(std::string table, int64_t rows) : progress_(std::move(table), rows, stderr, Progress::OffTerminal::kSilent) {}
   void Measuring(const std::string& row) { progress_.Show(done_++, row); }
   void Printing() { progress_.Clear(); }
+  // Draws the bar complete (the table is done).
+  void Finished() { progress_.Show(done_); }
 
  private:
   Progress progress_;

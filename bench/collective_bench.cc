@@ -40,7 +40,6 @@
 #include "collective/collective.h"
 #include "collective/tcp_links.h"
 #include "core/process.h"
-#include "core/progress.h"
 #include "core/status_macros.h"
 #include "testing/subprocess.h"
 #include "tools/flags.h"
@@ -405,12 +404,10 @@ int Main(int argc, char** argv) {
     std::printf("OpenMPI: not installed or peer not built (make deps-bench, then rebuild)\n\n");
   }
   // On a terminal, what is being measured (on stderr: the tables on stdout stay clean).
-  Progress progress("measured",
-                    static_cast<int64_t>(configs.size() * sizes.size()) * (hub_only || runtime_only ? 1 : 2), stderr,
-                    Progress::OffTerminal::kSilent);
-  int64_t measured = 0;
+  bench::RowProgress progress(
+      "measured", static_cast<int64_t>(configs.size() * sizes.size()) * (hub_only || runtime_only ? 1 : 2));
   auto now_measuring = [&](const char* what, int hosts, int devices, int64_t bytes) {
-    progress.Show(measured++, absl::StrFormat("%s %dx%d, %lld B", what, hosts, devices, static_cast<long long>(bytes)));
+    progress.Measuring(absl::StrFormat("%s %dx%d, %lld B", what, hosts, devices, static_cast<long long>(bytes)));
   };
   if (!runtime_only) {
     std::printf("| hosts x devices | bytes/device | all_reduce/s | GB/s touched | of memcpy |\n|---|---|---|---|---|\n");
@@ -418,7 +415,7 @@ int Main(int argc, char** argv) {
       for (int64_t bytes : sizes) {
         now_measuring("hub only", hosts, devices, bytes);
         const double rate = MeasureHubOnly(hosts, devices, bytes, repeats);
-        progress.Clear();
+        progress.Printing();
         const double touched = 2.0 * hosts * devices * static_cast<double>(bytes) * rate;
         std::printf("| %dx%d | %lld | %.0f | %.2f | %.0f%% |\n", hosts, devices, static_cast<long long>(bytes), rate,
                     touched / 1e9, 100 * touched / memcpy_bw);
@@ -428,7 +425,7 @@ int Main(int argc, char** argv) {
     std::printf("\n");
   }
   if (hub_only) {
-    progress.Show(measured);
+    progress.Finished();
     return 0;
   }
   std::printf(
@@ -443,7 +440,7 @@ int Main(int argc, char** argv) {
       now_measuring("this runtime and its peers", hosts, devices, bytes);
       auto ours = MeasureRuntime(hosts, devices, bytes, repeats);
       if (!ours.ok()) {
-        progress.Clear();
+        progress.Printing();
         std::printf("| %dx%d | %lld | failed: %s |\n", hosts, devices, static_cast<long long>(bytes),
                     std::string(ours.status().message()).c_str());
         std::fflush(stdout);
@@ -457,7 +454,7 @@ int Main(int argc, char** argv) {
       if (!runtime_only && (!mc.step || !mc.fused)) ++failed;
       std::optional<double> torch = have_torch ? MeasureTorch(ranks, bytes, repeats) : std::nullopt;
       std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats) : std::nullopt;
-      progress.Clear();
+      progress.Printing();
       // What an all_reduce must touch at least: every member's input read, every output written.
       const double touched = 2.0 * ranks * static_cast<double>(bytes) * ours->fused / 1e9;
       std::printf("| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.2f |\n",
@@ -477,7 +474,7 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  progress.Show(measured);
+  progress.Finished();
   if (!cpu_rows.empty()) {
     std::printf(
         "\nCPU per step of this runtime, microseconds (medians over the repeats; the client's process, the "

@@ -33,7 +33,6 @@
 #include "client/client.h"
 #include "client/program.h"
 #include "core/process.h"
-#include "core/progress.h"
 #include "testing/subprocess.h"
 #include "tools/flags.h"
 
@@ -117,12 +116,12 @@ int Run(const Flags& flags) {
   std::vector<int64_t> sizes;
   for (int64_t n = 1; n < max_hosts; n *= 4) sizes.push_back(n);
   sizes.push_back(max_hosts);
-  Progress progress("measured", static_cast<int64_t>(sizes.size()), stderr, Progress::OffTerminal::kSilent);
+  bench::RowProgress progress("measured", static_cast<int64_t>(sizes.size()));
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t hosts = sizes[i];
     const int64_t shards = hosts * devices;
-    progress.Show(static_cast<int64_t>(i), absl::StrFormat("%lld hosts, %lld shards", static_cast<long long>(hosts),
-                                                          static_cast<long long>(shards)));
+    progress.Measuring(
+        absl::StrFormat("%lld hosts, %lld shards", static_cast<long long>(hosts), static_cast<long long>(shards)));
     VirtualSlice slice;
     const double t_slice = Seconds([&] { slice = Must(client->CreateSlice({.mesh_shape = {shards}}), "a slice"); });
     const TensorSpec spec{DType::kF32, {shards}};
@@ -158,7 +157,7 @@ int Run(const Flags& flags) {
     const ClientStats after = client->stats();
     const double run_bytes = static_cast<double>(after.run_op_bytes_sent - before.run_op_bytes_sent) /
                              static_cast<double>(std::max<int64_t>(1, after.run_ops_sent - before.run_ops_sent));
-    progress.Clear();
+    progress.Printing();
     std::printf("| %lld | %lld | %.1f | %.1f | %.0f | %.2f | %.0f | %.1f | %.1f | %.0f | %.0f |\n",
                 static_cast<long long>(hosts), static_cast<long long>(shards), t_slice * 1e3, t_lower * 1e3,
                 chained_rate, limit > 0 ? chained_rate / limit : 0.0, static_cast<double>(runs) / t_runs,
@@ -166,7 +165,7 @@ int Run(const Flags& flags) {
                 run_bytes, static_cast<double>(StatusField(controller.pid(), "VmRSS")) / 1024);
     std::fflush(stdout);
   }
-  progress.Show(static_cast<int64_t>(sizes.size()));
+  progress.Finished();
   int64_t worker_rss_kb = 0, worker_threads = 0;
   for (const auto& w : workers) {
     worker_rss_kb += StatusField(w->pid(), "VmRSS");
