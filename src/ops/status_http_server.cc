@@ -6,10 +6,6 @@
 
 #include <cctype>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <optional>
 #include <vector>
 
 #include <google/protobuf/util/json_util.h>
@@ -18,64 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "ops/assets.h"
+#include "ops/gated_http_server.h"
 #include "ops/metrics.h"
 #include "transport/auth.h"
 
 namespace pathways {
 
 namespace {
-
-// cpp-httplib's own pool queues every accepted connection without bound. This one has a bound:
-// once it is full the accepting thread waits, so further connections wait in the kernel's
-// backlog (and beyond it are refused) instead of holding descriptors here.
-class BoundedPool : public httplib::TaskQueue {
- public:
-  BoundedPool(int threads, int max_queued) : max_queued_(static_cast<size_t>(max_queued)) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
-  }
-  ~BoundedPool() override = default;  // shutdown() joined the threads
-
-  // Called by the accepting thread only, which also calls shutdown() once it stops accepting.
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    space_.wait(lock, [this] { return tasks_.size() < max_queued_; });
-    tasks_.push_back(std::move(fn));
-    work_.notify_one();
-  }
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    work_.notify_all();
-    space_.notify_all();
-    for (std::thread& t : threads_) t.join();
-    threads_.clear();
-  }
-
- private:
-  void Work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        work_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping, and nothing left to serve
-        fn = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      space_.notify_one();
-      fn();
-    }
-  }
-
-  const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable work_, space_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
-};
 
 // SO_REUSEADDR: cpp-httplib's default sets SO_REUSEPORT instead, which lets a second server
 // listen on a port a running one holds.
@@ -122,34 +67,6 @@ std::string BearerToken(const httplib::Request& req) {
 
 }  // namespace
 
-// The status callback, until the server is torn down: a thread still serving a slow client after
-// that (see ~StatusHttpServer) answers 503 instead of reading a controller that is gone.
-class StatusGuard {
- public:
-  StatusGuard(StatusHttpServer::StatusFn status, StatusHttpServer::TimelineFn timeline)
-      : status_(std::move(status)), timeline_(std::move(timeline)) {}
-  std::optional<rpc::ClusterStatus> Read() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!status_) return std::nullopt;
-    return status_();
-  }
-  std::optional<rpc::ClusterTimeline> ReadTimeline() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!timeline_) return std::nullopt;
-    return timeline_();
-  }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);  // waits for a read in progress
-    status_ = nullptr;
-    timeline_ = nullptr;
-  }
-
- private:
-  std::mutex mu_;
-  StatusHttpServer::StatusFn status_;
-  StatusHttpServer::TimelineFn timeline_;
-};
-
 namespace {
 std::string Json(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
@@ -168,18 +85,20 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("HTTP port ", options.port, " is not in 0..65535"));
   }
-  if (options.threads < 1 || options.max_queued_connections < 1 || options.timeout_seconds < 1) {
-    return absl::InvalidArgumentError("the HTTP server needs at least one thread, one queued connection and a timeout");
+  if (options.threads < 1 || options.max_connections < 1 || options.timeout_seconds < 1) {
+    return absl::InvalidArgumentError("the HTTP server needs at least one thread, one connection and a timeout");
   }
-  auto server = std::make_unique<httplib::Server>();
-  const int threads = options.threads, queued = options.max_queued_connections;
-  server->new_task_queue = [threads, queued] { return new BoundedPool(threads, queued); };
+  HttpGateOptions gate;
+  gate.threads = options.threads;
+  gate.max_connections = options.max_connections;
+  auto server = std::make_unique<GatedHttpServer>(gate);
   server->set_socket_options(ExclusiveSocketOptions);
-  server->set_read_timeout(options.timeout_seconds, 0);
-  server->set_write_timeout(options.timeout_seconds, 0);
+  server->set_read_timeout(options.timeout_seconds, 0);  // for a whole request head
+  server->set_write_timeout(options.timeout_seconds, 0);  // for a whole answer
   server->set_keep_alive_timeout(options.timeout_seconds);
-  // A dashboard polls every second: a kept connection would hold one of the few threads.
-  server->set_keep_alive_max_count(2);
+  // A kept connection waits on the gate's polling thread, not on a thread of its own: a dashboard
+  // polling every second keeps one open.
+  server->set_keep_alive_max_count(100);
   server->set_payload_max_length(64 << 10);
 
   const std::string token = options.token;
@@ -221,30 +140,20 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
       res.set_content(asset.data.data(), asset.data.size(), std::string(asset.content_type).c_str());
     });
   }
-  const bool has_timeline = timeline != nullptr;
-  auto guard = std::make_shared<StatusGuard>(std::move(status), std::move(timeline));
-  auto unavailable = [](httplib::Response& res) {
-    res.status = 503;
-    res.set_content("the controller is shutting down\n", "text/plain");
-  };
-  server->Get(ExactRoute("/api/status"), [guard, unavailable](const httplib::Request&, httplib::Response& res) {
-    auto s = guard->Read();
-    if (!s) return unavailable(res);
+  // The destructor joins every thread that runs these, so `status` and `timeline` are only called
+  // while the server exists.
+  server->Get(ExactRoute("/api/status"), [status](const httplib::Request&, httplib::Response& res) {
     res.set_header("Cache-Control", "no-store");
-    res.set_content(StatusJson(*s), "application/json");
+    res.set_content(StatusJson(status()), "application/json");
   });
-  if (has_timeline) {
-    server->Get(ExactRoute("/api/timeline"), [guard, unavailable](const httplib::Request&, httplib::Response& res) {
-      auto t = guard->ReadTimeline();
-      if (!t) return unavailable(res);
+  if (timeline) {
+    server->Get(ExactRoute("/api/timeline"), [timeline](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
-      res.set_content(Json(*t), "application/json");
+      res.set_content(Json(timeline()), "application/json");
     });
   }
-  server->Get(ExactRoute("/metrics"), [guard, unavailable](const httplib::Request&, httplib::Response& res) {
-    auto s = guard->Read();
-    if (!s) return unavailable(res);
-    res.set_content(PrometheusText(*s), "text/plain; version=0.0.4; charset=utf-8");
+  server->Get(ExactRoute("/metrics"), [status](const httplib::Request&, httplib::Response& res) {
+    res.set_content(PrometheusText(status()), "text/plain; version=0.0.4; charset=utf-8");
   });
   server->set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (res.body.empty()) res.set_content(absl::StrCat("HTTP ", res.status, "\n"), "text/plain");
@@ -254,20 +163,13 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
     res.set_content("internal error\n", "text/plain");
   });
 
-  int port = options.port;
-  if (port == 0) {
-    port = server->bind_to_any_port(options.ip);
-    if (port <= 0) return absl::UnavailableError(absl::StrCat("HTTP server: no free port on ", options.ip));
-  } else if (!server->bind_to_port(options.ip, port)) {
-    return absl::UnavailableError(absl::StrCat("HTTP server: cannot listen on ", options.ip, ":", port,
+  const int port = server->Bind(options.ip, options.port);
+  if (port <= 0) {
+    return absl::UnavailableError(absl::StrCat("HTTP server: cannot listen on ", options.ip, ":", options.port,
                                                " (in use, or not an address of this machine)"));
   }
   std::unique_ptr<StatusHttpServer> self(new StatusHttpServer(std::move(server), port));
-  self->guard_ = guard;
-  self->thread_ = std::thread([s = self->server_.get(), stopped = self->stopped_] {
-    s->listen_after_bind();
-    stopped->Notify();
-  });
+  self->thread_ = std::thread([s = self->server_.get()] { s->listen_after_bind(); });
   // stop() only stops a server that is running: wait for that, so the destructor never waits for
   // a listener that started after it.
   for (int i = 0; i < 5000 && !self->server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -276,21 +178,12 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
 }
 
 StatusHttpServer::StatusHttpServer(std::unique_ptr<httplib::Server> server, int port)
-    : server_(std::move(server)), port_(port), stopped_(std::make_shared<absl::Notification>()) {}
+    : server_(std::move(server)), port_(port) {}
 
 StatusHttpServer::~StatusHttpServer() {
-  guard_->Close();  // no request reads the controller from now on
   server_->stop();
-  // Stopping joins the threads serving connections, and a client trickling a byte per timeout
-  // keeps its thread: the controller's shutdown does not wait for it. The server is then left to
-  // its threads (answering 503) until the process ends.
-  if (stopped_->WaitForNotificationWithTimeout(absl::Seconds(5))) {
-    thread_.join();
-    return;
-  }
-  PW_LOG(Warning) << "HTTP server on port " << port_ << " still serves a slow client; left behind";
-  thread_.detach();
-  (void)server_.release();
+  thread_.join();  // accepting never blocks: the gate takes connections as they come
+  server_.reset();  // joins the threads answering requests, each within its write timeout
 }
 
 }  // namespace pathways

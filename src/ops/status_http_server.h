@@ -6,11 +6,10 @@
 // With a token set, every request must carry it, as `Authorization: Bearer TOKEN` or as a
 // `token` query parameter (what a browser opening the page can send); the page passes the one
 // it was opened with on to its own requests. Nothing but the fixed routes is served: the assets
-// are not files looked up at run time; only GETs without a body are. Connections are bounded (a
-// few threads, a bounded queue behind them, then the kernel's backlog) and so is each read and
-// write (timeouts), so a malformed client fails alone. Limits of cpp-httplib 0.11 that remain: a
-// client that trickles a byte per timeout holds its thread, and the number of a request's
-// headers is not bounded; keep the port on loopback or behind a firewall (docs/reliability.md).
+// are not files looked up at run time; only GETs without a body are. Connections are bounded in
+// number, each request head in time and bytes, each answer in time (gated_http_server.h: a slow
+// or silent client waits on one polling thread, never on a thread that answers), so a malformed
+// or slow client fails alone.
 #pragma once
 
 #include <functional>
@@ -19,7 +18,6 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 #include "proto/pathways.pb.h"
 
 namespace httplib {
@@ -28,15 +26,13 @@ class Server;
 
 namespace pathways {
 
-class StatusGuard;
-
 struct StatusHttpOptions {
   std::string ip = "127.0.0.1";
   int port = 0;  // 0: pick a free one
   std::string token;  // empty: none asked for
-  int threads = 8;
-  int max_queued_connections = 64;
-  int timeout_seconds = 3;  // per read and per write, and for an idle keep-alive connection
+  int threads = 4;            // answering requests (a connection waiting for one holds none)
+  int max_connections = 256;  // open at once; beyond it the longest waiting make room
+  int timeout_seconds = 3;    // for a whole request head, a whole answer, an idle kept connection
 };
 
 class StatusHttpServer {
@@ -58,8 +54,6 @@ class StatusHttpServer {
   StatusHttpServer(std::unique_ptr<httplib::Server> server, int port);
   std::unique_ptr<httplib::Server> server_;
   int port_;
-  std::shared_ptr<absl::Notification> stopped_;  // the listening thread returned
-  std::shared_ptr<StatusGuard> guard_;
   std::thread thread_;
 };
 
