@@ -7,9 +7,9 @@
 // `token` query parameter (what a browser opening the page can send); the page passes the one
 // it was opened with on to its own requests. Nothing but the fixed routes is served: the assets
 // are not files looked up at run time; only GETs without a body are. Connections are bounded in
-// number, each request head in time and bytes, each answer in time (gated_http_server.h: a slow
-// or silent client waits on one polling thread, never on a thread that answers), so a malformed
-// or slow client fails alone.
+// number, each request head in time and bytes, each answer in time (gated_http_server.h: slow
+// and silent clients wait on one polling thread; no thread that answers waits for a client), so
+// a malformed or slow client fails alone.
 #pragma once
 
 #include <functional>
