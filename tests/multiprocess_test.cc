@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstring>
+#include <fstream>
 
 #include "client/client.h"
 #include "client/program.h"
@@ -331,22 +332,41 @@ TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgai
 // device make no progress past its computation timeout, tells the controller why and leaves: the
 // stuck call fails with the reason, `status` shows it, the process exits non-zero, the controller
 // refuses that client from then on (it would take down the next host the same way) and collects
-// what it held, and the cluster serves another client's job on the other worker.
+// what it held, and the cluster serves another client's job on the other worker. With a token
+// per tenant (--tenants), the client's whole tenant is refused: its other clients, and any it
+// connects anew, which would run the same program on the next host.
 TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServesOn) {
+  const std::string tenants = ::testing::TempDir() + "/pathways_stuck_tenants";
+  const std::string spinner_token = "spinner-0123456789abcdef", other_token = "other-0123456789abcdef";
+  {
+    std::ofstream file(tenants);
+    file << "# name token\nspinner " << spinner_token << "\nother " << other_token << "\n";
+  }
+  const std::vector<std::string> guard = {"--cluster-token", "hosts-0123456789abcdef", "--tenants", tenants};
+  auto with_guard = [&guard](std::vector<std::string> args) {
+    args.insert(args.end(), guard.begin(), guard.end());
+    return args;
+  };
   Subprocess controller, stuck, other;
-  auto address = StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0",
-                                              "--heartbeat-timeout-ms", "5000", "--client-timeout-ms", "1000"});
+  auto address = StartController(controller, with_guard({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0",
+                                                         "--heartbeat-timeout-ms", "5000", "--client-timeout-ms",
+                                                         "1000"}));
   ASSERT_TRUE(address.ok()) << address.status();
   // The spinning devices load both cores of a small machine for seconds: heartbeats may be late,
   // and the stuck worker says why it leaves without waiting for the heartbeat timeout anyway.
   // Registered first, so a slice of two devices is placed on it.
-  ASSERT_TRUE(StartWorker(stuck, {PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2",
-                                  "--collective-timeout-ms", "1000", "--memory-wait-ms", "500",
-                                  "--computation-timeout-ms", "3000"})
+  ASSERT_TRUE(StartWorker(stuck, with_guard({PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2",
+                                             "--collective-timeout-ms", "1000", "--memory-wait-ms", "500",
+                                             "--computation-timeout-ms", "3000"}))
                   .ok());
-  ASSERT_TRUE(StartWorker(other, {PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2"}).ok());
-  auto client = Client::Connect(*address);
+  ASSERT_TRUE(
+      StartWorker(other, with_guard({PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2"})).ok());
+  auto client = Client::Connect(*address, {.token = spinner_token});
   ASSERT_TRUE(client.ok()) << client.status();
+  // A second client of the same tenant, alive throughout.
+  auto sibling = Client::Connect(*address, {.token = spinner_token});
+  ASSERT_TRUE(sibling.ok()) << sibling.status();
+  ASSERT_TRUE((*sibling)->LostSlices().ok());
   VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
   const TensorSpec row{DType::kF32, {2}};
   auto spin = (*client)->Compile(FunctionSpec::Script(
@@ -368,20 +388,32 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   // The spinning client is refused, whatever it asks, with the reason.
   auto lost = (*client)->LostSlices();
   ASSERT_EQ(lost.status().code(), absl::StatusCode::kFailedPrecondition) << lost.status();
-  for (const char* part : {"refuses client", "'spin'", "computation timeout of 3s", "cannot be preempted"}) {
+  for (const char* part : {"refuses tenant spinner", "'spin'", "computation timeout of 3s", "cannot be preempted"}) {
     EXPECT_NE(lost.status().message().find(part), std::string::npos) << part << " in: " << lost.status();
   }
   auto again = (*client)->CreateSlice({.mesh_shape = {2}});
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
-  auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", *address}, absl::Seconds(30));
+  // And so is its tenant: the other client, and a new one.
+  auto sibling_lost = (*sibling)->LostSlices();
+  EXPECT_EQ(sibling_lost.status().code(), absl::StatusCode::kFailedPrecondition) << sibling_lost.status();
+  EXPECT_NE(sibling_lost.status().message().find("refuses tenant spinner"), std::string::npos) << sibling_lost.status();
+  auto anew = Client::Connect(*address, {.token = spinner_token});
+  absl::Status refused = anew.ok() ? (*anew)->CreateSlice({.mesh_shape = {2}}).status() : anew.status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("refuses tenant spinner"), std::string::npos) << refused;
+  auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", *address, "--token", other_token},
+                           absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_NE(status->find("left: device "), std::string::npos) << *status;  // both devices spin
+  EXPECT_NE(status->find("tenant refused: spinner: its client "), std::string::npos) << *status;
 
   // Another tenant is served, on the worker left.
-  auto next = Client::Connect(*address);
+  auto next = Client::Connect(*address, {.token = other_token});
   ASSERT_TRUE(next.ok()) << next.status();
   ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**next));
   next->reset();
+  if (anew.ok()) anew->reset();
+  sibling->reset();
   client->reset();
   EXPECT_EQ(other.Stop(SIGTERM), 0);
   EXPECT_EQ(controller.Stop(SIGTERM), 0);

@@ -31,11 +31,21 @@ class ClientLeases {
   // A client whose computation held a device past its host's computation timeout, so that the
   // host left (a body that never ends): departed at once, as by a goodbye, and every later call
   // it makes is refused with `reason` for `refuse_for`, so that this client cannot take down the
-  // next host the same way (a new client of the same tenant can: refusing a tenant would need
-  // tokens per tenant).
+  // next host the same way. When it acts for a named tenant (transport/tenant_tokens.h), so is
+  // that tenant, and every client of the tenant departs with it: the same program would come
+  // back as a new client otherwise. (Clients of the shared token are no tenant's: refusing them
+  // all would refuse everyone.)
   void Refuse(const std::string& client, std::string reason, absl::Time now);
-  // OK, or FailedPrecondition with the reason the client was refused.
-  absl::Status CheckNotRefused(const std::string& client);
+  // OK, or FailedPrecondition with the reason the client, or the named `tenant` it acts for
+  // ("" none), was refused. Remembers the client's tenant for Refuse.
+  absl::Status CheckNotRefused(const std::string& client, const std::string& tenant = "",
+                               absl::Time now = absl::Now());
+  // OK, or FailedPrecondition with the reason the named `tenant` was refused ("" never is).
+  absl::Status CheckTenantNotRefused(const std::string& tenant, absl::Time now);
+  // The named tenant `client` acts for, as far as its calls said; "" none.
+  std::string TenantOf(const std::string& client);
+  // "NAME: why" for each tenant refused at `now`.
+  std::vector<std::string> RefusedTenants(absl::Time now);
   // Clients that departed since the last call (each is returned once).
   std::vector<std::string> TakeDeparted(absl::Time now);
   // Clients whose lease holds at `now`.
@@ -47,12 +57,19 @@ class ClientLeases {
     absl::Time departed = absl::InfiniteFuture();
     bool taken = false;
     std::string refused;  // why its calls are refused; empty: they are not
+    std::string tenant;   // the named tenant it acts for; empty: none
   };
+  struct Refusal {
+    std::string reason;
+    absl::Time until;
+  };
+  absl::Status TenantRefusedLocked(const std::string& tenant, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const absl::Duration timeout_;
   const absl::Duration remember_;
   const absl::Duration refuse_for_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Refusal> refused_tenants_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

@@ -56,5 +56,40 @@ TEST(ClientLeasesTest, ARefusedClientDepartsAtOnceAndIsRefusedLongerThanOthersAr
   EXPECT_TRUE(leases.CheckNotRefused("spinner").ok());
 }
 
+// A refused client of a named tenant takes its tenant with it: the tenant's other clients depart,
+// and every call of the tenant (a client new or old) is refused for the hour; other tenants, and
+// the unnamed tenant of the shared token, are not.
+TEST(ClientLeasesTest, ARefusedClientOfANamedTenantTakesTheTenantWithIt) {
+  ClientLeases leases(absl::Seconds(3), absl::Seconds(60), absl::Hours(1));
+  const absl::Time t = absl::UnixEpoch();
+  for (const char* c : {"spinner", "sibling"}) ASSERT_TRUE(leases.CheckNotRefused(c, "mallory", t).ok());
+  ASSERT_TRUE(leases.CheckNotRefused("alice-1", "alice", t).ok());
+  ASSERT_TRUE(leases.CheckNotRefused("shared-1", "", t).ok());
+  leases.Renew("shared-1", t);
+  EXPECT_EQ(leases.TenantOf("sibling"), "mallory");
+  EXPECT_EQ(leases.TenantOf("shared-1"), "");
+  leases.Refuse("spinner", "its computation 'spin' held device 0 of h:1 for 10s", t + absl::Seconds(1));
+  std::vector<std::string> departed = leases.TakeDeparted(t + absl::Seconds(1));
+  std::sort(departed.begin(), departed.end());
+  EXPECT_EQ(departed, (std::vector<std::string>{"sibling", "spinner"}));
+  for (const char* c : {"sibling", "newcomer"}) {
+    const absl::Status refused = leases.CheckNotRefused(c, "mallory", t + absl::Seconds(2));
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << c;
+    EXPECT_NE(refused.message().find("refuses tenant mallory"), std::string::npos) << refused;
+    EXPECT_NE(refused.message().find("its client spinner was refused: its computation 'spin'"), std::string::npos)
+        << refused;
+  }
+  EXPECT_FALSE(leases.CheckTenantNotRefused("mallory", t + absl::Seconds(2)).ok());
+  EXPECT_EQ(leases.RefusedTenants(t + absl::Seconds(2)).size(), 1u);
+  EXPECT_TRUE(leases.CheckNotRefused("alice-1", "alice", t + absl::Seconds(2)).ok());
+  EXPECT_TRUE(leases.CheckTenantNotRefused("", t + absl::Seconds(2)).ok());
+  // A refused client of the shared token is refused alone.
+  leases.Refuse("shared-1", "stuck", t + absl::Seconds(2));
+  EXPECT_TRUE(leases.CheckNotRefused("shared-2", "", t + absl::Seconds(3)).ok());
+  // The tenant is let in again after the hour.
+  EXPECT_TRUE(leases.CheckTenantNotRefused("mallory", t + absl::Minutes(62)).ok());
+  EXPECT_TRUE(leases.RefusedTenants(t + absl::Minutes(62)).empty());
+}
+
 }  // namespace
 }  // namespace pathways

@@ -93,21 +93,23 @@ grpc::Status Answer(absl::StatusOr<T> r, T* response) {
 
 // Every handler starts here: a tenant's call without the token, or a worker's without the
 // cluster token, is refused.
-#define PW_CHECK_CALL_TOKEN(context)                                                                   \
-  if (absl::Status auth = CheckCallToken(*(context), token_, cluster_token_); !auth.ok()) return ToGrpc(auth)
+// Declares `tenant`, the named tenant the call acts for ("" none), for PW_CHECK_CLIENT.
+#define PW_CHECK_CALL_TOKEN(context) \
+  std::string tenant;                \
+  if (absl::Status auth = CheckTenant(*(context), tenant); !auth.ok()) return ToGrpc(auth)
 #define PW_CHECK_CLUSTER_TOKEN(context)                                                      \
   if (absl::Status auth = CheckCallToken(*(context), cluster_token_); !auth.ok()) return ToGrpc(auth)
 // And a call that acts for a client must carry that client's credential, of a client this
 // controller does not refuse.
 #define PW_CHECK_CLIENT(request)                                                                   \
-  if (absl::Status auth = CheckClient((request)->client_id(), (request)->credential()); !auth.ok()) \
+  if (absl::Status auth = CheckClient((request)->client_id(), (request)->credential(), tenant); !auth.ok()) \
   return ToGrpc(auth)
 
 // Schedule is served on gRPC's callback API (it waits for hosts, and must not hold a thread
 // meanwhile); the rest are quick and synchronous.
 class Controller::Service final : public rpc::Controller::WithCallbackMethod_Schedule<rpc::Controller::Service> {
  public:
-  Service(Controller& controller, ClusterRegistry& registry, std::string token, std::string cluster_token)
+  Service(Controller& controller, ClusterRegistry& registry, TenantTokens token, std::string cluster_token)
       : controller_(controller),
         registry_(registry),
         token_(std::move(token)),
@@ -119,9 +121,10 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   // same way.
   StreamListener::Protocol ScheduleProtocol() {
     return {std::string(kScheduleStreamMagic, kStreamMagicBytes), token_, cluster_token_,
-            [this](int fd, const StreamListener& listener) {
-              ServeScheduleStream(fd, listener, [this](const rpc::ScheduleRequest& request) {
-                absl::Status auth = CheckClient(request.client_id(), request.credential());
+            [this](int fd, const StreamListener& listener, const std::string& tenant) {
+              ServeScheduleStream(fd, listener, [this, tenant](const rpc::ScheduleRequest& request) {
+                absl::Status auth = controller_.clients_.CheckTenantNotRefused(tenant, absl::Now());
+                if (auth.ok()) auth = CheckClient(request.client_id(), request.credential(), tenant);
                 if (!auth.ok()) return Future<Unit>::Ready(auth);
                 auto accepted = Submit(request);
                 if (!accepted.ok()) return Future<Unit>::Ready(accepted.status());
@@ -133,8 +136,9 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   grpc::ServerUnaryReactor* Schedule(grpc::CallbackServerContext* context, const rpc::ScheduleRequest* request,
                                      rpc::ScheduleResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    absl::Status auth = CheckCallToken(*context, token_, cluster_token_);
-    if (auth.ok()) auth = CheckClient(request->client_id(), request->credential());
+    std::string tenant;
+    absl::Status auth = CheckTenant(*context, tenant);
+    if (auth.ok()) auth = CheckClient(request->client_id(), request->credential(), tenant);
     if (!auth.ok()) {
       reactor->Finish(ToGrpc(auth));
       return reactor;
@@ -250,9 +254,14 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   }
 
  private:
-  absl::Status CheckClient(const std::string& client, const std::string& credential) {
+  absl::Status CheckClient(const std::string& client, const std::string& credential, const std::string& tenant) {
     PW_RETURN_IF_ERROR(CheckClientCredential(client, credential));
-    return controller_.clients_.CheckNotRefused(client);
+    return controller_.clients_.CheckNotRefused(client, tenant);
+  }
+  // A tenant's call (or a host's) with a token this cluster admits, of a tenant it does not refuse.
+  absl::Status CheckTenant(const grpc::ServerContextBase& context, std::string& tenant) {
+    PW_ASSIGN_OR_RETURN(tenant, CallTenant(context, token_, cluster_token_));
+    return controller_.clients_.CheckTenantNotRefused(tenant, absl::Now());
   }
 
   // Checks a schedule request and hands its runs to their islands' schedulers; one future per
@@ -318,7 +327,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   static constexpr int64_t kMaxRendezvousWaitMs = 60'000;
   Controller& controller_;
   ClusterRegistry& registry_;
-  const std::string token_;
+  const TenantTokens token_;
   const std::string cluster_token_;
   collective::InMemoryKeyValueStore rendezvous_;
 };
@@ -347,8 +356,12 @@ rpc::ClusterStatus Controller::Status() {
   }
   for (rpc::SliceStatus& slice : *status.mutable_slices()) slice.set_client_id(ClientLabel(slice.client_id()));
   for (rpc::SchedulerStatus& s : *status.mutable_schedulers()) {
-    for (rpc::SchedulerClientStatus& c : *s.mutable_clients()) c.set_client_id(ClientLabel(c.client_id()));
+    for (rpc::SchedulerClientStatus& c : *s.mutable_clients()) {
+      c.set_tenant(clients_.TenantOf(c.client_id()));
+      c.set_client_id(ClientLabel(c.client_id()));
+    }
   }
+  for (std::string& refused : clients_.RefusedTenants(now)) status.add_refused_tenants(std::move(refused));
   return status;
 }
 
@@ -382,14 +395,15 @@ constexpr absl::Duration kDashboardTimeline = absl::Seconds(10);
 absl::Status Controller::Start() {
   PW_ASSIGN_OR_RETURN(const std::string token, TokenFromFlagOrEnv(options_.token));
   PW_ASSIGN_OR_RETURN(const std::string cluster_token, ClusterTokenFromFlagOrEnv(options_.cluster_token, token));
-  service_ = std::make_unique<Service>(*this, registry_, token, cluster_token);
+  PW_ASSIGN_OR_RETURN(const TenantTokens tenants, TenantTokens::Load(token, options_.tenants_file, cluster_token));
+  service_ = std::make_unique<Service>(*this, registry_, tenants, cluster_token);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
   int port = 0;
   builder.AddListeningPort(options_.listen_address, ServerCredentials(), &port);
   builder.RegisterService(service_.get());
   dataflow_service_.RequireToken(cluster_token);
-  dataflow_service_.AnswerStreamPortTo(token);  // tenants find their schedule streams
+  dataflow_service_.AnswerStreamPortTo(tenants);  // tenants find their schedule streams
   builder.RegisterService(&dataflow_service_);
   PW_ASSIGN_OR_RETURN(server_, StartServer(builder, "controller", options_.listen_address, &port));
   address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')), ":", port);
@@ -423,7 +437,7 @@ absl::Status Controller::Start() {
       http.ip = "127.0.0.1";
     }
     http.port = options_.http_port;
-    http.token = token;
+    http.token = tenants;
     http_ip_ = http.ip;
     PW_ASSIGN_OR_RETURN(http_, StatusHttpServer::Start(std::move(http), [this] { return Status(); }, [this] {
                           return registry_.Timeline(absl::Now(), kDashboardTimeline);

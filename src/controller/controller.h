@@ -34,6 +34,9 @@ struct ControllerOptions {
   // Calls that only workers make (registering, heartbeats, rendezvous, dataflow streams) must
   // carry this one; empty: PATHWAYS_CLUSTER_TOKEN, else `token` (see transport/auth.h).
   std::string cluster_token;
+  // Named tenants' tokens, a line `NAME TOKEN` each (transport/tenant_tokens.h), admitted beside
+  // `token`; empty: none. Needs a cluster token.
+  std::string tenants_file;
   // The dashboard, /api/status and /metrics over HTTP (ops/status_http_server.h), on the listen
   // address's IP (127.0.0.1 instead when TLS is on: it has no TLS of its own) and the tenants'
   // token: -1 off, 0 any free port.

@@ -142,7 +142,9 @@ grpc::ServerUnaryReactor* DataflowService::StreamPort(grpc::CallbackServerContex
                                                       const rpc::StreamPortRequest*,
                                                       rpc::StreamPortResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status s = CheckCallToken(*context, token_, port_token_); !s.ok()) {
+  const absl::Status s =
+      port_tenants_.has_value() ? CheckCallToken(*context, *port_tenants_, token_) : CheckCallToken(*context, token_);
+  if (!s.ok()) {
     reactor->Finish(ToGrpc(s));
     return reactor;
   }
@@ -153,7 +155,7 @@ grpc::ServerUnaryReactor* DataflowService::StreamPort(grpc::CallbackServerContex
 
 StreamListener::Protocol DataflowService::StreamProtocol() {
   return {std::string(kDataflowStreamMagic, kStreamMagicBytes), token_, "",
-          [this](int fd, const StreamListener& listener) {
+          [this](int fd, const StreamListener& listener, const std::string&) {
             ServeDataflowStream(fd, listener, [this](const std::string& graph, std::vector<Envelope> batch) {
               streamed_.fetch_add(1, std::memory_order_relaxed);
               Receive(graph, std::move(batch));

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,9 +78,9 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   // listens (0: none, senders use gRPC).
   StreamListener::Protocol StreamProtocol();
   void SetStreamPort(int port) { stream_port_.store(port); }
-  // StreamPort also answers calls that carry this token (the controller's listener serves
-  // tenants' schedule streams too, and tenants hold only their own token). Set before serving.
-  void AnswerStreamPortTo(std::string token) { port_token_ = std::move(token); }
+  // StreamPort also answers calls of these tenants (the controller's listener serves tenants'
+  // schedule streams too, and tenants hold only their own token). Set before serving.
+  void AnswerStreamPortTo(TenantTokens tenants) { port_tenants_ = std::move(tenants); }
   // Batches that came over plain TCP streams.
   int64_t batches_streamed() const { return streamed_.load(std::memory_order_relaxed); }
 
@@ -103,7 +104,7 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> removed_order_ ABSL_GUARDED_BY(mu_);
   std::string token_;
-  std::string port_token_;
+  std::optional<TenantTokens> port_tenants_;  // unset: hosts only
   std::atomic<int> stream_port_{0};
   std::atomic<int64_t> streamed_{0};
   std::string in_process_address_;  // guarded by the in-process directory's lock

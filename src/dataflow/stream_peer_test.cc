@@ -24,7 +24,7 @@ struct Receiver {
   absl::Status Start(int port = 0) {
     auto l = StreamListener::Start("test streams", "127.0.0.1", port,
                                    {{std::string(kDataflowStreamMagic, 8), "", "",
-                                     [this](int fd, const StreamListener& listener) {
+                                     [this](int fd, const StreamListener& listener, const std::string&) {
                                        ServeDataflowStream(fd, listener, [this](const std::string& graph,
                                                                                 std::vector<Envelope> batch) {
                                          absl::MutexLock lock(&mu);

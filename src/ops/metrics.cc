@@ -178,7 +178,8 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
     e.Add("pathways_scheduler_queued_runs", island, static_cast<double>(queued));
     e.Add("pathways_scheduler_outstanding_runs", island, static_cast<double>(s.outstanding_runs()));
     for (const rpc::SchedulerClientStatus& c : s.clients()) {
-      const Labels client = {{"island", absl::StrCat(s.island())}, {"client", c.client_id()}};
+      Labels client = {{"island", absl::StrCat(s.island())}, {"client", c.client_id()}};
+      if (!c.tenant().empty()) client.push_back({"tenant", c.tenant()});
       e.Add("pathways_client_weight", client, c.weight());
       e.Add("pathways_client_queued_runs", client, static_cast<double>(c.queued_runs()));
       e.Add("pathways_client_released_runs_total", client, static_cast<double>(c.released_runs()));

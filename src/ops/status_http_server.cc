@@ -101,13 +101,13 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
   server->set_keep_alive_max_count(100);
   server->set_payload_max_length(64 << 10);
 
-  const std::string token = options.token;
+  const TenantTokens token = options.token;
   // A server on loopback is what a page rebinding its name reaches through the operator's browser;
   // one on another address is reached by name legitimately (a Kubernetes Service, Prometheus).
   in_addr v4;
   const bool on_loopback = options.ip == "::1" || options.ip == "[::1]" || options.ip == "localhost" ||
                            (inet_pton(AF_INET, options.ip.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127);
-  const bool by_address_only = token.empty() && on_loopback;
+  const bool by_address_only = token.open() && on_loopback;
   server->set_pre_routing_handler([token, by_address_only](const httplib::Request& req, httplib::Response& res) {
     // Before any body is read (cpp-httplib reads a chunked one whatever its payload limit): only
     // GETs without a body are served.

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/pathways.pb.h"
+#include "transport/tenant_tokens.h"
 
 namespace httplib {
 class Server;
@@ -29,7 +30,7 @@ namespace pathways {
 struct StatusHttpOptions {
   std::string ip = "127.0.0.1";
   int port = 0;  // 0: pick a free one
-  std::string token;  // empty: none asked for
+  TenantTokens token;  // any tenant's token (or the shared one) is admitted; open: none asked for
   int threads = 4;            // answering requests (a connection waiting for one holds none)
   int max_connections = 256;  // open at once; beyond it the longest waiting make room
   int timeout_seconds = 3;    // for a whole request head, a whole answer, an idle kept connection

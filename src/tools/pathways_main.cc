@@ -49,14 +49,16 @@ constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
-    "             [--cluster-token C] [--max-client-weight W] [--max-connections N]\n"
+    "             [--cluster-token C] [--tenants FILE] (lines 'NAME TOKEN': tenants refused one by one)\n"
+    "             [--max-client-weight W] [--max-connections N]\n"
     "             [--http-port N] (dashboard, /api/status and /metrics over HTTP, the token's guard; 0 any port)\n"
     "             [--stream-port N] (hosts' dataflow and clients' schedule streams over plain TCP; default any)\n"
     "  worker --controller HOST:PORT [--island N] [--devices N] [--device-memory SIZE]\n"
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--computation-timeout-ms N] (a device on one computation longer is stuck: the worker\n"
     "         leaves; 0 never; default 600000)\n"
-    "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--dcn-latency-us N] [--dcn-gbps G]\n"
+    "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--tenants FILE] [--dcn-latency-us N]\n"
+    "         [--dcn-gbps G]\n"
     "         [--data-dir DIR] [--checkpoint-dir DIR]  (where compiled functions may read training data\n"
     "         and keep checkpoint shards; neither by default) [--max-connections N]\n"
     "         [--device-kind cpu|sim] [--sim-cost-us NAME=US,...,*=US] (simulated devices: kernels take\n"
@@ -173,6 +175,7 @@ absl::Status RunController(const Flags& flags) {
   options.scheduler.max_client_weight = static_cast<double>(max_weight);
   PW_ASSIGN_OR_RETURN(options.token, TokenFromFlagOrEnv(flags.Get("token")));
   PW_ASSIGN_OR_RETURN(options.cluster_token, ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token));
+  options.tenants_file = flags.Get("tenants");
   if (!options.token.empty() && options.cluster_token == options.token) {
     std::fprintf(stderr,
                  "pathways controller: warning: the cluster token is the tenants' token, so a tenant can pose as "
@@ -274,6 +277,7 @@ absl::Status RunWorker(const Flags& flags) {
   }
   PW_ASSIGN_OR_RETURN(options.token, TokenFromFlagOrEnv(flags.Get("token")));
   PW_ASSIGN_OR_RETURN(options.cluster_token, ClusterTokenFromFlagOrEnv(flags.Get("cluster-token"), options.token));
+  options.tenants_file = flags.Get("tenants");
   SetCallToken(options.cluster_token);  // its own calls to the controller and to other workers
   // Told to leave: the main thread stops waiting, and the command exits with why.
   static absl::Mutex left_mu(absl::kConstInit);
@@ -370,10 +374,12 @@ absl::Status RunStatus(const Flags& flags) {
     std::printf("island %d scheduler (%s): %lld runs released in %lld rounds\n", sched.island(), sched.policy().c_str(),
                 static_cast<long long>(sched.released_runs()), static_cast<long long>(sched.rounds()));
     for (const rpc::SchedulerClientStatus& c : sched.clients()) {
-      std::printf("  client %s  weight %g  queued %lld  released %lld\n", c.client_id().c_str(), c.weight(),
+      std::printf("  client %s%s%s  weight %g  queued %lld  released %lld\n", c.client_id().c_str(),
+                  c.tenant().empty() ? "" : " of tenant ", c.tenant().c_str(), c.weight(),
                   static_cast<long long>(c.queued_runs()), static_cast<long long>(c.released_runs()));
     }
   }
+  for (const std::string& refused : status.refused_tenants()) std::printf("tenant refused: %s\n", refused.c_str());
   for (const rpc::SliceStatus& slice : status.slices()) {
     std::printf("slice %lld of client %s: mesh %s %s, devices %s\n", static_cast<long long>(slice.slice_id()),
                 slice.client_id().c_str(), absl::StrJoin(slice.mesh_shape(), "x").c_str(), slice.device_kind().c_str(),
@@ -407,8 +413,8 @@ int main(int argc, char** argv) {
     absl::Status (*run)(const Flags&);
   };
   const Command commands[] = {
-      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "http-port", "stream-port"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
+      {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "http-port", "stream-port"}, {"test-unordered-islands"}, RunController},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands", "wait-for-go"}, RunTenant},

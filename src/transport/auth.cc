@@ -90,26 +90,28 @@ absl::StatusOr<std::string> ClusterTokenFromFlagOrEnv(const std::string& flag, c
   return std::string(env);
 }
 
-absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected,
-                            const std::string& also) {
-  if (expected.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kTokenKey);
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError("this cluster requires a token (--token or PATHWAYS_TOKEN); none was sent");
-  }
-  return CheckToken(std::string(it->second.data(), it->second.size()), expected, also);
+absl::StatusOr<std::string> TokenTenant(std::string_view sent, const TenantTokens& expected, const std::string& also) {
+  if (!also.empty() && !sent.empty() && SameSecret(std::string(sent), also)) return std::string();
+  return expected.TenantOf(sent);
 }
 
-absl::Status CheckToken(const std::string& sent, const std::string& expected, const std::string& also) {
-  if (expected.empty()) return absl::OkStatus();
-  if (sent.empty()) {
-    return absl::UnauthenticatedError("this cluster requires a token (--token or PATHWAYS_TOKEN); none was sent");
-  }
-  if (!SameSecret(sent, expected) && (also.empty() || !SameSecret(sent, also))) {
-    return absl::UnauthenticatedError("the token sent is not this cluster's");
-  }
-  return absl::OkStatus();
+absl::StatusOr<std::string> CallTenant(const grpc::ServerContextBase& context, const TenantTokens& expected,
+                                       const std::string& also) {
+  if (expected.open()) return std::string();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kTokenKey);
+  const std::string_view sent = it == metadata.end() ? std::string_view()
+                                                     : std::string_view(it->second.data(), it->second.size());
+  return TokenTenant(sent, expected, also);
+}
+
+absl::Status CheckCallToken(const grpc::ServerContextBase& context, const TenantTokens& expected,
+                            const std::string& also) {
+  return CallTenant(context, expected, also).status();
+}
+
+absl::Status CheckToken(std::string_view sent, const TenantTokens& expected, const std::string& also) {
+  return TokenTenant(sent, expected, also).status();
 }
 
 ClientIdentity NewClientIdentity() {

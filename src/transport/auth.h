@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -12,6 +13,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
+#include "transport/tenant_tokens.h"
 
 namespace pathways {
 
@@ -43,12 +45,18 @@ absl::StatusOr<std::string> TokenFromFlagOrEnv(const std::string& flag);
 // it cannot travel.
 absl::StatusOr<std::string> ClusterTokenFromFlagOrEnv(const std::string& flag, const std::string& token);
 
-// OK when `expected` is empty or the call carries it (or carries `also`, when not empty);
-// Unauthenticated otherwise (never says what the token should be).
-absl::Status CheckCallToken(const grpc::ServerContextBase& context, const std::string& expected,
+// The tenant a call makes (TenantTokens::TenantOf its token), or "" when it carries `also` (the
+// cluster token, when not empty: hosts act for no tenant). Unauthenticated otherwise (never says
+// what the token should be). `expected` may be one token (a string).
+absl::StatusOr<std::string> CallTenant(const grpc::ServerContextBase& context, const TenantTokens& expected,
+                                       const std::string& also = "");
+// The same of a token `sent` some other way (streams); compares in constant time.
+absl::StatusOr<std::string> TokenTenant(std::string_view sent, const TenantTokens& expected,
+                                        const std::string& also = "");
+// Whether the call (or `sent`) is admitted at all, as one of those tenants or as a host.
+absl::Status CheckCallToken(const grpc::ServerContextBase& context, const TenantTokens& expected,
                             const std::string& also = "");
-// The same check of a token `sent` some other way (data streams); compares in constant time.
-absl::Status CheckToken(const std::string& sent, const std::string& expected, const std::string& also = "");
+absl::Status CheckToken(std::string_view sent, const TenantTokens& expected, const std::string& also = "");
 
 // A client's identity. Its id is public: logs, the island schedulers and every host see it. Its
 // credential is a random secret that only the client holds, and the id is derived from it (the

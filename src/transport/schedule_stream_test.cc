@@ -21,7 +21,7 @@ struct Controller {
   explicit Controller(const std::string& token = "") {
     auto l = StreamListener::Start("test controller", "127.0.0.1", 0,
                                    {{std::string(kScheduleStreamMagic, 8), token, "",
-                                     [this](int fd, const StreamListener& listener) {
+                                     [this](int fd, const StreamListener& listener, const std::string&) {
                                        ServeScheduleStream(fd, listener, [this](const rpc::ScheduleRequest& r) {
                                          absl::MutexLock lock(&mu);
                                          pending.emplace_back(r.client_id(), Promise<Unit>());

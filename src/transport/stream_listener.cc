@@ -210,6 +210,7 @@ struct StreamListener::Greeting {
   size_t want = kStreamMagicBytes + 4;  // the magic and the token's length; then the token too
   const Protocol* protocol = nullptr;
   absl::Status refused;  // why the token is not accepted
+  std::string tenant;    // whose it is, when it is
 };
 
 StreamListener::Heard StreamListener::Listen(Greeting& g) {
@@ -231,8 +232,14 @@ StreamListener::Heard StreamListener::Listen(Greeting& g) {
       g.want = kStart + length;
     }
   }
-  g.refused = CheckToken(g.hello.substr(kStart), g.protocol->token, g.protocol->also);
-  return g.refused.ok() ? Heard::kHello : Heard::kWrongToken;
+  absl::StatusOr<std::string> tenant =
+      TokenTenant(std::string_view(g.hello).substr(kStart), g.protocol->token, g.protocol->also);
+  if (!tenant.ok()) {
+    g.refused = tenant.status();
+    return Heard::kWrongToken;
+  }
+  g.tenant = *std::move(tenant);
+  return Heard::kHello;
 }
 
 void StreamListener::AcceptLoop() {
@@ -250,7 +257,7 @@ void StreamListener::AcceptLoop() {
       Greeting& g = greeting[i];
       const Heard heard = polled[2 + i].revents != 0 ? Listen(g) : Heard::kMore;
       if (heard == Heard::kHello) {
-        Admit(g.fd, g.protocol);
+        Admit(g.fd, g.protocol, std::move(g.tenant));
       } else if (heard == Heard::kWrongToken) {
         TurnAwayStream(g.fd, g.refused, /*not_served=*/false);
       } else if (heard == Heard::kBad || now >= g.deadline) {
@@ -279,7 +286,7 @@ void StreamListener::AcceptLoop() {
   for (Greeting& g : greeting) drop(g);
 }
 
-void StreamListener::Admit(int fd, const Protocol* protocol) {
+void StreamListener::Admit(int fd, const Protocol* protocol, std::string tenant) {
   std::list<Connection> finished;
   bool served = false;
   {
@@ -296,9 +303,9 @@ void StreamListener::Admit(int fd, const Protocol* protocol) {
       connections_.push_back({fd, protocol, {}, false});
       Connection* c = &connections_.back();
       try {
-        c->thread = std::thread([this, c, protocol] {
+        c->thread = std::thread([this, c, protocol, tenant = std::move(tenant)] {
           pthread_setname_np(pthread_self(), "stream-conn");
-          protocol->serve(c->fd, *this);
+          protocol->serve(c->fd, *this, tenant);
           absl::MutexLock lock(&mu_);
           close(c->fd);
           c->finished = true;  // its descriptor is not touched again

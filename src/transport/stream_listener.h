@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/pathways.pb.h"
+#include "transport/tenant_tokens.h"
 
 namespace pathways {
 
@@ -39,11 +40,14 @@ class StreamListener {
 
   struct Protocol {
     std::string magic;  // kStreamMagicBytes bytes
-    // Tokens admitted (either); an empty `token` admits every connection.
-    std::string token, also;
+    // Tokens admitted: `token`'s (a tenant's, or one token), or `also` (when not empty). An open
+    // `token` admits every connection.
+    TenantTokens token;
+    std::string also;
     // Serves one admitted connection on its own thread, until the stream ends or the listener
     // stops (poll `listener.wake_fd()` beside the socket). The listener closes `fd` after.
-    std::function<void(int fd, const StreamListener& listener)> serve;
+    // `tenant`: whose token the hello showed ("" for `also`, the shared token or an open one).
+    std::function<void(int fd, const StreamListener& listener, const std::string& tenant)> serve;
     // At most this many of this protocol's connections at once (each has a thread); more are
     // turned away, told they were not served. 0: the listener's `max_connections`. Protocols
     // count apart, so tenants' streams cannot take the slots of the hosts' dataflow.
@@ -79,7 +83,7 @@ class StreamListener {
                  int max_connections);
   Heard Listen(Greeting& g);  // reads what has come of `g`'s hello, without blocking
   void AcceptLoop();
-  void Admit(int fd, const Protocol* protocol);  // a thread for the connection, or it is turned away
+  void Admit(int fd, const Protocol* protocol, std::string tenant);  // a thread for the connection, or it is turned away
 
   const int listen_fd_, port_, wake_fd_;
   const std::vector<Protocol> protocols_;

@@ -14,7 +14,7 @@
 
 namespace pathways {
 
-absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const std::string& ip, std::string token,
+absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const std::string& ip, TenantTokens token,
                                                                           std::string also, Handlers handlers,
                                                                           DataStreamTiming timing, int port,
                                                                           int max_connections,
@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const 
   std::unique_ptr<DataStreamServer> server(new DataStreamServer(std::move(handlers), timing));
   DataStreamServer* self = server.get();
   more.push_back({std::string(kDataStreamMagic, kStreamMagicBytes), std::move(token), std::move(also),
-                  [self](int fd, const StreamListener& listener) { self->Serve(fd, listener); }});
+                  [self](int fd, const StreamListener& listener, const std::string&) { self->Serve(fd, listener); }});
   auto listener = StreamListener::Start("data stream", ip, port, std::move(more), timing.connect, max_connections);
   if (!listener.ok()) return listener.status();
   server->listener_ = *std::move(listener);

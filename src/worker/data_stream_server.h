@@ -45,7 +45,7 @@ class DataStreamServer {
   // (when not empty); an empty `token` admits every connection. At most `max_connections`
   // connections are served at once (each with a thread). The same port also serves `more`
   // protocols (the worker's dataflow batches).
-  static absl::StatusOr<std::unique_ptr<DataStreamServer>> Start(const std::string& ip, std::string token,
+  static absl::StatusOr<std::unique_ptr<DataStreamServer>> Start(const std::string& ip, TenantTokens token,
                                                                  std::string also, Handlers handlers,
                                                                  DataStreamTiming timing = {}, int port = 0,
                                                                  int max_connections = kMaxConnections,

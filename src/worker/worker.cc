@@ -73,7 +73,8 @@ absl::Status Worker::Start() {
   service_ = std::make_unique<WorkerService>();
   PW_ASSIGN_OR_RETURN(const std::string token, TokenFromFlagOrEnv(options_.token));
   PW_ASSIGN_OR_RETURN(const std::string cluster_token, ClusterTokenFromFlagOrEnv(options_.cluster_token, token));
-  service_->RequireTokens(token, cluster_token);
+  PW_ASSIGN_OR_RETURN(const TenantTokens tenants, TenantTokens::Load(token, options_.tenants_file, cluster_token));
+  service_->RequireTokens(tenants, cluster_token);
   dataflow_service_.RequireToken(cluster_token);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
@@ -118,7 +119,7 @@ absl::Status Worker::Start() {
     // The same port takes other hosts' (and the controller's) dataflow batches.
     std::vector<StreamListener::Protocol> more;
     if (PlainControlStreams()) more.push_back(dataflow_service_.StreamProtocol());
-    auto stream = DataStreamServer::Start(host, token, cluster_token, std::move(handlers), {}, options_.data_port,
+    auto stream = DataStreamServer::Start(host, tenants, cluster_token, std::move(handlers), {}, options_.data_port,
                                           DataStreamServer::kMaxConnections, std::move(more));
     if (!stream.ok() && options_.data_port != 0) {
       return absl::UnavailableError(absl::StrCat("worker ", address_, " cannot serve its data stream on port ",

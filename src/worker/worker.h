@@ -41,6 +41,9 @@ struct WorkerOptions {
   // `pathways worker` command sets to the cluster token.
   std::string token;
   std::string cluster_token;
+  // Named tenants' tokens, a line `NAME TOKEN` each (transport/tenant_tokens.h), admitted beside
+  // `token`; empty: none. Needs a cluster token.
+  std::string tenants_file;
   // Fixed ports for what a worker serves beside its gRPC port (firewalls, network policies): the
   // data stream clients put and fetch through, and the links other hosts meet it on for
   // collectives and blocks. 0: any free port. A fixed port that cannot be had fails Start.

@@ -7,6 +7,7 @@
 
 #include "core/executor.h"
 #include "proto/pathways.grpc.pb.h"
+#include "transport/tenant_tokens.h"
 #include "worker/host_runtime.h"
 
 namespace pathways {
@@ -18,10 +19,10 @@ class WorkerService final : public rpc::Worker::CallbackService {
   void AttachRuntime(HostRuntime* runtime) { runtime_.store(runtime); }
   // The port of the worker's data stream, told to clients that ping (0: none).
   void SetDataPort(int port) { data_port_.store(port); }
-  // Tenants' calls must carry `token`, the controller's `cluster_token` (see transport/auth.h);
-  // empty: none needed. Set before serving.
-  void RequireTokens(std::string token, std::string cluster_token) {
-    token_ = std::move(token);
+  // Tenants' calls must carry a token of `tenants`, the controller's `cluster_token` (see
+  // transport/auth.h); open or empty: none needed. Set before serving.
+  void RequireTokens(TenantTokens tenants, std::string cluster_token) {
+    token_ = std::move(tenants);
     cluster_token_ = std::move(cluster_token);
   }
 
@@ -54,7 +55,7 @@ class WorkerService final : public rpc::Worker::CallbackService {
   // waited (the server is shutting down, the client went) is answered without doing the work.
   ThreadPool compile_{"worker-compile", 1};
   ThreadPool intake_{"worker-intake", 1};
-  std::string token_;
+  TenantTokens token_;
   std::string cluster_token_;
 };
 

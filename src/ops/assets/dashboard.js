@@ -175,7 +175,7 @@ function render(status, now) {
     const share = sum > 0 ? (totals.get(c.client_id) || 0) / sum : 0;
     const swatch = el('span', {class: 'swatch'});
     swatch.style.background = colourOf(c.client_id);
-    rows.push([el('span', {}, swatch, c.client_id), s.island, Number(c.weight), (share * 100).toFixed(1) + '%',
+    rows.push([el('span', {}, swatch, c.client_id + (c.tenant ? ' (' + c.tenant + ')' : '')), s.island, Number(c.weight), (share * 100).toFixed(1) + '%',
                Number(c.queued_runs), Number(c.released_runs), failed.get(c.client_id) || 0]);
   }
   fillTable('clients', rows);

@@ -1,0 +1,59 @@
+// Who may call a cluster as a tenant, and as which tenant.
+//
+// A cluster admits tenants by token: the shared token (`--token`, PATHWAYS_TOKEN) and, with
+// `--tenants FILE`, one token per named tenant (a line `NAME TOKEN` each; `#` starts a comment).
+// A call's token says which tenant makes it, so the controller can refuse one tenant (say, one
+// whose function took a host down) without refusing the others; clients of the shared token are
+// the unnamed tenant "". Hosts show the cluster token instead (transport/auth.h), which is never a
+// tenant's.
+//
+// Immutable once made, so copies share one table and are safe to use from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pathways {
+
+class TenantTokens {
+ public:
+  // Admits every call, as the unnamed tenant: a cluster without tokens.
+  TenantTokens() = default;
+  // Only the shared `token` (empty: every call). Implicit: where one token was asked for, the
+  // tenants' tokens may be given.
+  TenantTokens(std::string token);  // NOLINT(google-explicit-constructor)
+  TenantTokens(const char* token) : TenantTokens(std::string(token)) {}  // NOLINT
+
+  // The shared `token` (may be empty) and the named tenants of `text`, read from `source` (named
+  // in errors). InvalidArgument, naming the line, for a malformed line, a name that is not 1-64
+  // of [A-Za-z0-9_.-], a token shorter than 16 characters or one that cannot travel
+  // (CheckTokenCanTravel), a name or token given twice, or a token equal to `cluster_token`
+  // (a tenant could pose as a host).
+  static absl::StatusOr<TenantTokens> Parse(std::string token, std::string_view text, std::string_view source,
+                                            const std::string& cluster_token);
+  // The same, from the file at `path` (none when empty); NotFound when it cannot be read,
+  // InvalidArgument when there is a file but no `cluster_token` (hosts would be unguarded).
+  static absl::StatusOr<TenantTokens> Load(std::string token, const std::string& path,
+                                           const std::string& cluster_token);
+
+  // No token is asked for: every call is admitted, as the unnamed tenant.
+  bool open() const { return token_.empty() && (named_ == nullptr || named_->empty()); }
+  // Named tenants there are.
+  size_t named() const { return named_ == nullptr ? 0 : named_->size(); }
+
+  // The tenant whose token `sent` is: "" for the shared token (or when the cluster is open), the
+  // tenant's name for a named one. Unauthenticated otherwise, never saying what the token
+  // should be. Compares in constant time.
+  absl::StatusOr<std::string> TenantOf(std::string_view sent) const;
+
+ private:
+  std::string token_;
+  std::shared_ptr<const std::vector<std::pair<std::string, std::string>>> named_;  // token, name
+};
+
+}  // namespace pathways
