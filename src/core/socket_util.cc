@@ -33,16 +33,17 @@ void Configure(int fd) {
 namespace {
 
 // Moves [data, data+len) before `deadline`, which moves `silence` on whenever bytes move (when
-// `silence` is not infinite).
+// `silence` is not infinite), never past `by`.
 absl::Status Transfer(int fd, char* data, size_t len, bool write, absl::Time deadline, absl::Duration silence,
-                      const std::string& what) {
+                      const std::string& what, absl::Time by = absl::InfiniteFuture()) {
+  deadline = std::min(deadline, by);
   size_t done = 0;
   while (done < len) {
     ssize_t n = write ? send(fd, data + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                       : recv(fd, data + done, len - done, MSG_DONTWAIT);
     if (n > 0) {
       done += static_cast<size_t>(n);
-      if (silence != absl::InfiniteDuration()) deadline = absl::Now() + silence;
+      if (silence != absl::InfiniteDuration()) deadline = std::min(absl::Now() + silence, by);
       continue;
     }
     if (n == 0) return absl::UnavailableError(absl::StrCat(what, ": connection closed"));
@@ -62,8 +63,8 @@ absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time 
 }
 
 absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, absl::Duration silence,
-                                 const std::string& what) {
-  return Transfer(fd, data, len, write, absl::Now() + silence, silence, what);
+                                 const std::string& what, absl::Time by) {
+  return Transfer(fd, data, len, write, absl::Now() + silence, silence, what, by);
 }
 
 void KeepAlive(int fd, int idle_ms) {

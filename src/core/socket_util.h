@@ -26,10 +26,11 @@ void KeepAlive(int fd, int idle_ms);
 // Writes or reads all of [data, data+len) on a non-blocking socket before `deadline`; `what` names
 // the exchange in errors.
 absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time deadline, const std::string& what);
-// The same, failing (DeadlineExceeded) only when no byte moves for `silence`: for streams whose
-// length is unbounded, where a deadline for the whole would be a minimum speed.
+// The same, failing (DeadlineExceeded) when no byte moves for `silence`: for streams whose length
+// is unbounded, where a deadline for the whole would be a minimum speed. And at `by`, when one is
+// given (a minimum speed, where one is wanted).
 absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, absl::Duration silence,
-                                 const std::string& what);
+                                 const std::string& what, absl::Time by = absl::InfiniteFuture());
 // A connection the peer closed (or broke) since it was last used.
 bool PeerClosed(int fd);
 // "ip:port" or "[ip6]:port".

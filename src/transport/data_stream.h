@@ -58,6 +58,10 @@ struct DataStreamTiming {
   absl::Duration silence = absl::Seconds(5);
   // Connecting and the hello.
   absl::Duration connect = absl::Seconds(5);
+  // A worker reads a staged put's bytes at least this fast on average (after a first `silence`):
+  // a client trickling them would hold one of the stream's threads and the landing buffer for as
+  // long as it liked. A stage cut off this way is sent again through gRPC, as any refused one.
+  double min_stage_bytes_per_second = 1 << 20;
 };
 
 // One client process's data streams to one worker: up to kMaxConnections connections, each

@@ -101,8 +101,10 @@ absl::Status DataStreamServer::AnswerStage(int fd, const rpc::StageRequest& requ
     return absl::Status(landing.status().code(), "refused before its bytes");  // the connection closes
   }
   BufferPtr buffer = *std::move(landing);
-  PW_RETURN_IF_ERROR(TransferWhileMoving(fd, buffer->data(), static_cast<size_t>(buffer->byte_size()), false,
-                                         timing_.silence, "staged bytes"));
+  const size_t bytes = static_cast<size_t>(buffer->byte_size());
+  const absl::Time by = absl::Now() + timing_.silence +
+                        absl::Seconds(static_cast<double>(bytes) / timing_.min_stage_bytes_per_second);
+  PW_RETURN_IF_ERROR(TransferWhileMoving(fd, buffer->data(), bytes, false, timing_.silence, "staged bytes", by));
   absl::Status kept = handlers_.keep(request, std::move(buffer));
   {
     absl::MutexLock lock(&mu_);

@@ -24,7 +24,8 @@ namespace pathways {
 namespace {
 
 // Quick keepalives and a short silence bound, so the tests see both in well under a second.
-DataStreamTiming Quick() { return {absl::Milliseconds(20), absl::Milliseconds(400), absl::Seconds(2)}; }
+// Staged bytes at 64 KiB/s at least: a stage of 16 KiB elements (64 KiB) has 1.4 s.
+DataStreamTiming Quick() { return {absl::Milliseconds(20), absl::Milliseconds(400), absl::Seconds(2), 64 << 10}; }
 
 struct Fixture {
   CpuDevice device{0, 64 << 20};
@@ -366,6 +367,31 @@ TEST(DataStreamTest, BytesThatStopHalfwayAreNotKept) {
   DataStreamClient client("worker-a", "127.0.0.1", f.server->port(), Quick());
   EXPECT_TRUE(client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30)).ok());
   EXPECT_EQ(f.Kept(5), nullptr);
+}
+
+// A client trickling a stage's bytes, never so slowly that the silence bound fires, is cut off at
+// the minimum average speed: the stream's thread and the landing buffer are not its to keep.
+TEST(DataStreamTest, AStageTrickledBelowTheMinimumSpeedIsCutOffAndNothingKept) {
+  Fixture f;
+  const int64_t before = f.device.stats().memory_used;
+  rpc::StreamRequest request;
+  *request.mutable_stage() = f.Stage(6, 16 << 10);
+  const std::string body = request.SerializeAsString();
+  const std::string sent = absl::StrCat(std::string(kDataStreamMagic, 8), EncodeStreamU32(0),
+                                        EncodeStreamU32(body.size()), body);
+  const int fd = testing::DialLoopback(f.server->port());
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(send(fd, sent.data(), sent.size(), MSG_NOSIGNAL), static_cast<ssize_t>(sent.size()));
+  bool cut = false;
+  for (int i = 0; i < 400 && !cut; ++i) {  // a byte every 50 ms (the silence bound is 400 ms), 20 s at most
+    if (send(fd, "x", 1, MSG_NOSIGNAL) != 1) break;
+    pollfd p{fd, POLLIN, 0};
+    cut = poll(&p, 1, 50) > 0;  // the server closed it (or answered, which it does only when done)
+  }
+  close(fd);
+  EXPECT_TRUE(cut) << "a stage at 20 bytes/s was read for 20 s";
+  EXPECT_EQ(f.Kept(6), nullptr);
+  EXPECT_TRUE(f.device.WaitForMemoryUsedAtMost(before, absl::Seconds(10)));
 }
 
 }  // namespace
