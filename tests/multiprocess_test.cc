@@ -363,11 +363,20 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
       StartWorker(other, with_guard({PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2"})).ok());
   auto client = Client::Connect(*address, {.token = spinner_token});
   ASSERT_TRUE(client.ok()) << client.status();
-  // A second client of the same tenant, alive throughout.
+  VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
+  // A second client of the same tenant, alive throughout, with a schedule stream open (its first
+  // call) before the refusal; its slice goes to the other worker, the first one's devices taken.
   auto sibling = Client::Connect(*address, {.token = spinner_token});
   ASSERT_TRUE(sibling.ok()) << sibling.status();
-  ASSERT_TRUE((*sibling)->LostSlices().ok());
-  VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
+  const TensorSpec pair{DType::kF32, {2}};
+  VirtualSlice sibling_slice = *(*sibling)->CreateSlice({.mesh_shape = {2}});
+  auto inc = (*sibling)->Compile(
+      FunctionSpec::Script("inc", "def inc(x):\n    return x + 1.0\n", {pair}, {pair}, {{"x"}}, {{"x"}}));
+  ASSERT_TRUE(inc.ok()) << inc.status();
+  ShardedArray sibling_x = *(*sibling)->Put(Pattern({2}, 1.0f), sibling_slice, {"x"});
+  auto first = (*sibling)->Call(*inc, sibling_slice, {sibling_x});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*sibling)->Fetch((*first)[0]).AwaitFor(absl::Seconds(30)).ok());
   const TensorSpec row{DType::kF32, {2}};
   auto spin = (*client)->Compile(FunctionSpec::Script(
       "spin", "def spin(x):\n    for _ in range(1000000000):\n        x = x * 1.0\n    return x\n", {row}, {row},
@@ -393,7 +402,11 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   }
   auto again = (*client)->CreateSlice({.mesh_shape = {2}});
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
-  // And so is its tenant: the other client, and a new one.
+  // And so is its tenant: the other client (on its open stream too), and a new one.
+  auto scheduled = (*sibling)->Call(*inc, sibling_slice, {sibling_x});
+  absl::Status call_refused = scheduled.ok() ? (*sibling)->Fetch((*scheduled)[0]).AwaitFor(absl::Seconds(30)).status()
+                                             : scheduled.status();
+  EXPECT_NE(call_refused.message().find("refuses tenant spinner"), std::string::npos) << call_refused;
   auto sibling_lost = (*sibling)->LostSlices();
   EXPECT_EQ(sibling_lost.status().code(), absl::StatusCode::kFailedPrecondition) << sibling_lost.status();
   EXPECT_NE(sibling_lost.status().message().find("refuses tenant spinner"), std::string::npos) << sibling_lost.status();

@@ -32,13 +32,18 @@ void ClientLeases::Refuse(const std::string& client, std::string reason, absl::T
   Lease& lease = leases_[client];
   if (lease.departed == absl::InfiniteFuture()) lease.departed = now;
   lease.refused = reason;
-  if (lease.tenant.empty()) return;
-  const std::string tenant = lease.tenant;
+  // Known however long ago the client went (its lease may be forgotten by the time a host reports
+  // a computation that never ended).
+  auto of = tenant_of_.find(client);
+  if (of == tenant_of_.end()) return;
+  const std::string tenant = of->second;
   // Shown to every tenant by `status`: the client by its label only.
   refused_tenants_[tenant] =
       Refusal{absl::StrCat("its client ", ClientLabel(client), " was refused: ", reason), now + refuse_for_};
-  for (auto& [other, l] : leases_) {
-    if (l.tenant == tenant && l.departed == absl::InfiniteFuture()) l.departed = now;
+  for (const auto& [other, its_tenant] : tenant_of_) {
+    if (its_tenant != tenant) continue;
+    auto l = leases_.find(other);
+    if (l != leases_.end() && l->second.departed == absl::InfiniteFuture()) l->second.departed = now;
   }
 }
 
@@ -63,26 +68,31 @@ absl::Status ClientLeases::CheckTenantNotRefused(const std::string& tenant, absl
 absl::Status ClientLeases::CheckNotRefused(const std::string& client, const std::string& tenant, absl::Time now) {
   absl::MutexLock lock(&mu_);
   PW_RETURN_IF_ERROR(TenantRefusedLocked(tenant, now));
-  auto it = leases_.find(client);
-  if (!tenant.empty()) {
-    // Its tenant is known from its first call on (a client id is derived from its credential, so
-    // no other tenant's client can take it), and the call is a sign of life, as a heartbeat.
-    if (it == leases_.end()) {
-      it = leases_.try_emplace(client).first;
-      it->second.last_seen = now;
-    }
-    if (it->second.tenant.empty()) it->second.tenant = tenant;
+  // Its tenant is known from its first call on (a client id is derived from its credential, so no
+  // other tenant's client can take it).
+  if (!tenant.empty() && tenant_of_.try_emplace(client, tenant).second) {
+    tenant_order_.emplace_back(now, client);
+    ForgetTenantsLocked(now);
   }
+  auto it = leases_.find(client);
   if (it == leases_.end() || it->second.refused.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("this cluster refuses client ", client, ": ", it->second.refused,
                    "; what it held is collected (a new client may connect)"));
 }
 
+void ClientLeases::ForgetTenantsLocked(absl::Time now) {
+  while (!tenant_order_.empty() &&
+         (tenant_order_.size() > kMaxTenantsRemembered || now - tenant_order_.front().first > kRememberTenants)) {
+    tenant_of_.erase(tenant_order_.front().second);
+    tenant_order_.pop_front();
+  }
+}
+
 std::string ClientLeases::TenantOf(const std::string& client) {
   absl::MutexLock lock(&mu_);
-  auto it = leases_.find(client);
-  return it == leases_.end() ? "" : it->second.tenant;
+  auto it = tenant_of_.find(client);
+  return it == tenant_of_.end() ? "" : it->second;
 }
 
 std::vector<std::string> ClientLeases::RefusedTenants(absl::Time now) {
@@ -106,6 +116,7 @@ int64_t ClientLeases::Live(absl::Time now) {
 
 std::vector<std::string> ClientLeases::TakeDeparted(absl::Time now) {
   absl::MutexLock lock(&mu_);
+  ForgetTenantsLocked(now);
   std::vector<std::string> departed;
   for (auto it = leases_.begin(); it != leases_.end();) {
     Lease& lease = it->second;

@@ -1,7 +1,9 @@
 // Which clients are still there: each holds a lease it renews by heartbeating.
 #pragma once
 
+#include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -57,19 +59,25 @@ class ClientLeases {
     absl::Time departed = absl::InfiniteFuture();
     bool taken = false;
     std::string refused;  // why its calls are refused; empty: they are not
-    std::string tenant;   // the named tenant it acts for; empty: none
   };
   struct Refusal {
     std::string reason;
     absl::Time until;
   };
   absl::Status TenantRefusedLocked(const std::string& tenant, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetTenantsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Clients' tenants are remembered this long after their first call, and this many at most
+  // (oldest forgotten first), well past any computation timeout a host reports after.
+  static constexpr absl::Duration kRememberTenants = absl::Hours(24);
+  static constexpr size_t kMaxTenantsRemembered = size_t{1} << 20;
   const absl::Duration timeout_;
   const absl::Duration remember_;
   const absl::Duration refuse_for_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Refusal> refused_tenants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> tenant_of_ ABSL_GUARDED_BY(mu_);  // client: named tenant
+  std::deque<std::pair<absl::Time, std::string>> tenant_order_ ABSL_GUARDED_BY(mu_);  // first call, client
 };
 
 }  // namespace pathways

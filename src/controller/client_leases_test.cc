@@ -62,8 +62,12 @@ TEST(ClientLeasesTest, ARefusedClientDepartsAtOnceAndIsRefusedLongerThanOthersAr
 TEST(ClientLeasesTest, ARefusedClientOfANamedTenantTakesTheTenantWithIt) {
   ClientLeases leases(absl::Seconds(3), absl::Seconds(60), absl::Hours(1));
   const absl::Time t = absl::UnixEpoch();
-  for (const char* c : {"spinner", "sibling"}) ASSERT_TRUE(leases.CheckNotRefused(c, "mallory", t).ok());
+  for (const char* c : {"spinner", "sibling"}) {
+    ASSERT_TRUE(leases.CheckNotRefused(c, "mallory", t).ok());
+    leases.Renew(c, t);
+  }
   ASSERT_TRUE(leases.CheckNotRefused("alice-1", "alice", t).ok());
+  leases.Renew("alice-1", t);
   ASSERT_TRUE(leases.CheckNotRefused("shared-1", "", t).ok());
   leases.Renew("shared-1", t);
   EXPECT_EQ(leases.TenantOf("sibling"), "mallory");
@@ -89,6 +93,22 @@ TEST(ClientLeasesTest, ARefusedClientOfANamedTenantTakesTheTenantWithIt) {
   // The tenant is let in again after the hour.
   EXPECT_TRUE(leases.CheckTenantNotRefused("mallory", t + absl::Minutes(62)).ok());
   EXPECT_TRUE(leases.RefusedTenants(t + absl::Minutes(62)).empty());
+}
+
+// A client's tenant is remembered after its lease is forgotten: a host may report its computation
+// that never ended long after the client went (a tenant that schedules it and leaves).
+TEST(ClientLeasesTest, AClientThatLeftBeforeItsRefusalStillTakesItsTenantWithIt) {
+  ClientLeases leases(absl::Seconds(3), absl::Seconds(60), absl::Hours(1));
+  const absl::Time t = absl::UnixEpoch();
+  ASSERT_TRUE(leases.CheckNotRefused("spinner", "mallory", t).ok());
+  leases.Renew("spinner", t);
+  leases.Goodbye("spinner", t + absl::Seconds(1));
+  (void)leases.TakeDeparted(t + absl::Seconds(1));
+  (void)leases.TakeDeparted(t + absl::Minutes(5));  // its lease is forgotten
+  leases.Refuse("spinner", "its computation 'spin' held device 0 of h:1 for 600s", t + absl::Minutes(10));
+  const absl::Status refused = leases.CheckNotRefused("newcomer", "mallory", t + absl::Minutes(11));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("refuses tenant mallory"), std::string::npos) << refused;
 }
 
 }  // namespace

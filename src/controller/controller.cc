@@ -93,7 +93,8 @@ grpc::Status Answer(absl::StatusOr<T> r, T* response) {
 
 // Every handler starts here: a tenant's call without the token, or a worker's without the
 // cluster token, is refused.
-// Declares `tenant`, the named tenant the call acts for ("" none), for PW_CHECK_CLIENT.
+// Declares `tenant`, the named tenant the call acts for ("" none), for PW_CHECK_CLIENT: use it as
+// a handler's first statement, never inside an unbraced if.
 #define PW_CHECK_CALL_TOKEN(context) \
   std::string tenant;                \
   if (absl::Status auth = CheckTenant(*(context), tenant); !auth.ok()) return ToGrpc(auth)
@@ -122,6 +123,8 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
   StreamListener::Protocol ScheduleProtocol() {
     return {std::string(kScheduleStreamMagic, kStreamMagicBytes), token_, cluster_token_,
             [this](int fd, const StreamListener& listener, const std::string& tenant) {
+              // A refused tenant keeps no stream (its client then hears why through gRPC).
+              if (!controller_.clients_.CheckTenantNotRefused(tenant, absl::Now()).ok()) return;
               ServeScheduleStream(fd, listener, [this, tenant](const rpc::ScheduleRequest& request) {
                 absl::Status auth = controller_.clients_.CheckTenantNotRefused(tenant, absl::Now());
                 if (auth.ok()) auth = CheckClient(request.client_id(), request.credential(), tenant);
@@ -221,7 +224,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     // The registered process of a host (it holds the cluster token and its incarnation) leaves
     // because a client's computation never ended: that client would take down the next host the
     // same way, so it is refused from now on and retired, which collects what it holds
-    // everywhere. (It may connect again as a new client: the refusal is per client identity.)
+    // everywhere; so is its tenant, when it has a token of its own (ClientLeases::Refuse).
     if (beat == ClusterRegistry::Beat::kLeft && !request->stuck_client().empty()) {
       const std::string reason = request->leaving().substr(0, ClusterRegistry::kMaxLeaveReason);
       PW_LOG(Warning) << "refusing client " << ClientLabel(request->stuck_client()) << ": " << reason;

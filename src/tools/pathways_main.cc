@@ -49,7 +49,7 @@ constexpr char kUsage[] =
     "usage: pathways <command> [flags]\n"
     "  controller --listen HOST:PORT [--heartbeat-timeout-ms N] [--port-file FILE]\n"
     "             [--client-timeout-ms N] [--scheduler fifo|share] [--share-window-us N] [--token T]\n"
-    "             [--cluster-token C] [--tenants FILE] (lines 'NAME TOKEN': tenants refused one by one)\n"
+    "             [--cluster-token C] [--tenants FILE] (lines 'NAME TOKEN': a token per tenant)\n"
     "             [--max-client-weight W] [--max-connections N]\n"
     "             [--http-port N] (dashboard, /api/status and /metrics over HTTP, the token's guard; 0 any port)\n"
     "             [--stream-port N] (hosts' dataflow and clients' schedule streams over plain TCP; default any)\n"

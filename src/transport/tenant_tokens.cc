@@ -3,12 +3,17 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/container/flat_hash_set.h"
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/status_macros.h"
 #include "openssl/crypto.h"
+#include "openssl/sha.h"
 #include "transport/auth.h"
 
 namespace pathways {
@@ -19,6 +24,13 @@ constexpr size_t kMinTenantTokenBytes = 16;
 
 bool SameSecret(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// SHA-256: what tokens are compared by.
+std::string Digest(std::string_view token) {
+  unsigned char out[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), out);
+  return std::string(reinterpret_cast<const char*>(out), sizeof(out));
 }
 
 bool GoodName(std::string_view name) {
@@ -35,13 +47,20 @@ TenantTokens::TenantTokens(std::string token) : token_(std::move(token)) {}
 
 absl::StatusOr<TenantTokens> TenantTokens::Parse(std::string token, std::string_view text, std::string_view source,
                                                  const std::string& cluster_token) {
-  auto named = std::make_shared<std::vector<std::pair<std::string, std::string>>>();
-  absl::flat_hash_set<std::string> names, tokens;
+  auto named = std::make_shared<std::vector<Named>>();
+  absl::flat_hash_map<std::string, int> names, tokens;  // the line each came on
   int line_number = 0;
-  // Debian's Abseil has its own string_view.
+  // Errors name the line and the field, never what the fields hold: a line whose fields are the
+  // wrong way round would print its token.
   for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
     ++line_number;
-    line = line.substr(0, line.find('#'));
+    // A comment starts with a '#' at the start of a field: a token may hold one.
+    for (size_t at = line.find('#'); at != absl::string_view::npos; at = line.find('#', at + 1)) {
+      if (at == 0 || std::isspace(static_cast<unsigned char>(line[at - 1]))) {
+        line = line.substr(0, at);
+        break;
+      }
+    }
     std::vector<absl::string_view> fields = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (fields.empty()) continue;
     const std::string where = absl::StrCat(std::string(source), ":", line_number);
@@ -52,26 +71,28 @@ absl::StatusOr<TenantTokens> TenantTokens::Parse(std::string token, std::string_
     const std::string name(fields[0]), secret(fields[1]);
     if (!GoodName(name)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tenant name '", name.substr(0, 80), "' is not 1-64 of letters, digits, '_', '.', '-'"));
+          absl::StrCat(where, ": the name (first field) is not 1-64 of letters, digits, '_', '.', '-'"));
     }
-    PW_RETURN_IF_ERROR(CheckTokenCanTravel(secret, absl::StrCat(where, " (tenant ", name, ")")));
+    PW_RETURN_IF_ERROR(CheckTokenCanTravel(secret, absl::StrCat(where, " (second field)")));
     if (secret.size() < kMinTenantTokenBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tenant ", name, "'s token has ", secret.size(),
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the token (second field) has ", secret.size(),
                                                      " characters; at least ", kMinTenantTokenBytes,
                                                      " (e.g. `openssl rand -hex 16`)"));
     }
-    if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tenant ", name, " is named twice"));
+    if (auto [it, inserted] = names.try_emplace(name, line_number); !inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the name was given on line ", it->second));
     }
-    if (!tokens.insert(secret).second || SameSecret(secret, token)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tenant ", name, "'s token is another tenant's (or the shared --token)"));
+    if (auto [it, inserted] = tokens.try_emplace(secret, line_number); !inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the token is line ", it->second, "'s too"));
+    }
+    if (SameSecret(secret, token)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the token is the shared --token"));
     }
     if (!cluster_token.empty() && SameSecret(secret, cluster_token)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tenant ", name, "'s token is the cluster token, which would let it pose as a host"));
+          absl::StrCat(where, ": the token is the cluster token, which would let the tenant pose as a host"));
     }
-    named->emplace_back(secret, name);
+    named->push_back(Named{Digest(secret), name});
   }
   TenantTokens tenants(std::move(token));
   tenants.named_ = std::move(named);
@@ -81,13 +102,14 @@ absl::StatusOr<TenantTokens> TenantTokens::Parse(std::string token, std::string_
 absl::StatusOr<TenantTokens> TenantTokens::Load(std::string token, const std::string& path,
                                                 const std::string& cluster_token) {
   if (path.empty()) return TenantTokens(std::move(token));
-  if (cluster_token.empty()) {
+  if (cluster_token.empty() || SameSecret(cluster_token, token)) {
     return absl::InvalidArgumentError(
-        "--tenants needs a cluster token (--cluster-token, PATHWAYS_CLUSTER_TOKEN or --token): without one any "
-        "process could act as a host");
+        "--tenants needs a cluster token of its own (--cluster-token or PATHWAYS_CLUSTER_TOKEN, not the shared "
+        "--token): otherwise any holder of the shared token (or anyone, without one) could act as a host and "
+        "reach the tenants' data");
   }
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the tenants file ", path));
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the tenants file ", path, ": ", std::strerror(errno)));
   std::stringstream text;
   text << in.rdbuf();
   return Parse(std::move(token), text.str(), path, cluster_token);
@@ -98,12 +120,18 @@ absl::StatusOr<std::string> TenantTokens::TenantOf(std::string_view sent) const 
   if (sent.empty()) {
     return absl::UnauthenticatedError("this cluster requires a token (--token or PATHWAYS_TOKEN); none was sent");
   }
-  if (!token_.empty() && SameSecret(sent, token_)) return std::string();
+  // Every entry is compared, whole digests of equal size, so how long it takes says nothing about
+  // which token matched or how long one is.
+  const std::string digest = Digest(sent);
+  const std::string* tenant = nullptr;
+  static const std::string kShared;
+  if (!token_.empty() && CRYPTO_memcmp(digest.data(), Digest(token_).data(), digest.size()) == 0) tenant = &kShared;
   if (named_ != nullptr) {
-    for (const auto& [secret, name] : *named_) {
-      if (SameSecret(sent, secret)) return name;
+    for (const Named& n : *named_) {
+      if (CRYPTO_memcmp(digest.data(), n.digest.data(), digest.size()) == 0) tenant = &n.name;
     }
   }
+  if (tenant != nullptr) return *tenant;
   return absl::UnauthenticatedError("the token sent is not this cluster's");
 }
 

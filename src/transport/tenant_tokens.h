@@ -30,14 +30,16 @@ class TenantTokens {
   TenantTokens(const char* token) : TenantTokens(std::string(token)) {}  // NOLINT
 
   // The shared `token` (may be empty) and the named tenants of `text`, read from `source` (named
-  // in errors). InvalidArgument, naming the line, for a malformed line, a name that is not 1-64
-  // of [A-Za-z0-9_.-], a token shorter than 16 characters or one that cannot travel
-  // (CheckTokenCanTravel), a name or token given twice, or a token equal to `cluster_token`
-  // (a tenant could pose as a host).
+  // in errors). `#` at the start of a field starts a comment. InvalidArgument, naming the line
+  // and the field (never what it holds), for a malformed line, a name that is not 1-64 of
+  // [A-Za-z0-9_.-], a token shorter than 16 characters or one that cannot travel
+  // (CheckTokenCanTravel), a name or token given twice, or a token equal to the shared one or to
+  // `cluster_token` (a tenant could pose as a host).
   static absl::StatusOr<TenantTokens> Parse(std::string token, std::string_view text, std::string_view source,
                                             const std::string& cluster_token);
   // The same, from the file at `path` (none when empty); NotFound when it cannot be read,
-  // InvalidArgument when there is a file but no `cluster_token` (hosts would be unguarded).
+  // InvalidArgument when there is a file but no `cluster_token`, or the shared `token` is it
+  // (hosts would be unguarded from tenants).
   static absl::StatusOr<TenantTokens> Load(std::string token, const std::string& path,
                                            const std::string& cluster_token);
 
@@ -52,8 +54,12 @@ class TenantTokens {
   absl::StatusOr<std::string> TenantOf(std::string_view sent) const;
 
  private:
+  struct Named {
+    std::string digest;  // SHA-256 of the token
+    std::string name;
+  };
   std::string token_;
-  std::shared_ptr<const std::vector<std::pair<std::string, std::string>>> named_;  // token, name
+  std::shared_ptr<const std::vector<Named>> named_;
 };
 
 }  // namespace pathways

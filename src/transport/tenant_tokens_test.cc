@@ -43,29 +43,42 @@ TEST(TenantTokensTest, WithoutTokensEveryCallIsTheUnnamedTenant) {
   EXPECT_FALSE(named->TenantOf("").ok());
 }
 
-TEST(TenantTokensTest, ABadFileIsRefusedNamingTheLine) {
+TEST(TenantTokensTest, ABadFileIsRefusedNamingTheLineNeverItsToken) {
   struct Case {
-    const char* text;
+    std::string text;
     const char* says;
+    std::string secret;  // must not be printed
   };
   for (const Case& c : std::vector<Case>{
-           {"alice\n", "t:1: a tenant is a line 'NAME TOKEN', this one has 1 fields"},
-           {"\nalice a b\n", "t:2: a tenant is a line"},
-           {"al/ice alice-0123456789abcdef\n", "t:1: tenant name 'al/ice'"},
-           {"alice short\n", "t:1: tenant alice's token has 5 characters; at least 16"},
-           {"alice alice-0123456789abcdef\nalice other-0123456789abcdef\n", "t:2: tenant alice is named twice"},
-           {"alice same-0123456789abcdef\nbob same-0123456789abcdef\n", "t:2: tenant bob's token is another"},
-           {"alice shared-0123456789abcdef\n", "t:1: tenant alice's token is another tenant's (or the shared"},
-           {"alice cluster-0123456789abcdef\n", "the cluster token, which would let it pose as a host"},
-           {"alice alice-0123456789abcde\x01\n", "t:1 (tenant alice)"},
+           {"alice\n", "t:1: a tenant is a line 'NAME TOKEN', this one has 1 fields", "alice"},
+           {"\nalice a b\n", "t:2: a tenant is a line", "alice a b"},
+           {"al/ice alice-0123456789abcdef\n", "t:1: the name (first field) is not 1-64", "alice-0123456789abcdef"},
+           {"alice short\n", "t:1: the token (second field) has 5 characters; at least 16", "short"},
+           // The fields the wrong way round: the "name" is the token.
+           {"0123456789abcdef0123 alice\n", "t:1: the token (second field) has 5", "0123456789abcdef0123"},
+           {"alice alice-0123456789abcdef\nalice other-0123456789abcdef\n", "t:2: the name was given on line 1",
+            "0123456789abcdef"},
+           {"alice same-0123456789abcdef\nbob same-0123456789abcdef\n", "t:2: the token is line 1's too",
+            "same-0123456789abcdef"},
+           {"alice shared-0123456789abcdef\n", "t:1: the token is the shared --token", "shared-0123456789abcdef"},
+           {"alice cluster-0123456789abcdef\n", "t:1: the token is the cluster token", "cluster-0123456789abcdef"},
+           {"alice alice-0123456789abcde\x01\n", "t:1 (second field)", "alice-0123456789abcde"},
        }) {
     auto tenants = TenantTokens::Parse("shared-0123456789abcdef", c.text, "t", kCluster);
     ASSERT_FALSE(tenants.ok()) << c.text;
     EXPECT_EQ(tenants.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
     EXPECT_NE(tenants.status().message().find(c.says), std::string::npos) << tenants.status();
-    // Never the tokens themselves.
-    EXPECT_EQ(tenants.status().message().find("0123456789abcdef"), std::string::npos) << tenants.status();
+    EXPECT_EQ(tenants.status().message().find(c.secret), std::string::npos) << tenants.status();
   }
+}
+
+// '#' starts a comment only at the start of a field: a token may hold one, whole.
+TEST(TenantTokensTest, AHashInsideATokenIsPartOfIt) {
+  auto tenants = TenantTokens::Parse("", "alice 0123456789abcdef#tail  # alice's\n#bob x\n", "t", kCluster);
+  ASSERT_TRUE(tenants.ok()) << tenants.status();
+  EXPECT_EQ(tenants->named(), 1u);
+  EXPECT_EQ(*tenants->TenantOf("0123456789abcdef#tail"), "alice");
+  EXPECT_FALSE(tenants->TenantOf("0123456789abcdef").ok());
 }
 
 TEST(TenantTokensTest, LoadsAFileAndRefusesOneItCannotReadOrWithoutAClusterToken) {
@@ -80,7 +93,10 @@ TEST(TenantTokensTest, LoadsAFileAndRefusesOneItCannotReadOrWithoutAClusterToken
   EXPECT_EQ(TenantTokens::Load("", path + ".missing", kCluster).status().code(), absl::StatusCode::kNotFound);
   auto unguarded = TenantTokens::Load("", path, "");
   EXPECT_EQ(unguarded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(unguarded.status().message().find("needs a cluster token"), std::string::npos);
+  EXPECT_NE(unguarded.status().message().find("needs a cluster token of its own"), std::string::npos);
+  // The shared token as the cluster token: its holders could act as hosts.
+  EXPECT_EQ(TenantTokens::Load("shared-0123456789abcdef", path, "shared-0123456789abcdef").status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(TenantTokens::Load("t", "", "").ok());  // no file: the shared token alone
 }
 
