@@ -1,16 +1,14 @@
 #include "transport/tenant_tokens.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "core/status_macros.h"
 #include "openssl/crypto.h"
 #include "openssl/sha.h"
@@ -43,7 +41,8 @@ bool GoodName(std::string_view name) {
 
 }  // namespace
 
-TenantTokens::TenantTokens(std::string token) : token_(std::move(token)) {}
+TenantTokens::TenantTokens(std::string token)
+    : token_(std::move(token)), token_digest_(token_.empty() ? std::string() : Digest(token_)) {}
 
 absl::StatusOr<TenantTokens> TenantTokens::Parse(std::string token, std::string_view text, std::string_view source,
                                                  const std::string& cluster_token) {
@@ -123,15 +122,15 @@ absl::StatusOr<std::string> TenantTokens::TenantOf(std::string_view sent) const 
   // Every entry is compared, whole digests of equal size, so how long it takes says nothing about
   // which token matched or how long one is.
   const std::string digest = Digest(sent);
-  const std::string* tenant = nullptr;
-  static const std::string kShared;
-  if (!token_.empty() && CRYPTO_memcmp(digest.data(), Digest(token_).data(), digest.size()) == 0) tenant = &kShared;
+  const bool shared = !token_.empty() && CRYPTO_memcmp(digest.data(), token_digest_.data(), digest.size()) == 0;
+  const std::string* named = nullptr;
   if (named_ != nullptr) {
     for (const Named& n : *named_) {
-      if (CRYPTO_memcmp(digest.data(), n.digest.data(), digest.size()) == 0) tenant = &n.name;
+      if (CRYPTO_memcmp(digest.data(), n.digest.data(), digest.size()) == 0) named = &n.name;
     }
   }
-  if (tenant != nullptr) return *tenant;
+  if (named != nullptr) return *named;
+  if (shared) return std::string();
   return absl::UnauthenticatedError("the token sent is not this cluster's");
 }
 

@@ -59,6 +59,7 @@ class TenantTokens {
     std::string name;
   };
   std::string token_;
+  std::string token_digest_;
   std::shared_ptr<const std::vector<Named>> named_;
 };
 
