@@ -15,6 +15,7 @@
 #include "multiprocess_fixture.h"
 #include "testing/subprocess.h"
 #include "transport/controller_client.h"
+#include "transport/worker_client.h"
 
 namespace pathways {
 namespace {
@@ -419,6 +420,26 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_NE(status->find("left: device "), std::string::npos) << *status;  // both devices spin
   EXPECT_NE(status->find("tenant refused: spinner: its client "), std::string::npos) << *status;
+
+  // The workers refuse the tenant too, once their heartbeats hear of it: a compile sent straight
+  // to the worker left.
+  ControllerClient as_other(*address, other_token);
+  auto cluster = as_other.GetStatus();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::string left_worker;
+  for (const rpc::HostStatus& h : cluster->hosts()) {
+    if (h.alive()) left_worker = h.address();
+  }
+  ASSERT_FALSE(left_worker.empty());
+  absl::Status at_worker;
+  for (int i = 0; i < 300; ++i) {  // its next heartbeat, a second or so; 30 s at most
+    auto compiled = WorkerClientCache::Global().Get(left_worker, spinner_token)->Compile(rpc::CompileRequest());
+    at_worker = compiled.AwaitFor(absl::Seconds(10)).status();
+    if (at_worker.code() == absl::StatusCode::kFailedPrecondition) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(at_worker.code(), absl::StatusCode::kFailedPrecondition) << at_worker;
+  EXPECT_NE(at_worker.message().find("refuses tenant spinner"), std::string::npos) << at_worker;
 
   // Another tenant is served, on the worker left.
   auto next = Client::Connect(*address, {.token = other_token});

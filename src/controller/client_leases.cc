@@ -105,6 +105,15 @@ std::vector<std::string> ClientLeases::RefusedTenants(absl::Time now) {
   return refused;
 }
 
+std::vector<std::string> ClientLeases::RefusedTenantNames(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> refused;
+  for (const auto& [tenant, r] : refused_tenants_) {
+    if (now <= r.until) refused.push_back(tenant);
+  }
+  return refused;
+}
+
 int64_t ClientLeases::Live(absl::Time now) {
   absl::MutexLock lock(&mu_);
   int64_t live = 0;

@@ -48,6 +48,8 @@ class ClientLeases {
   std::string TenantOf(const std::string& client);
   // "NAME: why" for each tenant refused at `now`.
   std::vector<std::string> RefusedTenants(absl::Time now);
+  // The names alone.
+  std::vector<std::string> RefusedTenantNames(absl::Time now);
   // Clients that departed since the last call (each is returned once).
   std::vector<std::string> TakeDeparted(absl::Time now);
   // Clients whose lease holds at `now`.

@@ -240,6 +240,9 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       }
     }
     response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft);
+    for (std::string& tenant : controller_.clients_.RefusedTenantNames(now)) {
+      response->add_refused_tenants(std::move(tenant));
+    }
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }

@@ -134,4 +134,17 @@ absl::StatusOr<std::string> TenantTokens::TenantOf(std::string_view sent) const 
   return absl::UnauthenticatedError("the token sent is not this cluster's");
 }
 
+void RefusedTenants::Set(absl::flat_hash_set<std::string> names) {
+  absl::MutexLock lock(&mu_);
+  names_ = std::move(names);
+}
+
+absl::Status RefusedTenants::Check(const std::string& tenant) const {
+  if (tenant.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (!names_.contains(tenant)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("this cluster refuses tenant ", tenant,
+                                                    " (its controller says why: `pathways status`)"));
+}
+
 }  // namespace pathways

@@ -16,7 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace pathways {
 
@@ -61,6 +64,19 @@ class TenantTokens {
   std::string token_;
   std::string token_digest_;
   std::shared_ptr<const std::vector<Named>> named_;
+};
+
+// The named tenants a cluster refuses now, as a worker hears of them from the controller (with
+// its heartbeats). Thread-safe.
+class RefusedTenants {
+ public:
+  void Set(absl::flat_hash_set<std::string> names) ABSL_LOCKS_EXCLUDED(mu_);
+  // OK, or FailedPrecondition naming `tenant` ("" is never refused).
+  absl::Status Check(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<std::string> names_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

@@ -22,7 +22,9 @@ absl::StatusOr<std::unique_ptr<DataStreamServer>> DataStreamServer::Start(const 
   std::unique_ptr<DataStreamServer> server(new DataStreamServer(std::move(handlers), timing));
   DataStreamServer* self = server.get();
   more.push_back({std::string(kDataStreamMagic, kStreamMagicBytes), std::move(token), std::move(also),
-                  [self](int fd, const StreamListener& listener, const std::string&) { self->Serve(fd, listener); }});
+                  [self](int fd, const StreamListener& listener, const std::string& tenant) {
+                    self->Serve(fd, listener, tenant);
+                  }});
   auto listener = StreamListener::Start("data stream", ip, port, std::move(more), timing.connect, max_connections);
   if (!listener.ok()) return listener.status();
   server->listener_ = *std::move(listener);
@@ -41,7 +43,7 @@ absl::Status DataStreamServer::SendStatus(int fd, const absl::Status& why) {
   return TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + timing_.silence, "refusal");
 }
 
-void DataStreamServer::Serve(int fd, const StreamListener& listener) {
+void DataStreamServer::Serve(int fd, const StreamListener& listener, const std::string& tenant) {
   absl::Status s;  // its hello was checked before it got this thread
   while (s.ok()) {
     pollfd polled[2] = {{fd, POLLIN, 0}, {listener.wake_fd(), POLLIN, 0}};
@@ -64,6 +66,10 @@ void DataStreamServer::Serve(int fd, const StreamListener& listener) {
     if (!request.ParseFromString(body) || request.kind_case() == rpc::StreamRequest::KIND_NOT_SET) {
       // Bytes may follow it (a stage request's): the stream is at an unknown place, so it closes.
       (void)SendStatus(fd, absl::InvalidArgumentError("a data stream request that does not parse"));
+      break;
+    }
+    if (absl::Status allowed = handlers_.refused ? handlers_.refused(tenant) : absl::OkStatus(); !allowed.ok()) {
+      (void)SendStatus(fd, allowed);  // bytes may follow it: the connection closes
       break;
     }
     if (request.has_stage()) {

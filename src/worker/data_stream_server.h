@@ -39,6 +39,9 @@ class DataStreamServer {
     std::function<absl::Status(const rpc::StageRequest&, BufferPtr)> keep;
     // A client's ops, taken as Worker.Enqueue takes them (on the connection's thread).
     std::function<absl::Status(const rpc::EnqueueRequest&)> enqueue;
+    // Whether the tenant a connection's token names is refused now (each request is checked);
+    // none: never.
+    std::function<absl::Status(const std::string& tenant)> refused;
   };
 
   // Listens on `ip` (a port of its own, or `port`). Connections must show `token` or `also`
@@ -60,7 +63,7 @@ class DataStreamServer {
 
  private:
   DataStreamServer(Handlers handlers, DataStreamTiming timing) : handlers_(std::move(handlers)), timing_(timing) {}
-  void Serve(int fd, const StreamListener& listener);
+  void Serve(int fd, const StreamListener& listener, const std::string& tenant);
   // Answer one request; an error means the stream is unusable (the connection closes).
   absl::Status AnswerFetch(int fd, const rpc::FetchRequest& request, const StreamListener& listener);
   absl::Status AnswerStage(int fd, const rpc::StageRequest& request);

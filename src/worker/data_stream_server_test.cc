@@ -35,6 +35,7 @@ struct Fixture {
   std::function<Future<std::vector<BufferPtr>>(const rpc::FetchRequest&)> answer;
   // Staged bytes land on `device` unless `refuse_landing` says why not; what was kept, by array id.
   absl::Status refuse_landing;
+  absl::Status refuse_tenant;  // every request's tenant is refused with it, unless OK
   absl::Mutex mu;
   std::map<int64_t, BufferPtr> kept ABSL_GUARDED_BY(mu);
   std::vector<int64_t> freed ABSL_GUARDED_BY(mu);  // the array ids of the frees enqueued, in order
@@ -69,7 +70,8 @@ struct Fixture {
             freed.push_back(op.free().array_id());
           }
           return absl::OkStatus();
-        }};
+        },
+        .refused = [this](const std::string&) { return refuse_tenant; }};
     return DataStreamServer::Start("127.0.0.1", token, "", std::move(handlers), Quick(), port, max_connections);
   }
   BufferPtr Kept(int64_t array_id) {
@@ -392,6 +394,20 @@ TEST(DataStreamTest, AStageTrickledBelowTheMinimumSpeedIsCutOffAndNothingKept) {
   EXPECT_TRUE(cut) << "a stage at 20 bytes/s was read for 20 s";
   EXPECT_EQ(f.Kept(6), nullptr);
   EXPECT_TRUE(f.device.WaitForMemoryUsedAtMost(before, absl::Seconds(10)));
+}
+
+// A tenant the controller refuses since its connection opened: each request is refused with the
+// reason (and the connection closes); once let in again, it is served.
+TEST(DataStreamTest, ARefusedTenantsRequestsAreRefused) {
+  Fixture f;
+  DataStreamClient client("worker-a", "127.0.0.1", f.server->port(), Quick());
+  ASSERT_TRUE(client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30)).ok());
+  f.refuse_tenant = absl::FailedPreconditionError("this cluster refuses tenant mallory");
+  auto refused = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("refuses tenant mallory"), std::string::npos) << refused.status();
+  f.refuse_tenant = absl::OkStatus();
+  EXPECT_TRUE(client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30)).ok());
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ absl::Status Worker::Start() {
   PW_ASSIGN_OR_RETURN(const std::string token, TokenFromFlagOrEnv(options_.token));
   PW_ASSIGN_OR_RETURN(const std::string cluster_token, ClusterTokenFromFlagOrEnv(options_.cluster_token, token));
   PW_ASSIGN_OR_RETURN(const TenantTokens tenants, TenantTokens::Load(token, options_.tenants_file, cluster_token));
-  service_->RequireTokens(tenants, cluster_token);
+  service_->RequireTokens(tenants, cluster_token, &refused_tenants_);
   dataflow_service_.RequireToken(cluster_token);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
@@ -115,7 +115,8 @@ absl::Status Worker::Start() {
         .keep = [runtime](const rpc::StageRequest& request, BufferPtr buffer) {
           return runtime->KeepStaged(request, std::move(buffer));
         },
-        .enqueue = [runtime](const rpc::EnqueueRequest& request) { return runtime->Enqueue(request); }};
+        .enqueue = [runtime](const rpc::EnqueueRequest& request) { return runtime->Enqueue(request); },
+        .refused = [this](const std::string& tenant) { return refused_tenants_.Check(tenant); }};
     // The same port takes other hosts' (and the controller's) dataflow batches.
     std::vector<StreamListener::Protocol> more;
     if (PlainControlStreams()) more.push_back(dataflow_service_.StreamProtocol());
@@ -264,6 +265,7 @@ void Worker::HeartbeatLoop() {
     } else {
       named_clients_ = {held.begin(), held.end()};  // those it no longer holds are forgotten too
     }
+    refused_tenants_.Set({response->refused_tenants().begin(), response->refused_tenants().end()});
     absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
     if (int failed = runtime_->store().SetDepartedHosts(std::move(departed)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";

@@ -101,6 +101,7 @@ class Worker {
   // Declared before the runtime, which unregisters its graphs from it when destroyed.
   dataflow::DataflowService dataflow_service_;  // batches of the dataflow engine from other hosts
   std::unique_ptr<HostRuntime> runtime_;
+  RefusedTenants refused_tenants_;  // as the controller's heartbeat answers name them; outlives the servers
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<DataStreamServer> data_stream_;  // none with TLS (it is not encrypted)

@@ -49,9 +49,14 @@ grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* cont
                                                Handler handle, bool cluster_only) {
   auto* reactor = context->DefaultReactor();
   HostRuntime* runtime = runtime_.load();
-  if (absl::Status s = cluster_only ? CheckCallToken(*context, cluster_token_)
-                                    : CheckCallToken(*context, token_, cluster_token_);
-      !s.ok()) {
+  absl::Status s;
+  if (cluster_only) {
+    s = CheckCallToken(*context, cluster_token_);
+  } else {
+    absl::StatusOr<std::string> tenant = CallTenant(*context, token_, cluster_token_);
+    s = !tenant.ok() ? tenant.status() : refused_ != nullptr ? refused_->Check(*tenant) : absl::OkStatus();
+  }
+  if (!s.ok()) {
     reactor->Finish(ToGrpc(s));
   } else if (!client.ok()) {
     reactor->Finish(ToGrpc(client));

@@ -21,7 +21,9 @@ class WorkerService final : public rpc::Worker::CallbackService {
   void SetDataPort(int port) { data_port_.store(port); }
   // Tenants' calls must carry a token of `tenants`, the controller's `cluster_token` (see
   // transport/auth.h); open or empty: none needed. Set before serving.
-  void RequireTokens(TenantTokens tenants, std::string cluster_token) {
+  // Calls of the `refused` tenants are refused (not owned; outlives this service).
+  void RequireTokens(TenantTokens tenants, std::string cluster_token, const RefusedTenants* refused) {
+    refused_ = refused;
     token_ = std::move(tenants);
     cluster_token_ = std::move(cluster_token);
   }
@@ -57,6 +59,7 @@ class WorkerService final : public rpc::Worker::CallbackService {
   ThreadPool intake_{"worker-intake", 1};
   TenantTokens token_;
   std::string cluster_token_;
+  const RefusedTenants* refused_ = nullptr;
 };
 
 }  // namespace pathways
