@@ -95,22 +95,13 @@ std::string ClientLeases::TenantOf(const std::string& client) {
   return it == tenant_of_.end() ? "" : it->second;
 }
 
-std::vector<std::string> ClientLeases::RefusedTenants(absl::Time now) {
+std::vector<std::pair<std::string, std::string>> ClientLeases::RefusedTenants(absl::Time now) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> refused;
+  std::vector<std::pair<std::string, std::string>> refused;
   for (const auto& [tenant, r] : refused_tenants_) {
-    if (now <= r.until) refused.push_back(absl::StrCat(tenant, ": ", r.reason));
+    if (now <= r.until) refused.emplace_back(tenant, r.reason);
   }
   std::sort(refused.begin(), refused.end());
-  return refused;
-}
-
-std::vector<std::string> ClientLeases::RefusedTenantNames(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> refused;
-  for (const auto& [tenant, r] : refused_tenants_) {
-    if (now <= r.until) refused.push_back(tenant);
-  }
   return refused;
 }
 

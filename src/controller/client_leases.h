@@ -46,10 +46,8 @@ class ClientLeases {
   absl::Status CheckTenantNotRefused(const std::string& tenant, absl::Time now);
   // The named tenant `client` acts for, as far as its calls said; "" none.
   std::string TenantOf(const std::string& client);
-  // "NAME: why" for each tenant refused at `now`.
-  std::vector<std::string> RefusedTenants(absl::Time now);
-  // The names alone.
-  std::vector<std::string> RefusedTenantNames(absl::Time now);
+  // Each tenant refused at `now` and why, by name.
+  std::vector<std::pair<std::string, std::string>> RefusedTenants(absl::Time now);
   // Clients that departed since the last call (each is returned once).
   std::vector<std::string> TakeDeparted(absl::Time now);
   // Clients whose lease holds at `now`.

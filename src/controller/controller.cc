@@ -240,9 +240,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       }
     }
     response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft);
-    for (std::string& tenant : controller_.clients_.RefusedTenantNames(now)) {
-      response->add_refused_tenants(std::move(tenant));
-    }
+    for (auto& [tenant, why] : controller_.clients_.RefusedTenants(now)) response->add_refused_tenants(std::move(tenant));
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }
@@ -367,7 +365,7 @@ rpc::ClusterStatus Controller::Status() {
       c.set_client_id(ClientLabel(c.client_id()));
     }
   }
-  for (std::string& refused : clients_.RefusedTenants(now)) status.add_refused_tenants(std::move(refused));
+  for (const auto& [tenant, why] : clients_.RefusedTenants(now)) status.add_refused_tenants(absl::StrCat(tenant, ": ", why));
   return status;
 }
 
