@@ -7,6 +7,7 @@
 //
 //   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
 //                              [--hub-only true] [--runtime-only true] [--work 0,64,128,256]
+//                              [--steps N]
 //
 // With --work, Figure 6 instead: the step with a matrix product of each side given, at the first
 // size, against the multi-controller baseline only.
@@ -66,7 +67,9 @@ struct Rates {
   Cpu cpu[3];
 };
 
-absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int repeats, int work = 0) {
+// `steps_override` > 0 replaces the steps per run (a long run to profile one form with `perf`).
+absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int repeats, int work = 0,
+                                     int steps_override = 0) {
   const int members = hosts * devices;
   const int64_t per_device = std::max<int64_t>(1, bytes / 4);
   ProcessCluster cluster;
@@ -74,7 +77,7 @@ absl::StatusOr<Rates> MeasureRuntime(int hosts, int devices, int64_t bytes, int 
   PW_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(cluster.address()));
   PW_ASSIGN_OR_RETURN(VirtualSlice slice, client->CreateSlice({.mesh_shape = {members}}));
   const TensorSpec spec{DType::kF32, {members * per_device}};
-  const int steps = StepsFor(bytes, work);
+  const int steps = steps_override > 0 ? steps_override : StepsFor(bytes, work);
   PW_ASSIGN_OR_RETURN(CompiledFunction step, client->Compile(FunctionSpec::Script("step", bench::StepSource(work),
                                                                                   {spec}, {spec}, {{"x"}}, {{"x"}})));
   PW_ASSIGN_OR_RETURN(CompiledFunction fused,
@@ -352,7 +355,7 @@ int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, cons
 int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work"});
+  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps"});
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
@@ -397,6 +400,9 @@ int Main(int argc, char** argv) {
   const bool hub_only = flags->Get("hub-only", "false") == "true";
   // This runtime alone, no hub and no peers: for profiling it (`perf record -a`).
   const bool runtime_only = flags->Get("runtime-only", "false") == "true";
+  // Steps per run of this runtime's forms instead of the size's default: with --runtime-only,
+  // runs long enough for a profile of their steady state rather than of process start-up.
+  const int steps = flags->Has("steps") ? static_cast<int>(bench::IntFlagOrExit(*flags, "steps", 0, 1, 1000000)) : 0;
   const bool have_torch = !runtime_only && Available({"/usr/bin/python3", "-c", "import torch.distributed"});
   const bool have_mpi = !runtime_only && access(MPI_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;
   if (!runtime_only && !have_torch) std::printf("torch.distributed: not installed (make deps-bench)\n\n");
@@ -438,7 +444,7 @@ int Main(int argc, char** argv) {
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {
       now_measuring("this runtime and its peers", hosts, devices, bytes);
-      auto ours = MeasureRuntime(hosts, devices, bytes, repeats);
+      auto ours = MeasureRuntime(hosts, devices, bytes, repeats, 0, steps);
       if (!ours.ok()) {
         progress.Printing();
         std::printf("| %dx%d | %lld | failed: %s |\n", hosts, devices, static_cast<long long>(bytes),

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -100,7 +101,7 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
     if (acked_ >= number) return Future<Unit>::Ready(Unit{});
     Promise<Unit> p;
     Future<Unit> f = p.future();
-    waiters_.emplace_back(number, std::move(p));
+    waiters_.emplace(number, std::move(p));
     return f;
   }
 
@@ -150,15 +151,12 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
         if (failed_batches_.size() > kRememberedFailures) failed_batches_.pop_front();
       }
       in_flight_items_.clear();
-      for (auto it = waiters_.begin(); it != waiters_.end();) {
-        if (!failure_.ok() || it->first <= acked_) {
-          // With on_failed, only waiters whose last item was in the failed batch hear of it.
-          const bool failed = !failure_.ok() || (!status.ok() && it->first > batch_start);
-          ready.emplace_back(std::move(it->second), failed ? (failure_.ok() ? status : failure_) : absl::OkStatus());
-          it = waiters_.erase(it);
-        } else {
-          ++it;
-        }
+      // Waiters are ordered by number: those through acked_ (all of them once delivery stopped).
+      for (auto it = waiters_.begin(); it != waiters_.end() && (!failure_.ok() || it->first <= acked_);) {
+        // With on_failed, only waiters whose last item was in the failed batch hear of it.
+        const bool failed = !failure_.ok() || (!status.ok() && it->first > batch_start);
+        ready.emplace_back(std::move(it->second), failed ? (failure_.ok() ? status : failure_) : absl::OkStatus());
+        it = waiters_.erase(it);
       }
       if (failure_.ok() && !pending_.empty()) next = TakeBatchLocked();
     }
@@ -191,7 +189,9 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
   int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_end_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<int64_t, Promise<Unit>>> waiters_ ABSL_GUARDED_BY(mu_);
+  // By the item number they wait for: a batch's acknowledgement releases a prefix, whatever
+  // order they were asked for in (thousands wait while a fast caller runs ahead).
+  std::multimap<int64_t, Promise<Unit>> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

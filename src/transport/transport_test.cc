@@ -93,8 +93,8 @@ TEST(OrderedBatchQueueTest, AFlushThroughAnItemIgnoresLaterItems) {
   const int64_t second = queue->Push(2);  // waits for the first batch
   EXPECT_EQ(first, 1);
   EXPECT_EQ(second, 2);
+  Future<Unit> all = queue->Flushed();  // asked first, released last
   Future<Unit> through_first = queue->FlushedThrough(first);
-  Future<Unit> all = queue->Flushed();
   EXPECT_FALSE(through_first.IsReady());
   Promise<Unit> answer;
   {
