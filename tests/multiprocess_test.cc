@@ -335,7 +335,8 @@ TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgai
 // refuses that client from then on (it would take down the next host the same way) and collects
 // what it held, and the cluster serves another client's job on the other worker. With a token
 // per tenant (--tenants), the client's whole tenant is refused: its other clients, and any it
-// connects anew, which would run the same program on the next host.
+// connects anew, which would run the same program on the next host; and the refusal outlives a
+// restart of the controller.
 TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServesOn) {
   const std::string tenants = ::testing::TempDir() + "/pathways_stuck_tenants";
   const std::string spinner_token = "spinner-0123456789abcdef", other_token = "other-0123456789abcdef";
@@ -449,6 +450,31 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   if (anew.ok()) anew->reset();
   sibling->reset();
   client->reset();
+
+  // A controller restarted within the hour refuses the tenant still: the worker names the
+  // refusal as it registers again (before, the restart forgave the tenant).
+  controller.Stop(SIGKILL);
+  auto restarted = StartController(controller, with_guard({PATHWAYS_BINARY, "controller", "--listen", *address,
+                                                           "--heartbeat-timeout-ms", "5000", "--client-timeout-ms",
+                                                           "1000"}));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  std::string after;
+  for (int i = 0; i < 300 && after.find("tenant refused: spinner") == std::string::npos; ++i) {
+    if (i > 0) absl::SleepFor(absl::Milliseconds(100));  // until the worker's next heartbeat; 30 s at most
+    after = RunCommand({PATHWAYS_BINARY, "status", "--controller", *address, "--token", other_token},
+                       absl::Seconds(30))
+                .value_or("");
+  }
+  EXPECT_NE(after.find("tenant refused: spinner: its client "), std::string::npos) << after;
+  auto returning = Client::Connect(*address, {.token = spinner_token});
+  absl::Status still = returning.ok() ? (*returning)->CreateSlice({.mesh_shape = {2}}).status() : returning.status();
+  EXPECT_EQ(still.code(), absl::StatusCode::kFailedPrecondition) << still;
+  EXPECT_NE(still.message().find("refuses tenant spinner"), std::string::npos) << still;
+  auto later = Client::Connect(*address, {.token = other_token});
+  ASSERT_TRUE(later.ok()) << later.status();
+  ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**later));
+  later->reset();
+  if (returning.ok()) returning->reset();
   EXPECT_EQ(other.Stop(SIGTERM), 0);
   EXPECT_EQ(controller.Stop(SIGTERM), 0);
 }

@@ -38,8 +38,9 @@ void ClientLeases::Refuse(const std::string& client, std::string reason, absl::T
   if (of == tenant_of_.end()) return;
   const std::string tenant = of->second;
   // Shown to every tenant by `status`: the client by its label only.
-  refused_tenants_[tenant] =
-      Refusal{absl::StrCat("its client ", ClientLabel(client), " was refused: ", reason), now + refuse_for_};
+  refused_tenants_.Add({tenant, absl::StrCat("its client ", ClientLabel(client), " was refused: ", reason),
+                        now + refuse_for_},
+                       now);
   for (const auto& [other, its_tenant] : tenant_of_) {
     if (its_tenant != tenant) continue;
     auto l = leases_.find(other);
@@ -47,27 +48,19 @@ void ClientLeases::Refuse(const std::string& client, std::string reason, absl::T
   }
 }
 
-absl::Status ClientLeases::TenantRefusedLocked(const std::string& tenant, absl::Time now) {
-  if (tenant.empty()) return absl::OkStatus();
-  auto it = refused_tenants_.find(tenant);
-  if (it == refused_tenants_.end()) return absl::OkStatus();
-  if (now > it->second.until) {
-    refused_tenants_.erase(it);
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("this cluster refuses tenant ", tenant, " until ", absl::FormatTime(it->second.until), ": ",
-                   it->second.reason, "; what its clients held is collected"));
+void ClientLeases::AdoptRefusal(TenantRefusal refusal, absl::Time now) {
+  if (refusal.reason.size() > kMaxReasonBytes) refusal.reason.resize(kMaxReasonBytes);
+  refusal.until = std::min(refusal.until, now + refuse_for_);
+  refused_tenants_.Add(std::move(refusal), now);
 }
 
 absl::Status ClientLeases::CheckTenantNotRefused(const std::string& tenant, absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  return TenantRefusedLocked(tenant, now);
+  return refused_tenants_.Check(tenant, now);
 }
 
 absl::Status ClientLeases::CheckNotRefused(const std::string& client, const std::string& tenant, absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  PW_RETURN_IF_ERROR(TenantRefusedLocked(tenant, now));
+  absl::MutexLock lock(&mu_);  // with Refuse's lock held: a tenant is refused before or after this call
+  PW_RETURN_IF_ERROR(refused_tenants_.Check(tenant, now));
   // Its tenant is known from its first call on (a client id is derived from its credential, so no
   // other tenant's client can take it).
   if (!tenant.empty() && tenant_of_.try_emplace(client, tenant).second) {
@@ -95,15 +88,7 @@ std::string ClientLeases::TenantOf(const std::string& client) {
   return it == tenant_of_.end() ? "" : it->second;
 }
 
-std::vector<std::pair<std::string, std::string>> ClientLeases::RefusedTenants(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::pair<std::string, std::string>> refused;
-  for (const auto& [tenant, r] : refused_tenants_) {
-    if (now <= r.until) refused.emplace_back(tenant, r.reason);
-  }
-  std::sort(refused.begin(), refused.end());
-  return refused;
-}
+std::vector<TenantRefusal> ClientLeases::RefusedTenants(absl::Time now) { return refused_tenants_.InForce(now); }
 
 int64_t ClientLeases::Live(absl::Time now) {
   absl::MutexLock lock(&mu_);

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "transport/tenant_tokens.h"
 
 namespace pathways {
 
@@ -46,8 +47,14 @@ class ClientLeases {
   absl::Status CheckTenantNotRefused(const std::string& tenant, absl::Time now);
   // The named tenant `client` acts for, as far as its calls said; "" none.
   std::string TenantOf(const std::string& client);
-  // Each tenant refused at `now` and why, by name.
-  std::vector<std::pair<std::string, std::string>> RefusedTenants(absl::Time now);
+  // Each tenant refused at `now`, why and until when, by name.
+  std::vector<TenantRefusal> RefusedTenants(absl::Time now);
+  // A refusal a host names as it registers (it heard of it from this controller's last
+  // incarnation): refused as by Refuse, for what is left of it, at most `refuse_for`, with the
+  // reason at most kMaxReasonBytes. The tenant's clients are not known here after a restart:
+  // their calls are refused from now on, which lets their leases lapse.
+  void AdoptRefusal(TenantRefusal refusal, absl::Time now);
+  static constexpr size_t kMaxReasonBytes = 4096;
   // Clients that departed since the last call (each is returned once).
   std::vector<std::string> TakeDeparted(absl::Time now);
   // Clients whose lease holds at `now`.
@@ -60,11 +67,6 @@ class ClientLeases {
     bool taken = false;
     std::string refused;  // why its calls are refused; empty: they are not
   };
-  struct Refusal {
-    std::string reason;
-    absl::Time until;
-  };
-  absl::Status TenantRefusedLocked(const std::string& tenant, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetTenantsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Clients' tenants are remembered this long after their first call, and this many at most
   // (oldest forgotten first), well past any computation timeout a host reports after.
@@ -75,7 +77,7 @@ class ClientLeases {
   const absl::Duration refuse_for_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Refusal> refused_tenants_ ABSL_GUARDED_BY(mu_);
+  ::pathways::RefusedTenants refused_tenants_;  // its own lock (the class; RefusedTenants() above is a method)
   absl::flat_hash_map<std::string, std::string> tenant_of_ ABSL_GUARDED_BY(mu_);  // client: named tenant
   std::deque<std::pair<absl::Time, std::string>> tenant_order_ ABSL_GUARDED_BY(mu_);  // first call, client
 };

@@ -111,5 +111,26 @@ TEST(ClientLeasesTest, AClientThatLeftBeforeItsRefusalStillTakesItsTenantWithIt)
   EXPECT_NE(refused.message().find("refuses tenant mallory"), std::string::npos) << refused;
 }
 
+// A controller that restarted hears of a refusal from a host that registers again: the tenant is
+// refused for what is left of it, never longer than this controller refuses for, with the reason
+// bounded.
+TEST(ClientLeasesTest, ARefusalAHostNamesIsAdoptedForWhatIsLeftOfItAtMostTheRefusalTime) {
+  ClientLeases leases(absl::Seconds(3), absl::Seconds(60), absl::Hours(1));
+  const absl::Time t = absl::UnixEpoch();
+  leases.AdoptRefusal({"mallory", "its client c was refused: 'spin' held device 0", t + absl::Minutes(20)}, t);
+  const absl::Status refused = leases.CheckNotRefused("newcomer", "mallory", t + absl::Minutes(19));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("'spin' held device 0"), std::string::npos) << refused;
+  EXPECT_TRUE(leases.CheckNotRefused("newcomer", "mallory", t + absl::Minutes(21)).ok());
+  EXPECT_TRUE(leases.CheckNotRefused("other", "alice", t + absl::Minutes(1)).ok());
+
+  leases.AdoptRefusal({"eve", std::string(100000, 'x'), t + absl::Hours(100)}, t);
+  const std::vector<TenantRefusal> in_force = leases.RefusedTenants(t + absl::Minutes(59));
+  ASSERT_EQ(in_force.size(), 1u);
+  EXPECT_EQ(in_force[0].tenant, "eve");
+  EXPECT_EQ(in_force[0].until, t + absl::Hours(1));
+  EXPECT_EQ(in_force[0].reason.size(), ClientLeases::kMaxReasonBytes);
+}
+
 }  // namespace
 }  // namespace pathways

@@ -213,6 +213,10 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
         controller_.clients_.Adopt(client, now);
         registry_.NoteClientOnHost(client, request->address());
       }
+      // Tenants it refuses, as this controller's last incarnation told it (it restarted).
+      for (int i = 0; i < request->refusals_size() && i < static_cast<int>(RefusedTenants::kMax); ++i) {
+        controller_.clients_.AdoptRefusal(FromProto(request->refusals(i), now), now);
+      }
     }
     return status;
   }
@@ -240,7 +244,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       }
     }
     response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft);
-    for (auto& [tenant, why] : controller_.clients_.RefusedTenants(now)) response->add_refused_tenants(std::move(tenant));
+    for (const TenantRefusal& r : controller_.clients_.RefusedTenants(now)) *response->add_refusals() = ToProto(r, now);
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }
@@ -365,7 +369,9 @@ rpc::ClusterStatus Controller::Status() {
       c.set_client_id(ClientLabel(c.client_id()));
     }
   }
-  for (const auto& [tenant, why] : clients_.RefusedTenants(now)) status.add_refused_tenants(absl::StrCat(tenant, ": ", why));
+  for (const TenantRefusal& r : clients_.RefusedTenants(now)) {
+    status.add_refused_tenants(absl::StrCat(r.tenant, ": ", r.reason, " (until ", absl::FormatTime(r.until), ")"));
+  }
   return status;
 }
 

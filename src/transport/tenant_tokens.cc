@@ -1,5 +1,6 @@
 #include "transport/tenant_tokens.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "core/status_macros.h"
 #include "openssl/crypto.h"
 #include "openssl/sha.h"
+#include "proto/pathways.pb.h"
 #include "transport/auth.h"
 
 namespace pathways {
@@ -134,17 +136,67 @@ absl::StatusOr<std::string> TenantTokens::TenantOf(std::string_view sent) const 
   return absl::UnauthenticatedError("the token sent is not this cluster's");
 }
 
-void RefusedTenants::Set(absl::flat_hash_set<std::string> names) {
-  absl::MutexLock lock(&mu_);
-  names_ = std::move(names);
+rpc::TenantRefusal ToProto(const TenantRefusal& refusal, absl::Time now) {
+  rpc::TenantRefusal proto;
+  proto.set_tenant(refusal.tenant);
+  proto.set_reason(refusal.reason);
+  proto.set_remaining_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(refusal.until - now)));
+  return proto;
 }
 
-absl::Status RefusedTenants::Check(const std::string& tenant) const {
+TenantRefusal FromProto(const rpc::TenantRefusal& refusal, absl::Time now) {
+  return {refusal.tenant(), refusal.reason(), now + absl::Milliseconds(std::max<int64_t>(0, refusal.remaining_ms()))};
+}
+
+void RefusedTenants::Set(std::vector<TenantRefusal> refusals) {
+  absl::MutexLock lock(&mu_);
+  refusals_.clear();
+  for (TenantRefusal& r : refusals) {
+    if (!r.tenant.empty()) refusals_[r.tenant] = std::move(r);
+  }
+  TrimLocked(absl::Now());
+}
+
+void RefusedTenants::Add(TenantRefusal refusal, absl::Time now) {
+  if (refusal.tenant.empty() || refusal.until < now) return;
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = refusals_.try_emplace(refusal.tenant, refusal);
+  if (!added && it->second.until < refusal.until) it->second = std::move(refusal);
+  TrimLocked(now);
+}
+
+void RefusedTenants::TrimLocked(absl::Time now) {
+  if (refusals_.size() <= kMax) return;
+  absl::erase_if(refusals_, [now](const auto& entry) { return entry.second.until < now; });
+  while (refusals_.size() > kMax) {
+    auto soonest = std::min_element(refusals_.begin(), refusals_.end(), [](const auto& a, const auto& b) {
+      return a.second.until < b.second.until;
+    });
+    refusals_.erase(soonest);
+  }
+}
+
+absl::Status RefusedTenants::Check(const std::string& tenant, absl::Time now) const {
   if (tenant.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  if (!names_.contains(tenant)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("this cluster refuses tenant ", tenant,
-                                                    " (its controller says why: `pathways status`)"));
+  auto it = refusals_.find(tenant);
+  if (it == refusals_.end() || it->second.until < now) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("this cluster refuses tenant ", tenant, " until ",
+                                                    absl::FormatTime(it->second.until), ": ", it->second.reason,
+                                                    "; what its clients held is collected"));
+}
+
+std::vector<TenantRefusal> RefusedTenants::InForce(absl::Time now) const {
+  std::vector<TenantRefusal> in_force;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [tenant, r] : refusals_) {
+      if (r.until >= now) in_force.push_back(r);
+    }
+  }
+  std::sort(in_force.begin(), in_force.end(),
+            [](const TenantRefusal& a, const TenantRefusal& b) { return a.tenant < b.tenant; });
+  return in_force;
 }
 
 }  // namespace pathways

@@ -17,9 +17,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace pathways {
 
@@ -66,17 +67,44 @@ class TenantTokens {
   std::shared_ptr<const std::vector<Named>> named_;
 };
 
-// The named tenants a cluster refuses now, as a worker hears of them from the controller (with
-// its heartbeats). Thread-safe.
+namespace rpc {
+class TenantRefusal;
+}
+
+// A named tenant the cluster refuses until a time, and why.
+struct TenantRefusal {
+  std::string tenant;
+  std::string reason;
+  absl::Time until;
+};
+
+// On the wire a refusal carries how long it has left (hosts' clocks need not agree); `now` is the
+// sender's, then the receiver's.
+rpc::TenantRefusal ToProto(const TenantRefusal& refusal, absl::Time now);
+TenantRefusal FromProto(const rpc::TenantRefusal& refusal, absl::Time now);
+
+// The named tenants a cluster refuses, each until its time: the controller's record, and a
+// worker's copy of it (from the controller's heartbeat answers), which the worker hands to a
+// controller that restarted when it registers again, so that a refusal outlives the restart.
+// Thread-safe.
 class RefusedTenants {
  public:
-  void Set(absl::flat_hash_set<std::string> names) ABSL_LOCKS_EXCLUDED(mu_);
-  // OK, or FailedPrecondition naming `tenant` ("" is never refused).
-  absl::Status Check(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+  // At most this many are kept: past it, refusals that end soonest make room.
+  static constexpr size_t kMax = 4096;
+
+  // Replaces every refusal.
+  void Set(std::vector<TenantRefusal> refusals) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds `refusal`; one of the same tenant in force already ends at the later of the two times.
+  void Add(TenantRefusal refusal, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // OK, or FailedPrecondition naming `tenant`, until when and why ("" is never refused).
+  absl::Status Check(const std::string& tenant, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The refusals in force at `now`, by tenant name.
+  std::vector<TenantRefusal> InForce(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  void TrimLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
-  absl::flat_hash_set<std::string> names_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, TenantRefusal> refusals_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways

@@ -2,7 +2,9 @@
 
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proto/pathways.pb.h"
 
 namespace pathways {
 namespace {
@@ -98,6 +100,54 @@ TEST(TenantTokensTest, LoadsAFileAndRefusesOneItCannotReadOrWithoutAClusterToken
   EXPECT_EQ(TenantTokens::Load("shared-0123456789abcdef", path, "shared-0123456789abcdef").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(TenantTokens::Load("t", "", "").ok());  // no file: the shared token alone
+}
+
+// A worker's copy of the controller's refusals: each ends at its own time, says why, and travels
+// as time left (hosts' clocks need not agree).
+TEST(RefusedTenantsTest, ARefusalEndsAtItsTimeSaysWhyAndTravelsAsTimeLeft) {
+  const absl::Time t = absl::FromUnixSeconds(1'000'000);
+  RefusedTenants refused;
+  refused.Add({"mallory", "its client c was refused: 'spin' held device 0", t + absl::Hours(1)}, t);
+  refused.Add({"", "the shared token's clients are no tenant", t + absl::Hours(1)}, t);
+  EXPECT_TRUE(refused.Check("alice", t).ok());
+  EXPECT_TRUE(refused.Check("", t).ok());
+  const absl::Status no = refused.Check("mallory", t + absl::Minutes(59));
+  EXPECT_EQ(no.code(), absl::StatusCode::kFailedPrecondition) << no;
+  EXPECT_NE(no.message().find("refuses tenant mallory until "), std::string::npos) << no;
+  EXPECT_NE(no.message().find("'spin' held device 0"), std::string::npos) << no;
+  EXPECT_TRUE(refused.Check("mallory", t + absl::Minutes(61)).ok());
+  // A shorter refusal of the same tenant does not shorten it; a longer one lengthens it.
+  refused.Add({"mallory", "again", t + absl::Minutes(5)}, t);
+  EXPECT_FALSE(refused.Check("mallory", t + absl::Minutes(59)).ok());
+  refused.Add({"mallory", "again, longer", t + absl::Hours(2)}, t);
+  ASSERT_EQ(refused.InForce(t + absl::Minutes(90)).size(), 1u);
+  EXPECT_EQ(refused.InForce(t + absl::Minutes(90))[0].reason, "again, longer");
+  EXPECT_TRUE(refused.InForce(t + absl::Hours(3)).empty());
+
+  // Sent at t with 40 minutes left; received by a host whose clock reads another time.
+  const TenantRefusal sent{"mallory", "why", t + absl::Minutes(40)};
+  const TenantRefusal got = FromProto(ToProto(sent, t), absl::UnixEpoch());
+  EXPECT_EQ(got.tenant, "mallory");
+  EXPECT_EQ(got.reason, "why");
+  EXPECT_EQ(got.until, absl::UnixEpoch() + absl::Minutes(40));
+  EXPECT_EQ(FromProto(ToProto(sent, t + absl::Hours(1)), t).until, t);  // ended: nothing left
+
+  // Set replaces every refusal.
+  refused.Set({{"eve", "why", absl::Now() + absl::Hours(1)}});
+  EXPECT_TRUE(refused.Check("mallory", t + absl::Minutes(90)).ok());
+  EXPECT_FALSE(refused.Check("eve", absl::Now()).ok());
+}
+
+// Bounded: past kMax refusals, those that end soonest make room.
+TEST(RefusedTenantsTest, KeepsAtMostKMaxRefusalsDroppingThoseThatEndSoonest) {
+  const absl::Time t = absl::FromUnixSeconds(1'000'000);
+  RefusedTenants refused;
+  for (size_t i = 0; i <= RefusedTenants::kMax; ++i) {
+    refused.Add({absl::StrCat("tenant", i), "why", t + absl::Minutes(10) + absl::Seconds(static_cast<int64_t>(i))}, t);
+  }
+  EXPECT_EQ(refused.InForce(t).size(), RefusedTenants::kMax);
+  EXPECT_TRUE(refused.Check("tenant0", t).ok());  // it ended soonest
+  EXPECT_FALSE(refused.Check(absl::StrCat("tenant", RefusedTenants::kMax), t).ok());
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ absl::Status Worker::Start() {
           return runtime->KeepStaged(request, std::move(buffer));
         },
         .enqueue = [runtime](const rpc::EnqueueRequest& request) { return runtime->Enqueue(request); },
-        .refused = [this](const std::string& tenant) { return refused_tenants_.Check(tenant); }};
+        .refused = [this](const std::string& tenant) { return refused_tenants_.Check(tenant, absl::Now()); }};
     // The same port takes other hosts' (and the controller's) dataflow batches.
     std::vector<StreamListener::Protocol> more;
     if (PlainControlStreams()) more.push_back(dataflow_service_.StreamProtocol());
@@ -193,6 +193,8 @@ rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
   request.set_island(options_.island);
   request.set_incarnation(incarnation_);
   for (std::string& client : runtime_->HeldClients()) request.add_clients(std::move(client));
+  const absl::Time now = absl::Now();
+  for (const TenantRefusal& r : refused_tenants_.InForce(now)) *request.add_refusals() = ToProto(r, now);
   DescribeDevices(request.mutable_devices());
   return request;
 }
@@ -265,7 +267,14 @@ void Worker::HeartbeatLoop() {
     } else {
       named_clients_ = {held.begin(), held.end()};  // those it no longer holds are forgotten too
     }
-    refused_tenants_.Set({response->refused_tenants().begin(), response->refused_tenants().end()});
+    // What a controller that knows this host refuses (one that restarted learns it back as the
+    // host registers again, so a host that it does not know keeps its own).
+    if (response->registered()) {
+      const absl::Time now = absl::Now();
+      std::vector<TenantRefusal> refusals;
+      for (const rpc::TenantRefusal& r : response->refusals()) refusals.push_back(FromProto(r, now));
+      refused_tenants_.Set(std::move(refusals));
+    }
     absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
     if (int failed = runtime_->store().SetDepartedHosts(std::move(departed)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";

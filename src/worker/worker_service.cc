@@ -54,7 +54,7 @@ grpc::ServerUnaryReactor* WorkerService::Serve(grpc::CallbackServerContext* cont
     s = CheckCallToken(*context, cluster_token_);
   } else {
     absl::StatusOr<std::string> tenant = CallTenant(*context, token_, cluster_token_);
-    s = !tenant.ok() ? tenant.status() : refused_ != nullptr ? refused_->Check(*tenant) : absl::OkStatus();
+    s = !tenant.ok() ? tenant.status() : refused_ != nullptr ? refused_->Check(*tenant, absl::Now()) : absl::OkStatus();
   }
   if (!s.ok()) {
     reactor->Finish(ToGrpc(s));
