@@ -89,12 +89,21 @@ TEST_F(MultiProcessTest, ClientsOfOneProcessShowTheirOwnClustersTokens) {
   auto open = Client::Connect(address_);
   ASSERT_TRUE(open.ok()) << open.status();
   // Interleaved: each client's calls carry its own token (`open` shows the process's wrong one,
-  // which the fixture's cluster, requiring none, ignores). A wrong token on a stream alone would
-  // not fail these jobs: a refused stream falls back to gRPC.
+  // which the fixture's cluster, requiring none, ignores).
+  ClientStats after_first;
   for (int round = 0; round < 2; ++round) {
     ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**guarded));
     ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**open));
+    if (round == 0) after_first = (*guarded)->stats();
   }
+  // Its streams carry its token too: a schedule stream the controller refused would make the
+  // requests go as unary calls, without failing them. Once its streams are made (in the first
+  // job), the second job's schedule requests, op batches and fetches all go over them.
+  const ClientStats after_second = (*guarded)->stats();
+  EXPECT_GT(after_second.schedule_requests_streamed, after_first.schedule_requests_streamed);
+  EXPECT_EQ(after_second.schedule_requests_unary, after_first.schedule_requests_unary);
+  EXPECT_GT(after_second.worker_requests_streamed, after_first.worker_requests_streamed);
+  EXPECT_EQ(after_second.worker_requests_grpc, after_first.worker_requests_grpc);
   // The process's token was never changed: a client without a token of its own is refused there.
   auto unguarded = Client::Connect(address);
   EXPECT_EQ(unguarded.status().code(), absl::StatusCode::kUnauthenticated) << unguarded.status();

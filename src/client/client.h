@@ -60,6 +60,15 @@ struct ClientStats {
   int64_t run_op_bytes_sent = 0;
   int64_t lowerings = 0;  // programs lowered (not found in the lowering cache)
   int64_t staged_put_bytes = 0;  // put bytes that went ahead over data streams, not with their ops
+  // Schedule requests (batches of runs) over the schedule stream, and as unary gRPC calls (before
+  // the stream is made, with TLS, or when the controller refused the stream).
+  int64_t schedule_requests_streamed = 0;
+  int64_t schedule_requests_unary = 0;
+  // Op batches and fetches to this client's hosts over their data streams, and through gRPC
+  // (none known yet or idle, or refused there). Counted per worker address and token: clients of
+  // one process that show the same token count together.
+  int64_t worker_requests_streamed = 0;
+  int64_t worker_requests_grpc = 0;
 };
 
 // A request for devices: a 1-, 2- or 3-D mesh, optionally pinned to one island.

@@ -143,9 +143,19 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // OpByOp calls run as one-node programs, traced once per (function, slice).
   absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
 
-  ClientStats stats() const {
-    return {ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
-            lowerings_.load(), staged_put_bytes_.load()};
+  ClientStats stats() {
+    ClientStats stats{ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
+                      lowerings_.load(), staged_put_bytes_.load()};
+    const ControllerClient::ScheduleCounts schedules = controller_->schedule_counts();
+    stats.schedule_requests_streamed = schedules.streamed;
+    stats.schedule_requests_unary = schedules.unary;
+    absl::MutexLock lock(&mu_);
+    for (const auto& [address, q] : queues_) {
+      const WorkerClient::PathCounts paths = worker(address)->path_counts();
+      stats.worker_requests_streamed += paths.streamed;
+      stats.worker_requests_grpc += paths.grpc;
+    }
+    return stats;
   }
   void CountLowering() { lowerings_.fetch_add(1); }
 

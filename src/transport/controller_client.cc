@@ -235,8 +235,10 @@ void ControllerClient::ConnectScheduleStream() {
 
 Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
   if (std::shared_ptr<ScheduleStream> stream = CurrentScheduleStream(); stream != nullptr) {
+    schedules_streamed_.fetch_add(1, std::memory_order_relaxed);
     return stream->Schedule(r);
   }
+  schedules_unary_.fetch_add(1, std::memory_order_relaxed);
   return AsyncUnaryCall<rpc::ScheduleResponse>(
              absl::StrCat("Schedule on controller ", address_), token_, r, absl::InfiniteDuration(),
              [this](auto* ctx, auto* req, auto* resp, auto done) {

@@ -1,6 +1,7 @@
 // Blocking calls to the controller. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,12 @@ class ControllerClient {
   // (transport/schedule_stream.h) when it has one, else (TLS is on, no stream could be made) as
   // unary calls. A stream that breaks is made again for the next request.
   void PreferScheduleStream();
+  // Schedule requests sent so far over the schedule stream, and as unary calls (no stream yet,
+  // TLS, or the stream was refused: see PreferScheduleStream).
+  struct ScheduleCounts {
+    int64_t streamed = 0, unary = 0;
+  };
+  ScheduleCounts schedule_counts() const { return {schedules_streamed_.load(), schedules_unary_.load()}; }
   // Renews the client's lease (or ends it, with `goodbye`); returns the interval to renew at.
   absl::StatusOr<absl::Duration> ClientHeartbeat(const ClientIdentity& client, bool goodbye);
   absl::Status RendezvousSet(const std::string& key, const std::string& value);
@@ -57,6 +64,7 @@ class ControllerClient {
   const std::optional<std::string> token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Controller::Stub> stub_;
+  std::atomic<int64_t> schedules_streamed_{0}, schedules_unary_{0};
   absl::Mutex stream_mu_;
   bool prefer_stream_ ABSL_GUARDED_BY(stream_mu_) = false;
   bool no_stream_ ABSL_GUARDED_BY(stream_mu_) = false;  // the controller offers none: unary for good

@@ -73,7 +73,10 @@ std::shared_ptr<DataStreamClient> NewStream(const std::string& address, int port
 template <typename T>
 Future<T> WorkerClient::StreamElseGrpc(const std::shared_ptr<DataStreamClient>& s,
                                        std::optional<Future<T>> streamed, std::function<Future<T>()> grpc) {
-  if (!streamed.has_value()) return grpc();  // no stream, or every connection is busy
+  if (!streamed.has_value()) {  // no stream, or every connection is busy
+    through_grpc_.fetch_add(1, std::memory_order_relaxed);
+    return grpc();
+  }
   // One the worker never served goes through gRPC. A stream that cannot be dialed may belong to
   // an earlier worker process at this address (one that restarted has another port): the worker
   // is asked again, and the stream rests meanwhile.
@@ -81,9 +84,11 @@ Future<T> WorkerClient::StreamElseGrpc(const std::shared_ptr<DataStreamClient>& 
   Future<T> result = promise.future();
   streamed->OnReady([this, s, grpc = std::move(grpc), promise = std::move(promise)](const absl::StatusOr<T>& r) mutable {
     if (r.ok() || DataStreamClient::WhyNotSent(r.status()) == DataStreamClient::NotSentReason::kSent) {
+      streamed_.fetch_add(1, std::memory_order_relaxed);
       promise.Set(r);
       return;
     }
+    through_grpc_.fetch_add(1, std::memory_order_relaxed);
     NoteStreamFailure(s, r.status());
     grpc().OnReady([promise = std::move(promise)](const absl::StatusOr<T>& g) mutable { promise.Set(g); });
   });

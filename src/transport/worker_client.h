@@ -3,6 +3,7 @@
 // moves through the sharded dataflow engine (src/dataflow).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -51,6 +52,12 @@ class WorkerClient {
   // with the op through gRPC.
   Future<Unit> Stage(const rpc::StageRequest& request, std::shared_ptr<const std::string> bytes);
   Future<rpc::GetTraceResponse> GetTrace(const rpc::GetTraceRequest& request);
+  // Op batches and fetches answered over the data stream, and those sent through gRPC (no stream
+  // known or idle, or the worker never served them on it), since this WorkerClient was made.
+  struct PathCounts {
+    int64_t streamed = 0, grpc = 0;
+  };
+  PathCounts path_counts() const { return {streamed_.load(), through_grpc_.load()}; }
 
  private:
 
@@ -77,6 +84,7 @@ class WorkerClient {
   const std::optional<std::string> token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Worker::Stub> stub_;
+  std::atomic<int64_t> streamed_{0}, through_grpc_{0};
   absl::Mutex stream_mu_;
   std::shared_ptr<DataStreamClient> stream_ ABSL_GUARDED_BY(stream_mu_);  // null: none known
   int stream_port_ ABSL_GUARDED_BY(stream_mu_) = 0;
