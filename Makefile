@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compi
   pybind11-dev python3-dev python3-torch python3-pytest python3-yaml libcpp-httplib-dev pkg-config \
   libgoogle-perftools-dev
 
-.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot install-packages build test demo install package check-package bench collective-bench fuzz sanitize sanitize-thread clean
+.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot deps-slurm install-packages build test demo install package check-package check-slurm bench collective-bench fuzz sanitize sanitize-thread clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -34,6 +34,11 @@ deps-bench: deps
 # `make test` skips, saying so, without it. Never a dependency of `make test`.
 deps-browser:
 	@$(MAKE) install-packages PACKAGES="chromium"
+
+# Slurm's daemons and commands and munge, for deploy/slurm/check_local.sh (`make check-slurm`).
+# Never a dependency of `make test`.
+deps-slurm:
+	@$(MAKE) install-packages PACKAGES="slurmctld slurmd slurm-client munge"
 
 # What tools/plot_trace.py and tools/plot_multitenancy.py draw with. Never a dependency of `make test`.
 deps-plot:
@@ -82,6 +87,13 @@ package: build
 check-package: package
 	@$(MAKE) install-packages PACKAGES="debootstrap"
 	deploy/clean_debian_check.sh $(BUILD_DIR)
+
+# deploy/slurm/pathways.sbatch run by a Slurm cluster made on this machine: slurmctld and a
+# slurmd per node, each node in a network namespace of its own (root; about 15 s). SLURM_NODES
+# sets how many.
+SLURM_NODES ?= 2
+check-slurm: build deps-slurm
+	deploy/slurm/check_local.sh $(BUILD_DIR) $(SLURM_NODES)
 
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench
