@@ -375,6 +375,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--repeats must be between 1 and 50\n");
     return 2;
   }
+  if (flags->Has("work") && flags->Has("steps")) {
+    std::fprintf(stderr, "--steps is for this runtime's forms alone; Figure 6 (--work) sets its steps by the work\n");
+    return 2;
+  }
   if (flags->Has("work")) {
     std::vector<int> work;
     for (absl::string_view w : absl::StrSplit(flags->Get("work"), ',')) {

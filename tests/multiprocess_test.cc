@@ -460,7 +460,7 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   std::string after;
   for (int i = 0; i < 300 && after.find("tenant refused: spinner") == std::string::npos; ++i) {
-    if (i > 0) absl::SleepFor(absl::Milliseconds(100));  // until the worker's next heartbeat; 30 s at most
+    if (i > 0) absl::SleepFor(absl::Milliseconds(100));  // until the worker's next heartbeat, about a second
     after = RunCommand({PATHWAYS_BINARY, "status", "--controller", *address, "--token", other_token},
                        absl::Seconds(30))
                 .value_or("");

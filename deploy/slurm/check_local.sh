@@ -28,9 +28,16 @@ chmod 755 "$dir"
 pids=()
 spaces=()
 cleanup() {
+  # The job's steps first (a check cut short leaves them running), then the daemons, then
+  # whatever is still in a namespace (slurmstepd, the job's own processes).
+  [ -e "$dir/slurm.conf" ] && ip netns exec "${prefix}ctl" scancel --full --quiet --user root 2>/dev/null || true
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  for ns in "${spaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; rm -rf "/etc/netns/$ns"; done
+  for ns in "${spaces[@]}"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "/etc/netns/$ns"
+  done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -133,7 +140,8 @@ fi
 echo "Slurm: $NODES nodes idle ($(on_ctl sinfo -h -N -o '%N %T' | tr '\n' ' '))"
 
 status=0
-on_ctl sbatch --wait --nodes "$NODES" --output "$dir/job.out" \
+# At most 10 minutes: a job that hangs fails the check instead of holding it.
+on_ctl timeout 660 sbatch --wait --time 10 --nodes "$NODES" --output "$dir/job.out" \
   --export "ALL,PATHWAYS=$PATHWAYS_BIN,DEVICES=2" "$HERE/pathways.sbatch" || status=$?
 echo "--- job output (sbatch exit status $status) ---"
 cat "$dir/job.out" 2>/dev/null || true

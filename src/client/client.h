@@ -65,8 +65,7 @@ struct ClientStats {
   int64_t schedule_requests_streamed = 0;
   int64_t schedule_requests_unary = 0;
   // Op batches and fetches to this client's hosts over their data streams, and through gRPC
-  // (none known yet or idle, or refused there). Counted per worker address and token: clients of
-  // one process that show the same token count together.
+  // (none known yet or idle, or not served there), counted once the way is settled.
   int64_t worker_requests_streamed = 0;
   int64_t worker_requests_grpc = 0;
 };

@@ -49,6 +49,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Holds the client's lease with the controller while the core lives (a thread renews it).
   // Fails if the controller cannot be reached.
   absl::Status StartLease();
+  const std::shared_ptr<RequestPaths>& request_paths() const { return request_paths_; }
   std::shared_ptr<WorkerClient> worker(const std::string& address) {
     return WorkerClientCache::Global().Get(address, options_.token);
   }
@@ -68,7 +69,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       if (broken.size() >= kBreaksKept) broken.erase(broken.begin());  // sessions are random: any one goes
       broken[q->session()] = std::move(why);
     }
-    if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), identity_);
+    if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), identity_, request_paths_);
     return q;
   }
   // Why the sequence `session` of ops to `address` broke; OK if that is not known (it did not,
@@ -143,18 +144,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // OpByOp calls run as one-node programs, traced once per (function, slice).
   absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
 
-  ClientStats stats() {
+  ClientStats stats() const {
     ClientStats stats{ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
                       lowerings_.load(), staged_put_bytes_.load()};
     const ControllerClient::ScheduleCounts schedules = controller_->schedule_counts();
     stats.schedule_requests_streamed = schedules.streamed;
     stats.schedule_requests_unary = schedules.unary;
-    absl::MutexLock lock(&mu_);
-    for (const auto& [address, q] : queues_) {
-      const WorkerClient::PathCounts paths = worker(address)->path_counts();
-      stats.worker_requests_streamed += paths.streamed;
-      stats.worker_requests_grpc += paths.grpc;
-    }
+    stats.worker_requests_streamed = request_paths_->streamed.load();
+    stats.worker_requests_grpc = request_paths_->grpc.load();
     return stats;
   }
   void CountLowering() { lowerings_.fetch_add(1); }
@@ -176,6 +173,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   const ClientIdentity identity_;
   const ClientOptions options_;
   std::shared_ptr<ControllerClient> controller_;  // shared with calls in flight
+  // How this client's op batches and fetches went to workers; shared with requests in flight.
+  const std::shared_ptr<RequestPaths> request_paths_ = std::make_shared<RequestPaths>();
   absl::Notification lease_stop_;
   std::thread lease_thread_;
   IdGenerator<ArrayId> array_ids_;

@@ -48,7 +48,9 @@ Future<FetchedShards> FetchFromHost(ClientCore& core, const std::string& host, s
   request.set_after_seq(at->seq);
   request.set_session(at->session);
   return queue->FlushedThrough(at->seq).FlatThen(
-      [worker, request = std::move(request), max_bytes](const Unit&) { return worker->Fetch(request, max_bytes); });
+      [worker, request = std::move(request), max_bytes, paths = core.request_paths()](const Unit&) {
+        return worker->Fetch(request, max_bytes, paths);
+      });
 }
 
 // The distinct shards of an array that a full read needs, fetched from their hosts.

@@ -36,22 +36,28 @@ void ClientLeases::Refuse(const std::string& client, std::string reason, absl::T
   // a computation that never ended).
   auto of = tenant_of_.find(client);
   if (of == tenant_of_.end()) return;
-  const std::string tenant = of->second;
   // Shown to every tenant by `status`: the client by its label only.
-  refused_tenants_.Add({tenant, absl::StrCat("its client ", ClientLabel(client), " was refused: ", reason),
-                        now + refuse_for_},
-                       now);
+  RefuseTenantLocked({of->second, absl::StrCat("its client ", ClientLabel(client), " was refused: ", reason),
+                      now + refuse_for_},
+                     now);
+}
+
+void ClientLeases::AdoptRefusal(TenantRefusal refusal, absl::Time now) {
+  refusal.until = std::min(refusal.until, now + refuse_for_);
+  absl::MutexLock lock(&mu_);
+  RefuseTenantLocked(std::move(refusal), now);
+}
+
+void ClientLeases::RefuseTenantLocked(TenantRefusal refusal, absl::Time now) {
+  const std::string tenant = refusal.tenant;
+  refused_tenants_.Add(std::move(refusal), now);
+  if (refused_tenants_.Check(tenant, now).ok()) return;  // not a tenant's name, or already ended
+  // Every client of the tenant departs with it: what they hold is collected.
   for (const auto& [other, its_tenant] : tenant_of_) {
     if (its_tenant != tenant) continue;
     auto l = leases_.find(other);
     if (l != leases_.end() && l->second.departed == absl::InfiniteFuture()) l->second.departed = now;
   }
-}
-
-void ClientLeases::AdoptRefusal(TenantRefusal refusal, absl::Time now) {
-  if (refusal.reason.size() > kMaxReasonBytes) refusal.reason.resize(kMaxReasonBytes);
-  refusal.until = std::min(refusal.until, now + refuse_for_);
-  refused_tenants_.Add(std::move(refusal), now);
 }
 
 absl::Status ClientLeases::CheckTenantNotRefused(const std::string& tenant, absl::Time now) {
@@ -88,7 +94,7 @@ std::string ClientLeases::TenantOf(const std::string& client) {
   return it == tenant_of_.end() ? "" : it->second;
 }
 
-std::vector<TenantRefusal> ClientLeases::RefusedTenants(absl::Time now) { return refused_tenants_.InForce(now); }
+std::vector<TenantRefusal> ClientLeases::TenantRefusals(absl::Time now) { return refused_tenants_.InForce(now); }
 
 int64_t ClientLeases::Live(absl::Time now) {
   absl::MutexLock lock(&mu_);

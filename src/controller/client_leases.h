@@ -48,13 +48,12 @@ class ClientLeases {
   // The named tenant `client` acts for, as far as its calls said; "" none.
   std::string TenantOf(const std::string& client);
   // Each tenant refused at `now`, why and until when, by name.
-  std::vector<TenantRefusal> RefusedTenants(absl::Time now);
+  std::vector<TenantRefusal> TenantRefusals(absl::Time now);
   // A refusal a host names as it registers (it heard of it from this controller's last
-  // incarnation): refused as by Refuse, for what is left of it, at most `refuse_for`, with the
-  // reason at most kMaxReasonBytes. The tenant's clients are not known here after a restart:
-  // their calls are refused from now on, which lets their leases lapse.
+  // incarnation): the tenant is refused as by Refuse, for what is left of it (at most
+  // `refuse_for`), and its clients known here depart. Those not known here (their calls since the
+  // restart name their tenant) are refused from their next call, and their leases lapse.
   void AdoptRefusal(TenantRefusal refusal, absl::Time now);
-  static constexpr size_t kMaxReasonBytes = 4096;
   // Clients that departed since the last call (each is returned once).
   std::vector<std::string> TakeDeparted(absl::Time now);
   // Clients whose lease holds at `now`.
@@ -68,6 +67,8 @@ class ClientLeases {
     std::string refused;  // why its calls are refused; empty: they are not
   };
   void ForgetTenantsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses `refusal.tenant` and departs its clients known here.
+  void RefuseTenantLocked(TenantRefusal refusal, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Clients' tenants are remembered this long after their first call, and this many at most
   // (oldest forgotten first), well past any computation timeout a host reports after.
   static constexpr absl::Duration kRememberTenants = absl::Hours(24);
@@ -77,7 +78,7 @@ class ClientLeases {
   const absl::Duration refuse_for_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
-  ::pathways::RefusedTenants refused_tenants_;  // its own lock (the class; RefusedTenants() above is a method)
+  RefusedTenants refused_tenants_;  // its own lock, taken after mu_
   absl::flat_hash_map<std::string, std::string> tenant_of_ ABSL_GUARDED_BY(mu_);  // client: named tenant
   std::deque<std::pair<absl::Time, std::string>> tenant_order_ ABSL_GUARDED_BY(mu_);  // first call, client
 };

@@ -84,7 +84,7 @@ TEST(ClientLeasesTest, ARefusedClientOfANamedTenantTakesTheTenantWithIt) {
         << refused;
   }
   EXPECT_FALSE(leases.CheckTenantNotRefused("mallory", t + absl::Seconds(2)).ok());
-  EXPECT_EQ(leases.RefusedTenants(t + absl::Seconds(2)).size(), 1u);
+  EXPECT_EQ(leases.TenantRefusals(t + absl::Seconds(2)).size(), 1u);
   EXPECT_TRUE(leases.CheckNotRefused("alice-1", "alice", t + absl::Seconds(2)).ok());
   EXPECT_TRUE(leases.CheckTenantNotRefused("", t + absl::Seconds(2)).ok());
   // A refused client of the shared token is refused alone.
@@ -92,7 +92,7 @@ TEST(ClientLeasesTest, ARefusedClientOfANamedTenantTakesTheTenantWithIt) {
   EXPECT_TRUE(leases.CheckNotRefused("shared-2", "", t + absl::Seconds(3)).ok());
   // The tenant is let in again after the hour.
   EXPECT_TRUE(leases.CheckTenantNotRefused("mallory", t + absl::Minutes(62)).ok());
-  EXPECT_TRUE(leases.RefusedTenants(t + absl::Minutes(62)).empty());
+  EXPECT_TRUE(leases.TenantRefusals(t + absl::Minutes(62)).empty());
 }
 
 // A client's tenant is remembered after its lease is forgotten: a host may report its computation
@@ -113,11 +113,15 @@ TEST(ClientLeasesTest, AClientThatLeftBeforeItsRefusalStillTakesItsTenantWithIt)
 
 // A controller that restarted hears of a refusal from a host that registers again: the tenant is
 // refused for what is left of it, never longer than this controller refuses for, with the reason
-// bounded.
+// bounded, and its clients known here depart.
 TEST(ClientLeasesTest, ARefusalAHostNamesIsAdoptedForWhatIsLeftOfItAtMostTheRefusalTime) {
   ClientLeases leases(absl::Seconds(3), absl::Seconds(60), absl::Hours(1));
   const absl::Time t = absl::UnixEpoch();
+  // A client of the tenant that called since the restart departs with the refusal.
+  ASSERT_TRUE(leases.CheckNotRefused("known", "mallory", t).ok());
+  leases.Renew("known", t);
   leases.AdoptRefusal({"mallory", "its client c was refused: 'spin' held device 0", t + absl::Minutes(20)}, t);
+  EXPECT_EQ(leases.TakeDeparted(t), std::vector<std::string>{"known"});
   const absl::Status refused = leases.CheckNotRefused("newcomer", "mallory", t + absl::Minutes(19));
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_NE(refused.message().find("'spin' held device 0"), std::string::npos) << refused;
@@ -125,11 +129,11 @@ TEST(ClientLeasesTest, ARefusalAHostNamesIsAdoptedForWhatIsLeftOfItAtMostTheRefu
   EXPECT_TRUE(leases.CheckNotRefused("other", "alice", t + absl::Minutes(1)).ok());
 
   leases.AdoptRefusal({"eve", std::string(100000, 'x'), t + absl::Hours(100)}, t);
-  const std::vector<TenantRefusal> in_force = leases.RefusedTenants(t + absl::Minutes(59));
+  const std::vector<TenantRefusal> in_force = leases.TenantRefusals(t + absl::Minutes(59));
   ASSERT_EQ(in_force.size(), 1u);
   EXPECT_EQ(in_force[0].tenant, "eve");
   EXPECT_EQ(in_force[0].until, t + absl::Hours(1));
-  EXPECT_EQ(in_force[0].reason.size(), ClientLeases::kMaxReasonBytes);
+  EXPECT_EQ(in_force[0].reason.size(), RefusedTenants::kMaxReasonBytes);
 }
 
 }  // namespace

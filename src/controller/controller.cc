@@ -203,6 +203,9 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                               rpc::RegisterWorkerResponse* response) override {
     PW_CHECK_CLUSTER_TOKEN(context);
     const absl::Time now = absl::Now();
+    // Tenants it refuses, as this controller's last incarnation told it (it restarted): refused
+    // here before the host can be scheduled on.
+    for (const rpc::TenantRefusal& r : request->refusals()) controller_.clients_.AdoptRefusal(FromProto(r, now), now);
     grpc::Status status = Answer(registry_.RegisterWorker(*request, now), response);
     // Its island's scheduler reaches it from now on.
     if (status.ok()) controller_.UpdateMembers(registry_.LiveHosts(now));
@@ -213,10 +216,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
         controller_.clients_.Adopt(client, now);
         registry_.NoteClientOnHost(client, request->address());
       }
-      // Tenants it refuses, as this controller's last incarnation told it (it restarted).
-      for (int i = 0; i < request->refusals_size() && i < static_cast<int>(RefusedTenants::kMax); ++i) {
-        controller_.clients_.AdoptRefusal(FromProto(request->refusals(i), now), now);
-      }
+      for (const TenantRefusal& r : controller_.clients_.TenantRefusals(now)) *response->add_refusals() = ToProto(r, now);
     }
     return status;
   }
@@ -244,7 +244,12 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       }
     }
     response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft);
-    for (const TenantRefusal& r : controller_.clients_.RefusedTenants(now)) *response->add_refusals() = ToProto(r, now);
+    if (beat == ClusterRegistry::Beat::kAlive) {
+      for (const TenantRefusal& r : controller_.clients_.TenantRefusals(now)) {
+        *response->add_refusals() = ToProto(r, now);
+        response->add_refused_tenants(r.tenant);
+      }
+    }
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }
@@ -369,7 +374,7 @@ rpc::ClusterStatus Controller::Status() {
       c.set_client_id(ClientLabel(c.client_id()));
     }
   }
-  for (const TenantRefusal& r : clients_.RefusedTenants(now)) {
+  for (const TenantRefusal& r : clients_.TenantRefusals(now)) {
     status.add_refused_tenants(absl::StrCat(r.tenant, ": ", r.reason, " (until ", absl::FormatTime(r.until), ")"));
   }
   return status;

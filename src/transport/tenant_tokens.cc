@@ -148,21 +148,27 @@ TenantRefusal FromProto(const rpc::TenantRefusal& refusal, absl::Time now) {
   return {refusal.tenant(), refusal.reason(), now + absl::Milliseconds(std::max<int64_t>(0, refusal.remaining_ms()))};
 }
 
-void RefusedTenants::Set(std::vector<TenantRefusal> refusals) {
+void RefusedTenants::Set(std::vector<TenantRefusal> refusals, absl::Time now) {
   absl::MutexLock lock(&mu_);
   refusals_.clear();
   for (TenantRefusal& r : refusals) {
-    if (!r.tenant.empty()) refusals_[r.tenant] = std::move(r);
+    if (Bound(r, now)) refusals_[r.tenant] = std::move(r);
   }
-  TrimLocked(absl::Now());
+  TrimLocked(now);
 }
 
 void RefusedTenants::Add(TenantRefusal refusal, absl::Time now) {
-  if (refusal.tenant.empty() || refusal.until < now) return;
+  if (!Bound(refusal, now)) return;
   absl::MutexLock lock(&mu_);
   auto [it, added] = refusals_.try_emplace(refusal.tenant, refusal);
   if (!added && it->second.until < refusal.until) it->second = std::move(refusal);
   TrimLocked(now);
+}
+
+bool RefusedTenants::Bound(TenantRefusal& refusal, absl::Time now) {
+  if (!GoodName(refusal.tenant) || refusal.until < now) return false;
+  if (refusal.reason.size() > kMaxReasonBytes) refusal.reason.resize(kMaxReasonBytes);
+  return true;
 }
 
 void RefusedTenants::TrimLocked(absl::Time now) {
@@ -178,11 +184,15 @@ void RefusedTenants::TrimLocked(absl::Time now) {
 
 absl::Status RefusedTenants::Check(const std::string& tenant, absl::Time now) const {
   if (tenant.empty()) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  auto it = refusals_.find(tenant);
-  if (it == refusals_.end() || it->second.until < now) return absl::OkStatus();
+  TenantRefusal refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = refusals_.find(tenant);
+    if (it == refusals_.end() || it->second.until < now) return absl::OkStatus();
+    refusal = it->second;
+  }
   return absl::FailedPreconditionError(absl::StrCat("this cluster refuses tenant ", tenant, " until ",
-                                                    absl::FormatTime(it->second.until), ": ", it->second.reason,
+                                                    absl::FormatTime(refusal.until), ": ", refusal.reason,
                                                     "; what its clients held is collected"));
 }
 

@@ -89,11 +89,14 @@ TenantRefusal FromProto(const rpc::TenantRefusal& refusal, absl::Time now);
 // Thread-safe.
 class RefusedTenants {
  public:
-  // At most this many are kept: past it, refusals that end soonest make room.
-  static constexpr size_t kMax = 4096;
+  // At most this many are kept (past it, refusals that end soonest make room), each reason cut
+  // at kMaxReasonBytes: every heartbeat answer carries them all, within gRPC's 4 MiB.
+  static constexpr size_t kMax = 512;
+  static constexpr size_t kMaxReasonBytes = 2048;
 
-  // Replaces every refusal.
-  void Set(std::vector<TenantRefusal> refusals) ABSL_LOCKS_EXCLUDED(mu_);
+  // Replaces every refusal. Refusals of names no tenant can have (TenantTokens::Parse's rule),
+  // or ended at `now`, are left out, here and in Add.
+  void Set(std::vector<TenantRefusal> refusals, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `refusal`; one of the same tenant in force already ends at the later of the two times.
   void Add(TenantRefusal refusal, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // OK, or FailedPrecondition naming `tenant`, until when and why ("" is never refused).
@@ -102,6 +105,8 @@ class RefusedTenants {
   std::vector<TenantRefusal> InForce(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // False for a refusal to leave out; cuts its reason.
+  static bool Bound(TenantRefusal& refusal, absl::Time now);
   void TrimLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, TenantRefusal> refusals_ ABSL_GUARDED_BY(mu_);

@@ -109,6 +109,7 @@ TEST(RefusedTenantsTest, ARefusalEndsAtItsTimeSaysWhyAndTravelsAsTimeLeft) {
   RefusedTenants refused;
   refused.Add({"mallory", "its client c was refused: 'spin' held device 0", t + absl::Hours(1)}, t);
   refused.Add({"", "the shared token's clients are no tenant", t + absl::Hours(1)}, t);
+  EXPECT_TRUE(refused.InForce(t).size() == 1) << "the unnamed tenant is never refused";
   EXPECT_TRUE(refused.Check("alice", t).ok());
   EXPECT_TRUE(refused.Check("", t).ok());
   const absl::Status no = refused.Check("mallory", t + absl::Minutes(59));
@@ -133,9 +134,13 @@ TEST(RefusedTenantsTest, ARefusalEndsAtItsTimeSaysWhyAndTravelsAsTimeLeft) {
   EXPECT_EQ(FromProto(ToProto(sent, t + absl::Hours(1)), t).until, t);  // ended: nothing left
 
   // Set replaces every refusal.
-  refused.Set({{"eve", "why", absl::Now() + absl::Hours(1)}});
+  refused.Set({{"eve", "why", t + absl::Hours(1)}, {"no such name!", "why", t + absl::Hours(1)}}, t);
   EXPECT_TRUE(refused.Check("mallory", t + absl::Minutes(90)).ok());
-  EXPECT_FALSE(refused.Check("eve", absl::Now()).ok());
+  EXPECT_FALSE(refused.Check("eve", t).ok());
+  // Names no tenant can have are left out, and reasons are cut: a heartbeat answer carries them all.
+  EXPECT_EQ(refused.InForce(t).size(), 1u);
+  refused.Add({"eve", std::string(100000, 'x'), t + absl::Hours(2)}, t);
+  EXPECT_EQ(refused.InForce(t)[0].reason.size(), RefusedTenants::kMaxReasonBytes);
 }
 
 // Bounded: past kMax refusals, those that end soonest make room.

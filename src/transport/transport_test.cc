@@ -93,8 +93,9 @@ TEST(OrderedBatchQueueTest, AFlushThroughAnItemIgnoresLaterItems) {
   const int64_t second = queue->Push(2);  // waits for the first batch
   EXPECT_EQ(first, 1);
   EXPECT_EQ(second, 2);
-  Future<Unit> all = queue->Flushed();  // asked first, released last
+  Future<Unit> all = queue->Flushed();  // asked before and after a flush through the first item
   Future<Unit> through_first = queue->FlushedThrough(first);
+  Future<Unit> all_again = queue->Flushed();
   EXPECT_FALSE(through_first.IsReady());
   Promise<Unit> answer;
   {
@@ -104,6 +105,7 @@ TEST(OrderedBatchQueueTest, AFlushThroughAnItemIgnoresLaterItems) {
   answer.Set(Unit{});  // the second batch is sent now, and stays unanswered
   EXPECT_TRUE(through_first.AwaitFor(absl::Seconds(30)).ok());
   EXPECT_FALSE(all.IsReady());
+  EXPECT_FALSE(all_again.IsReady());
   EXPECT_EQ(queue->acked(), 1);
   EXPECT_TRUE(queue->FlushedThrough(0).IsReady());
   {
@@ -113,6 +115,7 @@ TEST(OrderedBatchQueueTest, AFlushThroughAnItemIgnoresLaterItems) {
   }
   answer.Set(Unit{});
   EXPECT_TRUE(all.AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_TRUE(all_again.AwaitFor(absl::Seconds(30)).ok());
 }
 
 TEST(RpcUtilTest, StatusRoundTripsThroughGrpc) {

@@ -72,9 +72,13 @@ std::shared_ptr<DataStreamClient> NewStream(const std::string& address, int port
 
 template <typename T>
 Future<T> WorkerClient::StreamElseGrpc(const std::shared_ptr<DataStreamClient>& s,
-                                       std::optional<Future<T>> streamed, std::function<Future<T>()> grpc) {
+                                       std::optional<Future<T>> streamed, std::function<Future<T>()> grpc,
+                                       std::shared_ptr<RequestPaths> paths) {
+  auto count = [paths](bool over_stream) {
+    if (paths != nullptr) (over_stream ? paths->streamed : paths->grpc).fetch_add(1, std::memory_order_relaxed);
+  };
   if (!streamed.has_value()) {  // no stream, or every connection is busy
-    through_grpc_.fetch_add(1, std::memory_order_relaxed);
+    count(false);
     return grpc();
   }
   // One the worker never served goes through gRPC. A stream that cannot be dialed may belong to
@@ -82,34 +86,39 @@ Future<T> WorkerClient::StreamElseGrpc(const std::shared_ptr<DataStreamClient>& 
   // is asked again, and the stream rests meanwhile.
   Promise<T> promise;
   Future<T> result = promise.future();
-  streamed->OnReady([this, s, grpc = std::move(grpc), promise = std::move(promise)](const absl::StatusOr<T>& r) mutable {
+  streamed->OnReady([this, s, grpc = std::move(grpc), count, promise = std::move(promise)](
+                        const absl::StatusOr<T>& r) mutable {
     if (r.ok() || DataStreamClient::WhyNotSent(r.status()) == DataStreamClient::NotSentReason::kSent) {
-      streamed_.fetch_add(1, std::memory_order_relaxed);
+      count(true);
       promise.Set(r);
       return;
     }
-    through_grpc_.fetch_add(1, std::memory_order_relaxed);
+    count(false);
     NoteStreamFailure(s, r.status());
     grpc().OnReady([promise = std::move(promise)](const absl::StatusOr<T>& g) mutable { promise.Set(g); });
   });
   return result;
 }
 
-Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint64_t max_bytes) {
+Future<FetchedShards> WorkerClient::Fetch(const rpc::FetchRequest& request, uint64_t max_bytes,
+                                          std::shared_ptr<RequestPaths> paths) {
   std::shared_ptr<DataStreamClient> s = stream();
   std::optional<Future<FetchedShards>> streamed;
   if (s != nullptr) streamed = s->Fetch(request, max_bytes);
-  return StreamElseGrpc<FetchedShards>(s, std::move(streamed), [this, request] { return FetchThroughGrpc(request); });
+  return StreamElseGrpc<FetchedShards>(
+      s, std::move(streamed), [this, request] { return FetchThroughGrpc(request); }, std::move(paths));
 }
 
-Future<Unit> WorkerClient::Enqueue(std::shared_ptr<const rpc::EnqueueRequest> request) {
+Future<Unit> WorkerClient::Enqueue(std::shared_ptr<const rpc::EnqueueRequest> request,
+                                   std::shared_ptr<RequestPaths> paths) {
   // The data stream first: a gRPC call costs the worker about as much CPU again as the ops it
   // carries when they are a free or two (measured with collective_bench's CPU table). Requests
   // over the stream's bound (puts of data too small to stage) go through gRPC.
   std::shared_ptr<DataStreamClient> s = stream();
   std::optional<Future<Unit>> streamed;
   if (s != nullptr) streamed = s->Enqueue(*request);
-  return StreamElseGrpc<Unit>(s, std::move(streamed), [this, request] { return EnqueueThroughGrpc(*request); });
+  return StreamElseGrpc<Unit>(
+      s, std::move(streamed), [this, request] { return EnqueueThroughGrpc(*request); }, std::move(paths));
 }
 
 Future<Unit> WorkerClient::EnqueueThroughGrpc(const rpc::EnqueueRequest& request) {
@@ -259,15 +268,16 @@ std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address,
   return slot;
 }
 
-HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client)
+HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client,
+                         std::shared_ptr<RequestPaths> paths)
     : worker_(std::move(worker)), session_(static_cast<int64_t>(absl::Uniform<uint64_t>(absl::BitGen()) >> 1)) {
   queue_ = std::make_shared<OrderedBatchQueue<rpc::Op>>(
-      [worker = worker_, client = std::move(client)](std::vector<rpc::Op> ops) {
+      [worker = worker_, client = std::move(client), paths = std::move(paths)](std::vector<rpc::Op> ops) {
         auto request = std::make_shared<rpc::EnqueueRequest>();
         request->set_client_id(client.id);
         request->set_credential(client.credential);
         for (rpc::Op& op : ops) *request->add_ops() = std::move(op);
-        return worker->Enqueue(std::move(request));
+        return worker->Enqueue(std::move(request), paths);
       },
       nullptr, OrderedBatchQueue<rpc::Op>::BatchLimit{[](const rpc::Op& op) { return op.ByteSizeLong(); }, size_t{64} << 20});  // a worker takes 1 GiB
 }

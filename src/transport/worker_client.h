@@ -21,6 +21,13 @@
 
 namespace pathways {
 
+// One client's op batches and fetches to workers, by the way each went: over a data stream, or
+// through gRPC (no stream known or idle, or the worker never served it on the stream). Counted
+// once the way is settled (ClientStats).
+struct RequestPaths {
+  std::atomic<int64_t> streamed{0}, grpc{0};
+};
+
 // Asynchronous calls to one worker. Thread-safe. Futures complete on RpcCompletions(), never on
 // gRPC's own threads.
 class WorkerClient {
@@ -36,13 +43,16 @@ class WorkerClient {
   Future<rpc::CompileResponse> Compile(const rpc::CompileRequest& request);
   // A client's ops, over the worker's data stream when one is known and idle (and the request
   // small), else through gRPC. Shared: a fallback to gRPC sends the same request without a copy.
-  Future<Unit> Enqueue(std::shared_ptr<const rpc::EnqueueRequest> request);
+  // Counted in `paths` when given.
+  Future<Unit> Enqueue(std::shared_ptr<const rpc::EnqueueRequest> request,
+                       std::shared_ptr<RequestPaths> paths = nullptr);
   // The controller asks the host to join its island's control graph.
   Future<rpc::JoinControlGraphResponse> JoinControlGraph(const rpc::ControlGraph& request);
   // No deadline: a fetch waits for the computation that produces the data. Goes over the
   // worker's data stream (transport/data_stream.h) once the worker said where it is (the first
   // fetch asks, and goes through gRPC), else through gRPC. At most `max_bytes` of shard data.
-  Future<FetchedShards> Fetch(const rpc::FetchRequest& request, uint64_t max_bytes);
+  Future<FetchedShards> Fetch(const rpc::FetchRequest& request, uint64_t max_bytes,
+                              std::shared_ptr<RequestPaths> paths = nullptr);
   // Whether a data stream to the worker is known and usable now (asks the worker where it is
   // when none is known, without waiting).
   bool HasStream() { return stream() != nullptr; }
@@ -52,12 +62,6 @@ class WorkerClient {
   // with the op through gRPC.
   Future<Unit> Stage(const rpc::StageRequest& request, std::shared_ptr<const std::string> bytes);
   Future<rpc::GetTraceResponse> GetTrace(const rpc::GetTraceRequest& request);
-  // Op batches and fetches answered over the data stream, and those sent through gRPC (no stream
-  // known or idle, or the worker never served them on it), since this WorkerClient was made.
-  struct PathCounts {
-    int64_t streamed = 0, grpc = 0;
-  };
-  PathCounts path_counts() const { return {streamed_.load(), through_grpc_.load()}; }
 
  private:
 
@@ -69,9 +73,10 @@ class WorkerClient {
   Future<Unit> EnqueueThroughGrpc(const rpc::EnqueueRequest& request);
   // What `streamed` (a request sent on `s`, or nullopt when it could not be) answers, or, when
   // it was never sent or never served, what `grpc` sends the same request through gRPC answers.
+  // The way it went is counted in `paths` (when given).
   template <typename T>
   Future<T> StreamElseGrpc(const std::shared_ptr<DataStreamClient>& s, std::optional<Future<T>> streamed,
-                           std::function<Future<T>()> grpc);
+                           std::function<Future<T>()> grpc, std::shared_ptr<RequestPaths> paths);
   // The data stream, when one is known and not resting; asks the worker where it is when none is.
   std::shared_ptr<DataStreamClient> stream();
   // Pings the worker for its stream port (asking_ is set by the caller).
@@ -84,7 +89,6 @@ class WorkerClient {
   const std::optional<std::string> token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Worker::Stub> stub_;
-  std::atomic<int64_t> streamed_{0}, through_grpc_{0};
   absl::Mutex stream_mu_;
   std::shared_ptr<DataStreamClient> stream_ ABSL_GUARDED_BY(stream_mu_);  // null: none known
   int stream_port_ ABSL_GUARDED_BY(stream_mu_) = 0;
@@ -119,7 +123,9 @@ class WorkerClientCache {
 // way round. Thread-safe. Held by shared_ptr.
 class HostOpQueue {
  public:
-  HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client);
+  // Batches are counted in `paths` (when given).
+  HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client,
+              std::shared_ptr<RequestPaths> paths = nullptr);
   // Returns the op's sequence number. With `sender`, a batch this push starts is sent from one
   // of its threads instead of this one (the op keeps its number and place).
   int64_t Push(rpc::Op op, Executor* sender = nullptr);

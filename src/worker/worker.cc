@@ -199,11 +199,26 @@ rpc::RegisterWorkerRequest Worker::RegistrationRequest() {
   return request;
 }
 
+void Worker::SetRefusals(const google::protobuf::RepeatedPtrField<rpc::TenantRefusal>& refusals,
+                         const google::protobuf::RepeatedPtrField<std::string>& names) {
+  const absl::Time now = absl::Now();
+  std::vector<TenantRefusal> in_force;
+  for (const rpc::TenantRefusal& r : refusals) in_force.push_back(FromProto(r, now));
+  // A controller of an earlier version names them only: refused until its next answer says.
+  if (refusals.empty()) {
+    for (const std::string& name : names) {
+      in_force.push_back({name, "the controller says why (`pathways status`)", now + absl::Minutes(1)});
+    }
+  }
+  refused_tenants_.Set(std::move(in_force), now);
+}
+
 absl::Status Worker::Register() {
   rpc::RegisterWorkerRequest request = RegistrationRequest();
   auto response = controller_->RegisterWorker(request);
   if (!response.ok()) return response.status();
   named_clients_ = {request.clients().begin(), request.clients().end()};
+  SetRefusals(response->refusals(), {});
   host_id_ = response->host_id();
   runtime_->PublishLinks();  // into this controller's rendezvous store (a restarted one forgot them)
   heartbeat_ms_ = std::max<int64_t>(10, response->heartbeat_interval_ms());
@@ -269,12 +284,7 @@ void Worker::HeartbeatLoop() {
     }
     // What a controller that knows this host refuses (one that restarted learns it back as the
     // host registers again, so a host that it does not know keeps its own).
-    if (response->registered()) {
-      const absl::Time now = absl::Now();
-      std::vector<TenantRefusal> refusals;
-      for (const rpc::TenantRefusal& r : response->refusals()) refusals.push_back(FromProto(r, now));
-      refused_tenants_.Set(std::move(refusals));
-    }
+    if (response->registered()) SetRefusals(response->refusals(), response->refused_tenants());
     absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
     if (int failed = runtime_->store().SetDepartedHosts(std::move(departed)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";

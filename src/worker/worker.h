@@ -93,6 +93,10 @@ class Worker {
   // worker must leave; none when no device is.
   std::optional<ComputationWatch::Overrun> StuckDevice() const;
   rpc::RegisterWorkerRequest RegistrationRequest();
+  // What the controller refuses (`refusals`, or only `names` from a controller of an earlier
+  // version) becomes this host's copy.
+  void SetRefusals(const google::protobuf::RepeatedPtrField<rpc::TenantRefusal>& refusals,
+                   const google::protobuf::RepeatedPtrField<std::string>& names);
   // `recent_work`: also each device's work since the last call that asked for it (heartbeats).
   void DescribeDevices(google::protobuf::RepeatedPtrField<rpc::DeviceInfo>* devices, bool recent_work = false);
 
