@@ -28,19 +28,30 @@ chmod 755 "$dir"
 pids=()
 spaces=()
 cleanup() {
-  # The job's steps first (a check cut short leaves them running), then the daemons, then
-  # whatever is still in a namespace (slurmstepd, the job's own processes).
+  # The job's steps first (a check cut short leaves them running), then the daemons, given a few
+  # seconds; then whatever is still in a namespace (a slurmd waiting for its steps, slurmstepd,
+  # the job's own processes) is killed, and the namespaces go.
   [ -e "$dir/slurm.conf" ] && ip netns exec "${prefix}ctl" scancel --full --quiet --user root 2>/dev/null || true
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for _ in $(seq 50); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for ns in "${spaces[@]}"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   for ns in "${spaces[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
     rm -rf "/etc/netns/$ns"
   done
   rm -rf "$dir"
 }
 trap cleanup EXIT
+# A signal ends the check through the EXIT trap (long waits below are `wait`s, which a signal
+# interrupts; a foreground command would defer the trap until it ended).
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # The bridge, then a namespace per member: ctl (slurmctld) at .1, node n<i> at .<i+1>.
 ip netns add "${prefix}sw"; spaces+=("${prefix}sw")
@@ -142,7 +153,8 @@ echo "Slurm: $NODES nodes idle ($(on_ctl sinfo -h -N -o '%N %T' | tr '\n' ' '))"
 status=0
 # At most 10 minutes: a job that hangs fails the check instead of holding it.
 on_ctl timeout 660 sbatch --wait --time 10 --nodes "$NODES" --output "$dir/job.out" \
-  --export "ALL,PATHWAYS=$PATHWAYS_BIN,DEVICES=2" "$HERE/pathways.sbatch" || status=$?
+  --export "ALL,PATHWAYS=$PATHWAYS_BIN,DEVICES=2" "$HERE/pathways.sbatch" &
+wait $! || status=$?
 echo "--- job output (sbatch exit status $status) ---"
 cat "$dir/job.out" 2>/dev/null || true
 if [ "$status" -ne 0 ]; then
