@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compi
   pybind11-dev python3-dev python3-torch python3-pytest python3-yaml libcpp-httplib-dev pkg-config \
   libgoogle-perftools-dev
 
-.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot deps-slurm install-packages build test demo install package check-package check-slurm bench collective-bench fuzz sanitize sanitize-thread clean
+.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot deps-slurm deps-container install-packages build test demo install package check-package check-slurm check-container bench collective-bench fuzz sanitize sanitize-thread clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -39,6 +39,11 @@ deps-browser:
 # Never a dependency of `make test`.
 deps-slurm:
 	@$(MAKE) install-packages PACKAGES="slurmctld slurmd slurm-client munge"
+
+# podman (with runc) and debootstrap, for deploy/container_check.sh (`make check-container`).
+# Never a dependency of `make test`.
+deps-container:
+	@$(MAKE) install-packages PACKAGES="podman runc debootstrap"
 
 # What tools/plot_trace.py and tools/plot_multitenancy.py draw with. Never a dependency of `make test`.
 deps-plot:
@@ -77,9 +82,10 @@ install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 # Debian packages in build/: pathways (binary, library, Python) and pathways-dev (headers, CMake
-# files). dpkg-shlibdeps (dpkg-dev) works out the runtime package's library dependencies.
+# files). dpkg-shlibdeps (dpkg-dev) works out the runtime package's library dependencies, on the
+# files that CPack picks out with `file` (not in a minimal Debian such as the debian:12 image).
 package: build
-	@$(MAKE) install-packages PACKAGES="dpkg-dev"
+	@$(MAKE) install-packages PACKAGES="dpkg-dev file"
 	cd $(BUILD_DIR) && cpack -G DEB
 
 # The packages installed into a clean Debian 12 made by debootstrap, and used there (root, and
@@ -94,6 +100,11 @@ check-package: package
 SLURM_NODES ?= 2
 check-slurm: build deps-slurm
 	deploy/slurm/check_local.sh $(BUILD_DIR) $(SLURM_NODES)
+
+# deploy/Dockerfile built with podman (on a debian:12 made by debootstrap) and a controller, a
+# worker and a tenant's job run as containers of the image (root; about 25 minutes).
+check-container: deps-container
+	deploy/container_check.sh
 
 bench: deps build
 	$(BUILD_DIR)/bin/opbyop_bench

@@ -159,6 +159,13 @@ def test_slurm_script_parses_and_uses_known_flags(known_flags):
     assert {"controller", "worker", "status", "tenant"} <= {c for c, _ in found}, found
 
 
+@pytest.mark.parametrize("script", [("slurm", "check_local.sh"), ("container_check.sh",)])
+def test_checks_run_by_hand_parse(script):
+    """make check-slurm and make check-container run as root, by hand: here only their syntax."""
+    syntax = subprocess.run(["bash", "-n", os.path.join(HERE, *script)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
 def test_clean_debian_check_parses_and_uses_known_flags(known_flags):
     """The clean-Debian check (make check-package) is run by hand, as root: here only its shell
     syntax and the flags it gives the installed binary are checked."""
