@@ -412,10 +412,19 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   auto sibling_lost = (*sibling)->LostSlices();
   EXPECT_EQ(sibling_lost.status().code(), absl::StatusCode::kFailedPrecondition) << sibling_lost.status();
   EXPECT_NE(sibling_lost.status().message().find("refuses tenant spinner"), std::string::npos) << sibling_lost.status();
-  auto anew = Client::Connect(*address, {.token = spinner_token});
-  absl::Status refused = anew.ok() ? (*anew)->CreateSlice({.mesh_shape = {2}}).status() : anew.status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-  EXPECT_NE(refused.message().find("refuses tenant spinner"), std::string::npos) << refused;
+  // A client of the tenant connected now is refused; a client of the other tenant runs a job.
+  auto expect_a_new_spinner_refused = [&] {
+    auto anew = Client::Connect(*address, {.token = spinner_token});
+    absl::Status refused = anew.ok() ? (*anew)->CreateSlice({.mesh_shape = {2}}).status() : anew.status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_NE(refused.message().find("refuses tenant spinner"), std::string::npos) << refused;
+  };
+  auto expect_the_other_tenant_served = [&] {
+    auto next = Client::Connect(*address, {.token = other_token});
+    ASSERT_TRUE(next.ok()) << next.status();
+    ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**next));
+  };
+  expect_a_new_spinner_refused();
   auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", *address, "--token", other_token},
                            absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();
@@ -433,7 +442,7 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   }
   ASSERT_FALSE(left_worker.empty());
   absl::Status at_worker;
-  for (int i = 0; i < 300; ++i) {  // its next heartbeat, a second or so; 30 s at most
+  for (int i = 0; i < 300; ++i) {  // until its next heartbeat, a second or so
     auto compiled = WorkerClientCache::Global().Get(left_worker, spinner_token)->Compile(rpc::CompileRequest());
     at_worker = compiled.AwaitFor(absl::Seconds(10)).status();
     if (at_worker.code() == absl::StatusCode::kFailedPrecondition) break;
@@ -443,11 +452,7 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   EXPECT_NE(at_worker.message().find("refuses tenant spinner"), std::string::npos) << at_worker;
 
   // Another tenant is served, on the worker left.
-  auto next = Client::Connect(*address, {.token = other_token});
-  ASSERT_TRUE(next.ok()) << next.status();
-  ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**next));
-  next->reset();
-  if (anew.ok()) anew->reset();
+  ASSERT_NO_FATAL_FAILURE(expect_the_other_tenant_served());
   sibling->reset();
   client->reset();
 
@@ -466,15 +471,8 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
                 .value_or("");
   }
   EXPECT_NE(after.find("tenant refused: spinner: its client "), std::string::npos) << after;
-  auto returning = Client::Connect(*address, {.token = spinner_token});
-  absl::Status still = returning.ok() ? (*returning)->CreateSlice({.mesh_shape = {2}}).status() : returning.status();
-  EXPECT_EQ(still.code(), absl::StatusCode::kFailedPrecondition) << still;
-  EXPECT_NE(still.message().find("refuses tenant spinner"), std::string::npos) << still;
-  auto later = Client::Connect(*address, {.token = other_token});
-  ASSERT_TRUE(later.ok()) << later.status();
-  ASSERT_NO_FATAL_FAILURE(ExpectAJobOnTwoDevicesRuns(**later));
-  later->reset();
-  if (returning.ok()) returning->reset();
+  expect_a_new_spinner_refused();
+  ASSERT_NO_FATAL_FAILURE(expect_the_other_tenant_served());
   EXPECT_EQ(other.Stop(SIGTERM), 0);
   EXPECT_EQ(controller.Stop(SIGTERM), 0);
 }

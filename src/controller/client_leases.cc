@@ -50,8 +50,7 @@ void ClientLeases::AdoptRefusal(TenantRefusal refusal, absl::Time now) {
 
 void ClientLeases::RefuseTenantLocked(TenantRefusal refusal, absl::Time now) {
   const std::string tenant = refusal.tenant;
-  refused_tenants_.Add(std::move(refusal), now);
-  if (refused_tenants_.Check(tenant, now).ok()) return;  // not a tenant's name, or already ended
+  if (!refused_tenants_.Add(std::move(refusal), now)) return;  // not a tenant's name, or already ended
   // Every client of the tenant departs with it: what they hold is collected.
   for (const auto& [other, its_tenant] : tenant_of_) {
     if (its_tenant != tenant) continue;

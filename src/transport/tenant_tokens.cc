@@ -157,12 +157,13 @@ void RefusedTenants::Set(std::vector<TenantRefusal> refusals, absl::Time now) {
   TrimLocked(now);
 }
 
-void RefusedTenants::Add(TenantRefusal refusal, absl::Time now) {
-  if (!Bound(refusal, now)) return;
+bool RefusedTenants::Add(TenantRefusal refusal, absl::Time now) {
+  if (!Bound(refusal, now)) return false;
   absl::MutexLock lock(&mu_);
   auto [it, added] = refusals_.try_emplace(refusal.tenant, refusal);
   if (!added && it->second.until < refusal.until) it->second = std::move(refusal);
   TrimLocked(now);
+  return true;
 }
 
 bool RefusedTenants::Bound(TenantRefusal& refusal, absl::Time now) {

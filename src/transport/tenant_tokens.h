@@ -98,7 +98,8 @@ class RefusedTenants {
   // or ended at `now`, are left out, here and in Add.
   void Set(std::vector<TenantRefusal> refusals, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `refusal`; one of the same tenant in force already ends at the later of the two times.
-  void Add(TenantRefusal refusal, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // False when it is left out.
+  bool Add(TenantRefusal refusal, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // OK, or FailedPrecondition naming `tenant`, until when and why ("" is never refused).
   absl::Status Check(const std::string& tenant, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   // The refusals in force at `now`, by tenant name.
