@@ -9,6 +9,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "proto/pathways.pb.h"
+#include "testing/prometheus_text.h"
 #include "testing/subprocess.h"
 #include "transport/auth.h"
 
@@ -116,6 +117,16 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
     }
     absl::SleepFor(absl::Milliseconds(100));  // the next heartbeat, not a result, is awaited
   }
+  // Every line as a scraper reads it.
+  const PrometheusSamples parsed_metrics = ParsePrometheusText(metrics);
+  EXPECT_TRUE(parsed_metrics.errors.empty()) << parsed_metrics.errors.front() << "\n" << metrics;
+  EXPECT_EQ(parsed_metrics.types.at("pathways_scheduler_release_wait_seconds"), "histogram");
+  EXPECT_EQ(parsed_metrics.samples.at(
+                R"(pathways_scheduler_release_wait_seconds_count{island="0",policy="proportional-share"})"),
+            24);
+  // The only client: all of the island's recent device time is its.
+  EXPECT_EQ(parsed_metrics.samples.at("pathways_client_device_share{island=\"0\",client=\"" + label + "\"}"), 1)
+      << metrics;
   EXPECT_NE(metrics.find("pathways_host_up{host=\"127.0.0.1:"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("\",island=\"0\"} 1\n"), std::string::npos) << metrics;  // up
   EXPECT_NE(metrics.find("pathways_client_weight{island=\"0\",client=\"" + label + "\"} 3\n"), std::string::npos)
@@ -175,6 +186,9 @@ TEST_F(OperationsTest, MetricsAndStatusShowTheHostsATenantsSliceAndItsRuns) {
   ASSERT_EQ(parsed.schedulers_size(), 1);
   EXPECT_EQ(parsed.schedulers(0).policy(), "proportional-share");
   EXPECT_EQ(parsed.schedulers(0).released_runs(), 24);
+  // And the devices' recent work, as the dashboard draws it.
+  EXPECT_EQ(parsed.timeline().devices_size(), 2) << *json;
+  EXPECT_EQ(parsed.timeline().window_us(), 10'000'000);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -11,6 +12,7 @@
 #include "cluster/local_cluster.h"
 #include "gtest/gtest.h"
 #include "testing/subprocess.h"
+#include "transport/controller_client.h"
 
 namespace pathways {
 namespace {
@@ -78,6 +80,56 @@ TEST(SimulatedDevicesTest, AChainTakesItsModelledTimeAndGangsMeetAcrossHosts) {
     }
   }
   EXPECT_GE(executed, 8 * (kNodes + 1));
+}
+
+// Under FIFO the island scheduler releases runs at once and they queue on the devices: the host
+// counts each in flight until its shards there are done, and the controller's status shows the
+// busiest host's count per island (what the dashboard and /metrics show as runs in flight).
+TEST(SimulatedDevicesTest, RunsQueuedOnADeviceAreInFlightOnItsHostAndIsland) {
+  LocalClusterOptions options = SimulatedCluster();
+  options.num_islands = 1;
+  options.hosts_per_island = 1;
+  options.backend = *DeviceBackend::Create("sim", "add_one=300000,*=0");  // 0.3 s a kernel
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = *(*cluster)->Connect();
+  auto slice = *client->CreateSlice({.mesh_shape = {1}});
+  const TensorSpec spec{DType::kF32, {1}};
+  auto inc = *client->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client->Put(*HostArray::Create(DType::kF32, {1}), slice, {"x"});
+  constexpr int kRuns = 10;  // 3 s of work on one device, six heartbeats' worth
+  for (int i = 0; i < kRuns; ++i) x = (*client->Call(inc, slice, {x}))[0];
+  HostRuntime& host = (*cluster)->worker(0).runtime();
+  auto host_in_flight = [&] {
+    rpc::HostCounters counters;
+    host.DescribeCounters(&counters);
+    return counters.runs_in_flight();
+  };
+  ControllerClient controller((*cluster)->controller_address());
+  auto island_in_flight = [&]() -> int64_t {
+    auto status = controller.GetStatus();
+    if (!status.ok() || status->schedulers_size() != 1) return -1;
+    EXPECT_EQ(status->schedulers(0).policy(), "fifo");
+    for (const rpc::SchedulerClientStatus& c : status->schedulers(0).clients()) {
+      EXPECT_EQ(c.queued_runs(), 0);  // none waits at the scheduler
+    }
+    return status->schedulers(0).runs_in_flight();
+  };
+  // Polled (each poll is a count, not a result): at least the runs behind the one computing wait.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  int64_t seen_on_host = 0, seen_on_island = 0;
+  while (absl::Now() < deadline && (seen_on_host < 2 || seen_on_island < 2)) {
+    seen_on_host = std::max(seen_on_host, host_in_flight());
+    seen_on_island = std::max(seen_on_island, island_in_flight());
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(seen_on_host, 2);
+  EXPECT_LE(seen_on_host, kRuns);
+  EXPECT_GE(seen_on_island, 2);
+  ASSERT_TRUE(client->Fetch(x).Await().ok());
+  // The last run's tracker goes once its work is done, just after its result shows.
+  while (absl::Now() < deadline && host_in_flight() != 0) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(host_in_flight(), 0);
 }
 
 // What is checked on real devices is checked here too, and the cluster serves on after a refusal.

@@ -253,10 +253,15 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
     return grpc::Status::OK;
   }
-  grpc::Status GetStatus(grpc::ServerContext* context, const rpc::GetStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* context, const rpc::GetStatusRequest* request,
                          rpc::ClusterStatus* response) override {
     PW_CHECK_CALL_TOKEN(context);
-    *response = controller_.Status();  // anyone with the cluster's token may ask: clients appear by label
+    if (request->timeline_ms() < 0) {
+      return ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("a status's timeline reaches ", request->timeline_ms(), " ms back: want 0 or more")));
+    }
+    // Anyone with the cluster's token may ask: clients appear by label.
+    *response = controller_.Status(std::min(absl::Milliseconds(request->timeline_ms()), ClusterRegistry::kTimelineKept));
     return grpc::Status::OK;
   }
   grpc::Status AllocateSlice(grpc::ServerContext* context, const rpc::AllocateSliceRequest* request,
@@ -346,9 +351,10 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
 };
 
 
-rpc::ClusterStatus Controller::Status() {
+rpc::ClusterStatus Controller::Status(absl::Duration timeline) {
   const absl::Time now = absl::Now();
   rpc::ClusterStatus status = registry_.Status(now);
+  if (timeline > absl::ZeroDuration()) *status.mutable_timeline() = registry_.Timeline(now, timeline);
   status.set_live_clients(clients_.Live(now));
   // Read after the map's lock: scheduling (which takes it for every call) never waits for a
   // status page. They stay until Shutdown, which stops the servers first.
@@ -357,10 +363,18 @@ rpc::ClusterStatus Controller::Status() {
     absl::MutexLock lock(&schedulers_mu_);
     for (const auto& [island, slot] : schedulers_) islands.emplace_back(slot.scheduler.get(), slot.control.get());
   }
+  // Under FIFO runs wait on the devices, not at the scheduler: what the island's hosts hold.
+  std::map<int, int64_t> in_flight;
+  for (const rpc::HostStatus& h : status.hosts()) {
+    if (!h.alive()) continue;
+    int64_t& most = in_flight[h.island()];
+    most = std::max(most, h.counters().runs_in_flight());
+  }
   for (const auto& [scheduler, control] : islands) {
     rpc::SchedulerStatus* s = status.add_schedulers();
     *s = scheduler->Status();
     s->set_rounds(control->rounds());
+    s->set_runs_in_flight(in_flight[s->island()]);
   }
   for (rpc::HostStatus& host : *status.mutable_hosts()) {
     for (rpc::DeviceInfo& device : *host.mutable_devices()) {

@@ -71,8 +71,9 @@ class Controller {
   // it only once each has reached its part, one such run at a time (cross_island.h): all such
   // runs are then in one order on every island, under either policy.
   // The cluster as `pathways status` and the dashboard show it: hosts and devices, slices,
-  // island schedulers and live clients. Clients appear by a label (ClientLabel).
-  rpc::ClusterStatus Status();
+  // island schedulers and live clients, and the devices' work of the last `timeline` (none by
+  // default; the registry keeps 30 s). Clients appear by a label (ClientLabel).
+  rpc::ClusterStatus Status(absl::Duration timeline = absl::ZeroDuration());
   Future<Unit> SubmitAcrossIslands(const std::string& client, double weight,
                                    std::vector<std::pair<int, rpc::GangRun>> parts);
 

@@ -215,7 +215,11 @@ void IslandScheduler::ReleaseLocked(Sent& sent, Reached& reached) {
 void IslandScheduler::NoteReleasedLocked(ClientQueue& q, const Pending& p) {
   ++q.released;
   ++released_;
-  release_wait_us_ += std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - p.submitted));
+  const int64_t wait_us = std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - p.submitted));
+  release_wait_us_ += wait_us;
+  size_t bucket = 0;
+  while (bucket + 1 < kReleaseWaitBuckets && static_cast<double>(wait_us) > kReleaseWaitBoundsUs[bucket]) ++bucket;
+  ++release_wait_buckets_[bucket];
 }
 
 rpc::SchedulerStatus IslandScheduler::Status() const {
@@ -226,6 +230,8 @@ rpc::SchedulerStatus IslandScheduler::Status() const {
   status.set_released_runs(released_);
   status.set_release_wait_us_sum(release_wait_us_);
   status.set_outstanding_runs(static_cast<int64_t>(outstanding_.size()));
+  for (double bound : kReleaseWaitBoundsUs) status.add_release_wait_bounds_us(bound);
+  for (int64_t n : release_wait_buckets_) status.add_release_wait_buckets(n);
   std::map<std::string, const ClientQueue*> sorted;  // a stable order for pages and tests
   for (const auto& [id, q] : clients_) sorted[id] = &q;
   for (const auto& [id, q] : sorted) {

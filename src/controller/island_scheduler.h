@@ -3,6 +3,7 @@
 #pragma once
 
 #include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +61,11 @@ class IslandScheduler {
  public:
   IslandScheduler(int island, IslandSchedulerOptions options, ScheduledOpSink& sink);
   ~IslandScheduler();
+
+  // A released run's wait at the scheduler lands in the first bucket whose bound (microseconds)
+  // is not below it, or in the last, beyond every bound (SchedulerStatus).
+  static constexpr double kReleaseWaitBoundsUs[] = {100, 1000, 5000, 10000, 50000, 100000, 500000, 1000000, 5000000};
+  static constexpr size_t kReleaseWaitBuckets = std::size(kReleaseWaitBoundsUs) + 1;
 
   int island() const { return island_; }
   // Queues a client's runs, in the client's order. `weight` (> 0) is the client's share under
@@ -137,6 +143,7 @@ class IslandScheduler {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t released_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t release_wait_us_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t release_wait_buckets_[kReleaseWaitBuckets] ABSL_GUARDED_BY(mu_) = {};
   std::thread expirer_;  // proportional share only
 };
 

@@ -78,6 +78,45 @@ class Exposition {
   std::map<std::string, Metric> metrics_;
 };
 
+// A histogram from per-bucket counts over bounds in microseconds (one bucket more than bounds,
+// for what lies beyond them): the exposition's buckets are cumulative, in seconds, the last +Inf.
+// Counts that do not fit their bounds (an older worker) give no samples.
+template <typename Bounds, typename Buckets>
+void AddHistogram(Exposition& e, const std::string& name, const Labels& labels, const Bounds& bounds_us,
+                  const Buckets& buckets, int64_t sum_us) {
+  if (buckets.size() != bounds_us.size() + 1) return;
+  int64_t cumulative = 0;
+  for (int i = 0; i < buckets.size(); ++i) {
+    cumulative += buckets[i];
+    Labels bucket = labels;
+    bucket.emplace_back("le", i < bounds_us.size() ? FormatValue(bounds_us[i] / 1e6) : "+Inf");
+    e.Add(name, bucket, static_cast<double>(cumulative), "_bucket");
+  }
+  e.Add(name, labels, static_cast<double>(sum_us) / 1e6, "_sum");
+  e.Add(name, labels, static_cast<double>(cumulative), "_count");
+}
+
+// Each client's share of its island's device time over the status's timeline (the dashboard's
+// measured share), by island and client label; empty without a timeline.
+std::map<std::pair<int, std::string>, double> RecentShares(const rpc::ClusterStatus& status) {
+  std::map<std::string, int> island_of;
+  for (const rpc::HostStatus& h : status.hosts()) island_of[h.address()] = h.island();
+  std::map<std::pair<int, std::string>, double> micros;
+  std::map<int, double> island_micros;
+  for (const rpc::DeviceTimeline& d : status.timeline().devices()) {
+    auto island = island_of.find(d.host());
+    if (island == island_of.end()) continue;
+    for (const rpc::WorkBucket& b : d.buckets()) {
+      for (const rpc::ClientTime& t : b.busy()) {
+        micros[{island->second, t.client_id()}] += static_cast<double>(t.busy_micros());
+        island_micros[island->second] += static_cast<double>(t.busy_micros());
+      }
+    }
+  }
+  for (auto& [key, value] : micros) value = island_micros[key.first] > 0 ? value / island_micros[key.first] : 0;
+  return micros;
+}
+
 }  // namespace
 
 // Every family served, in the order served: name, type, help.
@@ -103,12 +142,15 @@ constexpr struct {
     {"pathways_host_collectives_total", "counter", "Collective calls of the host's devices (one per member)."},
     {"pathways_host_collective_failures_total", "counter", "Collective calls of the host's devices that failed."},
     {"pathways_host_collective_latency_seconds", "histogram", "Time from a member's collective call until its output is written, waiting for the group included."},
+    {"pathways_host_runs_in_flight", "gauge", "Runs set up on the host whose shards there are not all done, as of the last heartbeat."},
     {"pathways_scheduler_rounds_total", "counter", "Scheduling rounds sent to the island's hosts."},
     {"pathways_scheduler_released_runs_total", "counter", "Runs the island scheduler released to its hosts."},
-    {"pathways_scheduler_release_wait_seconds", "summary", "Time runs waited at the island scheduler between submission and release."},
+    {"pathways_scheduler_release_wait_seconds", "histogram", "Time runs waited at the island scheduler between submission and release."},
     {"pathways_scheduler_queued_runs", "gauge", "Runs submitted and not yet released."},
     {"pathways_scheduler_outstanding_runs", "gauge", "Proportional share: runs released and not yet reported done."},
+    {"pathways_scheduler_runs_in_flight", "gauge", "Runs in flight on the island's hosts, as its busiest live host counts them (under FIFO runs wait on the devices, not at the scheduler)."},
     {"pathways_client_weight", "gauge", "The client's stated share weight at the island scheduler."},
+    {"pathways_client_device_share", "gauge", "The client's share of the island's device time over the last seconds (the dashboard's window); clients without recent work have none."},
     {"pathways_client_queued_runs", "gauge", "The client's runs waiting at the island scheduler."},
     {"pathways_client_released_runs_total", "counter", "The client's runs the island scheduler released."},
     {"pathways_client_failed_shards_total", "counter", "Shards of the client's runs that failed on the host (inputs lost, refused, out of memory, a failed collective, ...)."},
@@ -134,18 +176,9 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
     e.Add("pathways_host_dataflow_received_bytes_total", host, static_cast<double>(c.dataflow_bytes_received()));
     e.Add("pathways_host_collectives_total", host, static_cast<double>(c.collectives()));
     e.Add("pathways_host_collective_failures_total", host, static_cast<double>(c.collectives_failed()));
-    if (c.latency_buckets_size() == c.latency_bounds_us_size() + 1) {
-      // The exposition's buckets are cumulative, the last one +Inf.
-      int64_t cumulative = 0;
-      for (int i = 0; i < c.latency_buckets_size(); ++i) {
-        cumulative += c.latency_buckets(i);
-        Labels bucket = host;
-        bucket.emplace_back("le", i < c.latency_bounds_us_size() ? FormatValue(c.latency_bounds_us(i) / 1e6) : "+Inf");
-        e.Add("pathways_host_collective_latency_seconds", bucket, static_cast<double>(cumulative), "_bucket");
-      }
-      e.Add("pathways_host_collective_latency_seconds", host, static_cast<double>(c.latency_sum_us()) / 1e6, "_sum");
-      e.Add("pathways_host_collective_latency_seconds", host, static_cast<double>(cumulative), "_count");
-    }
+    AddHistogram(e, "pathways_host_collective_latency_seconds", host, c.latency_bounds_us(), c.latency_buckets(),
+                 c.latency_sum_us());
+    e.Add("pathways_host_runs_in_flight", host, static_cast<double>(c.runs_in_flight()));
     for (const rpc::ClientCount& f : c.failed_shards()) {
       Labels client = host;
       client.emplace_back("client", f.client_id());
@@ -167,20 +200,25 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
       }
     }
   }
+  const std::map<std::pair<int, std::string>, double> shares = RecentShares(status);
   for (const rpc::SchedulerStatus& s : status.schedulers()) {
     const Labels island = {{"island", absl::StrCat(s.island())}, {"policy", s.policy()}};
     e.Add("pathways_scheduler_rounds_total", island, static_cast<double>(s.rounds()));
     e.Add("pathways_scheduler_released_runs_total", island, static_cast<double>(s.released_runs()));
-    e.Add("pathways_scheduler_release_wait_seconds", island, static_cast<double>(s.release_wait_us_sum()) / 1e6, "_sum");
-    e.Add("pathways_scheduler_release_wait_seconds", island, static_cast<double>(s.released_runs()), "_count");
+    AddHistogram(e, "pathways_scheduler_release_wait_seconds", island, s.release_wait_bounds_us(),
+                 s.release_wait_buckets(), s.release_wait_us_sum());
     int64_t queued = 0;
     for (const rpc::SchedulerClientStatus& c : s.clients()) queued += c.queued_runs();
     e.Add("pathways_scheduler_queued_runs", island, static_cast<double>(queued));
     e.Add("pathways_scheduler_outstanding_runs", island, static_cast<double>(s.outstanding_runs()));
+    e.Add("pathways_scheduler_runs_in_flight", island, static_cast<double>(s.runs_in_flight()));
     for (const rpc::SchedulerClientStatus& c : s.clients()) {
       Labels client = {{"island", absl::StrCat(s.island())}, {"client", c.client_id()}};
       if (!c.tenant().empty()) client.push_back({"tenant", c.tenant()});
       e.Add("pathways_client_weight", client, c.weight());
+      if (auto share = shares.find({s.island(), c.client_id()}); share != shares.end()) {
+        e.Add("pathways_client_device_share", client, share->second);
+      }
       e.Add("pathways_client_queued_runs", client, static_cast<double>(c.queued_runs()));
       e.Add("pathways_client_released_runs_total", client, static_cast<double>(c.released_runs()));
     }

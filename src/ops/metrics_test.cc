@@ -1,62 +1,14 @@
 #include "ops/metrics.h"
 
-#include <map>
-#include <regex>
-#include <set>
-#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/prometheus_text.h"
 
 namespace pathways {
 namespace {
-
-// A reader of Prometheus' text format strict enough to catch what a scraper refuses: every
-// sample belongs to a family declared before it (HELP and TYPE), names and labels are well
-// formed, label values are escaped and values parse.
-struct Parsed {
-  std::map<std::string, std::string> types;           // family -> type
-  std::map<std::string, double> samples;              // "name{labels}" -> value
-  std::vector<std::string> errors;
-};
-
-Parsed Parse(const std::string& text) {
-  Parsed p;
-  static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+)");
-  static const std::regex kType(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|summary|histogram|untyped))");
-  static const std::regex kSample(
-      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*")(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*")*\})? (\S+))");
-  std::istringstream in(text);
-  std::string line;
-  std::set<std::string> helped;
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_match(line, m, kHelp)) {
-      helped.insert(m[1]);
-    } else if (std::regex_match(line, m, kType)) {
-      if (!helped.contains(m[1])) p.errors.push_back("TYPE before HELP: " + line);
-      p.types[m[1]] = m[2];
-    } else if (std::regex_match(line, m, kSample)) {
-      std::string family = m[1];
-      for (const char* suffix : {"_sum", "_count", "_bucket"}) {
-        const std::string s = suffix;
-        if (!p.types.contains(family) && family.size() > s.size() && family.ends_with(s)) {
-          family = family.substr(0, family.size() - s.size());
-        }
-      }
-      if (!p.types.contains(family)) p.errors.push_back("sample of an undeclared family: " + line);
-      char* end = nullptr;
-      const std::string value = m[7];
-      const double v = std::strtod(value.c_str(), &end);
-      if (end == nullptr || *end != '\0') p.errors.push_back("value does not parse: " + line);
-      const std::string key = std::string(m[1]) + std::string(m[2]);
-      if (p.samples.contains(key)) p.errors.push_back("sample twice: " + line);
-      p.samples[key] = v;
-    } else {
-      p.errors.push_back("not a line of the format: " + line);
-    }
-  }
-  return p;
-}
 
 rpc::ClusterStatus TwoHostStatus() {
   rpc::ClusterStatus status;
@@ -88,6 +40,7 @@ rpc::ClusterStatus TwoHostStatus() {
       for (double b : {100.0, 1000.0}) c->add_latency_bounds_us(b);
       for (int64_t n : {2, 3, 1}) c->add_latency_buckets(n);
       c->set_latency_sum_us(9000);
+      c->set_runs_in_flight(5);
       rpc::ClientCount* failed = c->add_failed_shards();
       failed->set_client_id("0123abcd");
       failed->set_count(4);
@@ -99,6 +52,9 @@ rpc::ClusterStatus TwoHostStatus() {
   s->set_rounds(7);
   s->set_released_runs(10);
   s->set_release_wait_us_sum(2500);
+  for (double b : {100.0, 1000.0}) s->add_release_wait_bounds_us(b);
+  for (int64_t n : {7, 3, 0}) s->add_release_wait_buckets(n);
+  s->set_runs_in_flight(5);
   rpc::SchedulerClientStatus* c = s->add_clients();
   c->set_client_id("0123abcd");
   c->set_weight(2.5);
@@ -113,10 +69,10 @@ rpc::ClusterStatus TwoHostStatus() {
 }
 
 TEST(MetricsTest, TheExpositionParsesAndCarriesEveryFigure) {
-  const Parsed p = Parse(PrometheusText(TwoHostStatus()));
+  const PrometheusSamples p = ParsePrometheusText(PrometheusText(TwoHostStatus()));
   EXPECT_TRUE(p.errors.empty()) << p.errors.front();
   EXPECT_EQ(p.types.at("pathways_device_busy_seconds_total"), "counter");
-  EXPECT_EQ(p.types.at("pathways_scheduler_release_wait_seconds"), "summary");
+  EXPECT_EQ(p.types.at("pathways_scheduler_release_wait_seconds"), "histogram");
   const std::string dev0 = R"({host="127.0.0.1:4000",island="0",device="0",kind="cpu"})";
   EXPECT_EQ(p.samples.at("pathways_device_memory_limit_bytes" + dev0), 3221225472.0);
   EXPECT_EQ(p.samples.at("pathways_device_memory_used_bytes" + dev0), 123456789.0);
@@ -128,7 +84,13 @@ TEST(MetricsTest, TheExpositionParsesAndCarriesEveryFigure) {
   const std::string island = R"({island="0",policy="proportional-share"})";
   EXPECT_EQ(p.samples.at("pathways_scheduler_release_wait_seconds_sum" + island), 0.0025);
   EXPECT_EQ(p.samples.at("pathways_scheduler_release_wait_seconds_count" + island), 10.0);
+  const std::string wait = R"(pathways_scheduler_release_wait_seconds_bucket{island="0",policy="proportional-share",le=")";
+  EXPECT_EQ(p.samples.at(wait + R"(0.0001"})"), 7.0);
+  EXPECT_EQ(p.samples.at(wait + R"(0.001"})"), 10.0);
+  EXPECT_EQ(p.samples.at(wait + R"(+Inf"})"), 10.0);
   EXPECT_EQ(p.samples.at("pathways_scheduler_queued_runs" + island), 3.0);
+  EXPECT_EQ(p.samples.at("pathways_scheduler_runs_in_flight" + island), 5.0);
+  EXPECT_EQ(p.samples.at(R"(pathways_host_runs_in_flight{host="127.0.0.1:4000",island="0"})"), 5.0);
   EXPECT_EQ(p.samples.at(R"(pathways_client_weight{island="0",client="0123abcd"})"), 2.5);
   EXPECT_EQ(p.samples.at("pathways_live_clients"), 1.0);
   EXPECT_EQ(p.samples.at("pathways_slices"), 1.0);
@@ -136,7 +98,7 @@ TEST(MetricsTest, TheExpositionParsesAndCarriesEveryFigure) {
 }
 
 TEST(MetricsTest, HostCountersAndTheCollectiveLatencyHistogram) {
-  const Parsed p = Parse(PrometheusText(TwoHostStatus()));
+  const PrometheusSamples p = ParsePrometheusText(PrometheusText(TwoHostStatus()));
   EXPECT_TRUE(p.errors.empty()) << p.errors.front();
   const std::string host0 = R"({host="127.0.0.1:4000",island="0"})";
   EXPECT_EQ(p.samples.at("pathways_host_blocks_sent_total" + host0), 3.0);
@@ -160,8 +122,39 @@ TEST(MetricsTest, HostCountersAndTheCollectiveLatencyHistogram) {
   EXPECT_EQ(p.samples.at("pathways_host_collectives_total" + host1), 0.0);
 }
 
+// Each client's share of its island's device time over the status's timeline, as the dashboard
+// measures it; none without a timeline, and none for a client without recent work.
+TEST(MetricsTest, ClientSharesComeFromTheRecentWorkOfTheirIsland) {
+  rpc::ClusterStatus status = TwoHostStatus();
+  rpc::SchedulerClientStatus* idle = status.mutable_schedulers(0)->add_clients();
+  idle->set_client_id("idle0000");
+  EXPECT_FALSE(ParsePrometheusText(PrometheusText(status)).samples.contains(
+      R"(pathways_client_device_share{island="0",client="0123abcd"})"));
+  auto work = [&](const std::string& host, std::vector<std::pair<std::string, int64_t>> busy) {
+    rpc::DeviceTimeline* d = status.mutable_timeline()->add_devices();
+    d->set_host(host);
+    rpc::WorkBucket* b = d->add_buckets();
+    b->set_start_us(0);
+    b->set_end_us(100000);
+    for (const auto& [client, micros] : busy) {
+      rpc::ClientTime* t = b->add_busy();
+      t->set_client_id(client);
+      t->set_busy_micros(micros);
+    }
+  };
+  work("127.0.0.1:4000", {{"0123abcd", 30000}, {"other000", 10000}});
+  work("127.0.0.1:4000", {{"0123abcd", 50000}, {"other000", 10000}});
+  work("127.0.0.1:4001", {{"0123abcd", 90000}});  // island 1: not in island 0's share
+  work("10.0.0.1:1", {{"0123abcd", 90000}});      // a host the status does not know
+  const PrometheusSamples p = ParsePrometheusText(PrometheusText(status));
+  EXPECT_TRUE(p.errors.empty()) << p.errors.front();
+  EXPECT_EQ(p.types.at("pathways_client_device_share"), "gauge");
+  EXPECT_DOUBLE_EQ(p.samples.at(R"(pathways_client_device_share{island="0",client="0123abcd"})"), 0.8);
+  EXPECT_FALSE(p.samples.contains(R"(pathways_client_device_share{island="0",client="idle0000"})"));
+}
+
 TEST(MetricsTest, AnEmptyClusterStillDeclaresItsFamilies) {
-  const Parsed p = Parse(PrometheusText(rpc::ClusterStatus()));
+  const PrometheusSamples p = ParsePrometheusText(PrometheusText(rpc::ClusterStatus()));
   EXPECT_TRUE(p.errors.empty()) << p.errors.front();
   EXPECT_TRUE(p.types.contains("pathways_host_up"));
   EXPECT_EQ(p.samples.at("pathways_live_clients"), 0.0);

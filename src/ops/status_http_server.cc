@@ -152,8 +152,10 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
       res.set_content(Json(timeline()), "application/json");
     });
   }
-  server->Get(ExactRoute("/metrics"), [status](const httplib::Request&, httplib::Response& res) {
-    res.set_content(PrometheusText(status()), "text/plain; version=0.0.4; charset=utf-8");
+  server->Get(ExactRoute("/metrics"), [status, timeline](const httplib::Request&, httplib::Response& res) {
+    rpc::ClusterStatus s = status();
+    if (timeline) *s.mutable_timeline() = timeline();  // for the clients' recent shares
+    res.set_content(PrometheusText(s), "text/plain; version=0.0.4; charset=utf-8");
   });
   server->set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (res.body.empty()) res.set_content(absl::StrCat("HTTP ", res.status, "\n"), "text/plain");

@@ -65,7 +65,7 @@ constexpr char kUsage[] =
     "         modelled durations, default 100 us) [--hosts N] (hosts in this process; --listen port 0)\n"
     "         [--data-port N] [--link-port N] (fixed ports for clients' puts and fetches and for other\n"
     "         hosts' collectives and blocks; default any free port)\n"
-    "  status --controller HOST:PORT [--token T] [--json]\n"
+    "  status --controller HOST:PORT [--token T] [--json] (with the devices' work of the last 10 s)\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
     "         [--token T] [--span-islands] [--wait-for-go] (starts its runs on a line on stdin)\n"
@@ -330,13 +330,18 @@ absl::Status RunWorker(const Flags& flags) {
   return *left;
 }
 
+// How far back `status --json` reaches into the devices' work: the dashboard's timeline.
+constexpr absl::Duration kStatusTimeline = absl::Seconds(10);
+
 absl::Status RunStatus(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("status needs --controller HOST:PORT");
   PW_ASSIGN_OR_RETURN(std::string token, TokenFromFlagOrEnv(flags.Get("token")));
   SetCallToken(std::move(token));
   PW_ASSIGN_OR_RETURN(std::string address, flags.GetAddress("controller", "", false));
   ControllerClient controller(address);
-  PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status, controller.GetStatus());
+  // As JSON, with the devices' work of the last seconds that the dashboard draws.
+  PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status,
+                      controller.GetStatus(flags.Has("json") ? kStatusTimeline : absl::ZeroDuration()));
   if (flags.Has("json")) {
     std::printf("%s\n", StatusJson(status).c_str());
     return absl::OkStatus();

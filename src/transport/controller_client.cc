@@ -59,10 +59,12 @@ absl::StatusOr<rpc::HeartbeatResponse> ControllerClient::Heartbeat(const rpc::He
       });
 }
 
-absl::StatusOr<rpc::ClusterStatus> ControllerClient::GetStatus() {
+absl::StatusOr<rpc::ClusterStatus> ControllerClient::GetStatus(absl::Duration timeline) {
+  rpc::GetStatusRequest request;
+  request.set_timeline_ms(absl::ToInt64Milliseconds(timeline));
   return CallWithDeadline<rpc::ClusterStatus>(
       address_, token_, "GetStatus", [&](grpc::ClientContext* c, rpc::ClusterStatus* resp) {
-        return stub_->GetStatus(c, rpc::GetStatusRequest(), resp);
+        return stub_->GetStatus(c, request, resp);
       });
 }
 

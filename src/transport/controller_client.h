@@ -28,7 +28,8 @@ class ControllerClient {
 
   absl::StatusOr<rpc::RegisterWorkerResponse> RegisterWorker(const rpc::RegisterWorkerRequest& r);
   absl::StatusOr<rpc::HeartbeatResponse> Heartbeat(const rpc::HeartbeatRequest& r);
-  absl::StatusOr<rpc::ClusterStatus> GetStatus();
+  // With the devices' work of the last `timeline` (ClusterStatus.timeline) when it is not zero.
+  absl::StatusOr<rpc::ClusterStatus> GetStatus(absl::Duration timeline = absl::ZeroDuration());
   absl::StatusOr<rpc::AllocateSliceResponse> AllocateSlice(const rpc::AllocateSliceRequest& r);
   absl::StatusOr<rpc::SliceStatesResponse> SliceStates(const rpc::SliceStatesRequest& r);
   // The same without blocking, for code that runs on callback threads (an error being explained).

@@ -57,24 +57,23 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     return absl::InvalidArgumentError(
         absl::StrCat("run's output array base ", run.output_array_base(), " leaves no room for ", num_outputs, " ids"));
   }
-  std::shared_ptr<RunTracker> tracker;
+  // Every run has a tracker while its shards here are not all done (runs_in_flight_); it
+  // reports to the island scheduler when the run asks for it.
+  int shards = 0;
+  for (int n = run.first_node(); n <= run.last_node(); ++n) shards += static_cast<int>(entry->nodes[n].shards.size());
+  rpc::RunDone done;
+  std::function<void(rpc::RunDone)> report;
   if (run.report_done()) {
-    int shards = 0;
-    for (int n = run.first_node(); n <= run.last_node(); ++n) shards += static_cast<int>(entry->nodes[n].shards.size());
-    rpc::RunDone done;
     done.set_client_id(client);
     done.set_epoch(run.epoch());
     // Reports leave from the I/O pool: this may be a scheduled op being applied, under the
     // control graph's lock.
-    auto report = [this](rpc::RunDone d) {
+    report = [this](rpc::RunDone d) {
       io_pool_.Schedule([this, d = std::move(d)]() mutable { control_.ReportDone(std::move(d)); });
     };
-    if (shards == 0) {
-      report(std::move(done));
-    } else {
-      tracker = std::make_shared<RunTracker>(shards, std::move(done), std::move(report));
-    }
+    if (shards == 0) report(std::move(done));
   }
+  auto tracker = std::make_shared<RunTracker>(shards, std::move(done), std::move(report), runs_in_flight_);
   // Parallel dispatch within the range: every node's outputs, input wiring and sends are set up
   // now, before any of them has run.
   // Only a run with a node that takes donated buffers needs the gate (see ExecuteShard).
@@ -140,12 +139,18 @@ std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<HostProg
 }
 
 // Counts a run's shards on this host down to done, adding up their device time, and reports.
+// Counts a run's shards on this host down to done, adding up their device time, and reports
+// when the run asked for it. The run is in flight here while the tracker lives: the shards' work
+// holds it, so a shard whose work is dropped unrun counts as done too.
 struct HostRuntime::RunTracker {
-  RunTracker(int shards, rpc::RunDone done, std::function<void(rpc::RunDone)> report)
-      : left(shards), shards(shards), done(std::move(done)), report(std::move(report)) {}
+  RunTracker(int shards, rpc::RunDone done, std::function<void(rpc::RunDone)> report, std::atomic<int64_t>& in_flight)
+      : left(shards), shards(shards), done(std::move(done)), report(std::move(report)), in_flight(in_flight) {
+    in_flight.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~RunTracker() { in_flight.fetch_sub(1, std::memory_order_relaxed); }
   void ShardDone(int64_t device_us) {
     const int64_t total = device_us_.fetch_add(device_us) + device_us;
-    if (left.fetch_sub(1) != 1) return;
+    if (left.fetch_sub(1) != 1 || !report) return;
     done.set_device_us(total / shards);
     report(std::move(done));
   }
@@ -153,7 +158,8 @@ struct HostRuntime::RunTracker {
   const int shards;
   std::atomic<int64_t> device_us_{0};
   rpc::RunDone done;
-  std::function<void(rpc::RunDone)> report;
+  std::function<void(rpc::RunDone)> report;  // empty: the run reports nothing
+  std::atomic<int64_t>& in_flight;
 };
 
 namespace {
@@ -195,7 +201,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
   std::shared_ptr<const Executable> exe = functions_.Lookup(node.function_key);
   if (exe == nullptr) {
     fail(absl::NotFoundError(absl::StrCat("function '", node.function_name, "' is not compiled on host ", name())));
-    if (tracker) tracker->ShardDone(0);
+    tracker->ShardDone(0);
     return;
   }
   auto plans = std::make_shared<std::vector<InputPlan>>();
@@ -243,7 +249,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     if (!pieces.ok()) {
       fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
                                                              "): ", pieces.status().message())));
-      if (tracker) tracker->ShardDone(0);
+      tracker->ShardDone(0);
       return;
     }
     auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
@@ -293,7 +299,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     const int64_t start_us = absl::ToUnixMicros(start);
     const int64_t end_us = absl::ToUnixMicros(absl::Now());
     device->RecordTrace({label, start_us, end_us});  // before results show
-    if (tracker) tracker->ShardDone(end_us - start_us);
+    tracker->ShardDone(end_us - start_us);
     if (!results.ok()) {
       fail(results.status());
       return;

@@ -216,6 +216,9 @@ class HostRuntime {
   BufferPtr TakeStaged(const std::string& client, const rpc::ShardRef& dest);
 
   const HostRuntimeOptions options_;
+  // Runs set up here whose shards are not all done (RunTracker); before the devices, whose queued
+  // work holds trackers.
+  std::atomic<int64_t> runs_in_flight_{0};
   const std::shared_ptr<DcnEmulation> dcn_;  // null unless emulating; links learn islands from programs
   const std::shared_ptr<collective::TcpLinks> links_;  // null without a rendezvous store
   collective::CollectiveHub collectives_;  // used by device threads; outlives them (see ~HostRuntime)

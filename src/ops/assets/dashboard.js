@@ -184,7 +184,7 @@ function render(status, now) {
     const queued = (s.clients || []).reduce((n, c) => n + Number(c.queued_runs), 0);
     const runs = Number(s.released_runs);
     const wait = runs > 0 ? (Number(s.release_wait_us_sum) / runs).toFixed(0) + ' µs' : '-';
-    return [s.island, s.policy, queued, Number(s.outstanding_runs), Number(s.rounds), runs, wait];
+    return [s.island, s.policy, queued, Number(s.runs_in_flight || 0), Number(s.rounds), runs, wait];
   }));
   fillTable('slices', (status.slices || []).map(s => [Number(s.slice_id), s.client_id,
     (s.mesh_shape || []).join('×'), s.device_kind, (s.device_ids || []).join(' ')]));
