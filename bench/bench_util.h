@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 
+#include "core/logging.h"
 #include "core/progress.h"
 #include "tools/flags.h"
 
@@ -82,6 +83,28 @@ inline double SelfCpuSeconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// The benchmark's flags (argv[1..]): those in `known` and `--log-level debug|info|warning|error`,
+// which every benchmark takes, as every `pathways` command does, and which sets the level of the
+// runtime's log lines, its own and those of the processes it starts. A bad flag is named on stderr and the benchmark exits with status 2.
+inline Flags FlagsOrExit(int argc, char** argv, std::vector<std::string> known) {
+  known.push_back("log-level");
+  absl::StatusOr<Flags> flags = Flags::Parse(argc - 1, argv + 1, known);
+  absl::Status status = flags.status();
+  if (status.ok() && flags->Has("log-level")) {
+    absl::StatusOr<LogLevel> level = ParseLogLevel(flags->Get("log-level"));
+    if (level.ok()) {
+      SetMinLogLevel(*level);
+      setenv("PATHWAYS_LOG_LEVEL", flags->Get("log-level").c_str(), 1);  // for the processes it starts
+    }
+    status = level.status();
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
+    std::exit(2);
+  }
+  return *std::move(flags);
 }
 
 // The integer flag `name` (or `fallback`), which must be from `min` to `max`: a benchmark given a

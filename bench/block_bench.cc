@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_split.h"
+#include "absl/strings/str_cat.h"
 #include "bench_util.h"
 #include "client/client.h"
 #include "core/process.h"
@@ -67,14 +68,10 @@ double RawTcp(int64_t bytes) {
 int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"sizes", "repeats"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 5));
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"sizes", "repeats"});
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 5));
   std::vector<int64_t> sizes;
-  for (absl::string_view s : absl::StrSplit(flags->Get("sizes", "1MiB,16MiB,64MiB"), ',')) {
+  for (absl::string_view s : absl::StrSplit(flags.Get("sizes", "1MiB,16MiB,64MiB"), ',')) {
     auto bytes = ParseBytes(std::string(s));
     if (!bytes.ok() || *bytes < 4 || *bytes > (int64_t{1} << 30)) {
       std::fprintf(stderr, "bad size '%s': want 4 B to 1 GiB\n", std::string(s).c_str());
@@ -108,7 +105,9 @@ int Main(int argc, char** argv) {
       "| bytes | call with block ms | on one host ms | block alone ms | raw TCP ms | raw TCP GB/s | call / raw TCP "
       "rate | block alone / raw TCP rate |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
+  bench::RowProgress progress("blocks", static_cast<int64_t>(sizes.size()));  // on a terminal, on stderr
   for (int64_t bytes : sizes) {
+    progress.Measuring(absl::StrCat(bytes, " bytes"));
     const int64_t n = bytes / 4;
     const TensorSpec spec{DType::kF32, {n}};
     CompiledFunction copy = *client->Compile(FunctionSpec::Builtin("identity", {spec}, {spec}, {{""}}, {{""}}));
@@ -127,6 +126,7 @@ int Main(int argc, char** argv) {
     const double c = Median(cross), l = Median(local), w = Median(raw);
     // The block alone: what the call across hosts costs beyond the same call on the block's host.
     const double alone = std::max(c - l, 1e-9);
+    progress.Printing();
     std::printf("| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", static_cast<long long>(bytes), c * 1e3,
                 l * 1e3, alone * 1e3, w * 1e3, bytes / w / 1e9, w / c, w / alone);
     std::fflush(stdout);

@@ -355,15 +355,11 @@ int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, cons
 int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
-  const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags->Get("configs", "2x1,4x1,8x1,4x4,1x4"));
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps"});
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 3));
+  const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags.Get("configs", "2x1,4x1,8x1,4x4,1x4"));
   std::vector<int64_t> sizes;
-  for (absl::string_view s : absl::StrSplit(flags->Get("sizes", "4,64KiB,4MiB"), ',')) {
+  for (absl::string_view s : absl::StrSplit(flags.Get("sizes", "4,64KiB,4MiB"), ',')) {
     auto bytes = ParseBytes(std::string(s));
     if (!bytes.ok() || *bytes < 4 || *bytes > (256 << 20)) {
       std::fprintf(stderr, "bad size '%s': want 4 B to 256 MiB\n", std::string(s).c_str());
@@ -375,13 +371,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--repeats must be between 1 and 50\n");
     return 2;
   }
-  if (flags->Has("work") && flags->Has("steps")) {
+  if (flags.Has("work") && flags.Has("steps")) {
     std::fprintf(stderr, "--steps is for this runtime's forms alone; Figure 6 (--work) sets its steps by the work\n");
     return 2;
   }
-  if (flags->Has("work")) {
+  if (flags.Has("work")) {
     std::vector<int> work;
-    for (absl::string_view w : absl::StrSplit(flags->Get("work"), ',')) {
+    for (absl::string_view w : absl::StrSplit(flags.Get("work"), ',')) {
       int n = 0;
       if (!absl::SimpleAtoi(w, &n) || n < 0 || n > 4096) {
         std::fprintf(stderr, "bad --work '%s': want matrix sides from 0 to 4096\n", std::string(w).c_str());
@@ -401,12 +397,12 @@ int Main(int argc, char** argv) {
       "The collective alone: all_reduce through the hub API, hosts as threads of one process with "
       "loopback links between them, no compiled function; GB/s counts every member's input read and output "
       "written, against memcpy's bytes read and written.\n\n");
-  const bool hub_only = flags->Get("hub-only", "false") == "true";
+  const bool hub_only = flags.Get("hub-only", "false") == "true";
   // This runtime alone, no hub and no peers: for profiling it (`perf record -a`).
-  const bool runtime_only = flags->Get("runtime-only", "false") == "true";
+  const bool runtime_only = flags.Get("runtime-only", "false") == "true";
   // Steps per run of this runtime's forms instead of the size's default: with --runtime-only,
   // runs long enough for a profile of their steady state rather than of process start-up.
-  const int steps = flags->Has("steps") ? static_cast<int>(bench::IntFlagOrExit(*flags, "steps", 0, 1, 1000000)) : 0;
+  const int steps = flags.Has("steps") ? static_cast<int>(bench::IntFlagOrExit(flags, "steps", 0, 1, 1000000)) : 0;
   const bool have_torch = !runtime_only && Available({"/usr/bin/python3", "-c", "import torch.distributed"});
   const bool have_mpi = !runtime_only && access(MPI_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;
   if (!runtime_only && !have_torch) std::printf("torch.distributed: not installed (make deps-bench)\n\n");

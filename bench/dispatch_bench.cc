@@ -261,14 +261,10 @@ int main(int argc, char** argv) {
   using namespace pathways;
   InitServingProcess();
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"repeats", "max-hosts", "max-stages"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 5));
-  const int max_hosts = static_cast<int>(bench::IntFlagOrExit(*flags, "max-hosts", 8, 1, 64));
-  const int max_stages = static_cast<int>(bench::IntFlagOrExit(*flags, "max-stages", 16, 1, 64));
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"repeats", "max-hosts", "max-stages"});
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 5));
+  const int max_hosts = static_cast<int>(bench::IntFlagOrExit(flags, "max-hosts", 8, 1, 64));
+  const int max_stages = static_cast<int>(bench::IntFlagOrExit(flags, "max-stages", 16, 1, 64));
   ThroughputTable(max_hosts, repeats);
   EmbeddedPipelineTable(max_stages, repeats);
   int failed = 0;

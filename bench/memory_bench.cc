@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "bench_util.h"
 #include "client/client.h"
 #include "core/process.h"
 #include "testing/subprocess.h"
@@ -31,13 +33,9 @@ double StatusMiB(pid_t pid, const std::string& field) {
 int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"device-memory", "cycles"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  auto budget = ParseBytes(flags->Get("device-memory", "512MiB"));
-  auto cycles = flags->GetInt("cycles", 6);
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"device-memory", "cycles"});
+  auto budget = ParseBytes(flags.Get("device-memory", "512MiB"));
+  auto cycles = flags.GetInt("cycles", 6);
   if (!budget.ok() || *budget < (64 << 20) || *budget > (int64_t{8} << 30) || !cycles.ok() || *cycles < 1 ||
       *cycles > 100) {
     std::fprintf(stderr, "want --device-memory between 64MiB and 8GiB and --cycles between 1 and 100\n");
@@ -65,7 +63,9 @@ int Main(int argc, char** argv) {
   std::printf("| after cycle | worker RSS MiB | RSS - budget MiB |\n|---|---|---|\n");
   std::printf("| (idle, before) | %.0f | %.0f |\n", StatusMiB(worker.pid(), "VmRSS"),
               StatusMiB(worker.pid(), "VmRSS") - budget_mib);
+  bench::RowProgress progress("fill and free", *cycles);  // on a terminal, on stderr
   for (int64_t c = 1; c <= *cycles; ++c) {
+    progress.Measuring(absl::StrCat("cycle ", c, " of ", *cycles));
     {
       std::vector<ShardedArray> inputs, outputs;
       for (int i = 0; i < kArrays; ++i) inputs.push_back(*(*client)->Put(ones, *slice, {""}));
@@ -81,6 +81,7 @@ int Main(int argc, char** argv) {
     // What the worker holds once settled: its allocator hands free memory back once a second.
     absl::SleepFor(absl::Milliseconds(1500));
     const double rss = StatusMiB(worker.pid(), "VmRSS");
+    progress.Printing();
     std::printf("| %lld | %.0f | %.0f |\n", static_cast<long long>(c), rss, rss - budget_mib);
     std::fflush(stdout);
   }

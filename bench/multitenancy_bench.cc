@@ -247,17 +247,13 @@ void SharesTable(const TenancyShape& shape, const std::vector<double>& weights, 
 int main(int argc, char** argv) {
   using namespace pathways;
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"seconds", "repeats", "max-clients", "trace-prefix", "hosts", "sim-cost-us"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  const double seconds = static_cast<double>(bench::IntFlagOrExit(*flags, "seconds", 2));
-  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3));
-  const int max_clients = static_cast<int>(bench::IntFlagOrExit(*flags, "max-clients", 16, 1, 64));
-  const std::string prefix = flags->Get("trace-prefix");
-  const TenancyShape shape{.hosts = static_cast<int>(bench::IntFlagOrExit(*flags, "hosts", 1, 1, 64)),
-                    .sim_cost_us = bench::IntFlagOrExit(*flags, "sim-cost-us", 0, 0, 1000000)};
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"seconds", "repeats", "max-clients", "trace-prefix", "hosts", "sim-cost-us"});
+  const double seconds = static_cast<double>(bench::IntFlagOrExit(flags, "seconds", 2));
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 3));
+  const int max_clients = static_cast<int>(bench::IntFlagOrExit(flags, "max-clients", 16, 1, 64));
+  const std::string prefix = flags.Get("trace-prefix");
+  const TenancyShape shape{.hosts = static_cast<int>(bench::IntFlagOrExit(flags, "hosts", 1, 1, 64)),
+                    .sim_cost_us = bench::IntFlagOrExit(flags, "sim-cost-us", 0, 0, 1000000)};
   if (shape.hosts > 1 && shape.sim_cost_us == 0) {
     // More CPU devices than the machine has cores would measure the cores, not the runtime.
     std::fprintf(stderr, "--hosts above 1 needs --sim-cost-us (simulated devices)\n");

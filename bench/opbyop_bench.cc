@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_cat.h"
 #include "bench_util.h"
 #include "cluster/local_cluster.h"
 #include "compute/executable.h"
@@ -114,17 +115,18 @@ double MeasureKernelOnly(int64_t calls, int repeats) {
 int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"calls", "repeats", "devices"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  const int64_t calls = bench::IntFlagOrExit(*flags, "calls", 2000, 10);
-  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 5));
-  const int devices = static_cast<int>(bench::IntFlagOrExit(*flags, "devices", 1, 1, 64));
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"calls", "repeats", "devices"});
+  const int64_t calls = bench::IntFlagOrExit(flags, "calls", 2000, 10);
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 5));
+  const int devices = static_cast<int>(bench::IntFlagOrExit(flags, "devices", 1, 1, 64));
 
+  // On a terminal, what is being measured: the kernel, the embedded cluster, then each repeat of
+  // the two clusters of processes (on stderr: the table on stdout stays clean).
+  bench::RowProgress progress("OpByOp", 2 + repeats);
+  progress.Measuring("the kernel alone");
   const double kernel = MeasureKernelOnly(calls, repeats);
 
+  progress.Measuring("an embedded cluster");
   auto cluster = *LocalCluster::Start({.num_islands = 1, .hosts_per_island = 1, .devices_per_host = devices});
   Figures embedded = Measure(**cluster->Connect(), devices, calls, repeats);
   cluster.reset();
@@ -157,6 +159,7 @@ int Main(int argc, char** argv) {
   std::vector<Figures> with_streams, with_grpc;
   std::vector<double> bare;
   for (int r = 0; r < repeats; ++r) {
+    progress.Measuring(absl::StrCat("processes, repeat ", r + 1, " of ", repeats));
     with_streams.push_back(Measure(*streams.client, devices, calls, 1));
     with_grpc.push_back(Measure(*grpc_only.client, devices, calls, 1));
     bare.push_back(MeasureGrpc(with_streams.back().hosts.front(), std::max<int64_t>(1, calls / 10), 1));
@@ -175,6 +178,7 @@ int Main(int argc, char** argv) {
     p->worker.Stop(SIGTERM);
     p->controller.Stop(SIGTERM);
   }
+  progress.Printing();
 
   std::printf("OpByOp add_one on f32[%d] over %d device(s); median of %d runs of %lld calls\n\n",
               devices, devices, repeats, static_cast<long long>(calls));

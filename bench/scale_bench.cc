@@ -189,11 +189,7 @@ int Run(const Flags& flags) {
 
 int main(int argc, char** argv) {
   pathways::InitServingProcess();  // the client here is measured as a serving process runs it
-  auto flags = pathways::Flags::Parse(argc - 1, argv + 1, {"max-hosts", "hosts-per-process", "devices", "cost-us", "runs",
-                                                   "chains"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
-    return 2;
-  }
-  return pathways::Run(*flags);
+  const pathways::Flags flags = pathways::bench::FlagsOrExit(
+      argc, argv, {"max-hosts", "hosts-per-process", "devices", "cost-us", "runs", "chains"});
+  return pathways::Run(flags);
 }

@@ -227,18 +227,13 @@ std::string Format(const std::optional<double>& us) {
 int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
-  auto flags =
-      Flags::Parse(argc - 1, argv + 1, {"configs", "steps", "elements", "repeats", "iterations"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  const int steps = static_cast<int>(bench::IntFlagOrExit(*flags, "steps", 16, 1, 1024));
-  const int64_t elements = bench::IntFlagOrExit(*flags, "elements", 1024, 1, 1 << 20);
-  const int repeats = static_cast<int>(bench::IntFlagOrExit(*flags, "repeats", 3, 1, 50));
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"configs", "steps", "elements", "repeats", "iterations"});
+  const int steps = static_cast<int>(bench::IntFlagOrExit(flags, "steps", 16, 1, 1024));
+  const int64_t elements = bench::IntFlagOrExit(flags, "elements", 1024, 1, 1 << 20);
+  const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 3, 1, 50));
   const std::vector<int64_t> sweep =
-      ParseSweep(flags->Get("iterations", "1,4,16,64,256,1024,4096,16384"), "iterations");
-  const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags->Get("configs", "1x1,4x1,16x1"));
+      ParseSweep(flags.Get("iterations", "1,4,16,64,256,1024,4096,16384"), "iterations");
+  const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags.Get("configs", "1x1,4x1,16x1"));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const bool have_mpi = access(MPI_STENCIL_PEER, X_OK) == 0 && access("/usr/bin/mpirun", X_OK) == 0;
   if (!have_mpi) std::printf("OpenMPI: not installed or peer not built (make deps-bench, then rebuild)\n\n");

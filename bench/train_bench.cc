@@ -102,10 +102,8 @@ Result Measure(LocalCluster& cluster, const TrainOptions& options, int steps, in
 
 int Main(int argc, char** argv) {
   InitServingProcess();
-  auto flags = OrDie(Flags::Parse(argc - 1, argv + 1,
-                                  {"devices", "layers", "batch", "steps", "repeats", "dcn-latency-us", "dcn-gbps",
-                                   "trace-prefix"}),
-                     "flags");
+  const Flags flags = bench::FlagsOrExit(
+      argc, argv, {"devices", "layers", "batch", "steps", "repeats", "dcn-latency-us", "dcn-gbps", "trace-prefix"});
   const int64_t devices = OrDie(flags.GetInt("devices", 8), "--devices");
   const int64_t layers = OrDie(flags.GetInt("layers", 8), "--layers");
   const int64_t batch = OrDie(flags.GetInt("batch", 32), "--batch");

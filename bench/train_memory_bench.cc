@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "client/optimizer.h"
 #include "client/program.h"
 #include "cluster/local_cluster.h"
@@ -112,13 +113,9 @@ absl::StatusOr<Measured> Train(LocalCluster& cluster, int64_t batch, int64_t wid
 
 int Main(int argc, char** argv) {
   InitServingProcess();
-  auto flags = Flags::Parse(argc - 1, argv + 1, {"batch", "width", "hidden", "steps"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  auto batch = flags->GetInt("batch", 256), width = flags->GetInt("width", 512), hidden = flags->GetInt("hidden", 2048),
-       steps = flags->GetInt("steps", 4);
+  const Flags flags = bench::FlagsOrExit(argc, argv, {"batch", "width", "hidden", "steps"});
+  auto batch = flags.GetInt("batch", 256), width = flags.GetInt("width", 512), hidden = flags.GetInt("hidden", 2048),
+       steps = flags.GetInt("steps", 4);
   for (const auto* v : {&batch, &width, &hidden, &steps}) {
     if (!v->ok() || **v < 1 || **v > 16384) {
       std::fprintf(stderr, "--batch, --width, --hidden and --steps take integers from 1 to 16384\n");
@@ -143,8 +140,11 @@ int Main(int argc, char** argv) {
               "the backward pass %.1f: %.1f\n",
               params, params, 2 * params, data, saved, hand);
   std::printf("| Adam | peak device memory (MiB) | peak / by hand | loss first -> last |\n|---|---|---|---|\n");
+  bench::RowProgress progress("training steps", 2);  // on a terminal, on stderr
   for (bool donate : {true, false}) {
+    progress.Measuring(donate ? "Adam in place" : "Adam into new buffers");
     auto m = Train(**cluster, *batch, *width, *hidden, static_cast<int>(*steps), donate);
+    progress.Printing();
     if (!m.ok()) {
       std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
       return 1;
