@@ -264,6 +264,11 @@ TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
   ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen 127.0.0.1:70000")), "70000");
   ExpectFailedSaying(RunToEnd("worker --controller 127.0.0.1:65536"), "65536");
   ExpectFailedSaying(RunToEnd("controller --listen 127.0.0.1:0 --port-file /nonexistent-dir/port"), "--port-file");
+  // Trace files too, at start rather than after the job's work.
+  ExpectFailedSaying(RunToEnd(absl::StrCat("tenant --controller ", address_, " --trace /nonexistent-dir/t.json")),
+                     "--trace: cannot write /nonexistent-dir/t.json");
+  ExpectFailedSaying(RunToEnd("demo --trace /nonexistent-dir/t.json"), "--trace: cannot write");
+  ExpectFailedSaying(RunToEnd("train --steps 1 --trace /nonexistent-dir/t.json"), "--trace: cannot write");
   // A wildcard address, which they would give others to reach them by.
   ExpectFailedSaying(RunToEnd("controller --listen 0.0.0.0:0"), "a wildcard reaches no one");
   ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --listen [::]:0")), "a wildcard reaches no one");

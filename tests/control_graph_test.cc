@@ -244,6 +244,48 @@ TEST_F(ControlGraphTest, HostsReportRunsDoneThroughTheGraph) {
   EXPECT_EQ(got, (std::vector<int64_t>{7, 8, 9}));
 }
 
+// An op that cannot be read has an unknown place in the order, so the host cannot go on: it says
+// so (the worker then leaves the island). Garbage from a controller gone since changes nothing.
+TEST_F(ControlGraphTest, AnUnreadableOpBreaksTheHostsOrderAndSaysSo) {
+  SetMembers({"h0"});
+  Future<Unit> first = plane_->Push("h0", RunOp(1));
+  plane_->EndRound();
+  ASSERT_TRUE(first.Await().ok());
+  HostControl& h0 = *hosts_["h0"]->control;
+  EXPECT_TRUE(h0.Broken().ok());
+  h0.TEST_OnScheduled("an-older-incarnation", "\xff\xff not a proto");
+  EXPECT_TRUE(h0.Broken().ok());
+  h0.TEST_OnScheduled("incarnation-1", "\xff\xff not a proto");
+  const absl::Status broken = h0.Broken();
+  EXPECT_EQ(broken.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(broken.message().find("host h0: a scheduled op from controller incarnation-1 could not be read"),
+            std::string::npos)
+      << broken;
+  EXPECT_EQ(hosts_["h0"]->Applied(), (std::vector<int64_t>{1}));
+}
+
+// Ops that wait for one that never comes are bounded: past the bound the host says its order is
+// lost instead of holding them all.
+TEST_F(ControlGraphTest, OpsWaitingForOneThatNeverComesAreBounded) {
+  SetMembers({"h0"});
+  Future<Unit> first = plane_->Push("h0", RunOp(1));
+  plane_->EndRound();
+  ASSERT_TRUE(first.Await().ok());
+  HostControl& h0 = *hosts_["h0"]->control;
+  // Order 2 never comes; 3, 4, ... wait for it.
+  for (int64_t order = 3; order < static_cast<int64_t>(HostControl::kMaxEarlyOps) + 3; ++order) {
+    rpc::ScheduledOp op = RunOp(order);
+    op.set_order(order);
+    h0.TEST_OnScheduled("incarnation-1", op.SerializeAsString());
+  }
+  EXPECT_TRUE(h0.Broken().ok());  // exactly the bound: still waiting
+  rpc::ScheduledOp one_more = RunOp(1);
+  one_more.set_order(static_cast<int64_t>(HostControl::kMaxEarlyOps) + 3);
+  h0.TEST_OnScheduled("incarnation-1", one_more.SerializeAsString());
+  EXPECT_EQ(h0.Broken().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(h0.Broken().message().find("scheduled op 2 never came"), std::string::npos) << h0.Broken();
+}
+
 TEST_F(ControlGraphTest, MalformedGraphsAreRefused) {
   rpc::ControlGraph graph;
   graph.set_controller("ctl");

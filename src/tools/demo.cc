@@ -58,6 +58,7 @@ void PrintPlacement(const char* what, const ShardedArray& a) {
 }  // namespace
 
 absl::Status RunDemo(const Flags& flags) {
+  PW_RETURN_IF_ERROR(flags.CheckWritable("trace"));  // before the work, not after it
   LocalClusterOptions options;
   PW_ASSIGN_OR_RETURN(int64_t islands, flags.GetInt("islands", 2));
   PW_ASSIGN_OR_RETURN(int64_t hosts, flags.GetInt("hosts", 2));

@@ -1,6 +1,11 @@
 #include "tools/flags.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -103,6 +108,20 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size such as 1GiB or 512MiB"));
   }
   return v << shift;
+}
+
+absl::Status Flags::CheckWritable(const std::string& name) const {
+  if (!Has(name)) return absl::OkStatus();
+  const std::string path = Get(name);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool made = fd >= 0;
+  if (!made && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": cannot write ", path, ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  if (made) ::unlink(path.c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace pathways

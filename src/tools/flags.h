@@ -23,6 +23,10 @@ class Flags {
   absl::StatusOr<std::string> GetAddress(const std::string& name, const std::string& fallback, bool port_zero) const;
   // Accepts plain bytes or a suffix: KiB, MiB, GiB (and K, M, G, KB, MB, GB as powers of 1024).
   absl::StatusOr<int64_t> GetBytes(const std::string& name, int64_t fallback) const;
+  // When the flag is given: the file it names can be written (it is opened for writing without
+  // being emptied, and removed again if this made it), so a run fails at start, not after its
+  // work, on a path it cannot write. InvalidArgument naming the flag, the path and why.
+  absl::Status CheckWritable(const std::string& name) const;
 
  private:
   std::map<std::string, std::string> values_;

@@ -1,5 +1,13 @@
 #include "tools/flags.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace pathways {
@@ -16,6 +24,31 @@ TEST(FlagsTest, ParsesBothFormsAndRejectsUnknown) {
   EXPECT_FALSE(Flags::Parse(2, const_cast<char**>(bad), {"island"}).ok());
   const char* dangling[] = {"--island"};
   EXPECT_FALSE(Flags::Parse(1, const_cast<char**>(dangling), {"island"}).ok());
+}
+
+// A file a flag names is checked at start without harm: one this made goes again, an existing
+// one keeps its bytes, and one that cannot be written is named with the flag.
+TEST(FlagsTest, FilesThatCannotBeWrittenAreRefusedAtStart) {
+  const std::string dir = ::testing::TempDir() + "/flags_test_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const std::string fresh = dir + "/fresh.json", kept = dir + "/kept.json", missing = dir + "/no/such/dir.json";
+  { std::ofstream(kept) << "keep me"; }
+  std::vector<std::string> args = {"--a", fresh, "--b", kept, "--c", missing};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  auto f = Flags::Parse(static_cast<int>(argv.size()), argv.data(), {"a", "b", "c", "unset"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->CheckWritable("unset").ok());
+  EXPECT_TRUE(f->CheckWritable("a").ok());
+  EXPECT_FALSE(std::filesystem::exists(fresh));
+  EXPECT_TRUE(f->CheckWritable("b").ok());
+  std::string content;
+  std::getline(std::ifstream(kept), content);
+  EXPECT_EQ(content, "keep me");
+  absl::Status bad = f->CheckWritable("c");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--c: cannot write " + missing), std::string::npos) << bad;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(FlagsTest, SwitchesTakeNoValue) {

@@ -11,6 +11,7 @@
 namespace pathways {
 
 absl::Status RunTenant(const Flags& flags) {
+  PW_RETURN_IF_ERROR(flags.CheckWritable("trace"));  // before the work, not after it
   if (!flags.Has("controller")) return absl::InvalidArgumentError("tenant needs --controller HOST:PORT");
   PW_ASSIGN_OR_RETURN(std::string token, TokenFromFlagOrEnv(flags.Get("token")));
   SetCallToken(std::move(token));

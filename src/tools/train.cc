@@ -96,6 +96,7 @@ absl::StatusOr<std::FILE*> OpenMetrics(const std::string& path, std::string& mad
 }  // namespace
 
 absl::Status RunTrain(const Flags& flags) {
+  PW_RETURN_IF_ERROR(flags.CheckWritable("trace"));  // before the work, not after it
   PW_ASSIGN_OR_RETURN(TrainOptions options, OptionsFromFlags(flags));
   PW_ASSIGN_OR_RETURN(int64_t steps, flags.GetInt("steps", 200));
   PW_ASSIGN_OR_RETURN(int64_t device_memory, flags.GetBytes("device-memory", int64_t{1} << 30));

@@ -122,19 +122,40 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
   return absl::OkStatus();
 }
 
+absl::Status HostControl::Broken() {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
 void HostControl::OnScheduled(const std::string& controller_incarnation, const std::string& bytes) {
   rpc::ScheduledOp op;
-  if (!op.ParseFromString(bytes) || op.order() <= 0) {
-    PW_LOG(Error) << "host " << options_.host << ": unreadable scheduled op dropped";
-    return;
-  }
+  const bool readable = op.ParseFromString(bytes) && op.order() > 0;
   absl::MutexLock lock(&mu_);
   if (shut_down_ || controller_incarnation != controller_incarnation_) return;  // from a controller gone since
+  if (!readable) {
+    if (broken_.ok()) {
+      broken_ = absl::UnavailableError(absl::StrCat(
+          "host ", options_.host, ": a scheduled op from controller ", controller_incarnation,
+          " could not be read (", bytes.size(), " bytes), so its place in the island's order is unknown and every "
+          "later run here would wait for it; the host leaves the island"));
+      PW_LOG(Error) << broken_.message();
+    }
+    return;
+  }
   if (op.order() < next_order_) {
     PW_LOG(Error) << "host " << options_.host << ": scheduled op " << op.order() << " came twice";
     return;
   }
   const int64_t order = op.order();
+  if (order != next_order_ && early_.size() >= kMaxEarlyOps) {
+    if (broken_.ok()) {
+      broken_ = absl::UnavailableError(absl::StrCat(
+          "host ", options_.host, ": scheduled op ", next_order_, " never came while ", early_.size(),
+          " later ones waited for it; the host leaves the island"));
+      PW_LOG(Error) << broken_.message();
+    }
+    return;
+  }
   early_.emplace(order, std::move(op));
   std::vector<rpc::ScheduledOp> ready;
   for (auto it = early_.begin(); it != early_.end() && it->first == next_order_; it = early_.erase(it), ++next_order_) {

@@ -49,6 +49,18 @@ class HostControl {
   void Shutdown();
   // The graphs this host is in now.
   size_t num_generations();
+  // Unavailable, saying why, once the island's order cannot go on here: a scheduled op that could
+  // not be read (its place in the order is unknown, so every later op would wait for it), or
+  // more than kMaxEarlyOps ops waiting for one that never came. The host must then leave (the
+  // worker tells the controller, which fails its runs); until then ops are still taken in order.
+  absl::Status Broken();
+  // Ops kept waiting for an earlier one, at most.
+  static constexpr size_t kMaxEarlyOps = 1 << 16;
+
+  // For tests: what the apply shard of a generation of `controller_incarnation` hands over.
+  void TEST_OnScheduled(const std::string& controller_incarnation, const std::string& bytes) {
+    OnScheduled(controller_incarnation, bytes);
+  }
 
  private:
   class Apply;
@@ -72,6 +84,7 @@ class HostControl {
   std::map<int64_t, rpc::ScheduledOp> early_ ABSL_GUARDED_BY(mu_);
   int64_t next_report_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);  // see Broken()
 };
 
 }  // namespace pathways

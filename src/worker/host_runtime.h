@@ -100,6 +100,9 @@ class HostRuntime {
   // island's control graph, which the controller asks the host to join.
   absl::Status ApplyScheduled(std::vector<rpc::ScheduledOp> ops);
   absl::Status JoinControlGraph(const rpc::ControlGraph& graph) { return control_.Join(graph); }
+  // Unavailable once the island's order cannot go on here (HostControl::Broken): the host must
+  // leave.
+  absl::Status ControlBroken() { return control_.Broken(); }
   // Completes once the requested shards are computed and copied into `*response` (once each,
   // from device memory; the caller keeps `response` alive until then).
   Future<Unit> Fetch(const rpc::FetchRequest& request, rpc::FetchResponse* response);

@@ -248,18 +248,22 @@ void Worker::HeartbeatLoop() {
     // Liveness on progress, not only on heartbeats: the process answers, but a device that makes
     // none holds every later gang of its island on this host. The controller hears why at once
     // (not after its heartbeat timeout), and the worker leaves.
+    // So does a host whose place in the island's order is lost (its later runs would wait for
+    // good).
+    absl::Status leaving = runtime_->ControlBroken();
     if (std::optional<ComputationWatch::Overrun> overrun = StuckDevice(); overrun.has_value()) {
-      const absl::Status stuck =
-          absl::UnavailableError(DescribeOverrun(address_, *overrun, options_.computation_timeout));
-      PW_LOG(Error) << stuck.message();
-      request.set_leaving(std::string(stuck.message()));
+      leaving = absl::UnavailableError(DescribeOverrun(address_, *overrun, options_.computation_timeout));
+      PW_LOG(Error) << leaving.message();
       request.set_stuck_client(overrun->label.client);
+      stuck_ = true;
+    }
+    if (!leaving.ok()) {
+      request.set_leaving(std::string(leaving.message()));
       if (auto told = controller_->Heartbeat(request); !told.ok()) {
         PW_LOG(Warning) << "the controller was not told (it declares this host dead once its heartbeats stop): "
                         << told.status();
       }
-      stuck_ = true;
-      if (options_.on_left) options_.on_left(stuck);
+      if (options_.on_left) options_.on_left(leaving);
       return;
     }
     auto response = controller_->Heartbeat(request);
