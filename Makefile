@@ -78,13 +78,17 @@ demo: deps build
 # The binary, the client library (libpathways_client.so), its headers and a CMake package config
 # (find_package(pathways), target pathways::client) and the Python package under PREFIX.
 PREFIX ?= /usr/local
-install: build
+install: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake -S . -B $(BUILD_DIR) >/dev/null  # a tree configured before the target existed learns it
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target packaged
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 # Debian packages in build/: pathways (binary, library, Python) and pathways-dev (headers, CMake
 # files). dpkg-shlibdeps (dpkg-dev) works out the runtime package's library dependencies, on the
 # files that CPack picks out with `file` (not in a minimal Debian such as the debian:12 image).
-package: build
+package: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake -S . -B $(BUILD_DIR) >/dev/null  # a tree configured before the target existed learns it
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target packaged
 	@$(MAKE) install-packages PACKAGES="dpkg-dev file"
 	cd $(BUILD_DIR) && cpack -G DEB
 

@@ -36,6 +36,14 @@ if(TARGET _pathways)
           COMPONENT runtime PATTERN __pycache__ EXCLUDE)
 endif()
 
+# What the packages hold, and all that `make install` and `make package` build (not the tests and
+# benchmarks: an image's build stage needs only these). Installing does not build everything first.
+add_custom_target(packaged DEPENDS pathways pathways_client)
+if(TARGET pathways_python)
+  add_dependencies(packaged pathways_python)
+endif()
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)
+
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME pathways)
 set(CPACK_PACKAGE_VENDOR "the pathways authors")
