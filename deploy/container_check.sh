@@ -4,7 +4,7 @@
 # (debian:12) is made here by debootstrap from Debian's mirror and imported, since no registry is
 # reachable from the development machine; with one, podman would pull it instead.
 #
-#   make check-container          (root; Debian's mirror reachable; about 25 minutes, most of
+#   make check-container          (root; Debian's mirror reachable; about 10 minutes, most of
 #                                  it the image's own build of the runtime)
 #
 # The image build runs `make deps` and `make package` inside the first stage, as anyone's build
