@@ -4,7 +4,9 @@
 //   - small messages pay for rounds, not bytes: recursive doubling (all_reduce, reduce_scatter:
 //     log2(H) rounds) or one round of direct sends (all_gather, broadcast);
 //   - large ones pay for bytes: a ring (reduce-scatter then all-gather, each host sending
-//     2(H-1)/H of the data), with what arrives reduced chunk by chunk while the rest streams in.
+//     2(H-1)/H of the data), with what arrives reduced chunk by chunk while the rest streams in;
+//     for all_reduce over a power of two of more than two hosts, the same bytes in 2 log2(H)
+//     steps instead of 2(H-1) (recursive halving, then doubling).
 // Shapes are static: every host knows every message's size, so no round exchanges sizes.
 #pragma once
 

@@ -199,7 +199,8 @@ TEST_P(CrossHostTest, MaxAgreesBitForBitWithNansAndSignedZeros) {
 
 INSTANTIATE_TEST_SUITE_P(SizesAndHosts, CrossHostTest,
                          ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
-                                            ::testing::Values(size_t{1} << 1, size_t{1} << 10, size_t{1} << 17)),
+                                            ::testing::Values(size_t{1} << 1, size_t{1} << 10, size_t{1} << 17,
+                                                              (size_t{1} << 17) + 3)),  // splits unevenly
                          [](const auto& info) {
                            return absl::StrCat(std::get<0>(info.param), "hosts_", std::get<1>(info.param), "elements");
                          });
