@@ -6,8 +6,28 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "grpc/grpc.h"
+#include "grpc/support/log.h"
 
 namespace pathways {
+namespace {
+
+// gRPC's own log lines (those its verbosity lets through: errors unless GRPC_VERBOSITY says
+// otherwise) go through the project's log, with its levels, timestamps and --log-level, rather
+// than gRPC's own format. Set when this file's code is linked in: every binary that makes a
+// channel or a server does.
+void ForwardGrpcLog(gpr_log_func_args* args) {
+  const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR  ? LogLevel::kError
+                         : args->severity == GPR_LOG_SEVERITY_INFO ? LogLevel::kInfo
+                                                                   : LogLevel::kDebug;
+  if (level < MinLogLevel()) return;
+  EmitLogLine(level, args->file, args->line, absl::StrCat("grpc: ", args->message));
+}
+[[maybe_unused]] const bool kGrpcLogForwarded = [] {
+  gpr_set_log_function(ForwardGrpcLog);
+  return true;
+}();
+
+}  // namespace
 
 Executor& RpcCompletions() {
   static GrowingThreadPool* pool = new GrowingThreadPool("rpc-done", 64);

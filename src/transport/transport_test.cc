@@ -1,7 +1,11 @@
 #include <cstdlib>
 #include <memory>
+#include <regex>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "grpc/grpc.h"
+#include "grpc/support/log.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
@@ -125,6 +129,25 @@ TEST(RpcUtilTest, StatusRoundTripsThroughGrpc) {
   absl::Status wrapped = FromGrpc(ToGrpc(absl::UnavailableError("gone")), "Enqueue on worker h:1");
   EXPECT_EQ(wrapped.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(wrapped.message(), "Enqueue on worker h:1: gone");
+}
+
+// gRPC's own lines come out in the project's format and obey its level.
+TEST(RpcUtilTest, GrpcsLogLinesGoThroughTheProjectsLog) {
+  grpc_init();  // as making a channel or a server does: before it gRPC logs nothing
+  ::testing::internal::CaptureStderr();
+  gpr_log(GPR_ERROR, "something broke: %d", 42);
+  const std::string line = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(std::regex_search(line, std::regex(R"(^E \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z transport_test\.cc:\d+\] grpc: something broke: 42\n$)")))
+      << line;
+  const LogLevel before = MinLogLevel();
+  SetMinLogLevel(LogLevel::kError);
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);  // gRPC lets it through; our level does not
+  ::testing::internal::CaptureStderr();
+  gpr_log(GPR_INFO, "chatter");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+  SetMinLogLevel(before);
+  grpc_shutdown();
 }
 
 TEST(AuthTest, OnlyTokensGrpcCanCarryAreTaken) {
