@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compi
   pybind11-dev python3-dev python3-torch python3-pytest python3-yaml libcpp-httplib-dev pkg-config \
   libgoogle-perftools-dev
 
-.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot deps-slurm deps-container install-packages build test demo install package check-package check-slurm check-container bench collective-bench fuzz sanitize sanitize-thread clean
+.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot deps-slurm deps-container install-packages build test demo install packaged package check-package check-slurm check-container bench collective-bench fuzz sanitize sanitize-thread clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -78,17 +78,19 @@ demo: deps build
 # The binary, the client library (libpathways_client.so), its headers and a CMake package config
 # (find_package(pathways), target pathways::client) and the Python package under PREFIX.
 PREFIX ?= /usr/local
-install: deps $(BUILD_DIR)/CMakeCache.txt
-	cmake -S . -B $(BUILD_DIR) >/dev/null  # a tree configured before the target existed learns it
-	cmake --build $(BUILD_DIR) -j$(JOBS) --target packaged
+install: packaged
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+# What install and package ship, and only that (not the tests and benchmarks). A build tree
+# configured before the target existed learns it first.
+packaged: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake -S . -B $(BUILD_DIR) >/dev/null
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target packaged
 
 # Debian packages in build/: pathways (binary, library, Python) and pathways-dev (headers, CMake
 # files). dpkg-shlibdeps (dpkg-dev) works out the runtime package's library dependencies, on the
 # files that CPack picks out with `file` (not in a minimal Debian such as the debian:12 image).
-package: deps $(BUILD_DIR)/CMakeCache.txt
-	cmake -S . -B $(BUILD_DIR) >/dev/null  # a tree configured before the target existed learns it
-	cmake --build $(BUILD_DIR) -j$(JOBS) --target packaged
+package: packaged
 	@$(MAKE) install-packages PACKAGES="dpkg-dev file"
 	cd $(BUILD_DIR) && cpack -G DEB
 

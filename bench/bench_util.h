@@ -19,7 +19,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 
-#include "core/logging.h"
 #include "core/progress.h"
 #include "tools/flags.h"
 
@@ -86,20 +85,12 @@ inline double SelfCpuSeconds() {
 }
 
 // The benchmark's flags (argv[1..]): those in `known` and `--log-level debug|info|warning|error`,
-// which every benchmark takes, as every `pathways` command does, and which sets the level of the
-// runtime's log lines, its own and those of the processes it starts. A bad flag is named on stderr and the benchmark exits with status 2.
+// which every benchmark takes, as every `pathways` command does (Flags::ApplyLogLevel). A bad
+// flag is named on stderr and the benchmark exits with status 2.
 inline Flags FlagsOrExit(int argc, char** argv, std::vector<std::string> known) {
   known.push_back("log-level");
   absl::StatusOr<Flags> flags = Flags::Parse(argc - 1, argv + 1, known);
-  absl::Status status = flags.status();
-  if (status.ok() && flags->Has("log-level")) {
-    absl::StatusOr<LogLevel> level = ParseLogLevel(flags->Get("log-level"));
-    if (level.ok()) {
-      SetMinLogLevel(*level);
-      setenv("PATHWAYS_LOG_LEVEL", flags->Get("log-level").c_str(), 1);  // for the processes it starts
-    }
-    status = level.status();
-  }
+  absl::Status status = flags.ok() ? flags->ApplyLogLevel() : flags.status();
   if (!status.ok()) {
     std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
     std::exit(2);

@@ -37,8 +37,10 @@ if(TARGET _pathways)
 endif()
 
 # What the packages hold, and all that `make install` and `make package` build (not the tests and
-# benchmarks: an image's build stage needs only these). Installing does not build everything first.
-add_custom_target(packaged DEPENDS pathways pathways_client)
+# benchmarks: an image's build stage needs only these). Installing does not build everything
+# first, so `cmake --build build --target install` (or cpack) wants `packaged` built before it.
+add_custom_target(packaged)
+add_dependencies(packaged pathways pathways_client)
 if(TARGET pathways_python)
   add_dependencies(packaged pathways_python)
 endif()

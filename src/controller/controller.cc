@@ -416,11 +416,6 @@ void Controller::RetireLoop() {
   }
 }
 
-namespace {
-// How far back the dashboard's device timelines reach.
-constexpr absl::Duration kDashboardTimeline = absl::Seconds(10);
-}  // namespace
-
 absl::Status Controller::Start() {
   PW_ASSIGN_OR_RETURN(const std::string token, TokenFromFlagOrEnv(options_.token));
   PW_ASSIGN_OR_RETURN(const std::string cluster_token, ClusterTokenFromFlagOrEnv(options_.cluster_token, token));

@@ -74,6 +74,8 @@ class Controller {
   // island schedulers and live clients, and the devices' work of the last `timeline` (none by
   // default; the registry keeps 30 s). Clients appear by a label (ClientLabel).
   rpc::ClusterStatus Status(absl::Duration timeline = absl::ZeroDuration());
+  // How far back the dashboard's device timelines reach (and `pathways status --json`'s).
+  static constexpr absl::Duration kDashboardTimeline = absl::Seconds(10);
   Future<Unit> SubmitAcrossIslands(const std::string& client, double weight,
                                    std::vector<std::pair<int, rpc::GangRun>> parts);
 

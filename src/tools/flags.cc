@@ -12,6 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/logging.h"
+#include "core/status_macros.h"
 
 namespace pathways {
 
@@ -115,12 +117,22 @@ absl::Status Flags::CheckWritable(const std::string& name) const {
   const std::string path = Get(name);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   const bool made = fd >= 0;
-  if (!made && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  // Without blocking: a FIFO that has no reader yet is fine (the writer waits for one later).
+  if (!made && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENXIO) return absl::OkStatus();
   if (fd < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--", name, ": cannot write ", path, ": ", std::strerror(errno)));
   }
   ::close(fd);
   if (made) ::unlink(path.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Flags::ApplyLogLevel() const {
+  if (!Has("log-level")) return absl::OkStatus();
+  PW_ASSIGN_OR_RETURN(LogLevel level, ParseLogLevel(Get("log-level")));
+  SetMinLogLevel(level);
+  ::setenv("PATHWAYS_LOG_LEVEL", Get("log-level").c_str(), 1);
   return absl::OkStatus();
 }
 

@@ -27,6 +27,10 @@ class Flags {
   // being emptied, and removed again if this made it), so a run fails at start, not after its
   // work, on a path it cannot write. InvalidArgument naming the flag, the path and why.
   absl::Status CheckWritable(const std::string& name) const;
+  // `--log-level` when given: the level of this process's log lines and, through the
+  // environment (PATHWAYS_LOG_LEVEL), of the processes it starts. InvalidArgument naming the
+  // choices for a level that is not one.
+  absl::Status ApplyLogLevel() const;
 
  private:
   std::map<std::string, std::string> values_;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "gtest/gtest.h"
 
 namespace pathways {
@@ -31,6 +32,7 @@ TEST(FlagsTest, ParsesBothFormsAndRejectsUnknown) {
 TEST(FlagsTest, FilesThatCannotBeWrittenAreRefusedAtStart) {
   const std::string dir = ::testing::TempDir() + "/flags_test_" + std::to_string(::getpid());
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  absl::Cleanup remove_dir = [&dir] { std::filesystem::remove_all(dir); };
   const std::string fresh = dir + "/fresh.json", kept = dir + "/kept.json", missing = dir + "/no/such/dir.json";
   { std::ofstream(kept) << "keep me"; }
   std::vector<std::string> args = {"--a", fresh, "--b", kept, "--c", missing};
@@ -48,7 +50,6 @@ TEST(FlagsTest, FilesThatCannotBeWrittenAreRefusedAtStart) {
   absl::Status bad = f->CheckWritable("c");
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("--c: cannot write " + missing), std::string::npos) << bad;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(FlagsTest, SwitchesTakeNoValue) {

@@ -330,9 +330,6 @@ absl::Status RunWorker(const Flags& flags) {
   return *left;
 }
 
-// How far back `status --json` reaches into the devices' work: the dashboard's timeline.
-constexpr absl::Duration kStatusTimeline = absl::Seconds(10);
-
 absl::Status RunStatus(const Flags& flags) {
   if (!flags.Has("controller")) return absl::InvalidArgumentError("status needs --controller HOST:PORT");
   PW_ASSIGN_OR_RETURN(std::string token, TokenFromFlagOrEnv(flags.Get("token")));
@@ -341,7 +338,7 @@ absl::Status RunStatus(const Flags& flags) {
   ControllerClient controller(address);
   // As JSON, with the devices' work of the last seconds that the dashboard draws.
   PW_ASSIGN_OR_RETURN(rpc::ClusterStatus status,
-                      controller.GetStatus(flags.Has("json") ? kStatusTimeline : absl::ZeroDuration()));
+                      controller.GetStatus(flags.Has("json") ? Controller::kDashboardTimeline : absl::ZeroDuration()));
   if (flags.Has("json")) {
     std::printf("%s\n", StatusJson(status).c_str());
     return absl::OkStatus();
@@ -434,14 +431,7 @@ int main(int argc, char** argv) {
     known.push_back("log-level");  // every command's
     auto flags = Flags::Parse(argc - 2, argv + 2, known, c.switches);
     absl::Status status = flags.status();
-    if (status.ok() && flags->Has("log-level")) {
-      auto level = ParseLogLevel(flags->Get("log-level"));
-      if (level.ok()) {
-        SetMinLogLevel(*level);
-      } else {
-        status = level.status();
-      }
-    }
+    if (status.ok()) status = flags->ApplyLogLevel();
     // TLS (flags, else PATHWAYS_TLS_*) before any channel or server is made.
     if (status.ok()) status = ConfigureTls({flags->Get("tls-cert"), flags->Get("tls-key"), flags->Get("tls-ca")});
     if (status.ok()) status = c.run(*flags);

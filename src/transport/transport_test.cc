@@ -140,12 +140,15 @@ TEST(RpcUtilTest, GrpcsLogLinesGoThroughTheProjectsLog) {
   EXPECT_TRUE(std::regex_search(line, std::regex(R"(^E \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z transport_test\.cc:\d+\] grpc: something broke: 42\n$)")))
       << line;
   const LogLevel before = MinLogLevel();
+  const gpr_log_severity grpc_before = gpr_should_log(GPR_LOG_SEVERITY_DEBUG)  ? GPR_LOG_SEVERITY_DEBUG
+                                       : gpr_should_log(GPR_LOG_SEVERITY_INFO) ? GPR_LOG_SEVERITY_INFO
+                                                                               : GPR_LOG_SEVERITY_ERROR;
   SetMinLogLevel(LogLevel::kError);
   gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);  // gRPC lets it through; our level does not
   ::testing::internal::CaptureStderr();
   gpr_log(GPR_INFO, "chatter");
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
-  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+  gpr_set_log_verbosity(grpc_before);
   SetMinLogLevel(before);
   grpc_shutdown();
 }

@@ -92,6 +92,7 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
     LeaveAllLocked();
     next_order_ = 1;
     oldest_generation_ = 0;
+    broken_ = absl::OkStatus();  // the order that was lost was the previous controller's
     controller_incarnation_ = def.controller_incarnation();
   }
   oldest_generation_ = std::max(oldest_generation_, def.oldest_generation());

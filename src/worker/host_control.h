@@ -53,6 +53,7 @@ class HostControl {
   // not be read (its place in the order is unknown, so every later op would wait for it), or
   // more than kMaxEarlyOps ops waiting for one that never came. The host must then leave (the
   // worker tells the controller, which fails its runs); until then ops are still taken in order.
+  // A new controller incarnation starts a new order, and clears it.
   absl::Status Broken();
   // Ops kept waiting for an earlier one, at most.
   static constexpr size_t kMaxEarlyOps = 1 << 16;

@@ -138,7 +138,6 @@ std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<HostProg
   return sends;
 }
 
-// Counts a run's shards on this host down to done, adding up their device time, and reports.
 // Counts a run's shards on this host down to done, adding up their device time, and reports
 // when the run asked for it. The run is in flight here while the tracker lives: the shards' work
 // holds it, so a shard whose work is dropped unrun counts as done too.
