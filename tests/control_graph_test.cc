@@ -96,6 +96,13 @@ class ControlGraphTest : public ::testing::Test {
     for (const auto& a : addresses) members.push_back({a, "1"});
     plane_->SetMembers(members);
   }
+  // h0 alone in the island, with op 1 applied: its order is under way.
+  bool OneHostWithOneOpApplied() {
+    SetMembers({"h0"});
+    Future<Unit> first = plane_->Push("h0", RunOp(1));
+    plane_->EndRound();
+    return first.Await().ok();
+  }
   // Joins sent to `host` wait until ReleaseJoins.
   void HoldJoins(const std::string& host) {
     absl::MutexLock lock(&joins_mu_);
@@ -247,10 +254,7 @@ TEST_F(ControlGraphTest, HostsReportRunsDoneThroughTheGraph) {
 // An op that cannot be read has an unknown place in the order, so the host cannot go on: it says
 // so (the worker then leaves the island). Garbage from a controller gone since changes nothing.
 TEST_F(ControlGraphTest, AnUnreadableOpBreaksTheHostsOrderAndSaysSo) {
-  SetMembers({"h0"});
-  Future<Unit> first = plane_->Push("h0", RunOp(1));
-  plane_->EndRound();
-  ASSERT_TRUE(first.Await().ok());
+  ASSERT_TRUE(OneHostWithOneOpApplied());
   HostControl& h0 = *hosts_["h0"]->control;
   EXPECT_TRUE(h0.Broken().ok());
   h0.TEST_OnScheduled("an-older-incarnation", "\xff\xff not a proto");
@@ -262,15 +266,20 @@ TEST_F(ControlGraphTest, AnUnreadableOpBreaksTheHostsOrderAndSaysSo) {
             std::string::npos)
       << broken;
   EXPECT_EQ(hosts_["h0"]->Applied(), (std::vector<int64_t>{1}));
+  // A controller that restarted starts a new order: the host is whole again.
+  rpc::ControlGraph next;
+  next.set_controller("ctl");
+  next.set_controller_incarnation("incarnation-2");
+  next.set_generation(1);
+  next.add_hosts("h0");
+  ASSERT_TRUE(h0.Join(next).ok());
+  EXPECT_TRUE(h0.Broken().ok()) << h0.Broken();
 }
 
 // Ops that wait for one that never comes are bounded: past the bound the host says its order is
 // lost instead of holding them all.
 TEST_F(ControlGraphTest, OpsWaitingForOneThatNeverComesAreBounded) {
-  SetMembers({"h0"});
-  Future<Unit> first = plane_->Push("h0", RunOp(1));
-  plane_->EndRound();
-  ASSERT_TRUE(first.Await().ok());
+  ASSERT_TRUE(OneHostWithOneOpApplied());
   HostControl& h0 = *hosts_["h0"]->control;
   // Order 2 never comes; 3, 4, ... wait for it.
   for (int64_t order = 3; order < static_cast<int64_t>(HostControl::kMaxEarlyOps) + 3; ++order) {
