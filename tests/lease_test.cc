@@ -115,6 +115,38 @@ TEST_F(MultiProcessTest, AClientThatDiesWhileTheControllerIsDownIsCollectedAfter
   EXPECT_EQ(status->hosts_size(), 2);
 }
 
+// A live client across a restart of the controller: a call it makes while the controller is down
+// waits for it, and it goes on with the slice and arrays it had. The workers register again and
+// name the clients they hold, which lets the client use their hosts, and a request that names a
+// host not back yet is held until it is (before: the first call failed "Unavailable" while
+// gRPC's channel waited to reconnect, and the next "no worker at ... is registered").
+TEST_F(MultiProcessTest, ALiveClientCarriesOnAcrossAControllerRestart) {
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  auto before = client_->Fetch((*client_->Call(inc, slice, {x}))[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  controller_.Stop(SIGKILL);
+  auto during = client_->Call(inc, slice, {x});  // sent while no controller listens
+  ASSERT_TRUE(during.ok()) << during.status();
+  // The client's lease is renewed every quarter of the timeout: 3 s leaves room for the
+  // reconnection under a loaded `make test` (see the test above for the hosts' 5 s).
+  ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", address_, "--heartbeat-timeout-ms",
+                                 "5000", "--client-timeout-ms", "3000"})
+                  .ok());
+  ASSERT_TRUE(controller_.WaitForLine("listening on", kStartTimeout).ok());
+  auto waited = client_->Fetch((*during)[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->data<float>()[5], Pattern({8}, 1.0f).data<float>()[5] + 1);
+  for (int i = 0; i < 3; ++i) {
+    auto after = client_->Fetch((*client_->Call(inc, slice, {x}))[0]).AwaitFor(absl::Seconds(60));
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
+  }
+}
+
 // A host names to the controller the clients it comes to hold after it registered, not only
 // those it held then: ops that reach a host after the controller restarted, from a client that
 // died meanwhile, left their buffers for good before (the controller never heard of the client).

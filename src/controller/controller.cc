@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include <algorithm>
+#include <list>
 
 #include "core/socket_util.h"
 #include "absl/strings/str_cat.h"
@@ -129,9 +130,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                 absl::Status auth = controller_.clients_.CheckTenantNotRefused(tenant, absl::Now());
                 if (auth.ok()) auth = CheckClient(request.client_id(), request.credential(), tenant);
                 if (!auth.ok()) return Future<Unit>::Ready(auth);
-                auto accepted = Submit(request);
-                if (!accepted.ok()) return Future<Unit>::Ready(accepted.status());
-                return AllDone(*accepted);
+                return SubmitOrHold(request);
               });
             }};
   }
@@ -146,13 +145,55 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       reactor->Finish(ToGrpc(auth));
       return reactor;
     }
-    auto accepted = Submit(*request);
-    if (!accepted.ok()) {
-      reactor->Finish(ToGrpc(accepted.status()));
-      return reactor;
-    }
-    AllDone(*accepted).OnReady([reactor](const absl::StatusOr<Unit>& r) { reactor->Finish(ToGrpc(r.status())); });
+    SubmitOrHold(*request).OnReady([reactor](const absl::StatusOr<Unit>& r) { reactor->Finish(ToGrpc(r.status())); });
     return reactor;
+  }
+
+  // Submit; or, while this controller is new, a request naming a host that has not registered
+  // (or not yet named the client) is held until it has, at most until `hold_until`. A controller
+  // that restarted hears from its hosts again within a heartbeat or two: meanwhile a live
+  // client's runs wait for them instead of failing. Nothing of a refused request was submitted
+  // (Submit checks every run before it submits any), so trying it again is safe.
+  Future<Unit> SubmitOrHold(const rpc::ScheduleRequest& request) {
+    auto accepted = Submit(request);
+    if (accepted.ok()) return AllDone(*accepted);
+    if (!MayHold(accepted.status(), absl::Now())) return Future<Unit>::Ready(accepted.status());
+    absl::MutexLock lock(&held_mu_);
+    if (held_.size() >= kMaxHeld) return Future<Unit>::Ready(accepted.status());
+    held_.push_back({request, Promise<Unit>()});
+    return held_.back().promise.future();
+  }
+
+  // Tries the held requests again, in the order they came (a client sends its next once this one
+  // is answered); those still refused past the hold are answered with the refusal.
+  void RetryHeld(absl::Time now) {
+    absl::MutexLock lock(&held_mu_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      auto accepted = Submit(it->request);
+      if (!accepted.ok() && MayHold(accepted.status(), now)) {
+        ++it;
+        continue;
+      }
+      if (accepted.ok()) {
+        AllDone(*accepted).OnReady([p = std::make_shared<Promise<Unit>>(std::move(it->promise))](
+                                       const absl::StatusOr<Unit>& r) { p->Set(r); });
+      } else {
+        // A controller that restarted knows of a client's earlier slices only the hosts where it
+        // holds something (arrays, programs, ops), as they register again.
+        const bool unknown_slice = absl::IsPermissionDenied(accepted.status());
+        it->promise.Set(absl::Status(
+            accepted.status().code(),
+            absl::StrCat(accepted.status().message(), " (still, ", absl::FormatDuration(now - controller_.started_),
+                         " after this controller started",
+                         unknown_slice ? ": if the slice was made before it restarted, make it again" : "", ")")));
+      }
+      it = held_.erase(it);
+    }
+  }
+  void FailHeld() {
+    absl::MutexLock lock(&held_mu_);
+    for (Held& h : held_) h.promise.Set(absl::UnavailableError("the controller is shutting down"));
+    held_.clear();
   }
 
   grpc::Status SliceStates(grpc::ServerContext* context, const rpc::SliceStatesRequest* request,
@@ -342,7 +383,18 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     return accepted;
   }
 
+  bool MayHold(const absl::Status& refused, absl::Time now) const {
+    return (absl::IsNotFound(refused) || absl::IsPermissionDenied(refused)) && now < controller_.hold_until_;
+  }
+
   static constexpr int64_t kMaxRendezvousWaitMs = 60'000;
+  struct Held {
+    rpc::ScheduleRequest request;
+    Promise<Unit> promise;
+  };
+  static constexpr size_t kMaxHeld = 4096;
+  absl::Mutex held_mu_;
+  std::list<Held> held_ ABSL_GUARDED_BY(held_mu_);
   Controller& controller_;
   ClusterRegistry& registry_;
   const TenantTokens token_;
@@ -406,6 +458,7 @@ void Controller::RetireLoop() {
     const absl::Time now = absl::Now();
     const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(now);
     UpdateMembers(live);  // hosts that stopped heartbeating leave their island's control graph
+    service_->RetryHeld(now);
     for (const std::string& client : clients_.TakeDeparted(now)) {
       std::map<int, std::vector<std::string>> islands;
       for (const auto& h : live) islands[h.island].push_back(h.address);
@@ -450,6 +503,10 @@ absl::Status Controller::Start() {
                       << streams.status();
     }
   }
+  started_ = absl::Now();
+  // Hosts of a previous incarnation register again within a heartbeat interval (a quarter of the
+  // timeout) once they reconnect, which gRPC retries at least every second (ChannelArgs).
+  hold_until_ = started_ + options_.heartbeat_timeout + absl::Seconds(2);
   retire_thread_ = std::thread([this] { RetireLoop(); });
   if (options_.http_port >= 0) {
     StatusHttpOptions http;
@@ -474,6 +531,7 @@ void Controller::Shutdown() {
   http_.reset();  // its pages read the registry and the schedulers
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (retire_thread_.joinable()) retire_thread_.join();
+  if (service_ != nullptr) service_->FailHeld();  // before the server waits for their calls
   {
     // Schedule calls waiting for hosts end now, so the server's shutdown does not wait for them.
     absl::MutexLock lock(&schedulers_mu_);

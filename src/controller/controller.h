@@ -92,6 +92,9 @@ class Controller {
                                                            const std::vector<ClusterRegistry::LiveHost>& live);
   const ControllerOptions options_;
   const std::string incarnation_ = RandomIdString();
+  // Set in Start, before anything is served. Until `hold_until_`, schedule requests that name a
+  // host not registered here yet are held, not refused (Service::SubmitOrHold).
+  absl::Time started_, hold_until_;
   ClusterRegistry registry_;
   ClientLeases clients_;
   // The controller's shards of the island control graphs.

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/socket_util.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -32,6 +33,13 @@ absl::StatusOr<Response> CallWithDeadline(const std::string& address, const std:
   grpc::Status status = fn(&context, &response);
   if (!status.ok()) return FromGrpc(status, absl::StrCat(what, " on controller ", address));
   return response;
+}
+
+// A call gRPC failed before sending it: its channel had no connection to the controller and
+// could not make one ("failed to connect to all addresses", gRPC's words for a call that found
+// no connection to send on).
+bool NeverSent(const absl::Status& s) {
+  return absl::IsUnavailable(s) && absl::StrContains(s.message(), "failed to connect to all addresses");
 }
 
 }  // namespace
@@ -131,29 +139,95 @@ std::shared_ptr<ScheduleStream> ControllerClient::CurrentScheduleStream() {
   // whatever thread sends a batch, gRPC's callback threads and streams' readers included.
   if (!connecting_ && !stopping_ && absl::Now() >= retry_stream_at_) {
     connecting_ = true;
-    if (!connector_.joinable()) {
-      try {
-        connector_ = std::thread([this] { ConnectorLoop(); });
-      } catch (const std::system_error&) {
-        connecting_ = false;  // no thread to be had: unary calls, and asked again later
-        retry_stream_at_ = absl::Now() + absl::Seconds(5);
-      }
+    if (!EnsureConnectorLocked()) {
+      connecting_ = false;  // no thread to be had: unary calls, and asked again later
+      retry_stream_at_ = absl::Now() + absl::Seconds(5);
     }
   }
   return nullptr;
 }
 
+bool ControllerClient::EnsureConnectorLocked() {
+  if (connector_.joinable()) return true;
+  try {
+    connector_ = std::thread([this] { ConnectorLoop(); });
+    return true;
+  } catch (const std::system_error&) {
+    return false;
+  }
+}
+
 void ControllerClient::ConnectorLoop() {
   pthread_setname_np(pthread_self(), "sched-connect");
   while (true) {
+    bool connect = false, send = false;
     {
       absl::MutexLock lock(&stream_mu_);
-      auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) { return connecting_ || stopping_; };
+      auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) {
+        return connecting_ || stopping_ || !parked_.empty();
+      };
       stream_mu_.Await(absl::Condition(&wanted));
-      if (stopping_) return;
+      if (stopping_) break;
+      connect = connecting_;
+      send = !parked_.empty();
     }
-    ConnectScheduleStream();
+    if (connect) ConnectScheduleStream();
+    if (send) SendParked();
   }
+  std::vector<Parked> parked;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    parked.swap(parked_);
+  }
+  for (Parked& p : parked) {
+    p.promise.Set(absl::CancelledError(absl::StrCat("Schedule on controller ", address_,
+                                                    ": the client closed while it waited to reach the controller")));
+  }
+}
+
+void ControllerClient::SendParked() {
+  absl::Time deadline;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    if (parked_.empty()) return;
+    deadline = parked_.front().since + kReconnectWait;
+  }
+  // In steps, so that closing the client does not wait for the whole of it.
+  while (absl::Now() < deadline &&
+         !channel_->WaitForConnected(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(250))))) {
+    absl::MutexLock lock(&stream_mu_);
+    if (stopping_) return;
+  }
+  std::vector<Parked> parked;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    parked.swap(parked_);
+  }
+  // Connected, or not within the wait: then sent all the same, and gRPC's error says why.
+  for (Parked& p : parked) SendNow(std::move(p));
+}
+
+bool ControllerClient::Park(Parked& p) {
+  absl::MutexLock lock(&stream_mu_);
+  if (stopping_ || !EnsureConnectorLocked()) return false;
+  parked_.push_back(std::move(p));
+  return true;
+}
+
+void ControllerClient::SendUnary(Parked p) {
+  // gRPC fails a call at once while its channel waits between connection attempts: such a
+  // request waits for the connector thread, which sends it once the channel connects.
+  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY && Park(p)) return;
+  SendNow(std::move(p));
+}
+
+void ControllerClient::SendNow(Parked p) {
+  auto shared = std::make_shared<Parked>(std::move(p));
+  // The channel may not have seen its connection go yet: a call it then fails unsent waits too.
+  UnarySchedule(shared->request).OnReady([this, shared](const absl::StatusOr<Unit>& r) {
+    if (!r.ok() && NeverSent(r.status()) && absl::Now() < shared->since + kReconnectWait && Park(*shared)) return;
+    shared->promise.Set(r);
+  });
 }
 
 namespace {
@@ -240,6 +314,13 @@ Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
     schedules_streamed_.fetch_add(1, std::memory_order_relaxed);
     return stream->Schedule(r);
   }
+  Parked p{r, Promise<Unit>(), absl::Now()};
+  Future<Unit> done = p.promise.future();
+  SendUnary(std::move(p));
+  return done;
+}
+
+Future<Unit> ControllerClient::UnarySchedule(const rpc::ScheduleRequest& r) {
   schedules_unary_.fetch_add(1, std::memory_order_relaxed);
   return AsyncUnaryCall<rpc::ScheduleResponse>(
              absl::StrCat("Schedule on controller ", address_), token_, r, absl::InfiniteDuration(),
