@@ -44,7 +44,9 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       dataflow_transport_(options_.name),
       dcn_transport_(dcn_ != nullptr ? std::make_unique<dataflow::DcnTransport>(dataflow_transport_, *dcn_) : nullptr),
       sequencer_([this](const std::string& client, const rpc::Op& op) { ApplyOp(client, op); },
-                 [this](const std::string& client) { CollectClient(client); }, options_.sequence_gap_timeout),
+                 [this](const std::string& client) { CollectClient(client); }, options_.sequence_gap_timeout,
+                 OpSequencer::Limits{},
+                 [this](const std::string& client, const absl::Status& why) { store_.NoteSkippedOps(client, why); }),
       control_({options_.name, options_.dataflow_service, &dataflow_transport_, &io_pool_,
                 [this](std::vector<rpc::ScheduledOp> ops) { return ApplyScheduled(std::move(ops)); }}) {
   ConfigureComputeThreads(options_.intra_op_threads);

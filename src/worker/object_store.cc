@@ -14,6 +14,7 @@ void ObjectStore::Put(const std::string& client, ShardKey key, Future<BufferPtr>
 }
 
 Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) const {
+  std::string skipped;
   {
     absl::MutexLock lock(&mu_);
     auto c = buffers_.find(client);
@@ -31,9 +32,17 @@ Future<BufferPtr> ObjectStore::Get(const std::string& client, ShardKey key) cons
             range.why.code(), absl::StrCat("array ", key.array_id.value(), " was not made on this host: ", range.why.message())));
       }
     }
+    if (auto s = skipped_.find(client); s != skipped_.end()) {
+      skipped = absl::StrCat("; it may have been to come from ops of this client that never came: ", s->second.message());
+    }
   }
   return Future<BufferPtr>::Ready(absl::NotFoundError(
-      absl::StrCat("no shard ", key.shard, " of array ", key.array_id.value(), " on this host")));
+      absl::StrCat("no shard ", key.shard, " of array ", key.array_id.value(), " on this host", skipped)));
+}
+
+void ObjectStore::NoteSkippedOps(const std::string& client, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  skipped_[client] = why;
 }
 
 void ObjectStore::FailArrays(const std::string& client, ArrayId first, int64_t count, const absl::Status& why) {
@@ -76,6 +85,7 @@ int ObjectStore::DropClient(const std::string& client, const absl::Status& why) 
       buffers_.erase(c);
     }
     failed_.erase(client);
+    skipped_.erase(client);
     absl::erase_if(transfers_, [&](auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (entry.first.first != client) return false;
       if (!entry.second.delivered) failed.push_back(std::move(entry.second.promise));

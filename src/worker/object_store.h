@@ -40,6 +40,10 @@ class ObjectStore {
   // each client are kept.
   void FailArrays(const std::string& client, ArrayId first, int64_t count, const absl::Status& why);
   static constexpr size_t kFailedRangesPerClient = 64;
+  // Some of the client's ops never reached this host and were skipped (OpSequencer): what they
+  // were to make is unknown here, so from now on every read of a shard the client does not have
+  // here says `why` beside "no shard" (the last such reason, until the client goes).
+  void NoteSkippedOps(const std::string& client, const absl::Status& why);
   // Drops the store's reference to every shard of the array; buffers still needed by queued work
   // stay alive until that work is done. Returns the number of shards dropped.
   int FreeArray(const std::string& client, ArrayId array_id);
@@ -112,6 +116,7 @@ class ObjectStore {
     absl::Status why;
   };
   absl::flat_hash_map<std::string, std::deque<FailedArrays>> failed_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> skipped_ ABSL_GUARDED_BY(mu_);  // NoteSkippedOps
   absl::flat_hash_map<std::pair<std::string, TransferId>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> departed_ ABSL_GUARDED_BY(mu_);
   int64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;

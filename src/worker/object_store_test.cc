@@ -67,6 +67,20 @@ TEST(ObjectStoreTest, BlocksDeliveredBeforeTheirConsumerAreCountedUntilClaimedOr
   EXPECT_EQ(store.unclaimed_bytes(), 0);
 }
 
+// Ops of a client that never reached the host and were skipped: what they were to make is unknown,
+// so every shard the client lacks reads as missing with that reason, until the client goes.
+TEST(ObjectStoreTest, ShardsAClientLacksAfterItsOpsWereSkippedSayWhy) {
+  ObjectStore store;
+  store.NoteSkippedOps("c", absl::DeadlineExceededError("ops 4..5 of session 1 never came within 10s"));
+  auto missing = store.Get("c", {ArrayId(7), 1}).Await();
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("no shard 1 of array 7"), std::string::npos) << missing.status();
+  EXPECT_NE(missing.status().message().find("ops 4..5 of session 1 never came"), std::string::npos) << missing.status();
+  EXPECT_EQ(store.Get("other", {ArrayId(7), 1}).Await().status().message().find("never came"), std::string::npos);
+  store.DropClient("c", absl::CancelledError("gone"));
+  EXPECT_EQ(store.Get("c", {ArrayId(7), 1}).Await().status().message().find("never came"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pathways
 

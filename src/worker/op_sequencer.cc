@@ -12,9 +12,10 @@ constexpr size_t kMaxWaitingOpsPerClient = 1 << 20;
 constexpr size_t kMaxRememberedDropped = 1 << 16;
 }  // namespace
 
-OpSequencer::OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout, Limits limits)
+OpSequencer::OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout, Limits limits, SkipFn skipped)
     : apply_(std::move(apply)),
       retire_(std::move(retire)),
+      skipped_(std::move(skipped)),
       gap_timeout_(gap_timeout),
       limits_(limits),
       watchdog_([this] { WatchGaps(); }) {}
@@ -231,9 +232,12 @@ void OpSequencer::WatchGaps() {
     if (stop_ || scheduled_.empty() || absl::Now() - head_blocked_since_ < gap_timeout_) continue;
     rpc::ScheduledOp& head = scheduled_.front();
     ClientState& c = clients_[{head.client_id(), head.op().session()}];
-    PW_LOG(Error) << "client " << head.client_id() << ": ops " << c.applied + 1 << ".." << head.op().seq() - 1
-                  << " never came within " << absl::FormatDuration(gap_timeout_)
-                  << "; its scheduled run goes ahead without them";
+    const absl::Status why = absl::DeadlineExceededError(
+        absl::StrCat("ops ", c.applied + 1, "..", head.op().seq() - 1, " of session ", head.op().session(),
+                     " never came within ", absl::FormatDuration(gap_timeout_),
+                     " and were skipped; its scheduled run went ahead without them"));
+    PW_LOG(Error) << "client " << head.client_id() << ": " << why.message();
+    if (skipped_) skipped_(head.client_id(), why);
     c.applied = head.op().seq() - 1;
     Settlements settle;
     AdvanceLocked(head.client_id(), c, settle);

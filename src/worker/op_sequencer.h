@@ -45,7 +45,12 @@ class OpSequencer {
   // island's order, under the sequencer's lock (it must not call back into the sequencer).
   using RetireFn = std::function<void(const std::string& client)>;
   using Limits = OpSequencerLimits;
-  OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout, Limits limits = {});
+  // Called when a client's ops are skipped because they did not come within the gap timeout,
+  // with why, under the sequencer's lock: what they were to make will be missing, and whoever
+  // reads it should hear why.
+  using SkipFn = std::function<void(const std::string& client, const absl::Status& why)>;
+  OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_timeout, Limits limits = {},
+              SkipFn skipped = nullptr);
   ~OpSequencer();
 
   // InvalidArgument for ops without a sequence number or with one already used, ResourceExhausted
@@ -82,6 +87,7 @@ class OpSequencer {
 
   const ApplyFn apply_;
   const RetireFn retire_;
+  const SkipFn skipped_;
   // Takes the first waiting op of `c` out, and what was charged for it off the byte counts.
   rpc::Op TakeFirstWaitingLocked(const std::string& client, ClientState& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -67,6 +67,25 @@ TEST_F(OpSequencerTest, AGapOfAClientWhoseRetirementIsQueuedClosesAtOnce) {
   EXPECT_FALSE(sequencer_.AddDirect("gone", {Direct(1, 7)}).ok());
 }
 
+// Ops that never come: after the gap timeout the scheduled run goes ahead without them, and the
+// host hears which were skipped and why (what they were to make will be missing there).
+TEST(OpSequencerGapTest, OpsThatNeverComeAreSkippedAndNamed) {
+  std::vector<int64_t> applied;
+  std::vector<std::pair<std::string, absl::Status>> skipped;
+  OpSequencer sequencer([&](const std::string&, const rpc::Op& op) { applied.push_back(op.seq()); },
+                        [](const std::string&) {}, absl::Milliseconds(50), OpSequencer::Limits{},
+                        [&](const std::string& client, const absl::Status& why) { skipped.emplace_back(client, why); });
+  ASSERT_TRUE(sequencer.AddScheduled({Scheduled("c", 3, 7)}).ok());  // ops 1 and 2 never come
+  ASSERT_TRUE(sequencer.WhenApplied("c", 7, 3).AwaitFor(absl::Seconds(30)).ok());
+  EXPECT_EQ(applied, (std::vector<int64_t>{3}));
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].first, "c");
+  EXPECT_EQ(skipped[0].second.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(skipped[0].second.message().find("ops 1..2 of session 7 never came within 50ms"), std::string::npos)
+      << skipped[0].second;
+  EXPECT_FALSE(sequencer.AddDirect("c", {Direct(1, 7)}).ok());  // refused when it comes after all
+}
+
 // Ops that came early are held within byte limits, per client and in all; an op next in its
 // sequence is applied at once and never counted, however large; what was held is released once
 // it is applied.
