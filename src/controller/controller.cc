@@ -1,7 +1,6 @@
 #include "controller/controller.h"
 
 #include <algorithm>
-#include <list>
 
 #include "core/socket_util.h"
 #include "absl/strings/str_cat.h"
@@ -130,7 +129,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                 absl::Status auth = controller_.clients_.CheckTenantNotRefused(tenant, absl::Now());
                 if (auth.ok()) auth = CheckClient(request.client_id(), request.credential(), tenant);
                 if (!auth.ok()) return Future<Unit>::Ready(auth);
-                return SubmitOrHold(request);
+                return controller_.admission_->SubmitOrHold(request);
               });
             }};
   }
@@ -145,55 +144,8 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       reactor->Finish(ToGrpc(auth));
       return reactor;
     }
-    SubmitOrHold(*request).OnReady([reactor](const absl::StatusOr<Unit>& r) { reactor->Finish(ToGrpc(r.status())); });
+    controller_.admission_->SubmitOrHold(*request).OnReady([reactor](const absl::StatusOr<Unit>& r) { reactor->Finish(ToGrpc(r.status())); });
     return reactor;
-  }
-
-  // Submit; or, while this controller is new, a request naming a host that has not registered
-  // (or not yet named the client) is held until it has, at most until `hold_until`. A controller
-  // that restarted hears from its hosts again within a heartbeat or two: meanwhile a live
-  // client's runs wait for them instead of failing. Nothing of a refused request was submitted
-  // (Submit checks every run before it submits any), so trying it again is safe.
-  Future<Unit> SubmitOrHold(const rpc::ScheduleRequest& request) {
-    auto accepted = Submit(request);
-    if (accepted.ok()) return AllDone(*accepted);
-    if (!MayHold(accepted.status(), absl::Now())) return Future<Unit>::Ready(accepted.status());
-    absl::MutexLock lock(&held_mu_);
-    if (held_.size() >= kMaxHeld) return Future<Unit>::Ready(accepted.status());
-    held_.push_back({request, Promise<Unit>()});
-    return held_.back().promise.future();
-  }
-
-  // Tries the held requests again, in the order they came (a client sends its next once this one
-  // is answered); those still refused past the hold are answered with the refusal.
-  void RetryHeld(absl::Time now) {
-    absl::MutexLock lock(&held_mu_);
-    for (auto it = held_.begin(); it != held_.end();) {
-      auto accepted = Submit(it->request);
-      if (!accepted.ok() && MayHold(accepted.status(), now)) {
-        ++it;
-        continue;
-      }
-      if (accepted.ok()) {
-        AllDone(*accepted).OnReady([p = std::make_shared<Promise<Unit>>(std::move(it->promise))](
-                                       const absl::StatusOr<Unit>& r) { p->Set(r); });
-      } else {
-        // A controller that restarted knows of a client's earlier slices only the hosts where it
-        // holds something (arrays, programs, ops), as they register again.
-        const bool unknown_slice = absl::IsPermissionDenied(accepted.status());
-        it->promise.Set(absl::Status(
-            accepted.status().code(),
-            absl::StrCat(accepted.status().message(), " (still, ", absl::FormatDuration(now - controller_.started_),
-                         " after this controller started",
-                         unknown_slice ? ": if the slice was made before it restarted, make it again" : "", ")")));
-      }
-      it = held_.erase(it);
-    }
-  }
-  void FailHeld() {
-    absl::MutexLock lock(&held_mu_);
-    for (Held& h : held_) h.promise.Set(absl::UnavailableError("the controller is shutting down"));
-    held_.clear();
   }
 
   grpc::Status SliceStates(grpc::ServerContext* context, const rpc::SliceStatesRequest* request,
@@ -323,78 +275,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
     return controller_.clients_.CheckTenantNotRefused(tenant, absl::Now());
   }
 
-  // Checks a schedule request and hands its runs to their islands' schedulers; one future per
-  // island, complete once its hosts have the runs.
-  absl::StatusOr<std::vector<Future<Unit>>> Submit(const rpc::ScheduleRequest& request) {
-    if (controller_.stop_.HasBeenNotified()) return absl::UnavailableError("the controller is shutting down");
-    if (request.client_id().empty()) return absl::InvalidArgumentError("schedule request has no client id");
-    const double max_weight = controller_.options_.scheduler.max_client_weight;
-    if (!(request.weight() >= 0) || request.weight() > max_weight) {
-      return absl::InvalidArgumentError(absl::StrCat("scheduling weight ", request.weight(), " is not in [0, ",
-                                                     max_weight, "], this cluster's range (--max-client-weight)"));
-    }
-    const absl::Time now = absl::Now();
-    // A batch's runs name the same few hosts over and over: look each up once (its island, and
-    // whether the client may use it at all).
-    absl::flat_hash_map<std::string, absl::StatusOr<int32_t>> island_of;
-    // Each run split by island, in the request's (the client's) order.
-    std::vector<std::vector<std::pair<int, rpc::GangRun>>> runs;
-    for (const rpc::GangRun& run : request.runs()) {
-      if (run.hosts().empty()) return absl::InvalidArgumentError("a scheduled run names no hosts");
-      std::map<int, rpc::GangRun> parts;
-      for (const rpc::HostSeq& h : run.hosts()) {
-        auto [it, is_new] = island_of.try_emplace(h.host(), 0);
-        if (is_new) {
-          // A host that is gone or not registered (yet) says so first: the client may retry.
-          it->second = registry_.IslandOf(h.host(), now);
-          if (it->second.ok()) {
-            if (absl::Status may_use = registry_.CheckClientMayUse(request.client_id(), h.host()); !may_use.ok()) {
-              it->second = may_use;
-            }
-          }
-        }
-        if (!it->second.ok()) return it->second.status();
-        rpc::GangRun& part = parts[*it->second];
-        if (!part.has_run()) *part.mutable_run() = run.run();
-        *part.add_hosts() = h;
-      }
-      runs.emplace_back(std::make_move_iterator(parts.begin()), std::make_move_iterator(parts.end()));
-    }
-    // Runs within one island go to its scheduler in batches; a run over several islands goes to
-    // all of them together, after this client's earlier runs on them (hosts apply a client's
-    // runs in the client's order).
-    std::vector<Future<Unit>> accepted;
-    std::map<int, std::vector<rpc::GangRun>> batches;
-    auto flush = [&](int island) {
-      auto it = batches.find(island);
-      if (it == batches.end()) return;
-      accepted.push_back(controller_.scheduler(island).Submit(request.client_id(), request.weight(), std::move(it->second)));
-      batches.erase(it);
-    };
-    for (auto& parts : runs) {
-      if (parts.size() == 1) {
-        batches[parts[0].first].push_back(std::move(parts[0].second));
-        continue;
-      }
-      for (const auto& [island, part] : parts) flush(island);
-      accepted.push_back(controller_.SubmitAcrossIslands(request.client_id(), request.weight(), std::move(parts)));
-    }
-    while (!batches.empty()) flush(batches.begin()->first);
-    return accepted;
-  }
-
-  bool MayHold(const absl::Status& refused, absl::Time now) const {
-    return (absl::IsNotFound(refused) || absl::IsPermissionDenied(refused)) && now < controller_.hold_until_;
-  }
-
   static constexpr int64_t kMaxRendezvousWaitMs = 60'000;
-  struct Held {
-    rpc::ScheduleRequest request;
-    Promise<Unit> promise;
-  };
-  static constexpr size_t kMaxHeld = 4096;
-  absl::Mutex held_mu_;
-  std::list<Held> held_ ABSL_GUARDED_BY(held_mu_);
   Controller& controller_;
   ClusterRegistry& registry_;
   const TenantTokens token_;
@@ -458,7 +339,7 @@ void Controller::RetireLoop() {
     const absl::Time now = absl::Now();
     const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(now);
     UpdateMembers(live);  // hosts that stopped heartbeating leave their island's control graph
-    service_->RetryHeld(now);
+    admission_->RetryHeld(now);
     for (const std::string& client : clients_.TakeDeparted(now)) {
       std::map<int, std::vector<std::string>> islands;
       for (const auto& h : live) islands[h.island].push_back(h.address);
@@ -473,6 +354,17 @@ absl::Status Controller::Start() {
   PW_ASSIGN_OR_RETURN(const std::string token, TokenFromFlagOrEnv(options_.token));
   PW_ASSIGN_OR_RETURN(const std::string cluster_token, ClusterTokenFromFlagOrEnv(options_.cluster_token, token));
   PW_ASSIGN_OR_RETURN(const TenantTokens tenants, TenantTokens::Load(token, options_.tenants_file, cluster_token));
+  // Hosts of a previous incarnation register again within a heartbeat interval (a quarter of the
+  // timeout) once they reconnect, which gRPC retries at least every second (ChannelArgs).
+  admission_ = std::make_unique<ScheduleAdmission>(
+      registry_, options_.scheduler.max_client_weight, absl::Now() + options_.heartbeat_timeout + absl::Seconds(2),
+      ScheduleAdmission::Sinks{
+          [this](int island, const std::string& client, double weight, std::vector<rpc::GangRun> runs) {
+            return scheduler(island).Submit(client, weight, std::move(runs));
+          },
+          [this](const std::string& client, double weight, std::vector<std::pair<int, rpc::GangRun>> parts) {
+            return SubmitAcrossIslands(client, weight, std::move(parts));
+          }});
   service_ = std::make_unique<Service>(*this, registry_, tenants, cluster_token);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
@@ -503,10 +395,6 @@ absl::Status Controller::Start() {
                       << streams.status();
     }
   }
-  started_ = absl::Now();
-  // Hosts of a previous incarnation register again within a heartbeat interval (a quarter of the
-  // timeout) once they reconnect, which gRPC retries at least every second (ChannelArgs).
-  hold_until_ = started_ + options_.heartbeat_timeout + absl::Seconds(2);
   retire_thread_ = std::thread([this] { RetireLoop(); });
   if (options_.http_port >= 0) {
     StatusHttpOptions http;
@@ -530,8 +418,9 @@ absl::Status Controller::Start() {
 void Controller::Shutdown() {
   http_.reset();  // its pages read the registry and the schedulers
   if (!stop_.HasBeenNotified()) stop_.Notify();
+  // Before the server waits for their calls: new and held requests are refused.
+  if (admission_ != nullptr) admission_->Close();
   if (retire_thread_.joinable()) retire_thread_.join();
-  if (service_ != nullptr) service_->FailHeld();  // before the server waits for their calls
   {
     // Schedule calls waiting for hosts end now, so the server's shutdown does not wait for them.
     absl::MutexLock lock(&schedulers_mu_);

@@ -12,6 +12,7 @@
 #include "controller/cluster_registry.h"
 #include "controller/island_control.h"
 #include "controller/island_scheduler.h"
+#include "controller/schedule_admission.h"
 #include "core/executor.h"
 #include "core/ids.h"
 #include "dataflow/dataflow_service.h"
@@ -92,9 +93,7 @@ class Controller {
                                                            const std::vector<ClusterRegistry::LiveHost>& live);
   const ControllerOptions options_;
   const std::string incarnation_ = RandomIdString();
-  // Set in Start, before anything is served. Until `hold_until_`, schedule requests that name a
-  // host not registered here yet are held, not refused (Service::SubmitOrHold).
-  absl::Time started_, hold_until_;
+  std::unique_ptr<ScheduleAdmission> admission_;  // made in Start, before anything is served
   ClusterRegistry registry_;
   ClientLeases clients_;
   // The controller's shards of the island control graphs.
