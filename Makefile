@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake g++ make ccache libabsl-dev libprotobuf-dev protobuf-compi
   pybind11-dev python3-dev python3-torch python3-pytest python3-yaml libcpp-httplib-dev pkg-config \
   libgoogle-perftools-dev
 
-.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot deps-slurm deps-container install-packages build test demo install packaged package check-package check-slurm check-container bench collective-bench fuzz sanitize sanitize-thread clean
+.PHONY: deps deps-fuzz deps-bench deps-browser deps-plot deps-slurm deps-container install-packages build test demo install packaged package check-package check-slurm check-container bench collective-bench fuzz sanitize sanitize-thread thread-safety clean
 
 # Installs only the packages that are missing; as root directly, otherwise through sudo.
 deps:
@@ -141,6 +141,15 @@ sanitize: deps-fuzz
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j$(JOBS) --timeout 900
 
+# clang's -Wthread-safety over every source file, as errors, in build-tsa/ (not part of `make test`):
+# the lock annotations checked without building or running anything (a syntax pass per file;
+# tools/check_thread_safety.py). `make sanitize` checks them too, as it builds.
+thread-safety: deps-fuzz
+	cmake -S . -B build-tsa -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
+	  -DPATHWAYS_THREAD_SAFETY=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
+	cmake --build build-tsa -j$(JOBS) --target pw_proto
+	tools/check_thread_safety.py build-tsa/compile_commands.json --jobs $(JOBS)
+
 # The whole test suite under ThreadSanitizer, in build-tsan/ (not part of `make test`). It runs
 # against Debian's Abseil source built with ThreadSanitizer (tools/tsan/build_abseil.sh says why;
 # it fetches the source from Debian's mirror once). tools/tsan/suppressions.txt says why each
@@ -164,4 +173,4 @@ sanitize-thread: deps-fuzz
 	exit $$status
 
 clean:
-	rm -rf $(BUILD_DIR) build-fuzz build-asan build-tsan
+	rm -rf $(BUILD_DIR) build-fuzz build-asan build-tsan build-tsa

@@ -125,6 +125,7 @@ class PyClient {
 
 // A fetched array's bytes, for Python's buffer protocol: the tensor a fetch returns shares them.
 struct FetchedBytes {
+  explicit FetchedBytes(HostArray a) : array(std::move(a)) {}  // for make_shared (clang 14 has no paren aggregates)
   HostArray array;
 };
 
