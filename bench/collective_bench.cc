@@ -261,7 +261,7 @@ double MeasureHubOnly(int hosts, int devices, int64_t bytes, int repeats) {
     auto links = collective::TcpLinks::Create(name, "127.0.0.1", store);
     if (!links.ok()) return 0;
     hubs.push_back(std::make_unique<collective::CollectiveHub>(name, *std::move(links), absl::Seconds(60)));
-    for (int d = 0; d < devices; ++d) layout.members.push_back({name, h * devices + d});
+    for (int d = 0; d < devices; ++d) layout.members.push_back({name, DeviceId(h * devices + d)});
   }
   auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
   const size_t count = static_cast<size_t>(std::max<int64_t>(1, bytes / 4));

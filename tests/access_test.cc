@@ -145,7 +145,7 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
     rpc::RemapSliceRequest remap;
     remap.set_client_id(victim);
     remap.set_credential(credential);
-    remap.set_slice_id(slice.id());
+    remap.set_slice_id(slice.id().value());
     refused(controller.RemapSlice(remap).status(), "RemapSlice");
     rpc::AllocateSliceRequest allocate;
     allocate.set_client_id(victim);

@@ -12,7 +12,7 @@ namespace {
 constexpr absl::Duration kHeartbeatTimeout = absl::Milliseconds(400);
 
 // Waits (bounded) until the controller reports `slice_id` lost; the reason, or an error.
-absl::StatusOr<std::string> WaitUntilLost(Client& client, int64_t slice_id) {
+absl::StatusOr<std::string> WaitUntilLost(Client& client, SliceId slice_id) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     auto lost = client.LostSlices();

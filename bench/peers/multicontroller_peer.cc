@@ -100,7 +100,7 @@ int Main(int argc, char** argv) {
   collective::CollectiveHub hub(host, *std::move(links), absl::Seconds(120));
   collective::GangLayout layout{{static_cast<int64_t>(ranks) * devices}, {"x"}, {}};
   for (int r = 0; r < ranks; ++r) {
-    for (int d = 0; d < devices; ++d) layout.members.push_back({absl::StrCat("process", r), r * devices + d});
+    for (int d = 0; d < devices; ++d) layout.members.push_back({absl::StrCat("process", r), DeviceId(r * devices + d)});
   }
   auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
   FunctionCache cache;

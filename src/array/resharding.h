@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "array/sharding.h"
+#include "core/ids.h"
 
 namespace pathways {
 
 // Where one device of a slice lives.
 struct DeviceLocation {
-  int32_t device_id = -1;
+  DeviceId device_id{-1};
   std::string host;  // the worker's address
 };
 

@@ -9,7 +9,7 @@ namespace {
 
 std::vector<DeviceLocation> Devices(int n, int per_host, int first_id = 0) {
   std::vector<DeviceLocation> d;
-  for (int i = 0; i < n; ++i) d.push_back({first_id + i, "h" + std::to_string(i / per_host)});
+  for (int i = 0; i < n; ++i) d.push_back({DeviceId(first_id + i), "h" + std::to_string(i / per_host)});
   return d;
 }
 

@@ -26,9 +26,9 @@ std::shared_ptr<const SliceMapping> VirtualSlice::mapping() const {
 std::string VirtualSlice::ToString() const {
   std::vector<std::string> devices;
   for (const auto& d : this->devices()) {
-    devices.push_back(absl::StrCat("d", d.device_id, "@h", d.host_id));
+    devices.push_back(absl::StrCat("d", d.device_id.value(), "@h", d.host_id.value()));
   }
-  return absl::StrCat("slice ", id(), " mesh ", mesh().ToString(), " [", absl::StrJoin(devices, " "), "]");
+  return absl::StrCat("slice ", id().value(), " mesh ", mesh().ToString(), " [", absl::StrJoin(devices, " "), "]");
 }
 
 const std::string& CompiledFunction::name() const { return state_->spec.body.name; }
@@ -101,7 +101,7 @@ absl::StatusOr<VirtualSlice> Client::CreateSlice(const SliceSpec& spec) {
                                             " devices for a mesh of ", mesh.num_devices()));
   }
   auto data = std::make_shared<VirtualSlice::Data>();
-  data->id = response.slice_id();
+  data->id = SliceId(response.slice_id());
   data->mesh = std::move(mesh);
   data->owner = core_->serial();
   std::shared_ptr<const SliceMapping> mapping = core_->NewMapping(response);
@@ -121,7 +121,7 @@ absl::StatusOr<std::vector<Client::LostSlice>> Client::LostSlices() {
   PW_ASSIGN_OR_RETURN(rpc::SliceStatesResponse response, core_->controller().SliceStates(request));
   std::vector<LostSlice> lost;
   for (const rpc::SliceState& s : response.slices()) {
-    if (s.lost()) lost.push_back({s.slice_id(), s.reason()});
+    if (s.lost()) lost.push_back({SliceId(s.slice_id()), s.reason()});
   }
   return lost;
 }
@@ -133,7 +133,7 @@ absl::Status Client::RemapSlice(const VirtualSlice& slice) {
   rpc::RemapSliceRequest request;
   request.set_client_id(core_->id());
   request.set_credential(core_->credential());
-  request.set_slice_id(slice.id());
+  request.set_slice_id(slice.id().value());
   PW_ASSIGN_OR_RETURN(rpc::AllocateSliceResponse response, core_->controller().RemapSlice(request));
   if (response.devices_size() != slice.num_devices()) {
     return absl::InternalError(absl::StrCat("controller remapped ", response.devices_size(), " devices for a mesh of ",

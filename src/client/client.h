@@ -105,7 +105,7 @@ struct SliceMapping {
 // Cheap to copy; thread-safe.
 class VirtualSlice {
  public:
-  int64_t id() const { return data_->id; }
+  SliceId id() const { return data_->id; }
   const Mesh& mesh() const { return data_->mesh; }
   int64_t num_devices() const { return data_->mesh.num_devices(); }
   // The current mapping. Device i holds shard i of every array laid on the slice under it.
@@ -120,7 +120,7 @@ class VirtualSlice {
   friend class Client;
   friend class ClientCore;
   struct Data {
-    int64_t id;
+    SliceId id;
     Mesh mesh;
     uint64_t owner;  // the serial of the ClientCore that made it
     mutable absl::Mutex mu;
@@ -236,7 +236,7 @@ class Client {
   // The client's slices that lost devices (a host stopped heartbeating or restarted), with why.
   // What their arrays held on those devices is gone.
   struct LostSlice {
-    int64_t slice_id;
+    SliceId slice_id;
     std::string reason;
   };
   absl::StatusOr<std::vector<LostSlice>> LostSlices();

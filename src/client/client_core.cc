@@ -41,7 +41,7 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
   auto mapping = std::make_shared<SliceMapping>();
   mapping->id = mapping_ids_.Next();
   for (const auto& d : response.devices()) {
-    mapping->devices.push_back({d.device_id(), d.host_id(), d.host_address(), d.local_index(), d.island(),
+    mapping->devices.push_back({DeviceId(d.device_id()), HostId(d.host_id()), d.host_address(), d.local_index(), d.island(),
                                 std::vector<int32_t>(d.coords().begin(), d.coords().end()), d.incarnation()});
     NoteHost(d.host_address(), d.incarnation());
     if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {

@@ -194,7 +194,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // One queue for all islands: the controller sees the client's runs in the client's order.
   std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::pair<const void*, int64_t>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<const void*, SliceId>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
 };
 
 struct CompiledFunction::State {

@@ -235,7 +235,7 @@ Future<T> WithTheControllersReason(const std::shared_ptr<ClientCore>& core, cons
             const absl::StatusOr<rpc::SliceStatesResponse>& states) mutable {
           if (states.ok()) {
             for (const rpc::SliceState& s : states->slices()) {
-              if (s.slice_id() != slice || !s.lost()) continue;
+              if (SliceId(s.slice_id()) != slice || !s.lost()) continue;
               promise.Set(absl::UnavailableError(
                   absl::StrCat(why.message(), " (the controller says the array's slice lost hosts: ", s.reason(), ")")));
               return;

@@ -76,7 +76,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
     for (const std::string& n : mesh->axis_names) sp->add_axis_names(n);
     for (const PhysicalDeviceInfo& d : mapping->devices) {
       rpc::SliceDevice* sd = sp->add_devices();
-      sd->set_device_id(d.device_id);
+      sd->set_device_id(static_cast<int32_t>(d.device_id.value()));
       sd->set_host_address(d.host_address);
       sd->set_local_index(d.local_index);
       sd->set_island(d.island);
@@ -149,7 +149,7 @@ absl::StatusOr<std::shared_ptr<ClientCore::Lowering>> ClientCore::Lower(const Pr
 }
 
 absl::StatusOr<Program> ClientCore::OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice) {
-  std::pair<const void*, int64_t> key{function.state_.get(), slice.id()};
+  std::pair<const void*, SliceId> key{function.state_.get(), slice.id()};
   {
     absl::MutexLock lock(&mu_);
     auto it = one_node_programs_.find(key);

@@ -48,7 +48,7 @@ std::string Program::ToString() const {
     for (const Value& v : c.inputs) inputs.push_back(ValueName(v, data_->calls));
     for (const TensorSpec& o : spec.outputs) outputs.push_back(o.ToString());
     absl::StrAppend(&out, "  %", n, " = ", spec.body.DisplayName(), "(", absl::StrJoin(inputs, ", "), ") on slice ",
-                    c.slice.id(), " ", c.slice.mesh().ToString(), " in ",
+                    c.slice.id().value(), " ", c.slice.mesh().ToString(), " in ",
                     ShardingsToString(spec.in_shardings, spec.inputs.size()), " out ",
                     ShardingsToString(spec.out_shardings, spec.outputs.size()), " : ",
                     absl::StrJoin(outputs, ", "), c.data_dependent_shapes ? "  [data-dependent]" : "",

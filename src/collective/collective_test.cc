@@ -12,7 +12,7 @@ namespace {
 
 GangLayout Layout(std::vector<int64_t> dims, std::vector<std::string> names, std::vector<std::string> hosts) {
   GangLayout layout{std::move(dims), std::move(names), {}};
-  for (size_t i = 0; i < hosts.size(); ++i) layout.members.push_back({hosts[i], static_cast<int32_t>(i)});
+  for (size_t i = 0; i < hosts.size(); ++i) layout.members.push_back({hosts[i], DeviceId(static_cast<int64_t>(i))});
   return layout;
 }
 

@@ -76,7 +76,7 @@ absl::StatusOr<GroupPlacement> PlaceGroup(const GangLayout& layout, int64_t shar
   for (size_t r = 0; r < size; ++r) {
     const Member& m = layout.members[p.group.shards[r]];
     p.hosts.push_back(m.host);
-    devices.push_back(absl::StrCat(m.host, "/", m.device));
+    devices.push_back(absl::StrCat(m.host, "/", m.device.value()));
     if (m.host == host) p.local.push_back(static_cast<int>(r));
   }
   if (p.local.empty()) {

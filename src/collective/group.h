@@ -8,13 +8,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/ids.h"
 
 namespace pathways::collective {
 
 // Where one shard of a gang runs: its host and the device's cluster-wide id.
 struct Member {
   std::string host;
-  int32_t device = -1;
+  DeviceId device{-1};
   friend bool operator==(const Member&, const Member&) = default;
 };
 

@@ -8,7 +8,7 @@ namespace {
 
 TEST(GroupOfTest, GroupsFollowTheNamedAxes) {
   GangLayout layout{{2, 3}, {"x", "y"}, {}};
-  for (int32_t d = 0; d < 6; ++d) layout.members.push_back({"h", d});
+  for (int32_t d = 0; d < 6; ++d) layout.members.push_back({"h", DeviceId(d)});
   auto y = GroupOf(layout, 4, "y");  // shard 4 is at (1, 1)
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_EQ(y->shards, (std::vector<int64_t>{3, 4, 5}));
@@ -33,7 +33,7 @@ TEST(GroupOfTest, GroupsFollowTheNamedAxes) {
 
 // A 2x2 mesh whose rows are on hosts "b" and "a": hosts are sorted, whatever the mesh's order.
 TEST(PlaceGroupTest, HostsSortedAndEachRanksHostNamed) {
-  GangLayout layout{{2, 2}, {"x", "y"}, {{"b", 0}, {"b", 1}, {"a", 2}, {"a", 3}}};
+  GangLayout layout{{2, 2}, {"x", "y"}, {{"b", DeviceId(0)}, {"b", DeviceId(1)}, {"a", DeviceId(2)}, {"a", DeviceId(3)}}};
   auto column = PlaceGroup(layout, 1, "x", "b");  // shards 1 (on b) and 3 (on a)
   ASSERT_TRUE(column.ok()) << column.status();
   EXPECT_EQ(column->hosts, (std::vector<std::string>{"a", "b"}));

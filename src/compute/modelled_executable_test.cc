@@ -81,7 +81,7 @@ TEST_F(ModelledKernelTest, BodiesAreCheckedButTorchScriptIsNotParsed) {
 // comes times the rest out as a computed collective would.
 TEST_F(ModelledKernelTest, ACollectiveBodyMeetsItsGang) {
   collective::CollectiveHub hub("h", nullptr, absl::Milliseconds(300));
-  collective::GangLayout layout_value{{2}, {"i"}, {{"h", 0}, {"h", 1}}};
+  collective::GangLayout layout_value{{2}, {"i"}, {{"h", DeviceId(0)}, {"h", DeviceId(1)}}};
   auto layout = std::make_shared<const collective::GangLayout>(layout_value);
   const std::string script =
       "def step(x):\n    return pathways.all_reduce(x, 'i') + 1\n";
@@ -114,7 +114,7 @@ TEST_F(ModelledKernelTest, ACollectiveBodyMeetsItsGang) {
 TEST_F(ModelledKernelTest, APlainBodyMeetsNobody) {
   collective::CollectiveHub hub("h", nullptr, absl::Seconds(30));
   auto layout = std::make_shared<const collective::GangLayout>(
-      collective::GangLayout{{2}, {"i"}, {{"h", 0}, {"h", 1}}});
+      collective::GangLayout{{2}, {"i"}, {{"h", DeviceId(0)}, {"h", DeviceId(1)}}});
   auto exe = Compile({FunctionBody::Kind::kTorchScript, "g", "def g(x):\n    return x * 2\n"});
   ASSERT_NE(exe, nullptr);
   const std::string client = "c";

@@ -1,5 +1,7 @@
 #include "controller/cluster_registry.h"
 
+#include <optional>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -12,6 +14,17 @@
 #include "core/types.h"
 
 namespace pathways {
+namespace {
+
+// The id `next` holds, and the one after it from now on.
+template <typename IdT>
+IdT TakeNext(IdT& next) {
+  const IdT id = next;
+  next = next + 1;
+  return id;
+}
+
+}  // namespace
 namespace {
 constexpr int kMaxDevicesPerHost = 4096;
 constexpr int64_t kMaxSliceDevices = 1 << 20;
@@ -26,14 +39,14 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   }
   if (r.island() < 0) return absl::InvalidArgumentError("island must be non-negative");
   absl::MutexLock lock(&mu_);
-  int32_t host_id = -1;
+  std::optional<HostId> host_id;
   for (const auto& [id, h] : hosts_) {
     if (h.address == r.address()) host_id = id;
   }
   // An address names one worker process at a time: a different process may take it over only
   // once the one there stopped heartbeating (a restart after a crash waits that long).
-  if (host_id >= 0) {
-    const Host& held = hosts_[host_id];
+  if (host_id.has_value()) {
+    const Host& held = hosts_[*host_id];
     if (held.incarnation != r.incarnation() && AliveLocked(held, now)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "address ", r.address(), " belongs to a live worker (heard from ",
@@ -45,11 +58,11 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   for (const auto& [id, h] : hosts_) {
     if (id != host_id && h.island == r.island()) ++island_rank;
   }
-  if (host_id >= 0 && hosts_[host_id].island == r.island()) island_rank = hosts_[host_id].island_rank;
-  if (host_id < 0) host_id = next_host_id_++;
-  Host& host = hosts_[host_id];
+  if (host_id.has_value() && hosts_[*host_id].island == r.island()) island_rank = hosts_[*host_id].island_rank;
+  if (!host_id.has_value()) host_id = TakeNext(next_host_id_);
+  Host& host = hosts_[*host_id];
   host.island_rank = island_rank;
-  host.host_id = host_id;
+  host.host_id = *host_id;
   host.island = r.island();
   host.address = r.address();
   host.incarnation = r.incarnation();
@@ -58,7 +71,7 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   std::vector<Device> old = std::move(host.devices);
   host.devices.clear();
   rpc::RegisterWorkerResponse response;
-  response.set_host_id(host_id);
+  response.set_host_id(static_cast<int32_t>(host_id->value()));
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_timeout_) / 4);
   for (int i = 0; i < r.devices_size(); ++i) {
     Device d;
@@ -66,7 +79,8 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
     d.info.clear_recent_work();  // heartbeats' to report, and kept apart from the device's info
     d.info.set_local_index(i);
     // Keep device ids stable across a re-registration of the same host.
-    d.info.set_device_id(i < static_cast<int>(old.size()) ? old[i].info.device_id() : next_device_id_++);
+    d.info.set_device_id(i < static_cast<int>(old.size()) ? old[i].info.device_id()
+                                                          : static_cast<int32_t>(TakeNext(next_device_id_).value()));
     d.info.clear_coords();
     d.info.add_coords(island_rank);
     d.info.add_coords(i);
@@ -145,7 +159,7 @@ bool HistogramHoldsTogether(const rpc::HostCounters& c) {
 
 ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  auto it = hosts_.find(r.host_id());
+  auto it = hosts_.find(HostId(r.host_id()));
   if (it == hosts_.end()) return Beat::kUnknown;
   Host& host = it->second;
   if (host.address != r.address()) return Beat::kUnknown;  // the id is another worker's here: register
@@ -191,7 +205,7 @@ rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {
   rpc::ClusterStatus status;
   for (const auto& [id, h] : hosts_) {
     rpc::HostStatus* hs = status.add_hosts();
-    hs->set_host_id(id);
+    hs->set_host_id(static_cast<int32_t>(id.value()));
     hs->set_island(h.island);
     hs->set_address(h.address);
     hs->set_alive(AliveLocked(h, now));
@@ -202,11 +216,11 @@ rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {
   }
   for (const auto& [id, slice] : slices_) {
     rpc::SliceStatus* s = status.add_slices();
-    s->set_slice_id(id);
+    s->set_slice_id(id.value());
     s->set_client_id(slice.request.client_id());
     *s->mutable_mesh_shape() = slice.request.mesh_shape();
     s->set_device_kind(slice.request.device_kind());
-    for (const Placed& p : slice.devices) s->add_device_ids(p.device_id);
+    for (const Placed& p : slice.devices) s->add_device_ids(static_cast<int32_t>(p.device_id.value()));
   }
   return status;
 }
@@ -250,11 +264,11 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::AllocateSlice(
   absl::MutexLock lock(&mu_);
   rpc::AllocateSliceResponse response;
   PW_RETURN_IF_ERROR(PlaceLocked(r, next_slice_id_, now, response));
-  ++next_slice_id_;
+  (void)TakeNext(next_slice_id_);
   return response;
 }
 
-absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, int64_t slice_id, absl::Time now,
+absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, SliceId slice_id, absl::Time now,
                                           rpc::AllocateSliceResponse& response) {
   int64_t wanted = 1;
   for (int64_t d : r.mesh_shape()) wanted *= d;
@@ -348,7 +362,7 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
     return std::make_pair(a.host->host_id, a.device->info.local_index()) <
            std::make_pair(b.host->host_id, b.device->info.local_index());
   });
-  response.set_slice_id(slice_id);
+  response.set_slice_id(slice_id.value());
   Slice& slice = slices_[slice_id];
   ReleaseLocked(slice);  // a remapped slice stops loading the devices it leaves
   slice.request = r;  // (r may be slice.request itself, for a remap)
@@ -359,10 +373,10 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, in
   for (const Candidate& c : candidates) {
     ++c.device->slices;
     client_hosts.insert(c.host->address);
-    slice.devices.push_back({c.host->host_id, c.device->info.device_id(), c.host->incarnation});
+    slice.devices.push_back({c.host->host_id, DeviceId(c.device->info.device_id()), c.host->incarnation});
     rpc::PhysicalDevice* p = response.add_devices();
     p->set_device_id(c.device->info.device_id());
-    p->set_host_id(c.host->host_id);
+    p->set_host_id(static_cast<int32_t>(c.host->host_id.value()));
     p->set_host_address(c.host->address);
     p->set_local_index(c.device->info.local_index());
     p->set_island(c.host->island);
@@ -377,7 +391,7 @@ void ClusterRegistry::ReleaseLocked(const Slice& slice) {
     auto h = hosts_.find(p.host_id);
     if (h == hosts_.end()) continue;
     for (Device& d : h->second.devices) {
-      if (d.info.device_id() == p.device_id && d.slices > 0) --d.slices;
+      if (DeviceId(d.info.device_id()) == p.device_id && d.slices > 0) --d.slices;
     }
   }
 }
@@ -387,7 +401,7 @@ std::string ClusterRegistry::LostReasonLocked(const Slice& s, absl::Time now) co
   for (const Placed& p : s.devices) {
     auto h = hosts_.find(p.host_id);
     if (h == hosts_.end()) {
-      gone.insert(absl::StrCat("host ", p.host_id, " is gone"));
+      gone.insert(absl::StrCat("host ", p.host_id.value(), " is gone"));
       continue;
     }
     if (!h->second.left.empty()) {
@@ -399,7 +413,7 @@ std::string ClusterRegistry::LostReasonLocked(const Slice& s, absl::Time now) co
       continue;
     }
     bool present = false;
-    for (const Device& d : h->second.devices) present = present || d.info.device_id() == p.device_id;
+    for (const Device& d : h->second.devices) present = present || DeviceId(d.info.device_id()) == p.device_id;
     if (!present || h->second.incarnation != p.incarnation) {
       gone.insert(absl::StrCat("host ", h->second.address, " restarted (what was on it is gone)"));
     }
@@ -413,7 +427,7 @@ rpc::SliceStatesResponse ClusterRegistry::SliceStates(const std::string& client_
   for (const auto& [id, s] : slices_) {
     if (s.request.client_id() != client_id) continue;
     rpc::SliceState* state = response.add_slices();
-    state->set_slice_id(id);
+    state->set_slice_id(id.value());
     state->set_reason(LostReasonLocked(s, now));
     state->set_lost(!state->reason().empty());
   }
@@ -423,12 +437,12 @@ rpc::SliceStatesResponse ClusterRegistry::SliceStates(const std::string& client_
 absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::RemapSlice(const rpc::RemapSliceRequest& r,
                                                                        absl::Time now) {
   absl::MutexLock lock(&mu_);
-  auto it = slices_.find(r.slice_id());
+  auto it = slices_.find(SliceId(r.slice_id()));
   if (it == slices_.end() || it->second.request.client_id() != r.client_id()) {
     return absl::NotFoundError(absl::StrCat("client ", r.client_id(), " has no slice ", r.slice_id()));
   }
   rpc::AllocateSliceResponse response;
-  PW_RETURN_IF_ERROR(PlaceLocked(it->second.request, r.slice_id(), now, response));
+  PW_RETURN_IF_ERROR(PlaceLocked(it->second.request, it->first, now, response));
   return response;
 }
 

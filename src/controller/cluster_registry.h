@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/ids.h"
 #include "proto/pathways.pb.h"
 
 namespace pathways {
@@ -85,8 +86,8 @@ class ClusterRegistry {
 
  private:
   struct Placed {
-    int32_t host_id;
-    int32_t device_id;
+    HostId host_id;
+    DeviceId device_id;
     std::string incarnation;  // of the host when placed
   };
   struct Slice {
@@ -99,7 +100,7 @@ class ClusterRegistry {
     std::deque<rpc::WorkBucket> recent_work;  // by start, oldest first
   };
   struct Host {
-    int32_t host_id;
+    HostId host_id;
     int32_t island;
     int32_t island_rank;  // hosts of an island are numbered as they first register
     std::string address;
@@ -110,7 +111,7 @@ class ClusterRegistry {
     std::string left;  // why it left the cluster, as it said (a device stuck); empty while it serves
   };
   // Chooses devices for a slice request; fills `response` and records the slice as `slice_id`.
-  absl::Status PlaceLocked(const rpc::AllocateSliceRequest& r, int64_t slice_id, absl::Time now,
+  absl::Status PlaceLocked(const rpc::AllocateSliceRequest& r, SliceId slice_id, absl::Time now,
                            rpc::AllocateSliceResponse& response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The devices a slice was placed on carry one slice less (it moved, or its client went).
   void ReleaseLocked(const Slice& slice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -122,11 +123,11 @@ class ClusterRegistry {
 
   const absl::Duration heartbeat_timeout_;
   mutable absl::Mutex mu_;
-  std::map<int32_t, Host> hosts_ ABSL_GUARDED_BY(mu_);
-  int32_t next_host_id_ ABSL_GUARDED_BY(mu_) = 0;
-  int32_t next_device_id_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_slice_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<int64_t, Slice> slices_ ABSL_GUARDED_BY(mu_);
+  std::map<HostId, Host> hosts_ ABSL_GUARDED_BY(mu_);
+  HostId next_host_id_ ABSL_GUARDED_BY(mu_){0};
+  DeviceId next_device_id_ ABSL_GUARDED_BY(mu_){0};
+  SliceId next_slice_id_ ABSL_GUARDED_BY(mu_){1};
+  std::map<SliceId, Slice> slices_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::set<std::string>> client_hosts_ ABSL_GUARDED_BY(mu_);
 };
 

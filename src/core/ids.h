@@ -7,9 +7,10 @@
 //   holds is keyed by it.
 // - Incarnation (string): one worker or controller process; a restart at the same address is a
 //   new one, and what the old one held is gone.
-// - HostId, DeviceId: a worker process and a physical device, cluster-wide, from the controller.
-// - SliceId: a virtual slice of one client (controller); a mapping (client) is one placement of
-//   it on physical devices, renewed when the slice is remapped.
+// - HostId, DeviceId: a worker process and a physical device, cluster-wide, from the controller
+//   (int32 on the wire; counted from 0, the first host's and device's).
+// - SliceId: a virtual slice of one client, from the controller; a mapping (client) is one
+//   placement of it on physical devices, renewed when the slice is remapped.
 // - ArrayId: a logical sharded array of one client; a run's outputs take a contiguous block.
 // - LoweredProgramId: a program lowered for one placement of its inputs and registered on hosts
 //   under this id (the traced form is a Program, the lowered form a ProgramProto/LoweredProgram,
@@ -40,8 +41,9 @@
 
 namespace pathways {
 
-// An identifier of one kind: an int64 on the wire, a type of its own here, so that an array id
-// cannot be passed where a run id or an epoch is meant. 0 is "none"; made ones start at 1.
+// An identifier of one kind: an integer on the wire, a type of its own here, so that an array id
+// cannot be passed where a run id or an epoch is meant. For ids made here 0 is "none" and made
+// ones start at 1; the controller's host and device ids count from 0.
 template <typename Tag>
 class Id {
  public:
@@ -67,8 +69,9 @@ using Epoch = Id<struct EpochTag>;                        // one run op of a cli
 using TracedProgramId = Id<struct TracedProgramIdTag>;    // one traced Program, process-wide
 using LoweredProgramId = Id<struct LoweredProgramIdTag>;  // one lowering registered on hosts
 using MappingId = Id<struct MappingIdTag>;                // one placement of a virtual slice
-using HostId = int32_t;      // one worker process, assigned by the controller
-using DeviceId = int32_t;    // one physical device, cluster-wide, assigned by the controller
+using SliceId = Id<struct SliceIdTag>;                    // one virtual slice of a client
+using HostId = Id<struct HostIdTag>;                      // one worker process (controller's)
+using DeviceId = Id<struct DeviceIdTag>;                  // one physical device, cluster-wide
 
 // Process-unique, increasing ids of one kind, from 1. Thread-safe.
 template <typename IdT>

@@ -300,7 +300,7 @@ PYBIND11_MODULE(_pathways, m) {
       .def("__repr__", [](const PyArray& a) { return a.array.ToString(); });
 
   py::class_<VirtualSlice>(m, "Slice")
-      .def_property_readonly("id", &VirtualSlice::id)
+      .def_property_readonly("id", [](const VirtualSlice& s) { return s.id().value(); })
       .def_property_readonly("mesh_shape", [](const VirtualSlice& s) { return s.mesh().dims; })
       .def_property_readonly("axes", [](const VirtualSlice& s) { return s.mesh().axis_names; })
       .def_property_readonly("num_devices", &VirtualSlice::num_devices)

@@ -49,7 +49,7 @@ void PrintPlacement(const char* what, const ShardedArray& a) {
     const PhysicalDeviceInfo& d = a.slice().devices()[s];
     Region r = a.sharding().ShardRegion(s);
     std::printf("    shard %lld -> island %d host %d (%s) cpu:%d  rows %lld..%lld cols %lld..%lld\n",
-                static_cast<long long>(s), d.island, d.host_id, d.host_address.c_str(), d.local_index,
+                static_cast<long long>(s), d.island, static_cast<int>(d.host_id.value()), d.host_address.c_str(), d.local_index,
                 static_cast<long long>(r.start[0]), static_cast<long long>(r.start[0] + r.size[0]),
                 static_cast<long long>(r.start[1]), static_cast<long long>(r.start[1] + r.size[1]));
   }

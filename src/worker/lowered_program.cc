@@ -49,7 +49,7 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> LoweredProgram::Create(
         return absl::InvalidArgumentError(
             absl::StrCat("slice ", sp.slice_id(), " names device ", d.device_id(), " twice"));
       }
-      slice.devices.push_back({d.device_id(), d.host_address()});
+      slice.devices.push_back({DeviceId(d.device_id()), d.host_address()});
       if (std::find(slice.hosts.begin(), slice.hosts.end(), d.host_address()) == slice.hosts.end()) {
         slice.hosts.push_back(d.host_address());
       }
