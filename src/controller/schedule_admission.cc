@@ -74,8 +74,10 @@ Future<Unit> ScheduleAdmission::SubmitOrHold(const rpc::ScheduleRequest& request
   if (!MayHold(accepted.status(), now)) return Future<Unit>::Ready(accepted.status());
   absl::MutexLock lock(&mu_);
   if (closed_.load()) return Future<Unit>::Ready(closed);
-  if (held_.size() >= kMaxHeld) return Future<Unit>::Ready(accepted.status());
-  held_.push_back({request, Promise<Unit>()});
+  const size_t bytes = request.ByteSizeLong();
+  if (held_.size() >= kMaxHeld || held_bytes_ + bytes > kMaxHeldBytes) return Future<Unit>::Ready(accepted.status());
+  held_bytes_ += bytes;
+  held_.push_back({request, Promise<Unit>(), bytes});
   return held_.back().promise.future();
 }
 
@@ -100,6 +102,7 @@ void ScheduleAdmission::RetryHeld(absl::Time now) {
                        unknown_slice ? "; if the slice was made before the controller restarted, make it again" : "",
                        ")")));
     }
+    held_bytes_ -= it->bytes;
     it = held_.erase(it);
   }
 }
@@ -109,6 +112,7 @@ void ScheduleAdmission::Close() {
   closed_.store(true);
   for (Held& h : held_) h.promise.Set(absl::UnavailableError("the controller is shutting down"));
   held_.clear();
+  held_bytes_ = 0;
 }
 
 size_t ScheduleAdmission::num_held() {

@@ -47,7 +47,10 @@ class ScheduleAdmission {
   void Close();
   size_t num_held();
 
+  // Held requests at most, in number and in bytes (a request may be 4 MiB): past either a refused
+  // request is answered at once.
   static constexpr size_t kMaxHeld = 4096;
+  static constexpr size_t kMaxHeldBytes = size_t{64} << 20;
 
  private:
   absl::StatusOr<std::vector<Future<Unit>>> Submit(const rpc::ScheduleRequest& request, absl::Time now);
@@ -62,9 +65,11 @@ class ScheduleAdmission {
   struct Held {
     rpc::ScheduleRequest request;
     Promise<Unit> promise;
+    size_t bytes;
   };
   absl::Mutex mu_;
   std::list<Held> held_ ABSL_GUARDED_BY(mu_);
+  size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> closed_{false};  // set under mu_
 };
 

@@ -106,14 +106,25 @@ TEST_F(ScheduleAdmissionTest, WhileNewARequestForAHostNotBackYetWaitsForIt) {
   EXPECT_EQ(admission.SubmitOrHold(Request("c", {"a:1"})).Await().status().code(), absl::StatusCode::kUnavailable);
 }
 
-// Holding is bounded: past kMaxHeld requests, a refused one is answered at once.
-TEST_F(ScheduleAdmissionTest, HeldRequestsAreBounded) {
+// Holding is bounded: past kMaxHeld requests, or kMaxHeldBytes, a refused one is answered at once.
+TEST_F(ScheduleAdmissionTest, HeldRequestsAreBoundedInNumberAndBytes) {
   ScheduleAdmission admission = Make(absl::InfiniteFuture());
   std::vector<Future<Unit>> held;
   for (size_t i = 0; i < ScheduleAdmission::kMaxHeld; ++i) held.push_back(admission.SubmitOrHold(Request("c", {"z:9"})));
+  EXPECT_EQ(admission.num_held(), ScheduleAdmission::kMaxHeld);
   EXPECT_EQ(admission.SubmitOrHold(Request("c", {"z:9"})).Await().status().code(), absl::StatusCode::kNotFound);
   admission.Close();
   for (const auto& f : held) EXPECT_EQ(f.Await().status().code(), absl::StatusCode::kUnavailable);
+
+  // Requests of 1 MiB each (a run's payload is opaque here): 64 are held, the next is answered.
+  ScheduleAdmission by_bytes = Make(absl::InfiniteFuture());
+  rpc::ScheduleRequest large = Request("c", {"z:9"});
+  large.mutable_runs(0)->mutable_run()->mutable_arg_array_ids()->Resize(1 << 20, 1);  // a byte each
+  ASSERT_GE(large.ByteSizeLong(), size_t{1} << 20);
+  size_t n = 0;
+  while (by_bytes.SubmitOrHold(large).IsReady() == false) ++n;
+  EXPECT_EQ(n, ScheduleAdmission::kMaxHeldBytes / large.ByteSizeLong());
+  by_bytes.Close();
 }
 
 }  // namespace
