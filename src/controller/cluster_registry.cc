@@ -1,10 +1,9 @@
 #include "controller/cluster_registry.h"
 
-#include <optional>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -24,8 +23,6 @@ IdT TakeNext(IdT& next) {
   return id;
 }
 
-}  // namespace
-namespace {
 constexpr int kMaxDevicesPerHost = 4096;
 constexpr int64_t kMaxSliceDevices = 1 << 20;
 }  // namespace

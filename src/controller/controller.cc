@@ -129,7 +129,7 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
                 absl::Status auth = controller_.clients_.CheckTenantNotRefused(tenant, absl::Now());
                 if (auth.ok()) auth = CheckClient(request.client_id(), request.credential(), tenant);
                 if (!auth.ok()) return Future<Unit>::Ready(auth);
-                return controller_.admission_->SubmitOrHold(request);
+                return controller_.admission_->SubmitOrHold(request, tenant);
               });
             }};
   }
@@ -144,7 +144,8 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       reactor->Finish(ToGrpc(auth));
       return reactor;
     }
-    controller_.admission_->SubmitOrHold(*request).OnReady([reactor](const absl::StatusOr<Unit>& r) { reactor->Finish(ToGrpc(r.status())); });
+    controller_.admission_->SubmitOrHold(*request, tenant).OnReady(
+        [reactor](const absl::StatusOr<Unit>& r) { reactor->Finish(ToGrpc(r.status())); });
     return reactor;
   }
 
@@ -364,6 +365,10 @@ absl::Status Controller::Start() {
           },
           [this](const std::string& client, double weight, std::vector<std::pair<int, rpc::GangRun>> parts) {
             return SubmitAcrossIslands(client, weight, std::move(parts));
+          },
+          [this](const std::string& client, const std::string& tenant) {
+            PW_RETURN_IF_ERROR(clients_.CheckTenantNotRefused(tenant, absl::Now()));
+            return clients_.CheckNotRefused(client, tenant);
           }});
   service_ = std::make_unique<Service>(*this, registry_, tenants, cluster_token);
   grpc::ServerBuilder builder;

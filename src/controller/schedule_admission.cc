@@ -63,7 +63,7 @@ absl::StatusOr<std::vector<Future<Unit>>> ScheduleAdmission::Submit(const rpc::S
   return accepted;
 }
 
-Future<Unit> ScheduleAdmission::SubmitOrHold(const rpc::ScheduleRequest& request) {
+Future<Unit> ScheduleAdmission::SubmitOrHold(const rpc::ScheduleRequest& request, const std::string& tenant) {
   const absl::Time now = absl::Now();
   const absl::Status closed = absl::UnavailableError("the controller is shutting down");
   if (closed_.load()) return Future<Unit>::Ready(closed);
@@ -77,42 +77,56 @@ Future<Unit> ScheduleAdmission::SubmitOrHold(const rpc::ScheduleRequest& request
   const size_t bytes = request.ByteSizeLong();
   if (held_.size() >= kMaxHeld || held_bytes_ + bytes > kMaxHeldBytes) return Future<Unit>::Ready(accepted.status());
   held_bytes_ += bytes;
-  held_.push_back({request, Promise<Unit>(), bytes});
+  held_.push_back({request, tenant, Promise<Unit>(), bytes});
   return held_.back().promise.future();
 }
 
 void ScheduleAdmission::RetryHeld(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  for (auto it = held_.begin(); it != held_.end();) {
-    auto accepted = Submit(it->request, now);
-    if (!accepted.ok() && MayHold(accepted.status(), now)) {
-      ++it;
-      continue;
+  // Answered after the lock: continuations may run inline.
+  std::vector<std::pair<Promise<Unit>, Future<Unit>>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      const absl::Status admitted = sinks_.still_admitted(it->request.client_id(), it->tenant);
+      absl::StatusOr<std::vector<Future<Unit>>> accepted =
+          admitted.ok() ? Submit(it->request, now) : absl::StatusOr<std::vector<Future<Unit>>>(admitted);
+      if (!accepted.ok() && MayHold(accepted.status(), now)) {
+        ++it;
+        continue;
+      }
+      if (accepted.ok()) {
+        answers.emplace_back(std::move(it->promise), AllDone(*accepted));
+      } else {
+        // A controller that restarted knows of a client's earlier slices only the hosts where it
+        // holds something (arrays, programs, ops), as they register again.
+        const bool unknown_slice = absl::IsPermissionDenied(accepted.status());
+        answers.emplace_back(
+            std::move(it->promise),
+            Future<Unit>::Ready(absl::Status(
+                accepted.status().code(),
+                absl::StrCat(accepted.status().message(), " (still, after holding the request for hosts to register",
+                             unknown_slice ? "; if the slice was made before the controller restarted, make it again"
+                                           : "",
+                             ")"))));
+      }
+      held_bytes_ -= it->bytes;
+      it = held_.erase(it);
     }
-    if (accepted.ok()) {
-      AllDone(*accepted).OnReady(
-          [p = std::make_shared<Promise<Unit>>(std::move(it->promise))](const absl::StatusOr<Unit>& r) { p->Set(r); });
-    } else {
-      // A controller that restarted knows of a client's earlier slices only the hosts where it
-      // holds something (arrays, programs, ops), as they register again.
-      const bool unknown_slice = absl::IsPermissionDenied(accepted.status());
-      it->promise.Set(absl::Status(
-          accepted.status().code(),
-          absl::StrCat(accepted.status().message(), " (still, after holding the request for hosts to register",
-                       unknown_slice ? "; if the slice was made before the controller restarted, make it again" : "",
-                       ")")));
-    }
-    held_bytes_ -= it->bytes;
-    it = held_.erase(it);
+  }
+  for (auto& [promise, answer] : answers) {
+    answer.OnReady([p = std::make_shared<Promise<Unit>>(std::move(promise))](const absl::StatusOr<Unit>& r) { p->Set(r); });
   }
 }
 
 void ScheduleAdmission::Close() {
-  absl::MutexLock lock(&mu_);
-  closed_.store(true);
-  for (Held& h : held_) h.promise.Set(absl::UnavailableError("the controller is shutting down"));
-  held_.clear();
-  held_bytes_ = 0;
+  std::list<Held> held;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_.store(true);
+    held.swap(held_);
+    held_bytes_ = 0;
+  }
+  for (Held& h : held) h.promise.Set(absl::UnavailableError("the controller is shutting down"));
 }
 
 size_t ScheduleAdmission::num_held() {

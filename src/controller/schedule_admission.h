@@ -28,6 +28,10 @@ class ScheduleAdmission {
         island;
     std::function<Future<Unit>(const std::string& client, double weight, std::vector<std::pair<int, rpc::GangRun>> parts)>
         across_islands;
+    // Checked again before a held request goes: whether the client (of `tenant`) may still
+    // schedule. A controller that restarted learns of refused tenants as hosts register, which
+    // is while it holds requests.
+    std::function<absl::Status(const std::string& client, const std::string& tenant)> still_admitted;
   };
   // Until `hold_until`, a request that names a host not registered yet, or one where the registry
   // does not know the client yet, is held instead of refused (see SubmitOrHold).
@@ -39,7 +43,8 @@ class ScheduleAdmission {
   // Nothing of a refused request reaches a scheduler, so trying it again is safe: a controller
   // that restarted hears from its hosts again within a heartbeat or two, and meanwhile a live
   // client's request that names them waits (RetryHeld) instead of failing.
-  Future<Unit> SubmitOrHold(const rpc::ScheduleRequest& request);
+  // `tenant`: the named tenant the request's call acted for ("" none), for still_admitted.
+  Future<Unit> SubmitOrHold(const rpc::ScheduleRequest& request, const std::string& tenant);
   // Tries the held requests again, in the order they came (a client sends its next once this one
   // is answered); those still refused at `now`, past the hold, are answered with the refusal.
   void RetryHeld(absl::Time now);
@@ -64,6 +69,7 @@ class ScheduleAdmission {
   const Sinks sinks_;
   struct Held {
     rpc::ScheduleRequest request;
+    std::string tenant;
     Promise<Unit> promise;
     size_t bytes;
   };

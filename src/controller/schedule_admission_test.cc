@@ -1,6 +1,7 @@
 #include "controller/schedule_admission.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ class ScheduleAdmissionTest : public ::testing::Test {
          [this](const std::string&, double, std::vector<std::pair<int, rpc::GangRun>>) {
            ++reached_[-1];
            return Future<Unit>::Ready(Unit{});
+         },
+         [this](const std::string&, const std::string& tenant) {
+           return refused_.contains(tenant) ? absl::FailedPreconditionError("this cluster refuses tenant " + tenant)
+                                            : absl::OkStatus();
          }});
   }
   void Register(const std::string& host, int island, const std::string& client) {
@@ -49,30 +54,31 @@ class ScheduleAdmissionTest : public ::testing::Test {
   }
   ClusterRegistry registry_{absl::Hours(1)};
   std::map<int, int> reached_;
+  std::set<std::string> refused_;  // tenants
 };
 
 TEST_F(ScheduleAdmissionTest, RunsGoToTheirIslandsAndRunsOverSeveralToAllTogether) {
   Register("a:1", 0, "c");
   Register("b:1", 1, "c");
   ScheduleAdmission admission = Make(absl::InfinitePast());
-  ASSERT_TRUE(admission.SubmitOrHold(Request("c", {"a:1"})).Await().ok());
-  ASSERT_TRUE(admission.SubmitOrHold(Request("c", {"a:1", "b:1"})).Await().ok());
+  ASSERT_TRUE(admission.SubmitOrHold(Request("c", {"a:1"}), "").Await().ok());
+  ASSERT_TRUE(admission.SubmitOrHold(Request("c", {"a:1", "b:1"}), "").Await().ok());
   EXPECT_EQ(reached_, (std::map<int, int>{{-1, 1}, {0, 1}}));
 }
 
 TEST_F(ScheduleAdmissionTest, BadRequestsAreRefusedAndNothingOfThemReachesAScheduler) {
   Register("a:1", 0, "c");
   ScheduleAdmission admission = Make(absl::InfinitePast());
-  EXPECT_EQ(admission.SubmitOrHold(Request("", {"a:1"})).Await().status().code(), absl::StatusCode::kInvalidArgument);
-  auto heavy = admission.SubmitOrHold(Request("c", {"a:1"}, 1e9)).Await();
+  EXPECT_EQ(admission.SubmitOrHold(Request("", {"a:1"}), "").Await().status().code(), absl::StatusCode::kInvalidArgument);
+  auto heavy = admission.SubmitOrHold(Request("c", {"a:1"}, 1e9), "").Await();
   EXPECT_EQ(heavy.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(heavy.status().message().find("--max-client-weight"), std::string::npos) << heavy.status();
-  EXPECT_EQ(admission.SubmitOrHold(Request("c", {})).Await().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(admission.SubmitOrHold(Request("c", {}), "").Await().status().code(), absl::StatusCode::kInvalidArgument);
   // A host it has no slice on, after a good run in the same request: neither goes.
   Register("a:2", 0, "someone else");
   rpc::ScheduleRequest mixed = Request("c", {"a:1"});
   mixed.add_runs()->add_hosts()->set_host("a:2");
-  EXPECT_EQ(admission.SubmitOrHold(mixed).Await().status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(admission.SubmitOrHold(mixed, "").Await().status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(reached_.empty());
   EXPECT_EQ(admission.num_held(), 0u);  // not new: nothing is held
 }
@@ -83,8 +89,8 @@ TEST_F(ScheduleAdmissionTest, BadRequestsAreRefusedAndNothingOfThemReachesASched
 TEST_F(ScheduleAdmissionTest, WhileNewARequestForAHostNotBackYetWaitsForIt) {
   const absl::Time start = absl::Now();
   ScheduleAdmission admission = Make(start + absl::Hours(1));
-  Future<Unit> waits = admission.SubmitOrHold(Request("c", {"a:1"}));
-  Future<Unit> never = admission.SubmitOrHold(Request("c", {"z:9"}));
+  Future<Unit> waits = admission.SubmitOrHold(Request("c", {"a:1"}), "");
+  Future<Unit> never = admission.SubmitOrHold(Request("c", {"z:9"}), "");
   EXPECT_EQ(admission.num_held(), 2u);
   admission.RetryHeld(start);
   EXPECT_FALSE(waits.IsReady());
@@ -100,29 +106,46 @@ TEST_F(ScheduleAdmissionTest, WhileNewARequestForAHostNotBackYetWaitsForIt) {
   EXPECT_NE(never.Await().status().message().find("no worker at z:9"), std::string::npos) << never.Await().status();
   EXPECT_NE(never.Await().status().message().find("after holding"), std::string::npos) << never.Await().status();
 
-  Future<Unit> closed = admission.SubmitOrHold(Request("c", {"z:9"}));
+  Future<Unit> closed = admission.SubmitOrHold(Request("c", {"z:9"}), "");
   admission.Close();
   EXPECT_EQ(closed.Await().status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(admission.SubmitOrHold(Request("c", {"a:1"})).Await().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(admission.SubmitOrHold(Request("c", {"a:1"}), "").Await().status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A controller that restarted learns of a refused tenant as hosts register, while it holds
+// requests: a held request of that tenant is checked again, and refused, before it goes.
+TEST_F(ScheduleAdmissionTest, AHeldRequestOfATenantRefusedMeanwhileIsRefused) {
+  ScheduleAdmission admission = Make(absl::InfiniteFuture());
+  Future<Unit> spinner = admission.SubmitOrHold(Request("s", {"a:1"}), "spinner");
+  Future<Unit> other = admission.SubmitOrHold(Request("c", {"a:1"}), "other");
+  refused_.insert("spinner");
+  Register("a:1", 0, "s");
+  registry_.NoteClientOnHost("c", "a:1");
+  admission.RetryHeld(absl::Now());
+  ASSERT_TRUE(spinner.IsReady() && other.IsReady());
+  EXPECT_EQ(spinner.Await().status().code(), absl::StatusCode::kFailedPrecondition) << spinner.Await().status();
+  EXPECT_TRUE(other.Await().ok()) << other.Await().status();
+  EXPECT_EQ(reached_[0], 1);
 }
 
 // Holding is bounded: past kMaxHeld requests, or kMaxHeldBytes, a refused one is answered at once.
 TEST_F(ScheduleAdmissionTest, HeldRequestsAreBoundedInNumberAndBytes) {
   ScheduleAdmission admission = Make(absl::InfiniteFuture());
   std::vector<Future<Unit>> held;
-  for (size_t i = 0; i < ScheduleAdmission::kMaxHeld; ++i) held.push_back(admission.SubmitOrHold(Request("c", {"z:9"})));
+  for (size_t i = 0; i < ScheduleAdmission::kMaxHeld; ++i) held.push_back(admission.SubmitOrHold(Request("c", {"z:9"}), ""));
   EXPECT_EQ(admission.num_held(), ScheduleAdmission::kMaxHeld);
-  EXPECT_EQ(admission.SubmitOrHold(Request("c", {"z:9"})).Await().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(admission.SubmitOrHold(Request("c", {"z:9"}), "").Await().status().code(), absl::StatusCode::kNotFound);
   admission.Close();
   for (const auto& f : held) EXPECT_EQ(f.Await().status().code(), absl::StatusCode::kUnavailable);
 
-  // Requests of 1 MiB each (a run's payload is opaque here): 64 are held, the next is answered.
+  // Requests of a little over 1 MiB each (a run's payload is opaque here): 63 are held, the next
+  // is answered.
   ScheduleAdmission by_bytes = Make(absl::InfiniteFuture());
   rpc::ScheduleRequest large = Request("c", {"z:9"});
   large.mutable_runs(0)->mutable_run()->mutable_arg_array_ids()->Resize(1 << 20, 1);  // a byte each
   ASSERT_GE(large.ByteSizeLong(), size_t{1} << 20);
   size_t n = 0;
-  while (by_bytes.SubmitOrHold(large).IsReady() == false) ++n;
+  while (by_bytes.SubmitOrHold(large, "").IsReady() == false) ++n;
   EXPECT_EQ(n, ScheduleAdmission::kMaxHeldBytes / large.ByteSizeLong());
   by_bytes.Close();
 }

@@ -35,20 +35,14 @@ absl::StatusOr<Response> CallWithDeadline(const std::string& address, const std:
   return response;
 }
 
-// A call gRPC failed before sending it: its channel had no connection to the controller and
-// could not make one ("failed to connect to all addresses", gRPC's words for a call that found
-// no connection to send on).
-bool NeverSent(const absl::Status& s) {
-  return absl::IsUnavailable(s) && absl::StrContains(s.message(), "failed to connect to all addresses");
-}
-
 }  // namespace
 
 ControllerClient::ControllerClient(std::string address, std::optional<std::string> token)
     : address_(std::move(address)),
       token_(std::move(token)),
       channel_(grpc::CreateCustomChannel(address_, ChannelCredentials(), ChannelArgs())),
-      stub_(rpc::Controller::NewStub(channel_)) {}
+      stub_(rpc::Controller::NewStub(channel_)),
+      dataflow_stub_(rpc::Dataflow::NewStub(channel_)) {}
 
 absl::StatusOr<rpc::RegisterWorkerResponse> ControllerClient::RegisterWorker(
     const rpc::RegisterWorkerRequest& r) {
@@ -139,95 +133,29 @@ std::shared_ptr<ScheduleStream> ControllerClient::CurrentScheduleStream() {
   // whatever thread sends a batch, gRPC's callback threads and streams' readers included.
   if (!connecting_ && !stopping_ && absl::Now() >= retry_stream_at_) {
     connecting_ = true;
-    if (!EnsureConnectorLocked()) {
-      connecting_ = false;  // no thread to be had: unary calls, and asked again later
-      retry_stream_at_ = absl::Now() + absl::Seconds(5);
+    if (!connector_.joinable()) {
+      try {
+        connector_ = std::thread([this] { ConnectorLoop(); });
+      } catch (const std::system_error&) {
+        connecting_ = false;  // no thread to be had: unary calls, and asked again later
+        retry_stream_at_ = absl::Now() + absl::Seconds(5);
+      }
     }
   }
   return nullptr;
 }
 
-bool ControllerClient::EnsureConnectorLocked() {
-  if (connector_.joinable()) return true;
-  try {
-    connector_ = std::thread([this] { ConnectorLoop(); });
-    return true;
-  } catch (const std::system_error&) {
-    return false;
-  }
-}
-
 void ControllerClient::ConnectorLoop() {
   pthread_setname_np(pthread_self(), "sched-connect");
   while (true) {
-    bool connect = false, send = false;
     {
       absl::MutexLock lock(&stream_mu_);
-      auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) {
-        return connecting_ || stopping_ || !parked_.empty();
-      };
+      auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) { return connecting_ || stopping_; };
       stream_mu_.Await(absl::Condition(&wanted));
-      if (stopping_) break;
-      connect = connecting_;
-      send = !parked_.empty();
+      if (stopping_) return;
     }
-    if (connect) ConnectScheduleStream();
-    if (send) SendParked();
+    ConnectScheduleStream();
   }
-  std::vector<Parked> parked;
-  {
-    absl::MutexLock lock(&stream_mu_);
-    parked.swap(parked_);
-  }
-  for (Parked& p : parked) {
-    p.promise.Set(absl::CancelledError(absl::StrCat("Schedule on controller ", address_,
-                                                    ": the client closed while it waited to reach the controller")));
-  }
-}
-
-void ControllerClient::SendParked() {
-  absl::Time deadline;
-  {
-    absl::MutexLock lock(&stream_mu_);
-    if (parked_.empty()) return;
-    deadline = parked_.front().since + kReconnectWait;
-  }
-  // In steps, so that closing the client does not wait for the whole of it.
-  while (absl::Now() < deadline &&
-         !channel_->WaitForConnected(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(250))))) {
-    absl::MutexLock lock(&stream_mu_);
-    if (stopping_) return;
-  }
-  std::vector<Parked> parked;
-  {
-    absl::MutexLock lock(&stream_mu_);
-    parked.swap(parked_);
-  }
-  // Connected, or not within the wait: then sent all the same, and gRPC's error says why.
-  for (Parked& p : parked) SendNow(std::move(p));
-}
-
-bool ControllerClient::Park(Parked& p) {
-  absl::MutexLock lock(&stream_mu_);
-  if (stopping_ || !EnsureConnectorLocked()) return false;
-  parked_.push_back(std::move(p));
-  return true;
-}
-
-void ControllerClient::SendUnary(Parked p) {
-  // gRPC fails a call at once while its channel waits between connection attempts: such a
-  // request waits for the connector thread, which sends it once the channel connects.
-  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY && Park(p)) return;
-  SendNow(std::move(p));
-}
-
-void ControllerClient::SendNow(Parked p) {
-  auto shared = std::make_shared<Parked>(std::move(p));
-  // The channel may not have seen its connection go yet: a call it then fails unsent waits too.
-  UnarySchedule(shared->request).OnReady([this, shared](const absl::StatusOr<Unit>& r) {
-    if (!r.ok() && NeverSent(r.status()) && absl::Now() < shared->since + kReconnectWait && Park(*shared)) return;
-    shared->promise.Set(r);
-  });
 }
 
 namespace {
@@ -262,7 +190,7 @@ void ControllerClient::ConnectScheduleStream() {
   auto port = CallWithDeadline<rpc::StreamPortResponse>(
       address_, token_, "StreamPort",
       [&](grpc::ClientContext* c, rpc::StreamPortResponse* resp) {
-        grpc::Status s = rpc::Dataflow::NewStub(channel_)->StreamPort(c, rpc::StreamPortRequest(), resp);
+        grpc::Status s = dataflow_stub_->StreamPort(c, rpc::StreamPortRequest(), resp);
         peer = c->peer();
         return s;
       },
@@ -310,24 +238,74 @@ void ControllerClient::ConnectScheduleStream() {
 }
 
 Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
+  const absl::Time asked = absl::Now();
   if (std::shared_ptr<ScheduleStream> stream = CurrentScheduleStream(); stream != nullptr) {
     schedules_streamed_.fetch_add(1, std::memory_order_relaxed);
-    return stream->Schedule(r);
+    Promise<Unit> promise;
+    Future<Unit> result = promise.future();
+    // A stream that broke (the controller went) before the request left: it goes as a unary
+    // call, which waits for the controller.
+    stream->Schedule(r).OnReady([this, r, asked, promise = std::move(promise)](const absl::StatusOr<Unit>& done) mutable {
+      if (done.ok() || !ScheduleStream::NeverSent(done.status())) {
+        promise.Set(done);
+        return;
+      }
+      schedules_unary_.fetch_add(1, std::memory_order_relaxed);
+      UnarySchedule(r, asked).OnReady([promise = std::move(promise)](const absl::StatusOr<Unit>& again) mutable {
+        promise.Set(again);
+      });
+    });
+    return result;
   }
-  Parked p{r, Promise<Unit>(), absl::Now()};
-  Future<Unit> done = p.promise.future();
-  SendUnary(std::move(p));
-  return done;
+  schedules_unary_.fetch_add(1, std::memory_order_relaxed);
+  return UnarySchedule(r, asked);
 }
 
-Future<Unit> ControllerClient::UnarySchedule(const rpc::ScheduleRequest& r) {
-  schedules_unary_.fetch_add(1, std::memory_order_relaxed);
-  return AsyncUnaryCall<rpc::ScheduleResponse>(
-             absl::StrCat("Schedule on controller ", address_), token_, r, absl::InfiniteDuration(),
-             [this](auto* ctx, auto* req, auto* resp, auto done) {
-               stub_->async()->Schedule(ctx, req, resp, std::move(done));
-             })
-      .Then([](const rpc::ScheduleResponse&) { return Unit{}; });
+Future<Unit> ControllerClient::UnarySchedule(const rpc::ScheduleRequest& r, absl::Time asked) {
+  const std::string what = absl::StrCat("Schedule on controller ", address_);
+  Future<Unit> sent = AsyncUnaryCall<rpc::ScheduleResponse>(
+                          what, token_, r, absl::InfiniteDuration(),
+                          [this](auto* ctx, auto* req, auto* resp, auto done) {
+                            stub_->async()->Schedule(ctx, req, resp, std::move(done));
+                          })
+                          .Then([](const rpc::ScheduleResponse&) { return Unit{}; });
+  Promise<Unit> promise;
+  Future<Unit> result = promise.future();
+  sent.OnReady([this, r, asked, what, promise = std::move(promise)](const absl::StatusOr<Unit>& done) mutable {
+    // gRPC's own words for a call it failed before sending, finding no connection (its channel
+    // waits between attempts to reconnect), right after our prefix: an answer from the
+    // controller never starts so.
+    const bool unsent = absl::IsUnavailable(done.status()) &&
+                        absl::StartsWith(done.status().message(), absl::StrCat(what, ": failed to connect to all addresses"));
+    const absl::Duration left = asked + kReconnectWait - absl::Now();
+    if (!unsent || left <= absl::ZeroDuration()) {
+      promise.Set(done);
+      return;
+    }
+    WhenReachable(left).OnReady(
+        [this, r, asked, first = done.status(), promise = std::move(promise)](const absl::StatusOr<Unit>& up) mutable {
+          if (!up.ok()) {
+            promise.Set(first);
+            return;
+          }
+          UnarySchedule(r, asked).OnReady([promise = std::move(promise)](const absl::StatusOr<Unit>& again) mutable {
+            promise.Set(again);
+          });
+        });
+  });
+  return result;
+}
+
+Future<Unit> ControllerClient::WhenReachable(absl::Duration wait) {
+  // StreamPort: the controller's cheapest call that every client may make.
+  return AsyncUnaryCall<rpc::StreamPortResponse>(absl::StrCat("StreamPort on controller ", address_), token_,
+                                                 rpc::StreamPortRequest(), wait,
+                                                 [this](auto* ctx, auto* req, auto* resp, auto done) {
+                                                   ctx->set_wait_for_ready(true);
+                                                   dataflow_stub_->async()->StreamPort(ctx, req, resp,
+                                                                                       std::move(done));
+                                                 })
+      .Then([](const rpc::StreamPortResponse&) { return Unit{}; });
 }
 
 absl::StatusOr<absl::Duration> ControllerClient::ClientHeartbeat(const ClientIdentity& client, bool goodbye) {

@@ -37,9 +37,9 @@ class ControllerClient {
   absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r);
   // Submits runs to island schedulers; completes once their hosts have them. Asynchronous. One
   // request at a time (the next once this one is answered): requests may go different ways.
-  // While the controller cannot be reached (it restarts, say), a request waits up to
-  // kReconnectWait for it before it is sent (and fails, naming the controller, if it is still
-  // away): a request that is not sent has not been run. Keep the client until the future is ready.
+  // A request gRPC could not send, having no connection to the controller (it restarts, say), is
+  // sent again once the controller answers, up to kReconnectWait after it was asked; one that may
+  // have reached the controller is never sent twice. Keep the client until the future is ready.
   Future<Unit> Schedule(const rpc::ScheduleRequest& r);
   static constexpr absl::Duration kReconnectWait = absl::Seconds(15);
   // From now on Schedule requests go over a plain TCP stream to the controller's stream listener
@@ -61,33 +61,20 @@ class ControllerClient {
   // The stream to use now; null: a unary call. Starts making one in the background when there
   // is none (or it broke) and none is being made; never waits on the network itself.
   std::shared_ptr<ScheduleStream> CurrentScheduleStream();
-  // The connector thread: makes a stream each time one is wanted (connecting_), and sends the
-  // requests parked while the channel was not connected, until stopping_.
+  // The connector thread: makes a stream each time one is wanted (connecting_), until stopping_.
   void ConnectorLoop();
   void ConnectScheduleStream();
-  struct Parked {
-    rpc::ScheduleRequest request;
-    Promise<Unit> promise;
-    absl::Time since;  // when Schedule was asked
-  };
-  // Sends a request as a unary call if the channel is connected, else parks it for the connector
-  // thread; one that gRPC failed without sending (it found the connection gone) is parked again,
-  // up to kReconnectWait after it was asked.
-  void SendUnary(Parked p);
-  void SendNow(Parked p);  // as a unary call, parked again if gRPC could not send it
-  // False when it cannot be parked (closing, or no connector thread): then it is sent at once.
-  bool Park(Parked& p);
-  // Waits for the channel to connect (up to kReconnectWait from the oldest parked request), then
-  // sends what is parked. On the connector thread.
-  void SendParked();
-  Future<Unit> UnarySchedule(const rpc::ScheduleRequest& r);
-  // Starts the connector thread when there is none; false if no thread could be made.
-  bool EnsureConnectorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_);
+  // A Schedule as a unary call; see Schedule for one gRPC could not send.
+  Future<Unit> UnarySchedule(const rpc::ScheduleRequest& r, absl::Time asked);
+  // Completes once the controller answers a call (gRPC's wait for a connection), or fails after
+  // `wait`.
+  Future<Unit> WhenReachable(absl::Duration wait);
 
   const std::string address_;
   const std::optional<std::string> token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Controller::Stub> stub_;
+  std::unique_ptr<rpc::Dataflow::Stub> dataflow_stub_;  // StreamPort
   std::atomic<int64_t> schedules_streamed_{0}, schedules_unary_{0};
   absl::Mutex stream_mu_;
   bool prefer_stream_ ABSL_GUARDED_BY(stream_mu_) = false;
@@ -100,7 +87,6 @@ class ControllerClient {
   bool stopping_ ABSL_GUARDED_BY(stream_mu_) = false;
   absl::Time retry_stream_at_ ABSL_GUARDED_BY(stream_mu_);
   bool told_ ABSL_GUARDED_BY(stream_mu_) = false;  // why there is no stream, logged once
-  std::vector<Parked> parked_ ABSL_GUARDED_BY(stream_mu_);  // for the connector to send, in order
 };
 
 }  // namespace pathways

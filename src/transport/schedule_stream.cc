@@ -96,6 +96,19 @@ bool ScheduleStream::broken() {
   return !state_->broken.ok();
 }
 
+namespace {
+
+constexpr char kNeverSent[] = "pathways.dev/schedule-never-sent";
+
+absl::Status MarkNeverSent(absl::Status s) {
+  s.SetPayload(kNeverSent, absl::Cord());
+  return s;
+}
+
+}  // namespace
+
+bool ScheduleStream::NeverSent(const absl::Status& s) { return s.GetPayload(kNeverSent).has_value(); }
+
 Future<Unit> ScheduleStream::Schedule(const rpc::ScheduleRequest& request) {
   State& st = *state_;
   const size_t bytes = request.ByteSizeLong();
@@ -113,7 +126,7 @@ Future<Unit> ScheduleStream::Schedule(const rpc::ScheduleRequest& request) {
     absl::MutexLock write(&st.write_mu);
     {
       absl::MutexLock lock(&st.mu);
-      if (!st.broken.ok()) return Future<Unit>::Ready(st.broken);
+      if (!st.broken.ok()) return Future<Unit>::Ready(MarkNeverSent(st.broken));
       st.waiting.emplace_back();
       answer = st.waiting.back().future();
     }
@@ -126,7 +139,11 @@ Future<Unit> ScheduleStream::Schedule(const rpc::ScheduleRequest& request) {
       broken_by = st.broken;
     }
   }
-  for (Promise<Unit>& p : failed) p.Set(broken_by);  // continuations run without the locks
+  // Continuations run without the locks. This request's frame is the last one waiting, and was
+  // not written whole: the controller cannot have read it. Those before it may have been read.
+  for (size_t i = 0; i < failed.size(); ++i) {
+    failed[i].Set(i + 1 == failed.size() ? MarkNeverSent(broken_by) : broken_by);
+  }
   return answer;
 }
 

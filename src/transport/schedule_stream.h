@@ -44,8 +44,11 @@ class ScheduleStream {
   ScheduleStream& operator=(const ScheduleStream&) = delete;
 
   // Sends `request`; complete with the controller's answer (continuations may run on the
-  // stream's reader thread).
+  // stream's reader thread). When the request never left this process (the stream was broken
+  // already, or its frame could not be written whole), the error says so (NeverSent): it may be
+  // sent another way.
   Future<Unit> Schedule(const rpc::ScheduleRequest& request);
+  static bool NeverSent(const absl::Status& s);
   // The connection broke: nothing more is sent on it.
   bool broken();
 
