@@ -46,7 +46,13 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       sequencer_([this](const std::string& client, const rpc::Op& op) { ApplyOp(client, op); },
                  [this](const std::string& client) { CollectClient(client); }, options_.sequence_gap_timeout,
                  OpSequencer::Limits{},
-                 [this](const std::string& client, const absl::Status& why) { store_.NoteSkippedOps(client, why); }),
+                 [this](const std::string& client, const absl::Status& why) {
+                   {
+                     absl::MutexLock lock(&programs_mu_);  // a client gone has nothing read any more
+                     if (!CheckNotCollectedLocked(client).ok()) return;
+                   }
+                   store_.NoteSkippedOps(client, why);
+                 }),
       control_({options_.name, options_.dataflow_service, &dataflow_transport_, &io_pool_,
                 [this](std::vector<rpc::ScheduledOp> ops) { return ApplyScheduled(std::move(ops)); }}) {
   ConfigureComputeThreads(options_.intra_op_threads);
