@@ -97,7 +97,7 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
           request.set_credential(identity.credential);
           request.set_weight(weight);
           for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
-          return controller->Schedule(request);
+          return controller->Schedule(std::move(request));
         },
         // A refused batch (a host left, say) fails its runs only. Their sequence numbers are
         // filled with no-ops on the hosts still there, which would otherwise wait for them.

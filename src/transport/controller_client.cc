@@ -237,15 +237,16 @@ void ControllerClient::ConnectScheduleStream() {
   }
 }
 
-Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
+Future<Unit> ControllerClient::Schedule(rpc::ScheduleRequest request) {
   const absl::Time asked = absl::Now();
+  auto r = std::make_shared<const rpc::ScheduleRequest>(std::move(request));
   if (std::shared_ptr<ScheduleStream> stream = CurrentScheduleStream(); stream != nullptr) {
     schedules_streamed_.fetch_add(1, std::memory_order_relaxed);
     Promise<Unit> promise;
     Future<Unit> result = promise.future();
     // A stream that broke (the controller went) before the request left: it goes as a unary
     // call, which waits for the controller.
-    stream->Schedule(r).OnReady([this, r, asked, promise = std::move(promise)](const absl::StatusOr<Unit>& done) mutable {
+    stream->Schedule(*r).OnReady([this, r, asked, promise = std::move(promise)](const absl::StatusOr<Unit>& done) mutable {
       if (done.ok() || !ScheduleStream::NeverSent(done.status())) {
         promise.Set(done);
         return;
@@ -261,10 +262,10 @@ Future<Unit> ControllerClient::Schedule(const rpc::ScheduleRequest& r) {
   return UnarySchedule(r, asked);
 }
 
-Future<Unit> ControllerClient::UnarySchedule(const rpc::ScheduleRequest& r, absl::Time asked) {
+Future<Unit> ControllerClient::UnarySchedule(std::shared_ptr<const rpc::ScheduleRequest> r, absl::Time asked) {
   const std::string what = absl::StrCat("Schedule on controller ", address_);
   Future<Unit> sent = AsyncUnaryCall<rpc::ScheduleResponse>(
-                          what, token_, r, absl::InfiniteDuration(),
+                          what, token_, *r, absl::InfiniteDuration(),
                           [this](auto* ctx, auto* req, auto* resp, auto done) {
                             stub_->async()->Schedule(ctx, req, resp, std::move(done));
                           })

@@ -40,7 +40,8 @@ class ControllerClient {
   // A request gRPC could not send, having no connection to the controller (it restarts, say), is
   // sent again once the controller answers, up to kReconnectWait after it was asked; one that may
   // have reached the controller is never sent twice. Keep the client until the future is ready.
-  Future<Unit> Schedule(const rpc::ScheduleRequest& r);
+  // Taken by value: kept (moved, not copied) in case it must be sent again.
+  Future<Unit> Schedule(rpc::ScheduleRequest r);
   static constexpr absl::Duration kReconnectWait = absl::Seconds(15);
   // From now on Schedule requests go over a plain TCP stream to the controller's stream listener
   // (transport/schedule_stream.h) when it has one, else (TLS is on, no stream could be made) as
@@ -65,7 +66,7 @@ class ControllerClient {
   void ConnectorLoop();
   void ConnectScheduleStream();
   // A Schedule as a unary call; see Schedule for one gRPC could not send.
-  Future<Unit> UnarySchedule(const rpc::ScheduleRequest& r, absl::Time asked);
+  Future<Unit> UnarySchedule(std::shared_ptr<const rpc::ScheduleRequest> r, absl::Time asked);
   // Completes once the controller answers a call (gRPC's wait for a connection), or fails after
   // `wait`.
   Future<Unit> WhenReachable(absl::Duration wait);
