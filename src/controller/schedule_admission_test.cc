@@ -145,7 +145,7 @@ TEST_F(ScheduleAdmissionTest, HeldRequestsAreBoundedInNumberAndBytes) {
   large.mutable_runs(0)->mutable_run()->mutable_arg_array_ids()->Resize(1 << 20, 1);  // a byte each
   ASSERT_GE(large.ByteSizeLong(), size_t{1} << 20);
   size_t n = 0;
-  while (by_bytes.SubmitOrHold(large, "").IsReady() == false) ++n;
+  while (n <= ScheduleAdmission::kMaxHeld && !by_bytes.SubmitOrHold(large, "").IsReady()) ++n;  // bounded: a broken bound fails, not hangs
   EXPECT_EQ(n, ScheduleAdmission::kMaxHeldBytes / large.ByteSizeLong());
   by_bytes.Close();
 }
