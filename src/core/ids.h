@@ -25,6 +25,8 @@
 //   unbroken sequence; a new one starts when the old broke (the host restarted).
 // - Epoch: one run op of one client, strictly increasing per client; also the run's epoch in
 //   its program's dataflow graph, which tells a host when every block of the run has arrived.
+//   The dataflow engine's epochs are plain integers: a program graph's are Epochs, an island
+//   control graph's are rounds.
 // - order: an island scheduler's runs on one host, 1, 2, 3, ... per pair of controller and host
 //   incarnations: every device of the island runs gang work in this one order.
 // - round: a batch of an island's scheduled ops in its control graph (one dataflow epoch),

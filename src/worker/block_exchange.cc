@@ -73,7 +73,7 @@ class HostRuntime::BlockReceiver : public dataflow::Operator {
       unreadable = std::move(it->second);
       unreadable_.erase(it);
     }
-    runtime_.FinishEpoch(client_, ctx.epoch(), program_node_, unreadable);
+    runtime_.FinishEpoch(client_, Epoch(ctx.epoch()), program_node_, unreadable);
   }
 
  private:
@@ -91,6 +91,10 @@ std::unique_ptr<dataflow::Operator> HostRuntime::MakeBlockReceiver(const std::st
 }
 
 namespace {
+
+ObjectStore::TransferId TransferIdOf(const rpc::TransferId& t) {
+  return {Epoch(t.epoch()), t.node(), t.input(), t.dst_shard(), t.src_shard()};
+}
 
 // The hosts of this process by name: a block for one of them is handed over as a buffer.
 absl::Mutex directory_mu(absl::kConstInit);
@@ -126,7 +130,7 @@ rpc::TransferRequest HostRuntime::BlockHeader(const std::string& client, const O
   rpc::TransferRequest request;
   request.set_client_id(client);
   rpc::TransferId* t = request.mutable_transfer();
-  t->set_epoch(id.epoch);
+  t->set_epoch(id.epoch.value());
   t->set_node(id.node);
   t->set_input(id.input);
   t->set_dst_shard(id.dst_shard);
@@ -142,7 +146,7 @@ void HostRuntime::SendInline(const std::shared_ptr<HostProgram>& entry, const Ob
   std::memcpy(payload.data(), &dest_shard, sizeof(dest_shard));
   request.AppendToString(&payload);
   absl::Status injected =
-      entry->engine->Inject(exchange.send_node, exchange.sender_index.at(name()), id.epoch, std::move(payload));
+      entry->engine->Inject(exchange.send_node, exchange.sender_index.at(name()), id.epoch.value(), std::move(payload));
   if (!injected.ok()) PW_LOG(Error) << "block of epoch " << id.epoch << " not sent: " << injected;
 }
 
@@ -254,7 +258,7 @@ absl::StatusOr<collective::BlockStreams::Landing> HostRuntime::LandBlock(const s
   auto staging = std::make_shared<MemoryBudget>(name() + "/staging", size);
   (void)staging->Charge(size);
   auto buffer = std::make_shared<DeviceBuffer>(staging, -1, spec.dtype, spec.shape, size);
-  const ObjectStore::TransferId id{t.epoch(), t.node(), t.input(), t.dst_shard(), t.src_shard()};
+  const ObjectStore::TransferId id = TransferIdOf(t);
   return collective::BlockStreams::Landing{
       buffer->data(), [this, client = request.client_id(), id, buffer](absl::Status s) {
         store_.DeliverTransfer(client, id, s.ok() ? absl::StatusOr<BufferPtr>(buffer) : s);
@@ -264,7 +268,7 @@ absl::StatusOr<collective::BlockStreams::Landing> HostRuntime::LandBlock(const s
 void HostRuntime::ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request) {
   const rpc::TransferId& t = request.transfer();
   auto deliver = [&](absl::StatusOr<BufferPtr> data) {
-    store_.DeliverTransfer(client, {t.epoch(), t.node(), t.input(), t.dst_shard(), t.src_shard()}, std::move(data));
+    store_.DeliverTransfer(client, TransferIdOf(t), std::move(data));
   };
   if (request.error_code() != 0) {
     deliver(absl::Status(static_cast<absl::StatusCode>(request.error_code()), request.error_message()));

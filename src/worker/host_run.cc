@@ -21,11 +21,11 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   std::shared_ptr<HostProgram> entry;
   {
     absl::MutexLock lock(&programs_mu_);
-    int64_t& last = last_epoch_[client];
-    if (run.epoch() <= last) {
-      return absl::InvalidArgumentError(absl::StrCat("run epoch ", run.epoch(), " is not after epoch ", last));
+    Epoch& last = last_epoch_[client];
+    if (Epoch(run.epoch()) <= last) {
+      return absl::InvalidArgumentError(absl::StrCat("run epoch ", run.epoch(), " is not after epoch ", last.value()));
     }
-    last = run.epoch();
+    last = Epoch(run.epoch());
     auto it = programs_.find({client, LoweredProgramId(run.program_id())});
     if (it != programs_.end()) entry = it->second;
   }
@@ -108,10 +108,10 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   return absl::OkStatus();
 }
 
-void HostRuntime::FinishEpoch(const std::string& client, int64_t epoch, int node, const std::string& why) {
+void HostRuntime::FinishEpoch(const std::string& client, Epoch epoch, int node, const std::string& why) {
   int failed = store_.FailUndeliveredTransfers(
       client, epoch, node, node,
-      absl::InternalError(absl::StrCat("epoch ", epoch, ": a block of node ", node,
+      absl::InternalError(absl::StrCat("epoch ", epoch.value(), ": a block of node ", node,
                                        " that every sender has accounted for never reached ", name(),
                                        why.empty() ? "" : ": ", why)));
   if (failed > 0) PW_LOG(Error) << failed << " blocks of epoch " << epoch << " never reached " << name();
@@ -133,7 +133,7 @@ std::vector<Future<Unit>> HostRuntime::SendInputs(const std::shared_ptr<HostProg
   for (const PlannedSend& p : entry->nodes[node_index].sends) {
     const ArrayId array = ValueArrayId(*entry->lowered, node.inputs[p.input], run);
     sends.push_back(Send(entry, {array, static_cast<int32_t>(p.src_shard)}, p.region, p.dest,
-                         {run.epoch(), node_index, p.input, p.dst_shard, p.src_shard}));
+                         {Epoch(run.epoch()), node_index, p.input, p.dst_shard, p.src_shard}));
   }
   return sends;
 }
@@ -217,7 +217,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
         plan.src_regions.push_back(p.src_region);
       } else {
         piece_futures.push_back(store_.ExpectTransfer(
-            client, {run.epoch(), node_index, static_cast<int32_t>(i), shard32, p.src_shard},
+            client, {Epoch(run.epoch()), node_index, static_cast<int32_t>(i), shard32, p.src_shard},
             (*src.devices)[p.src_shard].host));
         plan.src_regions.push_back({Shape(p.src_region.size.size(), 0), p.src_region.size});
       }

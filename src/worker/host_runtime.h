@@ -213,7 +213,7 @@ class HostRuntime {
   void ReceiveTransfer(const std::string& client, const rpc::TransferRequest& request);
   // Every block of `node` in the epoch has arrived: fails any this host still waits for, with
   // `why` added when something is known (a block that did not parse).
-  void FinishEpoch(const std::string& client, int64_t epoch, int node, const std::string& why);
+  void FinishEpoch(const std::string& client, Epoch epoch, int node, const std::string& why);
   void Put(const std::string& client, const rpc::PutOp& op);
   // The bytes staged for `dest`, taken out of staged_; null when none are.
   BufferPtr TakeStaged(const std::string& client, const rpc::ShardRef& dest);
@@ -242,7 +242,7 @@ class HostRuntime {
   std::atomic<int64_t> test_run_delay_us_{0};
   OpSequencer sequencer_;  // it applies ops that use everything above
   // Per client, the last epoch run here: a client's epochs reach a host in increasing order.
-  absl::flat_hash_map<std::string, int64_t> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
+  absl::flat_hash_map<std::string, Epoch> last_epoch_ ABSL_GUARDED_BY(programs_mu_);
   // Why programs failed to register, per client and program id (a bounded number per client):
   // their runs fail with that reason.
   absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> failed_registrations_ ABSL_GUARDED_BY(programs_mu_);

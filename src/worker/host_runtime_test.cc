@@ -10,34 +10,13 @@
 #include "dataflow/graph.h"
 #include "gtest/gtest.h"
 #include "transport/rpc_util.h"
+#include "worker/host_ops_testing.h"
 
 namespace pathways {
 namespace {
 
-rpc::Op PutOp(int64_t seq, int64_t array_id, int device, const std::vector<float>& values) {
-  rpc::Op op;
-  op.set_seq(seq);
-  op.set_session(1);
-  rpc::PutOp* put = op.mutable_put();
-  put->mutable_dest()->set_array_id(array_id);
-  put->mutable_dest()->set_shard(0);
-  put->set_local_device(device);
-  *put->mutable_spec() = ToProto(TensorSpec{DType::kF32, {static_cast<int64_t>(values.size())}});
-  put->set_data(values.data(), values.size() * sizeof(float));
-  return op;
-}
-
-// A run of `program` whose outputs take ids base .. base + outputs - 1.
-rpc::Op RunOp(int64_t seq, int64_t program, int64_t base, int64_t outputs) {
-  rpc::Op op;
-  op.set_seq(seq);
-  op.set_session(1);
-  op.mutable_run()->set_program_id(program);
-  op.mutable_run()->set_output_array_base(base);
-  op.mutable_run()->set_num_output_arrays(outputs);
-  op.mutable_run()->set_epoch(seq);
-  return op;
-}
+using testing::PutOp;
+using testing::RunOp;
 
 rpc::Op Skip(int64_t seq) {
   rpc::Op op;
@@ -50,23 +29,7 @@ rpc::Op Skip(int64_t seq) {
 class HostRuntimeTest : public ::testing::Test {
  protected:
   absl::StatusOr<std::vector<float>> FetchAfter(int64_t array_id, int64_t seq) {
-    rpc::FetchRequest request;
-    request.set_client_id("c");
-    request.set_array_id(array_id);
-    request.add_shards(0);
-    request.set_after_seq(seq);
-    request.set_session(1);
-    // The fetch writes into the response until it completes, even after a timed-out wait.
-    auto kept = std::make_shared<rpc::FetchResponse>();
-    Future<Unit> done = host_.Fetch(request, kept.get());
-    done.OnReady([kept](const absl::StatusOr<Unit>&) {});
-    PW_RETURN_IF_ERROR(done.AwaitFor(absl::Seconds(30)).status());
-    const rpc::FetchResponse& response = *kept;
-    if (response.shards_size() != 1) return absl::InternalError("expected one shard");
-    const std::string& data = response.shards(0).data();
-    std::vector<float> values(data.size() / sizeof(float));
-    std::memcpy(values.data(), data.data(), values.size() * sizeof(float));
-    return values;
+    return testing::FetchShard(host_, array_id, seq);
   }
 
   // Puts [1, 2] as op 1 and [3, 4] as op 3 of client "c", with `between` after the first, and
@@ -225,8 +188,8 @@ TEST_F(HostRuntimeTest, ABlockThatDoesNotParseFailsWhatItsEpochLacksWithTheReaso
   transport.Register(engine.get());
 
   ObjectStore& store = host_.TEST_store();
-  Future<BufferPtr> garbled = store.ExpectTransfer("c", {.epoch = 1, .node = kProgramNode, .input = 0, .dst_shard = 0, .src_shard = 0});
-  Future<BufferPtr> missing = store.ExpectTransfer("c", {.epoch = 2, .node = kProgramNode, .input = 0, .dst_shard = 0, .src_shard = 0});
+  Future<BufferPtr> garbled = store.ExpectTransfer("c", {.epoch = Epoch(1), .node = kProgramNode, .input = 0, .dst_shard = 0, .src_shard = 0});
+  Future<BufferPtr> missing = store.ExpectTransfer("c", {.epoch = Epoch(2), .node = kProgramNode, .input = 0, .dst_shard = 0, .src_shard = 0});
   ASSERT_TRUE(engine->InjectAll(0, 0, /*epoch=*/1, {"not a transfer request"}).ok());
   ASSERT_TRUE(engine->InjectAll(0, 0, /*epoch=*/2, {}).ok());
 

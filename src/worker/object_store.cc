@@ -100,7 +100,7 @@ int ObjectStore::DropClient(const std::string& client, const absl::Status& why) 
 absl::Status ObjectStore::Departed(const std::string& host, const TransferId& id) {
   return absl::UnavailableError(absl::StrCat("host ", host, " left the cluster (it stopped heartbeating, or said why it left: "
                                              "`pathways status` shows it); a block of run ",
-                                             id.epoch, " it was to send will not come"));
+                                             id.epoch.value(), " it was to send will not come"));
 }
 
 Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const TransferId& id,
@@ -178,7 +178,7 @@ void ObjectStore::DeliverTransfer(const std::string& client, const TransferId& i
   promise.Set(std::move(data));  // outside the lock: continuations may run inline
 }
 
-int ObjectStore::FailUndeliveredTransfers(const std::string& client, int64_t epoch, int first_node, int last_node,
+int ObjectStore::FailUndeliveredTransfers(const std::string& client, Epoch epoch, int first_node, int last_node,
                                           const absl::Status& status) {
   std::vector<Promise<BufferPtr>> failed;
   {

@@ -54,7 +54,7 @@ class ObjectStore {
   // Names one block moving host to host: the run op's epoch, consuming node and input,
   // destination shard and source shard. Sender and receiver derive it independently.
   struct TransferId {
-    int64_t epoch;
+    Epoch epoch;
     int32_t node;
     int32_t input;
     int32_t dst_shard;
@@ -75,7 +75,7 @@ class ObjectStore {
 
   // Fails the transfers of `epoch` into nodes first..last that were expected here and never
   // delivered, and drops those delivered but never expected. Returns how many were failed.
-  int FailUndeliveredTransfers(const std::string& client, int64_t epoch, int first_node, int last_node,
+  int FailUndeliveredTransfers(const std::string& client, Epoch epoch, int first_node, int last_node,
                                const absl::Status& status);
 
   // The host is going: every transfer still expected fails with `why` (work waiting for it

@@ -34,36 +34,36 @@ TEST(ObjectStoreTest, TransferRendezvousInEitherOrder) {
   CpuDevice device(0, 1 << 20);
   ObjectStore store;
   // Consumer first.
-  Future<BufferPtr> f = store.ExpectTransfer("c", {1, 0, 0, 0, 5});
+  Future<BufferPtr> f = store.ExpectTransfer("c", {Epoch(1), 0, 0, 0, 5});
   EXPECT_FALSE(f.IsReady());
-  store.DeliverTransfer("c", {1, 0, 0, 0, 5}, *device.Allocate(DType::kI32, {2}));
+  store.DeliverTransfer("c", {Epoch(1), 0, 0, 0, 5}, *device.Allocate(DType::kI32, {2}));
   EXPECT_TRUE(f.Await().ok());
   // Producer first.
-  store.DeliverTransfer("c", {1, 0, 0, 0, 6}, absl::UnavailableError("source host lost"));
-  EXPECT_EQ(store.ExpectTransfer("c", {1, 0, 0, 0, 6}).Await().status().code(), absl::StatusCode::kUnavailable);
+  store.DeliverTransfer("c", {Epoch(1), 0, 0, 0, 6}, absl::UnavailableError("source host lost"));
+  EXPECT_EQ(store.ExpectTransfer("c", {Epoch(1), 0, 0, 0, 6}).Await().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(store.num_pending_transfers(), 0u);
   // Same key, another client: a separate transfer.
-  Future<BufferPtr> other = store.ExpectTransfer("d", {1, 0, 0, 0, 5});
+  Future<BufferPtr> other = store.ExpectTransfer("d", {Epoch(1), 0, 0, 0, 5});
   EXPECT_FALSE(other.IsReady());
 }
 
 TEST(ObjectStoreTest, BlocksDeliveredBeforeTheirConsumerAreCountedUntilClaimedOrDropped) {
   CpuDevice device(0, 1 << 20);
   ObjectStore store;
-  store.DeliverTransfer("c", {1, 0, 0, 0, 1}, *device.Allocate(DType::kF32, {100}));   // 400 bytes
-  store.DeliverTransfer("c", {1, 1, 0, 0, 1}, *device.Allocate(DType::kF32, {50}));    // 200 bytes
-  store.DeliverTransfer("d", {1, 0, 0, 0, 1}, *device.Allocate(DType::kF32, {25}));    // 100 bytes
-  store.DeliverTransfer("c", {1, 2, 0, 0, 1}, absl::UnavailableError("no data, no bytes"));
+  store.DeliverTransfer("c", {Epoch(1), 0, 0, 0, 1}, *device.Allocate(DType::kF32, {100}));   // 400 bytes
+  store.DeliverTransfer("c", {Epoch(1), 1, 0, 0, 1}, *device.Allocate(DType::kF32, {50}));    // 200 bytes
+  store.DeliverTransfer("d", {Epoch(1), 0, 0, 0, 1}, *device.Allocate(DType::kF32, {25}));    // 100 bytes
+  store.DeliverTransfer("c", {Epoch(1), 2, 0, 0, 1}, absl::UnavailableError("no data, no bytes"));
   EXPECT_EQ(store.unclaimed_bytes(), 700);
-  EXPECT_TRUE(store.ExpectTransfer("c", {1, 0, 0, 0, 1}).Await().ok());  // claimed
+  EXPECT_TRUE(store.ExpectTransfer("c", {Epoch(1), 0, 0, 0, 1}).Await().ok());  // claimed
   EXPECT_EQ(store.unclaimed_bytes(), 300);
-  store.FailUndeliveredTransfers("c", 1, 0, 5, absl::InternalError("epoch over"));  // never expected: dropped
+  store.FailUndeliveredTransfers("c", Epoch(1), 0, 5, absl::InternalError("epoch over"));  // never expected: dropped
   EXPECT_EQ(store.unclaimed_bytes(), 100);
   store.DropClient("d", absl::CancelledError("gone"));
   EXPECT_EQ(store.unclaimed_bytes(), 0);
   // Delivered to a consumer that waits: never counted.
-  Future<BufferPtr> waiting = store.ExpectTransfer("c", {2, 0, 0, 0, 1});
-  store.DeliverTransfer("c", {2, 0, 0, 0, 1}, *device.Allocate(DType::kF32, {100}));
+  Future<BufferPtr> waiting = store.ExpectTransfer("c", {Epoch(2), 0, 0, 0, 1});
+  store.DeliverTransfer("c", {Epoch(2), 0, 0, 0, 1}, *device.Allocate(DType::kF32, {100}));
   EXPECT_EQ(store.unclaimed_bytes(), 0);
 }
 
@@ -90,12 +90,12 @@ namespace {
 TEST(ObjectStoreTest, UndeliveredTransfersOfAFinishedEpochFail) {
   CpuDevice device(0, 1 << 20);
   ObjectStore store;
-  Future<BufferPtr> arrives = store.ExpectTransfer("c", {7, 0, 0, 1, 0});
-  Future<BufferPtr> never = store.ExpectTransfer("c", {7, 1, 0, 1, 0});
-  Future<BufferPtr> later_node = store.ExpectTransfer("c", {7, 2, 0, 1, 0});
-  Future<BufferPtr> other_run = store.ExpectTransfer("c", {8, 1, 0, 1, 0});
-  store.DeliverTransfer("c", {7, 0, 0, 1, 0}, *device.Allocate(DType::kF32, {1}));
-  EXPECT_EQ(store.FailUndeliveredTransfers("c", 7, 0, 1, absl::InternalError("lost")), 1);
+  Future<BufferPtr> arrives = store.ExpectTransfer("c", {Epoch(7), 0, 0, 1, 0});
+  Future<BufferPtr> never = store.ExpectTransfer("c", {Epoch(7), 1, 0, 1, 0});
+  Future<BufferPtr> later_node = store.ExpectTransfer("c", {Epoch(7), 2, 0, 1, 0});
+  Future<BufferPtr> other_run = store.ExpectTransfer("c", {Epoch(8), 1, 0, 1, 0});
+  store.DeliverTransfer("c", {Epoch(7), 0, 0, 1, 0}, *device.Allocate(DType::kF32, {1}));
+  EXPECT_EQ(store.FailUndeliveredTransfers("c", Epoch(7), 0, 1, absl::InternalError("lost")), 1);
   EXPECT_TRUE(arrives.Await().ok());
   EXPECT_EQ(never.Await().status().code(), absl::StatusCode::kInternal);
   EXPECT_FALSE(later_node.IsReady());  // node 2 is outside the finished range

@@ -1,59 +1,14 @@
 #include "worker/program_plan.h"
 
 #include "gtest/gtest.h"
+#include "worker/host_ops_testing.h"
 
 namespace pathways {
 namespace {
 
-// Slice 1: two devices on host A, slice 2: two devices on host B, both a mesh {x: 2}. The
-// argument f32[8] is split over slice 1. Node 0 (on slice 1) keeps it split; node 1 (on slice 2)
-// reads node 0's output split the same way (each of B's shards needs one block from A); node 2
-// (on slice 2) reads it whole on every shard (each of B's shards needs both of A's blocks).
-rpc::ProgramProto TwoHostProgram() {
-  rpc::ProgramProto p;
-  p.set_program_id(3);
-  p.set_name("two_hosts");
-  for (int s = 1; s <= 2; ++s) {
-    rpc::SliceProto* slice = p.add_slices();
-    slice->set_slice_id(s);
-    slice->add_mesh_dims(2);
-    slice->add_axis_names("x");
-    for (int d = 0; d < 2; ++d) {
-      rpc::SliceDevice* device = slice->add_devices();
-      device->set_device_id((s - 1) * 2 + d);
-      device->set_host_address(s == 1 ? "A" : "B");
-      device->set_local_index(d);
-    }
-  }
-  rpc::TensorSpecProto spec;
-  spec.set_dtype(static_cast<int>(DType::kF32));
-  spec.add_shape(8);
-  rpc::PartitionSpecProto split, whole;
-  split.add_dims("x");
-  whole.add_dims("");
-  rpc::ProgramArg* arg = p.add_args();
-  *arg->mutable_spec() = spec;
-  arg->set_slice_id(1);
-  *arg->mutable_sharding() = split;
-  auto add_node = [&](int slice, bool input_is_arg, const rpc::PartitionSpecProto& in) {
-    rpc::ProgramNode* node = p.add_nodes();
-    node->set_function_key("key");
-    node->set_function_name("f");
-    node->set_slice_id(slice);
-    rpc::ValueRef* v = node->add_inputs();
-    v->set_is_arg(input_is_arg);
-    v->set_index(0);
-    *node->add_input_specs() = spec;
-    *node->add_in_shardings() = in;
-    *node->add_output_specs() = spec;
-    *node->add_out_shardings() = split;
-  };
-  add_node(1, true, split);
-  add_node(2, false, split);
-  add_node(2, false, whole);
-  for (int n = 1; n <= 2; ++n) p.add_results()->set_index(n);
-  return p;
-}
+// The program of worker/host_ops_testing.h: node 0 on host A, nodes 1 and 2 on host B reading its
+// output split and whole.
+rpc::ProgramProto TwoHostProgram() { return testing::TwoHostProgram("key", "key"); }
 
 // The plan on `host`; one of no nodes when planning failed (the failure is reported).
 ProgramPlan Plan(const std::string& host) {
@@ -238,7 +193,8 @@ TEST(ProgramPlanTest, OutputDonorsAreChecked) {
   too_many.mutable_nodes(0)->add_output_donors(0);
   refused(too_many, "more donors than outputs");
   rpc::ProgramProto reshaped = TwoHostProgram();
-  reshaped.mutable_nodes(2)->add_output_donors(0);  // whole input, split output: shards differ
+  reshaped.mutable_nodes(2)->mutable_out_shardings(0)->set_dims(0, "x");  // whole input, split output:
+  reshaped.mutable_nodes(2)->add_output_donors(0);                        // shards differ
   refused(reshaped, "shards of another shape");
 }
 
