@@ -65,6 +65,7 @@ absl::StatusOr<rpc::RegisterWorkerResponse> ClusterRegistry::RegisterWorker(
   host.incarnation = r.incarnation();
   host.last_heartbeat = now;
   host.left.clear();
+  host.made_leave = absl::InfinitePast();  // a new process's record starts afresh
   std::vector<Device> old = std::move(host.devices);
   host.devices.clear();
   rpc::RegisterWorkerResponse response;
@@ -195,6 +196,66 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
     host.counters.clear_latency_sum_us();
   }
   return Beat::kAlive;
+}
+
+const ClusterRegistry::Host* ClusterRegistry::SenderLocked(const rpc::HeartbeatRequest& r) const {
+  auto it = hosts_.find(HostId(r.host_id()));
+  if (it == hosts_.end() || it->second.address != r.address() || it->second.incarnation != r.incarnation()) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+std::string ClusterRegistry::WhyLeft(const rpc::HeartbeatRequest& r) const {
+  absl::MutexLock lock(&mu_);
+  const Host* host = SenderLocked(r);
+  return host == nullptr ? "" : host->left;
+}
+
+namespace {
+
+// What a host could not deliver to `peer`, for a reason that host or the peer hears.
+std::string Undelivered(const rpc::UnreachablePeer& peer) {
+  if (peer.refused()) {
+    return absl::StrCat("refused dataflow batches for ", peer.address(), " (more waited for it than a sender holds)");
+  }
+  return absl::StrCat("could not deliver dataflow batches to ", peer.address(), " for ",
+                      absl::FormatDuration(absl::Milliseconds(peer.stalled_ms())), " (", peer.bytes(),
+                      " bytes waiting)");
+}
+
+}  // namespace
+
+std::vector<std::string> ClusterRegistry::ReportUnreachable(const rpc::HeartbeatRequest& reporter, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = hosts_.find(HostId(reporter.host_id()));
+  if (it == hosts_.end() || &it->second != SenderLocked(reporter) || !AliveLocked(it->second, now)) return {};
+  Host& from = it->second;
+  // The live peers it names, once each.
+  std::vector<std::pair<Host*, const rpc::UnreachablePeer*>> named;
+  for (const rpc::UnreachablePeer& peer : reporter.unreachable()) {
+    for (auto& [id, h] : hosts_) {
+      if (h.address != peer.address() || &h == &from || !AliveLocked(h, now)) continue;
+      if (std::none_of(named.begin(), named.end(), [&](const auto& n) { return n.first == &h; })) {
+        named.emplace_back(&h, &peer);
+      }
+    }
+  }
+  if (named.empty()) return {};
+  // A host that reaches two peers no better, at once or within the window, is the one cut off.
+  if (named.size() > 1 || now - from.made_leave < kCutOffWindow) {
+    std::vector<std::string> what;
+    for (const auto& [h, peer] : named) what.push_back(Undelivered(*peer));
+    from.left = absl::StrCat("it ", absl::StrJoin(what, "; "),
+                             named.size() > 1 ? "" : ", after another host it could not reach had to leave",
+                             ": this host is the one cut off");
+    return {from.address};
+  }
+  Host& to = *named[0].first;
+  to.left = absl::StrCat("host ", from.address, " ", Undelivered(*named[0].second),
+                         ": it is cut off from its peers (a partition, or a process too slow to read)");
+  from.made_leave = now;
+  return {to.address};
 }
 
 rpc::ClusterStatus ClusterRegistry::Status(absl::Time now) const {

@@ -32,6 +32,18 @@ class ClusterRegistry {
   enum class Beat { kAlive, kUnknown, kExpired, kLeft };
   static constexpr size_t kMaxLeaveReason = 1024;  // it reaches clients
   Beat Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now);
+  // Why the registered process that sent `r` left or was made to leave; empty when it was only
+  // silent past the timeout (or is unknown).
+  std::string WhyLeft(const rpc::HeartbeatRequest& r) const;
+  // The live host that sent `reporter` could not deliver dataflow batches to the hosts it names
+  // (HeartbeatRequest.unreachable). Runs between them would wait for good, so one side leaves,
+  // as a silent host does: the one peer named, unless the reporter names two or more live peers,
+  // or already made another host leave this way within kCutOffWindow; then the reporter itself
+  // is the one cut off, and it alone leaves (a host that reaches nobody makes at most one other
+  // leave). Returns the addresses made to leave; none when no live peer other than the reporter
+  // is named, or the reporter is not live.
+  static constexpr absl::Duration kCutOffWindow = absl::Minutes(1);
+  std::vector<std::string> ReportUnreachable(const rpc::HeartbeatRequest& reporter, absl::Time now);
   rpc::ClusterStatus Status(absl::Time now) const;
   // Each device's work (as its heartbeats reported it, in buckets) that ended within `window`
   // before `now`. What is kept per device is bounded whatever workers send: the buckets of the
@@ -109,7 +121,10 @@ class ClusterRegistry {
     std::vector<Device> devices;
     rpc::HostCounters counters;  // as of the last heartbeat
     std::string left;  // why it left the cluster, as it said (a device stuck); empty while it serves
+    absl::Time made_leave = absl::InfinitePast();  // when it last made a host it could not reach leave
   };
+  // The registered process that sent `r` (its id, address and incarnation); null when none.
+  const Host* SenderLocked(const rpc::HeartbeatRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Chooses devices for a slice request; fills `response` and records the slice as `slice_id`.
   absl::Status PlaceLocked(const rpc::AllocateSliceRequest& r, SliceId slice_id, absl::Time now,
                            rpc::AllocateSliceResponse& response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -510,6 +511,89 @@ TEST(ClusterRegistryTest, AHostThatSaysItLeavesIsDepartedAtOnceWithItsReason) {
   beat.set_host_id(again->host_id());
   EXPECT_EQ(registry.Heartbeat(beat, now + absl::Milliseconds(100)), ClusterRegistry::Beat::kAlive);
   EXPECT_TRUE(registry.Status(now).hosts(0).left().empty());
+}
+
+// Three live hosts h:1, h:2, h:3 (incarnation "<address>/<n>") and their heartbeats.
+struct ThreeHosts {
+  ThreeHosts() {
+    for (const std::string address : {"h:1", "h:2", "h:3"}) Register(address, 1);
+  }
+  void Register(const std::string& address, int n) {
+    rpc::RegisterWorkerRequest r = Worker(address, 0, 1);
+    r.set_incarnation(absl::StrCat(address, "/", n));
+    auto registered = registry.RegisterWorker(r, t);
+    ASSERT_TRUE(registered.ok());
+    rpc::HeartbeatRequest& beat = beats[address];
+    beat.Clear();
+    beat.set_host_id(registered->host_id());
+    beat.set_address(address);
+    beat.set_incarnation(r.incarnation());
+  }
+  // `from`'s heartbeat naming `peers` as stalled for 15 s with 4096 bytes waiting.
+  rpc::HeartbeatRequest Naming(const std::string& from, const std::vector<std::string>& peers) {
+    rpc::HeartbeatRequest beat = beats[from];
+    for (const std::string& address : peers) {
+      rpc::UnreachablePeer* peer = beat.add_unreachable();
+      peer->set_address(address);
+      peer->set_stalled_ms(15000);
+      peer->set_bytes(4096);
+    }
+    return beat;
+  }
+  ClusterRegistry registry{absl::Seconds(3)};
+  const absl::Time t = absl::UnixEpoch();
+  std::map<std::string, rpc::HeartbeatRequest> beats;
+};
+
+using Left = std::vector<std::string>;
+
+// A host that could not deliver to one peer makes that peer leave, with the reason; the peer's own
+// report of the reporter (a partition seen from both sides) changes nothing more, since it left.
+// A host that then cannot deliver to another one either is itself the one cut off, and leaves.
+TEST(ClusterRegistryTest, APeerNamedUnreachableLeavesUnlessTheReporterIsTheOneCutOff) {
+  ThreeHosts hosts;
+  ClusterRegistry& registry = hosts.registry;
+  const absl::Time now = hosts.t + absl::Seconds(1);
+  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:1", {"h:9", "h:1"}), now), Left{});  // unknown, itself
+  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:1", {"h:2"}), now), Left{"h:2"});
+  const std::string why = registry.WhyLeft(hosts.beats["h:2"]);
+  EXPECT_NE(why.find("host h:1 could not deliver dataflow batches to h:2 for 15s (4096 bytes waiting)"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(registry.Heartbeat(hosts.beats["h:2"], now), ClusterRegistry::Beat::kExpired);
+  EXPECT_EQ(registry.DepartedHosts(now), Left{"h:2"});
+  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:2", {"h:1"}), now), Left{});  // it left: its word counts no more
+  EXPECT_EQ(registry.WhyLeft(hosts.beats["h:1"]), "");
+  // h:1 reaches h:3 no better: h:1 is the one cut off.
+  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:1", {"h:3"}), now + absl::Seconds(2)), Left{"h:1"});
+  EXPECT_NE(registry.WhyLeft(hosts.beats["h:1"]).find("this host is the one cut off"), std::string::npos);
+  EXPECT_EQ(registry.WhyLeft(hosts.beats["h:3"]), "");
+  EXPECT_EQ(registry.LiveHosts(now + absl::Seconds(2)).size(), 1u);
+  // A host silent past the heartbeat timeout left for that alone: no reason beyond the silence.
+  EXPECT_EQ(registry.Heartbeat(hosts.beats["h:3"], hosts.t + absl::Seconds(10)), ClusterRegistry::Beat::kExpired);
+  EXPECT_EQ(registry.WhyLeft(hosts.beats["h:3"]), "");
+}
+
+// A host that names two live peers at once reaches neither: it alone leaves. A new process at a
+// reporter's address starts with a clean record; a refused peer is named for that.
+TEST(ClusterRegistryTest, AHostNamingTwoPeersIsTheOneCutOffAndANewProcessStartsAfresh) {
+  ThreeHosts hosts;
+  ClusterRegistry& registry = hosts.registry;
+  const absl::Time now = hosts.t + absl::Seconds(1);
+  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:1", {"h:2", "h:3", "h:3"}), now), Left{"h:1"});
+  const std::string why = registry.WhyLeft(hosts.beats["h:1"]);
+  EXPECT_NE(why.find("it could not deliver dataflow batches to h:2 for 15s"), std::string::npos) << why;
+  EXPECT_NE(why.find("this host is the one cut off"), std::string::npos) << why;
+  EXPECT_EQ(registry.LiveHosts(now).size(), 2u);
+
+  hosts.Register("h:1", 2);
+  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:2", {"h:1"}), now), Left{"h:1"});
+  hosts.Register("h:1", 3);  // h:2 made h:1 leave; the new h:1 names h:3, which leaves
+  rpc::HeartbeatRequest refused = hosts.Naming("h:1", {"h:3"});
+  refused.mutable_unreachable(0)->set_refused(true);
+  EXPECT_EQ(registry.ReportUnreachable(refused, now), Left{"h:3"});
+  EXPECT_NE(registry.WhyLeft(hosts.beats["h:3"]).find("host h:1 refused dataflow batches for h:3"), std::string::npos)
+      << registry.WhyLeft(hosts.beats["h:3"]);
 }
 
 }  // namespace

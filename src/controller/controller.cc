@@ -237,7 +237,19 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
         registry_.NoteClientOnHost(client, request->address());
       }
     }
-    response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft);
+    // Hosts it could not deliver to: one of the two leaves (ClusterRegistry::ReportUnreachable),
+    // and the island goes on without it at the next membership update.
+    if (beat == ClusterRegistry::Beat::kAlive && request->unreachable_size() > 0) {
+      for (const std::string& left : registry_.ReportUnreachable(*request, now)) {
+        PW_LOG(Warning) << "host " << left << " is made to leave: " << request->address() << " named "
+                        << request->unreachable_size() << " hosts it could not deliver to";
+      }
+    }
+    // A host that left (or was made to leave just now, as the one cut off) hears why.
+    const std::string why_left = registry_.WhyLeft(*request);
+    response->set_expired(beat == ClusterRegistry::Beat::kExpired || beat == ClusterRegistry::Beat::kLeft ||
+                          !why_left.empty());
+    if (response->expired()) response->set_expired_reason(why_left);
     if (beat == ClusterRegistry::Beat::kAlive) {
       for (const TenantRefusal& r : controller_.clients_.TenantRefusals(now)) {
         *response->add_refusals() = ToProto(r, now);
@@ -340,6 +352,8 @@ void Controller::RetireLoop() {
     const absl::Time now = absl::Now();
     const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(now);
     UpdateMembers(live);  // hosts that stopped heartbeating leave their island's control graph
+    const std::vector<std::string> departed = registry_.DepartedHosts(now);
+    dataflow_transport_->Forget({departed.begin(), departed.end()});  // what waits for them goes
     admission_->RetryHeld(now);
     for (const std::string& client : clients_.TakeDeparted(now)) {
       std::map<int, std::vector<std::string>> islands;

@@ -1,3 +1,4 @@
+#include <functional>
 #include <set>
 #include <tuple>
 
@@ -193,6 +194,76 @@ TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
   EXPECT_EQ(service.num_held_batches(), 3u);
   service.RemoveEngine(graph->name());
   pool.Shutdown();
+}
+
+std::vector<Envelope> Batch(size_t payload) {
+  Envelope e;
+  e.payload.assign(payload, 'x');
+  return {e};
+}
+
+// Polls `done` until it holds or 30 s pass.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// What waits for a peer is accounted until it is written, over gRPC and over plain TCP streams:
+// a peer that takes everything is never named as stalled.
+TEST(GrpcTransportTest, WhatAPeerTookNoLongerWaits) {
+  for (bool streams : {false, true}) {
+    auto peer = StartLoopbackDataflowHost(streams);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    GrpcTransport transport("me");
+    for (int i = 0; i < 50; ++i) transport.Send((*peer)->address, "g", Batch(1000));
+    EXPECT_TRUE(Eventually([&] { return transport.Stalled(absl::ZeroDuration()).empty(); })) << streams;
+  }
+}
+
+// A peer that takes nothing (here: nobody listens at its address) is named once what waits for it
+// went nowhere for the limit; past the byte bound its batches are refused; forgotten, nothing
+// waits for it.
+TEST(GrpcTransportTest, APeerThatTakesNothingIsNamedBoundedAndForgotten) {
+  std::string address;
+  {
+    auto gone = StartLoopbackDataflowHost();  // its address, where nobody listens once it went
+    ASSERT_TRUE(gone.ok()) << gone.status();
+    address = (*gone)->address;
+  }
+  GrpcTransport transport("me");
+  transport.SetMaxPeerBytes(10000);
+  transport.Send(address, "g", Batch(3000));
+  std::vector<GrpcTransport::PeerBacklog> stalled;
+  ASSERT_TRUE(Eventually([&] {
+    stalled = transport.Stalled(absl::Milliseconds(200));
+    return !stalled.empty();
+  }));
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_EQ(stalled[0].host, address);
+  EXPECT_GE(stalled[0].bytes, 3000);
+  EXPECT_GE(stalled[0].stalled, absl::Milliseconds(200));
+  EXPECT_FALSE(stalled[0].refused);
+  transport.Send(address, "g", Batch(3000));
+  transport.Send(address, "g", Batch(3000));
+  EXPECT_EQ(transport.refused_batches(), 0);
+  transport.Send(address, "g", Batch(3000));  // past 10000 bytes: refused, and the peer named for it
+  EXPECT_EQ(transport.refused_batches(), 1);
+  stalled = transport.Stalled(absl::Hours(1));
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_TRUE(stalled[0].refused);
+  // It left: what waited goes, and what comes for it later too, until it is no longer named.
+  transport.Forget({address});
+  EXPECT_TRUE(transport.Stalled(absl::ZeroDuration()).empty());
+  transport.Send(address, "g", Batch(3000));
+  EXPECT_EQ(transport.dropped_for_departed(), 1);
+  EXPECT_TRUE(transport.Stalled(absl::ZeroDuration()).empty());
+  transport.Forget({});
+  transport.Send(address, "g", Batch(3000));
+  EXPECT_EQ(transport.Stalled(absl::ZeroDuration()).size(), 1u);
 }
 
 TEST(DataflowTest, ThreeHostsAsRealProcesses) {

@@ -19,6 +19,27 @@
 
 namespace pathways::dataflow {
 
+namespace {
+
+// What an envelope adds to a message beyond its payload, at most (its ids and framing).
+constexpr size_t kEnvelopeOverhead = 64;
+
+// What a batch holds in a sender's queue: its payloads and their envelopes (a punctuation, which
+// closes an epoch, has no payload and matters as much). A plain TCP peer counts its frames'
+// bytes instead, which differ by their framing.
+int64_t HeldBytes(const std::vector<Envelope>& batch) {
+  return PayloadBytes(batch) + static_cast<int64_t>(batch.size() * kEnvelopeOverhead);
+}
+int64_t HeldBytes(const rpc::DataflowBatch& message) {
+  int64_t bytes = 0;
+  for (const rpc::DataflowEnvelope& e : message.envelopes()) {
+    bytes += static_cast<int64_t>(e.payload().size() + kEnvelopeOverhead);
+  }
+  return bytes;
+}
+
+}  // namespace
+
 // One long-lived client stream to one peer, on gRPC's callback API: no thread of its own, and
 // no thread waits for a peer that is slow or still starting (the call waits for the channel).
 // One message is written at a time; batches queued meanwhile go out merged, one message per
@@ -27,9 +48,6 @@ namespace pathways::dataflow {
 //
 // gRPC may run a reaction inline in the thread that starts an operation, so operations are
 // decided under mu_ and started after it is released (Steps).
-// What an envelope adds to a message beyond its payload, at most (its ids and framing).
-constexpr size_t kEnvelopeOverhead = 64;
-
 class GrpcTransport::PeerStream {
  public:
   PeerStream(const std::string& self, const std::string& peer)
@@ -62,14 +80,27 @@ class GrpcTransport::PeerStream {
     auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_calls_ == 0; };
     mu_.Await(absl::Condition(&finished));  // cancelled calls end promptly
   }
-  void Enqueue(const std::string& graph, std::vector<Envelope> batch) {
+  // `held`: HeldBytes(batch).
+  void Enqueue(const std::string& graph, std::vector<Envelope> batch, int64_t held) {
     Steps steps;
     {
       absl::MutexLock lock(&mu_);
+      if (held_bytes_ == 0) progress_ = absl::Now();  // waiting starts now
+      held_bytes_ += held;
       pending_.push_back({graph, std::move(batch)});
       steps = PumpLocked();
     }
     Take(steps);
+  }
+  // The bytes not yet written (HeldBytes), and since when none was.
+  Backlog backlog() {
+    absl::MutexLock lock(&mu_);
+    if (held_bytes_ == 0) return {};
+    return {held_bytes_, progress_};
+  }
+  int64_t queued_bytes() {
+    absl::MutexLock lock(&mu_);
+    return held_bytes_;
   }
   int64_t written() {
     absl::MutexLock lock(&mu_);
@@ -119,6 +150,7 @@ class GrpcTransport::PeerStream {
       }
       pending_.clear();
       messages_.clear();
+      held_bytes_ = 0;
       return steps;
     }
     if (messages_.empty()) {
@@ -186,6 +218,8 @@ class GrpcTransport::PeerStream {
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (ok) {
+        held_bytes_ -= HeldBytes(messages_.front());
+        progress_ = absl::Now();
         messages_.pop_front();
         ++written_;
         attempts_ = 0;
@@ -197,6 +231,7 @@ class GrpcTransport::PeerStream {
                         << " dropped: "
                         << (closing_ ? std::string("the transport is closing")
                                      : absl::StrCat(attempts_, " streams broke"));
+          held_bytes_ -= HeldBytes(messages_.front());
           messages_.pop_front();
           attempts_ = 0;
         }
@@ -231,6 +266,10 @@ class GrpcTransport::PeerStream {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // closing, and out of time
   absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  // HeldBytes of pending_ and messages_, and when a message last went out or the first
+  // batch was queued.
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time progress_ ABSL_GUARDED_BY(mu_);
 };
 
 // One peer, reached over plain TCP when it has a stream listener (asked once, by its
@@ -278,15 +317,37 @@ class GrpcTransport::Peer {
     }
     context_.TryCancel();  // closing: the batches waiting go out over gRPC, or are dropped there
   }
-  void Enqueue(const std::string& graph, std::vector<Envelope> batch) {
+  // False, taking nothing, when more than `max_bytes` would wait for the peer: from then on the
+  // peer counts as refused (what it should have had is lost).
+  bool Enqueue(const std::string& graph, std::vector<Envelope> batch, int64_t max_bytes) {
     absl::MutexLock lock(&mu_);
+    const int64_t bytes = HeldBytes(batch);
+    int64_t queued = early_bytes_;
+    if (stream_) queued += stream_->queued_bytes();
+    if (grpc_) queued += grpc_->queued_bytes();
+    if (queued + bytes > max_bytes) {
+      refused_ = true;
+      return false;
+    }
     if (!answered_) {
+      if (early_.empty()) early_since_ = absl::Now();
+      early_bytes_ += bytes;
       early_.push_back({graph, std::move(batch)});  // until the peer says how, and it works
     } else if (stream_) {
       stream_->Enqueue(graph, batch);
     } else {
-      grpc_->Enqueue(graph, std::move(batch));
+      grpc_->Enqueue(graph, std::move(batch), bytes);
     }
+    return true;
+  }
+  // What waits for the peer, and whether a batch for it was refused.
+  std::pair<Backlog, bool> backlog() {
+    absl::MutexLock lock(&mu_);
+    Backlog held;
+    if (!early_.empty()) held = {early_bytes_, early_since_};
+    if (stream_) held += stream_->backlog();
+    if (grpc_) held += grpc_->backlog();
+    return {held, refused_};
   }
   int64_t written() {
     absl::MutexLock lock(&mu_);
@@ -332,6 +393,7 @@ class GrpcTransport::Peer {
     }
     for (const auto& [graph, batch] : early_) stream_->Enqueue(graph, batch);
     early_.clear();
+    early_bytes_ = 0;
     answered_ = true;
   }
   // The stream gave up on the peer after it had worked (connections refused: the receiver's
@@ -351,15 +413,20 @@ class GrpcTransport::Peer {
       std::vector<Envelope> envelopes;
       // Frames this process made: they parse.
       if (frame.size() >= 4 && DecodeDataflowBatch(frame.data() + 4, frame.size() - 4, &graph, &envelopes)) {
-        grpc_->Enqueue(graph, std::move(envelopes));
+        const int64_t bytes = HeldBytes(envelopes);
+        grpc_->Enqueue(graph, std::move(envelopes), bytes);
       }
     }
     if (close_deadline_ != absl::InfiniteFuture()) grpc_->BeginClose(close_deadline_);
   }
   void UseGrpcLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     grpc_ = std::make_unique<PeerStream>(self_, host_);
-    for (auto& [graph, batch] : early_) grpc_->Enqueue(graph, std::move(batch));
+    for (auto& [graph, batch] : early_) {
+      const int64_t bytes = HeldBytes(batch);
+      grpc_->Enqueue(graph, std::move(batch), bytes);
+    }
     early_.clear();
+    early_bytes_ = 0;
     if (close_deadline_ != absl::InfiniteFuture()) grpc_->BeginClose(close_deadline_);
     answered_ = true;
   }
@@ -372,6 +439,9 @@ class GrpcTransport::Peer {
   absl::Mutex mu_;
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::pair<std::string, std::vector<Envelope>>> early_ ABSL_GUARDED_BY(mu_);
+  int64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // HeldBytes of early_
+  bool refused_ ABSL_GUARDED_BY(mu_) = false;     // a batch was refused: more would have waited
+  absl::Time early_since_ ABSL_GUARDED_BY(mu_);  // when the first of early_ came
   absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::unique_ptr<StreamPeer> stream_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<StreamPeer> failed_ ABSL_GUARDED_BY(mu_);  // a first connection that did not work
@@ -396,14 +466,68 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
     in_process_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Peer* peer;
+  std::shared_ptr<Peer> peer;
   {
     absl::MutexLock lock(&mu_);
+    if (departed_.contains(host)) {  // it left: nobody takes this
+      dropped_for_departed_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     auto& slot = peers_[host];
-    if (!slot) slot = std::make_unique<Peer>(self_host_, host);
-    peer = slot.get();  // peers stay until the transport goes
+    if (!slot) {
+      // A peer ends on the reaper's thread, whoever lets go of it last (it may wait seconds for
+      // a connection to an address that answers nothing).
+      slot = std::shared_ptr<Peer>(new Peer(self_host_, host), [this](Peer* p) {
+        reaper_.Schedule([p] { delete p; });
+      });
+    }
+    peer = slot;  // until Forget, or the transport goes
   }
-  peer->Enqueue(graph, std::move(batch));
+  // A peer that takes nothing while batches for it keep coming would fill this process: past
+  // the bound they are refused, and Stalled names the peer (what it should have had is lost, so
+  // the cluster must make it, or this host, leave).
+  const int64_t max_bytes = max_peer_bytes_.load(std::memory_order_relaxed);
+  if (!peer->Enqueue(graph, std::move(batch), max_bytes)) {
+    const int64_t refused = refused_batches_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if ((refused & (refused - 1)) == 0) {  // the 1st, 2nd, 4th, ...: a stalled peer does not flood the log
+      PW_LOG(Error) << "dataflow: a batch for " << host << " refused: more than " << max_bytes
+                    << " bytes would wait for it; " << refused << " refused so far";
+    }
+  }
+}
+
+std::vector<GrpcTransport::PeerBacklog> GrpcTransport::Stalled(absl::Duration limit) const {
+  std::vector<std::pair<std::string, std::shared_ptr<Peer>>> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    peers.assign(peers_.begin(), peers_.end());
+  }
+  const absl::Time now = absl::Now();
+  std::vector<PeerBacklog> stalled;
+  for (const auto& [host, peer] : peers) {
+    const auto [held, refused] = peer->backlog();
+    const absl::Duration waited = held.bytes > 0 ? now - held.since : absl::ZeroDuration();
+    if (refused || (held.bytes > 0 && waited >= limit)) stalled.push_back({host, held.bytes, waited, refused});
+  }
+  return stalled;
+}
+
+void GrpcTransport::Forget(absl::flat_hash_set<std::string> hosts) {
+  std::vector<std::shared_ptr<Peer>> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      if (hosts.contains(it->first)) {
+        gone.push_back(std::move(it->second));
+        it = peers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    departed_ = std::move(hosts);
+  }
+  // What they hold goes now, not after a grace period: nobody takes it.
+  for (const auto& peer : gone) peer->BeginClose(absl::Now());
 }
 
 int64_t GrpcTransport::messages_written() const {

@@ -1,5 +1,7 @@
 #include "dataflow/stream_peer.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -166,13 +168,47 @@ std::deque<std::string> StreamPeer::TakeQueued() {
   std::deque<std::string> out;
   for (Frame& f : queued_) out.push_back(std::move(f.bytes));
   queued_.clear();
+  held_bytes_ = 0;
   return out;
+}
+
+Backlog StreamPeer::backlog() {
+  absl::MutexLock lock(&mu_);
+  Backlog held;
+  if (held_bytes_ > 0) held = {held_bytes_, progress_};
+  // What the socket took but the peer never acknowledged, once the connection retransmits it: a
+  // peer cut off (packets dropped on the way) acknowledges nothing, while writes still go into
+  // the socket's buffer for a while. The wait counts from the last acknowledgement, or from when
+  // such bytes were first seen, if later (after an idle spell, the last acknowledgement is old).
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  if (fd_ >= 0 && getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 && info.tcpi_unacked > 0 &&
+      (info.tcpi_retransmits > 0 || info.tcpi_backoff > 0)) {
+    const absl::Time now = absl::Now();
+    if (unacked_seen_ == absl::InfiniteFuture()) unacked_seen_ = now;
+    held += {static_cast<int64_t>(info.tcpi_unacked) * std::max<int64_t>(info.tcpi_snd_mss, 1),
+             std::max(now - absl::Milliseconds(info.tcpi_last_ack_recv), unacked_seen_)};
+  } else {
+    unacked_seen_ = absl::InfiniteFuture();
+  }
+  return held;
+}
+
+int64_t StreamPeer::queued_bytes() {
+  absl::MutexLock lock(&mu_);
+  return held_bytes_;
+}
+
+void StreamPeer::HoldLocked(size_t bytes) {
+  if (held_bytes_ == 0) progress_ = absl::Now();  // waiting starts now
+  held_bytes_ += static_cast<int64_t>(bytes);
 }
 
 void StreamPeer::Enqueue(const std::string& graph, const std::vector<Envelope>& batch) {
   Frame frame{DataflowFrame(self_, graph, batch)};
   mu_.Lock();
   if (writing_ || fd_ < 0 || !queued_.empty() || closing_) {
+    HoldLocked(frame.bytes.size());
     queued_.push_back(std::move(frame));  // the thread's turn (it waits for this)
     mu_.Unlock();
     return;
@@ -199,11 +235,11 @@ void StreamPeer::Enqueue(const std::string& graph, const std::vector<Envelope>& 
     close(fd_);  // broken: the thread connects again and writes the whole batch
     fd_ = -1;
   }
+  HoldLocked(frame.bytes.size());
   queued_.push_front(std::move(frame));  // batches queued meanwhile come after it
 }
 
 bool StreamPeer::WriteFrames(int fd, std::deque<Frame>& frames) {
-  int64_t whole = 0;
   bool ok = true;
   while (ok && !frames.empty()) {
     Frame& f = frames.front();
@@ -211,6 +247,8 @@ bool StreamPeer::WriteFrames(int fd, std::deque<Frame>& frames) {
       const ssize_t n = send(fd, f.bytes.data() + f.sent, f.bytes.size() - f.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         f.sent += static_cast<size_t>(n);
+        absl::MutexLock lock(&mu_);
+        progress_ = absl::Now();  // a large frame to a slow peer moves too
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -236,12 +274,14 @@ bool StreamPeer::WriteFrames(int fd, std::deque<Frame>& frames) {
       }
     }
     if (!ok) break;
+    {
+      absl::MutexLock lock(&mu_);
+      ++written_;
+      held_bytes_ -= static_cast<int64_t>(f.bytes.size());
+      last_write_ = progress_ = absl::Now();
+    }
     frames.pop_front();
-    ++whole;
   }
-  absl::MutexLock lock(&mu_);
-  written_ += whole;
-  if (whole > 0) last_write_ = absl::Now();
   return ok;
 }
 
@@ -271,6 +311,7 @@ void StreamPeer::Loop() {
                         << " dropped: the transport closed before the peer took them";
         }
         queued_.clear();
+        held_bytes_ = 0;
         if (fd_ >= 0) close(fd_);
         fd_ = -1;
         return;
@@ -312,6 +353,7 @@ void StreamPeer::Loop() {
       }
       PW_LOG(Error) << "dataflow: a batch for " << peer_ << " dropped: " << attempts_ << " connections failed ("
                     << why << ")";
+      held_bytes_ -= static_cast<int64_t>(queued_.front().bytes.size());
       queued_.pop_front();
       attempts_ = 0;
     }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <string>
@@ -40,6 +41,19 @@ std::string DataflowFrame(const std::string& self, const std::string& graph, con
 // sender closes, the listener stops, or a frame is malformed (logged; the connection closes).
 void ServeDataflowStream(int fd, const StreamListener& listener,
                          const std::function<void(const std::string& graph, std::vector<Envelope>)>& receive);
+
+// What a sender holds for one peer: its bytes, and since when none of it went out (progress).
+// `since` is InfiniteFuture while nothing is held.
+struct Backlog {
+  int64_t bytes = 0;
+  absl::Time since = absl::InfiniteFuture();
+  // Both held here and there: the bytes add up, the oldest wait counts.
+  Backlog& operator+=(const Backlog& other) {
+    bytes += other.bytes;
+    since = std::min(since, other.since);
+    return *this;
+  }
+};
 
 // One long-lived connection to one peer's stream listener, for any number of graphs.
 // Thread-safe. It connects first, and says whether that worked (`connected`, on its thread);
@@ -72,6 +86,11 @@ class StreamPeer {
   bool WaitUntilWritten(int64_t batches, absl::Duration timeout);
   // The frames (DataflowFrame) not written, oldest first, taken out: after `lost`.
   std::deque<std::string> TakeQueued();
+  // The frames not yet written whole, and since when none was; with what the connection holds
+  // unacknowledged, and since the peer last acknowledged anything.
+  Backlog backlog();
+  // The bytes of the frames not yet written whole (no system call: for every batch sent).
+  int64_t queued_bytes();
 
   // A connection idle this long is closed by the sender (receivers close theirs after longer, so
   // a batch is never written into a connection the receiver is closing).
@@ -104,6 +123,13 @@ class StreamPeer {
   absl::Time last_write_ ABSL_GUARDED_BY(mu_);
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of the frames queued or being written (not those the caller's thread wrote at once),
+  // and when one was last written whole or the first was queued.
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time progress_ ABSL_GUARDED_BY(mu_);
+  // When backlog() first found the connection holding bytes the peer had not acknowledged.
+  absl::Time unacked_seen_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  void HoldLocked(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int wake_fd_ = -1;  // eventfd: wakes the thread's poll when closing
   std::thread thread_;
 };

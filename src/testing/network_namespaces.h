@@ -51,6 +51,15 @@ class Network {
     if (status != 0) return absl::InternalError(out);
     return absl::OkStatus();
   }
+  // Whether `from` can send to `to`: a blackhole route in `from`'s namespace drops what it sends to
+  // `to` (everything else, the controller included, still goes through).
+  absl::Status SetReachable(const std::string& from, const std::string& to, bool reachable) {
+    auto [status, out] = RunShell(absl::StrCat("ip -n ", Ns(from), " route ", reachable ? "del" : "add", " blackhole ",
+                                               Address(to), "/32"),
+                                  absl::Seconds(120));
+    if (status != 0) return absl::InternalError(out);
+    return absl::OkStatus();
+  }
   // argv run inside `member`'s namespace (`ip netns exec` execs it: same process id).
   std::vector<std::string> In(const std::string& member, std::vector<std::string> argv) const {
     argv.insert(argv.begin(), {IpCommand(), "netns", "exec", Ns(member)});

@@ -57,6 +57,8 @@ constexpr char kUsage[] =
     "         [--listen HOST:PORT] [--intra-op-threads N] [--collective-timeout-ms N]\n"
     "         [--computation-timeout-ms N] (a device on one computation longer is stuck: the worker\n"
     "         leaves; 0 never; default 600000)\n"
+    "         [--peer-stall-timeout-ms N] (a host that takes none of this one's dataflow batches this\n"
+    "         long is named to the controller, which makes one of the two leave; 0 never; default 15000)\n"
     "         [--memory-wait-ms N] [--token T] [--cluster-token C] [--tenants FILE] [--dcn-latency-us N]\n"
     "         [--dcn-gbps G]\n"
     "         [--data-dir DIR] [--checkpoint-dir DIR]  (where compiled functions may read training data\n"
@@ -243,6 +245,12 @@ absl::Status RunWorker(const Flags& flags) {
         collective_ms + memory_wait_ms, "), got ", computation_ms));
   }
   options.computation_timeout = computation_ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(computation_ms);
+  PW_ASSIGN_OR_RETURN(int64_t stall_ms, flags.GetInt("peer-stall-timeout-ms", 15'000));
+  if (stall_ms < 0 || stall_ms > 86'400'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer-stall-timeout-ms must be 0 (never) to 86400000 (a day), got ", stall_ms));
+  }
+  options.peer_stall_timeout = stall_ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(stall_ms);
   PW_ASSIGN_OR_RETURN(options.device_memory_bytes, flags.GetBytes("device-memory", int64_t{1} << 30));
   if (island < 0 || island > 1 << 20) return absl::InvalidArgumentError("--island must be non-negative");
   if (threads < 1 || threads > 256) return absl::InvalidArgumentError("--intra-op-threads must be 1..256");
@@ -416,7 +424,7 @@ int main(int argc, char** argv) {
   };
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "http-port", "stream-port"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "peer-stall-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands", "wait-for-go"}, RunTenant},

@@ -133,6 +133,14 @@ class HostRuntime {
   // What this host moved and waited for since it started: blocks, dataflow bytes, collectives
   // (heartbeats carry it to the controller's metrics).
   void DescribeCounters(rpc::HostCounters* counters) const;
+  // Peers this host's dataflow batches went nowhere to for `limit` or longer
+  // (dataflow::GrpcTransport::Stalled).
+  std::vector<dataflow::GrpcTransport::PeerBacklog> StalledPeers(absl::Duration limit) const {
+    return dataflow_transport_.Stalled(limit);
+  }
+  // The hosts that left the cluster, all of them: what waits for them is dropped
+  // (dataflow::GrpcTransport::Forget).
+  void ForgetPeers(const absl::flat_hash_set<std::string>& hosts) { dataflow_transport_.Forget(hosts); }
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 

@@ -233,6 +233,25 @@ std::optional<ComputationWatch::Overrun> Worker::StuckDevice() const {
   return runtime_->computations().LongerThan(limit, absl::Now());
 }
 
+void Worker::NameStalledPeers(rpc::HeartbeatRequest& request) {
+  const absl::Duration limit = options_.peer_stall_timeout;
+  if (limit <= absl::ZeroDuration() || limit == absl::InfiniteDuration()) return;
+  absl::flat_hash_set<std::string> now;
+  for (const dataflow::GrpcTransport::PeerBacklog& p : runtime_->StalledPeers(limit)) {
+    now.insert(p.host);
+    if (!stalled_peers_.contains(p.host)) continue;
+    PW_LOG(Warning) << "dataflow batches for " << p.host << " went nowhere for " << absl::FormatDuration(p.stalled)
+                    << " (" << p.bytes << " bytes wait" << (p.refused ? "; some were refused" : "")
+                    << "): named to the controller";
+    rpc::UnreachablePeer* u = request.add_unreachable();
+    u->set_address(p.host);
+    u->set_stalled_ms(absl::ToInt64Milliseconds(p.stalled));
+    u->set_bytes(p.bytes);
+    u->set_refused(p.refused);
+  }
+  stalled_peers_ = std::move(now);
+}
+
 void Worker::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(heartbeat_ms_.load()))) {
     rpc::HeartbeatRequest request;
@@ -245,6 +264,7 @@ void Worker::HeartbeatLoop() {
     for (const std::string& client : held) {
       if (!named_clients_.contains(client)) request.add_clients(client);
     }
+    NameStalledPeers(request);
     // Liveness on progress, not only on heartbeats: the process answers, but a device that makes
     // none holds every later gang of its island on this host. The controller hears why at once
     // (not after its heartbeat timeout), and the worker leaves.
@@ -272,10 +292,14 @@ void Worker::HeartbeatLoop() {
       continue;
     }
     if (response->expired()) {
-      const absl::Status left = absl::UnavailableError(absl::StrCat(
-          "worker ", address_, " was silent longer than the controller's heartbeat timeout (frozen, cut off or "
-          "far too slow), so the cluster went on without it; it leaves, and a new process at this address "
-          "rejoins as a new worker"));
+      const std::string why = response->expired_reason().empty()
+                                  ? "was silent longer than the controller's heartbeat timeout (frozen, cut off or "
+                                    "far too slow)"
+                                  : absl::StrCat("was made to leave: ", response->expired_reason());
+      const absl::Status left = absl::UnavailableError(
+          absl::StrCat("worker ", address_, " ", why,
+                       ", so the cluster went on without it; it leaves, and a new process at this address "
+                       "rejoins as a new worker"));
       PW_LOG(Error) << left.message();
       if (options_.on_left) options_.on_left(left);
       return;
@@ -290,6 +314,7 @@ void Worker::HeartbeatLoop() {
     // host registers again, so a host that it does not know keeps its own).
     if (response->registered()) SetRefusals(response->refusals(), response->refused_tenants());
     absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
+    runtime_->ForgetPeers(departed);  // nobody takes what waits for them
     if (int failed = runtime_->store().SetDepartedHosts(std::move(departed)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
     }

@@ -67,6 +67,11 @@ struct WorkerOptions {
   // worker tells the controller why and leaves, with on_left, as above; its runs fail. Zero or
   // infinite: never.
   absl::Duration computation_timeout = absl::Minutes(10);
+  // A peer host that took nothing of the dataflow batches waiting for it this long, at two
+  // heartbeats in a row, is named to the controller, which makes one of the two leave (see
+  // ClusterRegistry::ReportUnreachable): runs between them would wait for good. Zero or
+  // infinite: never.
+  absl::Duration peer_stall_timeout = absl::Seconds(15);
 };
 
 // Start() serves and registers; the destructor stops heartbeats and the server. Thread-safe.
@@ -120,6 +125,11 @@ class Worker {
   // The clients this host held when it last named them to the controller (see
   // HeartbeatRequest.clients); the heartbeat thread's own (Start registers before it starts).
   absl::flat_hash_set<std::string> named_clients_;
+  // Peers found stalled at the last heartbeat (see peer_stall_timeout); the heartbeat thread's own.
+  absl::flat_hash_set<std::string> stalled_peers_;
+  // Fills `request` with the peers stalled now and at the last heartbeat: a peer stalled only
+  // once may have waited while this process itself was frozen.
+  void NameStalledPeers(rpc::HeartbeatRequest& request);
 };
 
 }  // namespace pathways
