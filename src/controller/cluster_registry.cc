@@ -236,8 +236,9 @@ std::vector<std::string> ClusterRegistry::ReportUnreachable(const rpc::Heartbeat
   for (const rpc::UnreachablePeer& peer : reporter.unreachable()) {
     for (auto& [id, h] : hosts_) {
       if (h.address != peer.address() || &h == &from || !AliveLocked(h, now)) continue;
-      if (std::none_of(named.begin(), named.end(), [&](const auto& n) { return n.first == &h; })) {
-        named.emplace_back(&h, &peer);
+      Host* host = &h;
+      if (std::none_of(named.begin(), named.end(), [host](const auto& n) { return n.first == host; })) {
+        named.emplace_back(host, &peer);
       }
     }
   }
