@@ -185,6 +185,8 @@ TEST_F(PartitionTest, TwoWorkersThatCannotReachEachOtherEndWithOneOfThemLeaving)
   auto failure = job.WaitForLine("pathways train:", absl::Seconds(60));
   ASSERT_TRUE(failure.ok()) << failure.status();
   std::printf("the pipeline: %s\n", failure->c_str());
+  EXPECT_NE(failure->find(absl::StrCat("host ", net.Address(left))), std::string::npos) << *failure;
+  EXPECT_NE(failure->find("could not deliver"), std::string::npos) << *failure;  // why it left
   auto job_exit = job.WaitFor(absl::Seconds(30));
   ASSERT_TRUE(job_exit.ok()) << job_exit.status();
   EXPECT_FALSE(WIFEXITED(*job_exit) && WEXITSTATUS(*job_exit) == 0);

@@ -505,11 +505,11 @@ absl::StatusOr<rpc::AllocateSliceResponse> ClusterRegistry::RemapSlice(const rpc
   return response;
 }
 
-std::vector<std::string> ClusterRegistry::DepartedHosts(absl::Time now) const {
+std::vector<ClusterRegistry::Departed> ClusterRegistry::DepartedHosts(absl::Time now) const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> departed;
+  std::vector<Departed> departed;
   for (const auto& [id, h] : hosts_) {
-    if (!AliveLocked(h, now)) departed.push_back(h.address);
+    if (!AliveLocked(h, now)) departed.push_back({h.address, h.left});
   }
   return departed;
 }

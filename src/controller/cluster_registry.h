@@ -70,8 +70,14 @@ class ClusterRegistry {
   // Places one of the client's slices again, with the constraints it was created with, on live
   // devices (spreading load as AllocateSlice does). NotFound for a slice the client does not own.
   absl::StatusOr<rpc::AllocateSliceResponse> RemapSlice(const rpc::RemapSliceRequest& r, absl::Time now);
-  // Addresses of registered hosts that stopped heartbeating.
-  std::vector<std::string> DepartedHosts(absl::Time now) const;
+  // Registered hosts that stopped heartbeating, or left: address, and why when known beyond the
+  // silence (Host::left).
+  struct Departed {
+    std::string address;
+    std::string why;
+    friend bool operator==(const Departed&, const Departed&) = default;
+  };
+  std::vector<Departed> DepartedHosts(absl::Time now) const;
   struct LiveHost {
     int32_t island;
     std::string address;

@@ -477,7 +477,8 @@ TEST(ClusterRegistryTest, AHostThatSaysItLeavesIsDepartedAtOnceWithItsReason) {
   const absl::Time now = t + absl::Milliseconds(100);  // well within the heartbeat timeout
   EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kLeft);
   EXPECT_EQ(registry.Heartbeat(beat, now), ClusterRegistry::Beat::kExpired);  // said once
-  EXPECT_EQ(registry.DepartedHosts(now), std::vector<std::string>{"h:1"});
+  EXPECT_EQ(registry.DepartedHosts(now),
+            (std::vector<ClusterRegistry::Departed>{{"h:1", "device 0 is stuck in 'spin'"}}));
   EXPECT_TRUE(registry.LiveHosts(now).empty());
   rpc::SliceStatesResponse states = registry.SliceStates("c", now);
   ASSERT_EQ(states.slices_size(), 1);
@@ -561,7 +562,9 @@ TEST(ClusterRegistryTest, APeerNamedUnreachableLeavesUnlessTheReporterIsTheOneCu
             std::string::npos)
       << why;
   EXPECT_EQ(registry.Heartbeat(hosts.beats["h:2"], now), ClusterRegistry::Beat::kExpired);
-  EXPECT_EQ(registry.DepartedHosts(now), Left{"h:2"});
+  ASSERT_EQ(registry.DepartedHosts(now).size(), 1u);
+  EXPECT_EQ(registry.DepartedHosts(now)[0].address, "h:2");
+  EXPECT_EQ(registry.DepartedHosts(now)[0].why, why);
   EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:2", {"h:1"}), now), Left{});  // it left: its word counts no more
   EXPECT_EQ(registry.WhyLeft(hosts.beats["h:1"]), "");
   // h:1 reaches h:3 no better: h:1 is the one cut off.

@@ -256,7 +256,12 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
         response->add_refused_tenants(r.tenant);
       }
     }
-    for (const std::string& host : registry_.DepartedHosts(now)) response->add_departed_hosts(host);
+    for (const ClusterRegistry::Departed& host : registry_.DepartedHosts(now)) {
+      response->add_departed_hosts(host.address);
+      rpc::DepartedHost* d = response->add_departed();
+      d->set_address(host.address);
+      d->set_reason(host.why);
+    }
     return grpc::Status::OK;
   }
   grpc::Status GetStatus(grpc::ServerContext* context, const rpc::GetStatusRequest* request,
@@ -352,8 +357,9 @@ void Controller::RetireLoop() {
     const absl::Time now = absl::Now();
     const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(now);
     UpdateMembers(live);  // hosts that stopped heartbeating leave their island's control graph
-    const std::vector<std::string> departed = registry_.DepartedHosts(now);
-    dataflow_transport_->Forget({departed.begin(), departed.end()});  // what waits for them goes
+    absl::flat_hash_set<std::string> departed;
+    for (const ClusterRegistry::Departed& host : registry_.DepartedHosts(now)) departed.insert(host.address);
+    dataflow_transport_->Forget(std::move(departed));  // what waits for them goes
     admission_->RetryHeld(now);
     for (const std::string& client : clients_.TakeDeparted(now)) {
       std::map<int, std::vector<std::string>> islands;

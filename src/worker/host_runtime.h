@@ -140,7 +140,7 @@ class HostRuntime {
   }
   // The hosts that left the cluster, all of them: what waits for them is dropped
   // (dataflow::GrpcTransport::Forget).
-  void ForgetPeers(const absl::flat_hash_set<std::string>& hosts) { dataflow_transport_.Forget(hosts); }
+  void ForgetPeers(absl::flat_hash_set<std::string> hosts) { dataflow_transport_.Forget(std::move(hosts)); }
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 

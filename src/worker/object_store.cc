@@ -97,15 +97,19 @@ int ObjectStore::DropClient(const std::string& client, const absl::Status& why) 
   return dropped;
 }
 
-absl::Status ObjectStore::Departed(const std::string& host, const TransferId& id) {
-  return absl::UnavailableError(absl::StrCat("host ", host, " left the cluster (it stopped heartbeating, or said why it left: "
-                                             "`pathways status` shows it); a block of run ",
+absl::Status ObjectStore::DepartedLocked(const std::string& host, const TransferId& id) const {
+  auto it = departed_.find(host);
+  const std::string why = it == departed_.end() || it->second.empty()
+                              ? std::string(" (it stopped heartbeating: frozen, cut off or gone)")
+                              : absl::StrCat(": ", it->second);
+  return absl::UnavailableError(absl::StrCat("host ", host, " left the cluster", why, "; a block of run ",
                                              id.epoch.value(), " it was to send will not come"));
 }
 
 Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const TransferId& id,
                                               const std::string& source_host) {
   std::optional<Promise<BufferPtr>> failed;
+  absl::Status why;
   Future<BufferPtr> f;
   {
     absl::MutexLock lock(&mu_);
@@ -120,10 +124,11 @@ Future<BufferPtr> ObjectStore::ExpectTransfer(const std::string& client, const T
       transfers_.erase(it);
     } else if (departed_.contains(source_host)) {
       failed = std::move(t.promise);
+      why = DepartedLocked(source_host, id);
       transfers_.erase(it);
     }
   }
-  if (failed) failed->Set(Departed(source_host, id));  // outside the lock: continuations may run inline
+  if (failed) failed->Set(why);  // outside the lock: continuations may run inline
   return f;
 }
 
@@ -140,7 +145,7 @@ void ObjectStore::FailAllTransfers(const absl::Status& why) {
   for (auto& p : failed) p.Set(why);  // outside the lock: continuations may run inline
 }
 
-int ObjectStore::SetDepartedHosts(absl::flat_hash_set<std::string> hosts) {
+int ObjectStore::SetDepartedHosts(absl::flat_hash_map<std::string, std::string> hosts) {
   std::vector<std::pair<Promise<BufferPtr>, absl::Status>> failed;
   {
     absl::MutexLock lock(&mu_);
@@ -149,7 +154,7 @@ int ObjectStore::SetDepartedHosts(absl::flat_hash_set<std::string> hosts) {
     absl::erase_if(transfers_, [&](auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Transfer& t = entry.second;
       if (!t.expected || t.delivered || !departed_.contains(t.source_host)) return false;
-      failed.emplace_back(std::move(t.promise), Departed(t.source_host, entry.first.second));
+      failed.emplace_back(std::move(t.promise), DepartedLocked(t.source_host, entry.first.second));
       return true;
     });
   }

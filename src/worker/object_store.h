@@ -83,9 +83,10 @@ class ObjectStore {
   void FailAllTransfers(const absl::Status& why);
 
   // The hosts that have left the cluster, as the controller last said (it replaces the earlier
-  // set). Transfers expected from them fail with Unavailable naming the host, now and from now
-  // on. Returns how many pending ones were failed.
-  int SetDepartedHosts(absl::flat_hash_set<std::string> hosts);
+  // ones), each with why when known (empty: it went silent). Transfers expected from them fail
+  // with Unavailable naming the host and why, now and from now on. Returns how many pending ones
+  // were failed.
+  int SetDepartedHosts(absl::flat_hash_map<std::string, std::string> hosts);
 
   size_t num_buffers() const;
   // The clients that own buffers here.
@@ -104,7 +105,7 @@ class ObjectStore {
     std::string source_host;
     int64_t unclaimed_bytes = 0;  // of a block delivered before it was expected
   };
-  static absl::Status Departed(const std::string& host, const TransferId& id);
+  absl::Status DepartedLocked(const std::string& host, const TransferId& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A client's arrays by id, each with its shards on this host: freeing an array touches only
   // its own shards.
   using ClientBuffers = absl::flat_hash_map<ArrayId, absl::flat_hash_map<int32_t, Future<BufferPtr>>>;
@@ -118,7 +119,7 @@ class ObjectStore {
   absl::flat_hash_map<std::string, std::deque<FailedArrays>> failed_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Status> skipped_ ABSL_GUARDED_BY(mu_);  // NoteSkippedOps
   absl::flat_hash_map<std::pair<std::string, TransferId>, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::string> departed_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> departed_ ABSL_GUARDED_BY(mu_);  // address: why
   int64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

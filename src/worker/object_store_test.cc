@@ -119,5 +119,23 @@ TEST(ObjectStoreTest, ArraysWhoseOpFailedReadAsThatFailureUntilTheClientGoes) {
   EXPECT_EQ(store.Get("c", {ArrayId(11), 0}).Await().status().code(), absl::StatusCode::kNotFound);
 }
 
+// Blocks expected from a host that left fail, pending ones at once and later ones when expected,
+// naming the host and why it left when the controller knows.
+TEST(ObjectStoreTest, BlocksFromAHostThatLeftFailWithWhyItLeft) {
+  ObjectStore store;
+  Future<BufferPtr> pending = store.ExpectTransfer("c", {Epoch(1), 0, 0, 0, 1}, "a:1");
+  Future<BufferPtr> other = store.ExpectTransfer("c", {Epoch(1), 0, 0, 0, 2}, "b:1");
+  EXPECT_EQ(store.SetDepartedHosts({{"a:1", "host b:1 could not deliver dataflow batches to a:1"}, {"s:1", ""}}), 1);
+  auto failed = pending.Await();
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(failed.status().message().find("host a:1 left the cluster: host b:1 could not deliver"), std::string::npos)
+      << failed.status();
+  EXPECT_NE(failed.status().message().find("a block of run 1"), std::string::npos) << failed.status();
+  EXPECT_FALSE(other.IsReady());
+  auto silent = store.ExpectTransfer("c", {Epoch(2), 0, 0, 0, 1}, "s:1").Await();
+  EXPECT_NE(silent.status().message().find("host s:1 left the cluster (it stopped heartbeating"), std::string::npos)
+      << silent.status();
+}
+
 }  // namespace
 }  // namespace pathways

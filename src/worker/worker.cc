@@ -314,8 +314,11 @@ void Worker::HeartbeatLoop() {
     // host registers again, so a host that it does not know keeps its own).
     if (response->registered()) SetRefusals(response->refusals(), response->refused_tenants());
     absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
-    runtime_->ForgetPeers(departed);  // nobody takes what waits for them
-    if (int failed = runtime_->store().SetDepartedHosts(std::move(departed)); failed > 0) {
+    absl::flat_hash_map<std::string, std::string> why;  // empty reasons from a controller of an earlier version
+    for (const std::string& host : departed) why[host];
+    for (const rpc::DepartedHost& host : response->departed()) why[host.address()] = host.reason();
+    runtime_->ForgetPeers(std::move(departed));  // nobody takes what waits for them
+    if (int failed = runtime_->store().SetDepartedHosts(std::move(why)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
     }
   }
