@@ -249,12 +249,14 @@ std::vector<std::string> ClusterRegistry::ReportUnreachable(const rpc::Heartbeat
     for (const auto& [h, peer] : named) what.push_back(Undelivered(*peer));
     from.left = absl::StrCat("it ", absl::StrJoin(what, "; "),
                              named.size() > 1 ? "" : ", after another host it could not reach had to leave",
-                             ": this host is the one cut off");
+                             ": this host is the one cut off")
+                    .substr(0, kMaxLeaveReason);  // every heartbeat answer and status carries it
     return {from.address};
   }
   Host& to = *named[0].first;
   to.left = absl::StrCat("host ", from.address, " ", Undelivered(*named[0].second),
-                         ": it is cut off from its peers (a partition, or a process too slow to read)");
+                         ": it is cut off from its peers (a partition, or a process too slow to read)")
+                .substr(0, kMaxLeaveReason);
   from.made_leave = now;
   return {to.address};
 }

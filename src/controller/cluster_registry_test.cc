@@ -519,10 +519,10 @@ struct ThreeHosts {
   ThreeHosts() {
     for (const std::string address : {"h:1", "h:2", "h:3"}) Register(address, 1);
   }
-  void Register(const std::string& address, int n) {
+  void Register(const std::string& address, int n, absl::Duration after = absl::ZeroDuration()) {
     rpc::RegisterWorkerRequest r = Worker(address, 0, 1);
     r.set_incarnation(absl::StrCat(address, "/", n));
-    auto registered = registry.RegisterWorker(r, t);
+    auto registered = registry.RegisterWorker(r, t + after);
     ASSERT_TRUE(registered.ok());
     rpc::HeartbeatRequest& beat = beats[address];
     beat.Clear();
@@ -589,12 +589,17 @@ TEST(ClusterRegistryTest, AHostNamingTwoPeersIsTheOneCutOffAndANewProcessStartsA
   EXPECT_NE(why.find("this host is the one cut off"), std::string::npos) << why;
   EXPECT_EQ(registry.LiveHosts(now).size(), 2u);
 
+  // h:1 comes back and makes h:2 leave, then goes silent; a new process at h:1 names h:3, which
+  // leaves: the new process does not inherit the old one's record (which would make it the one
+  // cut off, within the minute).
   hosts.Register("h:1", 2);
-  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:2", {"h:1"}), now), Left{"h:1"});
-  hosts.Register("h:1", 3);  // h:2 made h:1 leave; the new h:1 names h:3, which leaves
+  EXPECT_EQ(registry.ReportUnreachable(hosts.Naming("h:1", {"h:2"}), now), Left{"h:2"});
+  const absl::Time later = hosts.t + absl::Seconds(5);  // past h:1's heartbeat timeout
+  EXPECT_EQ(registry.Heartbeat(hosts.beats["h:3"], hosts.t + absl::Seconds(3)), ClusterRegistry::Beat::kAlive);
+  hosts.Register("h:1", 3, absl::Seconds(5));
   rpc::HeartbeatRequest refused = hosts.Naming("h:1", {"h:3"});
   refused.mutable_unreachable(0)->set_refused(true);
-  EXPECT_EQ(registry.ReportUnreachable(refused, now), Left{"h:3"});
+  EXPECT_EQ(registry.ReportUnreachable(refused, later), Left{"h:3"});
   EXPECT_NE(registry.WhyLeft(hosts.beats["h:3"]).find("host h:1 refused dataflow batches for h:3"), std::string::npos)
       << registry.WhyLeft(hosts.beats["h:3"]);
 }

@@ -317,15 +317,16 @@ class GrpcTransport::Peer {
     }
     context_.TryCancel();  // closing: the batches waiting go out over gRPC, or are dropped there
   }
-  // False, taking nothing, when more than `max_bytes` would wait for the peer: from then on the
-  // peer counts as refused (what it should have had is lost).
+  // False, taking nothing, when more than `max_bytes` would wait for the peer (one batch alone
+  // always goes): from then on the peer counts as refused, for good (what it should have had is
+  // lost; the cluster makes it or this host leave).
   bool Enqueue(const std::string& graph, std::vector<Envelope> batch, int64_t max_bytes) {
     absl::MutexLock lock(&mu_);
     const int64_t bytes = HeldBytes(batch);
     int64_t queued = early_bytes_;
     if (stream_) queued += stream_->queued_bytes();
     if (grpc_) queued += grpc_->queued_bytes();
-    if (queued + bytes > max_bytes) {
+    if (queued > 0 && queued + bytes > max_bytes) {  // one batch alone always goes
       refused_ = true;
       return false;
     }
