@@ -357,9 +357,6 @@ void Controller::RetireLoop() {
     const absl::Time now = absl::Now();
     const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(now);
     UpdateMembers(live);  // hosts that stopped heartbeating leave their island's control graph
-    absl::flat_hash_set<std::string> departed;
-    for (const ClusterRegistry::Departed& host : registry_.DepartedHosts(now)) departed.insert(host.address);
-    dataflow_transport_->Forget(std::move(departed));  // what waits for them goes
     admission_->RetryHeld(now);
     for (const std::string& client : clients_.TakeDeparted(now)) {
       std::map<int, std::vector<std::string>> islands;

@@ -225,9 +225,9 @@ TEST(GrpcTransportTest, WhatAPeerTookNoLongerWaits) {
 }
 
 // A peer that takes nothing (here: nobody listens at its address) is named once what waits for it
-// went nowhere for the limit; past the byte bound its batches are refused; forgotten, nothing
-// waits for it.
-TEST(GrpcTransportTest, APeerThatTakesNothingIsNamedBoundedAndForgotten) {
+// went nowhere for the limit; past the byte bound its batches are refused, and it is named for
+// that.
+TEST(GrpcTransportTest, APeerThatTakesNothingIsNamedAndBounded) {
   std::string address;
   {
     auto gone = StartLoopbackDataflowHost();  // its address, where nobody listens once it went
@@ -255,15 +255,6 @@ TEST(GrpcTransportTest, APeerThatTakesNothingIsNamedBoundedAndForgotten) {
   stalled = transport.Stalled(absl::Hours(1));
   ASSERT_EQ(stalled.size(), 1u);
   EXPECT_TRUE(stalled[0].refused);
-  // It left: what waited goes, and what comes for it later too, until it is no longer named.
-  transport.Forget({address});
-  EXPECT_TRUE(transport.Stalled(absl::ZeroDuration()).empty());
-  transport.Send(address, "g", Batch(3000));
-  EXPECT_EQ(transport.dropped_for_departed(), 1);
-  EXPECT_TRUE(transport.Stalled(absl::ZeroDuration()).empty());
-  transport.Forget({});
-  transport.Send(address, "g", Batch(3000));
-  EXPECT_EQ(transport.Stalled(absl::ZeroDuration()).size(), 1u);
 }
 
 TEST(DataflowTest, ThreeHostsAsRealProcesses) {

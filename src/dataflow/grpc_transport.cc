@@ -470,19 +470,9 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
   std::shared_ptr<Peer> peer;
   {
     absl::MutexLock lock(&mu_);
-    if (departed_.contains(host)) {  // it left: nobody takes this
-      dropped_for_departed_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
     auto& slot = peers_[host];
-    if (!slot) {
-      // A peer ends on the reaper's thread, whoever lets go of it last (it may wait seconds for
-      // a connection to an address that answers nothing).
-      slot = std::shared_ptr<Peer>(new Peer(self_host_, host), [this](Peer* p) {
-        reaper_.Schedule([p] { delete p; });
-      });
-    }
-    peer = slot;  // until Forget, or the transport goes
+    if (!slot) slot = std::make_shared<Peer>(self_host_, host);
+    peer = slot;  // peers stay until the transport goes
   }
   // A peer that takes nothing while batches for it keep coming would fill this process: past
   // the bound they are refused, and Stalled names the peer (what it should have had is lost, so
@@ -511,24 +501,6 @@ std::vector<GrpcTransport::PeerBacklog> GrpcTransport::Stalled(absl::Duration li
     if (refused || (held.bytes > 0 && waited >= limit)) stalled.push_back({host, held.bytes, waited, refused});
   }
   return stalled;
-}
-
-void GrpcTransport::Forget(absl::flat_hash_set<std::string> hosts) {
-  std::vector<std::shared_ptr<Peer>> gone;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = peers_.begin(); it != peers_.end();) {
-      if (hosts.contains(it->first)) {
-        gone.push_back(std::move(it->second));
-        it = peers_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    departed_ = std::move(hosts);
-  }
-  // What they hold goes now, not after a grace period: nobody takes it.
-  for (const auto& peer : gone) peer->BeginClose(absl::Now());
 }
 
 int64_t GrpcTransport::messages_written() const {

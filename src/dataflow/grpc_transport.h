@@ -8,10 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/executor.h"
 #include "dataflow/engine.h"
 #include "proto/pathways.grpc.pb.h"
 
@@ -46,16 +44,10 @@ class GrpcTransport : public Transport {
   // Peers that took nothing of what waits for them for `limit` or longer (cut off from this
   // host, or frozen), and peers whose batches were refused.
   std::vector<PeerBacklog> Stalled(absl::Duration limit) const;
-  // The hosts that left the cluster, all of them (each call replaces the last): what waits for
-  // them is dropped with their connections, and later batches for them too (nobody takes them),
-  // until a call no longer names the host (a new process registered at its address).
-  void Forget(absl::flat_hash_set<std::string> hosts);
   // At most this many bytes wait for one peer; batches beyond are refused (and counted).
   static constexpr int64_t kMaxPeerBytes = int64_t{256} << 20;
   void SetMaxPeerBytes(int64_t bytes) { max_peer_bytes_ = bytes; }  // tests
   int64_t refused_batches() const { return refused_batches_.load(std::memory_order_relaxed); }
-  // Batches for hosts that left (Forget), dropped.
-  int64_t dropped_for_departed() const { return dropped_for_departed_.load(std::memory_order_relaxed); }
 
  private:
   class PeerStream;
@@ -63,13 +55,10 @@ class GrpcTransport : public Transport {
   const std::string self_host_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::string> departed_ ABSL_GUARDED_BY(mu_);  // Forget's
-  std::atomic<int64_t> dropped_for_departed_{0};
   std::atomic<int64_t> max_peer_bytes_{kMaxPeerBytes};
   std::atomic<int64_t> refused_batches_{0};
   std::atomic<int64_t> in_process_{0};
   std::atomic<int64_t> bytes_sent_{0};
-  ThreadPool reaper_{"flow-reap", 1};  // where peers end; last, so it goes first (after every peer)
 };
 
 }  // namespace pathways::dataflow

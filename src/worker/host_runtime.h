@@ -138,9 +138,6 @@ class HostRuntime {
   std::vector<dataflow::GrpcTransport::PeerBacklog> StalledPeers(absl::Duration limit) const {
     return dataflow_transport_.Stalled(limit);
   }
-  // The hosts that left the cluster, all of them: what waits for them is dropped
-  // (dataflow::GrpcTransport::Forget).
-  void ForgetPeers(absl::flat_hash_set<std::string> hosts) { dataflow_transport_.Forget(std::move(hosts)); }
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 

@@ -313,11 +313,9 @@ void Worker::HeartbeatLoop() {
     // What a controller that knows this host refuses (one that restarted learns it back as the
     // host registers again, so a host that it does not know keeps its own).
     if (response->registered()) SetRefusals(response->refusals(), response->refused_tenants());
-    absl::flat_hash_set<std::string> departed(response->departed_hosts().begin(), response->departed_hosts().end());
     absl::flat_hash_map<std::string, std::string> why;  // empty reasons from a controller of an earlier version
-    for (const std::string& host : departed) why[host];
+    for (const std::string& host : response->departed_hosts()) why[host];
     for (const rpc::DepartedHost& host : response->departed()) why[host.address()] = host.reason();
-    runtime_->ForgetPeers(std::move(departed));  // nobody takes what waits for them
     if (int failed = runtime_->store().SetDepartedHosts(std::move(why)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
     }
