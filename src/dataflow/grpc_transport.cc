@@ -467,12 +467,12 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
     in_process_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  std::shared_ptr<Peer> peer;
+  Peer* peer;
   {
     absl::MutexLock lock(&mu_);
     auto& slot = peers_[host];
-    if (!slot) slot = std::make_shared<Peer>(self_host_, host);
-    peer = slot;  // peers stay until the transport goes
+    if (!slot) slot = std::make_unique<Peer>(self_host_, host);
+    peer = slot.get();  // peers stay until the transport goes
   }
   // A peer that takes nothing while batches for it keep coming would fill this process: past
   // the bound they are refused, and Stalled names the peer (what it should have had is lost, so
@@ -488,10 +488,10 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
 }
 
 std::vector<GrpcTransport::PeerBacklog> GrpcTransport::Stalled(absl::Duration limit) const {
-  std::vector<std::pair<std::string, std::shared_ptr<Peer>>> peers;
+  std::vector<std::pair<std::string, Peer*>> peers;  // they stay until the transport goes
   {
     absl::MutexLock lock(&mu_);
-    peers.assign(peers_.begin(), peers_.end());
+    for (const auto& [host, peer] : peers_) peers.emplace_back(host, peer.get());
   }
   const absl::Time now = absl::Now();
   std::vector<PeerBacklog> stalled;

@@ -54,7 +54,7 @@ class GrpcTransport : public Transport {
   class Peer;
   const std::string self_host_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> max_peer_bytes_{kMaxPeerBytes};
   std::atomic<int64_t> refused_batches_{0};
   std::atomic<int64_t> in_process_{0};
