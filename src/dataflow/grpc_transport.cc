@@ -1,276 +1,20 @@
 #include "dataflow/grpc_transport.h"
-#include "dataflow/dataflow_service.h"
-#include "core/socket_util.h"
-#include "dataflow/stream_peer.h"
 
+#include <deque>
+#include <utility>
+
+#include "core/executor.h"
+#include "core/logging.h"
+#include "core/socket_util.h"
+#include "core/tsan.h"
+#include "dataflow/dataflow_service.h"
+#include "dataflow/grpc_peer_stream.h"
+#include "dataflow/stream_peer.h"
+#include "grpcpp/create_channel.h"
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
 
-#include <deque>
-#include <map>
-#include <utility>
-
-#include "absl/synchronization/notification.h"
-
-#include "core/logging.h"
-#include "core/tsan.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-
 namespace pathways::dataflow {
-
-namespace {
-
-// What an envelope adds to a message beyond its payload, at most (its ids and framing).
-constexpr size_t kEnvelopeOverhead = 64;
-
-// What a batch holds in a sender's queue: its payloads and their envelopes (a punctuation, which
-// closes an epoch, has no payload and matters as much). A plain TCP peer counts its frames'
-// bytes instead, which differ by their framing.
-int64_t HeldBytes(const std::vector<Envelope>& batch) {
-  return PayloadBytes(batch) + static_cast<int64_t>(batch.size() * kEnvelopeOverhead);
-}
-int64_t HeldBytes(const rpc::DataflowBatch& message) {
-  int64_t bytes = 0;
-  for (const rpc::DataflowEnvelope& e : message.envelopes()) {
-    bytes += static_cast<int64_t>(e.payload().size() + kEnvelopeOverhead);
-  }
-  return bytes;
-}
-
-}  // namespace
-
-// One long-lived client stream to one peer, on gRPC's callback API: no thread of its own, and
-// no thread waits for a peer that is slow or still starting (the call waits for the channel).
-// One message is written at a time; batches queued meanwhile go out merged, one message per
-// graph. A stream that breaks is opened again and the message whose write failed is written
-// again, a bounded number of times.
-//
-// gRPC may run a reaction inline in the thread that starts an operation, so operations are
-// decided under mu_ and started after it is released (Steps).
-class GrpcTransport::PeerStream {
- public:
-  PeerStream(const std::string& self, const std::string& peer)
-      : self_(self), peer_(peer), stub_(rpc::Dataflow::NewStub(grpc::CreateChannel(peer, ChannelCredentials()))) {}
-
-  // Queued messages get until `deadline` to go out; then the stream is cut: a peer that went
-  // away must not hold up shutdown.
-  void BeginClose(absl::Time deadline) {
-    Steps steps;
-    {
-      absl::MutexLock lock(&mu_);
-      closing_ = true;
-      close_deadline_ = std::min(close_deadline_, deadline);
-      steps = PumpLocked();
-    }
-    Take(steps);
-  }
-  ~PeerStream() {
-    BeginClose(absl::Now() + absl::Seconds(2));
-    std::vector<Call*> to_cancel;
-    {
-      absl::MutexLock lock(&mu_);
-      auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_calls_ == 0; };
-      if (mu_.AwaitWithDeadline(absl::Condition(&finished), close_deadline_)) return;
-      cancelled_ = true;  // nothing more is written, and no call opened
-      for (const auto& c : calls_) to_cancel.push_back(c.get());
-    }
-    for (Call* c : to_cancel) c->context.TryCancel();  // calls live until this object goes
-    absl::MutexLock lock(&mu_);
-    auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_calls_ == 0; };
-    mu_.Await(absl::Condition(&finished));  // cancelled calls end promptly
-  }
-  // `held`: HeldBytes(batch).
-  void Enqueue(const std::string& graph, std::vector<Envelope> batch, int64_t held) {
-    Steps steps;
-    {
-      absl::MutexLock lock(&mu_);
-      if (held_bytes_ == 0) progress_ = absl::Now();  // waiting starts now
-      held_bytes_ += held;
-      pending_.push_back({graph, std::move(batch)});
-      steps = PumpLocked();
-    }
-    Take(steps);
-  }
-  // The bytes not yet written (HeldBytes), and since when none was.
-  Backlog backlog() {
-    absl::MutexLock lock(&mu_);
-    if (held_bytes_ == 0) return {};
-    return {held_bytes_, progress_};
-  }
-  int64_t queued_bytes() {
-    absl::MutexLock lock(&mu_);
-    return held_bytes_;
-  }
-  int64_t written() {
-    absl::MutexLock lock(&mu_);
-    return written_;
-  }
-
- private:
-  // One gRPC call. Held (AddHold) while this stream may still write to it, so gRPC does not
-  // finish it under a write started from outside its reactions. Kept until the stream goes
-  // (calls are few: one, plus one per broken stream).
-  class Call : public grpc::ClientWriteReactor<rpc::DataflowBatch> {
-   public:
-    explicit Call(PeerStream& owner) : owner_(owner) {}
-    // gRPC's core runs the reactions on its threads: what Take() did before it started the
-    // operation they end comes first (core/tsan.h).
-    void OnWriteDone(bool ok) override {
-      TsanAcquire(this);
-      owner_.WriteDone(ok);
-    }
-    void OnDone(const grpc::Status& status) override {
-      TsanAcquire(this);
-      owner_.CallDone(status);
-    }
-    grpc::ClientContext context;
-    rpc::DataflowAck ack;
-    rpc::DataflowBatch message;  // the one being written
-
-   private:
-    PeerStream& owner_;
-  };
-  // What to start once mu_ is released, in this order.
-  struct Steps {
-    Call* release = nullptr;      // done with it: (writes done, if `finish`) and drop the hold
-    bool finish = false;
-    Call* start = nullptr;        // a new call to start
-    Call* write = nullptr;        // write its `message`
-  };
-
-  // Decides the next write, opening a call if needed; once closing and drained, ends the call.
-  Steps PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Steps steps;
-    if (writing_) return steps;
-    if (cancelled_) {
-      if (!pending_.empty() || !messages_.empty()) {
-        PW_LOG(Error) << "dataflow: " << pending_.size() + messages_.size() << " batches for " << peer_
-                      << " dropped: the transport closed before the peer took them";
-      }
-      pending_.clear();
-      messages_.clear();
-      held_bytes_ = 0;
-      return steps;
-    }
-    if (messages_.empty()) {
-      // Everything queued since the last write goes out together: one message per graph, each
-      // within the frame bound the receivers take (a graph's batches stay in order).
-      std::map<std::string, std::vector<rpc::DataflowBatch>> merged;
-      std::map<std::string, size_t> last_bytes;  // of each graph's last message, at most
-      for (const auto& [graph, batch] : pending_) {
-        std::vector<rpc::DataflowBatch>& ms = merged[graph];
-        size_t bytes = 0;
-        for (const Envelope& e : batch) bytes += e.payload.size() + kEnvelopeOverhead;
-        size_t& last = last_bytes[graph];
-        if (ms.empty() || last + bytes > kMaxDataflowFrameBytes / 2) {
-          ms.emplace_back().set_graph(graph);
-          ms.back().set_src_host(self_);
-          last = graph.size() + self_.size() + kEnvelopeOverhead;
-        }
-        last += bytes;
-        for (const Envelope& e : batch) EnvelopeToProto(e, ms.back().add_envelopes());
-      }
-      pending_.clear();
-      for (auto& [graph, ms] : merged) {
-        for (rpc::DataflowBatch& m : ms) messages_.push_back(std::move(m));
-      }
-    }
-    if (messages_.empty()) {
-      if (closing_ && call_ != nullptr) {
-        steps.release = std::exchange(call_, nullptr);
-        steps.finish = true;
-      }
-      return steps;
-    }
-    if (call_ == nullptr) {
-      calls_.push_back(std::make_unique<Call>(*this));
-      call_ = calls_.back().get();
-      call_->context.set_wait_for_ready(true);  // a peer still starting is waited for
-      AttachCallToken(call_->context);
-      ++live_calls_;
-      stub_->async()->Stream(&call_->context, &call_->ack, call_);
-      call_->AddHold();
-      steps.start = call_;
-    }
-    writing_ = true;
-    call_->message = messages_.front();
-    steps.write = call_;
-    return steps;
-  }
-
-  void Take(const Steps& steps) {
-    for (Call* c : {steps.release, steps.start, steps.write}) {
-      if (c != nullptr) TsanRelease(c);  // handed to gRPC's core, which completes it on its threads
-    }
-    if (steps.release != nullptr) {
-      if (steps.finish) steps.release->StartWritesDone();
-      steps.release->RemoveHold();
-    }
-    if (steps.start != nullptr) steps.start->StartCall();
-    if (steps.write != nullptr) steps.write->StartWrite(&steps.write->message);
-  }
-
-  void WriteDone(bool ok) {
-    Steps steps;
-    Call* broken = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (ok) {
-        held_bytes_ -= HeldBytes(messages_.front());
-        progress_ = absl::Now();
-        messages_.pop_front();
-        ++written_;
-        attempts_ = 0;
-      } else {
-        // The stream broke (the peer went away or restarted): open another and try again.
-        broken = std::exchange(call_, nullptr);
-        if (closing_ || ++attempts_ == kAttempts) {
-          PW_LOG(Error) << "dataflow: " << messages_.front().envelopes_size() << " envelopes for " << peer_
-                        << " dropped: "
-                        << (closing_ ? std::string("the transport is closing")
-                                     : absl::StrCat(attempts_, " streams broke"));
-          held_bytes_ -= HeldBytes(messages_.front());
-          messages_.pop_front();
-          attempts_ = 0;
-        }
-      }
-      steps = PumpLocked();
-    }
-    if (broken != nullptr) broken->RemoveHold();
-    Take(steps);
-  }
-
-  void CallDone(const grpc::Status& status) {
-    if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-      PW_LOG(Info) << "dataflow stream to " << peer_ << " ended: " << status.error_message();
-    }
-    absl::MutexLock lock(&mu_);
-    --live_calls_;
-  }
-
-  static constexpr int kAttempts = 3;
-  const std::string self_;
-  const std::string peer_;
-  std::unique_ptr<rpc::Dataflow::Stub> stub_;
-  absl::Mutex mu_;
-  std::vector<std::pair<std::string, std::vector<Envelope>>> pending_ ABSL_GUARDED_BY(mu_);
-  std::deque<rpc::DataflowBatch> messages_ ABSL_GUARDED_BY(mu_);  // merged, the front one being written
-  std::vector<std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
-  Call* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the call written to; null: none open
-  int live_calls_ ABSL_GUARDED_BY(mu_) = 0;    // calls gRPC is not done with
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // closing, and out of time
-  absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
-  // HeldBytes of pending_ and messages_, and when a message last went out or the first
-  // batch was queued.
-  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time progress_ ABSL_GUARDED_BY(mu_);
-};
 
 // One peer, reached over plain TCP when it has a stream listener (asked once, by its
 // StreamPort call), over a gRPC stream otherwise (TLS is on here or there: the TCP streams are
@@ -279,7 +23,7 @@ class GrpcTransport::Peer {
  public:
   Peer(const std::string& self, const std::string& host) : self_(self), host_(host) {
     if (!PlainControlStreams()) {
-      grpc_ = std::make_unique<PeerStream>(self_, host_);
+      grpc_ = std::make_unique<GrpcPeerStream>(self_, host_);
       answered_ = true;
       return;
     }
@@ -408,7 +152,7 @@ class GrpcTransport::Peer {
     }
     std::deque<std::string> frames = stream_->TakeQueued();
     given_up_ = std::move(stream_);  // its thread is ending; it goes with this object
-    grpc_ = std::make_unique<PeerStream>(self_, host_);
+    grpc_ = std::make_unique<GrpcPeerStream>(self_, host_);
     for (const std::string& frame : frames) {
       std::string graph;
       std::vector<Envelope> envelopes;
@@ -421,7 +165,7 @@ class GrpcTransport::Peer {
     if (close_deadline_ != absl::InfiniteFuture()) grpc_->BeginClose(close_deadline_);
   }
   void UseGrpcLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    grpc_ = std::make_unique<PeerStream>(self_, host_);
+    grpc_ = std::make_unique<GrpcPeerStream>(self_, host_);
     for (auto& [graph, batch] : early_) {
       const int64_t bytes = HeldBytes(batch);
       grpc_->Enqueue(graph, std::move(batch), bytes);
@@ -447,7 +191,7 @@ class GrpcTransport::Peer {
   std::unique_ptr<StreamPeer> stream_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<StreamPeer> failed_ ABSL_GUARDED_BY(mu_);  // a first connection that did not work
   std::unique_ptr<StreamPeer> given_up_ ABSL_GUARDED_BY(mu_);  // one that stopped working later
-  std::unique_ptr<PeerStream> grpc_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<GrpcPeerStream> grpc_ ABSL_GUARDED_BY(mu_);
 };
 
 GrpcTransport::GrpcTransport(std::string self_host) : self_host_(std::move(self_host)) {}

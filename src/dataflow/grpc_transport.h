@@ -50,7 +50,6 @@ class GrpcTransport : public Transport {
   int64_t refused_batches() const { return refused_batches_.load(std::memory_order_relaxed); }
 
  private:
-  class PeerStream;
   class Peer;
   const std::string self_host_;
   mutable absl::Mutex mu_;
