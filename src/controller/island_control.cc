@@ -161,7 +161,8 @@ void IslandControlPlane::SetMembers(std::vector<Member> members) {
               return std::make_unique<Done>(*this);
             },
             *options_.transport, *options_.executor);
-        options_.service->AddEngine(g->engine.get());
+        // A new generation's graph name is new: nothing can have been held or lost for it.
+        (void)options_.service->AddEngine(g->engine.get());
         engines_.Add(g->engine);
         for (const Member& m : members_) joins.emplace_back(m.address, g->def);
         PW_LOG(Info) << "island " << options_.island << ": control generation " << number << " over "

@@ -1,6 +1,9 @@
 #include "dataflow/dataflow_service.h"
 
+#include <algorithm>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 #include "core/logging.h"
 #include "core/socket_util.h"
@@ -28,13 +31,28 @@ int64_t PayloadBytes(const std::vector<Envelope>& batch) {
   return n;
 }
 
-bool DataflowService::DeliverInProcess(const std::string& host, const std::string& graph,
+void LostEpochs::Add(const std::vector<Envelope>& batch, const std::string& reason) {
+  if (why.empty()) why = reason;
+  for (const Envelope& e : batch) {
+    if (Has(e.epoch)) continue;
+    if (epochs.size() < kMaxListed) {
+      epochs.insert(e.epoch);
+      continue;
+    }
+    // Too many to list: every epoch up to the largest lost one counts from now on.
+    for (int64_t listed : epochs) every_epoch_through = std::max(every_epoch_through, listed);
+    every_epoch_through = std::max(every_epoch_through, e.epoch);
+    epochs.clear();
+  }
+}
+
+bool DataflowService::DeliverInProcess(const std::string& from, const std::string& host, const std::string& graph,
                                        std::vector<Envelope>& batch) {
   absl::ReaderMutexLock lock(&in_process_mu);
   auto& services = InProcessServices();
   auto it = services.find(host);
   if (it == services.end()) return false;
-  it->second->Receive(graph, std::move(batch));
+  it->second->Receive(from, graph, std::move(batch));
   return true;
 }
 
@@ -54,21 +72,49 @@ void DataflowService::ServeInProcess(const std::string& address) {
   InProcessServices()[address] = this;
 }
 
-void DataflowService::AddEngine(Engine* engine) {
-  std::vector<std::vector<Envelope>> held;
+LostEpochs DataflowService::AddEngine(Engine* engine) {
+  const std::string& graph = engine->graph().name();
+  std::vector<HeldBatch> held;
+  LostEpochs lost;
   {
     absl::MutexLock lock(&mu_);
-    engines_[engine->graph().name()] = engine;
-    removed_.erase(engine->graph().name());  // a graph may come back (a program registered again)
-    auto it = held_.find(engine->graph().name());
+    engines_[graph] = engine;
+    removed_.erase(graph);  // a graph may come back (a program registered again)
+    auto it = held_.find(graph);
     if (it != held_.end()) {
       held = std::move(it->second.batches);
       num_held_ -= held.size();
       held_bytes_ -= it->second.bytes;
       held_.erase(it);
+      for (const HeldBatch& b : held) ReleaseLocked(b);
+    }
+    if (auto l = lost_.find(graph); l != lost_.end()) {
+      lost = std::move(l->second);
+      lost_.erase(l);
+      lost_order_.erase(std::find(lost_order_.begin(), lost_order_.end(), graph));
     }
   }
-  for (auto& batch : held) engine->Deliver(std::move(batch));
+  for (auto& batch : held) engine->Deliver(std::move(batch.envelopes));
+  return lost;
+}
+
+void DataflowService::ReleaseLocked(const HeldBatch& batch) {
+  auto it = held_by_peer_.find(batch.from);
+  if (it == held_by_peer_.end()) return;
+  it->second -= std::min(it->second, batch.bytes);
+  if (it->second == 0) held_by_peer_.erase(it);
+}
+
+void DataflowService::LoseLocked(const std::string& graph, const std::vector<Envelope>& batch, const std::string& why) {
+  auto [it, fresh] = lost_.try_emplace(graph);
+  if (fresh) {
+    lost_order_.push_back(graph);
+    while (lost_order_.size() > kRememberedRemoved) {
+      lost_.erase(lost_order_.front());
+      lost_order_.pop_front();
+    }
+  }
+  if (auto l = lost_.find(graph); l != lost_.end()) l->second.Add(batch, why);
 }
 
 void DataflowService::DropStaleLocked(absl::Time now) {
@@ -79,6 +125,12 @@ void DataflowService::DropStaleLocked(absl::Time now) {
     }
     PW_LOG(Warning) << "dataflow: graph '" << it->first << "' never came in " << absl::FormatDuration(kHoldFor)
                     << "; its " << it->second.batches.size() << " held batches dropped";
+    const std::string why = absl::StrCat("its batches were held ", absl::FormatDuration(kHoldFor),
+                                         " for it to be set up on this host, then dropped");
+    for (const HeldBatch& b : it->second.batches) {
+      ReleaseLocked(b);
+      LoseLocked(it->first, b.envelopes, why);
+    }
     num_held_ -= it->second.batches.size();
     held_bytes_ -= it->second.bytes;
     it = held_.erase(it);
@@ -123,7 +175,7 @@ class DataflowService::Reader : public grpc::ServerReadReactor<rpc::DataflowBatc
     std::vector<Envelope> envelopes;
     envelopes.reserve(batch_.envelopes_size());
     for (auto& e : *batch_.mutable_envelopes()) envelopes.push_back(EnvelopeFromProto(e));
-    service_.Receive(batch_.graph(), std::move(envelopes));
+    service_.Receive(batch_.src_host(), batch_.graph(), std::move(envelopes));
     StartRead(&batch_);
   }
   void OnDone() override { delete this; }
@@ -156,15 +208,16 @@ grpc::ServerUnaryReactor* DataflowService::StreamPort(grpc::CallbackServerContex
 StreamListener::Protocol DataflowService::StreamProtocol() {
   return {std::string(kDataflowStreamMagic, kStreamMagicBytes), token_, "",
           [this](int fd, const StreamListener& listener, const std::string&) {
-            ServeDataflowStream(fd, listener, [this](const std::string& graph, std::vector<Envelope> batch) {
-              streamed_.fetch_add(1, std::memory_order_relaxed);
-              Receive(graph, std::move(batch));
-            });
+            ServeDataflowStream(
+                fd, listener, [this](const std::string& from, const std::string& graph, std::vector<Envelope> batch) {
+                  streamed_.fetch_add(1, std::memory_order_relaxed);
+                  Receive(from, graph, std::move(batch));
+                });
           },
           kMaxStreamSenders};
 }
 
-void DataflowService::Receive(const std::string& graph, std::vector<Envelope> batch) {
+void DataflowService::Receive(const std::string& from, const std::string& graph, std::vector<Envelope> batch) {
   bytes_received_.fetch_add(PayloadBytes(batch), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   auto it = engines_.find(graph);
@@ -181,16 +234,28 @@ void DataflowService::Receive(const std::string& graph, std::vector<Envelope> ba
   auto [slot, fresh] = held_.try_emplace(graph);
   Held& held = slot->second;
   if (fresh) held.since = now;
-  if (num_held_ >= kMaxHeldBatches || held_bytes_ + bytes > max_held_bytes_ ||
-      held.bytes + bytes > max_held_bytes_per_graph_) {
-    PW_LOG(Error) << "dataflow: graph '" << graph << "' unknown here; a batch of " << bytes
-                  << " bytes dropped: " << num_held_ << " batches of " << held_bytes_ << " bytes held in all ("
-                  << held.bytes << " for this graph; limits " << kMaxHeldBatches << " batches, " << max_held_bytes_
-                  << " bytes, " << max_held_bytes_per_graph_ << " bytes per graph)";
+  size_t& peer_bytes = held_by_peer_[from];
+  std::string over;
+  if (num_held_ >= kMaxHeldBatches) {
+    over = absl::StrCat(num_held_, " batches held in all (at most ", kMaxHeldBatches, ")");
+  } else if (held_bytes_ + bytes > max_held_bytes_) {
+    over = absl::StrCat(held_bytes_, " bytes held in all (at most ", max_held_bytes_, ")");
+  } else if (held.bytes + bytes > max_held_bytes_per_graph_) {
+    over = absl::StrCat(held.bytes, " bytes held for the graph (at most ", max_held_bytes_per_graph_, ")");
+  } else if (peer_bytes + bytes > max_held_bytes_per_peer_) {
+    over = absl::StrCat(peer_bytes, " bytes held from ", from, " (at most ", max_held_bytes_per_peer_, ")");
+  }
+  if (!over.empty()) {
+    const std::string why = absl::StrCat("a batch of ", bytes, " bytes from ", from,
+                                         " came before the graph was set up on this host and was dropped: ", over);
+    PW_LOG(Error) << "dataflow: graph '" << graph << "': " << why;
+    LoseLocked(graph, batch, why);
     if (held.batches.empty()) held_.erase(graph);
+    if (peer_bytes == 0) held_by_peer_.erase(from);
     return;
   }
-  held.batches.push_back(std::move(batch));
+  peer_bytes += bytes;
+  held.batches.push_back({from, std::move(batch), bytes});
   held.bytes += bytes;
   held_bytes_ += bytes;
   ++num_held_;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -21,12 +22,27 @@ namespace pathways::dataflow {
 // Payload bytes of a batch's envelopes.
 int64_t PayloadBytes(const std::vector<Envelope>& batch);
 
+// What a graph lost on this host before its engine was registered: the epochs of batches dropped
+// past a bound, or held too long. Whoever runs those epochs here must fail them with `why`: an
+// epoch that lost a batch never ends, and what the batch carried never comes.
+struct LostEpochs {
+  // At most this many epochs are listed; past it, every epoch up to the largest lost one counts.
+  static constexpr size_t kMaxListed = 4096;
+  absl::flat_hash_set<int64_t> epochs;
+  int64_t every_epoch_through = -1;
+  std::string why;  // the first drop's reason; empty: nothing was lost
+  bool Has(int64_t epoch) const { return epoch <= every_epoch_through || epochs.contains(epoch); }
+  bool empty() const { return why.empty(); }
+  void Add(const std::vector<Envelope>& batch, const std::string& reason);
+};
+
 // Receives batches for the engines registered with it (by graph name) and hands them over.
 // Batches for a graph not registered yet are held until it is: hosts set up a graph
 // independently, and a fast peer may send before this host has its engine. What is held is
-// bounded by count and by bytes, in all and per graph (a peer cannot fill the host's memory
-// with batches for graphs nobody registers); past a bound a batch is dropped with an error
-// logged. Thread-safe.
+// bounded by count and by bytes: in all, per graph and per sending peer (peers cannot fill the
+// host's memory with batches for graphs nobody registers, and one peer cannot take the room of
+// the others). Past a bound a batch is dropped, and the graph's engine, when it comes, is told
+// which epochs lost a batch and why (AddEngine). Thread-safe.
 class DataflowService final : public rpc::Dataflow::CallbackService {
  public:
   static constexpr size_t kMaxHeldBatches = 100000;
@@ -35,14 +51,16 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   static constexpr int kMaxStreamSenders = 4096;
   static constexpr size_t kMaxHeldBytes = size_t{256} << 20;
   static constexpr size_t kMaxHeldBytesPerGraph = size_t{64} << 20;
+  static constexpr size_t kMaxHeldBytesPerPeer = size_t{128} << 20;
   // A graph not registered this long after its first batch came will not be: when room is
   // needed, what it held goes.
   static constexpr absl::Duration kHoldFor = absl::Seconds(60);
   // Tests: lower byte bounds.
-  void SetHoldLimits(size_t bytes, size_t bytes_per_graph) {
+  void SetHoldLimits(size_t bytes, size_t bytes_per_graph, size_t bytes_per_peer) {
     absl::MutexLock lock(&mu_);
     max_held_bytes_ = bytes;
     max_held_bytes_per_graph_ = bytes_per_graph;
+    max_held_bytes_per_peer_ = bytes_per_peer;
   }
   ~DataflowService() override;  // leaves the in-process directory
   // Also takes batches for `address` from transports in this process directly, until
@@ -50,11 +68,13 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   // address is known.
   void ServeInProcess(const std::string& address);
   void StopServingInProcess();
-  // Hands a batch to the graph's engine, or holds it until the graph is registered.
-  void Receive(const std::string& graph, std::vector<Envelope> batch);
+  // Hands a batch from host `from` to the graph's engine, or holds it until the graph is
+  // registered.
+  void Receive(const std::string& from, const std::string& graph, std::vector<Envelope> batch);
   // Hands `batch` to the service serving `host` in this process, if one does (under the
   // directory's reader lock, so that a service leaving waits for it): whether one did.
-  static bool DeliverInProcess(const std::string& host, const std::string& graph, std::vector<Envelope>& batch);
+  static bool DeliverInProcess(const std::string& from, const std::string& host, const std::string& graph,
+                               std::vector<Envelope>& batch);
   // Streams must carry this token (see transport/auth.h); empty: none needed. Set before serving.
   void RequireToken(std::string token) { token_ = std::move(token); }
 
@@ -62,7 +82,9 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   // recently (the last kRememberedRemoved) are dropped, not held: stragglers of a finished
   // program or an old control graph generation.
   static constexpr size_t kRememberedRemoved = 4096;
-  void AddEngine(Engine* engine);
+  // Hands the engine what was held for its graph, and returns the epochs that lost a batch
+  // before it came (remembered for the last kRememberedRemoved graphs that lost any).
+  [[nodiscard]] LostEpochs AddEngine(Engine* engine);
   void RemoveEngine(const std::string& graph);
   // Payload bytes of every envelope received, held or dropped ones too.
   int64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
@@ -89,18 +111,32 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   std::atomic<int64_t> bytes_received_{0};
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
+  struct HeldBatch {
+    std::string from;
+    std::vector<Envelope> envelopes;
+    size_t bytes = 0;
+  };
   struct Held {
-    std::vector<std::vector<Envelope>> batches;
+    std::vector<HeldBatch> batches;
     size_t bytes = 0;
     absl::Time since;  // when its first batch came
   };
   // Drops what has been held longer than kHoldFor for graphs that never came.
   void DropStaleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a held batch out of the per-peer count.
+  void ReleaseLocked(const HeldBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Remembers that `graph` lost `batch`, and why.
+  void LoseLocked(const std::string& graph, const std::vector<Envelope>& batch, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, size_t> held_by_peer_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, LostEpochs> lost_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
   size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
   size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t max_held_bytes_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytes;
   size_t max_held_bytes_per_graph_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerGraph;
+  size_t max_held_bytes_per_peer_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerPeer;
   absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> removed_order_ ABSL_GUARDED_BY(mu_);
   std::string token_;

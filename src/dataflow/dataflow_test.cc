@@ -99,12 +99,12 @@ Traffic RunThreeGrpcHostsOneJoiningLate(bool in_process, bool streams = false) {
     transports.push_back(std::make_unique<GrpcTransport>(hosts[i]));
     engines.push_back(std::make_shared<Engine>(hosts[i], graph, SparseSumOperators(results), *transports[i], *pools[i]));
   }
-  servers[0]->service.AddEngine(engines[0].get());
-  servers[1]->service.AddEngine(engines[1].get());
+  (void)servers[0]->service.AddEngine(engines[0].get());
+  (void)servers[1]->service.AddEngine(engines[1].get());
   std::map<int64_t, std::pair<int64_t, int64_t>> expected;
   expected = DriveSparseSum(*engines[0], kEpochs, kSeed);
   expected = DriveSparseSum(*engines[1], kEpochs, kSeed);
-  servers[2]->service.AddEngine(engines[2].get());
+  (void)servers[2]->service.AddEngine(engines[2].get());
   expected = DriveSparseSum(*engines[2], kEpochs, kSeed);
   EXPECT_TRUE(results.WaitFor(8 * kEpochs, absl::Seconds(30))) << results.size();
   CheckResults(results, expected);
@@ -154,30 +154,30 @@ TEST(DataflowTest, BatchesForAGraphNotYetHereAreHeldAndForOneGoneAreDropped) {
   DataflowService service;
   Envelope stray;
   stray.edge = -1;  // handled as an envelope on no edge: logged and ignored
-  service.Receive(graph->name(), {stray});
+  service.Receive("peer", graph->name(), {stray});
   EXPECT_EQ(service.num_held_batches(), 1u);  // the graph may still be set up here
-  service.AddEngine(engine.get());
+  (void)service.AddEngine(engine.get());
   EXPECT_EQ(service.num_held_batches(), 0u);  // handed over
   service.RemoveEngine(graph->name());
-  service.Receive(graph->name(), {stray});
+  service.Receive("peer", graph->name(), {stray});
   EXPECT_EQ(service.num_held_batches(), 0u);  // a straggler: dropped
   pool.Shutdown();
 }
 
 TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
   DataflowService service;
-  service.SetHoldLimits(/*bytes=*/10000, /*bytes_per_graph=*/4000);
+  service.SetHoldLimits(/*bytes=*/10000, /*bytes_per_graph=*/4000, /*bytes_per_peer=*/10000);
   auto batch = [](size_t payload) {
     Envelope e;
     e.payload.assign(payload, 'x');
     return std::vector<Envelope>{e};
   };
-  service.Receive("a", batch(3000));
-  service.Receive("a", batch(3000));  // past the graph's bound: dropped
+  service.Receive("peer", "a", batch(3000));
+  service.Receive("peer", "a", batch(3000));  // past the graph's bound: dropped
   EXPECT_EQ(service.num_held_batches(), 1u);
-  service.Receive("b", batch(3000));
-  service.Receive("c", batch(3000));
-  service.Receive("d", batch(3000));  // past the bound in all: dropped
+  service.Receive("peer", "b", batch(3000));
+  service.Receive("peer", "c", batch(3000));
+  service.Receive("peer", "d", batch(3000));  // past the bound in all: dropped
   EXPECT_EQ(service.num_held_batches(), 3u);
   EXPECT_LE(service.num_held_bytes(), 10000u);
   // Registering a graph hands its batches over and frees their room.
@@ -188,12 +188,66 @@ TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
   auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
   Envelope stray;
   stray.edge = -1;  // handled as an envelope on no edge: logged and ignored
-  service.Receive(graph->name(), {stray});
+  service.Receive("peer", graph->name(), {stray});
   EXPECT_EQ(service.num_held_batches(), 4u);
-  service.AddEngine(engine.get());
+  (void)service.AddEngine(engine.get());
   EXPECT_EQ(service.num_held_batches(), 3u);
   service.RemoveEngine(graph->name());
   pool.Shutdown();
+}
+
+// One peer cannot take the room of the others, and a graph that lost batches before it came is
+// told which epochs lost one and why.
+TEST(DataflowTest, APeerGetsItsShareOfTheHeldBytesAndAGraphHearsWhatItLost) {
+  DataflowService service;
+  service.SetHoldLimits(/*bytes=*/100000, /*bytes_per_graph=*/100000, /*bytes_per_peer=*/7000);
+  auto batch = [](int64_t epoch) {
+    Envelope e;
+    e.epoch = epoch;
+    e.edge = -1;  // handled as an envelope on no edge: logged and ignored
+    e.payload.assign(3000, 'x');
+    return std::vector<Envelope>{e};
+  };
+  auto graph = MakeSparseSumGraph({"h", "h", "h"});
+  service.Receive("flooder", graph->name(), batch(1));
+  service.Receive("flooder", graph->name(), batch(2));
+  service.Receive("flooder", graph->name(), batch(3));  // past the flooder's bound: dropped
+  service.Receive("flooder", "other", batch(1));         // so is this, for any graph
+  EXPECT_EQ(service.num_held_batches(), 2u);
+  service.Receive("fair", graph->name(), batch(4));  // another peer still has room
+  EXPECT_EQ(service.num_held_batches(), 3u);
+
+  SparseSumResults results;
+  LocalTransport transport;
+  ThreadPool pool("h", 1);
+  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  const LostEpochs lost = service.AddEngine(engine.get());
+  EXPECT_EQ(service.num_held_batches(), 0u);  // all three handed over
+  EXPECT_TRUE(lost.Has(3));
+  EXPECT_FALSE(lost.Has(1) || lost.Has(2) || lost.Has(4));
+  EXPECT_NE(lost.why.find("from flooder"), std::string::npos) << lost.why;
+  EXPECT_NE(lost.why.find("came before the graph was set up"), std::string::npos) << lost.why;
+  // Handed over once: a graph registered again later starts with nothing lost.
+  service.RemoveEngine(graph->name());
+  EXPECT_TRUE(service.AddEngine(engine.get()).empty());
+  // The room the flooder's handed-over batches took is its own again.
+  service.Receive("flooder", "third", batch(5));
+  service.Receive("flooder", "third", batch(6));
+  EXPECT_EQ(service.num_held_batches(), 2u);
+  service.RemoveEngine(graph->name());
+  pool.Shutdown();
+}
+
+TEST(DataflowTest, LostEpochsPastTheListCountAsEveryEpochUpToTheLargest) {
+  LostEpochs lost;
+  std::vector<Envelope> batch(LostEpochs::kMaxListed + 1);
+  for (size_t i = 0; i < batch.size(); ++i) batch[i].epoch = static_cast<int64_t>(2 * i + 10);
+  lost.Add(batch, "why");
+  const int64_t largest = batch.back().epoch;
+  EXPECT_TRUE(lost.Has(11));  // within the range, though not lost: counted as lost
+  EXPECT_TRUE(lost.Has(largest));
+  EXPECT_FALSE(lost.Has(largest + 1));
+  EXPECT_EQ(lost.why, "why");
 }
 
 std::vector<Envelope> Batch(size_t payload) {
@@ -274,7 +328,7 @@ TEST(DataflowTest, ThreeHostsAsRealProcesses) {
   auto transport = std::make_unique<GrpcTransport>(hosts[0]);
   auto engine = std::make_shared<Engine>(hosts[0], MakeSparseSumGraph(hosts), SparseSumOperators(results), *transport,
                                          pool);
-  (*self)->service.AddEngine(engine.get());
+  (void)(*self)->service.AddEngine(engine.get());
   const std::string host_line = absl::StrCat(hosts[0], " ", hosts[1], " ", hosts[2]);
   for (auto& p : peers) {
     ASSERT_TRUE(p.WriteLine(host_line).ok());

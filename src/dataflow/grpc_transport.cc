@@ -207,7 +207,7 @@ GrpcTransport::~GrpcTransport() {
 
 void GrpcTransport::Send(const std::string& host, const std::string& graph, std::vector<Envelope> batch) {
   bytes_sent_.fetch_add(PayloadBytes(batch), std::memory_order_relaxed);
-  if (DataflowService::DeliverInProcess(host, graph, batch)) {
+  if (DataflowService::DeliverInProcess(self_host_, host, graph, batch)) {
     in_process_.fetch_add(1, std::memory_order_relaxed);
     return;
   }

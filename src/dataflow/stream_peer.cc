@@ -52,10 +52,12 @@ Envelope EnvelopeFromProto(rpc::DataflowEnvelope& p) {
           std::move(*p.mutable_payload())};
 }
 
-bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std::vector<Envelope>* envelopes) {
+bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std::vector<Envelope>* envelopes,
+                         std::string* from) {
   rpc::DataflowBatch batch;
   if (!batch.ParseFromArray(data, static_cast<int>(size))) return false;
   *graph = batch.graph();
+  if (from != nullptr) *from = batch.src_host();
   envelopes->clear();
   envelopes->reserve(batch.envelopes_size());
   for (rpc::DataflowEnvelope& e : *batch.mutable_envelopes()) envelopes->push_back(EnvelopeFromProto(e));
@@ -63,7 +65,8 @@ bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std:
 }
 
 void ServeDataflowStream(int fd, const StreamListener& listener,
-                         const std::function<void(const std::string& graph, std::vector<Envelope>)>& receive) {
+                         const std::function<void(const std::string& from, const std::string& graph,
+                                                  std::vector<Envelope>)>& receive) {
   std::string admitted = StreamStatusFrame(absl::OkStatus());
   if (!TransferAll(fd, admitted.data(), admitted.size(), true, absl::Now() + kConnect, "admission").ok()) return;
   std::string body;
@@ -88,13 +91,13 @@ void ServeDataflowStream(int fd, const StreamListener& listener,
       PW_LOG(Warning) << "dataflow stream: " << s << "; the connection closes";
       return;
     }
-    std::string graph;
+    std::string graph, from;
     std::vector<Envelope> envelopes;
-    if (!DecodeDataflowBatch(body.data(), body.size(), &graph, &envelopes)) {
+    if (!DecodeDataflowBatch(body.data(), body.size(), &graph, &envelopes, &from)) {
       PW_LOG(Error) << "dataflow stream: a batch of " << bytes << " bytes that does not parse; the connection closes";
       return;
     }
-    receive(graph, std::move(envelopes));
+    receive(from, graph, std::move(envelopes));
   }
 }
 

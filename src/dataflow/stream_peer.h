@@ -34,13 +34,15 @@ void EnvelopeToProto(const Envelope& e, rpc::DataflowEnvelope* p);
 Envelope EnvelopeFromProto(rpc::DataflowEnvelope& p);  // takes the payload
 // A serialized rpc::DataflowBatch (a frame after its length) as its graph and envelopes; false
 // when it does not parse.
-bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std::vector<Envelope>* envelopes);
+bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std::vector<Envelope>* envelopes,
+                         std::string* from = nullptr);
 // The frame of one batch (its length, then the batch).
 std::string DataflowFrame(const std::string& self, const std::string& graph, const std::vector<Envelope>& batch);
 // Serves one sender's connection: admits it, then hands every batch to `receive` until the
 // sender closes, the listener stops, or a frame is malformed (logged; the connection closes).
 void ServeDataflowStream(int fd, const StreamListener& listener,
-                         const std::function<void(const std::string& graph, std::vector<Envelope>)>& receive);
+                         const std::function<void(const std::string& from, const std::string& graph,
+                                                  std::vector<Envelope>)>& receive);
 
 // What a sender holds for one peer: its bytes, and since when none of it went out (progress).
 // `since` is InfiniteFuture while nothing is held.

@@ -25,7 +25,7 @@ struct Receiver {
     auto l = StreamListener::Start("test streams", "127.0.0.1", port,
                                    {{std::string(kDataflowStreamMagic, 8), "", "",
                                      [this](int fd, const StreamListener& listener, const std::string&) {
-                                       ServeDataflowStream(fd, listener, [this](const std::string& graph,
+                                       ServeDataflowStream(fd, listener, [this](const std::string&, const std::string& graph,
                                                                                 std::vector<Envelope> batch) {
                                          absl::MutexLock lock(&mu);
                                          for (Envelope& e : batch) got.emplace_back(graph, std::move(e));

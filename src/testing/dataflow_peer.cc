@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   ThreadPool pool("peer", 2);
   GrpcTransport transport(self);
   auto engine = std::make_shared<Engine>(self, MakeSparseSumGraph(hosts), SparseSumOperators(results), transport, pool);
-  (*host)->service.AddEngine(engine.get());
+  (void)(*host)->service.AddEngine(engine.get());
   {
     absl::MutexLock lock(&print_mu);
     std::printf("ready\n");

@@ -112,7 +112,13 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
   auto at = generations_.end();
   while (at != generations_.begin() && std::prev(at)->def.generation() > def.generation()) --at;
   generations_.insert(at, Generation{def, shard, engine});
-  options_.service->AddEngine(engine.get());  // hands over what came before the join
+  // Hands over what came before the join. Control batches are a few hundred bytes: only a peer
+  // flooding this host with batches for graphs not set up here makes one be dropped.
+  if (dataflow::LostEpochs lost = options_.service->AddEngine(engine.get()); !lost.empty()) {
+    PW_LOG(Error) << "control generation " << def.generation()
+                  << " lost batches before this host joined it; its rounds that lost one will not complete here: "
+                  << lost.why;
+  }
   engines_.Add(engine);
   // Graphs the controller no longer uses go (their stragglers are dropped by the service).
   while (generations_.size() > kMaxGenerations ||

@@ -50,7 +50,7 @@ absl::Status HostRuntime::RegisterProgram(const std::string& client, const rpc::
   absl::MutexLock lock(&programs_mu_);
   auto& slot = programs_[{client, LoweredProgramId(proto.program_id())}];
   if (slot != nullptr) return absl::AlreadyExistsError(absl::StrCat("program ", proto.program_id(), " is already registered"));
-  options_.dataflow_service->AddEngine(program->engine.get());
+  program->lost = options_.dataflow_service->AddEngine(program->engine.get());
   engines_.Add(program->engine);
   slot = std::move(program);
   return absl::OkStatus();

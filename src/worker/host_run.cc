@@ -96,6 +96,14 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
       (void)entry->engine->CloseInput(node, shard, epoch);
     });
   }
+  if (entry->lost.Has(run.epoch())) {
+    // Batches of this run's block exchanges were dropped here before the program was set up:
+    // what they carried never comes, and the exchanges' epochs never end.
+    store_.FailUndeliveredTransfers(
+        client, Epoch(run.epoch()), run.first_node(), run.last_node(),
+        absl::UnavailableError(absl::StrCat("run ", run.epoch(), " of program '", program->name(), "' on ", name(),
+                                            ": dataflow batches for it were lost: ", entry->lost.why)));
+  }
   // Intermediates whose last consumer is now set up leave the store; their consumers and sends
   // hold their own references until they are done with them.
   // So do arguments given to a node at a donated position: nothing but that node reads them from

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dataflow/dataflow_service.h"
 #include "gtest/gtest.h"
 #include "worker/host_ops_testing.h"
@@ -131,6 +132,25 @@ TEST_F(HostRunTest, AShardOutOfDeviceMemoryFailsItsConsumersWithResourceExhauste
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
   EXPECT_NE(got.status().message().find("from host A"), std::string::npos) << got.status();
+}
+
+// Dataflow batches of a run dropped on a host before the program was set up there (a peer
+// flooded it with batches for graphs not set up yet): the run's consumers on that host fail with
+// the reason at set-up, instead of waiting for an exchange that never ends.
+TEST_F(HostRunTest, ARunWhoseBatchesWereDroppedBeforeItsProgramCameFailsWithWhy) {
+  b_->dataflow.SetHoldLimits(/*bytes=*/1 << 20, /*bytes_per_graph=*/1 << 20, /*bytes_per_peer=*/1000);
+  dataflow::Envelope e;
+  e.epoch = 1;  // the run's
+  e.payload.assign(2000, 'x');
+  b_->dataflow.Receive("a flooding peer", absl::StrCat(testing::kClient, "/", testing::kTwoHostProgram), {e});
+  RegisterAndRun(Builtin("add_one"));
+  if (HasFatalFailure()) return;
+  for (int64_t array : {kOutputs + 1, kOutputs + 2}) {
+    auto got = FetchShard(b_->runtime, array, 2);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+    EXPECT_NE(got.status().message().find("from a flooding peer"), std::string::npos) << got.status();
+  }
 }
 
 }  // namespace

@@ -176,6 +176,9 @@ class HostRuntime {
     std::string client;
     std::vector<NodePlan> nodes;  // per program node
     std::shared_ptr<dataflow::Engine> engine;
+    // The runs (epochs) whose dataflow batches were dropped here before the program was
+    // registered: they fail at set-up. Set before the program is shared.
+    dataflow::LostEpochs lost;
   };
   // The operators of a node's block exchange (block_exchange.cc).
   class BlockReceiver;
