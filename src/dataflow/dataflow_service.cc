@@ -31,18 +31,40 @@ int64_t PayloadBytes(const std::vector<Envelope>& batch) {
   return n;
 }
 
+void LostEpochs::Add(int64_t epoch) {
+  if (Has(epoch)) return;
+  if (epochs.size() < kMaxListed) {
+    epochs.insert(epoch);
+    return;
+  }
+  // Too many to list: every epoch from the smallest to the largest lost one counts from now on.
+  epochs.insert(epoch);
+  for (int64_t e : epochs) {
+    if (range_first > range_last) {
+      range_first = range_last = e;
+    } else {
+      range_first = std::min(range_first, e);
+      range_last = std::max(range_last, e);
+    }
+  }
+  epochs.clear();
+}
+
 void LostEpochs::Add(const std::vector<Envelope>& batch, const std::string& reason) {
   if (why.empty()) why = reason;
-  for (const Envelope& e : batch) {
-    if (Has(e.epoch)) continue;
-    if (epochs.size() < kMaxListed) {
-      epochs.insert(e.epoch);
-      continue;
-    }
-    // Too many to list: every epoch up to the largest lost one counts from now on.
-    for (int64_t listed : epochs) every_epoch_through = std::max(every_epoch_through, listed);
-    every_epoch_through = std::max(every_epoch_through, e.epoch);
-    epochs.clear();
+  for (const Envelope& e : batch) Add(e.epoch);
+}
+
+void LostEpochs::Merge(const LostEpochs& other) {
+  if (why.empty()) why = other.why;
+  for (int64_t e : other.epochs) Add(e);
+  if (other.range_first > other.range_last) return;
+  if (range_first > range_last) {
+    range_first = other.range_first;
+    range_last = other.range_last;
+  } else {
+    range_first = std::min(range_first, other.range_first);
+    range_last = std::max(range_last, other.range_last);
   }
 }
 
@@ -89,7 +111,11 @@ LostEpochs DataflowService::AddEngine(Engine* engine) {
       for (const HeldBatch& b : held) ReleaseLocked(b);
     }
     if (auto l = lost_.find(graph); l != lost_.end()) {
-      lost = std::move(l->second);
+      absl::flat_hash_set<std::string> hosts;
+      for (const NodeDef& node : engine->graph().nodes()) hosts.insert(node.shard_hosts.begin(), node.shard_hosts.end());
+      for (const auto& [from, epochs] : l->second) {
+        if (hosts.contains(from)) lost.Merge(epochs);
+      }
       lost_.erase(l);
       lost_order_.erase(std::find(lost_order_.begin(), lost_order_.end(), graph));
     }
@@ -105,16 +131,17 @@ void DataflowService::ReleaseLocked(const HeldBatch& batch) {
   if (it->second == 0) held_by_peer_.erase(it);
 }
 
-void DataflowService::LoseLocked(const std::string& graph, const std::vector<Envelope>& batch, const std::string& why) {
+void DataflowService::LoseLocked(const std::string& graph, const std::string& from,
+                                 const std::vector<Envelope>& batch, const std::string& why) {
   auto [it, fresh] = lost_.try_emplace(graph);
-  if (fresh) {
-    lost_order_.push_back(graph);
-    while (lost_order_.size() > kRememberedRemoved) {
-      lost_.erase(lost_order_.front());
-      lost_order_.pop_front();
-    }
+  std::map<std::string, LostEpochs>& senders = it->second;
+  if (senders.size() < kMaxLostSenders || senders.contains(from)) senders[from].Add(batch, why);
+  if (!fresh) return;
+  lost_order_.push_back(graph);
+  if (lost_order_.size() > kRememberedLost) {
+    lost_.erase(lost_order_.front());
+    lost_order_.pop_front();
   }
-  if (auto l = lost_.find(graph); l != lost_.end()) l->second.Add(batch, why);
 }
 
 void DataflowService::DropStaleLocked(absl::Time now) {
@@ -129,10 +156,11 @@ void DataflowService::DropStaleLocked(absl::Time now) {
                                          " for it to be set up on this host, then dropped");
     for (const HeldBatch& b : it->second.batches) {
       ReleaseLocked(b);
-      LoseLocked(it->first, b.envelopes, why);
+      LoseLocked(it->first, b.from, b.envelopes, why);
     }
     num_held_ -= it->second.batches.size();
     held_bytes_ -= it->second.bytes;
+    dropped_.fetch_add(static_cast<int64_t>(it->second.batches.size()), std::memory_order_relaxed);
     it = held_.erase(it);
   }
 }
@@ -217,8 +245,9 @@ StreamListener::Protocol DataflowService::StreamProtocol() {
           kMaxStreamSenders};
 }
 
-void DataflowService::Receive(const std::string& from, const std::string& graph, std::vector<Envelope> batch) {
+void DataflowService::Receive(const std::string& sender, const std::string& graph, std::vector<Envelope> batch) {
   bytes_received_.fetch_add(PayloadBytes(batch), std::memory_order_relaxed);
+  const std::string from = sender.substr(0, kMaxNameBytes);
   absl::MutexLock lock(&mu_);
   auto it = engines_.find(graph);
   if (it != engines_.end()) {
@@ -227,10 +256,20 @@ void DataflowService::Receive(const std::string& from, const std::string& graph,
     return;
   }
   if (removed_.contains(graph)) return;  // a straggler of a graph that is done here
+  if (graph.size() > kMaxNameBytes) {
+    PW_LOG(Error) << "dataflow: a batch from " << from << " names a graph of " << graph.size()
+                  << " bytes (at most " << kMaxNameBytes << "); dropped";
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   size_t bytes = 0;
   for (const Envelope& e : batch) bytes += sizeof(Envelope) + e.payload.size();
   const absl::Time now = absl::Now();
-  if (num_held_ >= kMaxHeldBatches || held_bytes_ + bytes > max_held_bytes_) DropStaleLocked(now);
+  const auto from_held = held_by_peer_.find(from);
+  if (num_held_ >= kMaxHeldBatches || held_bytes_ + bytes > max_held_bytes_ ||
+      (from_held != held_by_peer_.end() && from_held->second + bytes > max_held_bytes_per_peer_)) {
+    DropStaleLocked(now);  // may release some of this peer's room too
+  }
   auto [slot, fresh] = held_.try_emplace(graph);
   Held& held = slot->second;
   if (fresh) held.since = now;
@@ -249,7 +288,8 @@ void DataflowService::Receive(const std::string& from, const std::string& graph,
     const std::string why = absl::StrCat("a batch of ", bytes, " bytes from ", from,
                                          " came before the graph was set up on this host and was dropped: ", over);
     PW_LOG(Error) << "dataflow: graph '" << graph << "': " << why;
-    LoseLocked(graph, batch, why);
+    LoseLocked(graph, from, batch, why);
+    dropped_.fetch_add(1, std::memory_order_relaxed);
     if (held.batches.empty()) held_.erase(graph);
     if (peer_bytes == 0) held_by_peer_.erase(from);
     return;

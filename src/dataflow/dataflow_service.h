@@ -26,14 +26,17 @@ int64_t PayloadBytes(const std::vector<Envelope>& batch);
 // past a bound, or held too long. Whoever runs those epochs here must fail them with `why`: an
 // epoch that lost a batch never ends, and what the batch carried never comes.
 struct LostEpochs {
-  // At most this many epochs are listed; past it, every epoch up to the largest lost one counts.
-  static constexpr size_t kMaxListed = 4096;
+  // At most this many epochs are listed; past it, every epoch from the smallest to the largest
+  // lost one counts (what a flood can make a host remember stays small).
+  static constexpr size_t kMaxListed = 64;
   absl::flat_hash_set<int64_t> epochs;
-  int64_t every_epoch_through = -1;
+  int64_t range_first = 0, range_last = -1;  // empty while first > last
   std::string why;  // the first drop's reason; empty: nothing was lost
-  bool Has(int64_t epoch) const { return epoch <= every_epoch_through || epochs.contains(epoch); }
+  bool Has(int64_t epoch) const { return (epoch >= range_first && epoch <= range_last) || epochs.contains(epoch); }
   bool empty() const { return why.empty(); }
+  void Add(int64_t epoch);
   void Add(const std::vector<Envelope>& batch, const std::string& reason);
+  void Merge(const LostEpochs& other);
 };
 
 // Receives batches for the engines registered with it (by graph name) and hands them over.
@@ -82,14 +85,23 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   // recently (the last kRememberedRemoved) are dropped, not held: stragglers of a finished
   // program or an old control graph generation.
   static constexpr size_t kRememberedRemoved = 4096;
-  // Hands the engine what was held for its graph, and returns the epochs that lost a batch
-  // before it came (remembered for the last kRememberedRemoved graphs that lost any).
+  // Hands the engine what was held for its graph, and returns the epochs that lost a batch from
+  // one of the graph's hosts before it came (batches from others cannot be the graph's). Losses
+  // are remembered for the last kRememberedLost graphs, from at most kMaxLostSenders hosts each.
+  static constexpr size_t kRememberedLost = 1024;
+  static constexpr size_t kMaxLostSenders = 64;
   [[nodiscard]] LostEpochs AddEngine(Engine* engine);
+  // Graph names and senders' names are this long at most; a batch naming a longer graph is
+  // dropped, a longer sender's name is cut.
+  static constexpr size_t kMaxNameBytes = 1024;
   void RemoveEngine(const std::string& graph);
   // Payload bytes of every envelope received, held or dropped ones too.
   int64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   size_t num_held_batches();
   size_t num_held_bytes();
+  // Batches dropped for a graph not registered here (past a bound, held too long, a name too
+  // long); stragglers of removed graphs are not counted.
+  int64_t batches_dropped() const { return dropped_.load(std::memory_order_relaxed); }
   // Each peer's stream, read without a thread of its own (gRPC's callback API).
   grpc::ServerReadReactor<rpc::DataflowBatch>* Stream(grpc::CallbackServerContext* context,
                                                       rpc::DataflowAck* ack) override;
@@ -109,6 +121,7 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
  private:
   class Reader;
   std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> dropped_{0};
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
   struct HeldBatch {
@@ -125,12 +138,12 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   void DropStaleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a held batch out of the per-peer count.
   void ReleaseLocked(const HeldBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Remembers that `graph` lost `batch`, and why.
-  void LoseLocked(const std::string& graph, const std::vector<Envelope>& batch, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Remembers that `graph` lost `batch` from `from`, and why.
+  void LoseLocked(const std::string& graph, const std::string& from, const std::vector<Envelope>& batch,
+                  const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> held_by_peer_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, LostEpochs> lost_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<std::string, LostEpochs>> lost_ ABSL_GUARDED_BY(mu_);  // graph -> sender ->
   std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
   size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
   size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;

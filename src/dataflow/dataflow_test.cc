@@ -196,8 +196,8 @@ TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
   pool.Shutdown();
 }
 
-// One peer cannot take the room of the others, and a graph that lost batches before it came is
-// told which epochs lost one and why.
+// One peer cannot take the room of the others, and a graph that lost batches from one of its
+// hosts before it came is told which epochs lost one and why.
 TEST(DataflowTest, APeerGetsItsShareOfTheHeldBytesAndAGraphHearsWhatItLost) {
   DataflowService service;
   service.SetHoldLimits(/*bytes=*/100000, /*bytes_per_graph=*/100000, /*bytes_per_peer=*/7000);
@@ -208,46 +208,54 @@ TEST(DataflowTest, APeerGetsItsShareOfTheHeldBytesAndAGraphHearsWhatItLost) {
     e.payload.assign(3000, 'x');
     return std::vector<Envelope>{e};
   };
-  auto graph = MakeSparseSumGraph({"h", "h", "h"});
-  service.Receive("flooder", graph->name(), batch(1));
-  service.Receive("flooder", graph->name(), batch(2));
-  service.Receive("flooder", graph->name(), batch(3));  // past the flooder's bound: dropped
-  service.Receive("flooder", "other", batch(1));         // so is this, for any graph
+  auto graph = MakeSparseSumGraph({"p", "h", "h"});  // "p" sends too much, "q" sends its share
+  service.Receive("p", graph->name(), batch(1));
+  service.Receive("p", graph->name(), batch(2));
+  service.Receive("p", graph->name(), batch(3));  // past p's bound: dropped
+  service.Receive("p", "other", batch(1));         // so is this, for any graph
   EXPECT_EQ(service.num_held_batches(), 2u);
-  service.Receive("fair", graph->name(), batch(4));  // another peer still has room
+  EXPECT_EQ(service.batches_dropped(), 2);
+  service.Receive("q", graph->name(), batch(4));  // another peer still has room
   EXPECT_EQ(service.num_held_batches(), 3u);
+  for (int i = 0; i < 3; ++i) service.Receive("stranger", graph->name(), batch(5));  // not one of its hosts
 
   SparseSumResults results;
   LocalTransport transport;
   ThreadPool pool("h", 1);
   auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
   const LostEpochs lost = service.AddEngine(engine.get());
-  EXPECT_EQ(service.num_held_batches(), 0u);  // all three handed over
+  EXPECT_EQ(service.num_held_batches(), 0u);  // every held batch handed over
   EXPECT_TRUE(lost.Has(3));
   EXPECT_FALSE(lost.Has(1) || lost.Has(2) || lost.Has(4));
-  EXPECT_NE(lost.why.find("from flooder"), std::string::npos) << lost.why;
-  EXPECT_NE(lost.why.find("came before the graph was set up"), std::string::npos) << lost.why;
+  EXPECT_FALSE(lost.Has(5));  // the stranger's batch was not the graph's
+  EXPECT_NE(lost.why.find("from p came before the graph was set up"), std::string::npos) << lost.why;
   // Handed over once: a graph registered again later starts with nothing lost.
   service.RemoveEngine(graph->name());
   EXPECT_TRUE(service.AddEngine(engine.get()).empty());
-  // The room the flooder's handed-over batches took is its own again.
-  service.Receive("flooder", "third", batch(5));
-  service.Receive("flooder", "third", batch(6));
+  // The room p's handed-over batches took is its own again.
+  service.Receive("p", "third", batch(6));
+  service.Receive("p", "third", batch(7));
   EXPECT_EQ(service.num_held_batches(), 2u);
   service.RemoveEngine(graph->name());
   pool.Shutdown();
 }
 
-TEST(DataflowTest, LostEpochsPastTheListCountAsEveryEpochUpToTheLargest) {
+TEST(DataflowTest, LostEpochsPastTheListCountAsARange) {
   LostEpochs lost;
   std::vector<Envelope> batch(LostEpochs::kMaxListed + 1);
   for (size_t i = 0; i < batch.size(); ++i) batch[i].epoch = static_cast<int64_t>(2 * i + 10);
   lost.Add(batch, "why");
   const int64_t largest = batch.back().epoch;
   EXPECT_TRUE(lost.Has(11));  // within the range, though not lost: counted as lost
-  EXPECT_TRUE(lost.Has(largest));
-  EXPECT_FALSE(lost.Has(largest + 1));
+  EXPECT_TRUE(lost.Has(10) && lost.Has(largest));
+  EXPECT_FALSE(lost.Has(9) || lost.Has(largest + 1));
   EXPECT_EQ(lost.why, "why");
+  LostEpochs more;
+  more.Add({Envelope{.epoch = 3}}, "other");
+  more.Merge(lost);
+  EXPECT_TRUE(more.Has(3) && more.Has(11) && more.Has(largest));
+  EXPECT_FALSE(more.Has(4));
+  EXPECT_EQ(more.why, "other");
 }
 
 std::vector<Envelope> Batch(size_t payload) {

@@ -99,7 +99,7 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
   if (entry->lost.Has(run.epoch())) {
     // Batches of this run's block exchanges were dropped here before the program was set up:
     // what they carried never comes, and the exchanges' epochs never end.
-    store_.FailUndeliveredTransfers(
+    store_.FailTransfersForGood(
         client, Epoch(run.epoch()), run.first_node(), run.last_node(),
         absl::UnavailableError(absl::StrCat("run ", run.epoch(), " of program '", program->name(), "' on ", name(),
                                             ": dataflow batches for it were lost: ", entry->lost.why)));

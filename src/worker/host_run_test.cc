@@ -38,8 +38,9 @@ class HostRunTest : public ::testing::Test {
   };
 
   // Compiles `first` and add_one on both hosts, registers the program on both, puts the argument
-  // [1 .. 8] on A and runs the program once.
-  void RegisterAndRun(const rpc::FunctionBodyProto& first) {
+  // [1 .. 8] on A and runs the program once. B first, unless `a_first`: then B gets its ops only
+  // once B's dataflow service has dropped a batch from A (A's blocks went before B was ready).
+  void RegisterAndRun(const rpc::FunctionBodyProto& first, bool a_first = false) {
     std::string first_key, add_one_key;
     for (Host* host : {a_.get(), b_.get()}) {
       auto key = host->runtime.Compile(first);
@@ -64,6 +65,14 @@ class HostRunTest : public ::testing::Test {
       run.mutable_run()->add_arg_array_ids(kArg);
       run.mutable_run()->set_last_node(2);
       *request->add_ops() = std::move(run);
+    }
+    if (a_first) {
+      ASSERT_TRUE(a_->runtime.Enqueue(on_a).ok());
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while (b_->dataflow.batches_dropped() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+      ASSERT_GT(b_->dataflow.batches_dropped(), 0) << "A sent B nothing in 30 s";
+      ASSERT_TRUE(b_->runtime.Enqueue(on_b).ok());
+      return;
     }
     // B first: its inputs wait for blocks that A sends once its own set-up is done.
     ASSERT_TRUE(b_->runtime.Enqueue(on_b).ok());
@@ -134,23 +143,41 @@ TEST_F(HostRunTest, AShardOutOfDeviceMemoryFailsItsConsumersWithResourceExhauste
   EXPECT_NE(got.status().message().find("from host A"), std::string::npos) << got.status();
 }
 
-// Dataflow batches of a run dropped on a host before the program was set up there (a peer
-// flooded it with batches for graphs not set up yet): the run's consumers on that host fail with
-// the reason at set-up, instead of waiting for an exchange that never ends.
+// A shard of A fails and its failure travels to B in the dataflow graph, but B, which has not
+// set the program up yet, drops the batch (past its per-peer bound). B's consumers fail at set-up
+// with the reason, instead of waiting for a block that will never come.
 TEST_F(HostRunTest, ARunWhoseBatchesWereDroppedBeforeItsProgramCameFailsWithWhy) {
-  b_->dataflow.SetHoldLimits(/*bytes=*/1 << 20, /*bytes_per_graph=*/1 << 20, /*bytes_per_peer=*/1000);
-  dataflow::Envelope e;
-  e.epoch = 1;  // the run's
-  e.payload.assign(2000, 'x');
-  b_->dataflow.Receive("a flooding peer", absl::StrCat(testing::kClient, "/", testing::kTwoHostProgram), {e});
-  RegisterAndRun(Builtin("add_one"));
+  b_->dataflow.SetHoldLimits(/*bytes=*/1 << 20, /*bytes_per_graph=*/1 << 20, /*bytes_per_peer=*/1);
+  rpc::FunctionBodyProto raises;
+  raises.set_kind(static_cast<int>(FunctionBody::Kind::kTorchScript));
+  raises.set_name("f");
+  raises.set_source("def f(x):\n    return x + torch.ones(5)\n");
+  RegisterAndRun(raises, /*a_first=*/true);
   if (HasFatalFailure()) return;
   for (int64_t array : {kOutputs + 1, kOutputs + 2}) {
     auto got = FetchShard(b_->runtime, array, 2);
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
-    EXPECT_NE(got.status().message().find("from a flooding peer"), std::string::npos) << got.status();
+    EXPECT_NE(got.status().message().find("dataflow batches for it were lost"), std::string::npos) << got.status();
+    EXPECT_NE(got.status().message().find("from A came before the graph was set up"), std::string::npos)
+        << got.status();
   }
+}
+
+// A batch for the run's graph from a host that is not one of the graph's cannot be the run's:
+// dropping it fails nothing.
+TEST_F(HostRunTest, ADroppedBatchFromAHostOutsideTheProgramFailsNothing) {
+  b_->dataflow.SetHoldLimits(/*bytes=*/1 << 20, /*bytes_per_graph=*/1 << 20, /*bytes_per_peer=*/1000);
+  dataflow::Envelope e;
+  e.epoch = 1;  // the run's
+  e.payload.assign(2000, 'x');
+  b_->dataflow.Receive("a flooding peer", absl::StrCat(testing::kClient, "/", testing::kTwoHostProgram), {e});
+  ASSERT_EQ(b_->dataflow.batches_dropped(), 1);
+  RegisterAndRun(Builtin("add_one"));
+  if (HasFatalFailure()) return;
+  auto whole = FetchShard(b_->runtime, kOutputs + 2, 2);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(*whole, (std::vector<float>{3, 4, 5, 6, 7, 8, 9, 10}));
 }
 
 }  // namespace

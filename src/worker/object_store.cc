@@ -203,6 +203,24 @@ int ObjectStore::FailUndeliveredTransfers(const std::string& client, Epoch epoch
   return static_cast<int>(failed.size());
 }
 
+int ObjectStore::FailTransfersForGood(const std::string& client, Epoch epoch, int first_node, int last_node,
+                                      const absl::Status& status) {
+  std::vector<Promise<BufferPtr>> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, t] : transfers_) {
+      if (key.first != client || key.second.epoch != epoch || key.second.node < first_node ||
+          key.second.node > last_node || !t.expected || t.delivered) {
+        continue;
+      }
+      t.delivered = true;  // what comes later is a duplicate: dropped
+      failed.push_back(std::move(t.promise));
+    }
+  }
+  for (auto& p : failed) p.Set(status);  // outside the lock: continuations may run inline
+  return static_cast<int>(failed.size());
+}
+
 std::vector<std::string> ObjectStore::Clients() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> clients;

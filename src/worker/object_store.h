@@ -78,6 +78,13 @@ class ObjectStore {
   int FailUndeliveredTransfers(const std::string& client, Epoch epoch, int first_node, int last_node,
                                const absl::Status& status);
 
+  // Fails the transfers of `epoch` into nodes first..last expected here and not yet delivered,
+  // for good: their entries stay, holding nothing, so blocks that come for them later are dropped
+  // instead of waiting unclaimed for an epoch end that will not come (the run's exchange lost a
+  // batch). They go with the client. Returns how many were failed.
+  int FailTransfersForGood(const std::string& client, Epoch epoch, int first_node, int last_node,
+                           const absl::Status& status);
+
   // The host is going: every transfer still expected fails with `why` (work waiting for it
   // ends instead of waiting forever).
   void FailAllTransfers(const absl::Status& why);

@@ -102,6 +102,22 @@ TEST(ObjectStoreTest, UndeliveredTransfersOfAFinishedEpochFail) {
   EXPECT_FALSE(other_run.IsReady());
 }
 
+// A run whose exchange lost a batch: its blocks that come after it failed are dropped, not
+// held unclaimed for an epoch end that will not come.
+TEST(ObjectStoreTest, TransfersFailedForGoodDropWhatComesForThemLater) {
+  CpuDevice device(0, 1 << 20);
+  ObjectStore store;
+  Future<BufferPtr> lost = store.ExpectTransfer("c", {Epoch(7), 1, 0, 1, 0});
+  Future<BufferPtr> other_run = store.ExpectTransfer("c", {Epoch(8), 1, 0, 1, 0});
+  EXPECT_EQ(store.FailTransfersForGood("c", Epoch(7), 0, 1, absl::UnavailableError("lost")), 1);
+  EXPECT_EQ(lost.Await().status().code(), absl::StatusCode::kUnavailable);
+  store.DeliverTransfer("c", {Epoch(7), 1, 0, 1, 0}, *device.Allocate(DType::kF32, {100}));
+  EXPECT_EQ(store.unclaimed_bytes(), 0);
+  EXPECT_FALSE(other_run.IsReady());
+  store.DropClient("c", absl::CancelledError("gone"));
+  EXPECT_EQ(store.num_pending_transfers(), 0u);
+}
+
 TEST(ObjectStoreTest, ArraysWhoseOpFailedReadAsThatFailureUntilTheClientGoes) {
   ObjectStore store;
   store.FailArrays("c", ArrayId(10), 2, absl::ResourceExhaustedError("device 0 is full"));
