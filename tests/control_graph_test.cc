@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "controller/island_control.h"
+#include "dataflow/control_graph.h"
 #include "dataflow/grpc_transport.h"
 #include "gtest/gtest.h"
 #include "worker/host_control.h"
@@ -274,6 +275,36 @@ TEST_F(ControlGraphTest, AnUnreadableOpBreaksTheHostsOrderAndSaysSo) {
   next.add_hosts("h0");
   ASSERT_TRUE(h0.Join(next).ok());
   EXPECT_TRUE(h0.Broken().ok()) << h0.Broken();
+}
+
+// A generation that lost a batch from the controller before the host joined it may have lost
+// scheduled ops, whose place in the order is then unknown: the host says so and leaves, as for
+// an op it cannot read. A batch dropped from anyone outside the graph changes nothing.
+TEST_F(ControlGraphTest, AGenerationThatLostBatchesBeforeTheJoinBreaksTheHostsOrder) {
+  ASSERT_TRUE(OneHostWithOneOpApplied());
+  HostControl& h0 = *hosts_["h0"]->control;
+  rpc::ControlGraph next;
+  next.set_controller("ctl");
+  next.set_controller_incarnation("incarnation-1");
+  next.set_generation(7);
+  next.add_hosts("h0");
+  dataflow::DataflowService& service = hosts_["h0"]->party.service;
+  service.SetHoldLimits(/*bytes=*/1 << 20, /*bytes_per_graph=*/1 << 20, /*bytes_per_peer=*/100);
+  dataflow::Envelope e;
+  e.epoch = 3;
+  e.payload.assign(200, 'x');
+  service.Receive("a stranger", dataflow::ControlGraphName(next), {e});  // dropped, not the graph's
+  ASSERT_TRUE(h0.Join(next).ok());
+  EXPECT_TRUE(h0.Broken().ok()) << h0.Broken();
+  next.set_generation(8);
+  service.Receive("ctl", dataflow::ControlGraphName(next), {e});  // dropped, from the controller
+  ASSERT_TRUE(h0.Join(next).ok());
+  const absl::Status broken = h0.Broken();
+  EXPECT_EQ(broken.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(broken.message().find("control generation 8 lost batches before this host joined it"),
+            std::string::npos)
+      << broken;
+  EXPECT_NE(broken.message().find("from ctl came before the graph was set up"), std::string::npos) << broken;
 }
 
 // Ops that wait for one that never comes are bounded: past the bound the host says its order is

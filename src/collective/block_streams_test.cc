@@ -153,11 +153,14 @@ TEST(BlockStreamsTest, ARefusalReachesTheSenderAndTheStreamCarriesOn) {
 
 TEST(BlockStreamsTest, AStalledReceiverFailsTheBlockInTimeAndTheNextOneGoesThrough) {
   absl::Notification release;
-  std::vector<char> scratch(64);
+  // A landing each: once released, the stalled block's reader still lands what its sender had
+  // written before it gave up, while the next block lands.
+  std::vector<char> stalled(64), next(64);
   Pair pair(absl::Milliseconds(300));
   pair.land = [&](const std::string&, const std::string& header, uint64_t) -> absl::StatusOr<BlockStreams::Landing> {
-    if (header == "stalled") release.WaitForNotification();  // lands nothing until told
-    return BlockStreams::Landing{scratch.data(), [](absl::Status) {}};
+    if (header != "stalled") return BlockStreams::Landing{next.data(), [](absl::Status) {}};
+    release.WaitForNotification();  // lands nothing until told
+    return BlockStreams::Landing{stalled.data(), [](absl::Status) {}};
   };
   absl::Status s = pair.Send("stalled", Bytes(64, 1));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;

@@ -113,11 +113,15 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
   while (at != generations_.begin() && std::prev(at)->def.generation() > def.generation()) --at;
   generations_.insert(at, Generation{def, shard, engine});
   // Hands over what came before the join. Control batches are a few hundred bytes: only a peer
-  // flooding this host with batches for graphs not set up here makes one be dropped.
-  if (dataflow::LostEpochs lost = options_.service->AddEngine(engine.get()); !lost.empty()) {
-    PW_LOG(Error) << "control generation " << def.generation()
-                  << " lost batches before this host joined it; its rounds that lost one will not complete here: "
-                  << lost.why;
+  // flooding this host with batches for graphs not set up here makes one be dropped. A lost one
+  // may have held scheduled ops, whose place in the island's order is then unknown here, as with
+  // an op that cannot be read.
+  if (dataflow::LostEpochs lost = options_.service->AddEngine(engine.get()); !lost.empty() && broken_.ok()) {
+    broken_ = absl::UnavailableError(absl::StrCat("host ", options_.host, ": control generation ", def.generation(),
+                                                  " lost batches before this host joined it (", lost.why,
+                                                  "), so ops of the island's order may never come; the host "
+                                                  "leaves the island"));
+    PW_LOG(Error) << broken_.message();
   }
   engines_.Add(engine);
   // Graphs the controller no longer uses go (their stragglers are dropped by the service).

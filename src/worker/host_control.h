@@ -50,8 +50,9 @@ class HostControl {
   // The graphs this host is in now.
   size_t num_generations();
   // Unavailable, saying why, once the island's order cannot go on here: a scheduled op that could
-  // not be read (its place in the order is unknown, so every later op would wait for it), or
-  // more than kMaxEarlyOps ops waiting for one that never came. The host must then leave (the
+  // not be read (its place in the order is unknown, so every later op would wait for it), a
+  // generation that lost batches from its hosts before this host joined it (the same, for the ops
+  // they held), or more than kMaxEarlyOps ops waiting for one that never came. The host must then leave (the
   // worker tells the controller, which fails its runs); until then ops are still taken in order.
   // A new controller incarnation starts a new order, and clears it.
   absl::Status Broken();
