@@ -168,6 +168,7 @@ TEST(BlockStreamsTest, AStalledReceiverFailsTheBlockInTimeAndTheNextOneGoesThrou
   release.Notify();
   // The stalled stream was closed; the next block dials a new one.
   EXPECT_TRUE(pair.Send("next", Bytes(64, 2)).ok());
+  EXPECT_EQ(next, Bytes(64, 2));
 }
 
 TEST(BlockStreamsTest, GarbageClosesOnlyItsOwnStream) {

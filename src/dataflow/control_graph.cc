@@ -8,7 +8,7 @@
 namespace pathways::dataflow {
 
 std::string ControlGraphName(const rpc::ControlGraph& def) {
-  return absl::StrCat("island-control/", def.island(), "/", def.controller_incarnation(), "/", def.generation());
+  return absl::StrCat(kControlGraphPrefix, def.island(), "/", def.controller_incarnation(), "/", def.generation());
 }
 
 absl::StatusOr<std::shared_ptr<const GraphDef>> MakeControlGraph(const rpc::ControlGraph& def) {

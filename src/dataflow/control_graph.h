@@ -39,6 +39,8 @@ struct ControlGraphLayout {
   static constexpr int kReports = 2;   // report -> done
 };
 
+// Every island control graph's name starts so (DataflowService holds their early batches apart).
+inline constexpr char kControlGraphPrefix[] = "island-control/";
 std::string ControlGraphName(const rpc::ControlGraph& def);
 // InvalidArgument for a definition without hosts, with a host twice, or without a controller.
 absl::StatusOr<std::shared_ptr<const GraphDef>> MakeControlGraph(const rpc::ControlGraph& def);

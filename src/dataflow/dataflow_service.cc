@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 #include "core/logging.h"
 #include "core/socket_util.h"
 #include "core/tsan.h"
+#include "dataflow/control_graph.h"
 #include "dataflow/stream_peer.h"
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
@@ -31,21 +33,23 @@ int64_t PayloadBytes(const std::vector<Envelope>& batch) {
   return n;
 }
 
+bool LostEpochs::Has(int64_t epoch) const {
+  for (const auto& [first, last] : ranges) {
+    if (epoch >= first && epoch <= last) return true;
+  }
+  return epochs.contains(epoch);
+}
+
 void LostEpochs::Add(int64_t epoch) {
   if (Has(epoch)) return;
-  if (epochs.size() < kMaxListed) {
-    epochs.insert(epoch);
-    return;
-  }
-  // Too many to list: every epoch from the smallest to the largest lost one counts from now on.
   epochs.insert(epoch);
-  for (int64_t e : epochs) {
-    if (range_first > range_last) {
-      range_first = range_last = e;
-    } else {
-      range_first = std::min(range_first, e);
-      range_last = std::max(range_last, e);
-    }
+  if (epochs.size() <= kMaxListed) return;
+  // Too many to list: one range from the smallest to the largest, this sender's only one.
+  const auto [lo, hi] = std::minmax_element(epochs.begin(), epochs.end());
+  if (ranges.empty()) {
+    ranges.emplace_back(*lo, *hi);
+  } else {
+    ranges[0] = {std::min(ranges[0].first, *lo), std::max(ranges[0].second, *hi)};
   }
   epochs.clear();
 }
@@ -57,15 +61,8 @@ void LostEpochs::Add(const std::vector<Envelope>& batch, const std::string& reas
 
 void LostEpochs::Merge(const LostEpochs& other) {
   if (why.empty()) why = other.why;
-  for (int64_t e : other.epochs) Add(e);
-  if (other.range_first > other.range_last) return;
-  if (range_first > range_last) {
-    range_first = other.range_first;
-    range_last = other.range_last;
-  } else {
-    range_first = std::min(range_first, other.range_first);
-    range_last = std::max(range_last, other.range_last);
-  }
+  epochs.insert(other.epochs.begin(), other.epochs.end());  // a merge lists them all
+  ranges.insert(ranges.end(), other.ranges.begin(), other.ranges.end());
 }
 
 bool DataflowService::DeliverInProcess(const std::string& from, const std::string& host, const std::string& graph,
@@ -104,17 +101,15 @@ LostEpochs DataflowService::AddEngine(Engine* engine) {
     removed_.erase(graph);  // a graph may come back (a program registered again)
     auto it = held_.find(graph);
     if (it != held_.end()) {
+      ReleaseLocked(it->second);
       held = std::move(it->second.batches);
-      num_held_ -= held.size();
-      held_bytes_ -= it->second.bytes;
       held_.erase(it);
-      for (const HeldBatch& b : held) ReleaseLocked(b);
     }
     if (auto l = lost_.find(graph); l != lost_.end()) {
       absl::flat_hash_set<std::string> hosts;
       for (const NodeDef& node : engine->graph().nodes()) hosts.insert(node.shard_hosts.begin(), node.shard_hosts.end());
       for (const auto& [from, epochs] : l->second) {
-        if (hosts.contains(from)) lost.Merge(epochs);
+        if (from == kOtherSenders || hosts.contains(from)) lost.Merge(epochs);
       }
       lost_.erase(l);
       lost_order_.erase(std::find(lost_order_.begin(), lost_order_.end(), graph));
@@ -124,18 +119,28 @@ LostEpochs DataflowService::AddEngine(Engine* engine) {
   return lost;
 }
 
-void DataflowService::ReleaseLocked(const HeldBatch& batch) {
-  auto it = held_by_peer_.find(batch.from);
-  if (it == held_by_peer_.end()) return;
-  it->second -= std::min(it->second, batch.bytes);
-  if (it->second == 0) held_by_peer_.erase(it);
+DataflowService::Pool& DataflowService::PoolOf(const std::string& graph) {
+  return absl::StartsWith(graph, kControlGraphPrefix) ? control_ : programs_;
+}
+
+void DataflowService::ReleaseLocked(const Held& held) {
+  Pool& pool = *held.pool;
+  pool.batches -= held.batches.size();
+  pool.bytes -= held.bytes;
+  for (const HeldBatch& b : held.batches) {
+    auto it = pool.by_peer.find(b.from);
+    if (it == pool.by_peer.end()) continue;
+    it->second -= b.bytes;
+    if (it->second == 0) pool.by_peer.erase(it);
+  }
 }
 
 void DataflowService::LoseLocked(const std::string& graph, const std::string& from,
                                  const std::vector<Envelope>& batch, const std::string& why) {
   auto [it, fresh] = lost_.try_emplace(graph);
   std::map<std::string, LostEpochs>& senders = it->second;
-  if (senders.size() < kMaxLostSenders || senders.contains(from)) senders[from].Add(batch, why);
+  const bool listed = senders.contains(from) || senders.size() < kMaxLostSenders;
+  senders[listed ? from : std::string(kOtherSenders)].Add(batch, why);
   if (!fresh) return;
   lost_order_.push_back(graph);
   if (lost_order_.size() > kRememberedLost) {
@@ -154,12 +159,8 @@ void DataflowService::DropStaleLocked(absl::Time now) {
                     << "; its " << it->second.batches.size() << " held batches dropped";
     const std::string why = absl::StrCat("its batches were held ", absl::FormatDuration(kHoldFor),
                                          " for it to be set up on this host, then dropped");
-    for (const HeldBatch& b : it->second.batches) {
-      ReleaseLocked(b);
-      LoseLocked(it->first, b.from, b.envelopes, why);
-    }
-    num_held_ -= it->second.batches.size();
-    held_bytes_ -= it->second.bytes;
+    ReleaseLocked(it->second);
+    for (const HeldBatch& b : it->second.batches) LoseLocked(it->first, b.from, b.envelopes, why);
     dropped_.fetch_add(static_cast<int64_t>(it->second.batches.size()), std::memory_order_relaxed);
     it = held_.erase(it);
   }
@@ -167,12 +168,12 @@ void DataflowService::DropStaleLocked(absl::Time now) {
 
 size_t DataflowService::num_held_bytes() {
   absl::MutexLock lock(&mu_);
-  return held_bytes_;
+  return programs_.bytes + control_.bytes;
 }
 
 size_t DataflowService::num_held_batches() {
   absl::MutexLock lock(&mu_);
-  return num_held_;
+  return programs_.batches + control_.batches;
 }
 
 void DataflowService::RemoveEngine(const std::string& graph) {
@@ -265,40 +266,46 @@ void DataflowService::Receive(const std::string& sender, const std::string& grap
   size_t bytes = 0;
   for (const Envelope& e : batch) bytes += sizeof(Envelope) + e.payload.size();
   const absl::Time now = absl::Now();
-  const auto from_held = held_by_peer_.find(from);
-  if (num_held_ >= kMaxHeldBatches || held_bytes_ + bytes > max_held_bytes_ ||
-      (from_held != held_by_peer_.end() && from_held->second + bytes > max_held_bytes_per_peer_)) {
-    DropStaleLocked(now);  // may release some of this peer's room too
+  Pool& pool = PoolOf(graph);
+  auto it_held = held_.find(graph);
+  // Which bound the batch would pass, if any.
+  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::string {
+    if (pool.batches >= kMaxHeldBatches) {
+      return absl::StrCat(pool.batches, " batches held in all (at most ", kMaxHeldBatches, ")");
+    }
+    if (pool.bytes + bytes > pool.max_bytes) {
+      return absl::StrCat(pool.bytes, " bytes held in all (at most ", pool.max_bytes, ")");
+    }
+    if (const size_t held = it_held == held_.end() ? 0 : it_held->second.bytes; held + bytes > max_held_bytes_per_graph_) {
+      return absl::StrCat(held, " bytes held for the graph (at most ", max_held_bytes_per_graph_, ")");
+    }
+    auto peer = pool.by_peer.find(from);
+    if (const size_t held = peer == pool.by_peer.end() ? 0 : peer->second; held + bytes > max_held_bytes_per_peer_) {
+      return absl::StrCat(held, " bytes held from this sender (at most ", max_held_bytes_per_peer_, ")");
+    }
+    return "";
+  };
+  std::string why = over();
+  if (!why.empty()) {
+    DropStaleLocked(now);  // what was held too long goes first
+    it_held = held_.find(graph);
+    why = over();
   }
-  auto [slot, fresh] = held_.try_emplace(graph);
-  Held& held = slot->second;
-  if (fresh) held.since = now;
-  size_t& peer_bytes = held_by_peer_[from];
-  std::string over;
-  if (num_held_ >= kMaxHeldBatches) {
-    over = absl::StrCat(num_held_, " batches held in all (at most ", kMaxHeldBatches, ")");
-  } else if (held_bytes_ + bytes > max_held_bytes_) {
-    over = absl::StrCat(held_bytes_, " bytes held in all (at most ", max_held_bytes_, ")");
-  } else if (held.bytes + bytes > max_held_bytes_per_graph_) {
-    over = absl::StrCat(held.bytes, " bytes held for the graph (at most ", max_held_bytes_per_graph_, ")");
-  } else if (peer_bytes + bytes > max_held_bytes_per_peer_) {
-    over = absl::StrCat(peer_bytes, " bytes held from ", from, " (at most ", max_held_bytes_per_peer_, ")");
-  }
-  if (!over.empty()) {
-    const std::string why = absl::StrCat("a batch of ", bytes, " bytes from ", from,
-                                         " came before the graph was set up on this host and was dropped: ", over);
+  if (!why.empty()) {
+    why = absl::StrCat("a batch of ", bytes, " bytes from ", from,
+                       " came before the graph was set up on this host and was dropped: ", why);
     PW_LOG(Error) << "dataflow: graph '" << graph << "': " << why;
     LoseLocked(graph, from, batch, why);
     dropped_.fetch_add(1, std::memory_order_relaxed);
-    if (held.batches.empty()) held_.erase(graph);
-    if (peer_bytes == 0) held_by_peer_.erase(from);
     return;
   }
-  peer_bytes += bytes;
+  if (it_held == held_.end()) it_held = held_.emplace(graph, Held{&pool, {}, 0, now}).first;
+  Held& held = it_held->second;
+  pool.by_peer[from] += bytes;
   held.batches.push_back({from, std::move(batch), bytes});
   held.bytes += bytes;
-  held_bytes_ += bytes;
-  ++num_held_;
+  pool.bytes += bytes;
+  ++pool.batches;
 }
 
 }  // namespace pathways::dataflow

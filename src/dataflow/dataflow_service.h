@@ -27,12 +27,13 @@ int64_t PayloadBytes(const std::vector<Envelope>& batch);
 // epoch that lost a batch never ends, and what the batch carried never comes.
 struct LostEpochs {
   // At most this many epochs are listed; past it, every epoch from the smallest to the largest
-  // lost one counts (what a flood can make a host remember stays small).
+  // one lost counts (what a flood can make a host remember stays small). A merge of several
+  // senders' losses keeps each one's range.
   static constexpr size_t kMaxListed = 64;
   absl::flat_hash_set<int64_t> epochs;
-  int64_t range_first = 0, range_last = -1;  // empty while first > last
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // first, last
   std::string why;  // the first drop's reason; empty: nothing was lost
-  bool Has(int64_t epoch) const { return (epoch >= range_first && epoch <= range_last) || epochs.contains(epoch); }
+  bool Has(int64_t epoch) const;
   bool empty() const { return why.empty(); }
   void Add(int64_t epoch);
   void Add(const std::vector<Envelope>& batch, const std::string& reason);
@@ -44,8 +45,9 @@ struct LostEpochs {
 // independently, and a fast peer may send before this host has its engine. What is held is
 // bounded by count and by bytes: in all, per graph and per sending peer (peers cannot fill the
 // host's memory with batches for graphs nobody registers, and one peer cannot take the room of
-// the others). Past a bound a batch is dropped, and the graph's engine, when it comes, is told
-// which epochs lost a batch and why (AddEngine). Thread-safe.
+// the others). The island control graphs' batches have room of their own, so programs' batches
+// never crowd them out. Past a bound a batch is dropped, and the graph's engine, when it comes,
+// is told which epochs lost a batch and why (AddEngine). Thread-safe.
 class DataflowService final : public rpc::Dataflow::CallbackService {
  public:
   static constexpr size_t kMaxHeldBatches = 100000;
@@ -55,13 +57,15 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   static constexpr size_t kMaxHeldBytes = size_t{256} << 20;
   static constexpr size_t kMaxHeldBytesPerGraph = size_t{64} << 20;
   static constexpr size_t kMaxHeldBytesPerPeer = size_t{128} << 20;
+  // For the island control graphs' batches (a few hundred bytes each), apart from the rest.
+  static constexpr size_t kMaxHeldControlBytes = size_t{16} << 20;
   // A graph not registered this long after its first batch came will not be: when room is
   // needed, what it held goes.
   static constexpr absl::Duration kHoldFor = absl::Seconds(60);
   // Tests: lower byte bounds.
   void SetHoldLimits(size_t bytes, size_t bytes_per_graph, size_t bytes_per_peer) {
     absl::MutexLock lock(&mu_);
-    max_held_bytes_ = bytes;
+    programs_.max_bytes = bytes;
     max_held_bytes_per_graph_ = bytes_per_graph;
     max_held_bytes_per_peer_ = bytes_per_peer;
   }
@@ -87,13 +91,15 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   static constexpr size_t kRememberedRemoved = 4096;
   // Hands the engine what was held for its graph, and returns the epochs that lost a batch from
   // one of the graph's hosts before it came (batches from others cannot be the graph's). Losses
-  // are remembered for the last kRememberedLost graphs, from at most kMaxLostSenders hosts each.
-  static constexpr size_t kRememberedLost = 1024;
-  static constexpr size_t kMaxLostSenders = 64;
+  // are remembered for the last kRememberedLost graphs, from at most kMaxLostSenders senders
+  // each; those of any further sender count for every host (a flood of made-up senders must not
+  // push a real one out).
+  static constexpr size_t kRememberedLost = 256;
+  static constexpr size_t kMaxLostSenders = 16;
   [[nodiscard]] LostEpochs AddEngine(Engine* engine);
   // Graph names and senders' names are this long at most; a batch naming a longer graph is
-  // dropped, a longer sender's name is cut.
-  static constexpr size_t kMaxNameBytes = 1024;
+  // dropped (and not remembered), a longer sender's name is cut.
+  static constexpr size_t kMaxNameBytes = 256;
   void RemoveEngine(const std::string& graph);
   // Payload bytes of every envelope received, held or dropped ones too.
   int64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
@@ -129,25 +135,34 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
     std::vector<Envelope> envelopes;
     size_t bytes = 0;
   };
+  // What is held, in two pools: the island control graphs' and the rest.
+  struct Pool {
+    size_t batches = 0;
+    size_t bytes = 0;
+    size_t max_bytes = 0;
+    absl::flat_hash_map<std::string, size_t> by_peer;  // bytes held from each sender
+  };
   struct Held {
+    Pool* pool = nullptr;
     std::vector<HeldBatch> batches;
     size_t bytes = 0;
     absl::Time since;  // when its first batch came
   };
+  Pool& PoolOf(const std::string& graph) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops what has been held longer than kHoldFor for graphs that never came.
   void DropStaleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a held batch out of the per-peer count.
-  void ReleaseLocked(const HeldBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a graph's held batches out of its pool's counts.
+  void ReleaseLocked(const Held& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Remembers that `graph` lost `batch` from `from`, and why.
   void LoseLocked(const std::string& graph, const std::string& from, const std::vector<Envelope>& batch,
                   const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, size_t> held_by_peer_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::map<std::string, LostEpochs>> lost_ ABSL_GUARDED_BY(mu_);  // graph -> sender ->
+  Pool programs_ ABSL_GUARDED_BY(mu_){.max_bytes = kMaxHeldBytes};
+  Pool control_ ABSL_GUARDED_BY(mu_){.max_bytes = kMaxHeldControlBytes};
+  // Graph -> sender -> what it lost; kOtherSenders stands for senders past kMaxLostSenders.
+  static constexpr char kOtherSenders[] = "";
+  std::map<std::string, std::map<std::string, LostEpochs>> lost_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
-  size_t num_held_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t max_held_bytes_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytes;
   size_t max_held_bytes_per_graph_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerGraph;
   size_t max_held_bytes_per_peer_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerPeer;
   absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);

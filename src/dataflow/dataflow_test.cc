@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "dataflow/engine.h"
 #include "dataflow/dataflow_service.h"
+#include "dataflow/control_graph.h"
 #include "dataflow/grpc_transport.h"
 #include "testing/sparse_sum_graph.h"
 #include "gtest/gtest.h"
@@ -238,6 +239,24 @@ TEST(DataflowTest, APeerGetsItsShareOfTheHeldBytesAndAGraphHearsWhatItLost) {
   EXPECT_EQ(service.num_held_batches(), 2u);
   service.RemoveEngine(graph->name());
   pool.Shutdown();
+}
+
+// Programs' batches, however many, never take the room of the island control graphs' (a
+// control batch dropped would break the host's order).
+TEST(DataflowTest, ControlGraphsKeepTheirRoomWhenProgramsFillTheirs) {
+  DataflowService service;
+  service.SetHoldLimits(/*bytes=*/10000, /*bytes_per_graph=*/10000, /*bytes_per_peer=*/10000);
+  Envelope e;
+  e.payload.assign(3000, 'x');
+  for (int i = 0; i < 4; ++i) service.Receive("p", "program", {e});  // the 4th is past the bound
+  EXPECT_EQ(service.num_held_batches(), 3u);
+  service.Receive("p", absl::StrCat(kControlGraphPrefix, "0/incarnation/1"), {e});
+  EXPECT_EQ(service.num_held_batches(), 4u);
+  EXPECT_EQ(service.batches_dropped(), 1);
+  // Names past the bound are refused.
+  service.Receive("p", std::string(DataflowService::kMaxNameBytes + 1, 'g'), {Envelope{}});
+  EXPECT_EQ(service.num_held_batches(), 4u);
+  EXPECT_EQ(service.batches_dropped(), 2);
 }
 
 TEST(DataflowTest, LostEpochsPastTheListCountAsARange) {

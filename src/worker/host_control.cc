@@ -112,16 +112,15 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
   auto at = generations_.end();
   while (at != generations_.begin() && std::prev(at)->def.generation() > def.generation()) --at;
   generations_.insert(at, Generation{def, shard, engine});
-  // Hands over what came before the join. Control batches are a few hundred bytes: only a peer
-  // flooding this host with batches for graphs not set up here makes one be dropped. A lost one
+  // Hands over what came before the join. Control batches are a few hundred bytes, held apart
+  // from programs' (DataflowService): only a flood of batches for control graphs makes one be
+  // dropped. A lost one
   // may have held scheduled ops, whose place in the island's order is then unknown here, as with
   // an op that cannot be read.
-  if (dataflow::LostEpochs lost = options_.service->AddEngine(engine.get()); !lost.empty() && broken_.ok()) {
-    broken_ = absl::UnavailableError(absl::StrCat("host ", options_.host, ": control generation ", def.generation(),
-                                                  " lost batches before this host joined it (", lost.why,
-                                                  "), so ops of the island's order may never come; the host "
-                                                  "leaves the island"));
-    PW_LOG(Error) << broken_.message();
+  if (dataflow::LostEpochs lost = options_.service->AddEngine(engine.get()); !lost.empty()) {
+    BreakLocked(absl::StrCat("host ", options_.host, ": control generation ", def.generation(),
+                             " lost batches before this host joined it (", lost.why,
+                             "), so ops of the island's order may never come; the host leaves the island"));
   }
   engines_.Add(engine);
   // Graphs the controller no longer uses go (their stragglers are dropped by the service).
@@ -131,6 +130,12 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
     generations_.pop_front();
   }
   return absl::OkStatus();
+}
+
+void HostControl::BreakLocked(const std::string& why) {
+  if (!broken_.ok()) return;  // the first reason stands
+  broken_ = absl::UnavailableError(why);
+  PW_LOG(Error) << why;
 }
 
 absl::Status HostControl::Broken() {
@@ -144,13 +149,10 @@ void HostControl::OnScheduled(const std::string& controller_incarnation, const s
   absl::MutexLock lock(&mu_);
   if (shut_down_ || controller_incarnation != controller_incarnation_) return;  // from a controller gone since
   if (!readable) {
-    if (broken_.ok()) {
-      broken_ = absl::UnavailableError(absl::StrCat(
-          "host ", options_.host, ": a scheduled op from controller ", controller_incarnation,
-          " could not be read (", bytes.size(), " bytes), so its place in the island's order is unknown and every "
-          "later run here would wait for it; the host leaves the island"));
-      PW_LOG(Error) << broken_.message();
-    }
+    BreakLocked(absl::StrCat("host ", options_.host, ": a scheduled op from controller ", controller_incarnation,
+                             " could not be read (", bytes.size(),
+                             " bytes), so its place in the island's order is unknown and every later run here "
+                             "would wait for it; the host leaves the island"));
     return;
   }
   if (op.order() < next_order_) {
@@ -159,12 +161,8 @@ void HostControl::OnScheduled(const std::string& controller_incarnation, const s
   }
   const int64_t order = op.order();
   if (order != next_order_ && early_.size() >= kMaxEarlyOps) {
-    if (broken_.ok()) {
-      broken_ = absl::UnavailableError(absl::StrCat(
-          "host ", options_.host, ": scheduled op ", next_order_, " never came while ", early_.size(),
-          " later ones waited for it; the host leaves the island"));
-      PW_LOG(Error) << broken_.message();
-    }
+    BreakLocked(absl::StrCat("host ", options_.host, ": scheduled op ", next_order_, " never came while ",
+                             early_.size(), " later ones waited for it; the host leaves the island"));
     return;
   }
   early_.emplace(order, std::move(op));

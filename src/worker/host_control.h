@@ -87,6 +87,8 @@ class HostControl {
   int64_t next_report_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // see Broken()
+  // The island's order cannot go on here, for `why` (the first reason stands).
+  void BreakLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace pathways

@@ -183,6 +183,17 @@ void ObjectStore::DeliverTransfer(const std::string& client, const TransferId& i
   promise.Set(std::move(data));  // outside the lock: continuations may run inline
 }
 
+namespace {
+
+// Whether the transfer `key` (client, id) goes into nodes first..last of the client's run `epoch`.
+bool InRun(const std::pair<std::string, ObjectStore::TransferId>& key, const std::string& client, Epoch epoch,
+           int first_node, int last_node) {
+  return key.first == client && key.second.epoch == epoch && key.second.node >= first_node &&
+         key.second.node <= last_node;
+}
+
+}  // namespace
+
 int ObjectStore::FailUndeliveredTransfers(const std::string& client, Epoch epoch, int first_node, int last_node,
                                           const absl::Status& status) {
   std::vector<Promise<BufferPtr>> failed;
@@ -190,10 +201,7 @@ int ObjectStore::FailUndeliveredTransfers(const std::string& client, Epoch epoch
     absl::MutexLock lock(&mu_);
     absl::erase_if(transfers_, [&](auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const auto& [key, t] = entry;
-      if (key.first != client || key.second.epoch != epoch || key.second.node < first_node ||
-          key.second.node > last_node) {
-        return false;
-      }
+      if (!InRun(key, client, epoch, first_node, last_node)) return false;
       if (t.expected && !t.delivered) failed.push_back(std::move(entry.second.promise));
       unclaimed_bytes_ -= t.unclaimed_bytes;
       return true;
@@ -209,10 +217,7 @@ int ObjectStore::FailTransfersForGood(const std::string& client, Epoch epoch, in
   {
     absl::MutexLock lock(&mu_);
     for (auto& [key, t] : transfers_) {
-      if (key.first != client || key.second.epoch != epoch || key.second.node < first_node ||
-          key.second.node > last_node || !t.expected || t.delivered) {
-        continue;
-      }
+      if (!InRun(key, client, epoch, first_node, last_node) || !t.expected || t.delivered) continue;
       t.delivered = true;  // what comes later is a duplicate: dropped
       failed.push_back(std::move(t.promise));
     }

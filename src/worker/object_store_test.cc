@@ -114,6 +114,7 @@ TEST(ObjectStoreTest, TransfersFailedForGoodDropWhatComesForThemLater) {
   store.DeliverTransfer("c", {Epoch(7), 1, 0, 1, 0}, *device.Allocate(DType::kF32, {100}));
   EXPECT_EQ(store.unclaimed_bytes(), 0);
   EXPECT_FALSE(other_run.IsReady());
+  EXPECT_EQ(store.num_pending_transfers(), 2u);  // the failed one stays, holding nothing, with the other run's
   store.DropClient("c", absl::CancelledError("gone"));
   EXPECT_EQ(store.num_pending_transfers(), 0u);
 }
