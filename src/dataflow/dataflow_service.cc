@@ -150,20 +150,33 @@ void DataflowService::LoseLocked(const std::string& graph, const std::string& fr
 }
 
 void DataflowService::DropStaleLocked(absl::Time now) {
+  // Once a second at most: a flood past the bounds must not cost a scan of everything held per
+  // batch (nothing becomes stale much faster than that).
+  if (now < next_stale_scan_) return;
+  next_stale_scan_ = now + absl::Seconds(1);
+  const std::string why = absl::StrCat("its batches were held ", absl::FormatDuration(kHoldFor),
+                                       " for it to be set up on this host, then dropped");
+  size_t graphs = 0, batches = 0;
   for (auto it = held_.begin(); it != held_.end();) {
     if (now - it->second.since < kHoldFor) {
       ++it;
       continue;
     }
-    PW_LOG(Warning) << "dataflow: graph '" << it->first << "' never came in " << absl::FormatDuration(kHoldFor)
-                    << "; its " << it->second.batches.size() << " held batches dropped";
-    const std::string why = absl::StrCat("its batches were held ", absl::FormatDuration(kHoldFor),
-                                         " for it to be set up on this host, then dropped");
     ReleaseLocked(it->second);
     for (const HeldBatch& b : it->second.batches) LoseLocked(it->first, b.from, b.envelopes, why);
-    dropped_.fetch_add(static_cast<int64_t>(it->second.batches.size()), std::memory_order_relaxed);
+    ++graphs;
+    batches += it->second.batches.size();
     it = held_.erase(it);
   }
+  if (graphs == 0) return;
+  dropped_.fetch_add(static_cast<int64_t>(batches), std::memory_order_relaxed);
+  PW_LOG(Warning) << "dataflow: " << graphs << " graphs never came in " << absl::FormatDuration(kHoldFor) << "; their "
+                  << batches << " held batches dropped";
+}
+
+bool DataflowService::CountDrop() {
+  const int64_t n = dropped_.fetch_add(1, std::memory_order_relaxed) + 1;
+  return (n & (n - 1)) == 0;  // the 1st, 2nd, 4th, ...: a flood does not flood the log
 }
 
 size_t DataflowService::num_held_bytes() {
@@ -248,6 +261,7 @@ StreamListener::Protocol DataflowService::StreamProtocol() {
 
 void DataflowService::Receive(const std::string& sender, const std::string& graph, std::vector<Envelope> batch) {
   bytes_received_.fetch_add(PayloadBytes(batch), std::memory_order_relaxed);
+  if (batch.empty()) return;  // nothing to hand over
   const std::string from = sender.substr(0, kMaxNameBytes);
   absl::MutexLock lock(&mu_);
   auto it = engines_.find(graph);
@@ -258,12 +272,15 @@ void DataflowService::Receive(const std::string& sender, const std::string& grap
   }
   if (removed_.contains(graph)) return;  // a straggler of a graph that is done here
   if (graph.size() > kMaxNameBytes) {
-    PW_LOG(Error) << "dataflow: a batch from " << from << " names a graph of " << graph.size()
-                  << " bytes (at most " << kMaxNameBytes << "); dropped";
-    dropped_.fetch_add(1, std::memory_order_relaxed);
+    if (CountDrop()) {
+      PW_LOG(Error) << "dataflow: a batch from " << from << " names a graph of " << graph.size()
+                    << " bytes (at most " << kMaxNameBytes << "); dropped (" << batches_dropped() << " so far)";
+    }
     return;
   }
-  size_t bytes = 0;
+  // What holding it costs: its envelopes and payloads, and the batch itself (a flood of empty
+  // envelopes is not free).
+  size_t bytes = kHeldBatchOverhead + graph.size() + from.size();
   for (const Envelope& e : batch) bytes += sizeof(Envelope) + e.payload.size();
   const absl::Time now = absl::Now();
   Pool& pool = PoolOf(graph);
@@ -294,9 +311,8 @@ void DataflowService::Receive(const std::string& sender, const std::string& grap
   if (!why.empty()) {
     why = absl::StrCat("a batch of ", bytes, " bytes from ", from,
                        " came before the graph was set up on this host and was dropped: ", why);
-    PW_LOG(Error) << "dataflow: graph '" << graph << "': " << why;
     LoseLocked(graph, from, batch, why);
-    dropped_.fetch_add(1, std::memory_order_relaxed);
+    if (CountDrop()) PW_LOG(Error) << "dataflow: graph '" << graph << "': " << why << " (" << batches_dropped() << " so far)";
     return;
   }
   if (it_held == held_.end()) it_held = held_.emplace(graph, Held{&pool, {}, 0, now}).first;

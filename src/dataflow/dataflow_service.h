@@ -128,6 +128,10 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   class Reader;
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> dropped_{0};
+  // Counts a dropped batch; whether to log it.
+  bool CountDrop();
+  // What a held batch costs beyond its envelopes, names aside.
+  static constexpr size_t kHeldBatchOverhead = 64;
   absl::Mutex mu_;
   std::map<std::string, Engine*> engines_ ABSL_GUARDED_BY(mu_);
   struct HeldBatch {
@@ -163,6 +167,7 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   static constexpr char kOtherSenders[] = "";
   std::map<std::string, std::map<std::string, LostEpochs>> lost_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_stale_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t max_held_bytes_per_graph_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerGraph;
   size_t max_held_bytes_per_peer_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerPeer;
   absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
