@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace pathways {
 
@@ -65,6 +66,20 @@ absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time 
 absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, absl::Duration silence,
                                  const std::string& what, absl::Time by) {
   return Transfer(fd, data, len, write, absl::Now() + silence, silence, what, by);
+}
+
+absl::Status ReadFrameWhileMoving(int fd, std::string& into, size_t len, absl::Duration silence,
+                                  const std::string& what) {
+  constexpr size_t kPiece = size_t{1} << 20;
+  if (into.capacity() > 4 * kPiece && len <= kPiece) std::string().swap(into);
+  into.clear();
+  while (into.size() < len) {
+    const size_t at = into.size();
+    const size_t n = std::min(len - at, kPiece);
+    into.resize(at + n);
+    PW_RETURN_IF_ERROR(TransferWhileMoving(fd, into.data() + at, n, false, silence, what));
+  }
+  return absl::OkStatus();
 }
 
 void KeepAlive(int fd, int idle_ms) {

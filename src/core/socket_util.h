@@ -31,6 +31,12 @@ absl::Status TransferAll(int fd, char* data, size_t len, bool write, absl::Time 
 // given (a minimum speed, where one is wanted).
 absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, absl::Duration silence,
                                  const std::string& what, absl::Time by = absl::InfiniteFuture());
+// Reads a frame of `len` bytes into `into` (replacing what it held), as TransferWhileMoving does,
+// growing it with what arrives (1 MiB at a time) instead of reserving `len` at once: a peer that
+// announces a large frame and then stalls or trickles holds no more of this process's memory
+// than it sent. A large frame's room is let go once the next, smaller one is read.
+absl::Status ReadFrameWhileMoving(int fd, std::string& into, size_t len, absl::Duration silence,
+                                  const std::string& what);
 // A connection the peer closed (or broke) since it was last used.
 bool PeerClosed(int fd);
 // "ip:port" or "[ip6]:port".

@@ -108,9 +108,10 @@ LostEpochs DataflowService::AddEngine(Engine* engine) {
     if (auto l = lost_.find(graph); l != lost_.end()) {
       absl::flat_hash_set<std::string> hosts;
       for (const NodeDef& node : engine->graph().nodes()) hosts.insert(node.shard_hosts.begin(), node.shard_hosts.end());
-      for (const auto& [from, epochs] : l->second) {
-        if (from == kOtherSenders || hosts.contains(from)) lost.Merge(epochs);
+      for (const auto& [from, epochs] : l->second.senders) {
+        if (hosts.contains(from)) lost.Merge(epochs);
       }
+      if (!l->second.others.empty()) lost.Merge(l->second.others);
       lost_.erase(l);
       lost_order_.erase(std::find(lost_order_.begin(), lost_order_.end(), graph));
     }
@@ -138,9 +139,9 @@ void DataflowService::ReleaseLocked(const Held& held) {
 void DataflowService::LoseLocked(const std::string& graph, const std::string& from,
                                  const std::vector<Envelope>& batch, const std::string& why) {
   auto [it, fresh] = lost_.try_emplace(graph);
-  std::map<std::string, LostEpochs>& senders = it->second;
+  std::map<std::string, LostEpochs>& senders = it->second.senders;
   const bool listed = senders.contains(from) || senders.size() < kMaxLostSenders;
-  senders[listed ? from : std::string(kOtherSenders)].Add(batch, why);
+  (listed ? senders[from] : it->second.others).Add(batch, why);
   if (!fresh) return;
   lost_order_.push_back(graph);
   if (lost_order_.size() > kRememberedLost) {

@@ -163,9 +163,12 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
   Pool programs_ ABSL_GUARDED_BY(mu_){.max_bytes = kMaxHeldBytes};
   Pool control_ ABSL_GUARDED_BY(mu_){.max_bytes = kMaxHeldControlBytes};
-  // Graph -> sender -> what it lost; kOtherSenders stands for senders past kMaxLostSenders.
-  static constexpr char kOtherSenders[] = "";
-  std::map<std::string, std::map<std::string, LostEpochs>> lost_ ABSL_GUARDED_BY(mu_);
+  // What a graph lost, by sender; `others` for senders past kMaxLostSenders.
+  struct Losses {
+    std::map<std::string, LostEpochs> senders;
+    LostEpochs others;
+  };
+  std::map<std::string, Losses> lost_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
   absl::Time next_stale_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t max_held_bytes_per_graph_ ABSL_GUARDED_BY(mu_) = kMaxHeldBytesPerGraph;

@@ -259,6 +259,28 @@ TEST(DataflowTest, ControlGraphsKeepTheirRoomWhenProgramsFillTheirs) {
   EXPECT_EQ(service.batches_dropped(), 2);
 }
 
+// Strangers cannot push a real host's loss out of the record: senders past the list count for
+// every host.
+TEST(DataflowTest, LossesOfSendersPastTheListCountForEveryHost) {
+  DataflowService service;
+  service.SetHoldLimits(/*bytes=*/100000, /*bytes_per_graph=*/100000, /*bytes_per_peer=*/1);  // every batch dropped
+  auto graph = MakeSparseSumGraph({"p", "h", "h"});
+  auto batch = [](int64_t epoch) { return std::vector<Envelope>{Envelope{.epoch = epoch}}; };
+  for (size_t i = 0; i < DataflowService::kMaxLostSenders; ++i) {
+    service.Receive(absl::StrCat("stranger-", i), graph->name(), batch(1));
+  }
+  service.Receive("p", graph->name(), batch(9));
+  SparseSumResults results;
+  LocalTransport transport;
+  ThreadPool pool("h", 1);
+  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  const LostEpochs lost = service.AddEngine(engine.get());
+  EXPECT_TRUE(lost.Has(9));
+  EXPECT_FALSE(lost.Has(1));  // the strangers' own, listed, are not the graph's
+  service.RemoveEngine(graph->name());
+  pool.Shutdown();
+}
+
 TEST(DataflowTest, LostEpochsPastTheListCountAsARange) {
   LostEpochs lost;
   std::vector<Envelope> batch(LostEpochs::kMaxListed + 1);

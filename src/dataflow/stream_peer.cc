@@ -24,8 +24,6 @@ constexpr absl::Duration kReceiverIdle = absl::Minutes(8);  // twice StreamPeer:
 // A frame that stops coming halfway for this long: the sender is frozen or gone.
 constexpr absl::Duration kFrameSilence = absl::Seconds(30);
 constexpr absl::Duration kConnect = absl::Seconds(5);
-// A frame is read in pieces of at most this many bytes.
-constexpr size_t kReadPieceBytes = size_t{1} << 20;
 
 }  // namespace
 
@@ -87,18 +85,9 @@ void ServeDataflowStream(int fd, const StreamListener& listener,
                     << "); the connection closes";
       return;
     }
-    // The buffer grows with what comes, not with what the length announces: a sender that
-    // announces a large frame and then stalls or trickles holds no more memory than it sent.
-    body.clear();
-    while (body.size() < bytes) {
-      const size_t at = body.size();
-      const size_t n = std::min<size_t>(bytes - at, kReadPieceBytes);
-      body.resize(at + n);
-      if (absl::Status s = TransferWhileMoving(fd, body.data() + at, n, false, kFrameSilence, "dataflow batch");
-          !s.ok()) {
-        PW_LOG(Warning) << "dataflow stream: " << s << "; the connection closes";
-        return;
-      }
+    if (absl::Status s = ReadFrameWhileMoving(fd, body, bytes, kFrameSilence, "dataflow batch"); !s.ok()) {
+      PW_LOG(Warning) << "dataflow stream: " << s << "; the connection closes";
+      return;
     }
     std::string graph, from;
     std::vector<Envelope> envelopes;
@@ -107,7 +96,6 @@ void ServeDataflowStream(int fd, const StreamListener& listener,
       return;
     }
     receive(from, graph, std::move(envelopes));
-    if (body.capacity() > 4 * kReadPieceBytes) std::string().swap(body);  // a large frame's room goes with it
   }
 }
 

@@ -237,8 +237,7 @@ void ServeScheduleStream(int fd, const StreamListener& listener,
           absl::StrCat("a schedule request of ", bytes, " bytes (at most ", kMaxScheduleRequestBytes, ")"))));
       break;  // the stream is at an unknown place: it closes after this answer
     }
-    body.resize(bytes);
-    if (!TransferWhileMoving(fd, body.data(), bytes, false, kFrameSilence, "schedule request").ok()) break;
+    if (!ReadFrameWhileMoving(fd, body, bytes, kFrameSilence, "schedule request").ok()) break;
     rpc::ScheduleRequest request;
     if (!request.ParseFromString(body)) {
       answer(Future<Unit>::Ready(absl::InvalidArgumentError("a schedule request that does not parse")));
