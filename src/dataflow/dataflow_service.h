@@ -108,6 +108,12 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   // Batches dropped for a graph not registered here (past a bound, held too long, a name too
   // long); stragglers of removed graphs are not counted.
   int64_t batches_dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  // Waits until at least `n` batches were dropped (tests): whether they were within `timeout`.
+  bool WaitForDrops(int64_t n, absl::Duration timeout) {
+    auto enough = [this, n] { return batches_dropped() >= n; };
+    absl::MutexLock lock(&mu_);  // every drop is counted under mu_
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
   // Each peer's stream, read without a thread of its own (gRPC's callback API).
   grpc::ServerReadReactor<rpc::DataflowBatch>* Stream(grpc::CallbackServerContext* context,
                                                       rpc::DataflowAck* ack) override;

@@ -15,12 +15,21 @@
 namespace pathways::dataflow {
 namespace {
 
-TEST(DataflowTest, BatchesForAGraphNotYetHereAreHeldAndForOneGoneAreDropped) {
-  auto graph = MakeSparseSumGraph({"h", "h", "h"});
+// An engine of `graph` on host "h", as a service hands batches to; its pool stops first.
+struct LocalEngine {
+  explicit LocalEngine(std::shared_ptr<const GraphDef> graph)
+      : engine(std::make_shared<Engine>("h", std::move(graph), SparseSumOperators(results), transport, pool)) {}
+  ~LocalEngine() { pool.Shutdown(); }
   SparseSumResults results;
   LocalTransport transport;
-  ThreadPool pool("h", 1);
-  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  ThreadPool pool{"h", 1};
+  std::shared_ptr<Engine> engine;
+};
+
+TEST(DataflowTest, BatchesForAGraphNotYetHereAreHeldAndForOneGoneAreDropped) {
+  auto graph = MakeSparseSumGraph({"h", "h", "h"});
+  LocalEngine local(graph);
+  const std::shared_ptr<Engine>& engine = local.engine;
   DataflowService service;
   Envelope stray;
   stray.edge = -1;  // handled as an envelope on no edge: logged and ignored
@@ -31,7 +40,6 @@ TEST(DataflowTest, BatchesForAGraphNotYetHereAreHeldAndForOneGoneAreDropped) {
   service.RemoveEngine(graph->name());
   service.Receive("peer", graph->name(), {stray});
   EXPECT_EQ(service.num_held_batches(), 0u);  // a straggler: dropped
-  pool.Shutdown();
 }
 
 TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
@@ -52,10 +60,8 @@ TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
   EXPECT_LE(service.num_held_bytes(), 10000u);
   // Registering a graph hands its batches over and frees their room.
   auto graph = MakeSparseSumGraph({"h", "h", "h"});
-  SparseSumResults results;
-  LocalTransport transport;
-  ThreadPool pool("h", 1);
-  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  LocalEngine local(graph);
+  const std::shared_ptr<Engine>& engine = local.engine;
   Envelope stray;
   stray.edge = -1;  // handled as an envelope on no edge: logged and ignored
   service.Receive("peer", graph->name(), {stray});
@@ -63,7 +69,6 @@ TEST(DataflowTest, WhatIsHeldForUnknownGraphsIsBoundedInBytes) {
   (void)service.AddEngine(engine.get());
   EXPECT_EQ(service.num_held_batches(), 3u);
   service.RemoveEngine(graph->name());
-  pool.Shutdown();
 }
 
 // One peer cannot take the room of the others, and a graph that lost batches from one of its
@@ -89,10 +94,8 @@ TEST(DataflowTest, APeerGetsItsShareOfTheHeldBytesAndAGraphHearsWhatItLost) {
   EXPECT_EQ(service.num_held_batches(), 3u);
   for (int i = 0; i < 3; ++i) service.Receive("stranger", graph->name(), batch(5));  // not one of its hosts
 
-  SparseSumResults results;
-  LocalTransport transport;
-  ThreadPool pool("h", 1);
-  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  LocalEngine local(graph);
+  const std::shared_ptr<Engine>& engine = local.engine;
   const LostEpochs lost = service.AddEngine(engine.get());
   EXPECT_EQ(service.num_held_batches(), 0u);  // every held batch handed over
   EXPECT_TRUE(lost.Has(3));
@@ -107,7 +110,6 @@ TEST(DataflowTest, APeerGetsItsShareOfTheHeldBytesAndAGraphHearsWhatItLost) {
   service.Receive("p", "third", batch(7));
   EXPECT_EQ(service.num_held_batches(), 2u);
   service.RemoveEngine(graph->name());
-  pool.Shutdown();
 }
 
 // Programs' batches, however many, never take the room of the island control graphs' (a
@@ -139,15 +141,12 @@ TEST(DataflowTest, LossesOfSendersPastTheListCountForEveryHost) {
     service.Receive(absl::StrCat("stranger-", i), graph->name(), batch(1));
   }
   service.Receive("p", graph->name(), batch(9));
-  SparseSumResults results;
-  LocalTransport transport;
-  ThreadPool pool("h", 1);
-  auto engine = std::make_shared<Engine>("h", graph, SparseSumOperators(results), transport, pool);
+  LocalEngine local(graph);
+  const std::shared_ptr<Engine>& engine = local.engine;
   const LostEpochs lost = service.AddEngine(engine.get());
   EXPECT_TRUE(lost.Has(9));
   EXPECT_FALSE(lost.Has(1));  // the strangers' own, listed, are not the graph's
   service.RemoveEngine(graph->name());
-  pool.Shutdown();
 }
 
 TEST(DataflowTest, LostEpochsPastTheListCountAsARange) {
