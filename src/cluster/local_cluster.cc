@@ -1,10 +1,17 @@
 #include "cluster/local_cluster.h"
 
+#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
 namespace pathways {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
+  if (options.num_islands < 1 || options.hosts_per_island < 1 || options.devices_per_host < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("a local cluster needs at least one island, host per island and device "
+                                                   "per host; asked for ",
+                                                   options.num_islands, " islands of ", options.hosts_per_island,
+                                                   " hosts of ", options.devices_per_host, " devices"));
+  }
   std::unique_ptr<LocalCluster> cluster(new LocalCluster);
   cluster->options_ = options;
   ControllerOptions controller;

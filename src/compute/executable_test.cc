@@ -104,6 +104,30 @@ TEST_F(ExecutableTest, WrongOutputShapeAndRuntimeErrorsAreStatuses) {
   EXPECT_NE(s.message().find("'matmul' failed at run time"), std::string::npos) << s;
 }
 
+// A TorchScript body that raises as it runs is the user's error (InvalidArgument), and its
+// traceback names the file the source came from, at the file's line.
+TEST_F(ExecutableTest, ABodysRunTimeErrorNamesItsFileAndLine) {
+  FunctionBody body{FunctionBody::Kind::kTorchScript, "mixed", "\n\ndef mixed(v):\n    return torch.mm(v, v.double())\n"};
+  body.source_file = "/home/me/model.py";
+  auto exe = cache_.Compile(body);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  BufferPtr in = MakeF32({2, 2}, {1, 2, 3, 4});
+  BufferPtr out = *device_.Allocate(DType::kF32, {2, 2});
+  const DeviceBuffer* ins[] = {in.get()};
+  DeviceBuffer* outs[] = {out.get()};
+  absl::Status s = (*exe)->Run(ins, outs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("File \"/home/me/model.py\", line 4"), std::string::npos) << s;
+  // A body compiled without a file says "<string>"; the two are different functions.
+  FunctionBody unnamed = body;
+  unnamed.source_file.clear();
+  EXPECT_NE(FunctionKey(body), FunctionKey(unnamed));
+  auto bad = cache_.Compile({FunctionBody::Kind::kTorchScript, "f", "def f(v):\n    return v +\n", std::nullopt,
+                             "/home/me/broken.py"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("/home/me/broken.py"), std::string::npos) << bad.status();
+}
+
 
 // f(a, b, n) = (tanh(a) * b, sum(a)); n is an integer input with no gradient.
 constexpr char kTanhSource[] = "def f(a, b, n):\n    return torch.tanh(a) * b, a.sum() + n.sum().float()\n";
@@ -152,6 +176,10 @@ TEST_F(ExecutableTest, GradientMatchesTheDerivativeWorkedOutByHand) {
   ASSERT_TRUE(exe.ok()) << exe.status();
   EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey(TanhGradient({0, 1}, false)));
   EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey({FunctionBody::Kind::kTorchScript, "f", kTanhSource}));
+  // A plain body whose source ends in exactly what a gradient's key encodes after its source
+  // (wrt, then the specs) does not take the gradient's key: the source is length-prefixed.
+  EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)),
+            FunctionKey({FunctionBody::Kind::kTorchScript, "f", std::string(kTanhSource) + "|vjp+0:2,0,1[3(0(0(0[2(0(0"}));
   TanhCase c = MakeTanhCase();
   const DeviceBuffer* ins[] = {c.ba.get(), c.bb.get(), c.n.get(), c.dy1.get(), c.dy2.get()};
   DeviceBuffer* outs[] = {c.y1.get(), c.y2.get(), c.da.get(), c.db.get()};

@@ -37,7 +37,11 @@ std::string FunctionKey(const FunctionBody& body) {
   // SHA-256 of a length-prefixed encoding: hosts cache compiled functions by this key for every
   // tenant, so a tenant must not be able to make its body collide with another's (a fast
   // non-cryptographic hash would let it put its code in place of someone else's).
-  std::string encoded = absl::StrCat(static_cast<int>(body.kind), ":", body.name.size(), ":", body.name, ":", body.source);
+  // Every text is length-prefixed: a source ending in what a gradient's encoding appends (in a
+  // comment) must not give a plain body another body's key.
+  std::string encoded = absl::StrCat(static_cast<int>(body.kind), ":", body.name.size(), ":", body.name, ":",
+                                     body.source.size(), ":", body.source, ":", body.source_file.size(), ":",
+                                     body.source_file);
   if (body.gradient) {
     const FunctionBody::Gradient& g = *body.gradient;
     absl::StrAppend(&encoded, "|vjp", g.with_outputs ? "+" : "-", static_cast<int>(g.residuals), ":", g.wrt.size());

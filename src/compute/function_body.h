@@ -49,6 +49,9 @@ struct FunctionBody {
     bool operator==(const Gradient&) const = default;
   };
   std::optional<Gradient> gradient;
+  // The file the source was written in, which TorchScript's errors and tracebacks then name ("" for
+  // none: they say "<string>"); its lines are taken to be the source's.
+  std::string source_file;
 
   // How IR, traces and errors name the function: its name, or vjp(name) for a gradient
   // (vjp_forward(name) and vjp_backward(name) for the halves of a split one).

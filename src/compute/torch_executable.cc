@@ -1,6 +1,7 @@
 // The one place that turns DeviceBuffers into torch tensors. Buffers are viewed, not copied.
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/frontend/parser.h>
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/script.h>
@@ -131,8 +132,9 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
       return absl::Status(shard->first_error().code(), absl::StrCat("function '", name_, "' failed in a collective: ",
                                                                       shard->first_error().message()));
     }
-    return absl::InternalError(
-        absl::StrCat("function '", name_, "' failed at run time: ", e.what()));
+    // The body raised: an error of the user's function (a dtype it did not expect, an index out
+    // of range), as a Python function's exception would be, not of the runtime.
+    return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' failed at run time: ", e.what()));
   }
   return absl::OkStatus();
 }
@@ -213,7 +215,18 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
   }
   auto unit = std::make_shared<torch::jit::CompilationUnit>();
   try {
-    unit->define(c10::nullopt, body.source, std::make_shared<PathwaysResolver>(), nullptr);
+    // Parsed here rather than by define(source), which names every source "<string>": errors and
+    // tracebacks then point at the user's file and line.
+    torch::jit::Parser parser(std::make_shared<torch::jit::Source>(
+        body.source, body.source_file.empty() ? "<string>" : body.source_file, 1));
+    std::vector<torch::jit::Def> definitions;
+    std::vector<torch::jit::ResolverPtr> resolvers;
+    const auto resolver = std::make_shared<PathwaysResolver>();
+    while (parser.lexer().cur().kind != torch::jit::TK_EOF) {
+      definitions.emplace_back(parser.parseFunction(/*is_method=*/false));
+      resolvers.push_back(resolver);
+    }
+    unit->define(c10::nullopt, {}, {}, definitions, resolvers, nullptr);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("TorchScript function '", body.name,
                                                    "' failed to compile: ", e.what()));

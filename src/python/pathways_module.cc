@@ -132,17 +132,39 @@ struct FetchedBytes {
 struct PyArray {
   ShardedArray array;
   std::shared_ptr<PyClient> client;
-  // Ready()'s future, made at the first is_ready() and polled after.
+  // Ready()'s future, made at the first is_ready() or ready() and polled after.
   mutable std::optional<Future<Unit>> ready;
+  // Set once a wait for the array (ready(), fetch()) returned or raised: it is then settled
+  // whatever a poll of a newer future would say. Read and written with the GIL held.
+  mutable bool settled = false;
+  Future<Unit> Ready() const {
+    if (!ready) ready = client->get()->Ready(array);
+    return *ready;
+  }
 };
+
+// Waits for `future` of array `a`, and marks the array settled once the wait ends with a result
+// or the array's error (not when Ctrl-C ends it).
+template <typename T>
+T WaitSettling(const PyArray& a, Future<T> future) {
+  try {
+    T value = Wait(std::move(future));
+    a.settled = true;
+    return value;
+  } catch (const StatusError&) {
+    a.settled = true;
+    throw;
+  }
+}
 
 FunctionSpec ScriptSpec(const std::string& name, const std::string& source,
                         const std::vector<std::pair<std::string, Shape>>& inputs,
                         const std::vector<std::pair<std::string, Shape>>& outputs,
                         const std::vector<PartitionSpec>& in_shardings, const std::vector<PartitionSpec>& out_shardings,
-                        const std::vector<int>& donated) {
+                        const std::vector<int>& donated, const std::string& source_file) {
   FunctionSpec spec = FunctionSpec::Script(name, source, Specs(inputs), Specs(outputs), in_shardings, out_shardings);
   spec.donated_inputs = donated;
+  spec.body.source_file = source_file;
   return spec;
 }
 
@@ -214,27 +236,29 @@ PYBIND11_MODULE(_pathways, m) {
               const std::vector<std::pair<std::string, Shape>>& inputs,
               const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
               const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& donated,
-              std::optional<std::vector<int>> vjp_wrt, bool vjp_with_outputs) {
-             FunctionSpec spec = ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, donated);
+              std::optional<std::vector<int>> vjp_wrt, bool vjp_with_outputs, const std::string& source_file) {
+             FunctionSpec spec =
+                 ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, donated, source_file);
              if (vjp_wrt) spec = Value(FunctionSpec::Vjp(spec, *vjp_wrt, vjp_with_outputs));
              py::gil_scoped_release release;
              return Value(c.get()->Compile(spec));
            },
            py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
            py::arg("out_shardings"), py::arg("donated"), py::arg("vjp_wrt") = std::nullopt,
-           py::arg("vjp_with_outputs") = false)
+           py::arg("vjp_with_outputs") = false, py::arg("source_file") = "")
       .def("compile_split_vjp",
            [](PyClient& c, const std::string& name, const std::string& source,
               const std::vector<std::pair<std::string, Shape>>& inputs,
               const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
-              const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& wrt) {
-             FunctionSpec primal = ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, {});
+              const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& wrt,
+              const std::string& source_file) {
+             FunctionSpec primal = ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, {}, source_file);
              FunctionSpec::SplitVjp split = Value(FunctionSpec::VjpKeepingResiduals(primal, wrt));
              py::gil_scoped_release release;
              return std::make_pair(Value(c.get()->Compile(split.forward)), Value(c.get()->Compile(split.backward)));
            },
            py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
-           py::arg("out_shardings"), py::arg("wrt"))
+           py::arg("out_shardings"), py::arg("wrt"), py::arg("source_file") = "")
       .def("call",
            [](std::shared_ptr<PyClient> c, const CompiledFunction& f, const VirtualSlice& slice,
               const std::vector<std::shared_ptr<PyArray>>& args) {
@@ -288,15 +312,12 @@ PYBIND11_MODULE(_pathways, m) {
       .def("fetch",
            [](const PyArray& a) {
              // The fetched bytes, without a copy: torch.frombuffer shares them (core.py).
-             return std::make_shared<FetchedBytes>(Wait(a.client->get()->Fetch(a.array)));
+             return std::make_shared<FetchedBytes>(WaitSettling(a, a.client->get()->Fetch(a.array)));
            })
-      .def("ready", [](const PyArray& a) { Wait(a.client->get()->Ready(a.array)); })
-      .def("on_ready", [](const PyArray& a, py::function fn) { CallWhenReady(a.client->get()->Ready(a.array), std::move(fn)); })
-      .def("is_ready",
-           [](const PyArray& a) {
-             if (!a.ready) a.ready = a.client->get()->Ready(a.array);
-             return a.ready->IsReady();
-           })
+      .def("ready",
+ [](const PyArray& a) { WaitSettling(a, a.Ready()); })
+      .def("on_ready", [](const PyArray& a, py::function fn) { CallWhenReady(a.Ready(), std::move(fn)); })
+      .def("is_ready", [](const PyArray& a) { return a.settled || a.Ready().IsReady(); })
       .def("__repr__", [](const PyArray& a) { return a.array.ToString(); });
 
   py::class_<VirtualSlice>(m, "Slice")
@@ -393,9 +414,10 @@ PYBIND11_MODULE(_pathways, m) {
       return *trainer;
     }
   };
-  py::class_<Future<double>>(m, "LossFuture")
-      .def("result", [](const Future<double>& f) { return Wait(f); })
-      .def("done", &Future<double>::IsReady);
+  py::class_<Future<double>>(m, "LossFuture", "The future of a training step's mean loss (nats).")
+      .def("result", [](const Future<double>& f) { return Wait(f); },
+           "Waits for the step (Ctrl-C stops the wait) and returns its loss, or raises why it failed.")
+      .def("done", &Future<double>::IsReady, "Whether the step has finished (or failed), without waiting.");
   py::class_<PyTrainer, std::shared_ptr<PyTrainer>>(m, "Trainer")
       .def(py::init([](std::shared_ptr<PyClient> client, const std::string& model, int64_t batch, int64_t seq_len,
                        int64_t vocab, int64_t data_parallel, int64_t tensor_parallel, int64_t pipeline_stages,

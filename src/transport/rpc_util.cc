@@ -149,6 +149,7 @@ rpc::FunctionBodyProto ToProto(const FunctionBody& body) {
   proto.set_kind(static_cast<int>(body.kind));
   proto.set_name(body.name);
   proto.set_source(body.source);
+  proto.set_source_file(body.source_file);
   if (body.gradient) {
     rpc::GradientProto* g = proto.mutable_gradient();
     for (int i : body.gradient->wrt) g->add_wrt(i);
@@ -165,6 +166,7 @@ absl::StatusOr<FunctionBody> FromProto(const rpc::FunctionBodyProto& proto) {
   body.kind = static_cast<FunctionBody::Kind>(proto.kind());
   body.name = proto.name();
   body.source = proto.source();
+  body.source_file = proto.source_file();
   if (proto.has_gradient()) {
     FunctionBody::Gradient g;
     g.wrt.assign(proto.gradient().wrt().begin(), proto.gradient().wrt().end());

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Generator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -51,6 +51,8 @@ def _spec_of(entries: Sequence[str]) -> P:
 # ---- Clusters and clients ----
 
 def _bytes(size: Union[int, str]) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise InvalidArgumentError(f"a memory size is a number of bytes or a string such as '256MiB', not {size!r}")
     return size if isinstance(size, int) else _ext.parse_bytes(size)
 
 
@@ -163,6 +165,8 @@ class Client:
         """Places ``tensor`` on ``slice`` laid out by ``spec`` (copied once, before returning)."""
         if not isinstance(tensor, torch.Tensor):
             raise InvalidArgumentError(f"put takes a torch.Tensor, not {type(tensor).__name__}")
+        if not isinstance(slice, Slice):
+            raise InvalidArgumentError(f"put places a tensor on a Slice (client.slice), not {type(slice).__name__}")
         data = tensor.detach().to("cpu").contiguous()
         dtype = _dtype_name(data.dtype)
         # Bytes through a uint8 view: numpy knows no bfloat16, and booleans need no conversion.
@@ -192,7 +196,13 @@ class Client:
 def _as_spec(spec: Union[P, Sequence[Any], None]) -> P:
     if spec is None:
         return P()
-    return spec if isinstance(spec, P) else P(*spec)
+    if isinstance(spec, P):
+        return spec
+    if isinstance(spec, (list, tuple)):
+        return P(*spec)
+    # A string is a sequence too, but "xy" as P('x', 'y') would split two dimensions unasked.
+    raise InvalidArgumentError(f"a sharding is a pathways.P (one entry per dimension, e.g. P('x', None)), "
+                               f"not {spec!r}")
 
 
 class Array:
@@ -233,7 +243,7 @@ class Array:
         """Whether every shard is computed (or failed), without waiting."""
         return self._native.is_ready()
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, "Array"]:
         # No thread waits: the runtime wakes the event loop once every shard is computed (or
         # failed), and ready() then returns at once, or raises why.
         loop = asyncio.get_running_loop()

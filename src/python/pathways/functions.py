@@ -142,6 +142,7 @@ class Function:
         self._out = [_as_spec(s) for s in out_shardings] if out_shardings is not None else None
         self._donate = list(donate)
         self._vjp_of = vjp_of
+        self._scalar_output = False  # set for grad: the primal must return one scalar
         self._compiled: Dict[Any, Any] = {}
         self._source, self._file = _source_of(fn) if vjp_of is None else (None, None)
         if self._source is not None:
@@ -165,17 +166,19 @@ class Function:
         kwargs = {}
         if self._vjp_of is not None:
             kwargs = {"vjp_wrt": self._vjp_of[1] or [], "vjp_with_outputs": self._vjp_of[2]}
-        try:
-            shardings = ([s._runtime() for s in in_specs], [s._runtime() for s in out_specs])
-            if self._keeps_residuals():  # (forward half, backward half)
-                compiled = client.compile_split_vjp(primal.__name__, primal._source, primal_inputs, outputs,
-                                                    *shardings, self._vjp_of[1] or [])
-            else:
-                compiled = client.compile(primal.__name__, primal._source, primal_inputs, outputs, *shardings,
-                                          primal._donate if self._vjp_of is None else [], **kwargs)
-        except InvalidArgumentError as e:
-            # TorchScript names the source "<string>"; its lines are the file's (see _source_of).
-            raise InvalidArgumentError(str(e).replace('File "<string>"', f'File "{primal._file}"')) from None
+        if self._scalar_output and (len(outputs) != 1 or outputs[0][1] != []):
+            raise InvalidArgumentError(f"grad of '{primal.__name__}' needs a function with one scalar output; it "
+                                       f"returns {', '.join(f'{d}{s}' for d, s in outputs)} (use vjp)")
+        # The source's lines are the file's (see _source_of): TorchScript's errors and tracebacks,
+        # at compile time and at run time, name the user's file and line.
+        shardings = ([s._runtime() for s in in_specs], [s._runtime() for s in out_specs])
+        if self._keeps_residuals():  # (forward half, backward half)
+            compiled = client.compile_split_vjp(primal.__name__, primal._source, primal_inputs, outputs,
+                                                *shardings, self._vjp_of[1] or [], source_file=primal._file)
+        else:
+            compiled = client.compile(primal.__name__, primal._source, primal_inputs, outputs, *shardings,
+                                      primal._donate if self._vjp_of is None else [], source_file=primal._file,
+                                      **kwargs)
         self._compiled[key] = compiled
         return compiled
 
@@ -265,6 +268,7 @@ def grad(f: Function, argnums: Optional[Sequence[int]] = None) -> Callable[..., 
     returns the cotangents of inputs ``argnums`` (default: every floating-point input), one array
     each (a single array for one input), each laid out as its input."""
     g = vjp(f, wrt=argnums)
+    g._scalar_output = True
 
     def gradient(*args: Array, slice: Optional[Slice] = None) -> Any:
         if not args or not all(isinstance(a, Array) for a in args):
@@ -333,6 +337,10 @@ class Program:
             finally:
                 _BUILDER.reset(token)
             results = results if isinstance(results, tuple) else (results,)
+            wrong = [type(r).__name__ for r in results if not isinstance(r, _Traced)]
+            if wrong or not results:
+                raise InvalidArgumentError(f"program '{self.__name__}' must return what its function calls returned "
+                                           f"(one value or a tuple), not {', '.join(wrong) or 'an empty tuple'}")
             program = builder.build([r._native for r in results])
             self._traced[key] = program
         self._last = program

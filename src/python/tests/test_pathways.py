@@ -19,7 +19,8 @@ import pathways as pw
 from pathways import all_reduce as summed_over
 from pathways import P
 
-from bad_input import expect_bad_puts_and_slices_refused
+import checks
+from checks import expect_bad_puts_and_slices_refused, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -106,44 +107,8 @@ def test_outputs_shaped_by_collectives(client):
     torch.testing.assert_close(piece.fetch(), host * 4)
 
 
-def test_a_program_traces_once_and_runs_over_two_slices(client):
-    left, right = client.slice((4,)), client.slice((4,))
-
-    @pathways.function(in_shardings=[P("x", None), P()], out_shardings=[P("x", None)])
-    def mm(a, b):
-        return a @ b
-
-    @pathways.function(in_shardings=[P(None, "x")], out_shardings=[P(None, "x")])
-    def act(h):
-        return torch.tanh(h)
-
-    @pathways.program
-    def two_stage(a, b):
-        return act(mm(a, b), slice=right)
-
-    a, b = torch.rand(8, 4), torch.rand(4, 8)
-    fa, fb = client.put(a, left, P("x", None)), client.put(b, left)
-    for _ in range(2):
-        torch.testing.assert_close(two_stage(fa, fb).fetch(), torch.tanh(a @ b))
-    assert len(two_stage._traced) == 1
-    assert "mm" in two_stage.ir() and "act" in two_stage.ir()
 
 
-def test_vjp_matches_torch_autograd(client):
-    mesh = client.slice((2,))
-
-    @pathways.function(in_shardings=[P("x", None), P()], out_shardings=[P()])
-    def loss(x, w):
-        return pathways.all_reduce(((x @ w) ** 2).sum(), "x")
-
-    x, w = torch.rand(4, 3), torch.rand(3, 2)
-    grad = pathways.vjp(loss, wrt=[1], with_outputs=True)
-    value, dw = grad(client.put(x, mesh, P("x", None)), client.put(w, mesh), client.put(torch.tensor(1.0), mesh))
-    w_local = w.clone().requires_grad_(True)
-    expected = ((x @ w_local) ** 2).sum()
-    expected.backward()
-    torch.testing.assert_close(value.fetch(), expected.detach())
-    torch.testing.assert_close(dw.fetch(), w_local.grad)
 
 
 def test_vjp_keeping_residuals_matches_the_recomputing_one(client):
@@ -255,40 +220,6 @@ def test_roll_moves_each_shard_to_its_neighbour(client):
     torch.testing.assert_close(stencil(client.put(host, mesh, P("x"))).fetch(), want)
 
 
-def test_arrays_are_awaitable(client):
-    mesh = client.slice((2,))
-
-    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
-    def double(v):
-        return v * 2
-
-    async def main():
-        a = await double(client.put(torch.ones(4), mesh, P("x")))
-        return a.fetch()
-
-    torch.testing.assert_close(asyncio.run(main()), torch.full((4,), 2.0))
-
-    # Many awaited at once hold no thread each (no executor: the runtime wakes the loop).
-    threads = threading.active_count()
-
-    async def many():
-        arrays = [double(client.put(torch.full((4,), float(i)), mesh, P("x"))) for i in range(32)]
-        done = await asyncio.gather(*arrays)
-        assert threading.active_count() == threads
-        return [a.fetch() for a in done]
-
-    for i, got in enumerate(asyncio.run(many())):
-        torch.testing.assert_close(got, torch.full((4,), 2.0 * i))
-
-    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")])
-    def out_of_range(v):
-        return v + v[torch.tensor([10])]
-
-    async def failing():
-        await out_of_range(client.put(torch.ones(4), mesh, P("x")))
-
-    with pytest.raises(pathways.Error, match="out_of_range|index"):
-        asyncio.run(failing())
 
 
 def test_all_to_all_and_broadcast_match_torch(client):
@@ -415,32 +346,8 @@ def test_the_readmes_example_runs_and_prints_what_it_says(tmp_path):
     assert "%1 = normalise(%0) on slice" in out, out  # the program's IR: two calls
 
 
-def test_grad_of_a_scalar_function(client):
-    mesh = client.slice((2,))
-
-    @pathways.function(in_shardings=[P("x"), P()], out_shardings=[P()])
-    def loss(x, w):
-        return pathways.all_reduce((x * w).pow(2).sum(), "x")
-
-    x, w = torch.rand(4), torch.rand(())
-    dx, dw = pathways.grad(loss)(client.put(x, mesh, P("x")), client.put(w, mesh))
-    torch.testing.assert_close(dx.fetch(), 2 * x * w * w)
-    torch.testing.assert_close(dw.fetch(), (2 * x * x * w).sum())
 
 
-def test_a_donated_array_is_updated_in_place_and_spent(client):
-    mesh = client.slice((2,))
-
-    @pathways.function(in_shardings=[P("x")], out_shardings=[P("x")], donate=(0,))
-    def increment(p):
-        p.add_(1.0)
-        return p
-
-    p = client.put(torch.zeros(4), mesh, P("x"))
-    q = increment(p)
-    torch.testing.assert_close(q.fetch(), torch.ones(4))
-    with pytest.raises(pathways.InvalidArgumentError, match="donated"):
-        p.fetch()
 
 
 def test_ctrl_c_stops_a_wait_and_the_cluster_serves_on(client):
@@ -464,33 +371,10 @@ def test_ctrl_c_stops_a_wait_and_the_cluster_serves_on(client):
 
 
 
-def _device_memory_used(client):
-    text = client._native.describe()
-    return sum(int(m) for m in re.findall(r"memory (\d+) /", text))
 
 
-def _wait_for(condition, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:  # bounded poll: heartbeats carry the workers' memory
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
-def test_dropping_the_last_reference_frees_the_shards():
-    import gc
-    # A cluster of its own: no other test's arrays come and go on its devices meanwhile.
-    with pathways.LocalCluster(islands=1, hosts_per_island=1, devices_per_host=2, device_memory="64MiB") as cluster:
-        client = cluster.connect()
-        mesh = client.slice((2,))
-        a = client.put(torch.zeros(1 << 22), mesh, P("x"))  # 16 MiB over two devices
-        a.ready()
-        assert _wait_for(lambda: _device_memory_used(client) >= 16 << 20), _device_memory_used(client)
-        del a
-        gc.collect()
-        assert _wait_for(lambda: _device_memory_used(client) == 0), _device_memory_used(client)
-        client.close()
 
 
 def test_closing_a_client_while_other_threads_call_it(cluster):
@@ -533,7 +417,7 @@ def test_a_function_follows_its_arrays_to_a_new_client_and_is_ready_turns_true(c
             mesh = client.slice((2,))
             y = twice(client.put(torch.ones(2), mesh, P("x")))
             torch.testing.assert_close(y.fetch(), torch.full((2,), 2.0))
-            assert _wait_for(y.is_ready)
+            assert wait_for(y.is_ready)
     assert len(twice._compiled) == 3
 
 
@@ -544,3 +428,40 @@ def test_a_trainer_refuses_to_step_once_its_client_is_closed(cluster):
     client.close()
     with pytest.raises(pathways.FailedPreconditionError, match="closed"):
         trainer.step()
+
+
+# The checks every cluster must pass (checks.py), here on an embedded one.
+
+def test_a_program_traces_once_and_runs_over_two_slices(client):
+    checks.check_a_program_over_two_slices(client)
+
+
+def test_vjp_and_grad_match_torch_autograd(client):
+    checks.check_vjp_and_grad(client)
+
+
+def test_a_donated_array_is_updated_in_place_and_spent(client):
+    checks.check_donation(client)
+
+
+def test_arrays_are_awaitable(client):
+    checks.check_awaiting_arrays(client)
+
+
+def test_a_function_failing_at_run_time_names_its_line(client):
+    checks.check_a_function_failing_at_run_time_names_the_line(client)
+
+
+def test_dropping_the_last_reference_frees_the_shards():
+    # A cluster of its own: no other test's arrays come and go on its devices meanwhile.
+    with pathways.LocalCluster(islands=1, hosts_per_island=1, devices_per_host=2, device_memory="64MiB") as cluster:
+        with cluster.connect() as client:
+            checks.check_dropping_the_last_reference_frees_the_shards(client)
+
+
+def test_bad_cluster_shapes_and_sizes_are_refused():
+    for shape in [dict(islands=0), dict(islands=-1), dict(hosts_per_island=0), dict(devices_per_host=0)]:
+        with pytest.raises(pathways.InvalidArgumentError, match="at least one"):
+            pathways.LocalCluster(**shape)
+    with pytest.raises(pathways.InvalidArgumentError, match="memory size"):
+        pathways.LocalCluster(device_memory=1.5)

@@ -1,7 +1,8 @@
 """The Python front-end against clusters of real processes: a controller and workers started from
-the `pathways` binary, with a token. Results against torch, every bad input raising its class with
-the processes serving on, a stranger without the token, a tenant kept out of another's arrays, and
-a worker that dies under a client."""
+the `pathways` binary, with a token. Results against torch (functions, programs, gradients,
+donation, awaiting, freeing, training against an embedded cluster), every bad input raising its
+class with the processes serving on, a stranger without the token, a tenant kept out of another's
+arrays, and a worker that dies under a client."""
 
 import json
 import os
@@ -21,7 +22,8 @@ os.environ["PATHWAYS_TOKEN"] = TOKEN
 import pathways  # noqa: E402
 from pathways import P  # noqa: E402
 
-from bad_input import expect_bad_puts_and_slices_refused  # noqa: E402
+import checks  # noqa: E402
+from checks import expect_bad_puts_and_slices_refused  # noqa: E402
 
 BINARY = os.environ.get("PATHWAYS_BINARY")
 pytestmark = pytest.mark.skipif(not BINARY, reason="PATHWAYS_BINARY is not set (ctest sets it)")
@@ -117,7 +119,7 @@ def test_bad_input_raises_its_class_and_the_processes_serve_on(processes, client
     def add(a, b):
         return a + b
 
-    with pytest.raises(pathways.Error):  # shapes that do not broadcast: the run fails on the workers
+    with pytest.raises(pathways.InvalidArgumentError):  # shapes that do not broadcast
         add(client.put(torch.zeros(4), mesh, P("x")), client.put(torch.zeros(6), mesh, P("x"))).fetch()
 
     # The workers serve on, this client and a new one.
@@ -211,3 +213,41 @@ def test_a_worker_that_dies_fails_its_arrays_unavailable_and_the_other_serves_on
                 client.slice((4,))
     finally:
         cluster.close()
+
+
+# The checks every cluster must pass (checks.py), here on real processes.
+
+def test_a_program_traces_once_and_runs_over_two_slices(client):
+    checks.check_a_program_over_two_slices(client)
+
+
+def test_vjp_and_grad_match_torch_autograd(client):
+    checks.check_vjp_and_grad(client)
+
+
+def test_a_donated_array_is_updated_in_place_and_spent(client):
+    checks.check_donation(client)
+
+
+def test_arrays_are_awaitable(client):
+    checks.check_awaiting_arrays(client)
+
+
+def test_a_function_failing_at_run_time_names_its_line(client):
+    checks.check_a_function_failing_at_run_time_names_the_line(client)
+
+
+def test_dropping_the_last_reference_frees_the_shards(client):
+    checks.check_dropping_the_last_reference_frees_the_shards(client)
+
+
+def test_training_has_the_losses_of_an_embedded_cluster(client):
+    # Two workers of two devices each, as the embedded cluster beside it.
+    on_processes = checks.train_losses(client)
+    with pathways.LocalCluster(islands=1, hosts_per_island=2, devices_per_host=2, device_memory="64MiB") as cluster:
+        with cluster.connect() as embedded:
+            in_process = checks.train_losses(embedded)
+    assert len(on_processes) == 3
+    for a, b in zip(on_processes, in_process):
+        assert abs(a - b) <= 1e-5 * b, (on_processes, in_process)
+    assert on_processes[-1] < on_processes[0]
