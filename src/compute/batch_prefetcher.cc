@@ -20,7 +20,7 @@ BatchPrefetcher& BatchPrefetcher::Global() {
   return *prefetcher;
 }
 
-void BatchPrefetcher::Get(const std::string& key, uint64_t step, size_t n, const Draw& draw, int64_t* out) {
+absl::Status BatchPrefetcher::Get(const std::string& key, uint64_t step, size_t n, const Draw& draw, int64_t* out) {
   std::shared_ptr<Batch> ahead;
   {
     absl::MutexLock lock(&mu_);
@@ -39,17 +39,17 @@ void BatchPrefetcher::Get(const std::string& key, uint64_t step, size_t n, const
   }
   if (ahead != nullptr) {
     std::memcpy(out, ahead->tokens.data(), n * sizeof(int64_t));
-  } else {
-    draw(step, out);
+  } else if (absl::Status drawn = draw(step, out); !drawn.ok()) {
+    return drawn;  // nothing is drawn ahead of a step that failed
   }
   // Step + 1, for the host thread, if it fits.
   const size_t bytes = n * sizeof(int64_t);
-  if (bytes > max_bytes_ / 4) return;
+  if (bytes > max_bytes_ / 4) return absl::OkStatus();
   auto next = std::make_shared<Batch>();
   next->step = step + 1;
   next->n = n;
   absl::MutexLock lock(&mu_);
-  if (stopping_) return;
+  if (stopping_) return absl::OkStatus();
   if (auto old = ahead_.find(key); old != ahead_.end()) {
     bytes_ -= old->second->n * sizeof(int64_t);
     old->second = next;
@@ -66,6 +66,7 @@ void BatchPrefetcher::Get(const std::string& key, uint64_t step, size_t n, const
     ahead_.erase(oldest);
   }
   jobs_.push_back({key, std::move(next), draw});
+  return absl::OkStatus();
 }
 
 void BatchPrefetcher::Run() {
@@ -91,8 +92,9 @@ void BatchPrefetcher::Run() {
       }
     }
     job.batch->tokens.resize(job.batch->n);
-    job.draw(job.batch->step, job.batch->tokens.data());
+    const bool drawn = job.draw(job.batch->step, job.batch->tokens.data()).ok();
     absl::MutexLock lock(&mu_);
+    job.batch->dropped = !drawn;  // its caller draws it again, and reports why that failed
     job.batch->ready = true;
   }
 }

@@ -6,6 +6,8 @@
 // What is held ahead is bounded in bytes as well as in batches, and host memory outside every
 // device's budget: a batch larger than a quarter of the bound is not drawn ahead, the batches
 // unused longest make room, and a batch dropped before its draw is drawn by its caller instead.
+// A draw may fail (a data file that changed): one that failed ahead is drawn again by its caller,
+// whose own failure is then the step's.
 // Torch-free; the data ops of the compute layer use it.
 #pragma once
 
@@ -18,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 
 namespace pathways {
@@ -25,8 +28,8 @@ namespace pathways {
 // Thread-safe. One per process (Global()); tests make their own.
 class BatchPrefetcher {
  public:
-  // Fills `out` (n tokens) with step `step` of the batch `key` names.
-  using Draw = std::function<void(uint64_t step, int64_t* out)>;
+  // Fills `out` (n tokens) with step `step` of the batch `key` names, or says why it could not.
+  using Draw = std::function<absl::Status(uint64_t step, int64_t* out)>;
 
   explicit BatchPrefetcher(size_t max_batches = 256, size_t max_bytes = size_t{256} << 20);
   ~BatchPrefetcher();
@@ -34,8 +37,8 @@ class BatchPrefetcher {
 
   // Step `step` of the batch `key` names (a source and the shard's part of its batch), `n`
   // tokens, into `out`: taken from the prefetched draw when there is one, else drawn here. Then
-  // the draw of step + 1 is queued for the host thread.
-  void Get(const std::string& key, uint64_t step, size_t n, const Draw& draw, int64_t* out);
+  // the draw of step + 1 is queued for the host thread. Fails as the draw here failed.
+  absl::Status Get(const std::string& key, uint64_t step, size_t n, const Draw& draw, int64_t* out);
 
   struct Stats {
     int64_t hits = 0;    // steps found drawn (or being drawn) ahead
@@ -49,7 +52,7 @@ class BatchPrefetcher {
     uint64_t step = 0;
     size_t n = 0;
     bool ready = false;    // set under mu_ once drawn, or dropped; `tokens` never changes after
-    bool dropped = false;  // made room for others before its draw: its caller draws it
+    bool dropped = false;  // made room for others before its draw, or its draw failed: its caller draws it
     std::vector<int64_t> tokens;
   };
   struct Job {

@@ -99,6 +99,8 @@ TextSource::~TextSource() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+std::string TextSource::identity() const { return absl::StrCat(device_, ":", inode_, ":", size_, ":", path_); }
+
 absl::Status TextSource::Sample(uint64_t seed, uint64_t step, int64_t first, int64_t count, int64_t length,
                                 int64_t* out) const {
   const uint64_t span = static_cast<uint64_t>(size_);

@@ -30,6 +30,8 @@ class TextSource {
 
   int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The file as opened: its device, inode and size, and its path (a cache key for its batches).
+  std::string identity() const;
   // Sequences first .. first + count - 1 of batch `step` under `seed`, each `length` tokens,
   // row-major into `out`. A sequence longer than the file wraps around to its start. DataLoss if
   // the file shrank since it was opened.

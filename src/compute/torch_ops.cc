@@ -133,12 +133,14 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
   const std::string key = absl::StrCat("markov/", vocab, "/", chain_seed, "/", sharpness, "/", data_seed, "/", first,
                                        "/", batch, "/", length);
   std::shared_ptr<const MarkovSource> chain = *source;
-  BatchPrefetcher::Global().Get(
+  const absl::Status drawn = BatchPrefetcher::Global().Get(
       key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
       [chain, data_seed, first, batch, length](uint64_t s, int64_t* tokens) {
         chain->Sample(static_cast<uint64_t>(data_seed), s, first, batch, length, tokens);
+        return absl::OkStatus();
       },
       out.data_ptr<int64_t>());
+  TORCH_CHECK(drawn.ok(), "markov_tokens: ", drawn.message());
   return out;
 }
 
@@ -151,8 +153,17 @@ at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t s
   if (!source.ok()) OpFailure() = source.status();
   TORCH_CHECK(source.ok(), "text_tokens: ", source.status().message());
   at::Tensor out = torch::empty({batch, length}, at::kLong);
-  const absl::Status sampled = (*source)->Sample(static_cast<uint64_t>(seed), static_cast<uint64_t>(step), first,
-                                                 batch, length, out.data_ptr<int64_t>());
+  // Drawn ahead as markov_tokens' batches are. The key names the file as opened (device, inode,
+  // size), so a file replaced meanwhile is not read from a batch drawn from its predecessor; one
+  // rewritten in place may give a batch drawn ahead from its bytes of a step before.
+  std::shared_ptr<const TextSource> text = *source;
+  const std::string key = absl::StrCat("text/", text->identity(), "/", seed, "/", first, "/", batch, "/", length);
+  const absl::Status sampled = BatchPrefetcher::Global().Get(
+      key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
+      [text, seed, first, batch, length](uint64_t s, int64_t* tokens) {
+        return text->Sample(static_cast<uint64_t>(seed), s, first, batch, length, tokens);
+      },
+      out.data_ptr<int64_t>());
   if (!sampled.ok()) OpFailure() = sampled;
   TORCH_CHECK(sampled.ok(), "text_tokens: ", sampled.message());
   return out;

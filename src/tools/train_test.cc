@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -21,7 +22,8 @@ absl::Status Train(std::vector<std::string> args) {
   for (std::string& a : args) argv.push_back(a.data());
   auto flags = Flags::Parse(static_cast<int>(argv.size()), argv.data(),
                             {"model", "steps", "batch", "seq-len", "data-parallel", "pipeline-stages", "microbatches",
-                             "islands", "metrics-jsonl", "device-memory", "save", "save-every", "resume"});
+                             "islands", "metrics-jsonl", "device-memory", "save", "save-every", "resume", "seed",
+                             "trace", "data"});
   if (!flags.ok()) return flags.status();
   return RunTrain(*flags);
 }
@@ -112,6 +114,50 @@ TEST_F(TrainCommandTest, MetricsHaveALinePerStep) {
     EXPECT_TRUE(absl::StrContains(line, "\"tokens_per_s\": ")) << line;
   }
   EXPECT_EQ(lines, 3);
+}
+
+// The losses a run's --metrics-jsonl recorded.
+std::vector<double> LossesIn(const std::string& path) {
+  std::vector<double> losses;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("\"loss\": ");
+    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 8)));
+  }
+  return losses;
+}
+
+// --seed picks the run (the same seed, the same losses; another, others), --trace writes the
+// devices' work as trace events, and --data reads a text file of the user's (bytes as tokens).
+TEST_F(TrainCommandTest, SeedTraceAndATextFileFromTheCommandLine) {
+  auto run = [&](const std::string& name, std::vector<std::string> more) {
+    std::vector<std::string> args = {"--model", "tiny", "--steps", "3", "--batch", "4", "--seq-len", "8",
+                                      "--metrics-jsonl", dir_ + "/" + name};
+    args.insert(args.end(), more.begin(), more.end());
+    absl::Status s = Train(args);
+    EXPECT_TRUE(s.ok()) << name << ": " << s;
+    return LossesIn(dir_ + "/" + name);
+  };
+  const std::vector<double> a = run("a.jsonl", {"--seed", "4", "--trace", dir_ + "/trace.json"});
+  const std::vector<double> again = run("again.jsonl", {"--seed", "4"});
+  const std::vector<double> other = run("other.jsonl", {"--seed", "5"});
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, again);
+  EXPECT_NE(a, other);
+  std::ifstream trace(dir_ + "/trace.json");
+  const std::string events((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(absl::StrContains(events, "\"traceEvents\"")) << events.substr(0, 200);
+  EXPECT_TRUE(absl::StrContains(events, "\"ph\": \"X\"") || absl::StrContains(events, "\"ph\":\"X\""))
+      << events.substr(0, 200);
+
+  {
+    std::ofstream text(dir_ + "/text.txt");
+    for (int i = 0; i < 100; ++i) text << "abcabcabd ";
+  }
+  const std::vector<double> text = run("text.jsonl", {"--data", dir_ + "/text.txt"});
+  ASSERT_EQ(text.size(), 3u);
+  EXPECT_NEAR(text[0], std::log(256.0), 0.1);  // bytes as tokens: a vocabulary of 256
 }
 
 }  // namespace

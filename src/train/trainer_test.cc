@@ -67,7 +67,8 @@ std::string* TrainerTest::data_dir_ = nullptr;
 // The same global batch and seed give the same losses, within float rounding, on one device and
 // split every way: data parallel, tensor parallel, a pipeline of two stages with four
 // microbatches (its first stage keeping its residuals, or recomputing them), two stages on two
-// islands with the data axis in each, and all three at once.
+// islands with the data axis in each, all three at once (with two and four microbatches), and one
+// data axis over both islands.
 TEST_F(TrainerTest, EveryParallelismComputesTheSameLosses) {
   constexpr int kSteps = 3;
   auto base = Losses(Tiny(), kSteps);
@@ -88,6 +89,10 @@ TEST_F(TrainerTest, EveryParallelismComputesTheSameLosses) {
       {"S=2 M=4 recomputing", {.stages = 2}, 4, 1, true},
       {"D=2 S=2 over two islands", {.data = 2, .stages = 2}, 1, 2},
       {"D=2 T=2 S=2 M=2", {.data = 2, .tensor = 2, .stages = 2}, 2, 1},
+      {"D=2 T=2 S=2 M=4", {.data = 2, .tensor = 2, .stages = 2}, 4, 1},
+      // One stage whose data axis spans both islands (4 devices each): gradients all_reduced
+      // across the islands, the paper's two-island data parallelism.
+      {"D=8 spanning two islands", {.data = 8}, 1, 2},
   };
   for (const Case& c : cases) {
     TrainOptions o = Tiny();
@@ -111,6 +116,7 @@ TEST_F(TrainerTest, AShortRunComesWithinTenPercentOfTheEntropy) {
   o.layout.data = 2;
   auto client = cluster_->Connect();
   ASSERT_TRUE(client.ok());
+  const BatchPrefetcher::Stats before = BatchPrefetcher::Global().stats();
   auto trainer = Trainer::Create(**client, o);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   std::vector<Future<double>> losses;
@@ -119,8 +125,9 @@ TEST_F(TrainerTest, AShortRunComesWithinTenPercentOfTheEntropy) {
   for (int i = 260; i < 300; ++i) last += *losses[i].Await() / 40;
   const double entropy = (*trainer)->entropy();
   // The batches were drawn ahead, on the hosts' prefetch thread, while earlier steps computed.
-  const BatchPrefetcher::Stats prefetched = BatchPrefetcher::Global().stats();
-  EXPECT_GT(prefetched.hits, prefetched.misses) << prefetched.hits << " hits, " << prefetched.misses << " misses";
+  const BatchPrefetcher::Stats after = BatchPrefetcher::Global().stats();
+  EXPECT_GT(after.hits - before.hits, after.misses - before.misses)
+      << after.hits - before.hits << " hits, " << after.misses - before.misses << " misses";
   EXPECT_LT(last, 1.1 * entropy) << "first " << *losses[0].Await() << ", last 40 steps " << last << ", entropy "
                                  << entropy;
   EXPECT_GT(last, 0.95 * entropy);
@@ -140,8 +147,13 @@ TEST_F(TrainerTest, ATextFileOfTheUsersIsTheData) {
   o.text_file = path;
   o.adam.learning_rate = 1e-2;
   o.layout.data = 2;
+  const BatchPrefetcher::Stats before = BatchPrefetcher::Global().stats();
   auto losses = Losses(o, 150);
   ASSERT_TRUE(losses.ok()) << losses.status();
+  // Drawn ahead on the hosts as the Markov batches are (one draw per shard where a run begins).
+  const BatchPrefetcher::Stats after = BatchPrefetcher::Global().stats();
+  EXPECT_GT(after.hits - before.hits, 10 * (after.misses - before.misses))
+      << after.hits - before.hits << " hits, " << after.misses - before.misses << " misses";
   EXPECT_NEAR(losses->front(), std::log(256.0), 0.05);
   EXPECT_LT(losses->back(), 0.25 * std::log(256.0)) << "first " << losses->front();
 
