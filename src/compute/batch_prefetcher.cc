@@ -93,6 +93,7 @@ void BatchPrefetcher::Run() {
     }
     job.batch->tokens.resize(job.batch->n);
     const bool drawn = job.draw(job.batch->step, job.batch->tokens.data()).ok();
+    if (!drawn) std::vector<int64_t>().swap(job.batch->tokens);  // holds nothing until replaced
     absl::MutexLock lock(&mu_);
     job.batch->dropped = !drawn;  // its caller draws it again, and reports why that failed
     job.batch->ready = true;

@@ -49,6 +49,12 @@ absl::Status AllowDataDirectory(const std::string& directory) {
   return absl::OkStatus();
 }
 
+namespace {
+
+int64_t ModifiedNs(const struct stat& st) { return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec; }
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const TextSource>> TextSource::Open(const std::string& path) {
   auto outside = [&] {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -72,7 +78,8 @@ absl::StatusOr<std::shared_ptr<const TextSource>> TextSource::Open(const std::st
   if (stat(resolved->c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("data file ", path, ": ", std::strerror(errno)));
   static auto* open = new std::map<std::string, std::shared_ptr<const TextSource>>();
   auto& source = (*open)[*resolved];
-  if (source != nullptr && source->device_ == st.st_dev && source->inode_ == st.st_ino && source->size_ == st.st_size) {
+  if (source != nullptr && source->device_ == st.st_dev && source->inode_ == st.st_ino && source->size_ == st.st_size &&
+      source->modified_ns_ == ModifiedNs(st)) {
     return source;
   }
   const int fd = ::open(resolved->c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -91,6 +98,7 @@ absl::StatusOr<std::shared_ptr<const TextSource>> TextSource::Open(const std::st
   made->size_ = st.st_size;
   made->device_ = st.st_dev;
   made->inode_ = st.st_ino;
+  made->modified_ns_ = ModifiedNs(st);
   source = made;
   return source;
 }
@@ -99,7 +107,9 @@ TextSource::~TextSource() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string TextSource::identity() const { return absl::StrCat(device_, ":", inode_, ":", size_, ":", path_); }
+std::string TextSource::identity() const {
+  return absl::StrCat(device_, ":", inode_, ":", size_, ":", modified_ns_, ":", path_);
+}
 
 absl::Status TextSource::Sample(uint64_t seed, uint64_t step, int64_t first, int64_t count, int64_t length,
                                 int64_t* out) const {

@@ -23,14 +23,15 @@ class TextSource {
  public:
   static constexpr int kVocab = 256;
   // The file at `path`, open read-only; shared within the process while it stays the same file
-  // of the same size. PermissionDenied for a path outside every allowed directory, NotFound /
+  // (device and inode) of the same size and modification time. PermissionDenied for a path outside every allowed directory, NotFound /
   // InvalidArgument for one under them that cannot be read or is empty.
   static absl::StatusOr<std::shared_ptr<const TextSource>> Open(const std::string& path);
   ~TextSource();
 
   int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // The file as opened: its device, inode and size, and its path (a cache key for its batches).
+  // The file as opened: its device, inode, size, modification time and path (a cache key for its
+  // batches: a file changed since is opened again, under another key).
   std::string identity() const;
   // Sequences first .. first + count - 1 of batch `step` under `seed`, each `length` tokens,
   // row-major into `out`. A sequence longer than the file wraps around to its start. DataLoss if
@@ -43,6 +44,7 @@ class TextSource {
   int fd_ = -1;
   int64_t size_ = 0;
   uint64_t device_ = 0, inode_ = 0;
+  int64_t modified_ns_ = 0;
 };
 
 // Lets bodies in this process read data files under `directory` (which must exist). Thread-safe.

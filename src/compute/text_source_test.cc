@@ -1,6 +1,7 @@
 #include "compute/text_source.h"
 
 #include <stdlib.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -89,6 +90,33 @@ TEST(TextSourceTest, AFileTruncatedInUseFailsTheDrawAndIsReadAgainWhenOpened) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)->size(), 10);
   EXPECT_TRUE((*again)->Sample(1, 1, 0, 64, 100, out.data()).ok());
+}
+
+// A file rewritten in place with as many bytes (same inode, same size) is a changed file: opened
+// again, under another identity (batches drawn ahead are keyed by it), and read as it is now.
+TEST(TextSourceTest, AFileRewrittenInPlaceWithItsSizeIsOpenedAgain) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/same_size.txt";
+  Write(path, std::string(64, 'a'));
+  ASSERT_TRUE(AllowDataDirectory(dir).ok());
+  auto before = TextSource::Open(path);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(TextSource::Open(path)->get(), before->get());  // unchanged: shared
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  const ino_t inode = st.st_ino;
+  Write(path, std::string(64, 'b'));  // truncated and written again: the same inode
+  struct timespec times[2] = {{0, UTIME_OMIT}, {st.st_mtim.tv_sec + 1, st.st_mtim.tv_nsec}};
+  // Its time moved on a second, in case the file system cannot tell the two writes apart.
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  ASSERT_EQ(st.st_ino, inode);
+  auto after = TextSource::Open(path);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_NE((*after)->identity(), (*before)->identity());
+  std::vector<int64_t> out(8);
+  ASSERT_TRUE((*after)->Sample(1, 0, 0, 1, 8, out.data()).ok());
+  EXPECT_EQ(out[0], 'b');
 }
 
 }  // namespace

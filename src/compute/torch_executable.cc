@@ -114,6 +114,8 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
       }
       if (t.data_ptr() != out.data()) std::memmove(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
     }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("function '", name_, "' ran out of host memory"));
   } catch (const std::exception& e) {
     // The TorchScript interpreter rethrows what a kernel threw as its own error: a refused
     // allocation is known by what the allocator recorded.
@@ -132,8 +134,10 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
       return absl::Status(shard->first_error().code(), absl::StrCat("function '", name_, "' failed in a collective: ",
                                                                       shard->first_error().message()));
     }
-    // The body raised: an error of the user's function (a dtype it did not expect, an index out
-    // of range), as a Python function's exception would be, not of the runtime.
+    // The body raised: an error of the user's function or of what it was given (a dtype it did
+    // not expect, an index out of range, shapes a built-in kernel cannot combine), as a Python
+    // function's exception would be. Kernels are pure functions of their inputs, so this is
+    // taken to be the caller's, not the runtime's.
     return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' failed at run time: ", e.what()));
   }
   return absl::OkStatus();

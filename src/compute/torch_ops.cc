@@ -130,7 +130,9 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
   at::Tensor out = torch::empty({batch, length}, at::kLong);
   // Drawn ahead on the host's prefetch thread: this shard's part of the next step's batch is
   // known (compute/batch_prefetcher.h).
-  const std::string key = absl::StrCat("markov/", vocab, "/", chain_seed, "/", sharpness, "/", data_seed, "/", first,
+  // The sharpness by its bits: StrCat keeps 6 digits, which two sources may share.
+  const std::string key = absl::StrCat("markov/", vocab, "/", chain_seed, "/", absl::bit_cast<uint64_t>(sharpness), "/",
+                                       data_seed, "/", first,
                                        "/", batch, "/", length);
   std::shared_ptr<const MarkovSource> chain = *source;
   const absl::Status drawn = BatchPrefetcher::Global().Get(
@@ -154,8 +156,8 @@ at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t s
   TORCH_CHECK(source.ok(), "text_tokens: ", source.status().message());
   at::Tensor out = torch::empty({batch, length}, at::kLong);
   // Drawn ahead as markov_tokens' batches are. The key names the file as opened (device, inode,
-  // size), so a file replaced meanwhile is not read from a batch drawn from its predecessor; one
-  // rewritten in place may give a batch drawn ahead from its bytes of a step before.
+  // size, modification time), so a file changed since is drawn from again, not from batches of
+  // what it was.
   std::shared_ptr<const TextSource> text = *source;
   const std::string key = absl::StrCat("text/", text->identity(), "/", seed, "/", first, "/", batch, "/", length);
   const absl::Status sampled = BatchPrefetcher::Global().Get(

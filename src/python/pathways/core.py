@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import operator
 from typing import Any, Generator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -51,9 +52,15 @@ def _spec_of(entries: Sequence[str]) -> P:
 # ---- Clusters and clients ----
 
 def _bytes(size: Union[int, str]) -> int:
-    if isinstance(size, bool) or not isinstance(size, (int, str)):
-        raise InvalidArgumentError(f"a memory size is a number of bytes or a string such as '256MiB', not {size!r}")
-    return size if isinstance(size, int) else _ext.parse_bytes(size)
+    if isinstance(size, str):
+        return _ext.parse_bytes(size)
+    try:
+        if isinstance(size, bool):
+            raise TypeError
+        return operator.index(size)  # an int, or an integer of numpy's
+    except TypeError:
+        raise InvalidArgumentError(f"a memory size is a number of bytes or a string such as '256MiB', "
+                                   f"not {size!r}") from None
 
 
 class LocalCluster:

@@ -216,7 +216,8 @@ def check_a_function_failing_at_run_time_names_the_line(client: "pathways.Client
     def mixed(v):
         return torch.mm(v, v.double().t())  # f32 @ f64: fails as it runs
 
-    line = next(i for i, l in enumerate(open(__file__), 1) if "f32 @ f64: fails as it runs" in l)
+    with open(__file__) as source:
+        line = next(i for i, l in enumerate(source, 1) if "f32 @ f64: fails as it runs" in l)
     x = client.put(torch.ones(4, 4), mesh, P("x", None))
     with pytest.raises(pathways.InvalidArgumentError, match="mixed") as e:
         mixed(x).fetch()
