@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
@@ -21,7 +22,8 @@
 namespace pathways {
 namespace {
 
-constexpr char kMagic[8] = {'P', 'W', 'S', 'H', 'A', 'R', 'D', '1'};
+// Version 2 carries the shard's identity (Identity below); version 1 files are refused.
+constexpr char kMagic[8] = {'P', 'W', 'S', 'H', 'A', 'R', 'D', '2'};
 constexpr int kMaxRank = 16;
 
 std::mutex mu;
@@ -42,6 +44,19 @@ uint64_t Checksum(const unsigned char* data, int64_t bytes) {
   }
   for (; i < bytes; ++i) h = (h ^ data[i]) * 1099511628211ull;
   return h;
+}
+
+// Which shard a file is: SHA-256 of the checkpoint's secret, the step, the array's name and the
+// shard index, each length-prefixed. A file holds it in its header, so one copied or moved in
+// place of another (another run's, another step's, another array's or shard's, all valid files)
+// is refused when read instead of loaded as this shard.
+using ShardIdentity = std::array<unsigned char, SHA256_DIGEST_LENGTH>;
+ShardIdentity Identity(const CheckpointShard& which) {
+  const std::string encoded = absl::StrCat(which.secret.size(), ":", which.secret, ":", which.step, ":",
+                                           which.name.size(), ":", which.name, ":", which.shard);
+  ShardIdentity identity;
+  SHA256(reinterpret_cast<const unsigned char*>(encoded.data()), encoded.size(), identity.data());
+  return identity;
 }
 
 absl::Status ErrnoStatus(int error, const std::string& what) {
@@ -141,9 +156,11 @@ absl::Status WriteCheckpointShard(const CheckpointShard& which, DType dtype, con
   if (fd < 0) return Errno(absl::StrCat("checkpoint shard ", path));
   const int32_t header[2] = {static_cast<int32_t>(dtype), static_cast<int32_t>(shape.size())};
   const uint64_t checksum = Checksum(static_cast<const unsigned char*>(data), bytes);
+  const ShardIdentity identity = Identity(which);
   int error = 0;
   for (const auto& [part, size] : std::initializer_list<std::pair<const void*, size_t>>{
            {kMagic, sizeof(kMagic)},
+           {identity.data(), identity.size()},
            {header, sizeof(header)},
            {shape.data(), shape.size() * sizeof(int64_t)},
            {&bytes, sizeof(bytes)},
@@ -174,6 +191,7 @@ absl::Status ReadCheckpointShard(const CheckpointShard& which, DType dtype, cons
                : Errno(absl::StrCat("checkpoint shard ", path));
   }
   char magic[sizeof(kMagic)];
+  ShardIdentity identity;
   int32_t header[2];
   int64_t dims[kMaxRank];
   int64_t stored_bytes = 0;
@@ -183,10 +201,14 @@ absl::Status ReadCheckpointShard(const CheckpointShard& which, DType dtype, cons
     return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " ", what));
   };
   if (!ReadAll(fd, magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0 ||
-      !ReadAll(fd, header, sizeof(header)) || header[1] < 0 || header[1] > kMaxRank ||
-      !ReadAll(fd, dims, static_cast<size_t>(header[1]) * sizeof(int64_t)) ||
+      !ReadAll(fd, identity.data(), identity.size()) || !ReadAll(fd, header, sizeof(header)) || header[1] < 0 ||
+      header[1] > kMaxRank || !ReadAll(fd, dims, static_cast<size_t>(header[1]) * sizeof(int64_t)) ||
       !ReadAll(fd, &stored_bytes, sizeof(stored_bytes)) || !ReadAll(fd, &checksum, sizeof(checksum))) {
     status = corrupt("has no valid header");
+  } else if (identity != Identity(which)) {
+    status = corrupt(absl::StrCat("is not shard ", which.shard, " of ", which.name, " at step ", which.step,
+                                  " of this checkpoint (a file copied or moved from another checkpoint, step, "
+                                  "array or shard)"));
   } else if (header[0] != static_cast<int32_t>(dtype) || Shape(dims, dims + header[1]) != shape) {
     status = absl::InvalidArgumentError(absl::StrCat("checkpoint shard ", path, " holds ",
                                                      DTypeName(static_cast<DType>(header[0])),

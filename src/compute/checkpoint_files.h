@@ -7,8 +7,9 @@
 // made (at least 32 hex digits) and kept in its own manifest; shards live in
 // DIR/<SHA-256 of the secret>/step-<N>/<name>.<shard>, so a tenant that does not hold the secret
 // cannot name another's checkpoint (nothing lists the directory). Each file is written to a
-// temporary name and renamed once complete, and carries its dtype, shape, size and a checksum, so a
-// torn or altered file is refused when read instead of loaded.
+// temporary name and renamed once complete, and carries which shard it is (a hash of the secret,
+// step, array name and shard index), its dtype, shape, size and a checksum, so a torn or altered
+// file, or a valid one copied in place of another, is refused when read instead of loaded.
 #pragma once
 
 #include <cstdint>

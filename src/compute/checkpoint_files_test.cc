@@ -69,5 +69,35 @@ TEST(CheckpointFilesTest, DamagedShardsAreRefused) {
   EXPECT_EQ(read_with("garbage"), absl::StatusCode::kDataLoss);
 }
 
+// A valid file in the place of another (found by a hostile try: another run's shard of the same
+// name, the same array at another step, another array of the same shape, another shard) is
+// refused, not loaded.
+TEST(CheckpointFilesTest, AValidShardCopiedInPlaceOfAnotherIsRefused) {
+  const CheckpointShard target{kSecret, 40, "wq", 0};
+  const std::string other_secret(32, 'e');
+  std::vector<float> data(16, 2.5f), back(16);
+  for (const CheckpointShard& other : {CheckpointShard{other_secret, 40, "wq", 0}, CheckpointShard{kSecret, 10, "wq", 0},
+                                       CheckpointShard{kSecret, 40, "wk", 0}, CheckpointShard{kSecret, 40, "wq", 1}}) {
+    const std::string dir = TempDir();
+    ASSERT_TRUE(SetCheckpointDirectory(dir).ok());
+    ASSERT_TRUE(WriteCheckpointShard(other, DType::kF32, {16}, data.data(), 64).ok());
+    std::string other_path;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+      if (entry.is_regular_file()) other_path = entry.path();
+    }
+    ASSERT_TRUE(WriteCheckpointShard(target, DType::kF32, {16}, data.data(), 64).ok());
+    std::string target_path;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+      if (entry.is_regular_file() && entry.path() != other_path) target_path = entry.path();
+    }
+    ASSERT_FALSE(other_path.empty() || target_path.empty());
+    ASSERT_TRUE(ReadCheckpointShard(target, DType::kF32, {16}, back.data(), 64).ok());
+    std::filesystem::copy_file(other_path, target_path, std::filesystem::copy_options::overwrite_existing);
+    const absl::Status read = ReadCheckpointShard(target, DType::kF32, {16}, back.data(), 64);
+    EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss) << other.name << " " << other.step << " " << other.shard;
+    EXPECT_NE(read.message().find("is not shard 0 of wq at step 40 of this checkpoint"), std::string::npos) << read;
+  }
+}
+
 }  // namespace
 }  // namespace pathways

@@ -26,7 +26,18 @@ namespace pathways {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Client& client, const TrainOptions& options) {
   const TrainOptions& o = options;
   const ParallelLayout& l = o.layout;
-  if (o.microbatches < 1 || o.batch < 1 || o.batch % (l.data * o.microbatches) != 0) {
+  // Each factor bounded first: the batch check below divides by their product.
+  constexpr int64_t kMaxFactor = 1 << 16;
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"data parallelism", l.data},
+                                    {"tensor parallelism", l.tensor},
+                                    {"pipeline stages", l.stages},
+                                    {"microbatches", o.microbatches}}) {
+    if (value < 1 || value > kMaxFactor) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", value, "; it must be between 1 and ", kMaxFactor));
+    }
+  }
+  if (o.batch < 1 || o.batch % (l.data * o.microbatches) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("a batch of ", o.batch, " sequences does not split into ",
                                                    o.microbatches, " microbatches over data parallelism ", l.data,
                                                    " (it must be a multiple of ", l.data * o.microbatches, ")"));

@@ -317,6 +317,15 @@ TEST_F(TrainerTest, BadOptionsFailBeforeAStepRuns) {
   islands.islands = 3;
   t = Trainer::Create(**client, islands);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  // Factors of the batch's split that are zero, or whose product overflows (found by a hostile
+  // try: both divided by zero).
+  for (auto [data, microbatches] : {std::pair<int64_t, int64_t>{0, 1}, {1, 0}, {int64_t{1} << 62, 4}}) {
+    TrainOptions zero = Tiny();
+    zero.layout.data = data, zero.microbatches = microbatches;
+    t = Trainer::Create(**client, zero);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+    EXPECT_NE(t.status().message().find("must be between 1 and"), std::string::npos) << t.status();
+  }
 }
 
 }  // namespace

@@ -238,6 +238,7 @@ void Worker::NameStalledPeers(rpc::HeartbeatRequest& request) {
   if (limit <= absl::ZeroDuration() || limit == absl::InfiniteDuration()) return;
   absl::flat_hash_set<std::string> now;
   for (const dataflow::GrpcTransport::PeerBacklog& p : runtime_->StalledPeers(limit)) {
+    if (departed_.contains(p.host)) continue;
     now.insert(p.host);
     if (!stalled_peers_.contains(p.host)) continue;
     PW_LOG(Warning) << "dataflow batches for " << p.host << " went nowhere for " << absl::FormatDuration(p.stalled)
@@ -316,6 +317,8 @@ void Worker::HeartbeatLoop() {
     absl::flat_hash_map<std::string, std::string> why;  // empty reasons from a controller of an earlier version
     for (const std::string& host : response->departed_hosts()) why[host];
     for (const rpc::DepartedHost& host : response->departed()) why[host.address()] = host.reason();
+    departed_.clear();
+    for (const auto& [host, reason] : why) departed_.insert(host);
     if (int failed = runtime_->store().SetDepartedHosts(std::move(why)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
     }

@@ -127,6 +127,9 @@ class Worker {
   absl::flat_hash_set<std::string> named_clients_;
   // Peers found stalled at the last heartbeat (see peer_stall_timeout); the heartbeat thread's own.
   absl::flat_hash_set<std::string> stalled_peers_;
+  // Hosts the controller last said had left the cluster (heartbeat thread only): batches for
+  // them that go nowhere are no news, and are neither named to it nor logged again.
+  absl::flat_hash_set<std::string> departed_;
   // Fills `request` with the peers stalled now and at the last heartbeat: a peer stalled only
   // once may have waited while this process itself was frozen.
   void NameStalledPeers(rpc::HeartbeatRequest& request);
