@@ -7,8 +7,8 @@ namespace pathways {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
   if (options.num_islands < 1 || options.hosts_per_island < 1 || options.devices_per_host < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("a local cluster needs at least one island, host per island and device "
-                                                   "per host; asked for ",
+    return absl::InvalidArgumentError(absl::StrCat("a local cluster needs at least one island, host per island and "
+                                                   "device per host; asked for ",
                                                    options.num_islands, " islands of ", options.hosts_per_island,
                                                    " hosts of ", options.devices_per_host, " devices"));
   }

@@ -76,8 +76,9 @@ TEST(CheckpointFilesTest, AValidShardCopiedInPlaceOfAnotherIsRefused) {
   const CheckpointShard target{kSecret, 40, "wq", 0};
   const std::string other_secret(32, 'e');
   std::vector<float> data(16, 2.5f), back(16);
-  for (const CheckpointShard& other : {CheckpointShard{other_secret, 40, "wq", 0}, CheckpointShard{kSecret, 10, "wq", 0},
-                                       CheckpointShard{kSecret, 40, "wk", 0}, CheckpointShard{kSecret, 40, "wq", 1}}) {
+  for (const CheckpointShard& other :
+       {CheckpointShard{other_secret, 40, "wq", 0}, CheckpointShard{kSecret, 10, "wq", 0},
+        CheckpointShard{kSecret, 40, "wk", 0}, CheckpointShard{kSecret, 40, "wq", 1}}) {
     const std::string dir = TempDir();
     ASSERT_TRUE(SetCheckpointDirectory(dir).ok());
     ASSERT_TRUE(WriteCheckpointShard(other, DType::kF32, {16}, data.data(), 64).ok());

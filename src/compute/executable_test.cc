@@ -107,7 +107,8 @@ TEST_F(ExecutableTest, WrongOutputShapeAndRuntimeErrorsAreStatuses) {
 // A TorchScript body that raises as it runs is the user's error (InvalidArgument), and its
 // traceback names the file the source came from, at the file's line.
 TEST_F(ExecutableTest, ABodysRunTimeErrorNamesItsFileAndLine) {
-  FunctionBody body{FunctionBody::Kind::kTorchScript, "mixed", "\n\ndef mixed(v):\n    return torch.mm(v, v.double())\n"};
+  FunctionBody body{FunctionBody::Kind::kTorchScript, "mixed",
+                    "\n\ndef mixed(v):\n    return torch.mm(v, v.double())\n"};
   body.source_file = "/home/me/model.py";
   auto exe = cache_.Compile(body);
   ASSERT_TRUE(exe.ok()) << exe.status();
@@ -178,8 +179,8 @@ TEST_F(ExecutableTest, GradientMatchesTheDerivativeWorkedOutByHand) {
   EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey({FunctionBody::Kind::kTorchScript, "f", kTanhSource}));
   // A plain body whose source ends in exactly what a gradient's key encodes after its source
   // (wrt, then the specs) does not take the gradient's key: the source is length-prefixed.
-  EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)),
-            FunctionKey({FunctionBody::Kind::kTorchScript, "f", std::string(kTanhSource) + "|vjp+0:2,0,1[3(0(0(0[2(0(0"}));
+  const std::string forged = std::string(kTanhSource) + "|vjp+0:2,0,1[3(0(0(0[2(0(0";
+  EXPECT_NE(FunctionKey(TanhGradient({0, 1}, true)), FunctionKey({FunctionBody::Kind::kTorchScript, "f", forged}));
   TanhCase c = MakeTanhCase();
   const DeviceBuffer* ins[] = {c.ba.get(), c.bb.get(), c.n.get(), c.dy1.get(), c.dy2.get()};
   DeviceBuffer* outs[] = {c.y1.get(), c.y2.get(), c.da.get(), c.db.get()};

@@ -23,8 +23,9 @@ class TextSource {
  public:
   static constexpr int kVocab = 256;
   // The file at `path`, open read-only; shared within the process while it stays the same file
-  // (device and inode) of the same size and modification time. PermissionDenied for a path outside every allowed directory, NotFound /
-  // InvalidArgument for one under them that cannot be read or is empty.
+  // (device and inode) of the same size and modification time. PermissionDenied for a path outside
+  // every allowed directory, NotFound / InvalidArgument for one under them that cannot be read or
+  // is empty.
   static absl::StatusOr<std::shared_ptr<const TextSource>> Open(const std::string& path);
   ~TextSource();
 

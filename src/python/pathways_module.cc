@@ -253,7 +253,8 @@ PYBIND11_MODULE(_pathways, m) {
               const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
               const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& wrt,
               const std::string& source_file) {
-             FunctionSpec primal = ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, {}, source_file);
+             FunctionSpec primal =
+                 ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, {}, source_file);
              FunctionSpec::SplitVjp split = Value(FunctionSpec::VjpKeepingResiduals(primal, wrt));
              py::gil_scoped_release release;
              return std::make_pair(Value(c.get()->Compile(split.forward)), Value(c.get()->Compile(split.backward)));
