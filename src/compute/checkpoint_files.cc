@@ -200,15 +200,22 @@ absl::Status ReadCheckpointShard(const CheckpointShard& which, DType dtype, cons
   auto corrupt = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " ", what));
   };
-  if (!ReadAll(fd, magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0 ||
-      !ReadAll(fd, identity.data(), identity.size()) || !ReadAll(fd, header, sizeof(header)) || header[1] < 0 ||
-      header[1] > kMaxRank || !ReadAll(fd, dims, static_cast<size_t>(header[1]) * sizeof(int64_t)) ||
-      !ReadAll(fd, &stored_bytes, sizeof(stored_bytes)) || !ReadAll(fd, &checksum, sizeof(checksum))) {
+  const bool has_magic = ReadAll(fd, magic, sizeof(magic));
+  if (has_magic && std::memcmp(magic, kMagic, sizeof(kMagic) - 1) == 0 && magic[sizeof(kMagic) - 1] != kMagic[7]) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat("checkpoint shard ", path, " was written in shard format ", std::string(1, magic[7]),
+                     " by another version; this version reads format ", std::string(1, kMagic[7]),
+                     " only: start afresh, or resume from a checkpoint this version saved"));
+  } else if (!has_magic || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0 ||
+             !ReadAll(fd, identity.data(), identity.size()) || !ReadAll(fd, header, sizeof(header)) ||
+             header[1] < 0 || header[1] > kMaxRank ||
+             !ReadAll(fd, dims, static_cast<size_t>(header[1]) * sizeof(int64_t)) ||
+             !ReadAll(fd, &stored_bytes, sizeof(stored_bytes)) || !ReadAll(fd, &checksum, sizeof(checksum))) {
     status = corrupt("has no valid header");
   } else if (identity != Identity(which)) {
     status = corrupt(absl::StrCat("is not shard ", which.shard, " of ", which.name, " at step ", which.step,
                                   " of this checkpoint (a file copied or moved from another checkpoint, step, "
-                                  "array or shard)"));
+                                  "array or shard, or its header is damaged)"));
   } else if (header[0] != static_cast<int32_t>(dtype) || Shape(dims, dims + header[1]) != shape) {
     status = absl::InvalidArgumentError(absl::StrCat("checkpoint shard ", path, " holds ",
                                                      DTypeName(static_cast<DType>(header[0])),

@@ -98,6 +98,19 @@ TEST(CheckpointFilesTest, AValidShardCopiedInPlaceOfAnotherIsRefused) {
     EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss) << other.name << " " << other.step << " " << other.shard;
     EXPECT_NE(read.message().find("is not shard 0 of wq at step 40 of this checkpoint"), std::string::npos) << read;
   }
+  // A shard of the format before (no identity) is named as such, not as damage.
+  const std::string dir = TempDir();
+  ASSERT_TRUE(SetCheckpointDirectory(dir).ok());
+  ASSERT_TRUE(WriteCheckpointShard(target, DType::kF32, {16}, data.data(), 64).ok());
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    std::fstream file(entry.path(), std::ios::binary | std::ios::in | std::ios::out);
+    file.seekp(7);
+    file.put('1');  // PWSHARD1
+  }
+  const absl::Status old = ReadCheckpointShard(target, DType::kF32, {16}, back.data(), 64);
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition) << old;
+  EXPECT_NE(old.message().find("shard format 1 by another version"), std::string::npos) << old;
 }
 
 }  // namespace

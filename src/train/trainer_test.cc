@@ -326,6 +326,13 @@ TEST_F(TrainerTest, BadOptionsFailBeforeAStepRuns) {
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
     EXPECT_NE(t.status().message().find("must be between 1 and"), std::string::npos) << t.status();
   }
+  for (auto [tensor, stages] : {std::pair<int64_t, int64_t>{0, 1}, {1, 0}}) {
+    TrainOptions zero = Tiny();
+    zero.layout.tensor = tensor, zero.layout.stages = stages;
+    t = Trainer::Create(**client, zero);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+    EXPECT_NE(t.status().message().find("must be between 1 and"), std::string::npos) << t.status();
+  }
 }
 
 }  // namespace

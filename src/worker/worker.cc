@@ -317,8 +317,10 @@ void Worker::HeartbeatLoop() {
     absl::flat_hash_map<std::string, std::string> why;  // empty reasons from a controller of an earlier version
     for (const std::string& host : response->departed_hosts()) why[host];
     for (const rpc::DepartedHost& host : response->departed()) why[host.address()] = host.reason();
-    departed_.clear();
-    for (const auto& [host, reason] : why) departed_.insert(host);
+    if (response->registered()) {  // a controller that restarted knows of no departures yet
+      departed_.clear();
+      for (const auto& [host, reason] : why) departed_.insert(host);
+    }
     if (int failed = runtime_->store().SetDepartedHosts(std::move(why)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
     }
