@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -294,14 +295,25 @@ TEST_F(MultiProcessTest, AnAddressHasOneOwnerAndBadAddressesFailAtStart) {
 }
 
 TEST_F(MultiProcessTest, AWorkersDataAndLinkPortsCanBeFixedAndAreItsAlone) {
-  const int data_port = FreePort(), link_port = FreePort();
-  ASSERT_GT(data_port, 0);
-  ASSERT_GT(link_port, 0);
-  Subprocess fixed;
-  auto served = StartWorker(fixed, {PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4",
-                                    "--device-memory", "256MiB", "--data-port", absl::StrCat(data_port),
-                                    "--link-port", absl::StrCat(link_port)});
-  ASSERT_TRUE(served.ok()) << served.status();
+  // A port found free may be taken by another test's process before the worker binds it (seen in
+  // a clean-clone run: "Address already in use", the worker gone at once): then two other ports
+  // are tried, a few times.
+  int data_port = 0, link_port = 0;
+  std::unique_ptr<Subprocess> worker;
+  absl::Status served;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    data_port = FreePort(), link_port = FreePort();
+    ASSERT_GT(data_port, 0);
+    ASSERT_GT(link_port, 0);
+    worker = std::make_unique<Subprocess>();
+    served = StartWorker(*worker, {PATHWAYS_BINARY, "worker", "--controller", address_, "--devices", "4",
+                                   "--device-memory", "256MiB", "--data-port", absl::StrCat(data_port),
+                                   "--link-port", absl::StrCat(link_port)})
+                 .status();
+    if (served.ok()) break;
+  }
+  ASSERT_TRUE(served.ok()) << served;
+  Subprocess& fixed = *worker;
   // Another worker asking for either port exits at once, naming it.
   ExpectFailedSaying(RunToEnd(absl::StrCat("worker --controller ", address_, " --link-port ", link_port)),
               absl::StrCat("cannot listen for other hosts on port ", link_port));
