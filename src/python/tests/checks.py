@@ -235,3 +235,8 @@ def train_losses(client: "pathways.Client", steps: int = 3) -> list:
     trainer = pathways.Trainer(client, batch=8, seq_len=16, vocab=32, data_parallel=2, pipeline_stages=2,
                                microbatches=2, seed=7)
     return [trainer.step().result() for _ in range(steps)]
+
+
+# What both test files run on a shared client of their cluster, one test each (parametrized).
+ON_EVERY_CLUSTER = [check_a_program_over_two_slices, check_vjp_and_grad, check_donation, check_awaiting_arrays,
+                    check_a_function_failing_at_run_time_names_the_line]

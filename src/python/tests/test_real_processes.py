@@ -217,24 +217,9 @@ def test_a_worker_that_dies_fails_its_arrays_unavailable_and_the_other_serves_on
 
 # The checks every cluster must pass (checks.py), here on real processes.
 
-def test_a_program_traces_once_and_runs_over_two_slices(client):
-    checks.check_a_program_over_two_slices(client)
-
-
-def test_vjp_and_grad_match_torch_autograd(client):
-    checks.check_vjp_and_grad(client)
-
-
-def test_a_donated_array_is_updated_in_place_and_spent(client):
-    checks.check_donation(client)
-
-
-def test_arrays_are_awaitable(client):
-    checks.check_awaiting_arrays(client)
-
-
-def test_a_function_failing_at_run_time_names_its_line(client):
-    checks.check_a_function_failing_at_run_time_names_the_line(client)
+@pytest.mark.parametrize("check", checks.ON_EVERY_CLUSTER, ids=lambda c: c.__name__)
+def test_what_every_cluster_must_do(client, check):
+    check(client)
 
 
 def test_dropping_the_last_reference_frees_the_shards():
