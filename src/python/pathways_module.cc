@@ -134,9 +134,8 @@ struct PyArray {
   std::shared_ptr<PyClient> client;
   // Ready()'s future, made at the first is_ready() or ready() and polled after.
   mutable std::optional<Future<Unit>> ready;
-  // Set once a fetch (or ready()) returned or raised: a fetch waits on a future of its own, which
-  // the Ready() future polled by is_ready() may not have heard of yet. Read and written with the
-  // GIL held.
+  // Set once a fetch returned or raised: a fetch waits on a future of its own, which the Ready()
+  // future polled by is_ready() may not have heard of yet. Read and written with the GIL held.
   mutable bool settled = false;
   Future<Unit> Ready() const {
     if (!ready) ready = client->get()->Ready(array);
@@ -144,8 +143,8 @@ struct PyArray {
   }
 };
 
-// Waits for `future` of array `a`, and marks the array settled once the wait ends with a result
-// or the array's error (not when Ctrl-C ends it).
+// Waits for `future` (a fetch) of array `a`, and marks the array settled once the wait ends with
+// a result or the array's error (not when Ctrl-C ends it).
 template <typename T>
 T WaitSettling(const PyArray& a, Future<T> future) {
   try {
@@ -316,7 +315,7 @@ PYBIND11_MODULE(_pathways, m) {
              // The fetched bytes, without a copy: torch.frombuffer shares them (core.py).
              return std::make_shared<FetchedBytes>(WaitSettling(a, a.client->get()->Fetch(a.array)));
            })
-      .def("ready", [](const PyArray& a) { WaitSettling(a, a.Ready()); })
+      .def("ready", [](const PyArray& a) { Wait(a.Ready()); })  // the future is_ready() polls
       .def("on_ready", [](const PyArray& a, py::function fn) { CallWhenReady(a.Ready(), std::move(fn)); })
       .def("is_ready", [](const PyArray& a) { return a.settled || a.Ready().IsReady(); })
       .def("__repr__", [](const PyArray& a) { return a.array.ToString(); });
