@@ -175,7 +175,7 @@ TEST(GrpcTransportTest, WhatAPeerTookNoLongerWaits) {
 
 // A peer that takes nothing (here: nobody listens at its address) is named once what waits for it
 // went nowhere for the limit; past the byte bound its batches are refused, and it is named for
-// that.
+// that, until the host is forgotten.
 TEST(GrpcTransportTest, APeerThatTakesNothingIsNamedAndBounded) {
   std::string address;
   {
@@ -204,6 +204,17 @@ TEST(GrpcTransportTest, APeerThatTakesNothingIsNamedAndBounded) {
   stalled = transport.Stalled(absl::Hours(1));
   ASSERT_EQ(stalled.size(), 1u);
   EXPECT_TRUE(stalled[0].refused);
+
+  // The host left the cluster: what waited for it goes, and so does its refusal; a batch for the
+  // address afterwards (a new worker there) starts afresh.
+  transport.Forget(address);
+  EXPECT_TRUE(transport.Stalled(absl::ZeroDuration()).empty());
+  transport.Send(address, "g", Batch(3000));
+  EXPECT_EQ(transport.refused_batches(), 1);
+  stalled = transport.Stalled(absl::ZeroDuration());
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_FALSE(stalled[0].refused);
+  EXPECT_LT(stalled[0].bytes, 6000);
 }
 
 TEST(DataflowTest, ThreeHostsAsRealProcesses) {

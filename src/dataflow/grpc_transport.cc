@@ -211,12 +211,12 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
     in_process_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Peer* peer;
+  std::shared_ptr<Peer> peer;  // a peer forgotten meanwhile goes when this call is done with it
   {
     absl::MutexLock lock(&mu_);
     auto& slot = peers_[host];
-    if (!slot) slot = std::make_unique<Peer>(self_host_, host);
-    peer = slot.get();  // peers stay until the transport goes
+    if (!slot) slot = std::make_shared<Peer>(self_host_, host);
+    peer = slot;
   }
   // A peer that takes nothing while batches for it keep coming would fill this process: past
   // the bound they are refused, and Stalled names the peer (what it should have had is lost, so
@@ -231,11 +231,26 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
   }
 }
 
-std::vector<GrpcTransport::PeerBacklog> GrpcTransport::Stalled(absl::Duration limit) const {
-  std::vector<std::pair<std::string, Peer*>> peers;  // they stay until the transport goes
+void GrpcTransport::Forget(const std::string& host) {
+  std::shared_ptr<Peer> gone;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [host, peer] : peers_) peers.emplace_back(host, peer.get());
+    auto it = peers_.find(host);
+    if (it == peers_.end()) return;
+    gone = std::move(it->second);
+    peers_.erase(it);
+  }
+  gone->BeginClose(absl::Now());  // nothing more is written to it
+  // Taking it apart joins its stream's thread, which may be waiting on the departed host for a
+  // second or two: not on the caller's thread (a heartbeat).
+  RpcCompletions().Schedule([gone = std::move(gone)]() mutable { gone.reset(); });
+}
+
+std::vector<GrpcTransport::PeerBacklog> GrpcTransport::Stalled(absl::Duration limit) const {
+  std::vector<std::pair<std::string, std::shared_ptr<Peer>>> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [host, peer] : peers_) peers.emplace_back(host, peer);
   }
   const absl::Time now = absl::Now();
   std::vector<PeerBacklog> stalled;

@@ -48,12 +48,16 @@ class GrpcTransport : public Transport {
   static constexpr int64_t kMaxPeerBytes = int64_t{256} << 20;
   void SetMaxPeerBytes(int64_t bytes) { max_peer_bytes_ = bytes; }  // tests
   int64_t refused_batches() const { return refused_batches_.load(std::memory_order_relaxed); }
+  // `host` left the cluster: what waits for it is dropped, with its connection and its refusal.
+  // A later batch for the address starts afresh, as for a new worker there. Does not block: the
+  // peer is taken apart on another thread.
+  void Forget(const std::string& host);
 
  private:
   class Peer;
   const std::string self_host_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> max_peer_bytes_{kMaxPeerBytes};
   std::atomic<int64_t> refused_batches_{0};
   std::atomic<int64_t> in_process_{0};

@@ -138,6 +138,9 @@ class HostRuntime {
   std::vector<dataflow::GrpcTransport::PeerBacklog> StalledPeers(absl::Duration limit) const {
     return dataflow_transport_.Stalled(limit);
   }
+  // `host` left the cluster: the dataflow batches waiting for it are dropped
+  // (dataflow::GrpcTransport::Forget).
+  void ForgetPeer(const std::string& host) { dataflow_transport_.Forget(host); }
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 

@@ -318,8 +318,14 @@ void Worker::HeartbeatLoop() {
     for (const std::string& host : response->departed_hosts()) why[host];
     for (const rpc::DepartedHost& host : response->departed()) why[host.address()] = host.reason();
     if (response->registered()) {  // a controller that restarted knows of no departures yet
-      departed_.clear();
-      for (const auto& [host, reason] : why) departed_.insert(host);
+      absl::flat_hash_set<std::string> now;
+      for (const auto& [host, reason] : why) {
+        // What waits for a host that just left would wait for good (a new worker at its address
+        // starts afresh).
+        if (!departed_.contains(host)) runtime_->ForgetPeer(host);
+        now.insert(host);
+      }
+      departed_ = std::move(now);
     }
     if (int failed = runtime_->store().SetDepartedHosts(std::move(why)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
