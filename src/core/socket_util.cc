@@ -98,9 +98,12 @@ void KeepAlive(int fd, int idle_ms) {
 }
 
 bool PeerClosed(int fd) {
-  char c;
-  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  // POLLRDHUP: the peer's FIN came, even with bytes it sent before still unread (a peek would see
+  // those bytes and take the connection for alive: a collective peer that wrote its message and
+  // then gave up on the call leaves exactly that).
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) < 0) return errno != EINTR;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 std::string HostOfAddress(const std::string& address) {

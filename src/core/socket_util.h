@@ -37,7 +37,8 @@ absl::Status TransferWhileMoving(int fd, char* data, size_t len, bool write, abs
 // than it sent. A large frame's room is let go once the next, smaller one is read.
 absl::Status ReadFrameWhileMoving(int fd, std::string& into, size_t len, absl::Duration silence,
                                   const std::string& what);
-// A connection the peer closed (or broke) since it was last used.
+// A connection the peer closed (or broke) since it was last used, whether or not bytes it sent
+// before are still unread.
 bool PeerClosed(int fd);
 // "ip:port" or "[ip6]:port".
 absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, socklen_t* len);
