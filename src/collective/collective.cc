@@ -127,6 +127,7 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
   const Group& group = placement.group;
   const int local_members = static_cast<int>(placement.local.size());
   const size_t size = group.shards.size();
+  const auto named = [&] { return absl::StrCat("collective ", Describe(call), " ", group.label, ", call ", call_key); };
   // A member alone on its host needs no meeting.
   if (local_members == 1) {
     std::vector<const CollectiveCall*> calls(size, nullptr);
@@ -137,7 +138,7 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
   bool leader = false;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::CancelledError(absl::StrCat("collective ", call_key, ": host ", host_, " is shutting down"));
+    if (stopping_) return absl::CancelledError(absl::StrCat(named(), ": host ", host_, " is shutting down"));
     std::shared_ptr<Meeting>& slot = meetings_[call_key];
     if (slot == nullptr) slot = std::make_shared<Meeting>(size);
     meeting = slot;
@@ -160,11 +161,11 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
   if (mu_.AwaitWithTimeout(absl::Condition(&met), timeout_) && stopping_ && !meeting->done &&
       meeting->arrived < local_members) {
     meeting->done = true;
-    meeting->status = absl::CancelledError(absl::StrCat("collective ", call_key, ": host ", host_, " is shutting down"));
+    meeting->status = absl::CancelledError(absl::StrCat(named(), ": host ", host_, " is shutting down"));
   } else if (!meeting->done && meeting->arrived < local_members) {
     meeting->done = true;  // a member that comes later finds it so, and does not lead
     meeting->status = absl::DeadlineExceededError(
-        absl::StrCat("collective ", call_key, ": ", meeting->arrived, " of ", local_members, " members on host ", host_,
+        absl::StrCat(named(), ": ", meeting->arrived, " of ", local_members, " members on host ", host_,
                      " met within ", absl::FormatDuration(timeout_),
                      "; gangs that share devices may have been ordered differently on them"));
   }
@@ -196,7 +197,8 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
   // message carries.
   const CollectiveCall& c = *calls[plan.local.front()];
   auto fail = [&](absl::StatusCode code, absl::string_view why) {
-    return absl::Status(code, absl::StrCat("collective ", Describe(c), " ", call_key, ": ", why));
+    return absl::Status(code, absl::StrCat("collective ", Describe(c), " ", plan.group.label, ", call ", call_key,
+                                           ": ", why));
   };
   for (int r : plan.local) {
     if (!SameCall(*calls[r], c)) {

@@ -140,6 +140,8 @@ TEST(CollectiveHubTest, AMemberThatNeverComesTimesTheOthersOut) {
                         reinterpret_cast<const char*>(&x), reinterpret_cast<char*>(&y)};
     absl::Status r = shard.Run("", call);
     EXPECT_EQ(shard.first_error().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_NE(r.message().find("all_reduce(f32[1], sum) over [i] (3 members)"), std::string::npos) << r;
+    EXPECT_NE(r.message().find("2 of 3 members on host h met"), std::string::npos) << r;
     return r;
   });
   for (auto& r : results) EXPECT_EQ(r.code(), absl::StatusCode::kDeadlineExceeded) << r;
@@ -160,6 +162,7 @@ TEST(CollectiveHubTest, MembersThatDisagreeOnTheCallFailNamingBoth) {
     EXPECT_TRUE(absl::IsInvalidArgument(r)) << r;
     EXPECT_NE(r.message().find("all_reduce(f32[4], sum)"), std::string::npos) << r;
     EXPECT_NE(r.message().find("all_reduce(f32[2], sum)"), std::string::npos) << r;
+    EXPECT_NE(r.message().find("over [i] (2 members)"), std::string::npos) << r;
   }
 }
 

@@ -321,6 +321,45 @@ TEST(PeerMeshTest, AMessageOfTheWrongSizeIsRefusedNamingThePeer) {
   EXPECT_NE(results[0].message().find("host1"), std::string::npos) << results[0];
 }
 
+// A member of the cluster whose connection carries bytes that are no collective message, in the
+// middle of a call: the call fails at once naming it (not at the deadline), and the next call,
+// over a fresh connection, works.
+TEST(PeerMeshTest, GarbageFromAPeerMidCallFailsTheCallNamingItAndTheNextCallWorks) {
+  Hosts hosts(2);
+  int32_t v[2] = {1, 2};
+  auto all_reduce = [&](int h, MeshSteps& s) {
+    char* p = reinterpret_cast<char*>(&v[h]);
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
+  };
+  ExpectAllOk(hosts.Run("k", 1, all_reduce));  // the mesh is connected
+  const absl::Time start = absl::Now();
+  auto results = hosts.Run(
+      "k", 2,
+      [&](int h, MeshSteps& s) -> absl::Status {
+        if (h == 0) return all_reduce(h, s);
+        const std::string garbage(sizeof(MessageHeader) + 16, '\x5a');
+        const int fd = s.mesh().TEST_fd(0);
+        if (fd < 0 || write(fd, garbage.data(), garbage.size()) != static_cast<ssize_t>(garbage.size())) {
+          return absl::InternalError("could not write the garbage");
+        }
+        return absl::OkStatus();
+      },
+      absl::Seconds(20));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "found by reading, not by the deadline";
+  ASSERT_TRUE(results[1].ok()) << results[1];
+  EXPECT_TRUE(absl::IsInvalidArgument(results[0])) << results[0];
+  EXPECT_NE(results[0].message().find("host1 sent bytes that are not a collective message"), std::string::npos)
+      << results[0];
+  // Host 1 drops its end too (as a host whose call failed does), and both meet again.
+  hosts.links(1).Run({"host0", "host1"}, 1, "k", absl::Now() + absl::Seconds(1), [](PeerMesh&) {
+    return absl::UnavailableError("the garbage was sent");  // a failed call closes the mesh's connections
+  }).IgnoreError();
+  v[0] = 1, v[1] = 2;
+  ExpectAllOk(hosts.Run("k", 3, all_reduce));
+  EXPECT_EQ(v[0], 3);
+  EXPECT_EQ(v[1], 3);
+}
+
 TEST(PeerMeshTest, APeerThatNeverSendsTimesOutNamingIt) {
   Hosts hosts(3);
   int32_t v[3] = {1, 1, 1};

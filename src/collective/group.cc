@@ -45,11 +45,20 @@ absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::str
     shard /= layout.mesh_dims[a];
   }
   Group group;
+  auto axis_name = [&](int a) {
+    return a < static_cast<int>(layout.axis_names.size()) ? layout.axis_names[a] : absl::StrCat("axis ", a);
+  };
+  std::vector<std::string> over, at;
+  for (int a : named) over.push_back(axis_name(a));
   for (int a = 0; a < rank_count; ++a) {
-    if (std::find(named.begin(), named.end(), a) == named.end()) absl::StrAppend(&group.id, a, "=", coords[a], ";");
+    if (std::find(named.begin(), named.end(), a) != named.end()) continue;
+    absl::StrAppend(&group.id, a, "=", coords[a], ";");
+    at.push_back(absl::StrCat(axis_name(a), "=", coords[a]));
   }
   int64_t size = 1;
   for (int a : named) size *= layout.mesh_dims[a];
+  group.label = absl::StrCat("over [", absl::StrJoin(over, ", "), "]", at.empty() ? "" : " at ",
+                             absl::StrJoin(at, ", "), " (", size, " members)");
   for (int64_t g = 0; g < size; ++g) {
     std::vector<int64_t> c = coords;
     bool is_me = true;

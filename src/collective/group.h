@@ -33,6 +33,7 @@ struct Group {
   std::vector<int64_t> shards;  // in group-rank order: row-major over the named axes, as named
   int rank = 0;                 // the calling shard's rank
   std::string id;               // the coordinates on the other axes, unique within the gang
+  std::string label;            // for people: "over [x] at y=2 (2 members)"
 };
 
 // The group of `shard` over `axes`: comma-separated axis names; empty means every axis.

@@ -13,6 +13,7 @@ TEST(GroupOfTest, GroupsFollowTheNamedAxes) {
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_EQ(y->shards, (std::vector<int64_t>{3, 4, 5}));
   EXPECT_EQ(y->rank, 1);
+  EXPECT_EQ(y->label, "over [y] at x=1 (3 members)");
   auto x = GroupOf(layout, 4, "x");
   ASSERT_TRUE(x.ok());
   EXPECT_EQ(x->shards, (std::vector<int64_t>{1, 4}));
@@ -23,6 +24,7 @@ TEST(GroupOfTest, GroupsFollowTheNamedAxes) {
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->shards, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
   EXPECT_EQ(all->rank, 4);
+  EXPECT_EQ(all->label, "over [x, y] (6 members)");
   auto yx = GroupOf(layout, 4, "y, x");  // y varies slowest
   ASSERT_TRUE(yx.ok());
   EXPECT_EQ(yx->shards, (std::vector<int64_t>{0, 3, 1, 4, 2, 5}));

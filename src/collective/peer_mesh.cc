@@ -20,6 +20,15 @@ namespace {
 
 constexpr uint32_t kMessageMagic = 0x50574331;  // "PWC1"
 constexpr int kMaxIov = 64;
+
+// A send or receive on a peer's connection failed with `err`. A reset is the peer's process gone
+// (killed, or it gave up on the call and closed): said as plainly as a clean close.
+absl::Status Broken(absl::string_view doing, const std::string& peer, int err) {
+  if (err == ECONNRESET || err == EPIPE) {
+    return absl::UnavailableError(absl::StrCat("host ", peer, " closed the connection (", Errno(err), ")"));
+  }
+  return absl::UnavailableError(absl::StrCat(doing, " host ", peer, ": ", Errno(err)));
+}
 // Messages of later calls kept per peer (see Exchange), and their size at most.
 constexpr size_t kMaxStashed = 64;
 constexpr uint64_t kMaxStashedBytes = uint64_t{1} << 30;
@@ -226,7 +235,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
         const ssize_t got = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        if (got < 0) return absl::UnavailableError(absl::StrCat("sending to host ", peer, ": ", Errno(errno)));
+        if (got < 0) return Broken("sending to", peer, errno);
         s.done += static_cast<size_t>(got);
         moved = true;
       }
@@ -254,7 +263,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         if (got == 0) return absl::UnavailableError(absl::StrCat("host ", peer, " closed the connection"));
-        if (got < 0) return absl::UnavailableError(absl::StrCat("receiving from host ", peer, ": ", Errno(errno)));
+        if (got < 0) return Broken("receiving from", peer, errno);
         moved = true;
         if (r.phase == RecvState::kHeader) {
           r.header_got += static_cast<size_t>(got);

@@ -103,6 +103,10 @@ class PeerMesh {
   // call would be page-faulted in every time.
   char* Scratch(size_t bytes);
 
+  // For tests: the connection to peer `r` (-1 when there is none), to write what a broken peer
+  // would.
+  int TEST_fd(int r) const { return fds_[r]; }
+
  private:
   friend class TcpLinks;
   struct Stashed {  // a later call's message, read early
