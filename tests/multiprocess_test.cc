@@ -161,9 +161,9 @@ TEST_F(MultiProcessTest, CollectivesOverAMeshSpanningTwoProcesses) {
   }
 }
 
-// Members of a collective that disagree on its shape, across processes: the run fails at once
-// with a status naming the collective and the cause, and the same devices then run the next
-// collective normally.
+// Members of a collective that disagree on its shape or its dtype, across processes: the run
+// fails at once with a status naming the collective, its group and the cause, and the same
+// devices then run the next collective normally.
 TEST_F(MultiProcessTest, CollectiveMembersThatDisagreeFailTheRunAndTheNextCollectivePasses) {
   auto slice = client_->CreateSlice({.mesh_shape = {2, 4}, .axis_names = {"x", "y"}});
   ASSERT_TRUE(slice.ok()) << slice.status();
@@ -177,6 +177,15 @@ TEST_F(MultiProcessTest, CollectiveMembersThatDisagreeFailTheRunAndTheNextCollec
                                 "    return pathways.all_reduce(y, 'x')[0:1]\n"},
                                {spec}, {spec}, {{"x", "y"}}, {{"x", "y"}}});
   ASSERT_TRUE(bad.ok()) << bad.status();
+  // Shards holding a positive value reduce int32, the others float32: the same bytes.
+  auto retyped = client_->Compile({{FunctionBody::Kind::kTorchScript, "retyped",
+                                    "def retyped(x):\n"
+                                    "    y = x\n"
+                                    "    if bool(x.sum() > 0.5):\n"
+                                    "        y = x.int()\n"
+                                    "    return pathways.all_reduce(y, 'x').float()\n"},
+                                   {spec}, {spec}, {{"x", "y"}}, {{"x", "y"}}});
+  ASSERT_TRUE(retyped.ok()) << retyped.status();
   auto good = client_->Compile({{FunctionBody::Kind::kTorchScript, "even",
                                  "def even(x):\n    return pathways.all_reduce(x, 'x')\n"},
                                 {spec}, {spec}, {{"x", "y"}}, {{"x", "y"}}});
@@ -193,7 +202,17 @@ TEST_F(MultiProcessTest, CollectiveMembersThatDisagreeFailTheRunAndTheNextCollec
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
   EXPECT_NE(result.status().message().find("all_reduce"), std::string::npos) << result.status();
   EXPECT_NE(result.status().message().find("disagree"), std::string::npos) << result.status();
+  EXPECT_NE(result.status().message().find("over [x] at y="), std::string::npos) << result.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "a disagreement is found by size, not by a timeout";
+  auto retyped_out = client_->Call(*retyped, *slice, {*x});
+  ASSERT_TRUE(retyped_out.ok()) << retyped_out.status();
+  result = client_->Fetch((*retyped_out)[0]).Await();
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_NE(result.status().message().find("members disagree on the collective, its dtype or its shape"),
+            std::string::npos)
+      << result.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "a disagreement is found by signature, not by a timeout";
   for (int round = 0; round < 3; ++round) {
     auto out = client_->Call(*good, *slice, {*x});
     ASSERT_TRUE(out.ok()) << out.status();
