@@ -125,11 +125,16 @@ class CollectiveHub {
 
  private:
   struct Meeting;
+  // Runs parts 0..n-1 of some work, sharing them with the local members waiting for the leader
+  // (or alone, when there are none); the first part's error.
+  using Share = absl::FunctionRef<absl::Status(int n, absl::FunctionRef<absl::Status(int)> part)>;
   absl::Status Meet(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
                     const CollectiveCall& call);
-  // Combines the local members' calls and runs the cross-host part. Runs on the leader.
+  absl::Status ShareOut(Meeting& meeting, int n, absl::FunctionRef<absl::Status(int)> part);
+  // Combines the local members' calls and runs the cross-host part. Runs on the leader, which
+  // shares the copies and reductions of large calls out among the local members.
   absl::Status Perform(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
-                       const std::vector<const CollectiveCall*>& calls);
+                       const std::vector<const CollectiveCall*>& calls, Share share);
 
   const std::string host_;
   const std::shared_ptr<TcpLinks> links_;
