@@ -12,6 +12,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                                    options.num_islands, " islands of ", options.hosts_per_island,
                                                    " hosts of ", options.devices_per_host, " devices"));
   }
+  if (options.dcn.latency < absl::ZeroDuration() || options.dcn.latency > absl::Seconds(10)) {
+    return absl::InvalidArgumentError(absl::StrCat("the emulated link's latency must be 0 to 10 s, got ",
+                                                   absl::FormatDuration(options.dcn.latency)));
+  }
+  if (!(options.dcn.gbps >= 0) || options.dcn.gbps > 1e6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the emulated link's bandwidth must be 0 (unlimited) to 1e6 Gbit/s, got ", options.dcn.gbps));
+  }
   std::unique_ptr<LocalCluster> cluster(new LocalCluster);
   cluster->options_ = options;
   ControllerOptions controller;

@@ -351,17 +351,21 @@ PYBIND11_MODULE(_pathways, m) {
       .def_property_readonly("num_calls", [](const Program& p) { return p.calls().size(); });
 
   py::class_<LocalCluster, std::shared_ptr<LocalCluster>>(m, "LocalCluster")
-      .def(py::init([](int islands, int hosts_per_island, int devices_per_host, int64_t device_memory) {
+      .def(py::init([](int islands, int hosts_per_island, int devices_per_host, int64_t device_memory,
+                       int64_t dcn_latency_us, double dcn_gbps) {
              // Serving in this process: the settings servers need (descriptors, the allocator).
              InitServingProcess();
              py::gil_scoped_release release;
-             std::unique_ptr<LocalCluster> c = Value(LocalCluster::Start({.num_islands = islands,
-                                                                         .hosts_per_island = hosts_per_island,
-                                                                         .devices_per_host = devices_per_host,
-                                                                         .device_memory_bytes = device_memory}));
+             std::unique_ptr<LocalCluster> c = Value(LocalCluster::Start(
+                 {.num_islands = islands,
+                  .hosts_per_island = hosts_per_island,
+                  .devices_per_host = devices_per_host,
+                  .device_memory_bytes = device_memory,
+                  .dcn = {.latency = absl::Microseconds(dcn_latency_us), .gbps = dcn_gbps}}));
              return std::shared_ptr<LocalCluster>(std::move(c));
            }),
-           py::arg("islands"), py::arg("hosts_per_island"), py::arg("devices_per_host"), py::arg("device_memory"))
+           py::arg("islands"), py::arg("hosts_per_island"), py::arg("devices_per_host"), py::arg("device_memory"),
+           py::arg("dcn_latency_us") = 0, py::arg("dcn_gbps") = 0.0)
       .def_property_readonly("address", &LocalCluster::controller_address);
 
   m.def("connect_local", [](std::shared_ptr<LocalCluster> cluster) {

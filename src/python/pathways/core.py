@@ -63,15 +63,36 @@ def _bytes(size: Union[int, str]) -> int:
                                    f"not {size!r}") from None
 
 
+def _int(name: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} is a whole number, not {value!r}") from None
+
+
+def _float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{name} is a number, not {value!r}")
+    return float(value)
+
+
 class LocalCluster:
     """A whole cluster inside this process: a controller and workers on loopback, over the same
     code paths (gRPC included) as separate processes. Usable as a context manager."""
 
     def __init__(self, islands: int = 1, hosts_per_island: int = 2, devices_per_host: int = 4,
-                 device_memory: Union[int, str] = "256MiB") -> None:
+                 device_memory: Union[int, str] = "256MiB", dcn_latency_us: int = 0,
+                 dcn_gbps: float = 0.0) -> None:
+        """``dcn_latency_us`` and ``dcn_gbps`` (0: unlimited) give traffic between islands an
+        emulated data-centre link: a one-way latency and a bandwidth. Traffic within an island is
+        untouched."""
         self._cluster: Optional[Any] = _ext.LocalCluster(islands=islands, hosts_per_island=hosts_per_island,
                                                          devices_per_host=devices_per_host,
-                                                         device_memory=_bytes(device_memory))
+                                                         device_memory=_bytes(device_memory),
+                                                         dcn_latency_us=_int("dcn_latency_us", dcn_latency_us),
+                                                         dcn_gbps=_float("dcn_gbps", dcn_gbps))
 
     @property
     def address(self) -> str:

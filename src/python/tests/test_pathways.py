@@ -450,3 +450,34 @@ def test_bad_cluster_shapes_and_sizes_are_refused():
             pathways.LocalCluster(**shape)
     with pytest.raises(pathways.InvalidArgumentError, match="memory size"):
         pathways.LocalCluster(device_memory=1.5)
+    with pytest.raises(pathways.InvalidArgumentError, match="latency must be 0 to 10 s"):
+        pathways.LocalCluster(dcn_latency_us=-1)
+    with pytest.raises(pathways.InvalidArgumentError, match="dcn_latency_us is a whole number"):
+        pathways.LocalCluster(dcn_latency_us=2.5)
+    with pytest.raises(pathways.InvalidArgumentError, match="bandwidth must be 0"):
+        pathways.LocalCluster(dcn_gbps=float("nan"))
+    with pytest.raises(pathways.InvalidArgumentError, match="dcn_gbps is a number"):
+        pathways.LocalCluster(dcn_gbps="10")
+
+
+def test_an_emulated_link_between_islands_delays_collectives_across_them():
+    # Two islands of one single-device host, 30 ms one way between them.
+    with pathways.LocalCluster(islands=2, hosts_per_island=1, devices_per_host=1, device_memory="64MiB",
+                               dcn_latency_us=30000) as cluster:
+        with cluster.connect() as client:
+            across = client.slice((2,), axes=("x",), span_islands=True)
+            within = client.slice((1,), axes=("x",), island=0)
+
+            @pathways.function(in_shardings=[P("x")], out_shardings=[P()])
+            def total(v):
+                return pathways.all_reduce(v, "x")
+
+            for mesh, n in [(across, 2), (within, 1)]:
+                x = client.put(torch.ones(n), mesh, P("x"))
+                total(x).fetch()  # compiled, and the links made
+                start = time.monotonic()
+                out = total(x).fetch()
+                took = time.monotonic() - start
+                torch.testing.assert_close(out, torch.tensor([float(n)]))
+                if mesh is across:
+                    assert took >= 0.03, took  # at least one message each way crossed the link
