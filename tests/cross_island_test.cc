@@ -83,8 +83,8 @@ TEST(CrossIslandTest, GangsOverTwoIslandsFromTwoTenantsAllCompleteUnderProportio
   for (const auto& [passed, last] : TenantsOverTwoIslands({"--scheduler", "share"}, 300)) EXPECT_TRUE(passed) << last;
 }
 
-// The same with each island's scheduler reached independently, clients in different island
-// orders: gangs meet out of order and fail (Aborted), which is what the ordering prevents.
+// The same with each island's scheduler reached independently, the two tenants in opposite
+// island orders: gangs meet out of order and fail, which is what the ordering prevents.
 TEST(CrossIslandTest, WithoutTheCrossIslandOrderTheSameTenantsFail) {
   int failed = 0;
   for (const auto& [passed, last] : TenantsOverTwoIslands({"--test-unordered-islands"}, 300)) failed += passed ? 0 : 1;

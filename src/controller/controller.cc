@@ -47,9 +47,15 @@ Future<Unit> Controller::SubmitAcrossIslands(const std::string& client, double w
                                              std::vector<std::pair<int, rpc::GangRun>> parts) {
   std::vector<Future<Unit>> accepted;
   if (options_.TEST_unordered_islands) {
-    // Each part on its own, half the clients reaching the islands last to first, with a pause
-    // between the islands that lets another client's run overtake on the second one.
-    if (std::hash<std::string>{}(client) % 2 == 1) std::reverse(parts.begin(), parts.end());
+    // Each part on its own, every second client reaching the islands last to first, with a
+    // pause between the islands that lets another client's run overtake on the second one.
+    bool reversed;
+    {
+      absl::MutexLock lock(&schedulers_mu_);
+      auto [it, added] = TEST_client_ranks_.try_emplace(client, static_cast<int>(TEST_client_ranks_.size()));
+      reversed = it->second % 2 == 1;
+    }
+    if (reversed) std::reverse(parts.begin(), parts.end());
     for (auto& [island, part] : parts) {
       if (!accepted.empty()) absl::SleepFor(absl::Milliseconds(1));
       accepted.push_back(scheduler(island).Submit(client, weight, {std::move(part)}));

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/notification.h"
 #include "controller/client_leases.h"
 #include "controller/cluster_registry.h"
@@ -45,9 +46,10 @@ struct ControllerOptions {
   // The plain TCP streams (hosts' dataflow batches, clients' schedule streams) on the listen
   // address's IP: 0 any free port. Off with TLS (they are not encrypted).
   int stream_port = 0;
-  // Test-only: runs over several islands reach each island's scheduler independently, in an
-  // order that differs between clients and 1 ms apart, as if islands were not ordered together:
-  // gangs over several islands then meet out of order.
+  // Test-only: runs over several islands reach each island's scheduler independently, 1 ms
+  // apart, every second client (in the order the controller first sees them) reaching the
+  // islands last to first, as if islands were not ordered together: gangs over several islands
+  // then meet out of order.
   bool TEST_unordered_islands = false;
 };
 
@@ -103,6 +105,8 @@ class Controller {
   CrossIslandOrder cross_island_order_;  // declared first: the schedulers' runs point to it
   absl::Mutex schedulers_mu_;
   std::map<int, Island> schedulers_ ABSL_GUARDED_BY(schedulers_mu_);
+  // TEST_unordered_islands: each client's rank among the clients seen.
+  absl::flat_hash_map<std::string, int> TEST_client_ranks_ ABSL_GUARDED_BY(schedulers_mu_);
   absl::Notification stop_;
   std::thread retire_thread_;
   std::unique_ptr<Service> service_;
