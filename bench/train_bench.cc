@@ -180,29 +180,50 @@ int Main(int argc, char** argv) {
   }
   one_island.reset();
 
-  std::printf("\n### Two islands over an emulated link (%lld us one way, %lld Gbit/s) against one island\n\n",
-              static_cast<long long>(latency_us), static_cast<long long>(gbps));
-  std::printf("| cluster | tokens/s | of one island | loss after |\n|---|---|---|---|\n");
-  double single = 0;
-  bench::RowProgress islands_progress("two islands", 2);
-  for (int islands : {1, 2}) {
-    islands_progress.Measuring(absl::StrCat(islands, islands == 1 ? " island" : " islands"));
-    const int per_host = devices / islands >= 2 ? 2 : 1;
-    LocalClusterOptions c{.num_islands = islands, .hosts_per_island = static_cast<int>(devices / islands / per_host),
-                          .devices_per_host = per_host, .device_memory_bytes = int64_t{1} << 30};
-    if (islands == 2) c.dcn = {.latency = absl::Microseconds(latency_us), .gbps = static_cast<double>(gbps)};
-    auto cluster = OrDie(LocalCluster::Start(c), "cluster");
-    TrainOptions o = base;
-    o.layout = {.data = devices, .tensor = 1, .stages = 1};
-    o.islands = islands;
-    const std::string trace =
-        trace_prefix.empty() || islands == 1 ? "" : absl::StrCat(trace_prefix, "two_islands.json");
-    const Result r = Measure(*cluster, o, steps, repeats, trace);
-    if (islands == 1) single = r.tokens_per_s;
-    islands_progress.Printing();
-    std::printf("| %d island%s x %lld devices | %.0f | %.3f | %.4f |\n", islands, islands == 1 ? "" : "s",
-                static_cast<long long>(devices / islands), r.tokens_per_s, r.tokens_per_s / single, r.loss);
-    std::fflush(stdout);
+  // Across islands joined by an emulated link, against one island of as many devices: data
+  // parallelism over two islands (the paper's Figure 12), and a pipeline with a stage per island
+  // over four (its Figure 10).
+  struct AcrossIslands {
+    const char* title;
+    int islands;
+    ParallelLayout layout;
+    int64_t microbatches;
+    const char* trace;
+  };
+  std::vector<AcrossIslands> experiments = {
+      {"Data parallelism over two islands (the paper's Figure 12)", 2, {.data = devices, .tensor = 1, .stages = 1}, 1,
+       "two_islands.json"}};
+  if (devices >= 4 && layers >= 4) {
+    experiments.push_back({"A pipeline of four stages over four islands (the paper's Figure 10)", 4,
+                           {.data = devices / 4, .tensor = 1, .stages = 4}, 4, "four_islands.json"});
+  }
+  for (const AcrossIslands& e : experiments) {
+    std::printf("\n### %s: an emulated link (%lld us one way, %lld Gbit/s) against one island\n\n", e.title,
+                static_cast<long long>(latency_us), static_cast<long long>(gbps));
+    std::printf("| cluster | tokens/s | of one island | loss after |\n|---|---|---|---|\n");
+    double single = 0;
+    bench::RowProgress islands_progress(e.title, 2);
+    for (int islands : {1, e.islands}) {
+      islands_progress.Measuring(absl::StrCat(islands, islands == 1 ? " island" : " islands"));
+      const int per_host = devices / islands >= 2 ? 2 : 1;
+      LocalClusterOptions c{.num_islands = islands,
+                            .hosts_per_island = static_cast<int>(devices / islands / per_host),
+                            .devices_per_host = per_host,
+                            .device_memory_bytes = int64_t{1} << 30};
+      if (islands > 1) c.dcn = {.latency = absl::Microseconds(latency_us), .gbps = static_cast<double>(gbps)};
+      auto cluster = OrDie(LocalCluster::Start(c), "cluster");
+      TrainOptions o = base;
+      o.layout = e.layout;
+      o.microbatches = e.microbatches;
+      o.islands = islands;
+      const std::string trace = trace_prefix.empty() || islands == 1 ? "" : absl::StrCat(trace_prefix, e.trace);
+      const Result r = Measure(*cluster, o, steps, repeats, trace);
+      if (islands == 1) single = r.tokens_per_s;
+      islands_progress.Printing();
+      std::printf("| %d island%s x %lld devices | %.0f | %.3f | %.4f |\n", islands, islands == 1 ? "" : "s",
+                  static_cast<long long>(devices / islands), r.tokens_per_s, r.tokens_per_s / single, r.loss);
+      std::fflush(stdout);
+    }
   }
   return 0;
 }
