@@ -3,6 +3,7 @@
 // receiver's reason, garbage closes only the stream it came on, and the emulated DCN delays.
 #include "collective/block_streams.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -103,6 +104,45 @@ TEST(BlockStreamsTest, BlocksOfEverySizeLandIntact) {
   for (auto n : sizes) total += static_cast<int64_t>(n);
   EXPECT_EQ(pair.streams(0).counts().bytes_sent, total);
   EXPECT_EQ(pair.streams(1).counts().bytes_received, total);
+}
+
+// A block past 2 GiB (where protobuf's messages and a signed 32-bit size stop) lands whole: bytes
+// marked on both sides of the limit arrive where they were. Both sides are anonymous
+// mappings: the sender's pages are never written but for the marks (the rest read as zeros), the
+// receiver's are written once, by the stream.
+TEST(BlockStreamsTest, ABlockPastTwoGiBLandsWhole) {
+  const uint64_t bytes = (uint64_t{1} << 31) + 12345;
+  auto map = [&] {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+  };
+  char* const out = map();
+  char* const in = map();
+  ASSERT_NE(out, nullptr);
+  ASSERT_NE(in, nullptr);
+  const std::vector<uint64_t> marks = {0, (uint64_t{1} << 31) - 1, uint64_t{1} << 31, bytes - 1};
+  for (size_t i = 0; i < marks.size(); ++i) out[marks[i]] = static_cast<char>(i + 1);
+  Pair pair(absl::Seconds(60));
+  Promise<Unit> landed_promise;
+  Future<Unit> landed = landed_promise.future();
+  pair.land = [&](const std::string&, const std::string&, uint64_t size) -> absl::StatusOr<BlockStreams::Landing> {
+    EXPECT_EQ(size, bytes);
+    return BlockStreams::Landing{in, [&](absl::Status s) {
+                                   landed_promise.Set(s.ok() ? absl::StatusOr<Unit>(Unit{}) : s);
+                                 }};
+  };
+  Promise<Unit> sent_promise;
+  Future<Unit> sent = sent_promise.future();
+  pair.streams(0).Send(Pair::Name(1), "big", out, bytes, nullptr, [&](absl::Status s) {
+    sent_promise.Set(s.ok() ? absl::StatusOr<Unit>(Unit{}) : s);
+  });
+  ASSERT_TRUE(sent.Await().ok()) << sent.Await().status();
+  ASSERT_TRUE(landed.Await().ok()) << landed.Await().status();
+  for (size_t i = 0; i < marks.size(); ++i) EXPECT_EQ(in[marks[i]], static_cast<char>(i + 1)) << marks[i];
+  EXPECT_EQ(in[12345], 0);
+  EXPECT_EQ(pair.streams(1).counts().bytes_received, static_cast<int64_t>(bytes));
+  munmap(out, bytes);
+  munmap(in, bytes);
 }
 
 TEST(BlockStreamsTest, ManyQueuedBlocksArriveInOrder) {
