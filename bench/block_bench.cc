@@ -132,9 +132,9 @@ int Main(int argc, char** argv) {
     std::fflush(stdout);
   }
   client.reset();
-  worker_a.Stop(SIGTERM);
-  worker_b.Stop(SIGTERM);
-  controller.Stop(SIGTERM);
+  worker_a.Terminate(absl::Seconds(30));
+  worker_b.Terminate(absl::Seconds(30));
+  controller.Terminate(absl::Seconds(30));
   return 0;
 }
 

@@ -194,7 +194,7 @@ std::optional<double> MeasureTorch(int ranks, int64_t bytes, int repeats) {
     if (!line.ok()) break;
     out += *line + "\n";
   }
-  for (auto& p : procs) p->Wait();
+  for (auto& p : procs) p->WaitOrTerminate(absl::Seconds(60));  // a rank that hangs is ended
   unlink(store.c_str());
   return ParseRates(out);
 }
@@ -235,7 +235,7 @@ MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t byte
     if (!line.ok()) break;
     out += *line + "\n";
   }
-  for (auto& p : procs) p->Wait();
+  for (auto& p : procs) p->WaitOrTerminate(absl::Seconds(60));  // a rank that hangs is ended
   std::filesystem::remove_all(dir);
   MultiControllerRates rates;
   std::vector<double> step, fused;

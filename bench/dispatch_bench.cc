@@ -194,8 +194,8 @@ bool ProcessPipelineTable(int max_stages, int islands, const std::vector<std::st
                               : std::string("a worker process per stage"),
                   repeats);
   }
-  for (Subprocess& w : workers) w.Stop(SIGTERM);
-  controller.Stop(SIGTERM);
+  for (Subprocess& w : workers) w.Terminate(absl::Seconds(30));
+  controller.Terminate(absl::Seconds(30));
   return true;
 }
 

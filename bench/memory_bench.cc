@@ -88,8 +88,8 @@ int Main(int argc, char** argv) {
   std::printf("\nPeak RSS of the worker: %.0f MiB (budget %.0f MiB).\n", StatusMiB(worker.pid(), "VmHWM"),
               budget_mib);
   client->reset();
-  worker.Stop(SIGTERM);
-  controller.Stop(SIGTERM);
+  worker.Terminate(absl::Seconds(30));
+  controller.Terminate(absl::Seconds(30));
   return 0;
 }
 

@@ -175,8 +175,8 @@ int Main(int argc, char** argv) {
                        median(with_grpc, &Figures::fetch_trip_us), 0, {}};
   for (Processes* p : {&streams, &grpc_only}) {
     p->client.reset();
-    p->worker.Stop(SIGTERM);
-    p->controller.Stop(SIGTERM);
+    p->worker.Terminate(absl::Seconds(30));
+    p->controller.Terminate(absl::Seconds(30));
   }
   progress.Printing();
 

@@ -179,8 +179,8 @@ int Run(const Flags& flags) {
               static_cast<double>(worker_threads) / static_cast<double>(max_hosts),
               static_cast<double>(worker_rss_kb) / 1024 / static_cast<double>(max_hosts));
   client.reset();
-  controller.Stop(SIGTERM);  // first, so that it does not reach for hosts already gone
-  for (auto& w : workers) w->Stop(SIGTERM);
+  controller.Terminate(absl::Seconds(30));  // first, so that it does not reach for hosts already gone
+  for (auto& w : workers) w->Terminate(absl::Seconds(30));
   return 0;
 }
 

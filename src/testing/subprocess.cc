@@ -167,6 +167,11 @@ int Subprocess::Terminate(absl::Duration grace) {
   return status.ok() ? *status : Stop(SIGKILL);
 }
 
+int Subprocess::WaitOrTerminate(absl::Duration wait, absl::Duration grace) {
+  absl::StatusOr<int> status = WaitFor(wait);
+  return status.ok() ? *status : Terminate(grace);
+}
+
 int Subprocess::Stop(int signal) {
   if (pid_ <= 0) return -1;
   if (signal != 0) kill(pid_, signal);

@@ -44,6 +44,9 @@ class Subprocess {
   int Terminate(absl::Duration grace);
   // Waits for the process to exit by itself; returns its wait status.
   int Wait();
+  // Waits up to `wait` for the process to exit by itself, then Terminate(grace): what a program
+  // that must end in bounded time does with a child that should be finishing.
+  int WaitOrTerminate(absl::Duration wait, absl::Duration grace = absl::Seconds(5));
   // Waits up to `timeout` for the child to exit: its wait status, or DeadlineExceeded (it still
   // runs).
   absl::StatusOr<int> WaitFor(absl::Duration timeout);
