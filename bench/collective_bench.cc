@@ -170,6 +170,13 @@ std::optional<double> ParseRates(const std::string& out) {
   return Median(rates);
 }
 
+// The peer's ranks, which should be finishing: those still running a minute from now (a rank
+// that hangs) are ended.
+void EndAll(std::vector<std::unique_ptr<Subprocess>>& procs) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (auto& p : procs) p->WaitOrTerminate(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+}
+
 bool Available(const std::vector<std::string>& argv) { return RunCommand(argv, absl::Seconds(120)).ok(); }
 
 std::optional<double> MeasureTorch(int ranks, int64_t bytes, int repeats) {
@@ -194,7 +201,7 @@ std::optional<double> MeasureTorch(int ranks, int64_t bytes, int repeats) {
     if (!line.ok()) break;
     out += *line + "\n";
   }
-  for (auto& p : procs) p->WaitOrTerminate(absl::Seconds(60));  // a rank that hangs is ended
+  EndAll(procs);
   unlink(store.c_str());
   return ParseRates(out);
 }
@@ -235,7 +242,7 @@ MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t byte
     if (!line.ok()) break;
     out += *line + "\n";
   }
-  for (auto& p : procs) p->WaitOrTerminate(absl::Seconds(60));  // a rank that hangs is ended
+  EndAll(procs);
   std::filesystem::remove_all(dir);
   MultiControllerRates rates;
   std::vector<double> step, fused;

@@ -215,6 +215,7 @@ int Main(int argc, char** argv) {
       TrainOptions o = base;
       o.layout = e.layout;
       o.microbatches = e.microbatches;
+      while (o.microbatches > 1 && batch % (o.layout.data * o.microbatches) != 0) o.microbatches /= 2;
       o.islands = islands;
       const std::string trace = trace_prefix.empty() || islands == 1 ? "" : absl::StrCat(trace_prefix, e.trace);
       const Result r = Measure(*cluster, o, steps, repeats, trace);

@@ -124,6 +124,20 @@ class CollectiveFaultsTest : public ::testing::Test {
       EXPECT_EQ(got->data<float>()[0], 8.0f);
     }
   }
+  // Returns once every device of the gang has run what it was given before (each runs in order).
+  void WaitForTheDevices(const Gang& gang) {
+    const TensorSpec all{DType::kF32, {8}};
+    auto inc = client_->Compile(FunctionSpec::Builtin("add_one", {all}, {all}, {{"x"}}, {{"x"}}));
+    ASSERT_TRUE(inc.ok()) << inc.status();
+    auto data = HostArray::FromVector<float>(DType::kF32, {8}, gang.input);
+    ASSERT_TRUE(data.ok());
+    auto x = client_->Put(*data, gang.slice, {"x"});
+    ASSERT_TRUE(x.ok()) << x.status();
+    auto out = client_->Call(*inc, gang.slice, {*x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    auto done = client_->Fetch((*out)[0]).AwaitFor(absl::Seconds(120));
+    ASSERT_TRUE(done.ok()) << done.status();
+  }
   // Starts `f` on the gang's input; its output, once the run is pushed to the hosts.
   ShardedArray Start(const Gang& gang, const CompiledFunction& f) {
     auto data = HostArray::FromVector<float>(DType::kF32, {8}, gang.input);
@@ -158,7 +172,7 @@ TEST_F(CollectiveFaultsTest, AFrozenMemberFailsTheCollectiveAtItsTimeoutAndTheDe
   ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));  // the hosts' connections are made
   // Frozen while its slow member computes (runs are scheduled in rounds every host of the island
   // takes, so a host frozen before the run came would hold up the run itself, not the collective).
-  const CompiledFunction slow = SlowOnTheVictim(3000);
+  const CompiledFunction slow = SlowOnTheVictim(20000);
   ShardedArray out = Start(gang, slow);
   ASSERT_EQ(kill(gang.victim_process->pid(), SIGSTOP), 0);
   const absl::Time frozen = absl::Now();
@@ -171,8 +185,10 @@ TEST_F(CollectiveFaultsTest, AFrozenMemberFailsTheCollectiveAtItsTimeoutAndTheDe
   EXPECT_NE(result.status().message().find("still waiting for host(s) " + gang.victim), std::string::npos)
       << result.status();
   EXPECT_LT(took, absl::Milliseconds(kCollectiveTimeoutMs) + absl::Seconds(5)) << result.status();
-  // Woken, the victim finishes its member's work, reaches the call its peers left, finds them past
-  // it, and meets them at the next.
+  // Woken, the victim finishes its member's work and the failed call (its devices run in order:
+  // a function without a collective on the same devices ends after it), then the same devices
+  // run the next collectives.
+  ASSERT_NO_FATAL_FAILURE(WaitForTheDevices(gang));
   ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));
 }
 
@@ -190,9 +206,12 @@ TEST_F(KilledMemberTest, AKilledMemberFailsTheCollectiveAtOnceAndAWorkerInItsPla
   Gang gang;
   ASSERT_NO_FATAL_FAILURE(MakeGang(gang));
   ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));  // the hosts' connections are made
-  const CompiledFunction slow = SlowOnTheVictim(20000);
+  // The victim's member computes for seconds; the others are in the collective well before the
+  // kill (a survivor that came to the call only after it would wait the collective timeout for a
+  // connection instead, and this test would fail).
+  const CompiledFunction slow = SlowOnTheVictim(40000);
   ShardedArray out = Start(gang, slow);
-  absl::SleepFor(absl::Milliseconds(500));  // the others are in the collective by now (passes either way)
+  absl::SleepFor(absl::Milliseconds(1500));
   gang.victim_process->Stop(SIGKILL);
   const absl::Time killed = absl::Now();
   auto result = client_->Fetch(out).AwaitFor(absl::Seconds(60));

@@ -170,7 +170,7 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
     // Every local member is blocked below until done, so their buffers stay valid.
     absl::Status status = Perform(placement, call_key, id, meeting->calls,
                                   [&](int n, absl::FunctionRef<absl::Status(int)> part) {
-                                    return ShareOut(*meeting, n, part);
+                                    return n > 1 ? ShareOut(*meeting, n, part) : Alone(n, part);
                                   });
     absl::MutexLock lock(&mu_);
     if (!meeting->done) {
@@ -372,7 +372,7 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
     case CollectiveKind::kReduceScatter: {
       const size_t chunk = bytes / size;
       if (!cross) {
-        // Each member's chunk is reduced straight into its output (by that member, when large).
+        // Each member's chunk is reduced straight into its output (shared out, when large).
         if (plan.local.size() == 1) {
           std::memcpy(c.out, c.in + first * chunk, chunk);  // a group of one
           return absl::OkStatus();
@@ -391,10 +391,11 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
         return parts > 1 ? share(members, by_member) : Alone(members, by_member);
       }
       // The host's partial sums of every chunk, in memory this thread keeps for its next call
-      // (a fresh buffer would be page-faulted in every time), up to 64 MiB.
+      // (a fresh buffer would be page-faulted in every time), up to 16 MiB: host memory outside
+      // the device's budget, so a larger one is the call's alone.
       thread_local std::vector<char> kept;
       std::vector<char> once;
-      std::vector<char>& room = bytes <= (size_t{64} << 20) ? kept : once;
+      std::vector<char>& room = bytes <= (size_t{16} << 20) ? kept : once;
       if (room.size() < std::max<size_t>(bytes, 1)) room.resize(std::max<size_t>(bytes, 1));
       char* acc = room.data();
       if (plan.local.size() == 1) {

@@ -318,14 +318,13 @@ void Worker::HeartbeatLoop() {
     for (const std::string& host : response->departed_hosts()) why[host];
     for (const rpc::DepartedHost& host : response->departed()) why[host.address()] = host.reason();
     if (response->registered()) {  // a controller that restarted knows of no departures yet
-      absl::flat_hash_set<std::string> now;
+      departed_.clear();
       for (const auto& [host, reason] : why) {
-        // What waits for a host that just left would wait for good (a new worker at its address
-        // starts afresh).
-        if (!departed_.contains(host)) runtime_->ForgetPeer(host);
-        now.insert(host);
+        // What waits for a host that left would wait for good (a new worker at its address starts
+        // afresh). At every beat: a run still in flight may have sent to it since the last.
+        runtime_->ForgetPeer(host);
+        departed_.insert(host);
       }
-      departed_ = std::move(now);
     }
     if (int failed = runtime_->store().SetDepartedHosts(std::move(why)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import numbers
 import operator
 from typing import Any, Generator, List, Optional, Sequence, Tuple, Union
 
@@ -67,13 +68,16 @@ def _int(name: str, value: Any) -> int:
     try:
         if isinstance(value, bool):
             raise TypeError
-        return operator.index(value)
+        n = operator.index(value)  # an int, or an integer of numpy's
     except TypeError:
         raise InvalidArgumentError(f"{name} is a whole number, not {value!r}") from None
+    if not -2**63 <= n < 2**63:
+        raise InvalidArgumentError(f"{name} is out of range: {n}")
+    return n
 
 
 def _float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgumentError(f"{name} is a number, not {value!r}")
     return float(value)
 

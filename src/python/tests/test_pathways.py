@@ -454,6 +454,8 @@ def test_bad_cluster_shapes_and_sizes_are_refused():
         pathways.LocalCluster(dcn_latency_us=-1)
     with pytest.raises(pathways.InvalidArgumentError, match="dcn_latency_us is a whole number"):
         pathways.LocalCluster(dcn_latency_us=2.5)
+    with pytest.raises(pathways.InvalidArgumentError, match="out of range"):
+        pathways.LocalCluster(dcn_latency_us=2**70)
     with pytest.raises(pathways.InvalidArgumentError, match="bandwidth must be 0"):
         pathways.LocalCluster(dcn_gbps=float("nan"))
     with pytest.raises(pathways.InvalidArgumentError, match="dcn_gbps is a number"):
