@@ -186,6 +186,11 @@ std::vector<std::shared_ptr<PyArray>> Wrap(std::vector<ShardedArray> arrays, con
 PYBIND11_MODULE(_pathways, m) {
   using namespace pathways;
   m.doc() = "The pathways C++ client library (internal: use the `pathways` package).";
+  // Every mutex in this process is the runtime's: absl's lock-order (deadlock) detection, on by
+  // default in Debian's build, would cost every future and promise a global graph update (the
+  // island scheduler's FIFO path ran 24x slower with it: bench/scheduler_bench.cc). Serving
+  // processes turn it off the same way (InitServingProcess); a client of a remote cluster too.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   // Exceptions: the package maps each status code to its class (pathways/errors.py).
   py::register_exception_translator([](std::exception_ptr p) {
