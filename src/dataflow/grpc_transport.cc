@@ -222,7 +222,12 @@ void GrpcTransport::Send(const std::string& host, const std::string& graph, std:
   // the bound they are refused, and Stalled names the peer (what it should have had is lost, so
   // the cluster must make it, or this host, leave).
   const int64_t max_bytes = max_peer_bytes_.load(std::memory_order_relaxed);
-  if (!peer->Enqueue(graph, std::move(batch), max_bytes)) {
+  const bool taken = peer->Enqueue(graph, std::move(batch), max_bytes);
+  if (peer.use_count() == 1) {
+    // Forgotten meanwhile, and this call its last holder: taken apart where Forget would have.
+    RpcCompletions().Schedule([gone = std::move(peer)]() mutable { gone.reset(); });
+  }
+  if (!taken) {
     const int64_t refused = refused_batches_.fetch_add(1, std::memory_order_relaxed) + 1;
     if ((refused & (refused - 1)) == 0) {  // the 1st, 2nd, 4th, ...: a stalled peer does not flood the log
       PW_LOG(Error) << "dataflow: a batch for " << host << " refused: more than " << max_bytes
