@@ -150,6 +150,15 @@ class CollectiveFaultsTest : public ::testing::Test {
     EXPECT_TRUE(client_->Enqueued((*out)[0]).Await().ok());
     return (*out)[0];
   }
+  // A gang whose hosts' connections are made (a first collective ran), and a run on it whose
+  // victim's member computes for `iterations` before the all_reduce: its output.
+  ShardedArray StartWithTheVictimSlow(Gang& gang, int iterations) {
+    MakeGang(gang);
+    if (HasFatalFailure()) return {};
+    ExpectCollectivesRun(gang.slice);
+    if (HasFatalFailure()) return {};
+    return Start(gang, SlowOnTheVictim(iterations));
+  }
   void ExpectTheCollectiveNamed(const absl::Status& s, const std::string& victim) {
     EXPECT_NE(s.message().find("collective all_reduce(f32[1], sum) over [x] (8 members)"), std::string::npos) << s;
     EXPECT_NE(s.message().find(victim), std::string::npos) << s;
@@ -167,13 +176,11 @@ class CollectiveFaultsTest : public ::testing::Test {
 // timeout, naming it, its group and the frozen host; once it wakes, the same 8 devices run the
 // next collectives.
 TEST_F(CollectiveFaultsTest, AFrozenMemberFailsTheCollectiveAtItsTimeoutAndTheDevicesGoOn) {
-  Gang gang;
-  ASSERT_NO_FATAL_FAILURE(MakeGang(gang));
-  ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));  // the hosts' connections are made
   // Frozen while its slow member computes (runs are scheduled in rounds every host of the island
   // takes, so a host frozen before the run came would hold up the run itself, not the collective).
-  const CompiledFunction slow = SlowOnTheVictim(20000);
-  ShardedArray out = Start(gang, slow);
+  Gang gang;
+  ShardedArray out;
+  ASSERT_NO_FATAL_FAILURE(out = StartWithTheVictimSlow(gang, 20000));
   ASSERT_EQ(kill(gang.victim_process->pid(), SIGSTOP), 0);
   const absl::Time frozen = absl::Now();
   auto result = client_->Fetch(out).AwaitFor(absl::Seconds(60));
@@ -203,14 +210,13 @@ class KilledMemberTest : public CollectiveFaultsTest {
 // host that closed; once the controller has declared it dead, a worker started at its address
 // (as a supervisor would) runs the next collectives with the survivor.
 TEST_F(KilledMemberTest, AKilledMemberFailsTheCollectiveAtOnceAndAWorkerInItsPlaceGoesOn) {
-  Gang gang;
-  ASSERT_NO_FATAL_FAILURE(MakeGang(gang));
-  ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));  // the hosts' connections are made
   // The victim's member computes for seconds; the others are in the collective well before the
   // kill (a survivor that came to the call only after it would wait the collective timeout for a
-  // connection instead, and this test would fail).
-  const CompiledFunction slow = SlowOnTheVictim(40000);
-  ShardedArray out = Start(gang, slow);
+  // connection instead, and this test would fail). Nothing outside shows a member waiting in a
+  // collective, so the test gives them 1.5 s to get there.
+  Gang gang;
+  ShardedArray out;
+  ASSERT_NO_FATAL_FAILURE(out = StartWithTheVictimSlow(gang, 40000));
   absl::SleepFor(absl::Milliseconds(1500));
   gang.victim_process->Stop(SIGKILL);
   const absl::Time killed = absl::Now();

@@ -311,6 +311,22 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
   const int first = plan.local.front();
   // Large calls share their local copies and reductions among this host's members: one part each.
   const int parts = plan.local.size() > 1 && bytes >= kShareBytes ? static_cast<int>(plan.local.size()) : 1;
+  // Elements [from, from + n) of every local input, reduced into `out` (at least two members).
+  auto reduce_inputs = [&](size_t from, size_t n, char* out) -> absl::Status {
+    const size_t at = from * element;
+    PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, calls[plan.local[0]]->in + at, calls[plan.local[1]]->in + at, out, n));
+    for (size_t i = 2; i < plan.local.size(); ++i) {
+      PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, out, calls[plan.local[i]]->in + at, n));
+    }
+    return absl::OkStatus();
+  };
+  // Every element of every local input reduced into `acc`, in parts shared out when large.
+  auto reduce_all_into = [&](char* acc) {
+    return share(parts, [&](int p) {
+      const auto [lo, hi] = PartOf(c.count, parts, p);
+      return reduce_inputs(lo, hi - lo, acc + lo * element);
+    });
+  };
   // The first member's output, `n` bytes at `src`, into every other local member's output.
   auto copy_out = [&](const char* src, size_t n) -> absl::Status {
     if (plan.local.size() == 1) return absl::OkStatus();
@@ -343,16 +359,7 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
       char* acc = c.out;
       const char* partial = c.in;
       if (plan.local.size() > 1) {
-        // Large: each member reduces its part of the elements over every input.
-        PW_RETURN_IF_ERROR(share(parts, [&](int p) -> absl::Status {
-          const auto [lo, hi] = PartOf(c.count, parts, p);
-          const size_t at = lo * element;
-          PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, c.in + at, calls[plan.local[1]]->in + at, acc + at, hi - lo));
-          for (size_t i = 2; i < plan.local.size(); ++i) {
-            PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, acc + at, calls[plan.local[i]]->in + at, hi - lo));
-          }
-          return absl::OkStatus();
-        }));
+        PW_RETURN_IF_ERROR(reduce_all_into(acc));
         partial = acc;
       }
       if (cross) {
@@ -377,15 +384,9 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
           std::memcpy(c.out, c.in + first * chunk, chunk);  // a group of one
           return absl::OkStatus();
         }
-        auto by_member = [&](int p) -> absl::Status {
+        auto by_member = [&](int p) {
           const int r = plan.local[p];
-          PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, c.in + r * chunk, calls[plan.local[1]]->in + r * chunk,
-                                    calls[r]->out, c.count / size));
-          for (size_t i = 2; i < plan.local.size(); ++i) {
-            PW_RETURN_IF_ERROR(
-                ReduceInto(c.dtype, c.op, calls[r]->out, calls[plan.local[i]]->in + r * chunk, c.count / size));
-          }
-          return absl::OkStatus();
+          return reduce_inputs(r * (c.count / size), c.count / size, calls[r]->out);
         };
         const int members = static_cast<int>(plan.local.size());
         return parts > 1 ? share(members, by_member) : Alone(members, by_member);
@@ -401,15 +402,7 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
       if (plan.local.size() == 1) {
         std::memcpy(acc, c.in, bytes);
       } else {
-        PW_RETURN_IF_ERROR(share(parts, [&](int p) -> absl::Status {
-          const auto [lo, hi] = PartOf(c.count, parts, p);
-          const size_t at = lo * element;
-          PW_RETURN_IF_ERROR(Reduce(c.dtype, c.op, c.in + at, calls[plan.local[1]]->in + at, acc + at, hi - lo));
-          for (size_t i = 2; i < plan.local.size(); ++i) {
-            PW_RETURN_IF_ERROR(ReduceInto(c.dtype, c.op, acc + at, calls[plan.local[i]]->in + at, hi - lo));
-          }
-          return absl::OkStatus();
-        }));
+        PW_RETURN_IF_ERROR(reduce_all_into(acc));
       }
       PW_RETURN_IF_ERROR(across([&](MeshSteps& s) {
         return ReduceScatterAcrossHosts(s, c.dtype, c.op, acc, c.count, owned(acc, chunk));
