@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "multiprocess_fixture.h"
 #include "testing/subprocess.h"
+#include "transport/controller_client.h"
 
 namespace pathways {
 namespace {
@@ -159,6 +160,24 @@ class CollectiveFaultsTest : public ::testing::Test {
     if (HasFatalFailure()) return {};
     return Start(gang, SlowOnTheVictim(iterations));
   }
+  // Waits until a heartbeat of `host` sent from now on says `members` of its devices are inside a
+  // collective (an earlier one may have seen an earlier collective's members).
+  void WaitForMembersInACollective(const std::string& host, int64_t members) {
+    ControllerClient controller(address_);
+    const absl::Time since = absl::Now();
+    int64_t seen = -1;
+    for (absl::Time until = absl::Now() + absl::Seconds(30); absl::Now() < until;) {
+      auto status = controller.GetStatus();
+      ASSERT_TRUE(status.ok()) << status.status();
+      for (const rpc::HostStatus& h : status->hosts()) {
+        const absl::Time sent = absl::Now() - absl::Milliseconds(h.millis_since_heartbeat());
+        if (h.address() == host && sent > since) seen = h.counters().collectives_in_progress();
+      }
+      if (seen >= members) return;
+      absl::SleepFor(absl::Milliseconds(50));  // between polls (heartbeats come every 500 ms)
+    }
+    FAIL() << "host " << host << " never had " << members << " members in a collective (last seen: " << seen << ")";
+  }
   void ExpectTheCollectiveNamed(const absl::Status& s, const std::string& victim) {
     EXPECT_NE(s.message().find("collective all_reduce(f32[1], sum) over [x] (8 members)"), std::string::npos) << s;
     EXPECT_NE(s.message().find(victim), std::string::npos) << s;
@@ -210,14 +229,14 @@ class KilledMemberTest : public CollectiveFaultsTest {
 // host that closed; once the controller has declared it dead, a worker started at its address
 // (as a supervisor would) runs the next collectives with the survivor.
 TEST_F(KilledMemberTest, AKilledMemberFailsTheCollectiveAtOnceAndAWorkerInItsPlaceGoesOn) {
-  // The victim's member computes for seconds; the others are in the collective well before the
-  // kill (a survivor that came to the call only after it would wait the collective timeout for a
-  // connection instead, and this test would fail). Nothing outside shows a member waiting in a
-  // collective, so the test gives them 1.5 s to get there.
+  // The victim's member computes for seconds; the survivor's four members are in the collective
+  // before the kill, as its heartbeat says (one that came to the call only after it would wait the
+  // collective timeout for a connection instead, and this test would fail).
   Gang gang;
   ShardedArray out;
   ASSERT_NO_FATAL_FAILURE(out = StartWithTheVictimSlow(gang, 40000));
-  absl::SleepFor(absl::Milliseconds(1500));
+  const std::string survivor = gang.victim == addresses_[0] ? addresses_[1] : addresses_[0];
+  ASSERT_NO_FATAL_FAILURE(WaitForMembersInACollective(survivor, 4));
   gang.victim_process->Stop(SIGKILL);
   const absl::Time killed = absl::Now();
   auto result = client_->Fetch(out).AwaitFor(absl::Seconds(60));

@@ -124,7 +124,9 @@ CollectiveHub::~CollectiveHub() = default;
 absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
                                 const CollectiveCall& call) {
   const absl::Time start = absl::Now();
+  in_progress_.fetch_add(1, std::memory_order_relaxed);
   absl::Status status = Meet(placement, call_key, id, call);
+  in_progress_.fetch_sub(1, std::memory_order_relaxed);
   const double us = absl::ToDoubleMicroseconds(absl::Now() - start);
   const size_t bucket = static_cast<size_t>(
       std::lower_bound(std::begin(kLatencyBoundsUs), std::end(kLatencyBoundsUs), us) - std::begin(kLatencyBoundsUs));
@@ -140,6 +142,7 @@ CollectiveHub::Stats CollectiveHub::stats() const {
   s.calls = ok_.load(std::memory_order_relaxed) + s.failed;
   for (size_t i = 0; i < s.latency_buckets.size(); ++i) s.latency_buckets[i] = latency_buckets_[i].load(std::memory_order_relaxed);
   s.latency_sum_us = latency_sum_us_.load(std::memory_order_relaxed);
+  s.in_progress = in_progress_.load(std::memory_order_relaxed);
   return s;
 }
 

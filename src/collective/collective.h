@@ -120,6 +120,7 @@ class CollectiveHub {
     int64_t failed = 0;
     std::array<int64_t, kLatencyBuckets> latency_buckets{};
     int64_t latency_sum_us = 0;
+    int64_t in_progress = 0;  // member calls inside Run now
   };
   Stats stats() const;
 
@@ -143,6 +144,7 @@ class CollectiveHub {
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> ok_{0}, failed_{0}, latency_sum_us_{0};  // member calls that succeeded, failed
+  std::atomic<int64_t> in_progress_{0};
   std::array<std::atomic<int64_t>, kLatencyBuckets> latency_buckets_{};
 };
 

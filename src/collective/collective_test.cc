@@ -150,6 +150,36 @@ TEST(CollectiveHubTest, AMemberThatNeverComesTimesTheOthersOut) {
   for (auto& r : results) EXPECT_EQ(r.code(), absl::StatusCode::kDeadlineExceeded) << r;
 }
 
+// Members inside a call are counted (hosts report it with their heartbeats) until they leave it.
+TEST(CollectiveHubTest, MembersWaitingInACallAreCountedUntilTheyLeave) {
+  CollectiveHub hub("h", nullptr, absl::Seconds(30));
+  auto layout = std::make_shared<const GangLayout>(Layout({3}, {"i"}, std::vector<std::string>(3, "h")));
+  const std::string client = "run";
+  std::vector<float> in = {1, 2, 3}, out(3, 0);
+  auto member = [&](int s) {
+    ShardCollectives shard(hub, layout, {&client, 0, 0, 0}, s);
+    CollectiveCall call{CollectiveKind::kAllReduce, DType::kF32, ReduceOp::kSum, 0, 1,
+                        reinterpret_cast<const char*>(&in[s]), reinterpret_cast<char*>(&out[s])};
+    return shard.Run("", call);
+  };
+  absl::Status first, second;
+  std::thread a([&] { first = member(0); });
+  std::thread b([&] { second = member(1); });
+  // Two of three have come: both wait for the third, however long it takes to see them there.
+  for (absl::Time until = absl::Now() + absl::Seconds(20); hub.stats().in_progress < 2 && absl::Now() < until;) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(hub.stats().in_progress, 2);
+  EXPECT_EQ(hub.stats().calls, 0);
+  EXPECT_TRUE(member(2).ok());
+  a.join();
+  b.join();
+  EXPECT_TRUE(first.ok() && second.ok()) << first << " " << second;
+  EXPECT_EQ(hub.stats().in_progress, 0);
+  EXPECT_EQ(hub.stats().calls, 3);
+  EXPECT_EQ(out, std::vector<float>(3, 6));
+}
+
 TEST(CollectiveHubTest, MembersThatDisagreeOnTheCallFailNamingBoth) {
   CollectiveHub hub("h", nullptr, absl::Seconds(10));
   auto layout = std::make_shared<const GangLayout>(Layout({2}, {"i"}, std::vector<std::string>(2, "h")));

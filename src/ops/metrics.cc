@@ -143,6 +143,7 @@ constexpr struct {
     {"pathways_host_collective_failures_total", "counter", "Collective calls of the host's devices that failed."},
     {"pathways_host_collective_latency_seconds", "histogram", "Time from a member's collective call until its output is written, waiting for the group included."},
     {"pathways_host_runs_in_flight", "gauge", "Runs set up on the host whose shards there are not all done, as of the last heartbeat."},
+    {"pathways_host_collectives_in_progress", "gauge", "Member calls of the host's devices inside a collective (waiting for their group included), as of the last heartbeat."},
     {"pathways_scheduler_rounds_total", "counter", "Scheduling rounds sent to the island's hosts."},
     {"pathways_scheduler_released_runs_total", "counter", "Runs the island scheduler released to its hosts."},
     {"pathways_scheduler_release_wait_seconds", "histogram", "Time runs waited at the island scheduler between submission and release."},
@@ -179,6 +180,7 @@ std::string PrometheusText(const rpc::ClusterStatus& status) {
     AddHistogram(e, "pathways_host_collective_latency_seconds", host, c.latency_bounds_us(), c.latency_buckets(),
                  c.latency_sum_us());
     e.Add("pathways_host_runs_in_flight", host, static_cast<double>(c.runs_in_flight()));
+    e.Add("pathways_host_collectives_in_progress", host, static_cast<double>(c.collectives_in_progress()));
     for (const rpc::ClientCount& f : c.failed_shards()) {
       Labels client = host;
       client.emplace_back("client", f.client_id());

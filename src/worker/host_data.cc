@@ -112,6 +112,7 @@ void HostRuntime::DescribeCounters(rpc::HostCounters* counters) const {
   for (double bound : collective::CollectiveHub::kLatencyBoundsUs) counters->add_latency_bounds_us(bound);
   for (int64_t n : collectives.latency_buckets) counters->add_latency_buckets(n);
   counters->set_latency_sum_us(collectives.latency_sum_us);
+  counters->set_collectives_in_progress(collectives.in_progress);
   counters->set_runs_in_flight(runs_in_flight_.load(std::memory_order_relaxed));
   absl::MutexLock lock(&failures_mu_);
   for (const auto& [label, n] : failed_shards_) {
