@@ -23,7 +23,8 @@ void ConfigureServer(grpc::ServerBuilder& builder);
 grpc::ChannelArguments ChannelArgs();
 // 2000, or PATHWAYS_KEEPALIVE_MS (500 to 600000) when set: a machine that stands in for hundreds
 // of hosts (simulated devices) starves processes for seconds at a time, which is not a failure
-// there. Read once per process; a value out of range is refused with a warning.
+// there. Clients' data streams to workers bound a worker's silence by it too (worker_client.cc).
+// Read once per process; a value out of range is refused with a warning.
 int KeepaliveMs();
 // Builds and starts `builder`'s server on `address` (added by the caller with its credentials,
 // bound port in `*port`); a clear error naming `what` and the address when it cannot listen.

@@ -54,11 +54,16 @@ constexpr absl::Duration kUnreachablePause = absl::Seconds(30);
 constexpr absl::Duration kAskAgain = absl::Seconds(10);
 
 // A stream whose last reference may go on one of its own threads (a fetch's continuation) is
-// destroyed on a thread of its own: its destructor joins its threads.
+// destroyed on a thread of its own: its destructor joins its threads. It gives up on a silent
+// worker after 5 s, or 2.5 keepalive periods where PATHWAYS_KEEPALIVE_MS makes that longer (gRPC's
+// calls give up after about 2): processes starve for seconds where hundreds of simulated hosts
+// share two cores. Never less: the worker says it is still waiting once a second.
 std::shared_ptr<DataStreamClient> NewStream(const std::string& address, int port,
                                             const std::optional<std::string>& token) {
+  DataStreamTiming timing;
+  timing.silence = std::max(timing.silence, absl::Milliseconds(KeepaliveMs()) * 5 / 2);
   return std::shared_ptr<DataStreamClient>(
-      new DataStreamClient(address, address.substr(0, address.rfind(':')), port, {}, token),
+      new DataStreamClient(address, address.substr(0, address.rfind(':')), port, timing, token),
       [](DataStreamClient* s) {
         try {
           std::thread([s] { delete s; }).detach();
