@@ -224,7 +224,8 @@ struct Segment {
 };
 
 // Pushes a run's segments one after another: each once the previous one is enqueued on all its
-// hosts (or computed, after a data-dependent node). Holds the run's outputs until the end.
+// hosts (or computed, after a data-dependent node). Holds the run's outputs until the last is
+// pushed.
 struct SegmentedDispatch {
   std::shared_ptr<ClientCore> core;
   rpc::RunProgramOp op;
@@ -256,6 +257,9 @@ struct SegmentedDispatch {
     }
     if (k + 1 == d->segments.size()) {
       d->args.clear();
+      // The outputs now live as long as their handles, not until the run is delivered: a loop's
+      // dropped array is then freed while the runs after it are on their way (ClientCore::Free).
+      d->node_outputs.clear();
       d->done.Set(Unit{});
       AllDone(d->deliveries).OnReady([d](const absl::StatusOr<Unit>& r) { d->delivered.Set(r); });
       return;

@@ -60,6 +60,7 @@ struct ClientStats {
   int64_t run_op_bytes_sent = 0;
   int64_t lowerings = 0;  // programs lowered (not found in the lowering cache)
   int64_t staged_put_bytes = 0;  // put bytes that went ahead over data streams, not with their ops
+  int64_t frees_carried = 0;     // arrays freed by the run after their drop instead of by free ops
   // Schedule requests (batches of runs) over the schedule stream, and as unary gRPC calls (before
   // the stream is made, with TLS, or when the controller refused the stream).
   int64_t schedule_requests_streamed = 0;

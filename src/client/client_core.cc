@@ -1,6 +1,9 @@
 // ClientCore: what the client library keeps per client (leases, slice mappings, the ordered
 // queues to hosts and to the island schedulers).
 #include <algorithm>
+#include <limits>
+#include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "client/client_core.h"
@@ -27,14 +30,35 @@ Executor& FreeSender() {
 
 ShardedArray::State::~State() {
   if (!owned) return;
-  auto free = [core = core, id = id, hosts = placed_on->hosts](const absl::StatusOr<Unit>&) {
-    for (const std::string& host : hosts) {
-      rpc::Op op;
-      op.mutable_free()->set_array_id(id.value());
-      core->Push(host, std::move(op), &FreeSender());
+  const int64_t shard_bytes = ByteSize(spec.dtype, sharding.local_shape()).value_or(std::numeric_limits<int64_t>::max());
+  dispatched.OnReady([core = core, id = id, placed_on = placed_on, shard_bytes](const absl::StatusOr<Unit>&) mutable {
+    core->Free(id, std::move(placed_on), shard_bytes);
+  });
+}
+
+void ClientCore::Free(ArrayId id, std::shared_ptr<const SliceMapping> placed_on, int64_t shard_bytes) {
+  if (shard_bytes <= kMaxCarriedShardBytes) {
+    absl::MutexLock lock(&free_mu_);
+    if (runs_undelivered_ > 0 && held_bytes_ + shard_bytes <= kMaxHeldBytes) {
+      held_frees_.push_back({id, std::move(placed_on), shard_bytes});
+      held_bytes_ += shard_bytes;
+      frees_unplaced_.fetch_add(1, std::memory_order_release);
+      return;
     }
-  };
-  dispatched.OnReady(std::move(free));
+  }
+  PushFreeOps({{id, std::move(placed_on), shard_bytes}});
+}
+
+void ClientCore::PushFreeOp(const std::string& host, int64_t id) {
+  rpc::Op op;
+  op.mutable_free()->set_array_id(id);
+  Push(host, std::move(op), &FreeSender());
+}
+
+void ClientCore::PushFreeOps(const std::vector<HeldFree>& frees) {
+  for (const HeldFree& f : frees) {
+    for (const std::string& host : f.placed_on->hosts) PushFreeOp(host, f.id.value());
+  }
 }
 
 std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSliceResponse& response) {
@@ -110,6 +134,12 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
               auto q = core->queue(h.host());
               if (q->session() == h.session()) q->SkipReserved(h.seq());  // else that sequence is gone
             }
+            // The frees it carried go as ops (to every host it named; those without the array
+            // ignore them).
+            for (int64_t id : run.run().free_array_ids()) {
+              for (const rpc::HostSeq& h : run.hosts()) core->PushFreeOp(h.host(), id);
+            }
+            core->frees_carried_.fetch_sub(run.run().free_array_ids_size(), std::memory_order_relaxed);
           }
         },
         // Under the controller's 4 MiB message limit however many runs queue up (a run names each
@@ -121,6 +151,7 @@ std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
 }
 
 SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<std::string> bytes) {
+  PushHeldFrees();  // (Push does too, but a staged put takes its place here)
   if (bytes->size() < kStagedPutBytes || !worker(host)->HasStream()) {
     // In the op. Bytes no other shard shares are moved there, not copied.
     *op.mutable_put()->mutable_data() = bytes.use_count() == 1 ? std::move(*bytes) : *bytes;
@@ -151,7 +182,20 @@ SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<
   return at;
 }
 
-ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op) {
+namespace {
+
+// Whether every host of `inner` is one of `outer`'s, made into a set the first time it is needed.
+bool HostsWithin(const std::vector<std::string>& inner, const std::vector<std::string>& outer,
+                 std::optional<absl::flat_hash_set<std::string_view>>& outer_set) {
+  if (inner == outer) return true;  // a loop over one slice: the same hosts in the same order
+  if (inner.size() > outer.size()) return false;
+  if (!outer_set.has_value()) outer_set.emplace(outer.begin(), outer.end());
+  return std::all_of(inner.begin(), inner.end(), [&](const std::string& h) { return outer_set->contains(h); });
+}
+
+}  // namespace
+
+ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, rpc::RunProgramOp op) {
   PushedRun pushed;
   std::map<std::string, SeqRef>& seqs = pushed.seqs;
   std::vector<Future<Unit>> deliveries;
@@ -165,23 +209,56 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     pushed.delivered = AllDone(deliveries);
     return pushed;
   }
-  // One message for the run, whichever islands it spans: the controller splits it, and orders
-  // runs over several islands across them.
   rpc::GangRun run;
-  *run.mutable_run() = op;
-  for (const std::string& host : hosts) {
-    rpc::HostSeq* h = run.add_hosts();
-    h->set_host(host);
-    std::shared_ptr<HostOpQueue> q = queue(host);
-    seqs[host] = {q->session(), q->ReserveSeq()};
-    h->set_seq(seqs[host].seq);
-    h->set_session(seqs[host].session);
+  {
+    // The frees held since the last run: this run carries those whose hosts it reaches, the rest
+    // go as ops before it; nothing else takes a place on the hosts until the run has its places.
+    // The run is counted until it is delivered, so that frees meanwhile wait for the next run.
+    absl::MutexLock order(&free_order_mu_);
+    std::vector<HeldFree> held = TakeHeld(), not_carried;
+    {
+      absl::MutexLock lock(&free_mu_);
+      ++runs_undelivered_;
+    }
+    std::optional<absl::flat_hash_set<std::string_view>> run_hosts;
+    for (HeldFree& f : held) {
+      if (op.free_array_ids_size() < kMaxFreesPerRun && HostsWithin(f.placed_on->hosts, hosts, run_hosts)) {
+        op.add_free_array_ids(f.id.value());
+      } else {
+        not_carried.push_back(std::move(f));
+      }
+    }
+    frees_carried_.fetch_add(op.free_array_ids_size(), std::memory_order_relaxed);
+    PushFreeOps(not_carried);
+    // One message for the run, whichever islands it spans: the controller splits it, and orders
+    // runs over several islands across them.
+    *run.mutable_run() = std::move(op);
+    for (const std::string& host : hosts) {
+      rpc::HostSeq* h = run.add_hosts();
+      h->set_host(host);
+      std::shared_ptr<HostOpQueue> q = queue(host);
+      seqs[host] = {q->session(), q->ReserveSeq()};
+      h->set_seq(seqs[host].seq);
+      h->set_session(seqs[host].session);
+    }
+    frees_unplaced_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_release);
   }
   run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
   run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
   auto queue = ScheduleQueue();
-  queue->Push(std::move(run));
-  deliveries.push_back(queue->Flushed());  // covers this run's batch
+  const int64_t number = queue->Push(std::move(run));
+  Future<Unit> delivered = queue->FlushedThrough(number);  // this run's batch
+  // Delivered or refused: when it was the last on its way, what is held goes as free ops.
+  delivered.OnReady([weak = weak_from_this()](const absl::StatusOr<Unit>&) {
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    {
+      absl::MutexLock lock(&self->free_mu_);
+      if (--self->runs_undelivered_ > 0) return;
+    }
+    self->PushHeldFrees();
+  });
+  deliveries.push_back(std::move(delivered));
   pushed.delivered = AllDone(deliveries);
   return pushed;
 }

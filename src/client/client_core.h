@@ -94,8 +94,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   Epoch NextEpoch() { return epochs_.Next(); }
 
   // Every op the client sends goes through here, so the stats see all of them.
-  // Returns the op's place in the client's sequence on the host.
+  // Returns the op's place in the client's sequence on the host. Frees held for the next run go
+  // first (see Free).
   SeqRef Push(const std::string& host, rpc::Op op, Executor* sender = nullptr) {
+    if (!op.has_free()) PushHeldFrees();
     const int64_t bytes = static_cast<int64_t>(op.ByteSizeLong());
     ops_sent_.fetch_add(1, std::memory_order_relaxed);
     op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
@@ -138,8 +140,26 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     std::map<std::string, SeqRef> seqs;  // the op's place in the sequence on each host
     Future<Unit> delivered;               // on its hosts, or why it never will be
   };
-  PushedRun PushRun(const std::vector<std::string>& hosts, const rpc::RunProgramOp& op)
+  PushedRun PushRun(const std::vector<std::string>& hosts, rpc::RunProgramOp op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(epoch_mu_);
+  // Frees array `id`, of `shard_bytes` per shard, on the hosts of `placed_on`. While runs of this
+  // client are on their way to the scheduler (a loop `x = f(x)` pipelining), a small array's
+  // free is held for the next run: when that run reaches every host of the array it carries the
+  // id (RunProgramOp.free_array_ids, one id in one message instead of a free op to each host);
+  // otherwise, and when no run follows before the runs in flight are delivered, a free op goes
+  // to each host. Either way the free takes its place in each host's order before every op
+  // pushed after it: Push, PushPut and PushRun place what is held first.
+  void Free(ArrayId id, std::shared_ptr<const SliceMapping> placed_on, int64_t shard_bytes);
+  // A run carries at most this many frees (the rest go as ops): runs stay small messages.
+  static constexpr int kMaxFreesPerRun = 1024;
+  // What may be held: shards of at most kMaxCarriedShardBytes, at most kMaxHeldBytes of them in
+  // all; beyond either, frees go as ops at once. A carried free reaches its hosts only when the
+  // scheduler releases the run that carries it, which under proportional share may wait for
+  // earlier runs to report done (up to its done timeout), and an earlier run may be waiting for
+  // the memory that free returns: so what a client can hold back that way stays small. The
+  // per-host ops a free costs matter for small arrays (dispatch-bound loops), not for large ones.
+  static constexpr int64_t kMaxCarriedShardBytes = 64 << 10;
+  static constexpr int64_t kMaxHeldBytes = 1 << 20;
 
   // OpByOp calls run as one-node programs, traced once per (function, slice).
   absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
@@ -147,6 +167,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   ClientStats stats() const {
     ClientStats stats{ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
                       lowerings_.load(), staged_put_bytes_.load()};
+    stats.frees_carried = frees_carried_.load();
     const ControllerClient::ScheduleCounts schedules = controller_->schedule_counts();
     stats.schedule_requests_streamed = schedules.streamed;
     stats.schedule_requests_unary = schedules.unary;
@@ -169,6 +190,30 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   const uint64_t serial_;
   std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue();
   void LeaseLoop(absl::Duration interval);
+  struct HeldFree {
+    ArrayId id;
+    std::shared_ptr<const SliceMapping> placed_on;
+    int64_t shard_bytes = 0;
+  };
+  void PushFreeOp(const std::string& host, int64_t id);
+  // A free op for each array to each of its hosts.
+  void PushFreeOps(const std::vector<HeldFree>& frees);
+  // Places the frees held for the next run as ops, if any (and waits for another thread placing
+  // some, so that what the caller pushes next comes after them).
+  void PushHeldFrees() {
+    if (frees_unplaced_.load(std::memory_order_acquire) == 0) return;
+    absl::MutexLock order(&free_order_mu_);
+    std::vector<HeldFree> held = TakeHeld();
+    PushFreeOps(held);
+    frees_unplaced_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_release);
+  }
+  std::vector<HeldFree> TakeHeld() {
+    absl::MutexLock lock(&free_mu_);
+    std::vector<HeldFree> held;
+    held.swap(held_frees_);
+    held_bytes_ = 0;
+    return held;
+  }
 
   const ClientIdentity identity_;
   const ClientOptions options_;
@@ -184,7 +229,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   IdGenerator<MappingId> mapping_ids_;
   absl::Mutex epoch_mu_;
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0},
-      staged_put_bytes_{0};
+      staged_put_bytes_{0}, frees_carried_{0};
+  // Frees held for the next run (see Free), while runs pushed through the scheduler are not all
+  // delivered yet. free_order_mu_ is held from taking held frees until they have their places on
+  // the hosts (as ops, or with the run that carries them), so that nothing pushed meanwhile
+  // takes a place before them.
+  absl::Mutex free_order_mu_ ABSL_ACQUIRED_BEFORE(free_mu_);
+  absl::Mutex free_mu_;
+  int64_t runs_undelivered_ ABSL_GUARDED_BY(free_mu_) = 0;
+  std::vector<HeldFree> held_frees_ ABSL_GUARDED_BY(free_mu_);
+  int64_t held_bytes_ ABSL_GUARDED_BY(free_mu_) = 0;
+  std::atomic<int64_t> frees_unplaced_{0};  // held, or taken and not yet given their places
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
   // Why sequences to each host broke, by session (see BreakOf): the last few.
@@ -246,7 +301,7 @@ struct ShardedArray::State {
   mutable std::vector<Future<Unit>> reads ABSL_GUARDED_BY(reads_mu);
 
   // Freeing goes through each host's ordered queue, behind every op that still reads the array
-  // and before every op pushed after (client_core.cc).
+  // and before every op pushed after (ClientCore::Free).
   ~State();
 };
 

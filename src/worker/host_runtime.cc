@@ -222,6 +222,9 @@ void HostRuntime::ApplyOp(const std::string& client, const rpc::Op& op) {
       }
       break;
     case rpc::Op::kRun:
+      // The frees it carries first: they free memory its outputs may need, and none of them is
+      // one of its inputs (the client dropped them before it pushed the run).
+      for (int64_t id : op.run().free_array_ids()) store_.FreeArray(client, ArrayId(id));
       s = RunProgram(client, op.run());
       // Nothing of the run was set up here: what it was to make fails with the reason.
       if (!s.ok()) {
