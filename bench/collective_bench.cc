@@ -2,7 +2,8 @@
 // the next), on real processes over loopback: this runtime (OpByOp, Chained, Fused) beside a
 // multi-controller baseline on the same kernels and collectives (peers/multicontroller_peer.cc),
 // torch.distributed with Gloo and OpenMPI over TCP, in one run. Also a memcpy measurement of
-// this machine, the bound for collectives among devices of one host. Prints markdown tables; see
+// this machine, the bound for collectives among devices of one host. OpenMPI runs twice: over its
+// own TCP transport and over UCX's. Prints markdown tables; see
 // docs/benchmarks.md. The peers come from `make deps-bench`; a missing one is reported, not fatal.
 //
 //   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
@@ -206,11 +207,23 @@ std::optional<double> MeasureTorch(int ranks, int64_t bytes, int repeats) {
   return ParseRates(out);
 }
 
-std::optional<double> MeasureMpi(int ranks, int64_t bytes, int repeats) {
-  auto out = RunCommand({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "tcp,self",
-                         "--mca", "btl_tcp_if_include", "lo", "-np", std::to_string(ranks), MPI_PEER,
-                         std::to_string(bytes), std::to_string(StepsFor(bytes)), std::to_string(repeats)},
-                        absl::Seconds(600));
+// OpenMPI's own point-to-point layer over its TCP transport (ob1 with btl tcp), or UCX's (pml ucx
+// with UCX's tcp transport; Debian's OpenMPI is built with UCX, which selects itself only on
+// RDMA hardware unless told any transport will do). Both without shared memory between ranks,
+// as between machines: the comparison that says whether UCX would carry our collectives better
+// than our own sockets (docs/benchmarks.md, "UCX").
+enum class MpiTransport { kTcp, kUcx };
+std::optional<double> MeasureMpi(int ranks, int64_t bytes, int repeats, MpiTransport transport) {
+  std::vector<std::string> argv = {"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe"};
+  if (transport == MpiTransport::kTcp) {
+    argv.insert(argv.end(), {"--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"});
+  } else {
+    argv.insert(argv.end(), {"--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
+                             "-x", "UCX_TLS=tcp,self", "-x", "UCX_NET_DEVICES=lo"});
+  }
+  argv.insert(argv.end(), {"-np", std::to_string(ranks), MPI_PEER, std::to_string(bytes),
+                           std::to_string(StepsFor(bytes)), std::to_string(repeats)});
+  auto out = RunCommand(argv, absl::Seconds(600));
   if (!out.ok()) return std::nullopt;
   return ParseRates(*out);
 }
@@ -443,9 +456,9 @@ int Main(int argc, char** argv) {
   }
   std::printf(
       "| hosts x devices | bytes/device | OpByOp | Chained | Fused | multi-controller step | multi-controller fused | "
-      "torch+Gloo | OpenMPI TCP | Fused/torch | Fused/MPI | OpByOp/Fused | Chained/Fused | Chained/MC step | "
-      "Fused/MC fused | Fused GB/s touched |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "torch+Gloo | OpenMPI TCP | OpenMPI UCX | Fused/torch | Fused/MPI | Fused/MPI UCX | OpByOp/Fused | Chained/Fused | "
+      "Chained/MC step | Fused/MC fused | Fused GB/s touched |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> cpu_rows;
   int failed = 0;
   for (auto [hosts, devices] : configs) {
@@ -466,14 +479,17 @@ int Main(int argc, char** argv) {
       // The peers from Debian may be missing (n/a); the multi-controller peer is ours and is built.
       if (!runtime_only && (!mc.step || !mc.fused)) ++failed;
       std::optional<double> torch = have_torch ? MeasureTorch(ranks, bytes, repeats) : std::nullopt;
-      std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats) : std::nullopt;
+      std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats, MpiTransport::kTcp) : std::nullopt;
+      std::optional<double> mpi_ucx = have_mpi ? MeasureMpi(ranks, bytes, repeats, MpiTransport::kUcx) : std::nullopt;
       progress.Printing();
       // What an all_reduce must touch at least: every member's input read, every output written.
       const double touched = 2.0 * ranks * static_cast<double>(bytes) * ours->fused / 1e9;
-      std::printf("| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.2f |\n",
+      std::printf(
+          "| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.2f |\n",
                   hosts, devices, static_cast<long long>(bytes), ours->opbyop, ours->chained, ours->fused,
                   Format(mc.step).c_str(), Format(mc.fused).c_str(), Format(torch).c_str(), Format(mpi).c_str(),
-                  Ratio(ours->fused, torch).c_str(), Ratio(ours->fused, mpi).c_str(), ours->opbyop / ours->fused,
+                  Format(mpi_ucx).c_str(), Ratio(ours->fused, torch).c_str(), Ratio(ours->fused, mpi).c_str(),
+                  Ratio(ours->fused, mpi_ucx).c_str(), ours->opbyop / ours->fused,
                   ours->chained / ours->fused, Ratio(ours->chained, mc.step).c_str(),
                   Ratio(ours->fused, mc.fused).c_str(), touched);
       std::fflush(stdout);

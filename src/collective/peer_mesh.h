@@ -9,6 +9,15 @@
 // needs no size round, and the thread that runs the collective (the host's leader for that call,
 // a device thread) does its own non-blocking socket I/O and sleeps in poll() only when nothing
 // can move. Measured in bench/collective_bench (docs/benchmarks.md).
+//
+// Why not UCX (Debian's libucx, through OpenMPI's pml ucx, measured in the same benchmark,
+// docs/benchmarks.md "UCX"): over TCP, the only transport between machines without RDMA, its
+// 4 MiB all_reduce ran at 0.51-0.77 of OpenMPI's own TCP transport at 4 and 8 processes (about
+// equal at 2), where ours ran at 0.82-1.06. Its scalars were 1.2-1.6x faster than OpenMPI's
+// TCP, so a scalar step is
+// where our own path has room, not a reason to move ours onto it; what UCX adds (RDMA, shared
+// memory across processes) does not exist between our hosts here, and our members on one host
+// already share memory in one process.
 #pragma once
 
 #include <cstdint>
