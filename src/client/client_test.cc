@@ -251,6 +251,22 @@ TEST_F(ClientTest, ALoopsDroppedArraysAreFreedByItsNextRuns) {
     ASSERT_TRUE(client_->Ready(x).Await().ok());
     EXPECT_EQ(client_->stats().frees_carried, carried);
   }
+  // However many small arrays are dropped while runs are on their way, at most 1 MiB of them
+  // wait for a run; the rest go as ops at once.
+  {
+    const TensorSpec mid{DType::kF32, {4, 16 << 10}};  // 64 KiB a shard: the most that is held
+    auto inc_mid = *client_->Compile(FunctionSpec::Builtin("add_one", {mid}, {mid}, {{"x", ""}}, {{"x", ""}}));
+    std::vector<ShardedArray> many;
+    for (int i = 0; i < 40; ++i) many.push_back(*client_->Put(*HostArray::Create(DType::kF32, {4, 16 << 10}), island0_, {"x", ""}));
+    ShardedArray x = many.back();
+    for (int i = 0; i < 20; ++i) x = (*client_->Call(inc_mid, island0_, {x}))[0];  // on their way while
+    const int64_t carried = client_->stats().frees_carried;
+    many.clear();  // the 40 are dropped
+    x = (*client_->Call(inc_mid, island0_, {x}))[0];  // carries what was held
+    ASSERT_TRUE(client_->Ready(x).Await().ok());
+    // 1 MiB held at most, in 64 KiB shards (ClientCore::kMaxHeldBytes, kMaxCarriedShardBytes).
+    EXPECT_LE(client_->stats().frees_carried - carried, 16);
+  }
   // On both hosts, once every free the loop left is applied, only this put's shards are new.
   auto small = *client_->Put(*HostArray::Create(DType::kF32, {2, 4}), slice8_, {"x", "y"});
   ASSERT_TRUE(client_->Ready(small).Await().ok());
