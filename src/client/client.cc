@@ -257,8 +257,8 @@ struct SegmentedDispatch {
     }
     if (k + 1 == d->segments.size()) {
       d->args.clear();
-      // The outputs now live as long as their handles, not until the run is delivered: a loop's
-      // dropped array is then freed while the runs after it are on their way (ClientCore::Free).
+      // From here the outputs live as long as their handles, not until the run is delivered: a
+      // loop's dropped array is freed while the runs after it are on their way (ClientCore::Free).
       d->node_outputs.clear();
       d->done.Set(Unit{});
       AllDone(d->deliveries).OnReady([d](const absl::StatusOr<Unit>& r) { d->delivered.Set(r); });
