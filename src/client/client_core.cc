@@ -215,10 +215,11 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     // go as ops before it; nothing else takes a place on the hosts until the run has its places.
     // The run is counted until it is delivered, so that frees meanwhile wait for the next run.
     absl::MutexLock order(&free_order_mu_);
-    std::vector<HeldFree> held = TakeHeld(), not_carried;
+    std::vector<HeldFree> held, not_carried;
     {
       absl::MutexLock lock(&free_mu_);
       ++runs_undelivered_;
+      held = TakeHeldLocked();
     }
     std::optional<absl::flat_hash_set<std::string_view>> run_hosts;
     for (HeldFree& f : held) {

@@ -203,12 +203,15 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void PushHeldFrees() {
     if (frees_unplaced_.load(std::memory_order_acquire) == 0) return;
     absl::MutexLock order(&free_order_mu_);
-    std::vector<HeldFree> held = TakeHeld();
+    std::vector<HeldFree> held;
+    {
+      absl::MutexLock lock(&free_mu_);
+      held = TakeHeldLocked();
+    }
     PushFreeOps(held);
     frees_unplaced_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_release);
   }
-  std::vector<HeldFree> TakeHeld() {
-    absl::MutexLock lock(&free_mu_);
+  std::vector<HeldFree> TakeHeldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(free_mu_) {
     std::vector<HeldFree> held;
     held.swap(held_frees_);
     held_bytes_ = 0;
