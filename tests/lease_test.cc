@@ -115,6 +115,19 @@ TEST_F(MultiProcessTest, AClientThatDiesWhileTheControllerIsDownIsCollectedAfter
   EXPECT_EQ(status->hosts_size(), 2);
 }
 
+// Kills the controller, waits until the client has seen it go (its channel fails calls), and
+// starts another at the same address. The client's lease is renewed every quarter of the
+// timeout: 3 s leaves room for the reconnection under a loaded `make test` (see the test above
+// for the hosts' 5 s).
+void KillAndRestartController(Subprocess& controller, Client& client, const std::string& address) {
+  controller.Stop(SIGKILL);
+  for (int i = 0; i < 500 && client.DescribeCluster().ok(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", address, "--heartbeat-timeout-ms", "5000",
+                                "--client-timeout-ms", "3000"})
+                  .ok());
+  ASSERT_TRUE(controller.WaitForLine("listening on", kStartTimeout).ok());
+}
+
 // A live client across a restart of the controller: a call it makes as soon as the controller is
 // back, before the workers are, waits for them, and the client goes on with the slice and arrays
 // it had. The workers register again and name the clients they hold, which lets the client use
@@ -130,15 +143,7 @@ TEST_F(MultiProcessTest, ALiveClientCarriesOnAcrossAControllerRestart) {
   auto before = client_->Fetch((*client_->Call(inc, slice, {x}))[0]).AwaitFor(absl::Seconds(60));
   ASSERT_TRUE(before.ok()) << before.status();
 
-  controller_.Stop(SIGKILL);
-  // The client has seen it go (its channel fails calls).
-  for (int i = 0; i < 500 && client_->DescribeCluster().ok(); ++i) absl::SleepFor(absl::Milliseconds(10));
-  // The client's lease is renewed every quarter of the timeout: 3 s leaves room for the
-  // reconnection under a loaded `make test` (see the test above for the hosts' 5 s).
-  ASSERT_TRUE(controller_.Start({PATHWAYS_BINARY, "controller", "--listen", address_, "--heartbeat-timeout-ms",
-                                 "5000", "--client-timeout-ms", "3000"})
-                  .ok());
-  ASSERT_TRUE(controller_.WaitForLine("listening on", kStartTimeout).ok());
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartController(controller_, *client_, address_));
   auto during = client_->Call(inc, slice, {x});
   ASSERT_TRUE(during.ok()) << during.status();
   auto waited = client_->Fetch((*during)[0]).AwaitFor(absl::Seconds(60));
@@ -149,6 +154,36 @@ TEST_F(MultiProcessTest, ALiveClientCarriesOnAcrossAControllerRestart) {
     ASSERT_TRUE(after.ok()) << after.status();
     EXPECT_EQ(after->data<float>()[7], Pattern({8}, 1.0f).data<float>()[7] + 1);
   }
+}
+
+// Runs that name only their run group (rpc::GangRun.group) across a restart of the controller:
+// the new one does not know the group's epoch and refuses the request as out of step, and the
+// client sends the same runs again naming their hosts, at the same places, so they run in order.
+TEST_F(MultiProcessTest, RunsNamingOnlyTheirGroupAreSentAgainToARestartedController) {
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  // Every array kept: a free between two runs would take a place on the hosts and start a new
+  // epoch (the run after it names its hosts), which is not what is tried here.
+  std::vector<ShardedArray> kept{*client_->Put(Pattern({8}, 1.0f), slice, {"x"})};
+  for (int i = 0; i < 3; ++i) kept.push_back((*client_->Call(inc, slice, {kept.back()}))[0]);
+  ASSERT_TRUE(client_->Ready(kept.back()).AwaitFor(absl::Seconds(60)).ok());
+  const ClientStats before = client_->stats();
+  EXPECT_EQ(before.runs_named_again, 0);
+
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartController(controller_, *client_, address_));
+  for (int i = 0; i < 3; ++i) {
+    auto out = client_->Call(inc, slice, {kept.back()});
+    ASSERT_TRUE(out.ok()) << out.status();
+    kept.push_back((*out)[0]);
+  }
+  auto got = client_->Fetch(kept.back()).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int e = 0; e < 8; ++e) EXPECT_EQ(got->data<float>()[e], Pattern({8}, 1.0f).data<float>()[e] + 6) << e;
+  const ClientStats after = client_->stats();
+  EXPECT_GE(after.runs_named_again, 1);
+  // No run started a new epoch: the one sent again restated the epoch, and the others followed it.
+  EXPECT_EQ(after.runs_naming_hosts, before.runs_naming_hosts);
 }
 
 // A host names to the controller the clients it comes to hold after it registered, not only

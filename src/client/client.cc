@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -216,12 +217,29 @@ absl::StatusOr<ShardedArray> Client::PutBytes(const TensorSpec& spec, const char
 
 namespace {
 
-struct Segment {
-  int first;
-  int last;
-  bool wait_until_computed;  // the last node declares data-dependent shapes
-  std::vector<std::string> hosts;  // hosts that run, hold or send anything for its nodes
-};
+using Segment = ClientCore::Lowering::Segment;
+
+// The ops a run of `program` is pushed as (see Lowering::Segment).
+std::vector<Segment> MakeSegments(ClientCore& core, const Program& program, const ClientCore::Lowering& lowering,
+                                  bool sequential) {
+  std::vector<Segment> segments;
+  const int num_nodes = static_cast<int>(program.calls().size());
+  int first = 0;
+  for (int n = 0; n < num_nodes; ++n) {
+    const bool data_dependent = program.calls()[n].data_dependent_shapes;
+    if (!sequential && !data_dependent && n + 1 < num_nodes) continue;
+    std::vector<std::string> hosts;
+    absl::flat_hash_set<std::string> seen;
+    for (int m = first; m <= n; ++m) {
+      for (const std::string& h : lowering.node_hosts[m]) {
+        if (seen.insert(h).second) hosts.push_back(h);
+      }
+    }
+    segments.push_back({first, n, data_dependent, core.GroupFor(hosts)});
+    first = n + 1;
+  }
+  return segments;
+}
 
 // Pushes a run's segments one after another: each once the previous one is enqueued on all its
 // hosts (or computed, after a data-dependent node). Holds the run's outputs until the last is
@@ -236,6 +254,7 @@ struct SegmentedDispatch {
   std::vector<std::shared_ptr<const ShardedArray::State>> args;
   // Shared with the outputs' states; complete when `done` is set.
   std::shared_ptr<std::map<std::string, SeqRef>> produced_at = std::make_shared<std::map<std::string, SeqRef>>();
+  std::shared_ptr<std::vector<RunPlace>> run_places = std::make_shared<std::vector<RunPlace>>();
   Promise<Unit> done;       // every segment pushed
   Promise<Unit> delivered;  // every segment on its hosts, or why one never will be
   std::vector<Future<Unit>> deliveries;
@@ -251,7 +270,8 @@ struct SegmentedDispatch {
       op.set_first_node(seg.first);
       op.set_last_node(seg.last);
       op.set_epoch(epoch.value());
-      ClientCore::PushedRun pushed = d->core->PushRun(seg.hosts, op);
+      ClientCore::PushedRun pushed = d->core->PushRun(seg.group, op);
+      if (pushed.place.has_value()) d->run_places->push_back(*pushed.place);
       for (const auto& [host, seq] : pushed.seqs) (*d->produced_at)[host] = seq;
       d->deliveries.push_back(pushed.delivered);
     }
@@ -378,21 +398,13 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
   }
 
   const int num_nodes = static_cast<int>(program.calls().size());
-  std::vector<Segment> segments;
   const bool sequential = options.dispatch == RunOptions::Dispatch::kSequential;
-  int first = 0;
-  for (int n = 0; n < num_nodes; ++n) {
-    const bool data_dependent = program.calls()[n].data_dependent_shapes;
-    if (sequential || data_dependent || n + 1 == num_nodes) {
-      Segment seg{first, n, data_dependent, {}};
-      for (int m = first; m <= n; ++m) {
-        for (const std::string& h : lowering->node_hosts[m]) {
-          if (std::find(seg.hosts.begin(), seg.hosts.end(), h) == seg.hosts.end()) seg.hosts.push_back(h);
-        }
-      }
-      segments.push_back(std::move(seg));
-      first = n + 1;
-    }
+  std::vector<Segment> segments;
+  {
+    absl::MutexLock lock(&lowering->mu);
+    std::vector<Segment>& made = lowering->segments[sequential ? 1 : 0];
+    if (made.empty()) made = MakeSegments(*core_, program, *lowering, sequential);
+    segments = made;
   }
 
   auto dispatch = std::make_shared<SegmentedDispatch>();
@@ -427,6 +439,7 @@ absl::StatusOr<std::vector<ShardedArray>> Client::RunChecked(const Program& prog
       state->dispatched = dispatched;
       state->delivered = dispatch->delivered.future();
       state->produced_at = dispatch->produced_at;
+      state->run_places = dispatch->run_places;
       state->owned = result;
       dispatch->node_outputs[n].push_back(std::move(state));
     }

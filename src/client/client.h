@@ -61,6 +61,13 @@ struct ClientStats {
   int64_t lowerings = 0;  // programs lowered (not found in the lowering cache)
   int64_t staged_put_bytes = 0;  // put bytes that went ahead over data streams, not with their ops
   int64_t frees_carried = 0;     // arrays freed by the run after their drop instead of by free ops
+  // Runs whose message named each of their hosts with its place: a run group's first, and the
+  // first after anything else took a place on one of its hosts. The others name only the group
+  // and their number in it.
+  int64_t runs_naming_hosts = 0;
+  // Runs that named only their group and were sent again naming their hosts, because the
+  // controller did not know the group's epoch (it restarted, or an earlier request was lost).
+  int64_t runs_named_again = 0;
   // Schedule requests (batches of runs) over the schedule stream, and as unary gRPC calls (before
   // the stream is made, with TLS, or when the controller refused the stream).
   int64_t schedule_requests_streamed = 0;

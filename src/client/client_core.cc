@@ -110,42 +110,81 @@ ClientCore::~ClientCore() {
   lease_thread_.join();
 }
 
-std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ClientCore::ScheduleQueue() {
+rpc::ScheduleRequest ClientCore::ScheduleRequestOf(const ClientIdentity& identity, double weight,
+                                                  const std::vector<QueuedRun>& runs, bool name_hosts) {
+  rpc::ScheduleRequest request;
+  request.set_client_id(identity.id);
+  request.set_credential(identity.credential);
+  request.set_weight(weight);
+  for (const QueuedRun& r : runs) {
+    rpc::GangRun* run = request.add_runs();
+    *run = r.run;
+    if (!name_hosts || run->hosts_size() > 0) continue;
+    const RunGroupEpoch& e = *r.place.epoch;
+    for (size_t i = 0; i < e.hosts->size(); ++i) {
+      rpc::HostSeq* h = run->add_hosts();
+      h->set_host((*e.hosts)[i]);
+      h->set_seq(e.first[i].seq + r.place.run);
+      h->set_session(e.first[i].session);
+    }
+  }
+  return request;
+}
+
+std::shared_ptr<OrderedBatchQueue<ClientCore::QueuedRun>> ClientCore::ScheduleQueue() {
   absl::MutexLock lock(&mu_);
   auto& q = schedule_queue_;
   if (q == nullptr) {
-    q = std::make_shared<OrderedBatchQueue<rpc::GangRun>>(
-        [controller = controller_, identity = identity_, weight = options_.weight](std::vector<rpc::GangRun> runs) {
-          rpc::ScheduleRequest request;
-          request.set_client_id(identity.id);
-          request.set_credential(identity.credential);
-          request.set_weight(weight);
-          for (rpc::GangRun& r : runs) *request.add_runs() = std::move(r);
-          return controller->Schedule(std::move(request));
+    q = std::make_shared<OrderedBatchQueue<QueuedRun>>(
+        [controller = controller_, identity = identity_, weight = options_.weight,
+         named_again = runs_named_again_](std::vector<QueuedRun> runs) {
+          const bool implicit =
+              std::any_of(runs.begin(), runs.end(), [](const QueuedRun& r) { return r.run.hosts_size() == 0; });
+          Future<Unit> sent = controller->Schedule(ScheduleRequestOf(identity, weight, runs, /*name_hosts=*/false));
+          if (!implicit) return sent;
+          // A controller that does not know a run's epoch (it restarted, or an earlier request
+          // was lost) scheduled none of them: the same runs again, naming their hosts, keep their
+          // places and the client's order.
+          Promise<Unit> done;
+          Future<Unit> answered = done.future();
+          sent.OnReady([controller, identity, weight, named_again, runs = std::move(runs),
+                        done = std::move(done)](const absl::StatusOr<Unit>& r) mutable {
+            if (r.ok() || !IsRunGroupOutOfStep(r.status())) {
+              done.Set(r);
+              return;
+            }
+            PW_LOG(Info) << "client " << identity.id << ": the controller does not know a run group's epoch ("
+                         << r.status().message() << "); " << runs.size() << " runs go again naming their hosts";
+            named_again->fetch_add(static_cast<int64_t>(runs.size()), std::memory_order_relaxed);
+            controller->Schedule(ScheduleRequestOf(identity, weight, runs, /*name_hosts=*/true))
+                .OnReady([done = std::move(done)](const absl::StatusOr<Unit>& again) mutable { done.Set(again); });
+          });
+          return answered;
         },
-        // A refused batch (a host left, say) fails its runs only. Their sequence numbers are
-        // filled with no-ops on the hosts still there, which would otherwise wait for them.
-        [weak = weak_from_this()](std::vector<rpc::GangRun> runs, const absl::Status& status) {
+        // A refused batch (a host left, say) fails its runs only. Their places are filled with
+        // no-ops on the hosts still there, which would otherwise wait for them.
+        [weak = weak_from_this()](std::vector<QueuedRun> runs, const absl::Status& status) {
           PW_LOG(Warning) << runs.size() << " runs refused by the scheduler: " << status;
           auto core = weak.lock();
           if (core == nullptr) return;
-          for (const rpc::GangRun& run : runs) {
-            for (const rpc::HostSeq& h : run.hosts()) {
-              auto q = core->queue(h.host());
-              if (q->session() == h.session()) q->SkipReserved(h.seq());  // else that sequence is gone
+          for (const QueuedRun& run : runs) {
+            const RunGroupEpoch& e = *run.place.epoch;
+            for (size_t i = 0; i < e.hosts->size(); ++i) {
+              auto q = core->queue((*e.hosts)[i]);
+              if (q->session() == e.first[i].session) q->SkipReserved(e.first[i].seq + run.place.run);  // else that sequence is gone
             }
-            // The frees it carried go as ops (to every host it named; those without the array
+            // The frees it carried go as ops (to every host it spans; those without the array
             // ignore them).
-            for (int64_t id : run.run().free_array_ids()) {
-              for (const rpc::HostSeq& h : run.hosts()) core->PushFreeOp(h.host(), id);
+            for (int64_t id : run.run.run().free_array_ids()) {
+              for (const std::string& host : *e.hosts) core->PushFreeOp(host, id);
             }
-            core->frees_carried_.fetch_sub(run.run().free_array_ids_size(), std::memory_order_relaxed);
+            core->frees_carried_.fetch_sub(run.run.run().free_array_ids_size(), std::memory_order_relaxed);
           }
         },
-        // Under the controller's 4 MiB message limit however many runs queue up (a run names each
-        // of its hosts: 16 KB at 512 hosts).
-        OrderedBatchQueue<rpc::GangRun>::BatchLimit{[](const rpc::GangRun& run) { return run.ByteSizeLong(); },
-                                                    size_t{1} << 20});
+        // Under the controller's 4 MiB message limit however many runs queue up (a run that names
+        // its hosts: 16 KB at 512 hosts).
+        OrderedBatchQueue<QueuedRun>::BatchLimit{[](const QueuedRun& run) { return run.run.ByteSizeLong(); },
+                                                 size_t{1} << 20});
   }
   return q;
 }
@@ -157,8 +196,8 @@ SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<
     *op.mutable_put()->mutable_data() = bytes.use_count() == 1 ? std::move(*bytes) : *bytes;
     return Push(host, std::move(op));
   }
-  std::shared_ptr<HostOpQueue> q = queue(host);
-  const SeqRef at{q->session(), q->ReserveForFill()};
+  auto [q, seq] = NumberDirect(host, /*for_fill=*/true);
+  const SeqRef at{q->session(), seq};
   rpc::StageRequest stage;
   stage.set_client_id(id());
   stage.set_credential(credential());
@@ -182,34 +221,109 @@ SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<
   return at;
 }
 
-namespace {
+ClientCore::RunGroup::RunGroup(int64_t id, std::vector<std::string> hosts)
+    : id(id),
+      hosts(std::make_shared<const std::vector<std::string>>(std::move(hosts))),
+      index([this] {
+        auto index = std::make_shared<absl::flat_hash_map<std::string, int>>();
+        for (size_t i = 0; i < this->hosts->size(); ++i) index->try_emplace((*this->hosts)[i], static_cast<int>(i));
+        return index;
+      }()) {}
 
-// Whether every host of `inner` is one of `outer`'s, made into a set the first time it is needed.
-bool HostsWithin(const std::vector<std::string>& inner, const std::vector<std::string>& outer,
-                 std::optional<absl::flat_hash_set<std::string_view>>& outer_set) {
-  if (inner == outer) return true;  // a loop over one slice: the same hosts in the same order
-  if (inner.size() > outer.size()) return false;
-  if (!outer_set.has_value()) outer_set.emplace(outer.begin(), outer.end());
-  return std::all_of(inner.begin(), inner.end(), [&](const std::string& h) { return outer_set->contains(h); });
+std::shared_ptr<ClientCore::RunGroup> ClientCore::GroupFor(const std::vector<std::string>& hosts) {
+  absl::MutexLock lock(&seq_mu_);
+  std::shared_ptr<RunGroup>& g = groups_[hosts];
+  if (g == nullptr) g = std::make_shared<RunGroup>(++last_group_id_, hosts);
+  return g;
 }
 
-}  // namespace
+void ClientCore::LeaveGroupLocked(const std::string& host, const std::shared_ptr<HostOpQueue>& q) {
+  auto it = members_.find(host);
+  if (it == members_.end()) return;
+  RunGroup& g = *it->second.group;
+  // Its queue has not counted the places the group's runs took since the epoch began (a new
+  // queue starts a new sequence: nothing to count there).
+  if (it->second.queue == q && g.current != nullptr) {
+    if (std::optional<SeqRef> last = g.current->PlaceOn(host, g.next_run - 1)) q->CatchUp(last->seq);
+  }
+  g.dirty = true;
+  members_.erase(it);
+}
 
-ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts, rpc::RunProgramOp op) {
+std::pair<std::shared_ptr<HostOpQueue>, int64_t> ClientCore::NumberDirect(const std::string& host, bool for_fill) {
+  absl::MutexLock lock(&seq_mu_);
+  std::shared_ptr<HostOpQueue> q = queue(host);
+  LeaveGroupLocked(host, q);
+  return {q, for_fill ? q->ReserveForFill() : q->ReserveSeq()};
+}
+
+SeqRef ClientCore::LastSeq(const std::string& host) {
+  absl::MutexLock lock(&seq_mu_);
+  std::shared_ptr<HostOpQueue> q = queue(host);
+  SeqRef last{q->session(), q->last_seq()};
+  auto it = members_.find(host);
+  if (it != members_.end() && it->second.queue == q && it->second.group->current != nullptr) {
+    const RunGroup& g = *it->second.group;
+    if (std::optional<SeqRef> run = g.current->PlaceOn(host, g.next_run - 1)) last.seq = std::max(last.seq, run->seq);
+  }
+  return last;
+}
+
+RunPlace ClientCore::PlaceRun(const std::shared_ptr<RunGroup>& self, rpc::GangRun& run) {
+  RunGroup& group = *self;
+  absl::MutexLock lock(&seq_mu_);
+  run.set_group(group.id);
+  if (group.current != nullptr && !group.dirty && !group.stale.load()) {
+    run.set_group_epoch(group.current->epoch);
+    run.set_group_run(group.next_run);
+    return {group.current, group.next_run++};
+  }
+  // A new epoch: every host's place taken from its queue, and named.
+  auto epoch = std::make_shared<RunGroupEpoch>();
+  epoch->group = group.id;
+  epoch->epoch = group.current == nullptr ? 1 : group.current->epoch + 1;
+  epoch->hosts = group.hosts;
+  epoch->index = group.index;
+  epoch->first.reserve(group.hosts->size());
+  group.stale.store(false);  // a queue replaced from here on marks it again
+  for (const std::string& host : *group.hosts) {
+    std::shared_ptr<HostOpQueue> q = queue(host);
+    LeaveGroupLocked(host, q);
+    const SeqRef at{q->session(), q->ReserveSeq()};
+    epoch->first.push_back(at);
+    members_[host] = {self, q};
+    rpc::HostSeq* h = run.add_hosts();
+    h->set_host(host);
+    h->set_seq(at.seq);
+    h->set_session(at.session);
+  }
+  {
+    absl::MutexLock hosts_lock(&mu_);
+    for (const std::string& host : *group.hosts) group_of_host_[host] = self;
+  }
+  group.current = epoch;
+  group.next_run = 1;
+  group.dirty = false;
+  run.set_group_epoch(epoch->epoch);
+  run.set_group_run(0);
+  return {std::move(epoch), 0};
+}
+
+ClientCore::PushedRun ClientCore::PushRun(const std::shared_ptr<RunGroup>& group, rpc::RunProgramOp op) {
   PushedRun pushed;
-  std::map<std::string, SeqRef>& seqs = pushed.seqs;
-  std::vector<Future<Unit>> deliveries;
+  const std::vector<std::string>& hosts = *group->hosts;
   if (options_.TEST_bypass_scheduler) {
+    std::vector<Future<Unit>> deliveries;
     for (const std::string& host : hosts) {
       rpc::Op o;
       *o.mutable_run() = op;
-      seqs[host] = Push(host, std::move(o));
+      pushed.seqs[host] = Push(host, std::move(o));
       deliveries.push_back(queue(host)->Flushed());
     }
     pushed.delivered = AllDone(deliveries);
     return pushed;
   }
-  rpc::GangRun run;
+  QueuedRun queued;
   {
     // The frees held since the last run: this run carries those whose hosts it reaches, the rest
     // go as ops before it; nothing else takes a place on the hosts until the run has its places.
@@ -221,9 +335,12 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
       ++runs_undelivered_;
       held = TakeHeldLocked();
     }
-    std::optional<absl::flat_hash_set<std::string_view>> run_hosts;
     for (HeldFree& f : held) {
-      if (op.free_array_ids_size() < kMaxFreesPerRun && HostsWithin(f.placed_on->hosts, hosts, run_hosts)) {
+      const std::vector<std::string>& on = f.placed_on->hosts;
+      const bool within = on == hosts || std::all_of(on.begin(), on.end(), [&](const std::string& h) {
+                            return group->index->contains(h);
+                          });
+      if (op.free_array_ids_size() < kMaxFreesPerRun && within) {
         op.add_free_array_ids(f.id.value());
       } else {
         not_carried.push_back(std::move(f));
@@ -233,21 +350,16 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     PushFreeOps(not_carried);
     // One message for the run, whichever islands it spans: the controller splits it, and orders
     // runs over several islands across them.
-    *run.mutable_run() = std::move(op);
-    for (const std::string& host : hosts) {
-      rpc::HostSeq* h = run.add_hosts();
-      h->set_host(host);
-      std::shared_ptr<HostOpQueue> q = queue(host);
-      seqs[host] = {q->session(), q->ReserveSeq()};
-      h->set_seq(seqs[host].seq);
-      h->set_session(seqs[host].session);
-    }
+    *queued.run.mutable_run() = std::move(op);
+    queued.place = PlaceRun(group, queued.run);
     frees_unplaced_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_release);
   }
+  pushed.place = queued.place;
   run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
-  run_op_bytes_sent_.fetch_add(static_cast<int64_t>(run.ByteSizeLong()), std::memory_order_relaxed);
+  run_op_bytes_sent_.fetch_add(static_cast<int64_t>(queued.run.ByteSizeLong()), std::memory_order_relaxed);
+  if (queued.run.hosts_size() > 0) runs_naming_hosts_.fetch_add(1, std::memory_order_relaxed);
   auto queue = ScheduleQueue();
-  const int64_t number = queue->Push(std::move(run));
+  const int64_t number = queue->Push(std::move(queued));
   Future<Unit> delivered = queue->FlushedThrough(number);  // this run's batch
   // Delivered or refused: when it was the last on its way, what is held goes as free ops.
   delivered.OnReady([weak = weak_from_this()](const absl::StatusOr<Unit>&) {
@@ -259,8 +371,7 @@ ClientCore::PushedRun ClientCore::PushRun(const std::vector<std::string>& hosts,
     }
     self->PushHeldFrees();
   });
-  deliveries.push_back(std::move(delivered));
-  pushed.delivered = AllDone(deliveries);
+  pushed.delivered = std::move(delivered);
   return pushed;
 }
 

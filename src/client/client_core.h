@@ -6,6 +6,7 @@
 #include <thread>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,29 @@ namespace pathways {
 struct SeqRef {
   int64_t session = 0;
   int64_t seq = 0;
+};
+
+// One epoch of a run group (ClientCore::RunGroup): run 0 of it took `first` on each host, and
+// run k takes first + k, since nothing else took a place on those hosts in between. Immutable.
+struct RunGroupEpoch {
+  int64_t group = 0;
+  int64_t epoch = 0;
+  std::shared_ptr<const std::vector<std::string>> hosts;
+  std::shared_ptr<const absl::flat_hash_map<std::string, int>> index;  // of each host in `hosts`
+  std::vector<SeqRef> first;
+  std::optional<SeqRef> PlaceOn(const std::string& host, int64_t run) const {
+    auto it = index->find(host);
+    if (it == index->end()) return std::nullopt;
+    const SeqRef& f = first[static_cast<size_t>(it->second)];
+    return SeqRef{f.session, f.seq + run};
+  }
+};
+
+// Where one pushed run went: run `run` of `epoch`.
+struct RunPlace {
+  std::shared_ptr<const RunGroupEpoch> epoch;
+  int64_t run = 0;
+  std::optional<SeqRef> On(const std::string& host) const { return epoch->PlaceOn(host, run); }
 };
 
 // Shared by the Client and every handle it gave out, so handles can free their shards even after
@@ -69,8 +93,16 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       if (broken.size() >= kBreaksKept) broken.erase(broken.begin());  // sessions are random: any one goes
       broken[q->session()] = std::move(why);
     }
-    if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), identity_, request_paths_);
+    if (!q || q->failed()) {
+      if (q) MarkGroupStaleLocked(address);
+      q = std::make_shared<HostOpQueue>(worker(address), identity_, request_paths_);
+    }
     return q;
+  }
+  void MarkGroupStaleLocked(const std::string& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = group_of_host_.find(host);
+    if (it == group_of_host_.end()) return;
+    if (auto g = it->second.lock()) g->stale.store(true);
   }
   // Why the sequence `session` of ops to `address` broke; OK if that is not known (it did not,
   // or it broke too long ago).
@@ -105,8 +137,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
       run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
     }
-    std::shared_ptr<HostOpQueue> q = queue(host);
-    const int64_t seq = q->Push(std::move(op), sender);
+    auto [q, seq] = NumberDirect(host, /*for_fill=*/false);
+    q->FillReserved(seq, std::move(op), sender);
     return {q->session(), seq};
   }
   // A put of `bytes` (the op without them): shards of at least kStagedPutBytes go ahead over the
@@ -130,18 +162,43 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void NoteHost(const std::string& host, const std::string& incarnation) {
     absl::MutexLock lock(&mu_);
     std::string& known = incarnation_of_[host];
-    if (!known.empty() && known != incarnation) queues_.erase(host);
+    if (!known.empty() && known != incarnation) {
+      queues_.erase(host);
+      MarkGroupStaleLocked(host);
+    }
     known = incarnation;
   }
-  // Sends one run op to `hosts`: one message per island, to the island's scheduler, with the
-  // op's place in the client's sequence reserved on each host. Call with epoch_mu() held, so
+  // A set of hosts that runs span, the same object for the same hosts in the same order. A run
+  // over a group takes the next place in the client's sequence on each of its hosts. While the
+  // client puts nothing else on them (no op, no run of another group), the group's runs name
+  // only the group, an epoch and the run's number in it (rpc::GangRun.group), and the controller
+  // names the hosts: the client's work and message per run do not grow with the hosts. The
+  // first run after anything else took a place on one of them starts a new epoch, naming every
+  // host with its place. The fields below `stale` are guarded by the core's seq_mu_.
+  struct RunGroup {
+    RunGroup(int64_t id, std::vector<std::string> hosts);
+    const int64_t id;
+    const std::shared_ptr<const std::vector<std::string>> hosts;
+    const std::shared_ptr<const absl::flat_hash_map<std::string, int>> index;
+    // A host's queue was replaced (it restarted, or refused ops): its new sequence starts anew.
+    std::atomic<bool> stale{false};
+    std::shared_ptr<const RunGroupEpoch> current;  // null before the first run
+    int64_t next_run = 0;
+    bool dirty = true;  // something else took a place on one of the hosts since `current` began
+  };
+  std::shared_ptr<RunGroup> GroupFor(const std::vector<std::string>& hosts);
+  // Sends one run op to the hosts of `group`, to their islands' schedulers through the
+  // controller, at the next place of the client's sequence on each. Call with epoch_mu() held, so
   // runs are numbered, sequenced and queued in one order.
   struct PushedRun {
-    std::map<std::string, SeqRef> seqs;  // the op's place in the sequence on each host
+    std::optional<RunPlace> place;        // where it went
+    std::map<std::string, SeqRef> seqs;   // instead, under TEST_bypass_scheduler
     Future<Unit> delivered;               // on its hosts, or why it never will be
   };
-  PushedRun PushRun(const std::vector<std::string>& hosts, rpc::RunProgramOp op)
+  PushedRun PushRun(const std::shared_ptr<RunGroup>& group, rpc::RunProgramOp op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(epoch_mu_);
+  // The place of the last op of the client's sequence on `host`, runs of groups included.
+  SeqRef LastSeq(const std::string& host);
   // Frees array `id`, of `shard_bytes` per shard, on the hosts of `placed_on`. While runs of this
   // client are on their way to the scheduler (a loop `x = f(x)` pipelining), a small array's
   // free is held for the next run: when that run reaches every host of the array it carries the
@@ -168,6 +225,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     ClientStats stats{ops_sent_.load(), op_bytes_sent_.load(), run_ops_sent_.load(), run_op_bytes_sent_.load(),
                       lowerings_.load(), staged_put_bytes_.load()};
     stats.frees_carried = frees_carried_.load();
+    stats.runs_naming_hosts = runs_naming_hosts_.load();
+    stats.runs_named_again = runs_named_again_->load();
     const ControllerClient::ScheduleCounts schedules = controller_->schedule_counts();
     stats.schedule_requests_streamed = schedules.streamed;
     stats.schedule_requests_unary = schedules.unary;
@@ -188,7 +247,26 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     return next.fetch_add(1);
   }
   const uint64_t serial_;
-  std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> ScheduleQueue();
+  // A run on its way to the controller, and where it went (to name its hosts when the controller
+  // does not know its epoch, and to fill its places when it is refused).
+  struct QueuedRun {
+    rpc::GangRun run;
+    RunPlace place;
+  };
+  std::shared_ptr<OrderedBatchQueue<QueuedRun>> ScheduleQueue();
+  // The request for `runs`; with `name_hosts`, each run that names only its group names its
+  // hosts too (for a controller that did not know the epoch).
+  static rpc::ScheduleRequest ScheduleRequestOf(const ClientIdentity& identity, double weight,
+                                                const std::vector<QueuedRun>& runs, bool name_hosts);
+  // Numbers the next op to `host` in the client's sequence (a reservation for PushPut's fill
+  // with `for_fill`), after the places the host's run group took: its queue and the number.
+  std::pair<std::shared_ptr<HostOpQueue>, int64_t> NumberDirect(const std::string& host, bool for_fill);
+  // Gives `run` its place on each host of `group` (see RunGroup), under seq_mu_.
+  RunPlace PlaceRun(const std::shared_ptr<RunGroup>& group, rpc::GangRun& run);
+  // `host` takes a place outside its run group: its queue counts the group's runs so far, and
+  // the group's next run starts a new epoch.
+  void LeaveGroupLocked(const std::string& host, const std::shared_ptr<HostOpQueue>& q)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq_mu_);
   void LeaseLoop(absl::Duration interval);
   struct HeldFree {
     ArrayId id;
@@ -232,7 +310,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   IdGenerator<MappingId> mapping_ids_;
   absl::Mutex epoch_mu_;
   std::atomic<int64_t> ops_sent_{0}, op_bytes_sent_{0}, run_ops_sent_{0}, run_op_bytes_sent_{0}, lowerings_{0},
-      staged_put_bytes_{0}, frees_carried_{0};
+      staged_put_bytes_{0}, frees_carried_{0}, runs_naming_hosts_{0};
   // Frees held for the next run (see Free), while runs pushed through the scheduler are not all
   // delivered yet. free_order_mu_ is held from taking held frees until they have their places on
   // the hosts (as ops, or with the run that carries them), so that nothing pushed meanwhile
@@ -243,14 +321,29 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::vector<HeldFree> held_frees_ ABSL_GUARDED_BY(free_mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(free_mu_) = 0;
   std::atomic<int64_t> frees_unplaced_{0};  // held, or taken and not yet given their places
+  // Shared with the schedule queue's sender (which may outlive the core).
+  const std::shared_ptr<std::atomic<int64_t>> runs_named_again_ = std::make_shared<std::atomic<int64_t>>(0);
+  // Orders numbering in the client's sequences: ops to hosts and runs of groups (taken after
+  // free_order_mu_ and before mu_).
+  absl::Mutex seq_mu_;
+  absl::flat_hash_map<std::vector<std::string>, std::shared_ptr<RunGroup>> groups_ ABSL_GUARDED_BY(seq_mu_);
+  int64_t last_group_id_ ABSL_GUARDED_BY(seq_mu_) = 0;
+  // The group each host took its last place with, and the queue it took it on.
+  struct Membership {
+    std::shared_ptr<RunGroup> group;
+    std::shared_ptr<HostOpQueue> queue;
+  };
+  absl::flat_hash_map<std::string, Membership> members_ ABSL_GUARDED_BY(seq_mu_);
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<HostOpQueue>> queues_ ABSL_GUARDED_BY(mu_);
   // Why sequences to each host broke, by session (see BreakOf): the last few.
   static constexpr size_t kBreaksKept = 8;
   absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> breaks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
+  // The same, for queue() to mark a group stale when it replaces a host's queue.
+  absl::flat_hash_map<std::string, std::weak_ptr<RunGroup>> group_of_host_ ABSL_GUARDED_BY(mu_);
   // One queue for all islands: the controller sees the client's runs in the client's order.
-  std::shared_ptr<OrderedBatchQueue<rpc::GangRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<OrderedBatchQueue<QueuedRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<const void*, SliceId>, Program> one_node_programs_ ABSL_GUARDED_BY(mu_);
 };
@@ -289,9 +382,21 @@ struct ShardedArray::State {
   // Ready once that op has reached its hosts, or failed with why it never will (the island
   // scheduler refused it: a host left, say). Immediate for Put.
   Future<Unit> delivered = Future<Unit>::Ready(Unit{});
-  // Per host, the sequence number of the op that produces the array there: a fetch asks the host
-  // to wait for that op, not for everything sent since. Complete once `dispatched` is ready.
+  // Per host, the place of the op that produces the array there: a fetch asks the host to wait
+  // for that op, not for everything sent since. A put's, by host; a run's, as the places of its
+  // segments' runs (the last that spans a host). Complete once `dispatched` is ready.
   std::shared_ptr<std::map<std::string, SeqRef>> produced_at = std::make_shared<std::map<std::string, SeqRef>>();
+  std::shared_ptr<std::vector<RunPlace>> run_places;
+  std::optional<SeqRef> ProducedOn(const std::string& host) const {
+    if (run_places != nullptr) {
+      for (auto it = run_places->rbegin(); it != run_places->rend(); ++it) {
+        if (std::optional<SeqRef> at = it->On(host)) return at;
+      }
+    }
+    auto at = produced_at->find(host);
+    if (at == produced_at->end()) return std::nullopt;
+    return at->second;
+  }
   // False for a run's intermediates, which the hosts free themselves.
   bool owned = true;
   // Set once the array is given to a call at a donated position: the handle is spent.
@@ -317,7 +422,19 @@ struct ClientCore::Lowering {
   std::vector<int64_t> output_offsets;              // per node
   std::vector<std::vector<Sharding>> out_shardings;  // per node and output
   std::vector<std::shared_ptr<const SliceMapping>> node_mappings;  // per node: its slice's mapping when lowered
+  // The ops a run is pushed as: nodes first..last, over the hosts of `group` (those that run,
+  // hold or send anything for the nodes); after a node with data-dependent shapes the next op
+  // waits until it is computed.
+  struct Segment {
+    int first;
+    int last;
+    bool wait_until_computed;
+    std::shared_ptr<RunGroup> group;
+  };
   absl::Mutex mu;
+  // Per dispatch: [0] parallel (one op unless a node has data-dependent shapes), [1] sequential
+  // (an op per node). Made on first use.
+  std::vector<Segment> segments[2] ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<std::string> registered_on ABSL_GUARDED_BY(mu);
   std::atomic<bool> ready{false};  // compiled and registered on every host
 };

@@ -273,6 +273,58 @@ TEST_F(ClientTest, ALoopsDroppedArraysAreFreedByItsNextRuns) {
   EXPECT_EQ(buffers(), buffers_before + 8);
 }
 
+// A loop's runs over one set of hosts name them once: after that a run names its group and its
+// number in the group's epoch, and the controller gives it its place on each host. Anything
+// else that takes a place on one of the hosts (a put, a free op, a run over other hosts) starts
+// a new epoch, whose first run names every host again; the values show that each run still
+// came after what was pushed before it and before what was pushed after.
+TEST_F(ClientTest, ARunNamesItsHostsOnlyWhenSomethingElseTookAPlaceOnThem) {
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), slice8_, {"x"});
+  const ClientStats before = client_->stats();
+  for (int i = 0; i < 40; ++i) x = (*client_->Call(inc, slice8_, {x}))[0];
+  ClientStats after = client_->stats();
+  EXPECT_EQ(after.run_ops_sent - before.run_ops_sent, 40);
+  EXPECT_EQ(after.runs_naming_hosts - before.runs_naming_hosts, 1);
+  auto got = client_->Fetch(x).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (float f : Values(*got)) EXPECT_EQ(f, 40.0f);
+
+  // A put to one of the hosts between two runs: the run after it names its hosts, and reads
+  // the put's values.
+  const ClientStats mixed_before = client_->stats();
+  for (int i = 0; i < 10; ++i) {
+    ShardedArray y = *client_->Put(Iota({8}, static_cast<float>(i)), slice8_, {"x"});
+    auto out = client_->Fetch((*client_->Call(inc, slice8_, {y}))[0]).AwaitFor(absl::Seconds(60));
+    ASSERT_TRUE(out.ok()) << out.status();
+    const std::vector<float> want = Values(Iota({8}, static_cast<float>(i)));
+    for (size_t e = 0; e < want.size(); ++e) ASSERT_EQ(Values(*out)[e], want[e] + 1.0f) << i << " " << e;
+  }
+  EXPECT_EQ(client_->stats().runs_naming_hosts - mixed_before.runs_naming_hosts, 10);
+
+  // Runs of two groups that share a host, alternating (island0_'s host is one of slice8_'s), and
+  // the one-host group's array fetched after runs of the other took places after it.
+  ShardedArray a = *client_->Put(*HostArray::Create(DType::kF32, {4}), island0_, {"x"});
+  const TensorSpec four{DType::kF32, {4}};
+  auto inc4 = *client_->Compile(FunctionSpec::Builtin("add_one", {four}, {four}, {{"x"}}, {{"x"}}));
+  for (int i = 0; i < 12; ++i) {
+    a = (*client_->Call(inc4, island0_, {a}))[0];
+    x = (*client_->Call(inc, slice8_, {x}))[0];
+  }
+  auto got_a = client_->Fetch(a).AwaitFor(absl::Seconds(60));
+  auto got_x = client_->Fetch(x).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(got_a.ok() && got_x.ok()) << got_a.status() << " " << got_x.status();
+  for (float f : Values(*got_a)) EXPECT_EQ(f, 12.0f);
+  for (float f : Values(*got_x)) EXPECT_EQ(f, 52.0f);
+  // An array made early in an epoch reads back right after later runs of the epoch.
+  ShardedArray first = (*client_->Call(inc, slice8_, {x}))[0];
+  for (int i = 0; i < 5; ++i) x = (*client_->Call(inc, slice8_, {x}))[0];
+  auto got_first = client_->Fetch(first).AwaitFor(absl::Seconds(60));
+  ASSERT_TRUE(got_first.ok()) << got_first.status();
+  for (float f : Values(*got_first)) EXPECT_EQ(f, 53.0f);
+}
+
 // Shards of kStagedPutBytes and more go ahead over the workers' data streams (once the client
 // knows where a worker's stream is) and the put ops that name them follow in the client's order:
 // a call right after a put reads the put's values, and the staged buffers free as any others.

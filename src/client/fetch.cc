@@ -34,8 +34,8 @@ std::vector<int64_t> DistinctShards(const Sharding& sharding) {
 Future<FetchedShards> FetchFromHost(ClientCore& core, const std::string& host, std::optional<SeqRef> at,
                                          rpc::FetchRequest request, uint64_t max_bytes) {
   std::shared_ptr<WorkerClient> worker = core.worker(host);
+  if (!at.has_value()) at = core.LastSeq(host);
   std::shared_ptr<HostOpQueue> queue = core.queue(host);
-  if (!at.has_value()) at = SeqRef{queue->session(), queue->last_seq()};
   if (at->session != queue->session()) {
     // The sequence the array was made in broke (the host died or refused ops); what it held there
     // is gone with it.
@@ -75,11 +75,8 @@ Future<std::vector<FetchedShards>> FetchShards(const std::shared_ptr<ClientCore>
     request.set_status_only(status_only);
     request.set_incarnation(incarnation[host]);
     for (int32_t s : host_shards) request.add_shards(s);
-    auto at = state.produced_at->find(host);
     const uint64_t max_bytes = host_shards.size() * static_cast<uint64_t>(shard_bytes);
-    responses.push_back(FetchFromHost(*core, host,
-                                      at == state.produced_at->end() ? std::nullopt : std::optional<SeqRef>(at->second),
-                                      std::move(request), max_bytes));
+    responses.push_back(FetchFromHost(*core, host, state.ProducedOn(host), std::move(request), max_bytes));
   }
   return JoinAll(responses);
 }

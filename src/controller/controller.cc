@@ -370,6 +370,7 @@ void Controller::RetireLoop() {
       PW_LOG(Info) << "client " << client << " went away; retiring it on " << islands.size() << " islands";
       for (const auto& [island, hosts] : islands) scheduler(island).RetireClient(client, hosts);
       registry_.ForgetClient(client);
+      admission_->ForgetClient(client);
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "controller/schedule_admission.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
@@ -63,10 +64,20 @@ absl::StatusOr<std::vector<Future<Unit>>> ScheduleAdmission::Submit(const rpc::S
   return accepted;
 }
 
-Future<Unit> ScheduleAdmission::SubmitOrHold(const rpc::ScheduleRequest& request, const std::string& tenant) {
+Future<Unit> ScheduleAdmission::SubmitOrHold(const rpc::ScheduleRequest& given, const std::string& tenant) {
   const absl::Time now = absl::Now();
   const absl::Status closed = absl::UnavailableError("the controller is shutting down");
   if (closed_.load()) return Future<Unit>::Ready(closed);
+  // Runs that name only their group get their hosts here, once: a held request is tried again
+  // as it is after this.
+  const rpc::ScheduleRequest* named = &given;
+  rpc::ScheduleRequest resolved;
+  if (std::any_of(given.runs().begin(), given.runs().end(), [](const rpc::GangRun& r) { return r.group() != 0; })) {
+    resolved = given;
+    if (absl::Status s = groups_.Resolve(resolved); !s.ok()) return Future<Unit>::Ready(s);
+    named = &resolved;
+  }
+  const rpc::ScheduleRequest& request = *named;
   // Without the lock: requests of many clients go through at once. One client's do not overtake
   // each other, since it sends its next once this one is answered.
   auto accepted = Submit(request, now);

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/cluster_registry.h"
+#include "controller/run_groups.h"
 #include "core/future.h"
 #include "proto/pathways.pb.h"
 
@@ -50,6 +51,8 @@ class ScheduleAdmission {
   void RetryHeld(absl::Time now);
   // Refuses every request from now on, and those held.
   void Close();
+  // The client went away: its run groups are dropped.
+  void ForgetClient(const std::string& client) { groups_.Forget(client); }
   size_t num_held();
 
   // Held requests at most, in number and in bytes (a request may be 4 MiB): past either a refused
@@ -67,6 +70,7 @@ class ScheduleAdmission {
   const double max_weight_;
   const absl::Time hold_until_;
   const Sinks sinks_;
+  RunGroupBook groups_;
   struct Held {
     rpc::ScheduleRequest request;
     std::string tenant;

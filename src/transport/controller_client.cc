@@ -21,6 +21,11 @@
 #include "core/logging.h"
 
 namespace pathways {
+
+bool IsRunGroupOutOfStep(const absl::Status& status) {
+  return absl::IsAborted(status) && absl::StrContains(status.message(), kRunGroupOutOfStep);
+}
+
 namespace {
 
 template <typename Response, typename Fn>

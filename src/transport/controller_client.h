@@ -18,6 +18,12 @@
 
 namespace pathways {
 
+// Why a controller refuses a schedule request when a run in it that names only its run group
+// (rpc::GangRun.group) does not follow a run the controller knows: then nothing of the request
+// was scheduled, and it is taken sent again with every run naming its hosts.
+inline constexpr char kRunGroupOutOfStep[] = "run group out of step";
+bool IsRunGroupOutOfStep(const absl::Status& status);
+
 class ControllerClient {
  public:
   // Calls and the schedule stream show `token` when given, else the process's token (TokenOr,

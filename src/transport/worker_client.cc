@@ -315,13 +315,18 @@ int64_t HostOpQueue::ReserveForFill() {
   return seq_;
 }
 
-void HostOpQueue::FillReserved(int64_t seq, rpc::Op op) {
+void HostOpQueue::CatchUp(int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  seq_ = std::max(seq_, seq);
+}
+
+void HostOpQueue::FillReserved(int64_t seq, rpc::Op op, Executor* sender) {
   op.set_seq(seq);
   op.set_session(session_);
   Promise<Unit> filled;
   {
     absl::MutexLock lock(&mu_);
-    NotePushedLocked(seq, queue_->Push(std::move(op)));
+    NotePushedLocked(seq, queue_->Push(std::move(op), sender));
     if (auto it = unfilled_.find(seq); it != unfilled_.end()) {
       filled = std::move(it->second);
       unfilled_.erase(it);

@@ -134,8 +134,11 @@ class HostOpQueue {
   // A sequence number for an op this queue sends later (a put whose bytes go ahead over a data
   // stream), with FillReserved: Flushed() waits for it meanwhile.
   int64_t ReserveForFill();
-  // Sends `op` at a number from ReserveForFill (or ReserveSeq).
-  void FillReserved(int64_t seq, rpc::Op op);
+  // Sends `op` at a number from ReserveForFill (or ReserveSeq); with `sender` as for Push.
+  void FillReserved(int64_t seq, rpc::Op op, Executor* sender = nullptr);
+  // Numbers up to `seq` were taken elsewhere (runs that named this host only through their
+  // group): the next number handed out is above it.
+  void CatchUp(int64_t seq);
   // Fills a reserved number whose op will never arrive (the scheduler refused it) with an op
   // that does nothing, so the host does not wait for it.
   void SkipReserved(int64_t seq);

@@ -1,0 +1,56 @@
+// The controller's side of run groups (rpc::GangRun.group): a client's runs over one set of
+// hosts name those hosts and their places once per epoch, and after that only the group, the
+// epoch and the run's number in it. Here each such run gets its hosts back before admission,
+// so everything after (admission, island schedulers, hosts) sees whole runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/pathways.pb.h"
+
+namespace pathways {
+
+// Thread-safe. One client's requests come one at a time (it sends its next once this one is
+// answered), which is the order the epochs' runs are checked in.
+class RunGroupBook {
+ public:
+  // Names every host of every run in `request` that does not: the run after run k of an epoch
+  // takes the place after run k's on each host. A run that names its hosts starts or restates
+  // its group's epoch. Aborted (IsRunGroupOutOfStep) when a run that names no host is
+  // not the next of an epoch known here (this controller restarted, an earlier request was lost,
+  // the group was forgotten to stay within bounds); then the request is left as it was and
+  // nothing is recorded, so the client may send it again with every host named.
+  absl::Status Resolve(rpc::ScheduleRequest& request);
+  // The client went away: what it had is dropped.
+  void Forget(const std::string& client);
+
+  // Groups kept per client, and hosts of kept groups over all clients: past either the least
+  // recently used group goes (its next run is then out of step, and comes again naming its
+  // hosts). About 100 bytes per host kept.
+  static constexpr size_t kMaxGroupsPerClient = 256;
+  static constexpr size_t kMaxHostsKept = size_t{1} << 20;
+  size_t hosts_kept();
+
+ private:
+  struct Epoch {
+    int64_t epoch = 0;
+    int64_t last_run = 0;
+    // Each host's place as run 0 of the epoch would have it (a run k that named them, minus k).
+    std::vector<rpc::HostSeq> base;
+    uint64_t used = 0;  // when last touched, for forgetting the least recently used
+  };
+  using Groups = absl::flat_hash_map<int64_t, Epoch>;
+  // Forgets the least recently used group of `groups` (all clients' when null).
+  void ForgetOldestLocked(Groups* groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Groups> clients_ ABSL_GUARDED_BY(mu_);
+  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t hosts_kept_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pathways
