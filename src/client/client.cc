@@ -47,7 +47,9 @@ std::string ShardedArray::ToString() const {
 // ---- Client ----
 
 Client::Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
-Client::~Client() = default;
+Client::~Client() {
+  if (core_ != nullptr) core_->PushHeldFrees();
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& controller_address,
                                                          const ClientOptions& options) {

@@ -2,6 +2,8 @@
 // queues to hosts and to the island schedulers).
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <thread>
 #include <optional>
 #include <string_view>
 
@@ -26,6 +28,43 @@ Executor& FreeSender() {
   return *pool;
 }
 
+// Runs each task once its time comes, on one thread for the process (never joined: a task holds
+// only what it runs for).
+class Later {
+ public:
+  static Later& Get() {
+    static Later* later = new Later();
+    return *later;
+  }
+  void After(absl::Duration delay, absl::AnyInvocable<void() &&> task) {
+    absl::MutexLock lock(&mu_);
+    tasks_.emplace(absl::Now() + delay, std::move(task));
+    wake_.Signal();
+  }
+
+ private:
+  Later() {
+    std::thread([this] {
+      absl::MutexLock lock(&mu_);
+      while (true) {
+        const absl::Time next = tasks_.empty() ? absl::InfiniteFuture() : tasks_.begin()->first;
+        if (absl::Now() < next) {
+          wake_.WaitWithDeadline(&mu_, next);  // or woken by After
+          continue;
+        }
+        absl::AnyInvocable<void() &&> task = std::move(tasks_.begin()->second);
+        tasks_.erase(tasks_.begin());
+        mu_.Unlock();
+        std::move(task)();
+        mu_.Lock();
+      }
+    }).detach();
+  }
+  absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::multimap<absl::Time, absl::AnyInvocable<void() &&>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 ShardedArray::State::~State() {
@@ -39,7 +78,9 @@ ShardedArray::State::~State() {
 void ClientCore::Free(ArrayId id, std::shared_ptr<const SliceMapping> placed_on, int64_t shard_bytes) {
   if (shard_bytes <= kMaxCarriedShardBytes) {
     absl::MutexLock lock(&free_mu_);
-    if (runs_undelivered_ > 0 && held_bytes_ + shard_bytes <= kMaxHeldBytes) {
+    // Held also while frees held before wait for a run (kFreeWait): the run that carries those
+    // carries this one.
+    if ((runs_undelivered_ > 0 || !held_frees_.empty()) && held_bytes_ + shard_bytes <= kMaxHeldBytes) {
       held_frees_.push_back({id, std::move(placed_on), shard_bytes});
       held_bytes_ += shard_bytes;
       frees_unplaced_.fetch_add(1, std::memory_order_release);
@@ -116,10 +157,14 @@ rpc::ScheduleRequest ClientCore::ScheduleRequestOf(const ClientIdentity& identit
   request.set_client_id(identity.id);
   request.set_credential(identity.credential);
   request.set_weight(weight);
+  // The first run of each epoch in the request is enough: the controller restates the epoch
+  // from it, and the runs after it follow (a request of many runs stays small).
+  absl::flat_hash_set<std::pair<int64_t, int64_t>> named;
   for (const QueuedRun& r : runs) {
     rpc::GangRun* run = request.add_runs();
     *run = r.run;
-    if (!name_hosts || run->hosts_size() > 0) continue;
+    if (!name_hosts) continue;
+    if (!named.insert({run->group(), run->group_epoch()}).second || run->hosts_size() > 0) continue;
     const RunGroupEpoch& e = *r.place.epoch;
     for (size_t i = 0; i < e.hosts->size(); ++i) {
       rpc::HostSeq* h = run->add_hosts();
@@ -196,7 +241,7 @@ SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<
     *op.mutable_put()->mutable_data() = bytes.use_count() == 1 ? std::move(*bytes) : *bytes;
     return Push(host, std::move(op));
   }
-  auto [q, seq] = NumberDirect(host, /*for_fill=*/true);
+  auto [q, seq] = ReserveForFill(host);
   const SeqRef at{q->session(), seq};
   rpc::StageRequest stage;
   stage.set_client_id(id());
@@ -237,35 +282,37 @@ std::shared_ptr<ClientCore::RunGroup> ClientCore::GroupFor(const std::vector<std
   return g;
 }
 
+std::optional<int64_t> ClientCore::LastGroupRunLocked(const std::string& host, const std::shared_ptr<HostOpQueue>& q) {
+  auto it = members_.find(host);
+  if (it == members_.end() || it->second.queue != q) return std::nullopt;  // (a new queue starts anew)
+  const RunGroup& g = *it->second.group;
+  if (g.current == nullptr) return std::nullopt;
+  std::optional<SeqRef> last = g.current->PlaceOn(host, g.next_run - 1);
+  if (!last.has_value()) return std::nullopt;
+  return last->seq;
+}
+
 void ClientCore::LeaveGroupLocked(const std::string& host, const std::shared_ptr<HostOpQueue>& q) {
   auto it = members_.find(host);
   if (it == members_.end()) return;
-  RunGroup& g = *it->second.group;
-  // Its queue has not counted the places the group's runs took since the epoch began (a new
-  // queue starts a new sequence: nothing to count there).
-  if (it->second.queue == q && g.current != nullptr) {
-    if (std::optional<SeqRef> last = g.current->PlaceOn(host, g.next_run - 1)) q->CatchUp(last->seq);
-  }
-  g.dirty = true;
+  // Its queue has not counted the places the group's runs took since the epoch began.
+  if (std::optional<int64_t> last = LastGroupRunLocked(host, q)) q->CatchUp(*last);
+  it->second.group->dirty = true;
   members_.erase(it);
 }
 
-std::pair<std::shared_ptr<HostOpQueue>, int64_t> ClientCore::NumberDirect(const std::string& host, bool for_fill) {
+std::pair<std::shared_ptr<HostOpQueue>, int64_t> ClientCore::ReserveForFill(const std::string& host) {
   absl::MutexLock lock(&seq_mu_);
   std::shared_ptr<HostOpQueue> q = queue(host);
   LeaveGroupLocked(host, q);
-  return {q, for_fill ? q->ReserveForFill() : q->ReserveSeq()};
+  return {q, q->ReserveForFill()};
 }
 
 SeqRef ClientCore::LastSeq(const std::string& host) {
   absl::MutexLock lock(&seq_mu_);
   std::shared_ptr<HostOpQueue> q = queue(host);
   SeqRef last{q->session(), q->last_seq()};
-  auto it = members_.find(host);
-  if (it != members_.end() && it->second.queue == q && it->second.group->current != nullptr) {
-    const RunGroup& g = *it->second.group;
-    if (std::optional<SeqRef> run = g.current->PlaceOn(host, g.next_run - 1)) last.seq = std::max(last.seq, run->seq);
-  }
+  if (std::optional<int64_t> run = LastGroupRunLocked(host, q)) last.seq = std::max(last.seq, *run);
   return last;
 }
 
@@ -273,19 +320,19 @@ RunPlace ClientCore::PlaceRun(const std::shared_ptr<RunGroup>& self, rpc::GangRu
   RunGroup& group = *self;
   absl::MutexLock lock(&seq_mu_);
   run.set_group(group.id);
-  if (group.current != nullptr && !group.dirty && !group.stale.load()) {
+  const int64_t failures = queue_failures_->load(std::memory_order_acquire);
+  if (group.current != nullptr && !group.dirty && group.failures_seen == failures) {
     run.set_group_epoch(group.current->epoch);
     run.set_group_run(group.next_run);
     return {group.current, group.next_run++};
   }
   // A new epoch: every host's place taken from its queue, and named.
   auto epoch = std::make_shared<RunGroupEpoch>();
-  epoch->group = group.id;
   epoch->epoch = group.current == nullptr ? 1 : group.current->epoch + 1;
   epoch->hosts = group.hosts;
   epoch->index = group.index;
   epoch->first.reserve(group.hosts->size());
-  group.stale.store(false);  // a queue replaced from here on marks it again
+  group.failures_seen = failures;  // a queue that fails from here on makes the next run start another
   for (const std::string& host : *group.hosts) {
     std::shared_ptr<HostOpQueue> q = queue(host);
     LeaveGroupLocked(host, q);
@@ -296,10 +343,6 @@ RunPlace ClientCore::PlaceRun(const std::shared_ptr<RunGroup>& self, rpc::GangRu
     h->set_host(host);
     h->set_seq(at.seq);
     h->set_session(at.session);
-  }
-  {
-    absl::MutexLock hosts_lock(&mu_);
-    for (const std::string& host : *group.hosts) group_of_host_[host] = self;
   }
   group.current = epoch;
   group.next_run = 1;
@@ -361,15 +404,25 @@ ClientCore::PushedRun ClientCore::PushRun(const std::shared_ptr<RunGroup>& group
   auto queue = ScheduleQueue();
   const int64_t number = queue->Push(std::move(queued));
   Future<Unit> delivered = queue->FlushedThrough(number);  // this run's batch
-  // Delivered or refused: when it was the last on its way, what is held goes as free ops.
+  // Delivered or refused: when it was the last on its way, what is held waits kFreeWait for
+  // another run to carry it, and then goes as free ops (a loop that waits for each run's result
+  // pushes its next run well within that, which then names only its group: see RunGroup).
   delivered.OnReady([weak = weak_from_this()](const absl::StatusOr<Unit>&) {
     auto self = weak.lock();
     if (self == nullptr) return;
     {
       absl::MutexLock lock(&self->free_mu_);
-      if (--self->runs_undelivered_ > 0) return;
+      if (--self->runs_undelivered_ > 0 || self->held_frees_.empty()) return;
     }
-    self->PushHeldFrees();
+    Later::Get().After(kFreeWait, [weak] {
+      auto self = weak.lock();
+      if (self == nullptr) return;
+      {
+        absl::MutexLock lock(&self->free_mu_);
+        if (self->runs_undelivered_ > 0) return;  // one is on its way: its delivery waits again
+      }
+      self->PushHeldFrees();
+    });
   });
   pushed.delivered = std::move(delivered);
   return pushed;

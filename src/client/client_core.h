@@ -31,7 +31,6 @@ struct SeqRef {
 // One epoch of a run group (ClientCore::RunGroup): run 0 of it took `first` on each host, and
 // run k takes first + k, since nothing else took a place on those hosts in between. Immutable.
 struct RunGroupEpoch {
-  int64_t group = 0;
   int64_t epoch = 0;
   std::shared_ptr<const std::vector<std::string>> hosts;
   std::shared_ptr<const absl::flat_hash_map<std::string, int>> index;  // of each host in `hosts`
@@ -93,16 +92,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       if (broken.size() >= kBreaksKept) broken.erase(broken.begin());  // sessions are random: any one goes
       broken[q->session()] = std::move(why);
     }
-    if (!q || q->failed()) {
-      if (q) MarkGroupStaleLocked(address);
-      q = std::make_shared<HostOpQueue>(worker(address), identity_, request_paths_);
-    }
+    if (!q || q->failed()) q = std::make_shared<HostOpQueue>(worker(address), identity_, request_paths_, queue_failures_);
     return q;
-  }
-  void MarkGroupStaleLocked(const std::string& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = group_of_host_.find(host);
-    if (it == group_of_host_.end()) return;
-    if (auto g = it->second.lock()) g->stale.store(true);
   }
   // Why the sequence `session` of ops to `address` broke; OK if that is not known (it did not,
   // or it broke too long ago).
@@ -137,9 +128,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       run_ops_sent_.fetch_add(1, std::memory_order_relaxed);
       run_op_bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
     }
-    auto [q, seq] = NumberDirect(host, /*for_fill=*/false);
-    q->FillReserved(seq, std::move(op), sender);
-    return {q->session(), seq};
+    std::shared_ptr<HostOpQueue> q;
+    HostOpQueue::Pushed pushed;
+    {
+      // Numbered and queued in the host's order under the lock; sent outside it.
+      absl::MutexLock lock(&seq_mu_);
+      q = queue(host);
+      LeaveGroupLocked(host, q);
+      pushed = q->PushLeavingSend(std::move(op), sender);
+    }
+    if (pushed.send) pushed.send();
+    return {q->session(), pushed.seq};
   }
   // A put of `bytes` (the op without them): shards of at least kStagedPutBytes go ahead over the
   // host's data stream when it has one, straight into device memory, and the op follows in the
@@ -164,7 +163,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     std::string& known = incarnation_of_[host];
     if (!known.empty() && known != incarnation) {
       queues_.erase(host);
-      MarkGroupStaleLocked(host);
+      queue_failures_->fetch_add(1, std::memory_order_release);  // (see RunGroup)
     }
     known = incarnation;
   }
@@ -174,17 +173,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // only the group, an epoch and the run's number in it (rpc::GangRun.group), and the controller
   // names the hosts: the client's work and message per run do not grow with the hosts. The
   // first run after anything else took a place on one of them starts a new epoch, naming every
-  // host with its place. The fields below `stale` are guarded by the core's seq_mu_.
+  // host with its place; so does the first after a queue of the client's failed anywhere (its
+  // replacement starts a new sequence). The mutable fields are guarded by the core's seq_mu_.
   struct RunGroup {
     RunGroup(int64_t id, std::vector<std::string> hosts);
     const int64_t id;
     const std::shared_ptr<const std::vector<std::string>> hosts;
     const std::shared_ptr<const absl::flat_hash_map<std::string, int>> index;
-    // A host's queue was replaced (it restarted, or refused ops): its new sequence starts anew.
-    std::atomic<bool> stale{false};
     std::shared_ptr<const RunGroupEpoch> current;  // null before the first run
     int64_t next_run = 0;
     bool dirty = true;  // something else took a place on one of the hosts since `current` began
+    int64_t failures_seen = 0;  // the core's queue_failures_ when `current` began
   };
   std::shared_ptr<RunGroup> GroupFor(const std::vector<std::string>& hosts);
   // Sends one run op to the hosts of `group`, to their islands' schedulers through the
@@ -200,11 +199,12 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // The place of the last op of the client's sequence on `host`, runs of groups included.
   SeqRef LastSeq(const std::string& host);
   // Frees array `id`, of `shard_bytes` per shard, on the hosts of `placed_on`. While runs of this
-  // client are on their way to the scheduler (a loop `x = f(x)` pipelining), a small array's
-  // free is held for the next run: when that run reaches every host of the array it carries the
-  // id (RunProgramOp.free_array_ids, one id in one message instead of a free op to each host);
-  // otherwise, and when no run follows before the runs in flight are delivered, a free op goes
-  // to each host. Either way the free takes its place in each host's order before every op
+  // client are on their way to the scheduler (a loop `x = f(x)` pipelining), and for kFreeWait
+  // after the last is delivered (a loop that waits for each result), a small array's free is
+  // held for the next run: when that run reaches every host of the array it carries the id
+  // (RunProgramOp.free_array_ids, one id in one message instead of a free op to each host, and
+  // nothing that takes a place on the hosts outside the run's group); otherwise, and when no run
+  // follows in time, a free op goes to each host. Either way the free takes its place in each host's order before every op
   // pushed after it: Push, PushPut and PushRun place what is held first.
   void Free(ArrayId id, std::shared_ptr<const SliceMapping> placed_on, int64_t shard_bytes);
   // A run carries at most this many frees (the rest go as ops): runs stay small messages.
@@ -217,6 +217,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // per-host ops a free costs matter for small arrays (dispatch-bound loops), not for large ones.
   static constexpr int64_t kMaxCarriedShardBytes = 64 << 10;
   static constexpr int64_t kMaxHeldBytes = 1 << 20;
+  // How long frees held when no run is on its way wait for one to carry them.
+  static constexpr absl::Duration kFreeWait = absl::Milliseconds(5);
 
   // OpByOp calls run as one-node programs, traced once per (function, slice).
   absl::StatusOr<Program> OneNodeProgram(const CompiledFunction& function, const VirtualSlice& slice);
@@ -254,13 +256,16 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     RunPlace place;
   };
   std::shared_ptr<OrderedBatchQueue<QueuedRun>> ScheduleQueue();
-  // The request for `runs`; with `name_hosts`, each run that names only its group names its
-  // hosts too (for a controller that did not know the epoch).
+  // The request for `runs`; with `name_hosts`, the first run of each epoch in it names its hosts
+  // (for a controller that did not know the epoch).
   static rpc::ScheduleRequest ScheduleRequestOf(const ClientIdentity& identity, double weight,
                                                 const std::vector<QueuedRun>& runs, bool name_hosts);
-  // Numbers the next op to `host` in the client's sequence (a reservation for PushPut's fill
-  // with `for_fill`), after the places the host's run group took: its queue and the number.
-  std::pair<std::shared_ptr<HostOpQueue>, int64_t> NumberDirect(const std::string& host, bool for_fill);
+  // Reserves the next place in the client's sequence on `host` for an op sent later (PushPut's
+  // fill), after the places the host's run group took: its queue and the number.
+  std::pair<std::shared_ptr<HostOpQueue>, int64_t> ReserveForFill(const std::string& host);
+  // The place of the last run of the host's group there, if the host is still in one on `q`.
+  std::optional<int64_t> LastGroupRunLocked(const std::string& host, const std::shared_ptr<HostOpQueue>& q)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq_mu_);
   // Gives `run` its place on each host of `group` (see RunGroup), under seq_mu_.
   RunPlace PlaceRun(const std::shared_ptr<RunGroup>& group, rpc::GangRun& run);
   // `host` takes a place outside its run group: its queue counts the group's runs so far, and
@@ -276,8 +281,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void PushFreeOp(const std::string& host, int64_t id);
   // A free op for each array to each of its hosts.
   void PushFreeOps(const std::vector<HeldFree>& frees);
+
+ public:
   // Places the frees held for the next run as ops, if any (and waits for another thread placing
-  // some, so that what the caller pushes next comes after them).
+  // some, so that what the caller pushes next comes after them). Also when the Client goes: no
+  // run of it will come to carry them.
   void PushHeldFrees() {
     if (frees_unplaced_.load(std::memory_order_acquire) == 0) return;
     absl::MutexLock order(&free_order_mu_);
@@ -289,6 +297,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     PushFreeOps(held);
     frees_unplaced_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_release);
   }
+
+ private:
   std::vector<HeldFree> TakeHeldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(free_mu_) {
     std::vector<HeldFree> held;
     held.swap(held_frees_);
@@ -323,6 +333,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::atomic<int64_t> frees_unplaced_{0};  // held, or taken and not yet given their places
   // Shared with the schedule queue's sender (which may outlive the core).
   const std::shared_ptr<std::atomic<int64_t>> runs_named_again_ = std::make_shared<std::atomic<int64_t>>(0);
+  // Batches any of the client's host queues failed, and queues dropped for a host that restarted:
+  // a run group's next run then starts a new epoch (a replaced queue starts a new sequence).
+  const std::shared_ptr<std::atomic<int64_t>> queue_failures_ = std::make_shared<std::atomic<int64_t>>(0);
   // Orders numbering in the client's sequences: ops to hosts and runs of groups (taken after
   // free_order_mu_ and before mu_).
   absl::Mutex seq_mu_;
@@ -340,8 +353,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   static constexpr size_t kBreaksKept = 8;
   absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> breaks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
-  // The same, for queue() to mark a group stale when it replaces a host's queue.
-  absl::flat_hash_map<std::string, std::weak_ptr<RunGroup>> group_of_host_ ABSL_GUARDED_BY(mu_);
   // One queue for all islands: the controller sees the client's runs in the client's order.
   std::shared_ptr<OrderedBatchQueue<QueuedRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Lowering>> lowerings_cache_ ABSL_GUARDED_BY(mu_);

@@ -6,13 +6,14 @@
 #include "transport/controller_client.h"
 
 namespace pathways {
+
 absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
   const bool grouped = std::any_of(request.runs().begin(), request.runs().end(),
                                    [](const rpc::GangRun& r) { return r.group() != 0; });
   if (!grouped) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   // Worked on copies of the groups the request touches, kept only if every run resolves.
-  Groups touched;
+  absl::flat_hash_map<int64_t, Epoch> touched;
   const Groups* known = nullptr;
   if (auto it = clients_.find(request.client_id()); it != clients_.end()) known = &it->second;
   for (rpc::GangRun& run : *request.mutable_runs()) {
@@ -20,7 +21,11 @@ absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
     auto [it, is_new] = touched.try_emplace(run.group());
     Epoch& e = it->second;
     if (is_new && known != nullptr) {
-      if (auto k = known->find(run.group()); k != known->end()) e = k->second;
+      if (auto k = known->find(run.group()); k != known->end()) {
+        e.epoch = k->second.epoch;
+        e.last_run = k->second.last_run;
+        e.base = k->second.base;
+      }
     }
     if (run.hosts_size() > 0) {
       if (run.group_epoch() < e.epoch) continue;  // an older epoch's run: it names its hosts itself
@@ -45,48 +50,58 @@ absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
   }
   Groups& groups = clients_[request.client_id()];
   for (auto& [group, e] : touched) {
-    e.used = ++clock_;
-    Epoch& kept = groups[group];
-    hosts_kept_ = hosts_kept_ - kept.base.size() + e.base.size();
-    kept = std::move(e);
+    auto [it, is_new] = groups.try_emplace(group);
+    Epoch& kept = it->second;
+    if (is_new) {
+      lru_.push_front({request.client_id(), group});
+    } else {
+      bytes_kept_ -= kept.bytes;
+      lru_.splice(lru_.begin(), lru_, kept.lru);
+    }
+    kept.lru = lru_.begin();
+    kept.used = ++clock_;
+    kept.epoch = e.epoch;
+    kept.last_run = e.last_run;
+    kept.base = std::move(e.base);
+    kept.bytes = 0;
+    for (const rpc::HostSeq& h : kept.base) kept.bytes += h.host().size() + kHostOverheadBytes;
+    bytes_kept_ += kept.bytes;
   }
-  while (groups.size() > kMaxGroupsPerClient) ForgetOldestLocked(&groups);
-  while (hosts_kept_ > kMaxHostsKept) ForgetOldestLocked(nullptr);
+  // The least recently used go first, this client's own before others' for its own bound.
+  while (groups.size() > kMaxGroupsPerClient) {
+    auto oldest = std::min_element(groups.begin(), groups.end(),
+                                   [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+    ForgetLocked(request.client_id(), oldest->first);
+  }
+  while (bytes_kept_ > kMaxBytesKept && !lru_.empty()) ForgetLocked(lru_.back().first, lru_.back().second);
   return absl::OkStatus();
 }
 
-void RunGroupBook::ForgetOldestLocked(Groups* groups) {
-  Groups* from = nullptr;
-  Groups::iterator oldest;
-  auto consider = [&](Groups& g) {
-    for (auto it = g.begin(); it != g.end(); ++it) {
-      if (from == nullptr || it->second.used < oldest->second.used) {
-        from = &g;
-        oldest = it;
-      }
-    }
-  };
-  if (groups != nullptr) {
-    consider(*groups);
-  } else {
-    for (auto& [client, g] : clients_) consider(g);
-  }
-  if (from == nullptr) return;
-  hosts_kept_ -= oldest->second.base.size();
-  from->erase(oldest);
+void RunGroupBook::ForgetLocked(const std::string& client, int64_t group) {
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return;
+  auto g = c->second.find(group);
+  if (g == c->second.end()) return;
+  bytes_kept_ -= g->second.bytes;
+  lru_.erase(g->second.lru);
+  c->second.erase(g);
+  if (c->second.empty()) clients_.erase(c);
 }
 
 void RunGroupBook::Forget(const std::string& client) {
   absl::MutexLock lock(&mu_);
   auto it = clients_.find(client);
   if (it == clients_.end()) return;
-  for (const auto& [group, e] : it->second) hosts_kept_ -= e.base.size();
+  for (const auto& [group, e] : it->second) {
+    bytes_kept_ -= e.bytes;
+    lru_.erase(e.lru);
+  }
   clients_.erase(it);
 }
 
-size_t RunGroupBook::hosts_kept() {
+size_t RunGroupBook::bytes_kept() {
   absl::MutexLock lock(&mu_);
-  return hosts_kept_;
+  return bytes_kept_;
 }
 
 }  // namespace pathways

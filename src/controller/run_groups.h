@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <string>
 #include <vector>
 
@@ -23,34 +24,39 @@ class RunGroupBook {
   // takes the place after run k's on each host. A run that names its hosts starts or restates
   // its group's epoch. Aborted (IsRunGroupOutOfStep) when a run that names no host is
   // not the next of an epoch known here (this controller restarted, an earlier request was lost,
-  // the group was forgotten to stay within bounds); then the request is left as it was and
-  // nothing is recorded, so the client may send it again with every host named.
+  // the group was forgotten to stay within bounds); then nothing is recorded and nothing of the
+  // request may be scheduled, so the client may send it again naming its epochs' hosts.
   absl::Status Resolve(rpc::ScheduleRequest& request);
   // The client went away: what it had is dropped.
   void Forget(const std::string& client);
 
-  // Groups kept per client, and hosts of kept groups over all clients: past either the least
-  // recently used group goes (its next run is then out of step, and comes again naming its
-  // hosts). About 100 bytes per host kept.
+  // Groups kept per client, and bytes of kept groups over all clients (their host names and
+  // places): past either the least recently used group goes (its next run is then out of step,
+  // and comes again naming its hosts). A hostile client can so make others name their hosts
+  // again, not make the controller hold more.
   static constexpr size_t kMaxGroupsPerClient = 256;
-  static constexpr size_t kMaxHostsKept = size_t{1} << 20;
-  size_t hosts_kept();
+  static constexpr size_t kMaxBytesKept = size_t{64} << 20;
+  static constexpr size_t kHostOverheadBytes = 64;  // a kept host besides its name
+  size_t bytes_kept();
 
  private:
+  using Lru = std::list<std::pair<std::string, int64_t>>;  // (client, group), most recent first
   struct Epoch {
     int64_t epoch = 0;
     int64_t last_run = 0;
     // Each host's place as run 0 of the epoch would have it (a run k that named them, minus k).
     std::vector<rpc::HostSeq> base;
-    uint64_t used = 0;  // when last touched, for forgetting the least recently used
+    size_t bytes = 0;
+    Lru::iterator lru;
+    uint64_t used = 0;  // clock_ when last touched
   };
   using Groups = absl::flat_hash_map<int64_t, Epoch>;
-  // Forgets the least recently used group of `groups` (all clients' when null).
-  void ForgetOldestLocked(Groups* groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetLocked(const std::string& client, int64_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Groups> clients_ ABSL_GUARDED_BY(mu_);
+  Lru lru_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_kept_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t hosts_kept_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pathways

@@ -66,7 +66,7 @@ TEST(RunGroupBookTest, RunsThatNameNoHostTakeTheNextPlaceOnEachHostOfTheirEpoch)
   ExpectPlaces(next.runs(0), {{"a", 7, 11}, {"b", 11, 22}});
   ExpectPlaces(next.runs(1), {{"a", 8, 11}, {"b", 12, 22}});
   EXPECT_EQ(next.runs(1).run().run_id(), 3);  // the run itself is untouched
-  EXPECT_EQ(book.hosts_kept(), 2u);
+  EXPECT_EQ(book.bytes_kept(), 2 * (1 + RunGroupBook::kHostOverheadBytes));
 }
 
 TEST(RunGroupBookTest, ARunOutOfStepRefusesTheWholeRequestAndRecordsNothing) {
@@ -116,15 +116,29 @@ TEST(RunGroupBookTest, ForgottenGroupsAreOutOfStepAndTheLeastRecentlyUsedGoesFir
       ASSERT_TRUE(book.Resolve(again).ok());
     }
   }
-  EXPECT_EQ(book.hosts_kept(), static_cast<size_t>(2 * n));
+  EXPECT_EQ(book.bytes_kept(), static_cast<size_t>(2 * n) * (1 + RunGroupBook::kHostOverheadBytes));
   rpc::ScheduleRequest two = Request("c", {GroupRun(2, 1, 1)});
   EXPECT_TRUE(IsRunGroupOutOfStep(book.Resolve(two)));
   rpc::ScheduleRequest one = Request("c", {GroupRun(1, 1, 2)});
   EXPECT_TRUE(book.Resolve(one).ok());
   book.Forget("c");
-  EXPECT_EQ(book.hosts_kept(), 0u);
+  EXPECT_EQ(book.bytes_kept(), 0u);
   rpc::ScheduleRequest after = Request("c", {GroupRun(1, 1, 3)});
   EXPECT_TRUE(IsRunGroupOutOfStep(book.Resolve(after)));
+}
+
+TEST(RunGroupBookTest, WhatAllClientsKeepIsBoundedInBytes) {
+  RunGroupBook book;
+  rpc::ScheduleRequest small = Request("c", {GroupRun(1, 1, 0, {{"a", 1, 1}})});
+  ASSERT_TRUE(book.Resolve(small).ok());
+  // Another client's group past the bound on its own: the least recently used go, the other
+  // client's first, then this one, and the book keeps nothing past its bound.
+  rpc::ScheduleRequest huge = Request("d", {GroupRun(1, 1, 0, {{std::string(RunGroupBook::kMaxBytesKept, 'h'), 1, 1}})});
+  ASSERT_TRUE(book.Resolve(huge).ok());
+  EXPECT_EQ(huge.runs(0).hosts_size(), 1);
+  EXPECT_EQ(book.bytes_kept(), 0u);
+  rpc::ScheduleRequest next = Request("c", {GroupRun(1, 1, 1)});
+  EXPECT_TRUE(IsRunGroupOutOfStep(book.Resolve(next)));
 }
 
 TEST(RunGroupBookTest, RunsWithoutAGroupAreLeftAsTheyAre) {
@@ -134,7 +148,7 @@ TEST(RunGroupBookTest, RunsWithoutAGroupAreLeftAsTheyAre) {
   rpc::ScheduleRequest r = Request("c", {plain});
   ASSERT_TRUE(book.Resolve(r).ok());
   EXPECT_EQ(r.runs(0).hosts_size(), 1);
-  EXPECT_EQ(book.hosts_kept(), 0u);
+  EXPECT_EQ(book.bytes_kept(), 0u);
 }
 
 }  // namespace

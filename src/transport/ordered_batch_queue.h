@@ -46,21 +46,32 @@ class OrderedBatchQueue : public std::enable_shared_from_this<OrderedBatchQueue<
   // stopped (the item is dropped). A batch that this push starts is sent on this thread, or with
   // `sender`, from one of its threads: the item keeps its place either way.
   int64_t Push(Item item, Executor* sender = nullptr) {
-    std::optional<std::vector<Item>> batch;
+    Pushed pushed = PushLeavingSend(std::move(item));  // 0 once delivery stopped: Flushed() reports it
+    if (pushed.batch) SendStarted(*std::move(pushed.batch), sender);
+    return pushed.number;
+  }
+
+  // As Push, but a batch this push starts is returned instead of sent: the caller sends it with
+  // SendStarted once it holds no lock (the item's place is taken here, under the caller's locks).
+  struct Pushed {
     int64_t number = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!failure_.ok()) return 0;  // Flushed() reports the failure
-      pending_.push_back(std::move(item));
-      number = ++pushed_;
-      if (!in_flight_) batch = TakeBatchLocked();
+    std::optional<std::vector<Item>> batch;
+  };
+  Pushed PushLeavingSend(Item item) {
+    Pushed pushed;
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return pushed;
+    pending_.push_back(std::move(item));
+    pushed.number = ++pushed_;
+    if (!in_flight_) pushed.batch = TakeBatchLocked();
+    return pushed;
+  }
+  void SendStarted(std::vector<Item> batch, Executor* sender = nullptr) {
+    if (sender != nullptr) {
+      sender->Schedule([self = this->shared_from_this(), batch = std::move(batch)]() mutable { self->Send(std::move(batch)); });
+    } else {
+      Send(std::move(batch));
     }
-    if (batch && sender != nullptr) {
-      sender->Schedule([self = this->shared_from_this(), batch = *std::move(batch)]() mutable { self->Send(std::move(batch)); });
-    } else if (batch) {
-      Send(*std::move(batch));
-    }
-    return number;
   }
 
   // True once a batch failed and stopped delivery (never with on_failed).

@@ -274,25 +274,46 @@ std::shared_ptr<WorkerClient> WorkerClientCache::Get(const std::string& address,
 }
 
 HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client,
-                         std::shared_ptr<RequestPaths> paths)
+                         std::shared_ptr<RequestPaths> paths, std::shared_ptr<std::atomic<int64_t>> failures)
     : worker_(std::move(worker)), session_(static_cast<int64_t>(absl::Uniform<uint64_t>(absl::BitGen()) >> 1)) {
   queue_ = std::make_shared<OrderedBatchQueue<rpc::Op>>(
-      [worker = worker_, client = std::move(client), paths = std::move(paths)](std::vector<rpc::Op> ops) {
+      [worker = worker_, client = std::move(client), paths = std::move(paths),
+       failures = std::move(failures)](std::vector<rpc::Op> ops) {
         auto request = std::make_shared<rpc::EnqueueRequest>();
         request->set_client_id(client.id);
         request->set_credential(client.credential);
         for (rpc::Op& op : ops) *request->add_ops() = std::move(op);
-        return worker->Enqueue(std::move(request), paths);
+        Future<Unit> accepted = worker->Enqueue(std::move(request), paths);
+        if (failures != nullptr) {
+          accepted.OnReady([failures](const absl::StatusOr<Unit>& r) {
+            if (!r.ok()) failures->fetch_add(1, std::memory_order_release);
+          });
+        }
+        return accepted;
       },
       nullptr, OrderedBatchQueue<rpc::Op>::BatchLimit{[](const rpc::Op& op) { return op.ByteSizeLong(); }, size_t{64} << 20});  // a worker takes 1 GiB
 }
 
 int64_t HostOpQueue::Push(rpc::Op op, Executor* sender) {
+  Pushed pushed = PushLeavingSend(std::move(op), sender);
+  if (pushed.send) pushed.send();
+  return pushed.seq;
+}
+
+HostOpQueue::Pushed HostOpQueue::PushLeavingSend(rpc::Op op, Executor* sender) {
+  Pushed pushed;
   absl::MutexLock lock(&mu_);
   op.set_seq(++seq_);
   op.set_session(session_);
-  NotePushedLocked(seq_, queue_->Push(std::move(op), sender));
-  return seq_;
+  pushed.seq = seq_;
+  OrderedBatchQueue<rpc::Op>::Pushed queued = queue_->PushLeavingSend(std::move(op));
+  NotePushedLocked(seq_, queued.number);
+  if (queued.batch) {
+    pushed.send = [queue = queue_, batch = std::make_shared<std::vector<rpc::Op>>(*std::move(queued.batch)), sender] {
+      queue->SendStarted(std::move(*batch), sender);
+    };
+  }
+  return pushed;
 }
 
 void HostOpQueue::NotePushedLocked(int64_t seq, int64_t item) {
@@ -320,13 +341,13 @@ void HostOpQueue::CatchUp(int64_t seq) {
   seq_ = std::max(seq_, seq);
 }
 
-void HostOpQueue::FillReserved(int64_t seq, rpc::Op op, Executor* sender) {
+void HostOpQueue::FillReserved(int64_t seq, rpc::Op op) {
   op.set_seq(seq);
   op.set_session(session_);
   Promise<Unit> filled;
   {
     absl::MutexLock lock(&mu_);
-    NotePushedLocked(seq, queue_->Push(std::move(op), sender));
+    NotePushedLocked(seq, queue_->Push(std::move(op)));
     if (auto it = unfilled_.find(seq); it != unfilled_.end()) {
       filled = std::move(it->second);
       unfilled_.erase(it);

@@ -118,31 +118,41 @@ class WorkerClientCache {
 
 // Delivers one client's ops to one host in order, each stamped with the next number of the
 // client's sequence for that host. Runs travel to hosts through their island's scheduler
-// instead, with a number reserved here: hosts apply each client's ops in sequence order
+// instead, with a number reserved here or, for a run that names only its group (see
+// ClientCore::RunGroup), taken without this queue and counted here later (CatchUp): hosts apply each client's ops in sequence order
 // whichever way they came, so a run never overtakes a Put or Free sent before it, or the other
 // way round. Thread-safe. Held by shared_ptr.
 class HostOpQueue {
  public:
-  // Batches are counted in `paths` (when given).
+  // Batches are counted in `paths` (when given); `failures` (when given) counts batches the host
+  // refused or that could not reach it, each of which stops delivery.
   HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity client,
-              std::shared_ptr<RequestPaths> paths = nullptr);
+              std::shared_ptr<RequestPaths> paths = nullptr,
+              std::shared_ptr<std::atomic<int64_t>> failures = nullptr);
   // Returns the op's sequence number. With `sender`, a batch this push starts is sent from one
   // of its threads instead of this one (the op keeps its number and place).
   int64_t Push(rpc::Op op, Executor* sender = nullptr);
+  // As Push, numbering and queueing the op here but leaving a batch it starts to `send()`, to be
+  // called holding no lock (see ClientCore::Push). `send` is empty when there is nothing to send.
+  struct Pushed {
+    int64_t seq = 0;
+    std::function<void()> send;
+  };
+  Pushed PushLeavingSend(rpc::Op op, Executor* sender = nullptr);
   // A sequence number for an op that reaches the host another way (through the scheduler).
   int64_t ReserveSeq();
   // A sequence number for an op this queue sends later (a put whose bytes go ahead over a data
   // stream), with FillReserved: Flushed() waits for it meanwhile.
   int64_t ReserveForFill();
-  // Sends `op` at a number from ReserveForFill (or ReserveSeq); with `sender` as for Push.
-  void FillReserved(int64_t seq, rpc::Op op, Executor* sender = nullptr);
+  // Sends `op` at a number from ReserveForFill (or ReserveSeq).
+  void FillReserved(int64_t seq, rpc::Op op);
   // Numbers up to `seq` were taken elsewhere (runs that named this host only through their
   // group): the next number handed out is above it.
   void CatchUp(int64_t seq);
   // Fills a reserved number whose op will never arrive (the scheduler refused it) with an op
   // that does nothing, so the host does not wait for it.
   void SkipReserved(int64_t seq);
-  // The last sequence number handed out: a fetch asks the host to wait until it has applied it.
+  // The last sequence number handed out here (ClientCore::LastSeq adds the runs of groups).
   int64_t last_seq();
   // This queue's sequence on the host (random): a new queue starts a new one.
   int64_t session() const { return session_; }
