@@ -226,10 +226,15 @@ std::shared_ptr<OrderedBatchQueue<ClientCore::QueuedRun>> ClientCore::ScheduleQu
             core->frees_carried_.fetch_sub(run.run.run().free_array_ids_size(), std::memory_order_relaxed);
           }
         },
-        // Under the controller's 4 MiB message limit however many runs queue up (a run that names
-        // its hosts: 16 KB at 512 hosts).
-        OrderedBatchQueue<QueuedRun>::BatchLimit{[](const QueuedRun& run) { return run.run.ByteSizeLong(); },
-                                                 size_t{1} << 20});
+        // Under the controller's 4 MiB message limit however many runs queue up, counting a run
+        // that names only its group as if it named its hosts (about 32 bytes each: 16 KB at 512
+        // hosts), as the controller will: a request stays as large there as it was before.
+        OrderedBatchQueue<QueuedRun>::BatchLimit{
+            [](const QueuedRun& run) {
+              const size_t named = run.run.hosts_size() > 0 ? 0 : run.place.epoch->hosts->size() * 32;
+              return run.run.ByteSizeLong() + named;
+            },
+            size_t{1} << 20});
   }
   return q;
 }

@@ -14,6 +14,7 @@ absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
   absl::MutexLock lock(&mu_);
   // Worked on copies of the groups the request touches, kept only if every run resolves.
   absl::flat_hash_map<int64_t, Epoch> touched;
+  size_t named = 0;  // hosts named for runs that named none
   const Groups* known = nullptr;
   if (auto it = clients_.find(request.client_id()); it != clients_.end()) known = &it->second;
   for (rpc::GangRun& run : *request.mutable_runs()) {
@@ -39,6 +40,12 @@ absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
       return absl::AbortedError(absl::StrCat(kRunGroupOutOfStep, ": client ", request.client_id(), "'s run ",
                                              run.group_run(), " of group ", run.group(), " epoch ", run.group_epoch(),
                                              " does not follow a run this controller knows"));
+    }
+    named += e.base.size();
+    if (named > kMaxHostsNamedPerRequest) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client ", request.client_id(), "'s schedule request would name more than ",
+                       kMaxHostsNamedPerRequest, " hosts in all once its runs' groups are named; send fewer runs at once"));
     }
     e.last_run = run.group_run();
     run.mutable_hosts()->Reserve(static_cast<int>(e.base.size()));

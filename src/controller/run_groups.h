@@ -37,6 +37,10 @@ class RunGroupBook {
   static constexpr size_t kMaxGroupsPerClient = 256;
   static constexpr size_t kMaxBytesKept = size_t{64} << 20;
   static constexpr size_t kHostOverheadBytes = 64;  // a kept host besides its name
+  // Hosts named in one request for runs that named only their group, at most: a small request
+  // of many runs over a large group must not become a huge one here (InvalidArgument). A client
+  // cuts its requests at 1 MiB counting each run as if it named its hosts, far below this.
+  static constexpr size_t kMaxHostsNamedPerRequest = size_t{1} << 18;
   size_t bytes_kept();
 
  private:

@@ -141,6 +141,25 @@ TEST(RunGroupBookTest, WhatAllClientsKeepIsBoundedInBytes) {
   EXPECT_TRUE(IsRunGroupOutOfStep(book.Resolve(next)));
 }
 
+TEST(RunGroupBookTest, ARequestMayNotNameMoreThanItsBoundOfHosts) {
+  RunGroupBook book;
+  std::vector<Place> hosts;
+  for (int i = 0; i < 1 << 12; ++i) hosts.push_back({"h" + std::to_string(i), 1, 1});
+  rpc::ScheduleRequest start = Request("c", {GroupRun(1, 1, 0, hosts)});
+  ASSERT_TRUE(book.Resolve(start).ok());
+  // 100 runs of 4096 hosts each: past the 256 Ki hosts a request may come to name.
+  std::vector<rpc::GangRun> runs;
+  for (int k = 1; k <= 100; ++k) runs.push_back(GroupRun(1, 1, k));
+  rpc::ScheduleRequest big = Request("c", runs);
+  const absl::Status s = book.Resolve(big);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("fewer runs"), std::string::npos) << s;
+  // Nothing recorded: run 1 still follows run 0.
+  rpc::ScheduleRequest next = Request("c", {GroupRun(1, 1, 1)});
+  ASSERT_TRUE(book.Resolve(next).ok());
+  EXPECT_EQ(next.runs(0).hosts_size(), 1 << 12);
+}
+
 TEST(RunGroupBookTest, RunsWithoutAGroupAreLeftAsTheyAre) {
   RunGroupBook book;
   rpc::GangRun plain;
