@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <thread>
 #include <optional>
-#include <string_view>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/client_core.h"
@@ -165,13 +164,7 @@ rpc::ScheduleRequest ClientCore::ScheduleRequestOf(const ClientIdentity& identit
     *run = r.run;
     if (!name_hosts) continue;
     if (!named.insert({run->group(), run->group_epoch()}).second || run->hosts_size() > 0) continue;
-    const RunGroupEpoch& e = *r.place.epoch;
-    for (size_t i = 0; i < e.hosts->size(); ++i) {
-      rpc::HostSeq* h = run->add_hosts();
-      h->set_host((*e.hosts)[i]);
-      h->set_seq(e.first[i].seq + r.place.run);
-      h->set_session(e.first[i].session);
-    }
+    r.place.epoch->NameHosts(r.place.run, *run);
   }
   return request;
 }
@@ -341,14 +334,10 @@ RunPlace ClientCore::PlaceRun(const std::shared_ptr<RunGroup>& self, rpc::GangRu
   for (const std::string& host : *group.hosts) {
     std::shared_ptr<HostOpQueue> q = queue(host);
     LeaveGroupLocked(host, q);
-    const SeqRef at{q->session(), q->ReserveSeq()};
-    epoch->first.push_back(at);
+    epoch->first.push_back({q->session(), q->ReserveSeq()});
     members_[host] = {self, q};
-    rpc::HostSeq* h = run.add_hosts();
-    h->set_host(host);
-    h->set_seq(at.seq);
-    h->set_session(at.session);
   }
+  epoch->NameHosts(0, run);
   group.current = epoch;
   group.next_run = 1;
   group.dirty = false;
@@ -385,9 +374,8 @@ ClientCore::PushedRun ClientCore::PushRun(const std::shared_ptr<RunGroup>& group
     }
     for (HeldFree& f : held) {
       const std::vector<std::string>& on = f.placed_on->hosts;
-      const bool within = on == hosts || std::all_of(on.begin(), on.end(), [&](const std::string& h) {
-                            return group->index->contains(h);
-                          });
+      const bool within =
+          std::all_of(on.begin(), on.end(), [&](const std::string& h) { return group->index->contains(h); });
       if (op.free_array_ids_size() < kMaxFreesPerRun && within) {
         op.add_free_array_ids(f.id.value());
       } else {

@@ -41,6 +41,16 @@ struct RunGroupEpoch {
     const SeqRef& f = first[static_cast<size_t>(it->second)];
     return SeqRef{f.session, f.seq + run};
   }
+  // Names every host of run `run` with its place there (rpc::GangRun.hosts).
+  void NameHosts(int64_t run, rpc::GangRun& gang) const {
+    gang.mutable_hosts()->Reserve(static_cast<int>(hosts->size()));
+    for (size_t i = 0; i < hosts->size(); ++i) {
+      rpc::HostSeq* h = gang.add_hosts();
+      h->set_host((*hosts)[i]);
+      h->set_seq(first[i].seq + run);
+      h->set_session(first[i].session);
+    }
+  }
 };
 
 // Where one pushed run went: run `run` of `epoch`.
@@ -204,9 +214,24 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // held for the next run: when that run reaches every host of the array it carries the id
   // (RunProgramOp.free_array_ids, one id in one message instead of a free op to each host, and
   // nothing that takes a place on the hosts outside the run's group); otherwise, and when no run
-  // follows in time, a free op goes to each host. Either way the free takes its place in each host's order before every op
-  // pushed after it: Push, PushPut and PushRun place what is held first.
+  // follows in time, a free op goes to each host. Either way the free takes its place in each
+  // host's order before every op pushed after it: Push, PushPut and PushRun place what is held
+  // first.
   void Free(ArrayId id, std::shared_ptr<const SliceMapping> placed_on, int64_t shard_bytes);
+  // Places the frees held for the next run as ops, if any (and waits for another thread placing
+  // some, so that what the caller pushes next comes after them). Also when the Client goes: no
+  // run of it will come to carry them.
+  void PushHeldFrees() {
+    if (frees_unplaced_.load(std::memory_order_acquire) == 0) return;
+    absl::MutexLock order(&free_order_mu_);
+    std::vector<HeldFree> held;
+    {
+      absl::MutexLock lock(&free_mu_);
+      held = TakeHeldLocked();
+    }
+    PushFreeOps(held);
+    frees_unplaced_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_release);
+  }
   // A run carries at most this many frees (the rest go as ops): runs stay small messages.
   static constexpr int kMaxFreesPerRun = 1024;
   // What may be held: shards of at most kMaxCarriedShardBytes, at most kMaxHeldBytes of them in
@@ -282,23 +307,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // A free op for each array to each of its hosts.
   void PushFreeOps(const std::vector<HeldFree>& frees);
 
- public:
-  // Places the frees held for the next run as ops, if any (and waits for another thread placing
-  // some, so that what the caller pushes next comes after them). Also when the Client goes: no
-  // run of it will come to carry them.
-  void PushHeldFrees() {
-    if (frees_unplaced_.load(std::memory_order_acquire) == 0) return;
-    absl::MutexLock order(&free_order_mu_);
-    std::vector<HeldFree> held;
-    {
-      absl::MutexLock lock(&free_mu_);
-      held = TakeHeldLocked();
-    }
-    PushFreeOps(held);
-    frees_unplaced_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_release);
-  }
-
- private:
   std::vector<HeldFree> TakeHeldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(free_mu_) {
     std::vector<HeldFree> held;
     held.swap(held_frees_);
