@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/resource.h>
+#include <time.h>
 #include <sys/types.h>
 
 #include <algorithm>
@@ -82,6 +83,13 @@ inline double SelfCpuSeconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// CPU seconds the calling thread has run.
+inline double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 // The benchmark's flags (argv[1..]): those in `known` and `--log-level debug|info|warning|error`,

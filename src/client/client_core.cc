@@ -372,11 +372,17 @@ ClientCore::PushedRun ClientCore::PushRun(const std::shared_ptr<RunGroup>& group
       ++runs_undelivered_;
       held = TakeHeldLocked();
     }
+    auto within = [&group](const std::shared_ptr<const SliceMapping>& placed_on) {
+      if (group->covers.lock() == placed_on) return true;
+      const std::vector<std::string>& on = placed_on->hosts;
+      if (!std::all_of(on.begin(), on.end(), [&](const std::string& h) { return group->index->contains(h); })) {
+        return false;
+      }
+      group->covers = placed_on;
+      return true;
+    };
     for (HeldFree& f : held) {
-      const std::vector<std::string>& on = f.placed_on->hosts;
-      const bool within =
-          std::all_of(on.begin(), on.end(), [&](const std::string& h) { return group->index->contains(h); });
-      if (op.free_array_ids_size() < kMaxFreesPerRun && within) {
+      if (op.free_array_ids_size() < kMaxFreesPerRun && within(f.placed_on)) {
         op.add_free_array_ids(f.id.value());
       } else {
         not_carried.push_back(std::move(f));

@@ -194,6 +194,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     int64_t next_run = 0;
     bool dirty = true;  // something else took a place on one of the hosts since `current` began
     int64_t failures_seen = 0;  // the core's queue_failures_ when `current` began
+    // The placement whose hosts a run of this group last found all among its own, so that it
+    // carries the frees of arrays placed there: checked once per placement, not once per free
+    // of each run (a loop frees an array of the same placement at every run). Guarded by the
+    // core's free_order_mu_.
+    std::weak_ptr<const SliceMapping> covers;
   };
   std::shared_ptr<RunGroup> GroupFor(const std::vector<std::string>& hosts);
   // Sends one run op to the hosts of `group`, to their islands' schedulers through the
