@@ -2,18 +2,33 @@
 // global batch SPMD over all devices against pipelines of 2, 4 and 8 stages, and data parallel over
 // two islands joined by an emulated data-centre link against one island of as many devices; with
 // the model FLOP/s utilisation against the machine's matmul FLOP/s measured in the same run.
-// Prints markdown tables; see docs/training.md.
+// And the paper's Table 1 comparison: the same SPMD step on real processes, one controller
+// (worker processes of a `pathways` cluster) against the multi-controller baseline on the same
+// functions and collectives (peers/multicontroller_train.cc), for each HOSTSxDEVICES of
+// --multi-controller (default 2x(devices/2),(devices)x1). Prints markdown tables; see
+// docs/training.md.
 //
 //   build/bin/train_bench [--devices 8] [--layers 8] [--batch 32] [--steps 10] [--repeats 3]
 //                         [--dcn-latency-us 50] [--dcn-gbps 10] [--trace-prefix P]
+//                         [--multi-controller 2x4,8x1] [--tables all|multi-controller]
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "bench_util.h"
 #include "client/program.h"
 #include "cluster/local_cluster.h"
 #include "core/process.h"
+#include "process_cluster.h"
+#include "testing/subprocess.h"
 #include "tools/flags.h"
 #include "train/trainer.h"
 
@@ -100,10 +115,118 @@ Result Measure(LocalCluster& cluster, const TrainOptions& options, int steps, in
   return {Median(rates), loss, trainer->step_program().calls().size(), static_cast<double>(peak) / (1 << 20)};
 }
 
+struct Table1Row {
+  double tokens_per_s = 0;
+  double loss = 0;
+};
+
+// SPMD training over `hosts` worker processes of `devices` devices, one controller, one client.
+Table1Row MeasureOneController(int hosts, int devices, const TrainOptions& base, int steps, int repeats) {
+  bench::ProcessCluster cluster;
+  if (absl::Status s = cluster.Start(PATHWAYS_BINARY, hosts, devices, int64_t{1} << 30); !s.ok()) {
+    std::fprintf(stderr, "cluster: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+  auto client = OrDie(Client::Connect(cluster.address()), "connect");
+  TrainOptions o = base;
+  o.layout = {.data = static_cast<int64_t>(hosts) * devices, .tensor = 1, .stages = 1};
+  auto trainer = OrDie(Trainer::Create(*client, o), "trainer");
+  for (int i = 0; i < 2; ++i) (void)OrDie(trainer->Step(), "step").Await();  // as the peer warms up
+  std::vector<double> rates;
+  Table1Row row;
+  for (int r = 0; r < repeats; ++r) {
+    const double s = Seconds([&] {
+      Future<double> last;
+      for (int i = 0; i < steps; ++i) last = OrDie(trainer->Step(), "step");
+      row.loss = OrDie(last.Await(), "loss");
+    });
+    rates.push_back(static_cast<double>(steps * trainer->tokens_per_step()) / s);
+  }
+  row.tokens_per_s = Median(rates);
+  return row;
+}
+
+// The same step run by `hosts` processes of `devices` devices each, with no controller.
+Table1Row MeasureMultiController(int hosts, int devices, const TrainOptions& base, int steps, int repeats) {
+  char dir_template[] = "/tmp/pathways_mc_train_XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    std::perror("mkdtemp");
+    std::exit(1);
+  }
+  const std::string dir = dir_template;
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int r = 0; r < hosts; ++r) {
+    procs.push_back(std::make_unique<Subprocess>());
+    absl::Status s = procs.back()->Start({MC_TRAIN_PEER, std::to_string(r), std::to_string(hosts),
+                                          std::to_string(devices), dir, std::to_string(base.model.layers),
+                                          std::to_string(base.batch), std::to_string(steps), std::to_string(repeats)});
+    if (!s.ok()) {
+      std::fprintf(stderr, "multi-controller peer: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  std::vector<double> rates;
+  Table1Row row;
+  for (int i = 0; i < 2 * repeats; ++i) {
+    auto line = procs[0]->ReadLine(absl::Minutes(10));
+    if (!line.ok()) break;
+    absl::string_view l = *line;
+    double v = 0;
+    if (absl::ConsumePrefix(&l, "tokens_per_s ") && absl::SimpleAtod(l, &v)) rates.push_back(v);
+    if (absl::ConsumePrefix(&l, "loss ") && absl::SimpleAtod(l, &v)) row.loss = v;
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (auto& p : procs) p->WaitOrTerminate(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  std::filesystem::remove_all(dir);
+  if (static_cast<int>(rates.size()) != repeats) {
+    std::fprintf(stderr, "the multi-controller peer did not finish (%zu of %d measurements)\n", rates.size(), repeats);
+    std::exit(1);
+  }
+  row.tokens_per_s = Median(rates);
+  return row;
+}
+
+// The paper's Table 1: one controller against multi-controller on the same SPMD step.
+int MultiControllerTable(const std::vector<std::pair<int, int>>& configs, const TrainOptions& base, int steps,
+                         int repeats) {
+  std::printf("\n### SPMD training on real processes: one controller against multi-controller (the paper's "
+              "Table 1)\n\n");
+  std::printf("Worker processes of a `pathways` cluster, against as many processes running the same functions "
+              "and collectives with no controller (`multicontroller_train`). Both draw the same data and start "
+              "from the same parameters, so after the same steps their losses agree.\n\n");
+  std::printf("| processes x devices | one controller tokens/s | multi-controller tokens/s | ratio | loss, one "
+              "controller | loss, multi-controller |\n|---|---|---|---|---|---|\n");
+  bench::RowProgress mc_progress("one controller against multi-controller", static_cast<int64_t>(configs.size()));
+  bool agree = true;
+  for (auto [hosts, per_host] : configs) {
+    if (base.batch % (static_cast<int64_t>(hosts) * per_host) != 0) {
+      std::fprintf(stderr, "--multi-controller %dx%d: the batch of %lld does not split over %d devices\n", hosts,
+                   per_host, static_cast<long long>(base.batch), hosts * per_host);
+      return 2;
+    }
+    mc_progress.Measuring(absl::StrCat(hosts, "x", per_host));
+    const Table1Row ours = MeasureOneController(hosts, per_host, base, steps, repeats);
+    const Table1Row theirs = MeasureMultiController(hosts, per_host, base, steps, repeats);
+    mc_progress.Printing();
+    std::printf("| %d x %d | %.0f | %.0f | %.2f | %.6f | %.6f |\n", hosts, per_host, ours.tokens_per_s,
+                theirs.tokens_per_s, ours.tokens_per_s / theirs.tokens_per_s, ours.loss, theirs.loss);
+    std::fflush(stdout);
+    // The two ran the same steps from the same start: a loss apart means one of them trained
+    // something else (the smoke test fails on it).
+    if (!(std::abs(ours.loss - theirs.loss) <= 1e-5 * std::max(1.0, std::abs(ours.loss)))) {
+      std::fprintf(stderr, "%dx%d: one controller's loss %.6f and multi-controller's %.6f differ\n", hosts, per_host,
+                   ours.loss, theirs.loss);
+      agree = false;
+    }
+  }
+  return agree ? 0 : 1;
+}
+
 int Main(int argc, char** argv) {
   InitServingProcess();
   const Flags flags = bench::FlagsOrExit(
-      argc, argv, {"devices", "layers", "batch", "steps", "repeats", "dcn-latency-us", "dcn-gbps", "trace-prefix"});
+      argc, argv, {"devices", "layers", "batch", "steps", "repeats", "dcn-latency-us", "dcn-gbps", "trace-prefix",
+                   "multi-controller", "tables"});
   const int64_t devices = OrDie(flags.GetInt("devices", 8), "--devices");
   const int64_t layers = OrDie(flags.GetInt("layers", 8), "--layers");
   const int64_t batch = OrDie(flags.GetInt("batch", 32), "--batch");
@@ -112,11 +235,18 @@ int Main(int argc, char** argv) {
   const int64_t latency_us = OrDie(flags.GetInt("dcn-latency-us", 50), "--dcn-latency-us");
   const int64_t gbps = OrDie(flags.GetInt("dcn-gbps", 10), "--dcn-gbps");
   const std::string trace_prefix = flags.Get("trace-prefix");
+  const std::vector<std::pair<int, int>> mc_configs = bench::ConfigsOrExit(
+      flags.Get("multi-controller", absl::StrCat("2x", std::max<int64_t>(1, devices / 2), ",", devices, "x1")));
   if (devices < 2 || (devices & (devices - 1)) != 0 || layers < 1 || batch < 1 || steps < 1 || repeats < 1) {
     std::fprintf(stderr, "need --devices a power of two >= 2 and positive --layers, --batch, --steps, --repeats\n");
     return 2;
   }
 
+  const std::string tables = flags.Get("tables", "all");
+  if (tables != "all" && tables != "multi-controller") {
+    std::fprintf(stderr, "--tables is all or multi-controller, not '%s'\n", tables.c_str());
+    return 2;
+  }
   TrainOptions base;
   base.model = OrDie(TransformerPreset("small"), "model");
   base.model.layers = layers;
@@ -124,6 +254,7 @@ int Main(int argc, char** argv) {
   std::printf("Model: %s; global batch %lld x %lld tokens; %d steps per measurement, median of %d.\n\n",
               base.model.ToString().c_str(), static_cast<long long>(batch),
               static_cast<long long>(base.model.seq_len), steps, repeats);
+  if (tables == "multi-controller") return MultiControllerTable(mc_configs, base, steps, repeats);
 
   // One island of `devices` devices, two per host.
   auto one_island = OrDie(LocalCluster::Start({.num_islands = 1, .hosts_per_island = static_cast<int>(devices / 2),
@@ -226,7 +357,7 @@ int Main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  return 0;
+  return MultiControllerTable(mc_configs, base, steps, repeats);
 }
 
 }  // namespace

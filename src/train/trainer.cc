@@ -23,6 +23,52 @@
 
 namespace pathways {
 
+absl::StatusOr<StageFunctionSpecs> MakeStageFunctions(const TrainOptions& options, const TransformerStage& stage) {
+  StageFunctionSpecs f;
+  std::vector<int> wrt;
+  if (!stage.first) wrt.push_back(0);
+  const int params_at = static_cast<int>(stage.forward.inputs.size() - stage.params.size());
+  for (size_t i = 0; i < stage.params.size(); ++i) wrt.push_back(params_at + static_cast<int>(i));
+  if (stage.last || options.recompute) {
+    PW_ASSIGN_OR_RETURN(f.vjp, FunctionSpec::Vjp(stage.forward, wrt, /*with_outputs=*/stage.last));
+  }
+  if (!stage.last && options.recompute) {
+    f.forward = stage.forward;
+  } else if (!stage.last) {
+    PW_ASSIGN_OR_RETURN(FunctionSpec::SplitVjp split, FunctionSpec::VjpKeepingResiduals(stage.forward, wrt));
+    f.forward = std::move(split.forward);
+    f.backward = std::move(split.backward);
+  }
+  f.init = stage.init;
+  f.accumulate = stage.accumulate;
+  std::vector<TensorSpec> specs;
+  std::vector<PartitionSpec> shardings;
+  for (const TransformerParam& p : stage.params) {
+    specs.push_back(p.spec);
+    shardings.push_back(p.sharding);
+  }
+  PW_ASSIGN_OR_RETURN(f.adam, AdamUpdateGroup(specs, shardings, options.adam));
+  return f;
+}
+
+FunctionSpec DataFunction(const TrainOptions& options, const TransformerModel& model, int64_t m) {
+  // Microbatch m of a step is sequences [m x microbatch, (m + 1) x microbatch) of its batch;
+  // each device draws its rank's share of them. The step number is Adam's count before the
+  // step's update, on the devices: nothing about the data comes from the client.
+  const int64_t microbatch = model.microbatch, local = microbatch / model.layout.data;
+  const int64_t length = options.model.seq_len + 1;
+  const uint64_t data_seed = options.data_seed % (uint64_t{1} << 62);
+  const std::string body =
+      options.text_file.empty()
+          ? absl::StrCat("def data(count):\n    return pathways.markov_tokens(", local, ", ", length, ", ",
+                         options.model.vocab, ", ", options.chain_seed % (uint64_t{1} << 62), ", ", data_seed,
+                         ", int(count.item()), 'd', ", absl::StrFormat("%#.17g", options.sharpness),  // a float
+                         ", ", m * microbatch, ")\n")
+          : absl::StrCat("def data(count):\n    return pathways.text_tokens('", options.text_file, "', ", local,
+                         ", ", length, ", ", data_seed, ", int(count.item()), 'd', ", m * microbatch, ")\n");
+  return FunctionSpec::Script("data", body, {{DType::kF32, {}}}, {model.tokens}, {{}}, {model.tokens_sharding});
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Client& client, const TrainOptions& options) {
   const TrainOptions& o = options;
   const ParallelLayout& l = o.layout;
@@ -99,52 +145,21 @@ absl::Status Trainer::Init() {
 
   // The functions. Each is compiled once whatever the number of slices that call it.
   for (const TransformerStage& stage : model_.stages) {
+    PW_ASSIGN_OR_RETURN(StageFunctionSpecs specs, MakeStageFunctions(options_, stage));
     StageFunctions f;
-    std::vector<int> wrt;
-    if (!stage.first) wrt.push_back(0);
-    const int params_at = static_cast<int>(stage.forward.inputs.size() - stage.params.size());
-    for (size_t i = 0; i < stage.params.size(); ++i) wrt.push_back(params_at + static_cast<int>(i));
-    if (stage.last || options_.recompute) {
-      PW_ASSIGN_OR_RETURN(FunctionSpec vjp, FunctionSpec::Vjp(stage.forward, wrt, /*with_outputs=*/stage.last));
-      PW_ASSIGN_OR_RETURN(f.vjp, client_.Compile(vjp));
+    for (auto [spec, compiled] : {std::pair{&specs.forward, &f.forward}, {&specs.backward, &f.backward},
+                                  {&specs.vjp, &f.vjp}}) {
+      if (spec->has_value()) {
+        PW_ASSIGN_OR_RETURN(*compiled, client_.Compile(**spec));
+      }
     }
-    if (!stage.last && options_.recompute) {
-      PW_ASSIGN_OR_RETURN(f.forward, client_.Compile(stage.forward));
-    } else if (!stage.last) {
-      PW_ASSIGN_OR_RETURN(FunctionSpec::SplitVjp split, FunctionSpec::VjpKeepingResiduals(stage.forward, wrt));
-      PW_ASSIGN_OR_RETURN(f.forward, client_.Compile(split.forward));
-      PW_ASSIGN_OR_RETURN(f.backward, client_.Compile(split.backward));
-    }
-    PW_ASSIGN_OR_RETURN(f.init, client_.Compile(stage.init));
-    PW_ASSIGN_OR_RETURN(f.accumulate, client_.Compile(stage.accumulate));
-    std::vector<TensorSpec> specs;
-    std::vector<PartitionSpec> shardings;
-    for (const TransformerParam& p : stage.params) {
-      specs.push_back(p.spec);
-      shardings.push_back(p.sharding);
-    }
-    PW_ASSIGN_OR_RETURN(FunctionSpec adam, AdamUpdateGroup(specs, shardings, options_.adam));
-    PW_ASSIGN_OR_RETURN(f.adam, client_.Compile(adam));
+    PW_ASSIGN_OR_RETURN(f.init, client_.Compile(specs.init));
+    PW_ASSIGN_OR_RETURN(f.accumulate, client_.Compile(specs.accumulate));
+    PW_ASSIGN_OR_RETURN(f.adam, client_.Compile(specs.adam));
     functions_.push_back(std::move(f));
   }
-  const int64_t microbatch = model_.microbatch, local = microbatch / l.data;
   for (int64_t m = 0; m < options_.microbatches; ++m) {
-    // Microbatch m of a step is sequences [m x microbatch, (m + 1) x microbatch) of its batch;
-    // each device draws its rank's share of them. The step number is Adam's count before the
-    // step's update, on the devices: nothing about the data comes from the client.
-    const int64_t length = options_.model.seq_len + 1;
-    const uint64_t data_seed = options_.data_seed % (uint64_t{1} << 62);
-    const std::string body =
-        options_.text_file.empty()
-            ? absl::StrCat("def data(count):\n    return pathways.markov_tokens(", local, ", ", length, ", ",
-                           options_.model.vocab, ", ", options_.chain_seed % (uint64_t{1} << 62), ", ", data_seed,
-                           ", int(count.item()), 'd', ", absl::StrFormat("%#.17g", options_.sharpness),  // a float
-                           ", ", m * microbatch, ")\n")
-            : absl::StrCat("def data(count):\n    return pathways.text_tokens('", options_.text_file, "', ", local,
-                           ", ", length, ", ", data_seed, ", int(count.item()), 'd', ", m * microbatch, ")\n");
-    PW_ASSIGN_OR_RETURN(CompiledFunction data,
-                        client_.Compile(FunctionSpec::Script("data", body, {{DType::kF32, {}}}, {model_.tokens}, {{}},
-                                                     {model_.tokens_sharding})));
+    PW_ASSIGN_OR_RETURN(CompiledFunction data, client_.Compile(DataFunction(options_, model_, m)));
     data_.push_back(std::move(data));
   }
 

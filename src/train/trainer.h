@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,24 @@ struct TrainOptions {
   // the workers' disks, so the run goes on with the losses an uninterrupted one would have.
   std::string resume_from;
 };
+
+// The functions of one stage's part of a training step, before compiling: what Trainer compiles,
+// and what a program that runs the same step without the runtime (bench/peers/
+// multicontroller_train.cc) runs on its own devices.
+struct StageFunctionSpecs {
+  // `forward` passes activations on (the primal, or with residuals kept the split product's
+  // forward half, whose backward half is `backward`); `vjp` is the whole product (the last
+  // stage's, or every stage's when recomputing). Each is set where the options need it.
+  std::optional<FunctionSpec> forward, backward, vjp;
+  FunctionSpec init, accumulate;
+  // Inputs: params..., grads..., m..., v..., count; outputs: params..., m..., v..., count (donated).
+  FunctionSpec adam;
+};
+absl::StatusOr<StageFunctionSpecs> MakeStageFunctions(const TrainOptions& options, const TransformerStage& stage);
+
+// The function that draws microbatch `m`'s tokens on each device of a stage, from Adam's step
+// count (an f32 scalar): [model.microbatch, seq_len + 1] i64 split over "d".
+FunctionSpec DataFunction(const TrainOptions& options, const TransformerModel& model, int64_t m);
 
 // Drives training on one client. Not thread-safe: one thread issues steps.
 class Trainer {
