@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench_util.h"
@@ -171,39 +172,23 @@ std::optional<double> ParseRates(const std::string& out) {
   return Median(rates);
 }
 
-// The peer's ranks, which should be finishing: those still running a minute from now (a rank
-// that hangs) are ended.
-void EndAll(std::vector<std::unique_ptr<Subprocess>>& procs) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (auto& p : procs) p->WaitOrTerminate(std::max(deadline - absl::Now(), absl::ZeroDuration()));
-}
-
 bool Available(const std::vector<std::string>& argv) { return RunCommand(argv, absl::Seconds(120)).ok(); }
 
 std::optional<double> MeasureTorch(int ranks, int64_t bytes, int repeats) {
-  const std::string store = absl::StrCat("/tmp/pathways_bench_store_", getpid(), "_", ranks, "_", bytes);
-  unlink(store.c_str());
-  std::vector<std::unique_ptr<Subprocess>> procs;
-  for (int r = 0; r < ranks; ++r) {
-    procs.push_back(std::make_unique<Subprocess>());
-    // env(1) sets the rank; Gloo is told to use loopback.
-    if (!procs.back()
-             ->Start({"/usr/bin/env", absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", ranks),
-                      "GLOO_SOCKET_IFNAME=lo", "OMP_NUM_THREADS=1", "/usr/bin/python3", TORCH_PEER, "--bytes",
-                      std::to_string(bytes), "--steps", std::to_string(StepsFor(bytes)), "--repeats",
-                      std::to_string(repeats), "--store", store})
-             .ok()) {
-      return std::nullopt;
-    }
+  auto lines = bench::RunPeerRanks(
+      ranks,
+      [&](int r, const std::string& dir) -> std::vector<std::string> {
+        // env(1) sets the rank; Gloo is told to use loopback.
+        return {"/usr/bin/env", absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", ranks), "GLOO_SOCKET_IFNAME=lo",
+                "OMP_NUM_THREADS=1", "/usr/bin/python3", TORCH_PEER, "--bytes", std::to_string(bytes), "--steps",
+                std::to_string(StepsFor(bytes)), "--repeats", std::to_string(repeats), "--store", dir + "/store"};
+      },
+      repeats, absl::Seconds(300));
+  if (!lines.ok()) {
+    std::fprintf(stderr, "torch.distributed: %s\n", std::string(lines.status().message()).c_str());
+    return std::nullopt;
   }
-  std::string out;
-  for (int i = 0; i < repeats; ++i) {
-    auto line = procs[0]->ReadLine(absl::Seconds(300));
-    if (!line.ok()) break;
-    out += *line + "\n";
-  }
-  EndAll(procs);
-  unlink(store.c_str());
+  const std::string out = absl::StrJoin(*lines, "\n");
   return ParseRates(out);
 }
 
@@ -235,28 +220,18 @@ struct MultiControllerRates {
   std::optional<double> step, fused;
 };
 MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t bytes, int repeats, int work = 0) {
-  char dir_template[] = "/tmp/pathways_mc_XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) return {};
-  const std::string dir = dir_template;
-  std::vector<std::unique_ptr<Subprocess>> procs;
-  for (int r = 0; r < hosts; ++r) {
-    procs.push_back(std::make_unique<Subprocess>());
-    if (!procs.back()
-             ->Start({MC_PEER, std::to_string(r), std::to_string(hosts), std::to_string(devices), dir,
-                      std::to_string(bytes), std::to_string(StepsFor(bytes, work)), std::to_string(repeats),
-                      std::to_string(work)})
-             .ok()) {
-      return {};
-    }
+  auto lines = bench::RunPeerRanks(
+      hosts,
+      [&](int r, const std::string& dir) -> std::vector<std::string> {
+        return {MC_PEER, std::to_string(r), std::to_string(hosts), std::to_string(devices), dir, std::to_string(bytes),
+                std::to_string(StepsFor(bytes, work)), std::to_string(repeats), std::to_string(work)};
+      },
+      2 * repeats, absl::Seconds(300));
+  if (!lines.ok()) {
+    std::fprintf(stderr, "the multi-controller peer: %s\n", std::string(lines.status().message()).c_str());
+    return {};
   }
-  std::string out;
-  for (int i = 0; i < 2 * repeats; ++i) {
-    auto line = procs[0]->ReadLine(absl::Seconds(300));
-    if (!line.ok()) break;
-    out += *line + "\n";
-  }
-  EndAll(procs);
-  std::filesystem::remove_all(dir);
+  const std::string out = absl::StrJoin(*lines, "\n");
   MultiControllerRates rates;
   std::vector<double> step, fused;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {

@@ -5,18 +5,18 @@
 // And the paper's Table 1 comparison: the same SPMD step on real processes, one controller
 // (worker processes of a `pathways` cluster) against the multi-controller baseline on the same
 // functions and collectives (peers/multicontroller_train.cc), for each HOSTSxDEVICES of
-// --multi-controller (default 2x(devices/2),(devices)x1). Prints markdown tables; see
-// docs/training.md.
+// --multi-controller (default 2x(devices/2),(devices)x1), --mc-tensor-way tensor parallel (default
+// 1) and data parallel over the rest. Prints markdown tables; see docs/training.md.
 //
 //   build/bin/train_bench [--devices 8] [--layers 8] [--batch 32] [--steps 10] [--repeats 3]
 //                         [--dcn-latency-us 50] [--dcn-gbps 10] [--trace-prefix P]
-//                         [--multi-controller 2x4,8x1] [--tables all|multi-controller]
+//                         [--multi-controller 2x4,8x1] [--mc-tensor 1] [--tables all|multi-controller]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,8 +120,10 @@ struct Table1Row {
   double loss = 0;
 };
 
-// SPMD training over `hosts` worker processes of `devices` devices, one controller, one client.
-Table1Row MeasureOneController(int hosts, int devices, const TrainOptions& base, int steps, int repeats) {
+// SPMD training over `hosts` worker processes of `devices` devices, `tensor`-way tensor parallel
+// and data parallel over the rest; one controller, one client.
+Table1Row MeasureOneController(int hosts, int devices, int64_t tensor, const TrainOptions& base, int steps,
+                               int repeats) {
   bench::ProcessCluster cluster;
   if (absl::Status s = cluster.Start(PATHWAYS_BINARY, hosts, devices, int64_t{1} << 30); !s.ok()) {
     std::fprintf(stderr, "cluster: %s\n", s.ToString().c_str());
@@ -129,7 +131,7 @@ Table1Row MeasureOneController(int hosts, int devices, const TrainOptions& base,
   }
   auto client = OrDie(Client::Connect(cluster.address()), "connect");
   TrainOptions o = base;
-  o.layout = {.data = static_cast<int64_t>(hosts) * devices, .tensor = 1, .stages = 1};
+  o.layout = {.data = static_cast<int64_t>(hosts) * devices / tensor, .tensor = tensor, .stages = 1};
   auto trainer = OrDie(Trainer::Create(*client, o), "trainer");
   for (int i = 0; i < 2; ++i) (void)OrDie(trainer->Step(), "step").Await();  // as the peer warms up
   std::vector<double> rates;
@@ -147,68 +149,60 @@ Table1Row MeasureOneController(int hosts, int devices, const TrainOptions& base,
 }
 
 // The same step run by `hosts` processes of `devices` devices each, with no controller.
-Table1Row MeasureMultiController(int hosts, int devices, const TrainOptions& base, int steps, int repeats) {
-  char dir_template[] = "/tmp/pathways_mc_train_XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) {
-    std::perror("mkdtemp");
+Table1Row MeasureMultiController(int hosts, int devices, int64_t tensor, const TrainOptions& base, int steps,
+                                 int repeats) {
+  auto lines = bench::RunPeerRanks(
+      hosts,
+      [&](int r, const std::string& dir) -> std::vector<std::string> {
+        return {MC_TRAIN_PEER, std::to_string(r), std::to_string(hosts), std::to_string(devices), dir,
+                std::to_string(base.model.layers), std::to_string(base.batch), std::to_string(steps),
+                std::to_string(repeats), std::to_string(tensor)};
+      },
+      2 * repeats, absl::Minutes(10));
+  if (!lines.ok()) {
+    std::fprintf(stderr, "the multi-controller peer: %s\n", std::string(lines.status().message()).c_str());
     std::exit(1);
-  }
-  const std::string dir = dir_template;
-  std::vector<std::unique_ptr<Subprocess>> procs;
-  for (int r = 0; r < hosts; ++r) {
-    procs.push_back(std::make_unique<Subprocess>());
-    absl::Status s = procs.back()->Start({MC_TRAIN_PEER, std::to_string(r), std::to_string(hosts),
-                                          std::to_string(devices), dir, std::to_string(base.model.layers),
-                                          std::to_string(base.batch), std::to_string(steps), std::to_string(repeats)});
-    if (!s.ok()) {
-      std::fprintf(stderr, "multi-controller peer: %s\n", s.ToString().c_str());
-      std::exit(1);
-    }
   }
   std::vector<double> rates;
-  Table1Row row;
-  for (int i = 0; i < 2 * repeats; ++i) {
-    auto line = procs[0]->ReadLine(absl::Minutes(10));
-    if (!line.ok()) break;
-    absl::string_view l = *line;
+  std::optional<double> loss;
+  for (absl::string_view l : *lines) {
     double v = 0;
     if (absl::ConsumePrefix(&l, "tokens_per_s ") && absl::SimpleAtod(l, &v)) rates.push_back(v);
-    if (absl::ConsumePrefix(&l, "loss ") && absl::SimpleAtod(l, &v)) row.loss = v;
+    if (absl::ConsumePrefix(&l, "loss ") && absl::SimpleAtod(l, &v)) loss = v;
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (auto& p : procs) p->WaitOrTerminate(std::max(deadline - absl::Now(), absl::ZeroDuration()));
-  std::filesystem::remove_all(dir);
-  if (static_cast<int>(rates.size()) != repeats) {
-    std::fprintf(stderr, "the multi-controller peer did not finish (%zu of %d measurements)\n", rates.size(), repeats);
+  if (static_cast<int>(rates.size()) != repeats || !loss.has_value()) {
+    std::fprintf(stderr, "the multi-controller peer printed %zu of %d rates%s\n", rates.size(), repeats,
+                 loss.has_value() ? "" : " and no loss");
     std::exit(1);
   }
-  row.tokens_per_s = Median(rates);
-  return row;
+  return {Median(rates), *loss};
 }
 
 // The paper's Table 1: one controller against multi-controller on the same SPMD step.
-int MultiControllerTable(const std::vector<std::pair<int, int>>& configs, const TrainOptions& base, int steps,
-                         int repeats) {
+int MultiControllerTable(const std::vector<std::pair<int, int>>& configs, int64_t tensor, const TrainOptions& base,
+                         int steps, int repeats) {
   std::printf("\n### SPMD training on real processes: one controller against multi-controller (the paper's "
               "Table 1)\n\n");
   std::printf("Worker processes of a `pathways` cluster, against as many processes running the same functions "
               "and collectives with no controller (`multicontroller_train`). Both draw the same data and start "
               "from the same parameters, so after the same steps their losses agree.\n\n");
-  std::printf("| processes x devices | one controller tokens/s | multi-controller tokens/s | ratio | loss, one "
-              "controller | loss, multi-controller |\n|---|---|---|---|---|---|\n");
+  std::printf("| processes x devices | data x tensor | one controller tokens/s | multi-controller tokens/s | ratio | loss, one "
+              "controller | loss, multi-controller |\n|---|---|---|---|---|---|---|\n");
   bench::RowProgress mc_progress("one controller against multi-controller", static_cast<int64_t>(configs.size()));
   bool agree = true;
   for (auto [hosts, per_host] : configs) {
-    if (base.batch % (static_cast<int64_t>(hosts) * per_host) != 0) {
-      std::fprintf(stderr, "--multi-controller %dx%d: the batch of %lld does not split over %d devices\n", hosts,
-                   per_host, static_cast<long long>(base.batch), hosts * per_host);
+    const int64_t data = static_cast<int64_t>(hosts) * per_host / tensor;
+    if ((static_cast<int64_t>(hosts) * per_host) % tensor != 0 || base.batch % data != 0) {
+      std::fprintf(stderr, "--multi-controller %dx%d, --mc-tensor %lld: the devices or the batch of %lld do not split\n",
+                   hosts, per_host, static_cast<long long>(tensor), static_cast<long long>(base.batch));
       return 2;
     }
     mc_progress.Measuring(absl::StrCat(hosts, "x", per_host));
-    const Table1Row ours = MeasureOneController(hosts, per_host, base, steps, repeats);
-    const Table1Row theirs = MeasureMultiController(hosts, per_host, base, steps, repeats);
+    const Table1Row ours = MeasureOneController(hosts, per_host, tensor, base, steps, repeats);
+    const Table1Row theirs = MeasureMultiController(hosts, per_host, tensor, base, steps, repeats);
     mc_progress.Printing();
-    std::printf("| %d x %d | %.0f | %.0f | %.2f | %.6f | %.6f |\n", hosts, per_host, ours.tokens_per_s,
+    std::printf("| %d x %d | %lld x %lld | %.0f | %.0f | %.2f | %.6f | %.6f |\n", hosts, per_host,
+                static_cast<long long>(data), static_cast<long long>(tensor), ours.tokens_per_s,
                 theirs.tokens_per_s, ours.tokens_per_s / theirs.tokens_per_s, ours.loss, theirs.loss);
     std::fflush(stdout);
     // The two ran the same steps from the same start: a loss apart means one of them trained
@@ -224,9 +218,10 @@ int MultiControllerTable(const std::vector<std::pair<int, int>>& configs, const 
 
 int Main(int argc, char** argv) {
   InitServingProcess();
+  Subprocess::KillEveryChildWhenParentEnds();  // no cluster or peer outlives a benchmark that exits or is killed
   const Flags flags = bench::FlagsOrExit(
       argc, argv, {"devices", "layers", "batch", "steps", "repeats", "dcn-latency-us", "dcn-gbps", "trace-prefix",
-                   "multi-controller", "tables"});
+                   "multi-controller", "mc-tensor", "tables"});
   const int64_t devices = OrDie(flags.GetInt("devices", 8), "--devices");
   const int64_t layers = OrDie(flags.GetInt("layers", 8), "--layers");
   const int64_t batch = OrDie(flags.GetInt("batch", 32), "--batch");
@@ -242,6 +237,11 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
+  const int64_t mc_tensor = OrDie(flags.GetInt("mc-tensor", 1), "--mc-tensor");
+  if (mc_tensor < 1 || mc_tensor > 64) {
+    std::fprintf(stderr, "--mc-tensor is 1 to 64, not %lld\n", static_cast<long long>(mc_tensor));
+    return 2;
+  }
   const std::string tables = flags.Get("tables", "all");
   if (tables != "all" && tables != "multi-controller") {
     std::fprintf(stderr, "--tables is all or multi-controller, not '%s'\n", tables.c_str());
@@ -254,7 +254,7 @@ int Main(int argc, char** argv) {
   std::printf("Model: %s; global batch %lld x %lld tokens; %d steps per measurement, median of %d.\n\n",
               base.model.ToString().c_str(), static_cast<long long>(batch),
               static_cast<long long>(base.model.seq_len), steps, repeats);
-  if (tables == "multi-controller") return MultiControllerTable(mc_configs, base, steps, repeats);
+  if (tables == "multi-controller") return MultiControllerTable(mc_configs, mc_tensor, base, steps, repeats);
 
   // One island of `devices` devices, two per host.
   auto one_island = OrDie(LocalCluster::Start({.num_islands = 1, .hosts_per_island = static_cast<int>(devices / 2),
@@ -357,7 +357,7 @@ int Main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  return MultiControllerTable(mc_configs, base, steps, repeats);
+  return MultiControllerTable(mc_configs, mc_tensor, base, steps, repeats);
 }
 
 }  // namespace

@@ -11,16 +11,11 @@
 // figure_step.h). Rank 0 prints, per repeat, "steps_per_s_step R" (one call of
 // the compiled step per step: what each process dispatches itself) and "steps_per_s_fused R"
 // (one call of a body that loops the steps).
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,13 +25,12 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "collective/collective.h"
-#include "collective/tcp_links.h"
 #include "compute/executable.h"
 #include "compute/function_body.h"
 #include "core/process.h"
 #include "device/cpu_device.h"
 #include "figure_step.h"
-#include "peers/directory_store.h"
+#include "peers/peer_process.h"
 
 namespace pathways {
 namespace {
@@ -53,19 +47,13 @@ int Main(int argc, char** argv) {
     return 2;
   }
   ConfigureComputeThreads(1);  // as workers do: one thread per device, and the caching allocator
-  auto store = std::make_shared<bench::DirectoryStore>(argv[4]);
-  const std::string host = absl::StrCat("process", rank);
-  auto links = collective::TcpLinks::Create(host, "127.0.0.1", store);
-  if (!links.ok()) {
-    std::fprintf(stderr, "%s\n", links.status().ToString().c_str());
+  auto connected = bench::ConnectPeerHub(rank, argv[4]);
+  if (!connected.ok()) {
+    std::fprintf(stderr, "%s\n", connected.status().ToString().c_str());
     return 1;
   }
-  collective::CollectiveHub hub(host, *std::move(links), absl::Seconds(120));
-  collective::GangLayout layout{{static_cast<int64_t>(ranks) * devices}, {"x"}, {}};
-  for (int r = 0; r < ranks; ++r) {
-    for (int d = 0; d < devices; ++d) layout.members.push_back({absl::StrCat("process", r), DeviceId(r * devices + d)});
-  }
-  auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
+  collective::CollectiveHub& hub = **connected;
+  auto shared_layout = bench::RankMajorLayout({static_cast<int64_t>(ranks) * devices}, {"x"}, ranks, devices);
   FunctionCache cache;
   FunctionBody step{FunctionBody::Kind::kTorchScript, "step", bench::StepSource(work), std::nullopt};
   FunctionBody fused{FunctionBody::Kind::kTorchScript, "fused", bench::FusedSource(steps, work), std::nullopt};

@@ -5,10 +5,12 @@
 // runs the same program, as JAX multi-controller training does. Processes meet through a
 // directory (bench::DirectoryStore).
 //
-//   multicontroller_train RANK RANKS DEVICES STORE_DIR LAYERS BATCH STEPS REPEATS
+//   multicontroller_train RANK RANKS DEVICES STORE_DIR LAYERS BATCH STEPS REPEATS [TENSOR]
 //
-// The model is Trainer's "small" preset with LAYERS layers, data parallel over RANKS x DEVICES
-// devices, a global batch of BATCH sequences in one microbatch, Adam with Trainer's defaults. A
+// The model is Trainer's "small" preset with LAYERS layers over a mesh of RANKS x DEVICES
+// devices, TENSOR-way tensor parallel (default 1) and data parallel over the rest (Trainer's
+// ("d", "t") mesh, row-major over the processes' devices), a global batch of BATCH sequences in
+// one microbatch, Adam with Trainer's defaults. A
 // step draws its tokens on the devices, runs the loss and its gradients (with the gradient
 // all_reduce) and Adam in place, as Trainer's step does. After two warm-up steps, rank 0 prints
 // per repeat "tokens_per_s R" over STEPS steps and then "loss L": the last step's loss, which
@@ -27,12 +29,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "collective/collective.h"
-#include "collective/tcp_links.h"
 #include "compute/executable.h"
 #include "core/process.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"
-#include "peers/directory_store.h"
+#include "peers/peer_process.h"
 #include "train/trainer.h"
 
 namespace pathways {
@@ -53,7 +54,6 @@ absl::StatusOr<Local> Prepare(FunctionCache& cache, const FunctionSpec& spec, co
     f.outputs.push_back({spec.outputs[j].dtype, LocalShape(spec.outputs[j].shape, sharding, layout)});
   }
   f.donors = spec.OutputDonors();
-  if (f.donors.empty()) f.donors.assign(spec.outputs.size(), -1);
   return f;
 }
 
@@ -101,12 +101,15 @@ class DeviceLoop {
 int Main(int argc, char** argv) {
   InitServingProcess();
   int rank = 0, ranks = 0, devices = 0, steps = 0, repeats = 0;
-  int64_t layers = 0, batch = 0;
-  if (argc != 9 || !absl::SimpleAtoi(argv[1], &rank) || !absl::SimpleAtoi(argv[2], &ranks) ||
+  int64_t layers = 0, batch = 0, tensor = 1;
+  if ((argc != 9 && argc != 10) || (argc == 10 && !absl::SimpleAtoi(argv[9], &tensor)) || !absl::SimpleAtoi(argv[1], &rank) || !absl::SimpleAtoi(argv[2], &ranks) ||
       !absl::SimpleAtoi(argv[3], &devices) || !absl::SimpleAtoi(argv[5], &layers) ||
       !absl::SimpleAtoi(argv[6], &batch) || !absl::SimpleAtoi(argv[7], &steps) || !absl::SimpleAtoi(argv[8], &repeats) ||
-      ranks < 1 || rank < 0 || rank >= ranks || devices < 1 || layers < 1 || batch < 1 || steps < 1 || repeats < 1) {
-    std::fprintf(stderr, "usage: multicontroller_train RANK RANKS DEVICES STORE_DIR LAYERS BATCH STEPS REPEATS\n");
+      ranks < 1 || rank < 0 || rank >= ranks || devices < 1 || layers < 1 || batch < 1 || steps < 1 || repeats < 1 ||
+      tensor < 1 || (static_cast<int64_t>(ranks) * devices) % tensor != 0) {
+    std::fprintf(stderr,
+                 "usage: multicontroller_train RANK RANKS DEVICES STORE_DIR LAYERS BATCH STEPS REPEATS [TENSOR]\n"
+                 "(TENSOR must divide RANKS x DEVICES)\n");
     return 2;
   }
   auto fail = [rank](const absl::Status& s) {
@@ -121,7 +124,7 @@ int Main(int argc, char** argv) {
   options.model = *preset;
   options.model.layers = layers;
   options.batch = batch;
-  options.layout = {.data = static_cast<int64_t>(ranks) * devices, .tensor = 1, .stages = 1};
+  options.layout = {.data = static_cast<int64_t>(ranks) * devices / tensor, .tensor = tensor, .stages = 1};
   if (batch % options.layout.data != 0) {
     return fail(absl::InvalidArgumentError(absl::StrCat("a batch of ", batch, " does not split over ",
                                                         options.layout.data, " devices")));
@@ -135,22 +138,19 @@ int Main(int argc, char** argv) {
   auto init = Prepare(cache, specs->init, options.layout);
   auto vjp = Prepare(cache, *specs->vjp, options.layout);
   auto adam = Prepare(cache, specs->adam, options.layout);
-  auto data = Prepare(cache, DataFunction(options, *model, 0), options.layout);
+  auto data_spec = DataFunction(options, *model, 0);
+  if (!data_spec.ok()) return fail(data_spec.status());
+  auto data = Prepare(cache, *data_spec, options.layout);
   for (const auto* f : {&init, &vjp, &adam, &data}) {
     if (!f->ok()) return fail(f->status());
   }
 
-  auto store = std::make_shared<bench::DirectoryStore>(argv[4]);
-  const std::string host = absl::StrCat("process", rank);
-  auto links = collective::TcpLinks::Create(host, "127.0.0.1", store);
-  if (!links.ok()) return fail(links.status());
-  collective::CollectiveHub hub(host, *std::move(links), absl::Seconds(120));
-  // The mesh ("d", "t") of Trainer's slice, rank-major.
-  collective::GangLayout layout{{options.layout.data, 1}, {"d", "t"}, {}};
-  for (int r = 0; r < ranks; ++r) {
-    for (int d = 0; d < devices; ++d) layout.members.push_back({absl::StrCat("process", r), DeviceId(r * devices + d)});
-  }
-  auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
+  auto connected = bench::ConnectPeerHub(rank, argv[4]);
+  if (!connected.ok()) return fail(connected.status());
+  collective::CollectiveHub& hub = **connected;
+  // The mesh ("d", "t") of Trainer's slice.
+  auto shared_layout =
+      bench::RankMajorLayout({options.layout.data, options.layout.tensor}, {"d", "t"}, ranks, devices);
 
   const size_t n = stage.params.size();
   std::vector<double> seconds(repeats);

@@ -51,7 +51,20 @@ absl::StatusOr<StageFunctionSpecs> MakeStageFunctions(const TrainOptions& option
   return f;
 }
 
-FunctionSpec DataFunction(const TrainOptions& options, const TransformerModel& model, int64_t m) {
+namespace {
+
+// The name goes into the data function's TorchScript source, in quotes.
+absl::Status CheckTextFileName(const std::string& name) {
+  if (name.find_first_of("'\\\n\r") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("data file name '", name, "' has a quote, backslash or line break"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FunctionSpec> DataFunction(const TrainOptions& options, const TransformerModel& model, int64_t m) {
+  PW_RETURN_IF_ERROR(CheckTextFileName(options.text_file));
   // Microbatch m of a step is sequences [m x microbatch, (m + 1) x microbatch) of its batch;
   // each device draws its rank's share of them. The step number is Adam's count before the
   // step's update, on the devices: nothing about the data comes from the client.
@@ -107,10 +120,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Client& client, const T
       return absl::InvalidArgumentError(absl::StrCat("a text file's tokens are its bytes: the vocabulary must be at least ",
                                                      TextSource::kVocab, ", not ", o.model.vocab));
     }
-    if (o.text_file.find_first_of("'\\\n\r") != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data file name '", o.text_file, "' has a quote, backslash or line break"));
-    }
+    PW_RETURN_IF_ERROR(CheckTextFileName(o.text_file));
   }
   auto model = BuildTransformer(o.model, l, o.batch / o.microbatches);
   if (!model.ok()) return model.status();
@@ -159,7 +169,8 @@ absl::Status Trainer::Init() {
     functions_.push_back(std::move(f));
   }
   for (int64_t m = 0; m < options_.microbatches; ++m) {
-    PW_ASSIGN_OR_RETURN(CompiledFunction data, client_.Compile(DataFunction(options_, model_, m)));
+    PW_ASSIGN_OR_RETURN(FunctionSpec spec, DataFunction(options_, model_, m));
+    PW_ASSIGN_OR_RETURN(CompiledFunction data, client_.Compile(spec));
     data_.push_back(std::move(data));
   }
 

@@ -66,8 +66,9 @@ struct StageFunctionSpecs {
 absl::StatusOr<StageFunctionSpecs> MakeStageFunctions(const TrainOptions& options, const TransformerStage& stage);
 
 // The function that draws microbatch `m`'s tokens on each device of a stage, from Adam's step
-// count (an f32 scalar): [model.microbatch, seq_len + 1] i64 split over "d".
-FunctionSpec DataFunction(const TrainOptions& options, const TransformerModel& model, int64_t m);
+// count (an f32 scalar): [model.microbatch, seq_len + 1] i64 split over "d". InvalidArgument for
+// a data file name that cannot be quoted in its source.
+absl::StatusOr<FunctionSpec> DataFunction(const TrainOptions& options, const TransformerModel& model, int64_t m);
 
 // Drives training on one client. Not thread-safe: one thread issues steps.
 class Trainer {
