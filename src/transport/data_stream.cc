@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -108,7 +109,10 @@ std::optional<Future<FetchedShards>> DataStreamClient::Submit(Request request) {
     if (static_cast<int>(connections_.size()) >= kMaxConnections) return std::nullopt;
     auto fresh = std::make_unique<Connection>();
     try {
-      fresh->thread = std::thread([this, c = fresh.get()] { Serve(c); });
+      fresh->thread = std::thread([this, c = fresh.get()] {
+        pthread_setname_np(pthread_self(), "data-stream");  // not the name of the thread that made it
+        Serve(c);
+      });
     } catch (const std::system_error&) {
       return std::nullopt;  // no thread to be had: the caller uses gRPC
     }
