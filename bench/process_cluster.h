@@ -90,7 +90,8 @@ inline absl::StatusOr<std::vector<std::string>> RunPeerRanks(
   for (size_t r = 0; r < procs.size(); ++r) {
     const int wait = procs[r]->WaitOrTerminate(std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (status.ok() && !(WIFEXITED(wait) && WEXITSTATUS(wait) == 0)) {
-      status = absl::InternalError(absl::StrCat("peer rank ", r, " did not exit with status 0 (wait status ", wait, ")"));
+      status =
+          absl::InternalError(absl::StrCat("peer rank ", r, " did not exit with status 0 (wait status ", wait, ")"));
     }
   }
   std::error_code ignored;

@@ -111,8 +111,8 @@ int Run(const Flags& flags) {
               kChain, static_cast<long long>(cost_us), static_cast<long long>(chains),
               cost_us > 0 ? 1e6 / static_cast<double>(cost_us) : 0.0, static_cast<long long>(runs));
   std::printf("| hosts | shards | create slice ms | lower + register + enqueue chain ms | Chained computations/s "
-              "| of limit | runs/s | client CPU us/run (calling thread) | controller CPU us/run | run message bytes | controller "
-              "RSS MiB |\n");
+              "| of limit | runs/s | client CPU us/run (calling thread) | controller CPU us/run | run message bytes "
+              "| controller RSS MiB |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<int64_t> sizes;
   for (int64_t n = 1; n < max_hosts; n *= 4) sizes.push_back(n);
@@ -169,8 +169,9 @@ int Run(const Flags& flags) {
     std::printf("| %lld | %lld | %.1f | %.1f | %.0f | %.2f | %.0f | %.1f (%.1f) | %.1f | %.0f | %.0f |\n",
                 static_cast<long long>(hosts), static_cast<long long>(shards), t_slice * 1e3, t_lower * 1e3,
                 chained_rate, limit > 0 ? chained_rate / limit : 0.0, static_cast<double>(runs) / t_runs,
-                client_cpu * 1e6 / static_cast<double>(runs), caller_cpu * 1e6 / static_cast<double>(runs), controller_cpu * 1e6 / static_cast<double>(runs),
-                run_bytes, static_cast<double>(StatusField(controller.pid(), "VmRSS")) / 1024);
+                client_cpu * 1e6 / static_cast<double>(runs), caller_cpu * 1e6 / static_cast<double>(runs),
+                controller_cpu * 1e6 / static_cast<double>(runs), run_bytes,
+                static_cast<double>(StatusField(controller.pid(), "VmRSS")) / 1024);
     std::fflush(stdout);
   }
   progress.Finished();

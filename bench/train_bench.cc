@@ -186,15 +186,16 @@ int MultiControllerTable(const std::vector<std::pair<int, int>>& configs, int64_
   std::printf("Worker processes of a `pathways` cluster, against as many processes running the same functions "
               "and collectives with no controller (`multicontroller_train`). Both draw the same data and start "
               "from the same parameters, so after the same steps their losses agree.\n\n");
-  std::printf("| processes x devices | data x tensor | one controller tokens/s | multi-controller tokens/s | ratio | loss, one "
-              "controller | loss, multi-controller |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| processes x devices | data x tensor | one controller tokens/s | multi-controller tokens/s | ratio "
+              "| loss, one controller | loss, multi-controller |\n|---|---|---|---|---|---|---|\n");
   bench::RowProgress mc_progress("one controller against multi-controller", static_cast<int64_t>(configs.size()));
   bool agree = true;
   for (auto [hosts, per_host] : configs) {
     const int64_t data = static_cast<int64_t>(hosts) * per_host / tensor;
     if ((static_cast<int64_t>(hosts) * per_host) % tensor != 0 || base.batch % data != 0) {
-      std::fprintf(stderr, "--multi-controller %dx%d, --mc-tensor %lld: the devices or the batch of %lld do not split\n",
-                   hosts, per_host, static_cast<long long>(tensor), static_cast<long long>(base.batch));
+      std::fprintf(stderr,
+                   "--multi-controller %dx%d, --mc-tensor %lld: the devices or the batch of %lld do not split\n", hosts,
+                   per_host, static_cast<long long>(tensor), static_cast<long long>(base.batch));
       return 2;
     }
     mc_progress.Measuring(absl::StrCat(hosts, "x", per_host));

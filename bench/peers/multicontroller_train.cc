@@ -102,11 +102,11 @@ int Main(int argc, char** argv) {
   InitServingProcess();
   int rank = 0, ranks = 0, devices = 0, steps = 0, repeats = 0;
   int64_t layers = 0, batch = 0, tensor = 1;
-  if ((argc != 9 && argc != 10) || (argc == 10 && !absl::SimpleAtoi(argv[9], &tensor)) || !absl::SimpleAtoi(argv[1], &rank) || !absl::SimpleAtoi(argv[2], &ranks) ||
-      !absl::SimpleAtoi(argv[3], &devices) || !absl::SimpleAtoi(argv[5], &layers) ||
-      !absl::SimpleAtoi(argv[6], &batch) || !absl::SimpleAtoi(argv[7], &steps) || !absl::SimpleAtoi(argv[8], &repeats) ||
-      ranks < 1 || rank < 0 || rank >= ranks || devices < 1 || layers < 1 || batch < 1 || steps < 1 || repeats < 1 ||
-      tensor < 1 || (static_cast<int64_t>(ranks) * devices) % tensor != 0) {
+  if ((argc != 9 && argc != 10) || (argc == 10 && !absl::SimpleAtoi(argv[9], &tensor)) ||
+      !absl::SimpleAtoi(argv[1], &rank) || !absl::SimpleAtoi(argv[2], &ranks) || !absl::SimpleAtoi(argv[3], &devices) ||
+      !absl::SimpleAtoi(argv[5], &layers) || !absl::SimpleAtoi(argv[6], &batch) || !absl::SimpleAtoi(argv[7], &steps) ||
+      !absl::SimpleAtoi(argv[8], &repeats) || ranks < 1 || rank < 0 || rank >= ranks || devices < 1 || layers < 1 ||
+      batch < 1 || steps < 1 || repeats < 1 || tensor < 1 || (static_cast<int64_t>(ranks) * devices) % tensor != 0) {
     std::fprintf(stderr,
                  "usage: multicontroller_train RANK RANKS DEVICES STORE_DIR LAYERS BATCH STEPS REPEATS [TENSOR]\n"
                  "(TENSOR must divide RANKS x DEVICES)\n");
@@ -126,8 +126,8 @@ int Main(int argc, char** argv) {
   options.batch = batch;
   options.layout = {.data = static_cast<int64_t>(ranks) * devices / tensor, .tensor = tensor, .stages = 1};
   if (batch % options.layout.data != 0) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("a batch of ", batch, " does not split over ",
-                                                        options.layout.data, " devices")));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("a batch of ", batch, " does not split over ", options.layout.data, " devices")));
   }
   auto model = BuildTransformer(options.model, options.layout, options.batch);
   if (!model.ok()) return fail(model.status());
@@ -149,8 +149,7 @@ int Main(int argc, char** argv) {
   if (!connected.ok()) return fail(connected.status());
   collective::CollectiveHub& hub = **connected;
   // The mesh ("d", "t") of Trainer's slice.
-  auto shared_layout =
-      bench::RankMajorLayout({options.layout.data, options.layout.tensor}, {"d", "t"}, ranks, devices);
+  auto shared_layout = bench::RankMajorLayout({options.layout.data, options.layout.tensor}, {"d", "t"}, ranks, devices);
 
   const size_t n = stage.params.size();
   std::vector<double> seconds(repeats);

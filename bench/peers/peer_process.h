@@ -63,9 +63,11 @@ class DirectoryStore : public collective::KeyValueStore {
 };
 
 // Rank `rank`'s hub, linked to the other ranks' through the store in `store_dir`.
-inline absl::StatusOr<std::unique_ptr<collective::CollectiveHub>> ConnectPeerHub(int rank, const std::string& store_dir) {
+inline absl::StatusOr<std::unique_ptr<collective::CollectiveHub>> ConnectPeerHub(int rank,
+                                                                                 const std::string& store_dir) {
   const std::string host = absl::StrCat("process", rank);
-  PW_ASSIGN_OR_RETURN(auto links, collective::TcpLinks::Create(host, "127.0.0.1", std::make_shared<DirectoryStore>(store_dir)));
+  PW_ASSIGN_OR_RETURN(auto links,
+                      collective::TcpLinks::Create(host, "127.0.0.1", std::make_shared<DirectoryStore>(store_dir)));
   return std::make_unique<collective::CollectiveHub>(host, std::move(links), absl::Seconds(120));
 }
 

@@ -77,8 +77,8 @@ absl::StatusOr<FunctionSpec> DataFunction(const TrainOptions& options, const Tra
                          options.model.vocab, ", ", options.chain_seed % (uint64_t{1} << 62), ", ", data_seed,
                          ", int(count.item()), 'd', ", absl::StrFormat("%#.17g", options.sharpness),  // a float
                          ", ", m * microbatch, ")\n")
-          : absl::StrCat("def data(count):\n    return pathways.text_tokens('", options.text_file, "', ", local,
-                         ", ", length, ", ", data_seed, ", int(count.item()), 'd', ", m * microbatch, ")\n");
+          : absl::StrCat("def data(count):\n    return pathways.text_tokens('", options.text_file, "', ", local, ", ",
+                         length, ", ", data_seed, ", int(count.item()), 'd', ", m * microbatch, ")\n");
   return FunctionSpec::Script("data", body, {{DType::kF32, {}}}, {model.tokens}, {{}}, {model.tokens_sharding});
 }
 
@@ -157,8 +157,8 @@ absl::Status Trainer::Init() {
   for (const TransformerStage& stage : model_.stages) {
     PW_ASSIGN_OR_RETURN(StageFunctionSpecs specs, MakeStageFunctions(options_, stage));
     StageFunctions f;
-    for (auto [spec, compiled] : {std::pair{&specs.forward, &f.forward}, {&specs.backward, &f.backward},
-                                  {&specs.vjp, &f.vjp}}) {
+    for (auto [spec, compiled] :
+         {std::pair{&specs.forward, &f.forward}, {&specs.backward, &f.backward}, {&specs.vjp, &f.vjp}}) {
       if (spec->has_value()) {
         PW_ASSIGN_OR_RETURN(*compiled, client_.Compile(**spec));
       }
