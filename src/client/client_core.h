@@ -147,8 +147,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       LeaveGroupLocked(host, q);
       pushed = q->PushLeavingSend(std::move(op), sender);
     }
-    if (pushed.send) pushed.send();
-    return {q->session(), pushed.seq};
+    const int64_t seq = pushed.seq;
+    q->SendPushed(std::move(pushed));
+    return {q->session(), seq};
   }
   // A put of `bytes` (the op without them): shards of at least kStagedPutBytes go ahead over the
   // host's data stream when it has one, straight into device memory, and the op follows in the

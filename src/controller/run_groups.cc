@@ -12,7 +12,8 @@ absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
                                    [](const rpc::GangRun& r) { return r.group() != 0; });
   if (!grouped) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  // Worked on copies of the groups the request touches, kept only if every run resolves.
+  // Worked on copies of the groups the request touches, kept only if every run resolves (a copy
+  // shares its hosts with the group kept until a run names them anew).
   absl::flat_hash_map<int64_t, Epoch> touched;
   size_t named = 0;  // hosts named for runs that named none
   const Groups* known = nullptr;
@@ -32,24 +33,25 @@ absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
       if (run.group_epoch() < e.epoch) continue;  // an older epoch's run: it names its hosts itself
       e.epoch = run.group_epoch();
       e.last_run = run.group_run();
-      e.base.assign(run.hosts().begin(), run.hosts().end());
-      for (rpc::HostSeq& h : e.base) h.set_seq(h.seq() - run.group_run());
+      auto base = std::make_shared<std::vector<rpc::HostSeq>>(run.hosts().begin(), run.hosts().end());
+      for (rpc::HostSeq& h : *base) h.set_seq(h.seq() - run.group_run());
+      e.base = std::move(base);
       continue;
     }
-    if (e.base.empty() || run.group_epoch() != e.epoch || run.group_run() != e.last_run + 1) {
+    if (e.base == nullptr || e.base->empty() || run.group_epoch() != e.epoch || run.group_run() != e.last_run + 1) {
       return absl::AbortedError(absl::StrCat(kRunGroupOutOfStep, ": client ", request.client_id(), "'s run ",
                                              run.group_run(), " of group ", run.group(), " epoch ", run.group_epoch(),
                                              " does not follow a run this controller knows"));
     }
-    named += e.base.size();
+    named += e.base->size();
     if (named > kMaxHostsNamedPerRequest) {
       return absl::InvalidArgumentError(
           absl::StrCat("client ", request.client_id(), "'s schedule request would name more than ",
                        kMaxHostsNamedPerRequest, " hosts in all once its runs' groups are named; send fewer runs at once"));
     }
     e.last_run = run.group_run();
-    run.mutable_hosts()->Reserve(static_cast<int>(e.base.size()));
-    for (const rpc::HostSeq& b : e.base) {
+    run.mutable_hosts()->Reserve(static_cast<int>(e.base->size()));
+    for (const rpc::HostSeq& b : *e.base) {
       rpc::HostSeq* h = run.add_hosts();
       *h = b;
       h->set_seq(b.seq() + run.group_run());
@@ -69,9 +71,13 @@ absl::Status RunGroupBook::Resolve(rpc::ScheduleRequest& request) {
     kept.used = ++clock_;
     kept.epoch = e.epoch;
     kept.last_run = e.last_run;
-    kept.base = std::move(e.base);
-    kept.bytes = 0;
-    for (const rpc::HostSeq& h : kept.base) kept.bytes += h.host().size() + kHostOverheadBytes;
+    if (is_new || kept.base != e.base) {  // an epoch named anew (a run that names no host shares it)
+      kept.base = std::move(e.base);
+      kept.bytes = 0;
+      if (kept.base != nullptr) {
+        for (const rpc::HostSeq& h : *kept.base) kept.bytes += h.host().size() + kHostOverheadBytes;
+      }
+    }
     bytes_kept_ += kept.bytes;
   }
   // The least recently used go first, this client's own before others' for its own bound.

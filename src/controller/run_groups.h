@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,8 @@ class RunGroupBook {
     int64_t epoch = 0;
     int64_t last_run = 0;
     // Each host's place as run 0 of the epoch would have it (a run k that named them, minus k).
-    std::vector<rpc::HostSeq> base;
+    // Immutable once made, shared by the copies Resolve works on: a request copies no host.
+    std::shared_ptr<const std::vector<rpc::HostSeq>> base;
     size_t bytes = 0;
     Lru::iterator lru;
     uint64_t used = 0;  // clock_ when last touched

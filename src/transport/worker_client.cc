@@ -296,8 +296,13 @@ HostOpQueue::HostOpQueue(std::shared_ptr<WorkerClient> worker, ClientIdentity cl
 
 int64_t HostOpQueue::Push(rpc::Op op, Executor* sender) {
   Pushed pushed = PushLeavingSend(std::move(op), sender);
-  if (pushed.send) pushed.send();
-  return pushed.seq;
+  const int64_t seq = pushed.seq;
+  SendPushed(std::move(pushed));
+  return seq;
+}
+
+void HostOpQueue::SendPushed(Pushed pushed) {
+  if (pushed.batch) queue_->SendStarted(*std::move(pushed.batch), pushed.sender);
 }
 
 HostOpQueue::Pushed HostOpQueue::PushLeavingSend(rpc::Op op, Executor* sender) {
@@ -308,11 +313,8 @@ HostOpQueue::Pushed HostOpQueue::PushLeavingSend(rpc::Op op, Executor* sender) {
   pushed.seq = seq_;
   OrderedBatchQueue<rpc::Op>::Pushed queued = queue_->PushLeavingSend(std::move(op));
   NotePushedLocked(seq_, queued.number);
-  if (queued.batch) {
-    pushed.send = [queue = queue_, batch = std::make_shared<std::vector<rpc::Op>>(*std::move(queued.batch)), sender] {
-      queue->SendStarted(std::move(*batch), sender);
-    };
-  }
+  pushed.batch = std::move(queued.batch);
+  pushed.sender = sender;
   return pushed;
 }
 

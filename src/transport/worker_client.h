@@ -132,13 +132,15 @@ class HostOpQueue {
   // Returns the op's sequence number. With `sender`, a batch this push starts is sent from one
   // of its threads instead of this one (the op keeps its number and place).
   int64_t Push(rpc::Op op, Executor* sender = nullptr);
-  // As Push, numbering and queueing the op here but leaving a batch it starts to `send()`, to be
-  // called holding no lock (see ClientCore::Push). `send` is empty when there is nothing to send.
+  // As Push, numbering and queueing the op here but leaving a batch it starts to SendPushed, to
+  // be called holding no lock (see ClientCore::Push).
   struct Pushed {
     int64_t seq = 0;
-    std::function<void()> send;
+    std::optional<std::vector<rpc::Op>> batch;  // the batch this push started, if any
+    Executor* sender = nullptr;
   };
   Pushed PushLeavingSend(rpc::Op op, Executor* sender = nullptr);
+  void SendPushed(Pushed pushed);
   // A sequence number for an op that reaches the host another way (through the scheduler).
   int64_t ReserveSeq();
   // A sequence number for an op this queue sends later (a put whose bytes go ahead over a data
