@@ -118,6 +118,22 @@ inline int64_t IntFlagOrExit(const Flags& flags, const std::string& name, int64_
   std::exit(2);
 }
 
+// The comma-separated integers of flag `name`, each from `min` to `max`: a benchmark given a bad
+// one says which and exits with status 2.
+inline std::vector<int> IntListFlagOrExit(const Flags& flags, const std::string& name, int min, int max) {
+  std::vector<int> values;
+  for (absl::string_view w : absl::StrSplit(flags.Get(name), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(w, &n) || n < min || n > max) {
+      std::fprintf(stderr, "bad --%s '%s': want integers from %d to %d\n", name.c_str(), std::string(w).c_str(), min,
+                   max);
+      std::exit(2);
+    }
+    values.push_back(n);
+  }
+  return values;
+}
+
 // "HxD,HxD,...": (hosts, devices per host) pairs, at most 64 devices each. A bad one is named on
 // stderr and the benchmark exits with status 2.
 inline std::vector<std::pair<int, int>> ConfigsOrExit(const std::string& text) {

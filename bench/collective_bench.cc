@@ -8,8 +8,10 @@
 //
 //   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
 //                              [--hub-only true] [--runtime-only true] [--work 0,64,128,256]
-//                              [--steps N]
+//                              [--steps N] [--all-to-all-hosts 4,8,16]
 //
+// With --all-to-all-hosts, all_to_all between that many hosts instead, its two algorithms side by
+// side (cross_host.h), at each size given as the bytes of one host's block for another.
 // With --work, Figure 6 instead: the step with a matrix product of each side given, at the first
 // size, against the multi-controller baseline only.
 //
@@ -36,14 +38,15 @@
 #include "absl/strings/strip.h"
 #include "bench_util.h"
 #include "chain.h"
-#include "figure_step.h"
-#include "process_cluster.h"
 #include "client/client.h"
 #include "client/program.h"
 #include "collective/collective.h"
+#include "collective/cross_host.h"
 #include "collective/tcp_links.h"
 #include "core/process.h"
 #include "core/status_macros.h"
+#include "figure_step.h"
+#include "process_cluster.h"
 #include "testing/subprocess.h"
 #include "tools/flags.h"
 
@@ -289,6 +292,79 @@ double MeasureHubOnly(int hosts, int devices, int64_t bytes, int repeats) {
   return Median(rates);
 }
 
+// all_to_all between `hosts` hosts of one member each (threads of this process over loopback
+// links), every block `block` bytes, by `algorithm`: calls per second, median of `repeats`.
+double MeasureAllToAll(int hosts, int64_t block, collective::AllToAllAlgorithm algorithm, int repeats) {
+  auto store = std::make_shared<collective::InMemoryKeyValueStore>();
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<collective::TcpLinks>> links;
+  for (int h = 0; h < hosts; ++h) {
+    names.push_back(absl::StrCat("host", h));
+    auto l = collective::TcpLinks::Create(names.back(), "127.0.0.1", store);
+    if (!l.ok()) return 0;
+    links.push_back(*std::move(l));
+  }
+  const int calls = StepsFor(block * hosts);
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {  // the first connects the meshes and warms up
+    std::vector<std::thread> threads;
+    std::atomic<bool> failed = false;
+    const double t = Seconds([&] {
+      for (int h = 0; h < hosts; ++h) {
+        threads.emplace_back([&, h] {
+          std::vector<char> in(block * hosts, static_cast<char>(h)), out(block * hosts);
+          std::vector<std::vector<collective::Piece>> send(hosts), recv(hosts);
+          for (int g = 0; g < hosts; ++g) {
+            send[g] = {{in.data() + g * block, static_cast<size_t>(block)}};
+            recv[g] = {{out.data() + g * block, static_cast<size_t>(block)}};
+          }
+          for (int i = 0; i < calls && !failed; ++i) {
+            absl::Status s = links[h]->Run(names, h, "all_to_all", absl::Now() + absl::Seconds(60), [&](auto& mesh) {
+              collective::MeshSteps steps(mesh, {static_cast<uint64_t>(r + 1), static_cast<uint32_t>(i)}, 1,
+                                          absl::Now() + absl::Seconds(60));
+              return collective::AllToAllAcrossHosts(
+                  steps, send, recv, [&](int, int) { return static_cast<size_t>(block); }, algorithm);
+            });
+            if (!s.ok()) {
+              std::fprintf(stderr, "all_to_all, host %d: %s\n", h, std::string(s.message()).c_str());
+              failed = true;
+            }
+          }
+          for (int g = 0; g < hosts && !failed; ++g) {
+            if (g != h && out[g * block] != static_cast<char>(g)) failed = true;
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+    });
+    if (failed) return 0;
+    if (r > 0) rates.push_back(calls / t);
+  }
+  return Median(rates);
+}
+
+int AllToAllTable(const std::vector<int>& hosts, const std::vector<int64_t>& sizes, int repeats) {
+  std::printf(
+      "all_to_all between hosts (threads of one process, loopback links, one member each), calls per second, "
+      "median of %d runs; bytes are one host's block for another.\n\n"
+      "| hosts | bytes per block | direct | Bruck | Bruck/direct | the runtime picks |\n|---|---|---|---|---|---|\n",
+      repeats);
+  int failed = 0;
+  for (int h : hosts) {
+    for (int64_t block : sizes) {
+      const double direct = MeasureAllToAll(h, block, collective::AllToAllAlgorithm::kDirect, repeats);
+      const double bruck = MeasureAllToAll(h, block, collective::AllToAllAlgorithm::kBruck, repeats);
+      failed += (direct == 0) + (bruck == 0);
+      const bool picks_bruck =
+          collective::ChooseAllToAll(h, static_cast<size_t>(block)) == collective::AllToAllAlgorithm::kBruck;
+      std::printf("| %d | %lld | %.0f | %.0f | %.2f | %s |\n", h, static_cast<long long>(block), direct, bruck,
+                  direct > 0 ? bruck / direct : 0.0, picks_bruck ? "Bruck" : "direct");
+      std::fflush(stdout);
+    }
+  }
+  return ExitStatus(failed);
+}
+
 // Bytes per second of memcpy between two 64 MiB buffers, counting what is read and written.
 double MemcpyBandwidth() {
   const size_t n = 64 << 20;
@@ -350,7 +426,8 @@ int Figure6(const std::vector<std::pair<int, int>>& configs, int64_t bytes, cons
 int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
-  const Flags flags = bench::FlagsOrExit(argc, argv, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps"});
+  const Flags flags = bench::FlagsOrExit(
+      argc, argv, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps", "all-to-all-hosts"});
   const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 3));
   const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags.Get("configs", "2x1,4x1,8x1,4x4,1x4"));
   std::vector<int64_t> sizes;
@@ -370,16 +447,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--steps is for this runtime's forms alone; Figure 6 (--work) sets its steps by the work\n");
     return 2;
   }
+  if (flags.Has("all-to-all-hosts")) {
+    return AllToAllTable(bench::IntListFlagOrExit(flags, "all-to-all-hosts", 2, 64), sizes, repeats);
+  }
   if (flags.Has("work")) {
-    std::vector<int> work;
-    for (absl::string_view w : absl::StrSplit(flags.Get("work"), ',')) {
-      int n = 0;
-      if (!absl::SimpleAtoi(w, &n) || n < 0 || n > 4096) {
-        std::fprintf(stderr, "bad --work '%s': want matrix sides from 0 to 4096\n", std::string(w).c_str());
-        return 2;
-      }
-      work.push_back(n);
-    }
+    const std::vector<int> work = bench::IntListFlagOrExit(flags, "work", 0, 4096);
     return Figure6(configs, sizes.front(), work, repeats);
   }
   const double memcpy_bw = MemcpyBandwidth();

@@ -420,18 +420,26 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
         for (int j : plan.local) std::memcpy(calls[j]->out + i * chunk, calls[i]->in + j * chunk, chunk);
       }
       if (!cross) return absl::OkStatus();
-      // One step: each pair of hosts swaps exactly the chunks between their members, straight
-      // from the inputs into the outputs, enumerated (sender rank, receiver rank) on both sides.
-      return swap_with_each_host([&](int h, PeerTransfer& t) {
-        for (int i : plan.local) {
-          for (size_t j = 0; j < size; ++j) {
-            if (plan.host_of[j] == h) AddPiece(t.send, calls[i]->in + j * chunk, chunk);
-          }
+      // Host a's block for host b: chunk j of each member i on a, for each member j on b,
+      // enumerated (i, j) by rank on every host, straight from the inputs into the outputs.
+      const int hosts = static_cast<int>(plan.hosts.size());
+      std::vector<size_t> members(hosts, 0);
+      for (size_t r = 0; r < size; ++r) ++members[plan.host_of[r]];
+      std::vector<std::vector<Piece>> send(hosts), recv(hosts);
+      for (int i : plan.local) {
+        for (size_t j = 0; j < size; ++j) {
+          if (plan.host_of[j] != plan.mine) AddPiece(send[plan.host_of[j]], calls[i]->in + j * chunk, chunk);
         }
-        for (size_t i = 0; i < size; ++i) {
-          if (plan.host_of[i] != h) continue;
-          for (int j : plan.local) AddPiece(t.recv, calls[j]->out + i * chunk, chunk);
-        }
+      }
+      for (size_t i = 0; i < size; ++i) {
+        if (plan.host_of[i] == plan.mine) continue;
+        for (int j : plan.local) AddPiece(recv[plan.host_of[i]], calls[j]->out + i * chunk, chunk);
+      }
+      const size_t most = *std::max_element(members.begin(), members.end());
+      const AllToAllAlgorithm algorithm = ChooseAllToAll(hosts, most * most * chunk);
+      return across([&](MeshSteps& s) {
+        return AllToAllAcrossHosts(
+            s, send, recv, [&](int a, int b) { return members[a] * members[b] * chunk; }, algorithm);
       });
     }
     case CollectiveKind::kBroadcast: {

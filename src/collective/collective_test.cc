@@ -209,6 +209,17 @@ TEST(CollectiveHubTest, GroupsAcrossAndWithinTwoHosts) {
   }
 }
 
+TEST(CollectiveHubTest, NineHostsHoldingUnevenInterleavedMembers) {
+  // Enough hosts for small all_to_alls to relay blocks (Bruck), and large ones to swap directly.
+  std::vector<std::string> hosts;
+  for (int h = 0; h < 9; ++h) hosts.push_back(absl::StrCat("h", h));
+  Cluster cluster(hosts);
+  std::vector<std::string> members;
+  for (int m = 0; m < 12; ++m) members.push_back(hosts[(m * 5) % 9]);  // 3 hosts hold two
+  GangLayout layout = Layout({12}, {"i"}, members);
+  for (size_t count : {size_t{12}, size_t{12} << 12}) CheckEveryCollective(cluster, layout, "i", count, "nine");
+}
+
 TEST(CollectiveHubTest, HostsHoldingUnevenInterleavedMembers) {
   // Six members over three hosts, 3/2/1 of them, not contiguous in rank order.
   Cluster cluster({"a", "b", "c"});

@@ -202,6 +202,59 @@ absl::Status HalvingDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const c
   return absl::OkStatus();
 }
 
+// Bruck's all_to_all. A block travels from its source s to s + d (d, its distance, from 1 to
+// H-1) in the steps whose bit is set in d, and sits in slot d on every host it passes. So
+// before step k (2^k = dist), slot d on host x holds the block from x - (d mod dist); at step k
+// the slots with bit k set go to the host dist ahead and the same slots arrive from the host
+// dist behind, in slot order on both sides. A block that is home lands in `recv`; one that is
+// not is kept in scratch memory until its next hop (blocks leave from `send` the first time).
+absl::Status BruckAllToAll(MeshSteps& steps, const std::vector<std::vector<Piece>>& send,
+                           const std::vector<std::vector<Piece>>& recv,
+                           absl::FunctionRef<size_t(int, int)> block_bytes) {
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  // The source of the block that arrives in slot d at step k, and whether it is then home.
+  auto arriving = [&](int d, int dist) { return Mod(rank - (d & (2 * dist - 1)), size); };
+  auto home = [&](int d, int dist) { return (d >> 1) < dist; };  // no bit of d above dist's
+  size_t relayed = 0;
+  for (int dist = 1; dist < size; dist *= 2) {
+    for (int d = dist; d < size; ++d) {
+      if ((d & dist) && !home(d, dist)) relayed += block_bytes(arriving(d, dist), Mod(arriving(d, dist) + d, size));
+    }
+  }
+  char* scratch = steps.mesh().Scratch(relayed);
+  std::vector<std::vector<Piece>> slot(size);  // where slot d's block is now
+  for (int d = 1; d < size; ++d) slot[d] = send[Mod(rank + d, size)];
+  for (int dist = 1; dist < size; dist *= 2) {
+    PeerTransfer out{Mod(rank + dist, size), {}, {}, nullptr};
+    PeerTransfer in{Mod(rank - dist, size), {}, {}, nullptr};
+    std::vector<std::pair<int, Piece>> kept;  // slots relayed on, once this step is done
+    for (int d = dist; d < size; ++d) {
+      if (!(d & dist)) continue;
+      out.send.insert(out.send.end(), slot[d].begin(), slot[d].end());
+      const int source = arriving(d, dist);
+      if (home(d, dist)) {
+        in.recv.insert(in.recv.end(), recv[source].begin(), recv[source].end());
+      } else {
+        const Piece piece{scratch, block_bytes(source, Mod(source + d, size))};
+        scratch += piece.bytes;
+        if (piece.bytes > 0) in.recv.push_back(piece);
+        kept.emplace_back(d, piece);
+      }
+    }
+    std::vector<PeerTransfer> t;
+    if (out.peer == in.peer) {
+      out.recv = std::move(in.recv);
+      t.push_back(std::move(out));
+    } else {
+      t.push_back(std::move(out));
+      t.push_back(std::move(in));
+    }
+    PW_RETURN_IF_ERROR(steps.Step(t));
+    for (const auto& [d, piece] : kept) slot[d] = {piece};
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, const char* in, char* out, size_t count) {
@@ -261,6 +314,18 @@ absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t 
   }
   PW_RETURN_IF_ERROR(steps.Step(t));
   return RingAllGather(steps, segments);
+}
+
+absl::Status AllToAllAcrossHosts(MeshSteps& steps, const std::vector<std::vector<Piece>>& send,
+                                 const std::vector<std::vector<Piece>>& recv,
+                                 absl::FunctionRef<size_t(int, int)> block_bytes, AllToAllAlgorithm algorithm) {
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  if (algorithm == AllToAllAlgorithm::kBruck && size > 2) return BruckAllToAll(steps, send, recv, block_bytes);
+  std::vector<PeerTransfer> t;
+  for (int h = 0; h < size; ++h) {
+    if (h != rank && (!send[h].empty() || !recv[h].empty())) t.push_back({h, send[h], recv[h], nullptr});
+  }
+  return steps.Step(t);
 }
 
 }  // namespace pathways::collective

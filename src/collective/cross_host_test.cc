@@ -205,6 +205,52 @@ INSTANTIATE_TEST_SUITE_P(SizesAndHosts, CrossHostTest,
                            return absl::StrCat(std::get<0>(info.param), "hosts_", std::get<1>(info.param), "elements");
                          });
 
+// all_to_all with blocks of different sizes between every pair of hosts (host h stands for
+// h % 3 + 1 members, as a gang spread unevenly would): every byte reaches its host, whichever
+// way it travels, relayed or not.
+const char* AlgorithmName(AllToAllAlgorithm a) { return a == AllToAllAlgorithm::kDirect ? "Direct" : "Bruck"; }
+
+class AllToAllTest : public ::testing::TestWithParam<
+                         std::tuple<int /*hosts*/, size_t /*bytes per pair of members*/, AllToAllAlgorithm>> {};
+
+TEST_P(AllToAllTest, EveryBlockReachesItsHostIntact) {
+  const auto [n, chunk, algorithm] = GetParam();
+  Hosts hosts(n);
+  auto block_bytes = [&](int a, int b) { return static_cast<size_t>(a % 3 + 1) * (b % 3 + 1) * chunk; };
+  auto byte = [](int a, int b, size_t i) { return static_cast<char>((a * 31 + b * 7 + i) % 251); };
+  std::vector<std::vector<std::string>> sent(n, std::vector<std::string>(n)), got(n, std::vector<std::string>(n));
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      for (size_t i = 0; i < block_bytes(a, b); ++i) sent[a][b].push_back(byte(a, b, i));
+      got[b][a].assign(block_bytes(a, b), '\0');
+    }
+  }
+  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
+    std::vector<std::vector<Piece>> send(n), recv(n);
+    for (int g = 0; g < n; ++g) {
+      if (g == h) continue;
+      // Two pieces each way: blocks are gathered from and scattered into several ranges.
+      std::string& out = sent[h][g];
+      std::string& in = got[h][g];
+      send[g] = {{out.data(), out.size() / 2}, {out.data() + out.size() / 2, out.size() - out.size() / 2}};
+      recv[g] = {{in.data(), in.size() / 3}, {in.data() + in.size() / 3, in.size() - in.size() / 3}};
+    }
+    return AllToAllAcrossHosts(s, send, recv, block_bytes, algorithm);
+  }));
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) EXPECT_EQ(got[b][a], sent[a][b]) << "host " << a << "'s block for host " << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HostsSizesAndAlgorithms, AllToAllTest,
+                         ::testing::Combine(::testing::Values(2, 3, 5, 8, 9), ::testing::Values(size_t{1}, size_t{300}),
+                                            ::testing::Values(AllToAllAlgorithm::kDirect, AllToAllAlgorithm::kBruck)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "hosts_", std::get<1>(info.param), "bytes_",
+                                               AlgorithmName(std::get<2>(info.param)));
+                         });
+
 TEST(PeerMeshTest, AMessageForAnotherCallAbortsAtOnceAndTheMeshReconnects) {
   Hosts hosts(2);
   char a = 'a', b = 'b';
