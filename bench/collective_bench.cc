@@ -8,10 +8,10 @@
 //
 //   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
 //                              [--hub-only true] [--runtime-only true] [--work 0,64,128,256]
-//                              [--steps N] [--all-to-all-hosts 4,8,16]
+//                              [--steps N] [--small-hosts 3,4,8,16]
 //
-// With --all-to-all-hosts, all_to_all between that many hosts instead, its two algorithms side by
-// side (cross_host.h), at each size given as the bytes of one host's block for another.
+// With --small-hosts, all_to_all, all_gather and broadcast between that many hosts instead, each
+// by its two algorithms for small messages side by side (cross_host.h, SmallAlgorithm).
 // With --work, Figure 6 instead: the step with a matrix product of each side given, at the first
 // size, against the multi-controller baseline only.
 //
@@ -292,9 +292,12 @@ double MeasureHubOnly(int hosts, int devices, int64_t bytes, int repeats) {
   return Median(rates);
 }
 
-// all_to_all between `hosts` hosts of one member each (threads of this process over loopback
-// links), every block `block` bytes, by `algorithm`: calls per second, median of `repeats`.
-double MeasureAllToAll(int hosts, int64_t block, collective::AllToAllAlgorithm algorithm, int repeats) {
+// all_to_all, all_gather or broadcast between `hosts` hosts of one member each (threads of this
+// process over loopback links) by `algorithm`, `bytes` per block (all_to_all), per host's
+// segment (all_gather) or in all (broadcast, from host 0): calls per second, median of
+// `repeats`, or 0 when a call failed or delivered the wrong bytes.
+double MeasureSmall(collective::CollectiveKind kind, int hosts, int64_t bytes, collective::SmallAlgorithm algorithm,
+                    int repeats) {
   auto store = std::make_shared<collective::InMemoryKeyValueStore>();
   std::vector<std::string> names;
   std::vector<std::unique_ptr<collective::TcpLinks>> links;
@@ -304,7 +307,9 @@ double MeasureAllToAll(int hosts, int64_t block, collective::AllToAllAlgorithm a
     if (!l.ok()) return 0;
     links.push_back(*std::move(l));
   }
-  const int calls = StepsFor(block * hosts);
+  const size_t n = static_cast<size_t>(bytes);
+  const bool broadcast = kind == collective::CollectiveKind::kBroadcast;
+  const int calls = StepsFor(bytes * (broadcast ? 1 : hosts));
   std::vector<double> rates;
   for (int r = 0; r < repeats + 1; ++r) {  // the first connects the meshes and warms up
     std::vector<std::thread> threads;
@@ -312,26 +317,36 @@ double MeasureAllToAll(int hosts, int64_t block, collective::AllToAllAlgorithm a
     const double t = Seconds([&] {
       for (int h = 0; h < hosts; ++h) {
         threads.emplace_back([&, h] {
-          std::vector<char> in(block * hosts, static_cast<char>(h)), out(block * hosts);
+          // Host h's bytes are h: every part received names its sender.
+          std::vector<char> in(n * hosts, static_cast<char>(h)), out(n * hosts, static_cast<char>(h));
           std::vector<std::vector<collective::Piece>> send(hosts), recv(hosts);
           for (int g = 0; g < hosts; ++g) {
-            send[g] = {{in.data() + g * block, static_cast<size_t>(block)}};
-            recv[g] = {{out.data() + g * block, static_cast<size_t>(block)}};
+            send[g] = {{in.data() + g * n, n}};
+            recv[g] = {{out.data() + g * n, n}};
           }
           for (int i = 0; i < calls && !failed; ++i) {
-            absl::Status s = links[h]->Run(names, h, "all_to_all", absl::Now() + absl::Seconds(60), [&](auto& mesh) {
+            absl::Status s = links[h]->Run(names, h, "small", absl::Now() + absl::Seconds(60), [&](auto& mesh) {
               collective::MeshSteps steps(mesh, {static_cast<uint64_t>(r + 1), static_cast<uint32_t>(i)}, 1,
                                           absl::Now() + absl::Seconds(60));
-              return collective::AllToAllAcrossHosts(
-                  steps, send, recv, [&](int, int) { return static_cast<size_t>(block); }, algorithm);
+              switch (kind) {
+                case collective::CollectiveKind::kAllGather:
+                  return collective::AllGatherAcrossHosts(steps, recv, algorithm);
+                case collective::CollectiveKind::kBroadcast:
+                  return collective::BroadcastAcrossHosts(steps, 0, out.data(), n, algorithm);
+                default:
+                  return collective::AllToAllAcrossHosts(
+                      steps, send, recv, [&](int, int) { return n; }, algorithm);
+              }
             });
             if (!s.ok()) {
-              std::fprintf(stderr, "all_to_all, host %d: %s\n", h, std::string(s.message()).c_str());
+              std::fprintf(stderr, "%s, host %d: %s\n", collective::CollectiveName(kind), h,
+                           std::string(s.message()).c_str());
               failed = true;
             }
           }
           for (int g = 0; g < hosts && !failed; ++g) {
-            if (g != h && out[g * block] != static_cast<char>(g)) failed = true;
+            if (out[g * n] != static_cast<char>(broadcast ? 0 : g)) failed = true;
+            if (broadcast) break;
           }
         });
       }
@@ -343,23 +358,36 @@ double MeasureAllToAll(int hosts, int64_t block, collective::AllToAllAlgorithm a
   return Median(rates);
 }
 
-int AllToAllTable(const std::vector<int>& hosts, const std::vector<int64_t>& sizes, int repeats) {
+int SmallTable(const std::vector<int>& hosts, const std::vector<int64_t>& sizes, int repeats) {
   std::printf(
-      "all_to_all between hosts (threads of one process, loopback links, one member each), calls per second, "
-      "median of %d runs; bytes are one host's block for another.\n\n"
-      "| hosts | bytes per block | direct | Bruck | Bruck/direct | the runtime picks |\n|---|---|---|---|---|---|\n",
+      "Small messages between hosts (threads of one process, loopback links, one member each): one round of "
+      "direct sends against log2(H) rounds, calls per second, median of %d runs. Bytes are one host's block "
+      "for another (all_to_all), one host's segment (all_gather), the whole buffer (broadcast).\n\n"
+      "| collective | hosts | bytes | direct | log rounds | log/direct | the runtime picks |\n"
+      "|---|---|---|---|---|---|---|\n",
       repeats);
   int failed = 0;
-  for (int h : hosts) {
-    for (int64_t block : sizes) {
-      const double direct = MeasureAllToAll(h, block, collective::AllToAllAlgorithm::kDirect, repeats);
-      const double bruck = MeasureAllToAll(h, block, collective::AllToAllAlgorithm::kBruck, repeats);
-      failed += (direct == 0) + (bruck == 0);
-      const bool picks_bruck =
-          collective::ChooseAllToAll(h, static_cast<size_t>(block)) == collective::AllToAllAlgorithm::kBruck;
-      std::printf("| %d | %lld | %.0f | %.0f | %.2f | %s |\n", h, static_cast<long long>(block), direct, bruck,
-                  direct > 0 ? bruck / direct : 0.0, picks_bruck ? "Bruck" : "direct");
-      std::fflush(stdout);
+  using collective::CollectiveKind;
+  using collective::SmallAlgorithm;
+  for (CollectiveKind kind : {CollectiveKind::kAllToAll, CollectiveKind::kAllGather, CollectiveKind::kBroadcast}) {
+    for (int h : hosts) {
+      for (int64_t bytes : sizes) {
+        const double direct = MeasureSmall(kind, h, bytes, SmallAlgorithm::kDirect, repeats);
+        const double log_rounds = MeasureSmall(kind, h, bytes, SmallAlgorithm::kLogRounds, repeats);
+        failed += (direct == 0) + (log_rounds == 0);
+        // Past kLargeMessageBytes in all, all_gather and broadcast take a ring whichever is asked.
+        const int64_t total = kind == CollectiveKind::kAllGather ? bytes * h : bytes;
+        const SmallAlgorithm picked = kind == CollectiveKind::kAllToAll
+                                          ? collective::ChooseAllToAll(h, static_cast<size_t>(bytes))
+                                          : collective::ChooseSmall(h);
+        const char* picks = kind != CollectiveKind::kAllToAll && total >= int64_t{collective::kLargeMessageBytes}
+                                ? "ring"
+                            : picked == SmallAlgorithm::kLogRounds ? "log rounds"
+                                                                   : "direct";
+        std::printf("| %s | %d | %lld | %.0f | %.0f | %.2f | %s |\n", collective::CollectiveName(kind), h,
+                    static_cast<long long>(bytes), direct, log_rounds, direct > 0 ? log_rounds / direct : 0.0, picks);
+        std::fflush(stdout);
+      }
     }
   }
   return ExitStatus(failed);
@@ -427,7 +455,7 @@ int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
   const Flags flags = bench::FlagsOrExit(
-      argc, argv, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps", "all-to-all-hosts"});
+      argc, argv, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps", "small-hosts"});
   const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 3));
   const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags.Get("configs", "2x1,4x1,8x1,4x4,1x4"));
   std::vector<int64_t> sizes;
@@ -447,9 +475,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--steps is for this runtime's forms alone; Figure 6 (--work) sets its steps by the work\n");
     return 2;
   }
-  if (flags.Has("all-to-all-hosts")) {
-    return AllToAllTable(bench::IntListFlagOrExit(flags, "all-to-all-hosts", 2, 64), sizes, repeats);
-  }
+  if (flags.Has("small-hosts"))
+    return SmallTable(bench::IntListFlagOrExit(flags, "small-hosts", 2, 64), sizes, repeats);
   if (flags.Has("work")) {
     const std::vector<int> work = bench::IntListFlagOrExit(flags, "work", 0, 4096);
     return Figure6(configs, sizes.front(), work, repeats);

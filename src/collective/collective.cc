@@ -436,7 +436,7 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
         for (int j : plan.local) AddPiece(recv[plan.host_of[i]], calls[j]->out + i * chunk, chunk);
       }
       const size_t most = *std::max_element(members.begin(), members.end());
-      const AllToAllAlgorithm algorithm = ChooseAllToAll(hosts, most * most * chunk);
+      const SmallAlgorithm algorithm = ChooseAllToAll(hosts, most * most * chunk);
       return across([&](MeshSteps& s) {
         return AllToAllAcrossHosts(
             s, send, recv, [&](int a, int b) { return members[a] * members[b] * chunk; }, algorithm);

@@ -83,12 +83,16 @@ absl::Status RecursiveDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const
 
 int Mod(int x, int n) { return (x % n + n) % n; }
 
-// One ring step: `out` to the host after this one, `in` from the one before (the same host when
-// there are two). The receiving transfer is the last.
+// A step that sends `out` to host `to` and receives `in` from host `from` (one transfer when
+// they are the same host). The receiving transfer is the last.
+std::vector<PeerTransfer> SendAndReceive(int to, std::vector<Piece> out, int from, std::vector<Piece> in) {
+  if (to == from) return {{to, std::move(out), std::move(in), nullptr}};
+  return {{to, std::move(out), {}, nullptr}, {from, {}, std::move(in), nullptr}};
+}
+
+// One ring step: `out` to the host after this one, `in` from the one before.
 std::vector<PeerTransfer> RingStep(const PeerMesh& mesh, const std::vector<Piece>& out, const std::vector<Piece>& in) {
-  const int right = Mod(mesh.rank() + 1, mesh.size()), left = Mod(mesh.rank() - 1, mesh.size());
-  if (right == left) return {{right, out, in, nullptr}};
-  return {{right, out, {}, nullptr}, {left, {}, in, nullptr}};
+  return SendAndReceive(Mod(mesh.rank() + 1, mesh.size()), out, Mod(mesh.rank() - 1, mesh.size()), in);
 }
 
 // After H-1 steps, host h holds segment h reduced over all hosts. At step s host h sends segment
@@ -225,32 +229,61 @@ absl::Status BruckAllToAll(MeshSteps& steps, const std::vector<std::vector<Piece
   std::vector<std::vector<Piece>> slot(size);  // where slot d's block is now
   for (int d = 1; d < size; ++d) slot[d] = send[Mod(rank + d, size)];
   for (int dist = 1; dist < size; dist *= 2) {
-    PeerTransfer out{Mod(rank + dist, size), {}, {}, nullptr};
-    PeerTransfer in{Mod(rank - dist, size), {}, {}, nullptr};
+    std::vector<Piece> out, in;
     std::vector<std::pair<int, Piece>> kept;  // slots relayed on, once this step is done
     for (int d = dist; d < size; ++d) {
       if (!(d & dist)) continue;
-      out.send.insert(out.send.end(), slot[d].begin(), slot[d].end());
+      out.insert(out.end(), slot[d].begin(), slot[d].end());
       const int source = arriving(d, dist);
       if (home(d, dist)) {
-        in.recv.insert(in.recv.end(), recv[source].begin(), recv[source].end());
+        in.insert(in.end(), recv[source].begin(), recv[source].end());
       } else {
         const Piece piece{scratch, block_bytes(source, Mod(source + d, size))};
         scratch += piece.bytes;
-        if (piece.bytes > 0) in.recv.push_back(piece);
+        if (piece.bytes > 0) in.push_back(piece);
         kept.emplace_back(d, piece);
       }
     }
-    std::vector<PeerTransfer> t;
-    if (out.peer == in.peer) {
-      out.recv = std::move(in.recv);
-      t.push_back(std::move(out));
-    } else {
-      t.push_back(std::move(out));
-      t.push_back(std::move(in));
-    }
+    std::vector<PeerTransfer> t =
+        SendAndReceive(Mod(rank + dist, size), std::move(out), Mod(rank - dist, size), std::move(in));
     PW_RETURN_IF_ERROR(steps.Step(t));
     for (const auto& [d, piece] : kept) slot[d] = {piece};
+  }
+  return absl::OkStatus();
+}
+
+// Bruck's all_gather. Before step k (2^k = dist) host r holds the segments of hosts r to
+// r + dist - 1; it sends the host dist behind as many of them as that host lacks, and gets as
+// many from the host dist ahead, each straight into its place (every host lays segments out
+// alike).
+absl::Status BruckAllGather(MeshSteps& steps, const Segments& segments) {
+  const int size = steps.mesh().size(), rank = steps.mesh().rank();
+  for (int dist = 1; dist < size; dist *= 2) {
+    std::vector<Piece> out, in;
+    for (int i = 0; i < std::min(dist, size - dist); ++i) {
+      const auto& mine = segments[Mod(rank + i, size)];
+      const auto& theirs = segments[Mod(rank + dist + i, size)];
+      out.insert(out.end(), mine.begin(), mine.end());
+      in.insert(in.end(), theirs.begin(), theirs.end());
+    }
+    std::vector<PeerTransfer> t =
+        SendAndReceive(Mod(rank - dist, size), std::move(out), Mod(rank + dist, size), std::move(in));
+    PW_RETURN_IF_ERROR(steps.Step(t));
+  }
+  return absl::OkStatus();
+}
+
+// A binomial tree from `root`: at step k (2^k = dist) the hosts within dist of the root (in
+// ranks counted from it) send to the host dist further on. Every host takes every step, idle
+// or not, so that step numbers agree.
+absl::Status BinomialBroadcast(MeshSteps& steps, int root, char* buf, size_t bytes) {
+  const int size = steps.mesh().size();
+  const int me = Mod(steps.mesh().rank() - root, size);
+  for (int dist = 1; dist < size; dist *= 2) {
+    std::vector<PeerTransfer> t;
+    if (me < dist && me + dist < size) t.push_back({Mod(me + dist + root, size), {{buf, bytes}}, {}, nullptr});
+    if (me >= dist && me < 2 * dist) t.push_back({Mod(me - dist + root, size), {}, {{buf, bytes}}, nullptr});
+    PW_RETURN_IF_ERROR(steps.Step(t));
   }
   return absl::OkStatus();
 }
@@ -276,11 +309,12 @@ absl::Status ReduceScatterAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op
   return RingReduceScatter(steps, dtype, op, segments, segments);
 }
 
-absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments) {
+absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments, std::optional<SmallAlgorithm> small) {
   size_t total = 0;
   for (const auto& s : segments) total += TotalBytes(s);
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   if (total >= kLargeMessageBytes && size > 2) return RingAllGather(steps, segments);
+  if (small.value_or(ChooseSmall(size)) == SmallAlgorithm::kLogRounds) return BruckAllGather(steps, segments);
   std::vector<PeerTransfer> t;
   for (int h = 0; h < size; ++h) {
     if (h != rank) t.push_back({h, segments[rank], segments[h], nullptr});
@@ -288,10 +322,14 @@ absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments) {
   return steps.Step(t);
 }
 
-absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t bytes) {
+absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t bytes,
+                                  std::optional<SmallAlgorithm> small) {
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   std::vector<PeerTransfer> t;
   if (bytes < kLargeMessageBytes || size <= 2) {
+    if (small.value_or(ChooseSmall(size)) == SmallAlgorithm::kLogRounds) {
+      return BinomialBroadcast(steps, root, buf, bytes);
+    }
     // One round: the root sends to everyone.
     if (rank == root) {
       for (int h = 0; h < size; ++h) {
@@ -318,9 +356,9 @@ absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t 
 
 absl::Status AllToAllAcrossHosts(MeshSteps& steps, const std::vector<std::vector<Piece>>& send,
                                  const std::vector<std::vector<Piece>>& recv,
-                                 absl::FunctionRef<size_t(int, int)> block_bytes, AllToAllAlgorithm algorithm) {
+                                 absl::FunctionRef<size_t(int, int)> block_bytes, SmallAlgorithm algorithm) {
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
-  if (algorithm == AllToAllAlgorithm::kBruck && size > 2) return BruckAllToAll(steps, send, recv, block_bytes);
+  if (algorithm == SmallAlgorithm::kLogRounds && size > 2) return BruckAllToAll(steps, send, recv, block_bytes);
   std::vector<PeerTransfer> t;
   for (int h = 0; h < size; ++h) {
     if (h != rank && (!send[h].empty() || !recv[h].empty())) t.push_back({h, send[h], recv[h], nullptr});

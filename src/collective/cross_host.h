@@ -1,10 +1,10 @@
 // Collective algorithms among the hosts of a group, one leader thread per host, over a PeerMesh.
 // Each host enters with its members' contributions already combined (see CollectiveHub), so
 // these move host-level data only. The algorithm is chosen by size and group:
-//   - small messages pay for rounds, not bytes: recursive doubling (all_reduce, reduce_scatter:
-//     log2(H) rounds) or one round of direct sends (all_gather, broadcast);
-//   - all_to_all: Bruck's algorithm for small blocks over many hosts (log2(H) rounds of one
-//     message each way, relaying blocks), one round of direct swaps otherwise;
+//   - small messages pay for messages and rounds, not bytes: recursive doubling (all_reduce,
+//     reduce_scatter: log2(H) rounds); over two or three hosts, one round of direct sends
+//     (all_gather, broadcast, all_to_all), over more, ceil(log2 H) rounds of one message each
+//     way (SmallAlgorithm);
 //   - large ones pay for bytes: a ring (reduce-scatter then all-gather, each host sending
 //     2(H-1)/H of the data), with what arrives reduced chunk by chunk while the rest streams in;
 //     for all_reduce over a power of two of more than two hosts, the same bytes in 2 log2(H)
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -62,41 +63,49 @@ absl::Status AllReduceAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, co
 absl::Status ReduceScatterAcrossHosts(MeshSteps& steps, DType dtype, ReduceOp op, char* acc, size_t count,
                                       const Segments& segments);
 
-// Every host's segment, filled on that host, is copied to every other host.
-absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments);
-
-// `bytes` at `buf` on host `root` are copied to `buf` on every host.
-absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t bytes);
-
-// How an all_to_all between hosts moves its blocks.
-//   - kDirect: one step in which each host swaps blocks with every other host: H-1 messages each
-//     way per host, every byte sent once.
-//   - kBruck (Bruck et al., 1997): ceil(log2 H) steps; in step k each host sends one message to
-//     the host 2^k ahead, holding every block whose distance to its destination has bit k set
-//     (about half of them), and relays what is not yet home: log2(H) messages per host, each
-//     byte sent about log2(H)/2 times.
-enum class AllToAllAlgorithm { kDirect, kBruck };
-// Bruck's algorithm is chosen over at least this many hosts, when no block is larger than
-// kBruckMaxBlockBytes. Measured with `collective_bench --all-to-all-hosts 3,4,8,16`, hosts as
-// threads on loopback, 2 cores (docs/benchmarks.md "all_to_all between hosts"): Bruck ran 1.3-2x
-// direct's calls/s at 4 to 16 hosts for blocks up to 16 KiB, about equal at 3 hosts, and
-// 0.4-0.9x for blocks of 64 KiB and more, where its relayed bytes cost more than the messages it
-// saves.
-inline constexpr int kBruckMinHosts = 4;
+// How all_gather, broadcast and all_to_all move small messages between hosts.
+//   - kDirect: one step in which every host sends each other host its part at once (the root,
+//     for a broadcast): H-1 messages from each host.
+//   - kLogRounds: ceil(log2 H) steps, each host sending at most one message per step (Bruck et
+//     al., 1997). all_gather: at step k each host passes the 2^k segments it holds to the host
+//     2^k behind, straight into their places, so every byte still moves once. broadcast: a
+//     binomial tree, the hosts that have the data sending it 2^k further. all_to_all: each host
+//     sends the host 2^k ahead every block whose distance to its destination has bit k set, and
+//     relays what is not yet home: each byte is sent about log2(H)/2 times.
+// Measured with `collective_bench --small-hosts 3,4,8,16`, hosts as threads on loopback, 2
+// cores (docs/benchmarks.md "Small messages between hosts"): from 4 hosts the log rounds ran
+// all_to_all and all_gather at 1.2-2.2x direct's calls/s, broadcast at about the same (the tree
+// spares the root H-1 sends, which matters at more hosts); at 3 hosts they only add a round.
+enum class SmallAlgorithm { kDirect, kLogRounds };
+inline constexpr int kLogRoundsMinHosts = 4;
+// all_to_all blocks larger than this go direct: the bytes Bruck's relays add cost more than the
+// messages it saves (about equal at 64 KiB, 0.4-0.8x direct's rate at 1 MiB).
 inline constexpr size_t kBruckMaxBlockBytes = 16 << 10;
-// Which is faster for `hosts` hosts whose largest block is `largest_block` bytes (every host must
-// pick the same).
-inline AllToAllAlgorithm ChooseAllToAll(int hosts, size_t largest_block) {
-  return hosts >= kBruckMinHosts && largest_block <= kBruckMaxBlockBytes ? AllToAllAlgorithm::kBruck
-                                                                         : AllToAllAlgorithm::kDirect;
+// What each collective takes over `hosts` hosts (every host must take the same).
+inline SmallAlgorithm ChooseSmall(int hosts) {
+  return hosts >= kLogRoundsMinHosts ? SmallAlgorithm::kLogRounds : SmallAlgorithm::kDirect;
 }
+inline SmallAlgorithm ChooseAllToAll(int hosts, size_t largest_block) {
+  return largest_block <= kBruckMaxBlockBytes ? ChooseSmall(hosts) : SmallAlgorithm::kDirect;
+}
+
+// Every host's segment, filled on that host, is copied to every other host: by `small` (or
+// ChooseSmall) below kLargeMessageBytes in all, by a ring from there.
+absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments,
+                                  std::optional<SmallAlgorithm> small = std::nullopt);
+
+// `bytes` at `buf` on host `root` are copied to `buf` on every host: by `small` (or ChooseSmall)
+// below kLargeMessageBytes, by a scatter and a ring from there.
+absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t bytes,
+                                  std::optional<SmallAlgorithm> small = std::nullopt);
 
 // Every host sends every other host a block. `send[h]` is this host's block for host h and
 // `recv[h]` where host h's block for this host goes, as pieces (entries at this host's own rank
 // are ignored). `block_bytes(a, b)` is the size of host a's block for host b, the same function
-// on every host: blocks relayed through this host are sized by it.
+// on every host: blocks relayed through this host are sized by it. The caller chooses (see
+// ChooseAllToAll), knowing the largest block without asking every pair.
 absl::Status AllToAllAcrossHosts(MeshSteps& steps, const std::vector<std::vector<Piece>>& send,
                                  const std::vector<std::vector<Piece>>& recv,
-                                 absl::FunctionRef<size_t(int, int)> block_bytes, AllToAllAlgorithm algorithm);
+                                 absl::FunctionRef<size_t(int, int)> block_bytes, SmallAlgorithm algorithm);
 
 }  // namespace pathways::collective

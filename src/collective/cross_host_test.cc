@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -156,24 +157,30 @@ TEST_P(CrossHostTest, AllGatherAndBroadcastCopyEveryByte) {
   const int n = std::get<0>(GetParam());
   const size_t count = std::get<1>(GetParam());
   Hosts hosts(n);
-  std::vector<std::string> gathered(n, std::string(count * n, '\0'));
-  std::vector<std::string> broadcast(n, std::string(count, '\0'));
-  for (int h = 0; h < n; ++h) {
-    for (size_t i = 0; i < count; ++i) gathered[h][h * count + i] = static_cast<char>('a' + (h + i) % 26);
+  // The runtime's choice, then each small algorithm (large messages take a ring whichever).
+  const std::optional<SmallAlgorithm> algorithms[] = {std::nullopt, SmallAlgorithm::kDirect,
+                                                      SmallAlgorithm::kLogRounds};
+  for (uint64_t a = 0; a < std::size(algorithms); ++a) {
+    SCOPED_TRACE(a == 0 ? "chosen" : a == 1 ? "direct" : "log rounds");
+    std::vector<std::string> gathered(n, std::string(count * n, '\0'));
+    std::vector<std::string> broadcast(n, std::string(count, '\0'));
+    for (int h = 0; h < n; ++h) {
+      for (size_t i = 0; i < count; ++i) gathered[h][h * count + i] = static_cast<char>('a' + (h + i + a) % 26);
+    }
+    const int root = (n - 1 + static_cast<int>(a)) % n;
+    for (size_t i = 0; i < count; ++i) broadcast[root][i] = static_cast<char>('A' + (i + a) % 26);
+    ExpectAllOk(hosts.Run("k", a + 1, [&](int h, MeshSteps& s) {
+      Segments segments(n);
+      for (int g = 0; g < n; ++g) segments[g].push_back({gathered[h].data() + g * count, count});
+      PW_RETURN_IF_ERROR(AllGatherAcrossHosts(s, segments, algorithms[a]));
+      return BroadcastAcrossHosts(s, root, broadcast[h].data(), count, algorithms[a]);
+    }));
+    for (int h = 0; h < n; ++h) {
+      EXPECT_EQ(gathered[h], gathered[root]) << "host " << h;
+      EXPECT_EQ(broadcast[h], broadcast[root]) << "host " << h;
+    }
+    for (int g = 0; g < n; ++g) EXPECT_EQ(gathered[0][g * count], static_cast<char>('a' + (g + a) % 26));
   }
-  const int root = n - 1;
-  for (size_t i = 0; i < count; ++i) broadcast[root][i] = static_cast<char>('A' + i % 26);
-  ExpectAllOk(hosts.Run("k", 1, [&](int h, MeshSteps& s) {
-    Segments segments(n);
-    for (int g = 0; g < n; ++g) segments[g].push_back({gathered[h].data() + g * count, count});
-    PW_RETURN_IF_ERROR(AllGatherAcrossHosts(s, segments));
-    return BroadcastAcrossHosts(s, root, broadcast[h].data(), count);
-  }));
-  for (int h = 0; h < n; ++h) {
-    EXPECT_EQ(gathered[h], gathered[root]) << "host " << h;
-    EXPECT_EQ(broadcast[h], broadcast[root]) << "host " << h;
-  }
-  for (int g = 0; g < n; ++g) EXPECT_EQ(gathered[0][g * count], static_cast<char>('a' + g % 26));
 }
 
 TEST_P(CrossHostTest, MaxAgreesBitForBitWithNansAndSignedZeros) {
@@ -208,10 +215,11 @@ INSTANTIATE_TEST_SUITE_P(SizesAndHosts, CrossHostTest,
 // all_to_all with blocks of different sizes between every pair of hosts (host h stands for
 // h % 3 + 1 members, as a gang spread unevenly would): every byte reaches its host, whichever
 // way it travels, relayed or not.
-const char* AlgorithmName(AllToAllAlgorithm a) { return a == AllToAllAlgorithm::kDirect ? "Direct" : "Bruck"; }
+const char* AlgorithmName(SmallAlgorithm a) { return a == SmallAlgorithm::kDirect ? "Direct" : "Bruck"; }
 
-class AllToAllTest : public ::testing::TestWithParam<
-                         std::tuple<int /*hosts*/, size_t /*bytes per pair of members*/, AllToAllAlgorithm>> {};
+class AllToAllTest
+    : public ::testing::TestWithParam<std::tuple<int /*hosts*/, size_t /*bytes per pair of members*/, SmallAlgorithm>> {
+};
 
 TEST_P(AllToAllTest, EveryBlockReachesItsHostIntact) {
   const auto [n, chunk, algorithm] = GetParam();
@@ -245,7 +253,7 @@ TEST_P(AllToAllTest, EveryBlockReachesItsHostIntact) {
 
 INSTANTIATE_TEST_SUITE_P(HostsSizesAndAlgorithms, AllToAllTest,
                          ::testing::Combine(::testing::Values(2, 3, 5, 8, 9), ::testing::Values(size_t{1}, size_t{300}),
-                                            ::testing::Values(AllToAllAlgorithm::kDirect, AllToAllAlgorithm::kBruck)),
+                                            ::testing::Values(SmallAlgorithm::kDirect, SmallAlgorithm::kLogRounds)),
                          [](const auto& info) {
                            return absl::StrCat(std::get<0>(info.param), "hosts_", std::get<1>(info.param), "bytes_",
                                                AlgorithmName(std::get<2>(info.param)));
