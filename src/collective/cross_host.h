@@ -18,6 +18,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "collective/peer_mesh.h"
 #include "collective/reduction.h"
@@ -38,8 +39,15 @@ class MeshSteps {
   MeshSteps(PeerMesh& mesh, CallId id, uint32_t signature, absl::Time deadline)
       : mesh_(mesh), id_(id), signature_(signature), deadline_(deadline) {}
   PeerMesh& mesh() { return mesh_; }
+  // A step past the first that times out says so: in algorithms of several rounds a host may
+  // wait for a peer that is itself waiting for the host that stopped, so the one named is not
+  // always the culprit (that host's own error names the next one along).
   absl::Status Step(std::vector<PeerTransfer>& transfers) {
-    return mesh_.Exchange(absl::MakeSpan(transfers), id_, step_++, signature_, deadline_);
+    const uint32_t step = step_++;
+    absl::Status s = mesh_.Exchange(absl::MakeSpan(transfers), id_, step, signature_, deadline_);
+    if (step == 0 || !absl::IsDeadlineExceeded(s)) return s;
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (in round ", step + 1,
+                                               " of the call: a host named may be waiting for another in turn)"));
   }
 
  private:

@@ -433,6 +433,32 @@ TEST(PeerMeshTest, APeerThatNeverSendsTimesOutNamingIt) {
   }
 }
 
+// In rounds, a host can wait for one that is itself stuck: the errors say which round, so that
+// the chain can be followed to the host that stopped. Bruck's all_gather over 4 hosts with host 2
+// silent: host 1 waits for it in round 1; host 3 waits for host 1 in round 2.
+TEST(PeerMeshTest, AHostWaitingInALaterRoundSaysWhichRound) {
+  Hosts hosts(4);
+  std::vector<std::string> data(4, std::string(4, 'x'));
+  auto results = hosts.Run(
+      "k", 1,
+      [&](int h, MeshSteps& s) {
+        if (h == 2) return absl::OkStatus();  // connects, then never takes part
+        Segments segments(4);
+        for (int g = 0; g < 4; ++g) segments[g].push_back({data[h].data() + g, 1});
+        return AllGatherAcrossHosts(s, segments, SmallAlgorithm::kLogRounds);
+      },
+      absl::Milliseconds(500));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(results[1])) << results[1];
+  EXPECT_NE(results[1].message().find("still waiting for host(s) host2"), std::string::npos) << results[1];
+  EXPECT_EQ(results[1].message().find("round"), std::string::npos) << results[1];
+  // Host 3 waits for host 1, which may have given up and closed its connections first.
+  ASSERT_FALSE(results[3].ok());
+  EXPECT_NE(results[3].message().find("host1"), std::string::npos) << results[3];
+  if (absl::IsDeadlineExceeded(results[3])) {
+    EXPECT_NE(results[3].message().find("in round 2 of the call"), std::string::npos) << results[3];
+  }
+}
+
 TEST(PeerMeshTest, GarbageOnTheListenerIsDroppedAndCollectivesGoOn) {
   Hosts hosts(2);
   // A stranger connects to host0's listener and sends bytes that are no hello.
