@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "core/socket_util.h"
@@ -32,9 +34,6 @@ absl::Status NotSentBecause(absl::Status status, DataStreamClient::NotSentReason
                     absl::Cord(reason == DataStreamClient::NotSentReason::kUnreachable ? "unreachable" : "busy"));
   return status;
 }
-
-// Connections idle this long are closed by the client, before the worker's own idle bound.
-constexpr absl::Duration kClientIdle = absl::Minutes(4);
 
 }  // namespace
 
@@ -95,9 +94,29 @@ std::optional<Future<Unit>> DataStreamClient::Enqueue(const rpc::EnqueueRequest&
   return sent->Then([](const FetchedShards&) { return Unit{}; });
 }
 
+bool DataStreamClient::WaitForConnectionsAtMost(int n, absl::Duration timeout) {
+  auto few = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::count_if(connections_.begin(), connections_.end(), [](const auto& c) { return !c->ended; }) <= n;
+  };
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&few), timeout);
+}
+
 std::optional<Future<FetchedShards>> DataStreamClient::Submit(Request request) {
+  std::vector<std::unique_ptr<Connection>> ended;  // joined once the lock is released
+  absl::Cleanup join_ended = [&ended] {
+    for (auto& c : ended) c->thread.join();
+  };
   absl::MutexLock lock(&mu_);
   if (stop_) return std::nullopt;
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if ((*it)->ended) {
+      ended.push_back(std::move(*it));
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   Connection* idle = nullptr;
   for (auto& c : connections_) {
     if (!c->busy) {
@@ -167,12 +186,15 @@ void DataStreamClient::Serve(Connection* c) {
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this, c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || c->request.has_value(); };
-      if (!mu_.AwaitWithTimeout(absl::Condition(&has_work), kClientIdle) && c->fd >= 0) {
-        close(c->fd);  // idle: the next fetch dials again
+      if (!mu_.AwaitWithTimeout(absl::Condition(&has_work), timing_.client_idle)) {
+        // Idle: the connection and its thread go (the next Submit joins it); a later request
+        // dials a new one.
+        if (c->fd >= 0) close(c->fd);
         c->fd = -1;
+        c->ended = true;
+        return;
       }
       if (stop_) break;
-      if (!c->request.has_value()) continue;
       request = *std::move(c->request);
       c->request.reset();
     }

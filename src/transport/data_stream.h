@@ -62,11 +62,15 @@ struct DataStreamTiming {
   // a client trickling them would hold one of the stream's threads and the landing buffer for as
   // long as it liked. A stage cut off this way is sent again through gRPC, as any refused one.
   double min_stage_bytes_per_second = 1 << 20;
+  // A client's connection idle this long is closed and its thread ends (before the worker's own
+  // idle bound closes it): a client that once talked to many hosts keeps no thread for them.
+  absl::Duration client_idle = absl::Minutes(4);
 };
 
 // One client process's data streams to one worker: up to kMaxConnections connections, each
 // with a thread that runs one request at a time (so a fetch that waits for a long computation
-// holds only its own connection). Thread-safe.
+// holds only its own connection), for as long as the connection is in use (timing.client_idle).
+// Thread-safe.
 class DataStreamClient {
  public:
   static constexpr int kMaxConnections = 8;
@@ -101,6 +105,8 @@ class DataStreamClient {
   // Fails what is queued (Cancelled) and lets the threads end, without waiting for them; later
   // requests get nullopt. The destructor also joins them (so it must not run on one of them).
   void Stop();
+  // Waits until at most `n` connections have a thread (tests): whether they did within `timeout`.
+  bool WaitForConnectionsAtMost(int n, absl::Duration timeout);
 
  private:
   // One request: a fetch, or a stage request with the bytes that follow it.
@@ -113,6 +119,7 @@ class DataStreamClient {
     std::thread thread;
     int fd = -1;  // set and closed under mu_, used by the thread
     bool busy = false;
+    bool ended = false;  // idle too long: its thread has returned, and it takes no request
     std::optional<Request> request;
     Promise<FetchedShards> promise;
   };

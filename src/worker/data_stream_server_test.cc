@@ -126,6 +126,21 @@ TEST(DataStreamTest, ShardsArriveWhole) {
   EXPECT_EQ(f.server->answered(), 4);
 }
 
+// A connection idle past the client's bound ends with its thread; the next fetch dials anew.
+TEST(DataStreamTest, AnIdleConnectionEndsWithItsThreadAndTheNextFetchDialsAgain) {
+  Fixture f;
+  DataStreamTiming timing = Quick();
+  timing.client_idle = absl::Milliseconds(100);
+  DataStreamClient client("worker-a", "127.0.0.1", f.server->port(), timing);
+  for (int round = 0; round < 2; ++round) {
+    auto got = client.Fetch(f.Request(), 4 << 20)->AwaitFor(absl::Seconds(30));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)->shards(0).data().size(), size_t{4} << 20);
+    ASSERT_TRUE(client.WaitForConnectionsAtMost(0, absl::Seconds(30))) << "round " << round;
+  }
+  EXPECT_EQ(f.server->answered(), 2);
+}
+
 TEST(DataStreamTest, ErrorsComeWithTheirCodeAndTheStreamGoesOn) {
   Fixture f;
   DataStreamClient client("worker-a", "127.0.0.1", f.server->port(), Quick());
