@@ -380,10 +380,10 @@ int SmallTable(const std::vector<int>& hosts, const std::vector<int64_t>& sizes,
         const SmallAlgorithm picked = kind == CollectiveKind::kAllToAll
                                           ? collective::ChooseAllToAll(h, static_cast<size_t>(bytes))
                                           : collective::ChooseSmall(h);
-        const char* picks = kind != CollectiveKind::kAllToAll && total >= int64_t{collective::kLargeMessageBytes}
-                                ? "ring"
-                            : picked == SmallAlgorithm::kLogRounds ? "log rounds"
-                                                                   : "direct";
+        const char* picks =
+            kind != CollectiveKind::kAllToAll && h > 2 && total >= int64_t{collective::kLargeMessageBytes} ? "ring"
+            : picked == SmallAlgorithm::kLogRounds ? "log rounds"
+                                                   : "direct";
         std::printf("| %s | %d | %lld | %.0f | %.0f | %.2f | %s |\n", collective::CollectiveName(kind), h,
                     static_cast<long long>(bytes), direct, log_rounds, direct > 0 ? log_rounds / direct : 0.0, picks);
         std::fflush(stdout);

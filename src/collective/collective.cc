@@ -435,8 +435,10 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
         if (plan.host_of[i] == plan.mine) continue;
         for (int j : plan.local) AddPiece(recv[plan.host_of[i]], calls[j]->out + i * chunk, chunk);
       }
-      const size_t most = *std::max_element(members.begin(), members.end());
-      const SmallAlgorithm algorithm = ChooseAllToAll(hosts, most * most * chunk);
+      // The largest block is between the two hosts with the most members (never a host and itself).
+      std::vector<size_t> most = members;
+      std::partial_sort(most.begin(), most.begin() + 2, most.end(), std::greater<>());
+      const SmallAlgorithm algorithm = ChooseAllToAll(hosts, most[0] * most[1] * chunk);
       return across([&](MeshSteps& s) {
         return AllToAllAcrossHosts(
             s, send, recv, [&](int a, int b) { return members[a] * members[b] * chunk; }, algorithm);

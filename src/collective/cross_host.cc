@@ -206,6 +206,15 @@ absl::Status HalvingDoubling(MeshSteps& steps, DType dtype, ReduceOp op, const c
   return absl::OkStatus();
 }
 
+// Appends the pieces of `from` that hold bytes. Whether a step sends a message at all is whether
+// its piece list is empty (PeerTransfer), so both ends leave empty pieces out alike: each knows
+// the step's byte count, not how the other cut it.
+void AppendNonEmpty(std::vector<Piece>& to, const std::vector<Piece>& from) {
+  for (const Piece& p : from) {
+    if (p.bytes > 0) to.push_back(p);
+  }
+}
+
 // Bruck's all_to_all. A block travels from its source s to s + d (d, its distance, from 1 to
 // H-1) in the steps whose bit is set in d, and sits in slot d on every host it passes. So
 // before step k (2^k = dist), slot d on host x holds the block from x - (d mod dist); at step k
@@ -217,12 +226,13 @@ absl::Status BruckAllToAll(MeshSteps& steps, const std::vector<std::vector<Piece
                            absl::FunctionRef<size_t(int, int)> block_bytes) {
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
   // The source of the block that arrives in slot d at step k, and whether it is then home.
-  auto arriving = [&](int d, int dist) { return Mod(rank - (d & (2 * dist - 1)), size); };
+  auto source_of_arrival = [&](int d, int dist) { return Mod(rank - (d & (2 * dist - 1)), size); };
   auto home = [&](int d, int dist) { return (d >> 1) < dist; };  // no bit of d above dist's
   size_t relayed = 0;
   for (int dist = 1; dist < size; dist *= 2) {
     for (int d = dist; d < size; ++d) {
-      if ((d & dist) && !home(d, dist)) relayed += block_bytes(arriving(d, dist), Mod(arriving(d, dist) + d, size));
+      const int source = source_of_arrival(d, dist);
+      if ((d & dist) && !home(d, dist)) relayed += block_bytes(source, Mod(source + d, size));
     }
   }
   char* scratch = steps.mesh().Scratch(relayed);
@@ -233,14 +243,14 @@ absl::Status BruckAllToAll(MeshSteps& steps, const std::vector<std::vector<Piece
     std::vector<std::pair<int, Piece>> kept;  // slots relayed on, once this step is done
     for (int d = dist; d < size; ++d) {
       if (!(d & dist)) continue;
-      out.insert(out.end(), slot[d].begin(), slot[d].end());
-      const int source = arriving(d, dist);
+      AppendNonEmpty(out, slot[d]);
+      const int source = source_of_arrival(d, dist);
       if (home(d, dist)) {
-        in.insert(in.end(), recv[source].begin(), recv[source].end());
+        AppendNonEmpty(in, recv[source]);
       } else {
         const Piece piece{scratch, block_bytes(source, Mod(source + d, size))};
         scratch += piece.bytes;
-        if (piece.bytes > 0) in.push_back(piece);
+        AppendNonEmpty(in, {piece});
         kept.emplace_back(d, piece);
       }
     }
@@ -358,7 +368,7 @@ absl::Status AllToAllAcrossHosts(MeshSteps& steps, const std::vector<std::vector
                                  const std::vector<std::vector<Piece>>& recv,
                                  absl::FunctionRef<size_t(int, int)> block_bytes, SmallAlgorithm algorithm) {
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
-  if (algorithm == SmallAlgorithm::kLogRounds && size > 2) return BruckAllToAll(steps, send, recv, block_bytes);
+  if (algorithm == SmallAlgorithm::kLogRounds) return BruckAllToAll(steps, send, recv, block_bytes);
   std::vector<PeerTransfer> t;
   for (int h = 0; h < size; ++h) {
     if (h != rank && (!send[h].empty() || !recv[h].empty())) t.push_back({h, send[h], recv[h], nullptr});

@@ -98,12 +98,12 @@ inline SmallAlgorithm ChooseAllToAll(int hosts, size_t largest_block) {
 }
 
 // Every host's segment, filled on that host, is copied to every other host: by `small` (or
-// ChooseSmall) below kLargeMessageBytes in all, by a ring from there.
+// ChooseSmall) below kLargeMessageBytes in all (or over two hosts), by a ring from there.
 absl::Status AllGatherAcrossHosts(MeshSteps& steps, const Segments& segments,
                                   std::optional<SmallAlgorithm> small = std::nullopt);
 
 // `bytes` at `buf` on host `root` are copied to `buf` on every host: by `small` (or ChooseSmall)
-// below kLargeMessageBytes, by a scatter and a ring from there.
+// below kLargeMessageBytes (or over two hosts), by a scatter and a ring from there.
 absl::Status BroadcastAcrossHosts(MeshSteps& steps, int root, char* buf, size_t bytes,
                                   std::optional<SmallAlgorithm> small = std::nullopt);
 

@@ -252,7 +252,8 @@ TEST_P(AllToAllTest, EveryBlockReachesItsHostIntact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HostsSizesAndAlgorithms, AllToAllTest,
-                         ::testing::Combine(::testing::Values(2, 3, 5, 8, 9), ::testing::Values(size_t{1}, size_t{300}),
+                         ::testing::Combine(::testing::Values(2, 3, 5, 8, 9),
+                                            ::testing::Values(size_t{0}, size_t{1}, size_t{300}),
                                             ::testing::Values(SmallAlgorithm::kDirect, SmallAlgorithm::kLogRounds)),
                          [](const auto& info) {
                            return absl::StrCat(std::get<0>(info.param), "hosts_", std::get<1>(info.param), "bytes_",
@@ -451,6 +452,10 @@ TEST(PeerMeshTest, AHostWaitingInALaterRoundSaysWhichRound) {
   ASSERT_TRUE(absl::IsDeadlineExceeded(results[1])) << results[1];
   EXPECT_NE(results[1].message().find("still waiting for host(s) host2"), std::string::npos) << results[1];
   EXPECT_EQ(results[1].message().find("round"), std::string::npos) << results[1];
+  // Host 0 waits for host 2 too, in round 2 (host 2 keeps its connections open).
+  ASSERT_TRUE(absl::IsDeadlineExceeded(results[0])) << results[0];
+  EXPECT_NE(results[0].message().find("still waiting for host(s) host2"), std::string::npos) << results[0];
+  EXPECT_NE(results[0].message().find("in round 2 of the call"), std::string::npos) << results[0];
   // Host 3 waits for host 1, which may have given up and closed its connections first.
   ASSERT_FALSE(results[3].ok());
   EXPECT_NE(results[3].message().find("host1"), std::string::npos) << results[3];
