@@ -324,16 +324,24 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(const std::string& peer, const std::st
   auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || stop_waiting_ || dialed_in_.contains(slot);
   };
-  const bool came = mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
-  if (stop_ || stop_waiting_) {
-    return absl::CancelledError(absl::StrCat("host ", host_, " is shutting down; it waited for ", peer,
-                                             " to connect for collectives"));
+  while (true) {
+    const bool came = mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
+    if (stop_ || stop_waiting_) {
+      return absl::CancelledError(
+          absl::StrCat("host ", host_, " is shutting down; it waited for ", peer, " to connect for collectives"));
+    }
+    if (!came) {
+      return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
+    }
+    auto it = dialed_in_.find(slot);
+    const int fd = it->second;
+    dialed_in_.erase(it);
+    // A connection the peer already closed is one it made for a call that then failed (its
+    // dialing returns once our answer is sent, which may be before the connection is listed
+    // here): the peer dials again for this call.
+    if (!PeerClosed(fd)) return fd;
+    close(fd);
   }
-  if (!came) return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
-  auto it = dialed_in_.find(slot);
-  const int fd = it->second;
-  dialed_in_.erase(it);
-  return fd;
 }
 
 void TcpLinks::StopWaiting() {
