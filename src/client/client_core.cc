@@ -44,6 +44,7 @@ class Later {
  private:
   Later() {
     std::thread([this] {
+      NameThisThread("client-later");
       absl::MutexLock lock(&mu_);
       while (true) {
         const absl::Time next = tasks_.empty() ? absl::InfiniteFuture() : tasks_.begin()->first;
@@ -123,7 +124,10 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
 absl::Status ClientCore::StartLease() {
   if (options_.schedule_stream) controller_->PreferScheduleStream();
   PW_ASSIGN_OR_RETURN(absl::Duration interval, controller_->ClientHeartbeat(identity_, /*goodbye=*/false));
-  lease_thread_ = std::thread([this, interval] { LeaseLoop(interval); });
+  lease_thread_ = std::thread([this, interval] {
+    NameThisThread("client-lease");
+    LeaseLoop(interval);
+  });
   return absl::OkStatus();
 }
 

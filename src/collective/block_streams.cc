@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/socket_util.h"
 #include "collective/tcp_links.h"
+#include "core/executor.h"
 #include "core/logging.h"
+#include "core/socket_util.h"
 #include "core/status_macros.h"
 
 namespace pathways::collective {
@@ -101,7 +102,10 @@ void BlockStreams::Send(const std::string& peer, std::string header, const char*
       std::unique_ptr<Sender>& sender = senders_[peer];
       if (sender == nullptr) {
         sender = std::make_unique<Sender>();
-        sender->thread = std::thread([this, peer, s = sender.get()] { SendLoop(peer, s); });
+        sender->thread = std::thread([this, peer, s = sender.get()] {
+          NameThisThread("block-send");
+          SendLoop(peer, s);
+        });
       }
       sender->queue.push_back({std::move(header), data, bytes, std::move(keep), std::move(done)});
       return;
@@ -214,7 +218,10 @@ void BlockStreams::Accept(int fd, const std::string& peer) {
   Reader& r = readers_.emplace_back();
   r.fd = fd;
   r.peer = peer;
-  r.thread = std::thread([this, reader = &r] { ReadLoop(reader); });
+  r.thread = std::thread([this, reader = &r] {
+    NameThisThread("block-read");
+    ReadLoop(reader);
+  });
 }
 
 void BlockStreams::ReadLoop(Reader* reader) {

@@ -11,8 +11,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "core/socket_util.h"
+#include "core/executor.h"
 #include "core/logging.h"
+#include "core/socket_util.h"
 #include "core/status_macros.h"
 #include "openssl/crypto.h"
 #include "openssl/evp.h"
@@ -107,7 +108,10 @@ TcpLinks::TcpLinks(std::string host, int listen_fd, int wake_fd, std::string add
       store_(std::move(store)),
       dcn_(dcn),
       secret_(std::move(secret)) {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+  acceptor_ = std::thread([this] {
+    NameThisThread("links-accept");
+    AcceptLoop();
+  });
 }
 
 TcpLinks::~TcpLinks() {

@@ -2,15 +2,16 @@
 
 #include <algorithm>
 
-#include "core/socket_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/collective.h"
+#include "core/executor.h"
 #include "core/logging.h"
+#include "core/socket_util.h"
+#include "core/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/auth.h"
-#include "core/status_macros.h"
 #include "transport/rpc_util.h"
 #include "transport/schedule_stream.h"
 #include "transport/worker_client.h"
@@ -424,7 +425,10 @@ absl::Status Controller::Start() {
                       << streams.status();
     }
   }
-  retire_thread_ = std::thread([this] { RetireLoop(); });
+  retire_thread_ = std::thread([this] {
+    NameThisThread("retire-clients");
+    RetireLoop();
+  });
   if (options_.http_port >= 0) {
     StatusHttpOptions http;
     http.ip = HostOfAddress(options_.listen_address);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 #include "core/logging.h"
 
 namespace pathways {
@@ -12,7 +13,12 @@ constexpr size_t kMaxQueuedPerClient = 256;
 
 IslandScheduler::IslandScheduler(int island, IslandSchedulerOptions options, ScheduledOpSink& sink)
     : island_(island), options_(options), sink_(sink) {
-  if (options_.policy == SchedulingPolicy::kProportionalShare) expirer_ = std::thread([this] { ExpireLoop(); });
+  if (options_.policy == SchedulingPolicy::kProportionalShare) {
+    expirer_ = std::thread([this] {
+      NameThisThread("share-expire");
+      ExpireLoop();
+    });
+  }
 }
 
 IslandScheduler::~IslandScheduler() {

@@ -6,19 +6,12 @@
 
 namespace pathways {
 
-namespace {
-
-void NameThisThread(const std::string& pool, int index) {
-  std::string name = pool.substr(0, 12) + "-" + std::to_string(index);
-  pthread_setname_np(pthread_self(), name.c_str());
-}
-
-}  // namespace
+void NameThisThread(const std::string& name) { pthread_setname_np(pthread_self(), name.substr(0, 15).c_str()); }
 
 ThreadPool::ThreadPool(std::string name, int num_threads) : name_(std::move(name)) {
   for (int i = 0; i < num_threads; ++i) {
     threads_.emplace_back([this, i] {
-      NameThisThread(name_, i);
+      NameThisThread(name_.substr(0, 12) + "-" + std::to_string(i));
       WorkLoop();
     });
   }
@@ -77,7 +70,7 @@ void GrowingThreadPool::StartThreadLocked() {
   ++free_;  // from now: a thread still starting takes the next task as soon as it can
   const int index = started_++;
   threads_.emplace_back([this, index] {
-    NameThisThread(name_, index);
+    NameThisThread(name_.substr(0, 12) + "-" + std::to_string(index));
     WorkLoop();
   });
 }

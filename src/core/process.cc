@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/executor.h"
 #include "core/logging.h"
 
 namespace pathways {
@@ -217,6 +218,7 @@ void InitServingProcess() {
     sigset_t before;
     pthread_sigmask(SIG_BLOCK, &stop, &before);
     std::thread([] {
+      NameThisThread("release-memory");
       while (true) {
         absl::SleepFor(absl::Seconds(1));
         if (MallocExtension_ReleaseFreeMemory != nullptr) {

@@ -1,9 +1,14 @@
 #include "dataflow/dcn_transport.h"
 
+#include "core/executor.h"
+
 namespace pathways::dataflow {
 
 DcnTransport::DcnTransport(Transport& inner, DcnEmulation& dcn) : inner_(inner), dcn_(dcn) {
-  deliverer_ = std::thread([this] { DeliverLoop(); });
+  deliverer_ = std::thread([this] {
+    NameThisThread("dcn-deliver");
+    DeliverLoop();
+  });
 }
 
 DcnTransport::~DcnTransport() {

@@ -3,7 +3,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 #include "core/logging.h"
 #include "core/socket_util.h"
 #include "transport/auth.h"
@@ -112,7 +112,7 @@ StreamPeer::StreamPeer(std::string self, std::string peer, std::string ip, int p
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   last_write_ = absl::Now();
   thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "flow-peer");
+    NameThisThread("flow-peer");
     absl::StatusOr<int> fd = Connect();
     if (fd.ok()) {
       absl::MutexLock lock(&mu_);

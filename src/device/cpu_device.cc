@@ -1,13 +1,12 @@
 #include "device/cpu_device.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/executor.h"
 #include "device/host_memory.h"
 
 namespace pathways {
@@ -95,8 +94,7 @@ CpuDevice::CpuDevice(std::string kind, int local_index, int64_t memory_capacity_
       name_(absl::StrCat(host_name, "/", kind_, ":", local_index)),
       budget_(std::make_shared<MemoryBudget>(name_, memory_capacity_bytes, kernel_memory_wait)) {
   stream_ = std::thread([this] {
-    std::string thread_name = absl::StrCat(kind_, "-dev-", local_index_);
-    pthread_setname_np(pthread_self(), thread_name.c_str());
+    NameThisThread(absl::StrCat(kind_, "-dev-", local_index_));
     StreamLoop();
   });
 }

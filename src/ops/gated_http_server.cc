@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 
 namespace pathways {
 
@@ -160,8 +161,16 @@ Clock::time_point After(time_t seconds, time_t microseconds = 0) {
 GatedHttpServer::GatedHttpServer(HttpGateOptions options)
     : options_(options), wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   new_task_queue = [] { return new InPlaceQueue; };
-  poller_ = std::thread([this] { Poll(); });
-  for (int i = 0; i < std::max(1, options_.threads); ++i) pool_.emplace_back([this] { Answer(); });
+  poller_ = std::thread([this] {
+    NameThisThread("http-poll");
+    Poll();
+  });
+  for (int i = 0; i < std::max(1, options_.threads); ++i) {
+    pool_.emplace_back([this] {
+      NameThisThread("http-answer");
+      Answer();
+    });
+  }
 }
 
 GatedHttpServer::~GatedHttpServer() {

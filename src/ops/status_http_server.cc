@@ -1,6 +1,8 @@
 #include "ops/status_http_server.h"
 
 #include <arpa/inet.h>
+#include <google/protobuf/util/json_util.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -8,10 +10,8 @@
 #include <chrono>
 #include <vector>
 
-#include <google/protobuf/util/json_util.h>
-#include <httplib.h>
-
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 #include "core/logging.h"
 #include "ops/assets.h"
 #include "ops/gated_http_server.h"
@@ -171,7 +171,10 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(Status
                                                " (in use, or not an address of this machine)"));
   }
   std::unique_ptr<StatusHttpServer> self(new StatusHttpServer(std::move(server), port));
-  self->thread_ = std::thread([s = self->server_.get()] { s->listen_after_bind(); });
+  self->thread_ = std::thread([s = self->server_.get()] {
+    NameThisThread("http-listen");
+    s->listen_after_bind();
+  });
   // stop() only stops a server that is running: wait for that, so the destructor never waits for
   // a listener that started after it.
   for (int i = 0; i < 5000 && !self->server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));

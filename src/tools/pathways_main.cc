@@ -1,20 +1,20 @@
 // `pathways`: one binary, with subcommands for the controller, a worker, cluster status and the
 // demo.
-#include <cerrno>
-#include <cstdlib>
-#include <thread>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <atomic>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -23,15 +23,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/controller.h"
+#include "core/executor.h"
 #include "core/logging.h"
 #include "core/process.h"
 #include "core/status_macros.h"
 #include "ops/status_http_server.h"
 #include "tools/demo.h"
+#include "tools/flags.h"
 #include "tools/tenant.h"
 #include "tools/train.h"
 #include "transport/auth.h"
-#include "tools/flags.h"
 #include "transport/controller_client.h"
 #include "worker/worker.h"
 
@@ -329,6 +330,7 @@ absl::Status RunWorker(const Flags& flags) {
   // had not yet called stuck (it was stopped or expired first) would hold it for good.
   const absl::Duration deadline = left->ok() ? kShutdownDeadline : kLeftShutdownDeadline;
   std::thread([deadline] {
+    NameThisThread("exit-deadline");
     absl::SleepFor(deadline);
     std::fprintf(stderr, "pathways: shutdown did not finish within %s (work still on the devices); exiting\n",
                  absl::FormatDuration(deadline).c_str());

@@ -4,21 +4,20 @@
 #include <netdb.h>
 #include <netinet/in.h>
 
-#include <pthread.h>
-
 #include <chrono>
 #include <system_error>
 #include <utility>
 
-#include "core/socket_util.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
+#include "core/logging.h"
+#include "core/socket_util.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "transport/async_call.h"
 #include "transport/auth.h"
 #include "transport/rpc_util.h"
-#include "core/logging.h"
 
 namespace pathways {
 
@@ -151,7 +150,7 @@ std::shared_ptr<ScheduleStream> ControllerClient::CurrentScheduleStream() {
 }
 
 void ControllerClient::ConnectorLoop() {
-  pthread_setname_np(pthread_self(), "sched-connect");
+  NameThisThread("sched-connect");
   while (true) {
     {
       absl::MutexLock lock(&stream_mu_);

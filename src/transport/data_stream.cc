@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 #include "core/socket_util.h"
 #include "core/status_macros.h"
 #include "core/types.h"
@@ -129,7 +129,7 @@ std::optional<Future<FetchedShards>> DataStreamClient::Submit(Request request) {
     auto fresh = std::make_unique<Connection>();
     try {
       fresh->thread = std::thread([this, c = fresh.get()] {
-        pthread_setname_np(pthread_self(), "data-stream");  // not the name of the thread that made it
+        NameThisThread("data-stream");  // not the name of the thread that made it
         Serve(c);
       });
     } catch (const std::system_error&) {

@@ -1,7 +1,6 @@
 #include "transport/schedule_stream.h"
 
 #include <poll.h>
-#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +8,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 #include "core/logging.h"
 #include "core/socket_util.h"
 #include "transport/auth.h"
@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<ScheduleStream>> ScheduleStream::Connect(const st
 
 ScheduleStream::ScheduleStream(std::shared_ptr<State> state) : state_(std::move(state)) {
   reader_ = std::thread([state = state_] {
-    pthread_setname_np(pthread_self(), "sched-reader");
+    NameThisThread("sched-reader");
     ReadLoop(state);
   });
 }
@@ -196,7 +196,7 @@ void ServeScheduleStream(int fd, const StreamListener& listener,
   std::deque<Future<Unit>> answers;
   bool reading = true;
   std::thread writer([&] {
-    pthread_setname_np(pthread_self(), "sched-answers");
+    NameThisThread("sched-answers");
     while (true) {
       Future<Unit> next;
       {

@@ -2,7 +2,6 @@
 
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 #include "core/socket_util.h"
 #include "core/status_macros.h"
 #include "transport/auth.h"
@@ -170,7 +170,7 @@ StreamListener::StreamListener(int listen_fd, int port, int wake_fd, std::vector
       connect_(connect),
       max_connections_(max_connections) {
   acceptor_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "stream-accept");
+    NameThisThread("stream-accept");
     AcceptLoop();
   });
 }
@@ -304,7 +304,7 @@ void StreamListener::Admit(int fd, const Protocol* protocol, std::string tenant)
       Connection* c = &connections_.back();
       try {
         c->thread = std::thread([this, c, protocol, tenant = std::move(tenant)] {
-          pthread_setname_np(pthread_self(), "stream-conn");
+          NameThisThread("stream-conn");
           protocol->serve(c->fd, *this, tenant);
           absl::MutexLock lock(&mu_);
           close(c->fd);

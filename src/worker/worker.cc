@@ -7,12 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "compute/checkpoint_files.h"
 #include "compute/text_source.h"
+#include "core/executor.h"
 #include "core/logging.h"
+#include "core/status_macros.h"
 #include "dataflow/stream_peer.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "transport/auth.h"
-#include "core/status_macros.h"
 #include "transport/rpc_util.h"
 #include "worker/recent_work.h"
 
@@ -157,7 +158,10 @@ absl::Status Worker::Start() {
       return absl::CancelledError("worker shut down while registering");
     }
   }
-  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  heartbeat_thread_ = std::thread([this] {
+    NameThisThread("heartbeat");
+    HeartbeatLoop();
+  });
   return absl::OkStatus();
 }
 
