@@ -263,9 +263,13 @@ TEST_P(CollectivesTest, AnAllReduceOfATemporaryReducesInPlace) {
   EXPECT_GE(kept_peak, 3 * kShardBytes) << "y, the reduction's own buffer and the output";
 }
 
-INSTANTIATE_TEST_SUITE_P(Hosts, CollectivesTest, ::testing::Values(1, 2),
+// Four hosts of one device: over all four, small all_gather, broadcast and all_to_all take
+// log2(H) rounds (Bruck's, a binomial tree) instead of one round of direct sends.
+INSTANTIATE_TEST_SUITE_P(Hosts, CollectivesTest, ::testing::Values(1, 2, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
-                           return info.param == 1 ? std::string("OneHost") : std::string("TwoHosts");
+                           return info.param == 1   ? std::string("OneHost")
+                                  : info.param == 2 ? std::string("TwoHosts")
+                                                    : std::string("FourHosts");
                          });
 
 }  // namespace
