@@ -328,6 +328,7 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(const std::string& peer, const std::st
   auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || stop_waiting_ || dialed_in_.contains(slot);
   };
+  bool skipped = false;  // a connection the peer had closed
   while (true) {
     const bool came = mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
     if (stop_ || stop_waiting_) {
@@ -335,7 +336,9 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(const std::string& peer, const std::st
           absl::StrCat("host ", host_, " is shutting down; it waited for ", peer, " to connect for collectives"));
     }
     if (!came) {
-      return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("host ", peer, " did not connect for collectives in time",
+                       skipped ? " (it had connected, then closed that connection: its side of the call failed)" : ""));
     }
     auto it = dialed_in_.find(slot);
     const int fd = it->second;
@@ -345,6 +348,7 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(const std::string& peer, const std::st
     // here): the peer dials again for this call.
     if (!PeerClosed(fd)) return fd;
     close(fd);
+    skipped = true;
   }
 }
 

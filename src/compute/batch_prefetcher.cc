@@ -2,10 +2,15 @@
 
 #include <cstring>
 
+#include "core/executor.h"
+
 namespace pathways {
 
 BatchPrefetcher::BatchPrefetcher(size_t max_batches, size_t max_bytes)
-    : max_batches_(max_batches), max_bytes_(max_bytes), thread_([this] { Run(); }) {}
+    : max_batches_(max_batches), max_bytes_(max_bytes), thread_([this] {
+        NameThisThread("prefetch");
+        Run();
+      }) {}
 
 BatchPrefetcher::~BatchPrefetcher() {
   {

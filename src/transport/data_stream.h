@@ -63,7 +63,8 @@ struct DataStreamTiming {
   // long as it liked. A stage cut off this way is sent again through gRPC, as any refused one.
   double min_stage_bytes_per_second = 1 << 20;
   // A client's connection idle this long is closed and its thread ends (before the worker's own
-  // idle bound closes it): a client that once talked to many hosts keeps no thread for them.
+  // idle bound closes it): a client that once talked to many hosts keeps no running thread for
+  // them (what is left of one, its stack, goes at the next request to that worker).
   absl::Duration client_idle = absl::Minutes(4);
 };
 
@@ -119,7 +120,7 @@ class DataStreamClient {
     std::thread thread;
     int fd = -1;  // set and closed under mu_, used by the thread
     bool busy = false;
-    bool ended = false;  // idle too long: its thread has returned, and it takes no request
+    bool ended = false;  // idle too long: its thread is returning (the next Submit joins it), and it takes no request
     std::optional<Request> request;
     Promise<FetchedShards> promise;
   };

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/executor.h"
 #include "core/logging.h"
 
 namespace pathways {
@@ -18,7 +19,10 @@ OpSequencer::OpSequencer(ApplyFn apply, RetireFn retire, absl::Duration gap_time
       skipped_(std::move(skipped)),
       gap_timeout_(gap_timeout),
       limits_(limits),
-      watchdog_([this] { WatchGaps(); }) {}
+      watchdog_([this] {
+        NameThisThread("op-gaps");
+        WatchGaps();
+      }) {}
 
 OpSequencer::~OpSequencer() {
   {
