@@ -9,6 +9,7 @@
 #include "collective/cross_host.h"
 #include "collective/peer_mesh.h"
 #include "collective/tcp_links.h"
+#include "core/logging.h"
 #include "core/status_macros.h"
 
 namespace pathways::collective {
@@ -76,13 +77,36 @@ absl::Status Alone(int n, absl::FunctionRef<absl::Status(int)> part) {
 }
 
 std::string Describe(const CollectiveCall& c) {
-  std::string s = absl::StrCat(CollectiveName(c.kind), "(", DTypeName(c.dtype), "[", c.count, "]");
+  // Collectives that only move data are handed any tensor as bytes (kBool elements): say bytes.
+  const bool moves_bytes =
+      c.dtype == DType::kBool && c.kind != CollectiveKind::kAllReduce && c.kind != CollectiveKind::kReduceScatter;
+  std::string s = moves_bytes ? absl::StrCat(CollectiveName(c.kind), "(", c.count, " bytes")
+                              : absl::StrCat(CollectiveName(c.kind), "(", DTypeName(c.dtype), "[", c.count, "]");
   if (c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter) {
     absl::StrAppend(&s, ", ", ReduceOpName(c.op));
   }
   if (c.kind == CollectiveKind::kBroadcast) absl::StrAppend(&s, ", root ", c.root);
   if (c.kind == CollectiveKind::kRoll) absl::StrAppend(&s, ", shift ", c.shift);
   return s + ")";
+}
+
+// A host's own view of a failed collective, in its log. The client sees one shard's error, and
+// in a call of several rounds that may name a host that was itself waiting; each host's line
+// says what it saw. At most one line a second per process, with how many were left out.
+void LogFailure(const std::string& host, const absl::Status& status) {
+  ABSL_CONST_INIT static absl::Mutex mu(absl::kConstInit);
+  ABSL_CONST_INIT static absl::Time next ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  ABSL_CONST_INIT static int64_t left_out ABSL_GUARDED_BY(mu) = 0;
+  absl::MutexLock lock(&mu);
+  const absl::Time now = absl::Now();
+  if (now < next) {
+    ++left_out;
+    return;
+  }
+  PW_LOG(Warning) << "host " << host << ": " << status
+                  << (left_out > 0 ? absl::StrCat(" (", left_out, " failed collectives not logged before it)") : "");
+  left_out = 0;
+  next = now + absl::Seconds(1);
 }
 
 bool SameCall(const CollectiveCall& a, const CollectiveCall& b) {
@@ -156,7 +180,9 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
   if (local_members == 1) {
     std::vector<const CollectiveCall*> calls(size, nullptr);
     calls[group.rank] = &call;
-    return Perform(placement, call_key, id, calls, Alone);
+    absl::Status status = Perform(placement, call_key, id, calls, Alone);
+    if (!status.ok()) LogFailure(host_, status);
+    return status;
   }
   std::shared_ptr<Meeting> meeting;
   bool leader = false;
@@ -175,6 +201,7 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
                                   [&](int n, absl::FunctionRef<absl::Status(int)> part) {
                                     return n > 1 ? ShareOut(*meeting, n, part) : Alone(n, part);
                                   });
+    if (!status.ok()) LogFailure(host_, status);
     absl::MutexLock lock(&mu_);
     if (!meeting->done) {
       meeting->done = true;
@@ -195,6 +222,7 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
         absl::StrCat(named(), ": ", meeting->arrived, " of ", local_members, " members on host ", host_,
                      " met within ", absl::FormatDuration(timeout_),
                      "; gangs that share devices may have been ordered differently on them"));
+    LogFailure(host_, meeting->status);
   }
   // Once all are here the leader works in every member's buffers: nobody leaves before it is
   // done (its cross-host part is bounded by its own deadline). Meanwhile the others take the
