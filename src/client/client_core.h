@@ -94,10 +94,19 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     absl::MutexLock lock(&mu_);
     auto& q = queues_[address];
     if (q && q->failed()) {
-      // Said once per broken sequence, and kept for the errors of arrays that were made in it.
+      // Said once per broken sequence (at most once a minute per host: runs sent to a dead host
+      // break a sequence each), and kept for the errors of arrays that were made in it.
       absl::Status why = q->failure();
-      PW_LOG(Warning) << "client " << identity_.id << ": host " << address << " stopped taking ops (" << why
-                      << "); a new sequence starts";
+      BreakLog& said = break_log_[address];
+      if (const absl::Time now = absl::Now(); now >= said.next) {
+        PW_LOG(Warning) << "client " << identity_.id << ": host " << address << " stopped taking ops (" << why
+                        << "); a new sequence starts"
+                        << (said.unsaid > 0 ? absl::StrCat(" (", said.unsaid, " more breaks since the last said)")
+                                            : "");
+        said = {now + absl::Minutes(1), 0};
+      } else {
+        ++said.unsaid;
+      }
       auto& broken = breaks_[address];
       if (broken.size() >= kBreaksKept) broken.erase(broken.begin());  // sessions are random: any one goes
       broken[q->session()] = std::move(why);
@@ -366,6 +375,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Why sequences to each host broke, by session (see BreakOf): the last few.
   static constexpr size_t kBreaksKept = 8;
   absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> breaks_ ABSL_GUARDED_BY(mu_);
+  struct BreakLog {
+    absl::Time next = absl::InfinitePast();  // when a break may be logged again
+    int64_t unsaid = 0;
+  };
+  absl::flat_hash_map<std::string, BreakLog> break_log_ ABSL_GUARDED_BY(mu_);  // by host address
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
   // One queue for all islands: the controller sees the client's runs in the client's order.
   std::shared_ptr<OrderedBatchQueue<QueuedRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);
