@@ -247,18 +247,30 @@ MultiControllerRates MeasureMultiController(int hosts, int devices, int64_t byte
   return rates;
 }
 
+// Collective links for hosts "host0" .. "host{n-1}", threads of this process, meeting through a
+// store in memory: none when one could not listen.
+std::vector<std::unique_ptr<collective::TcpLinks>> LoopbackLinks(int n) {
+  auto store = std::make_shared<collective::InMemoryKeyValueStore>();
+  std::vector<std::unique_ptr<collective::TcpLinks>> links;
+  for (int h = 0; h < n; ++h) {
+    auto l = collective::TcpLinks::Create(absl::StrCat("host", h), "127.0.0.1", store);
+    if (!l.ok()) return {};
+    links.push_back(*std::move(l));
+  }
+  return links;
+}
+
 // The collective alone, through the runtime's hub API with no compiled function around it: H
 // hosts of D members as threads of this process, each host with its own hub and loopback links.
 // Returns all_reduce calls per second.
 double MeasureHubOnly(int hosts, int devices, int64_t bytes, int repeats) {
-  auto store = std::make_shared<collective::InMemoryKeyValueStore>();
+  std::vector<std::unique_ptr<collective::TcpLinks>> links = LoopbackLinks(hosts);
+  if (links.empty()) return 0;
   std::vector<std::unique_ptr<collective::CollectiveHub>> hubs;
   collective::GangLayout layout{{hosts * devices}, {"x"}, {}};
   for (int h = 0; h < hosts; ++h) {
     const std::string name = absl::StrCat("host", h);
-    auto links = collective::TcpLinks::Create(name, "127.0.0.1", store);
-    if (!links.ok()) return 0;
-    hubs.push_back(std::make_unique<collective::CollectiveHub>(name, *std::move(links), absl::Seconds(60)));
+    hubs.push_back(std::make_unique<collective::CollectiveHub>(name, std::move(links[h]), absl::Seconds(60)));
     for (int d = 0; d < devices; ++d) layout.members.push_back({name, DeviceId(h * devices + d)});
   }
   auto shared_layout = std::make_shared<const collective::GangLayout>(layout);
@@ -298,15 +310,10 @@ double MeasureHubOnly(int hosts, int devices, int64_t bytes, int repeats) {
 // `repeats`, or 0 when a call failed or delivered the wrong bytes.
 double MeasureSmall(collective::CollectiveKind kind, int hosts, int64_t bytes, collective::SmallAlgorithm algorithm,
                     int repeats) {
-  auto store = std::make_shared<collective::InMemoryKeyValueStore>();
+  std::vector<std::unique_ptr<collective::TcpLinks>> links = LoopbackLinks(hosts);
+  if (links.empty()) return 0;
   std::vector<std::string> names;
-  std::vector<std::unique_ptr<collective::TcpLinks>> links;
-  for (int h = 0; h < hosts; ++h) {
-    names.push_back(absl::StrCat("host", h));
-    auto l = collective::TcpLinks::Create(names.back(), "127.0.0.1", store);
-    if (!l.ok()) return 0;
-    links.push_back(*std::move(l));
-  }
+  for (int h = 0; h < hosts; ++h) names.push_back(absl::StrCat("host", h));
   const size_t n = static_cast<size_t>(bytes);
   const bool broadcast = kind == collective::CollectiveKind::kBroadcast;
   const int calls = StepsFor(bytes * (broadcast ? 1 : hosts));

@@ -225,33 +225,41 @@ absl::Status BruckAllToAll(MeshSteps& steps, const std::vector<std::vector<Piece
                            const std::vector<std::vector<Piece>>& recv,
                            absl::FunctionRef<size_t(int, int)> block_bytes) {
   const int size = steps.mesh().size(), rank = steps.mesh().rank();
-  // The source of the block that arrives in slot d at step k, and whether it is then home.
-  auto source_of_arrival = [&](int d, int dist) { return Mod(rank - (d & (2 * dist - 1)), size); };
-  auto home = [&](int d, int dist) { return (d >> 1) < dist; };  // no bit of d above dist's
+  // What arrives at each step, planned first so that every relayed block has its place in one
+  // scratch buffer: slot d's block, from `source`, home once no bit of d is above the step's.
+  struct Arrival {
+    int d;
+    int source;
+    size_t bytes;
+    bool home;
+  };
+  std::vector<std::vector<Arrival>> arrivals;
   size_t relayed = 0;
   for (int dist = 1; dist < size; dist *= 2) {
+    std::vector<Arrival>& step = arrivals.emplace_back();
     for (int d = dist; d < size; ++d) {
-      const int source = source_of_arrival(d, dist);
-      if ((d & dist) && !home(d, dist)) relayed += block_bytes(source, Mod(source + d, size));
+      if (!(d & dist)) continue;
+      const int source = Mod(rank - (d & (2 * dist - 1)), size);
+      step.push_back({d, source, block_bytes(source, Mod(source + d, size)), (d >> 1) < dist});
+      if (!step.back().home) relayed += step.back().bytes;
     }
   }
   char* scratch = steps.mesh().Scratch(relayed);
   std::vector<std::vector<Piece>> slot(size);  // where slot d's block is now
   for (int d = 1; d < size; ++d) slot[d] = send[Mod(rank + d, size)];
-  for (int dist = 1; dist < size; dist *= 2) {
+  for (size_t k = 0; k < arrivals.size(); ++k) {
+    const int dist = 1 << k;
     std::vector<Piece> out, in;
     std::vector<std::pair<int, Piece>> kept;  // slots relayed on, once this step is done
-    for (int d = dist; d < size; ++d) {
-      if (!(d & dist)) continue;
-      AppendNonEmpty(out, slot[d]);
-      const int source = source_of_arrival(d, dist);
-      if (home(d, dist)) {
-        AppendNonEmpty(in, recv[source]);
+    for (const Arrival& a : arrivals[k]) {
+      AppendNonEmpty(out, slot[a.d]);
+      if (a.home) {
+        AppendNonEmpty(in, recv[a.source]);
       } else {
-        const Piece piece{scratch, block_bytes(source, Mod(source + d, size))};
-        scratch += piece.bytes;
+        const Piece piece{scratch, a.bytes};
+        scratch += a.bytes;
         AppendNonEmpty(in, {piece});
-        kept.emplace_back(d, piece);
+        kept.emplace_back(a.d, piece);
       }
     }
     std::vector<PeerTransfer> t =
