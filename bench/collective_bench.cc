@@ -332,9 +332,9 @@ double MeasureSmall(collective::CollectiveKind kind, int hosts, int64_t bytes, c
             recv[g] = {{out.data() + g * n, n}};
           }
           for (int i = 0; i < calls && !failed; ++i) {
-            absl::Status s = links[h]->Run(names, h, "small", absl::Now() + absl::Seconds(60), [&](auto& mesh) {
-              collective::MeshSteps steps(mesh, {static_cast<uint64_t>(r + 1), static_cast<uint32_t>(i)}, 1,
-                                          absl::Now() + absl::Seconds(60));
+            const collective::CallId id{static_cast<uint64_t>(r + 1), static_cast<uint32_t>(i)};
+            absl::Status s = links[h]->Run(names, h, "small", id, absl::Now() + absl::Seconds(60), [&](auto& mesh) {
+              collective::MeshSteps steps(mesh, id, 1, absl::Now() + absl::Seconds(60));
               switch (kind) {
                 case collective::CollectiveKind::kAllGather:
                   return collective::AllGatherAcrossHosts(steps, recv, algorithm);

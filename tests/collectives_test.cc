@@ -208,6 +208,40 @@ TEST_P(CollectivesTest, BadCollectiveArgumentsFailTheRunWithTheirReason) {
   EXPECT_TRUE(torch::allclose(ToTensor(*fetched), torch::full({16, 3}, 4.0f)));
 }
 
+// Members that disagree on the shape: one shard's contribution is twice the others'. Every run
+// fails with the cause, whichever shard's error the client sees (over four hosts the collectives
+// take several rounds, and most hosts learn of the mismatch from a peer), and well before the
+// collective timeout.
+TEST_P(CollectivesTest, MembersThatDisagreeOnTheShapeFailWithTheCauseEveryTime) {
+  auto slice = *client_->CreateSlice({{4}, {"x"}});
+  const std::vector<TensorSpec> io{{DType::kF32, {16, 3}}};
+  auto x = *client_->Put(FromTensor(torch::ones({16, 3})), slice, {"x", ""});
+  for (const std::string call : {"all_gather(y, 'x')", "all_to_all(y, 'x')", "broadcast(y, 'x', 0)"}) {
+    auto fn = client_->Compile(FunctionSpec::Script("f",
+                                                    absl::StrCat("def f(x):\n"
+                                                                 "    y = x\n"
+                                                                 "    if pathways.axis_index('x') == 1:\n"
+                                                                 "        y = torch.cat([x, x])\n"
+                                                                 "    return pathways.",
+                                                                 call, "[0:4]\n"),
+                                                    io, io, {{"x", ""}}, {{"x", ""}}));
+    ASSERT_TRUE(fn.ok()) << fn.status();
+    for (int run = 0; run < 4; ++run) {
+      const absl::Time start = absl::Now();
+      auto r = client_->Call(*fn, slice, {x});
+      ASSERT_TRUE(r.ok()) << r.status();
+      auto fetched = client_->Fetch((*r)[0]).Await();
+      EXPECT_TRUE(absl::IsInvalidArgument(fetched.status())) << call << ": " << fetched.status();
+      EXPECT_NE(fetched.status().message().find("disagree"), std::string::npos) << call << ": " << fetched.status();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << call << ": found by size, not by a timeout";
+    }
+  }
+  auto sum = *client_->Compile(FunctionSpec::Builtin("all_reduce_sum@x", io, io, {{"x", ""}}, {{"x", ""}}));
+  auto fetched = client_->Fetch((*client_->Call(sum, slice, {x}))[0]).Await();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(torch::allclose(ToTensor(*fetched), torch::full({16, 3}, 4.0f)));
+}
+
 // An all_reduce of a value the body no longer needs reduces it where it is: the device holds the
 // temporary, the output buffer and nothing more, while a value still in use (here a view of it
 // is returned too) is reduced into a fresh buffer and keeps its value.

@@ -295,9 +295,14 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
   };
   for (int r : plan.local) {
     if (!SameCall(*calls[r], c)) {
-      return fail(absl::StatusCode::kInvalidArgument,
-                  absl::StrCat("members disagree: rank ", plan.local.front(), " calls ", Describe(c), ", rank ", r,
-                               " calls ", Describe(*calls[r])));
+      // Found here alone: the other hosts are told why, not left to wait for this host until their
+      // deadline. (What follows every host finds by itself.)
+      const std::string why = absl::StrCat("members disagree: rank ", plan.local.front(), " calls ", Describe(c),
+                                           ", rank ", r, " calls ", Describe(*calls[r]));
+      if (cross && links_ != nullptr) {
+        links_->Abandon(plan.hosts, plan.mine, plan.devices, id, absl::InvalidArgumentError(why));
+      }
+      return fail(absl::StatusCode::kInvalidArgument, why);
     }
   }
   const size_t element = DTypeSize(c.dtype);
@@ -326,7 +331,7 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
       static_cast<uint32_t>(Fnv64(absl::string_view(reinterpret_cast<const char*>(what), sizeof(what))));
   // Runs the cross-host part on the group's mesh (connections are kept per set of devices).
   auto across = [&](auto&& body) -> absl::Status {
-    absl::Status s = links_->Run(plan.hosts, plan.mine, plan.devices, absl::Now() + timeout_, [&](PeerMesh& mesh) {
+    absl::Status s = links_->Run(plan.hosts, plan.mine, plan.devices, id, absl::Now() + timeout_, [&](PeerMesh& mesh) {
       MeshSteps steps(mesh, id, signature, absl::Now() + timeout_);
       return body(steps);
     });

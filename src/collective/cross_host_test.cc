@@ -48,7 +48,7 @@ class Hosts {
     std::vector<std::thread> threads;
     for (int h = 0; h < static_cast<int>(names_.size()); ++h) {
       threads.emplace_back([&, h] {
-        results[h] = links_[h]->Run(names_, h, key, absl::Now() + timeout, [&](PeerMesh& mesh) {
+        results[h] = links_[h]->Run(names_, h, key, {tag, 0}, absl::Now() + timeout, [&](PeerMesh& mesh) {
           MeshSteps steps(mesh, {tag, 0}, 7, absl::Now() + timeout);
           return body(h, steps);
         });
@@ -69,6 +69,17 @@ class Hosts {
 
 void ExpectAllOk(const std::vector<absl::Status>& results) {
   for (size_t h = 0; h < results.size(); ++h) EXPECT_TRUE(results[h].ok()) << "host " << h << ": " << results[h];
+}
+
+// Two hosts sum 1 and 2 in call `tag`, on mesh "k": both get 3, so they met.
+void ExpectTwoHostsMeet(Hosts& hosts, uint64_t tag) {
+  int32_t v[2] = {1, 2};
+  ExpectAllOk(hosts.Run("k", tag, [&](int h, MeshSteps& s) {
+    char* p = reinterpret_cast<char*>(&v[h]);
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
+  }));
+  EXPECT_EQ(v[0], 3);
+  EXPECT_EQ(v[1], 3);
 }
 
 // Host h's value at element i: distinct per host and element, exact in float.
@@ -268,11 +279,13 @@ TEST(PeerMeshTest, AMessageForAnotherCallAbortsAtOnceAndTheMeshReconnects) {
   std::vector<std::thread> threads;
   for (int h = 0; h < 2; ++h) {
     threads.emplace_back([&, h] {
-      results[h] = hosts.links(h).Run({"host0", "host1"}, h, "k", absl::Now() + absl::Seconds(10), [&](PeerMesh& mesh) {
-        MeshSteps steps(mesh, {h == 0 ? 100u : 200u, 0}, 7, absl::Now() + absl::Seconds(10));
-        std::vector<PeerTransfer> t{{1 - h, {{h == 0 ? &a : &b, 1}}, {{h == 0 ? &b : &a, 1}}, nullptr}};
-        return steps.Step(t);
-      });
+      const CallId id{h == 0 ? 100u : 200u, 0};
+      results[h] =
+          hosts.links(h).Run({"host0", "host1"}, h, "k", id, absl::Now() + absl::Seconds(10), [&](PeerMesh& mesh) {
+            MeshSteps steps(mesh, id, 7, absl::Now() + absl::Seconds(10));
+            std::vector<PeerTransfer> t{{1 - h, {{h == 0 ? &a : &b, 1}}, {{h == 0 ? &b : &a, 1}}, nullptr}};
+            return steps.Step(t);
+          });
     });
   }
   for (auto& t : threads) t.join();
@@ -302,7 +315,7 @@ std::vector<std::vector<absl::Status>> RunSequences(Hosts& hosts, const std::vec
       for (uint64_t e : executions[h]) {
         values[h].push_back(h + 1);
         char* p = reinterpret_cast<char*>(&values[h].back());
-        results[h].push_back(hosts.links(h).Run({"host0", "host1"}, h, "k", absl::Now() + absl::Seconds(20),
+        results[h].push_back(hosts.links(h).Run({"host0", "host1"}, h, "k", {e, 0}, absl::Now() + absl::Seconds(20),
                                                 [&](PeerMesh& mesh) {
                                                   MeshSteps steps(mesh, {e, 0}, 7, absl::Now() + absl::Seconds(20));
                                                   return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, p,
@@ -376,6 +389,69 @@ TEST(PeerMeshTest, AMessageOfTheWrongSizeIsRefusedNamingThePeer) {
   EXPECT_NE(results[0].message().find("host1"), std::string::npos) << results[0];
 }
 
+// Members that disagree on the size, over algorithms of several rounds: a host that finds the
+// mismatch tells its peers why before it closes, so every host that fails says the cause
+// (InvalidArgument, "disagree"), including those that were waiting for another host in a later
+// round, and none waits for the deadline. One host sends twice the bytes of the others.
+class DisagreementTest : public ::testing::TestWithParam<std::tuple<int /*hosts*/, int /*odd host*/>> {};
+
+TEST_P(DisagreementTest, EveryHostThatFailsSaysTheCause) {
+  const auto [n, odd] = GetParam();
+  Hosts hosts(n);
+  auto unit = [odd = odd](int h) -> size_t { return h == odd ? 2 : 1; };
+  const char* kinds[] = {"all_gather", "all_to_all", "broadcast"};
+  for (uint64_t k = 0; k < std::size(kinds); ++k) {
+    SCOPED_TRACE(kinds[k]);
+    std::vector<std::string> in(n, std::string(2 * n, 'x')), out(n, std::string(2 * n, 'y'));
+    const absl::Time start = absl::Now();
+    auto results = hosts.Run(
+        "k", 1 + k,
+        [&](int h, MeshSteps& s) {
+          const size_t u = unit(h);
+          if (k == 0) {
+            Segments segments(n);
+            for (int g = 0; g < n; ++g) segments[g].push_back({out[h].data() + g * u, u});
+            return AllGatherAcrossHosts(s, segments, SmallAlgorithm::kLogRounds);
+          }
+          if (k == 1) {
+            std::vector<std::vector<Piece>> send(n), recv(n);
+            for (int g = 0; g < n; ++g) {
+              if (g == h) continue;
+              send[g] = {{in[h].data() + g * u, u}};
+              recv[g] = {{out[h].data() + g * u, u}};
+            }
+            return AllToAllAcrossHosts(
+                s, send, recv, [&](int, int) { return u; }, SmallAlgorithm::kLogRounds);
+          }
+          return BroadcastAcrossHosts(s, (odd + 1) % n, out[h].data(), u, SmallAlgorithm::kLogRounds);
+        },
+        absl::Seconds(20));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "found by size, not by the deadline";
+    int failed = 0;
+    for (int h = 0; h < n; ++h) {
+      if (results[h].ok()) continue;
+      ++failed;
+      EXPECT_TRUE(absl::IsInvalidArgument(results[h])) << "host " << h << ": " << results[h];
+      EXPECT_NE(results[h].message().find("disagree"), std::string::npos) << "host " << h << ": " << results[h];
+    }
+    EXPECT_GT(failed, 0);
+  }
+  // The mesh meets again for the next call.
+  std::vector<int32_t> v(n, 1);
+  ExpectAllOk(hosts.Run("k", 10, [&](int h, MeshSteps& s) {
+    char* p = reinterpret_cast<char*>(&v[h]);
+    return AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
+  }));
+  for (int h = 0; h < n; ++h) EXPECT_EQ(v[h], n);
+}
+
+INSTANTIATE_TEST_SUITE_P(HostsAndOddHost, DisagreementTest,
+                         ::testing::Values(std::make_tuple(4, 0), std::make_tuple(4, 1), std::make_tuple(4, 3),
+                                           std::make_tuple(5, 2), std::make_tuple(8, 5)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "hosts_odd", std::get<1>(info.param));
+                         });
+
 // A member of the cluster whose connection carries bytes that are no collective message, in the
 // middle of a call: the call fails at once naming it (not at the deadline), and the next call,
 // over a fresh connection, works.
@@ -405,14 +481,30 @@ TEST(PeerMeshTest, GarbageFromAPeerMidCallFailsTheCallNamingItAndTheNextCallWork
   EXPECT_TRUE(absl::IsInvalidArgument(results[0])) << results[0];
   EXPECT_NE(results[0].message().find("host1 sent bytes that are not a collective message"), std::string::npos)
       << results[0];
-  // Host 1 drops its end too (as a host whose call failed does), and both meet again.
-  hosts.links(1).Run({"host0", "host1"}, 1, "k", absl::Now() + absl::Seconds(1), [](PeerMesh&) {
-    return absl::UnavailableError("the garbage was sent");  // a failed call closes the mesh's connections
-  }).IgnoreError();
-  v[0] = 1, v[1] = 2;
-  ExpectAllOk(hosts.Run("k", 3, all_reduce));
-  EXPECT_EQ(v[0], 3);
-  EXPECT_EQ(v[1], 3);
+  // Host 1 fails a call too: it finds host 0 gone and drops its end, and both meet again.
+  hosts.links(1)
+      .Run({"host0", "host1"}, 1, "k", {2, 0}, absl::Now() + absl::Seconds(1),
+           [](PeerMesh&) { return absl::UnavailableError("the garbage was sent"); })
+      .IgnoreError();
+  ExpectTwoHostsMeet(hosts, 3);
+}
+
+// A host gives up on a call its peer never came to (the peer's run failed before it): the host
+// closes that connection rather than keep it, since the peer, which cannot tell that call from a
+// later one, would take the host's message and notice for a later call's and abandon its next
+// call. Both meet in the next call.
+TEST(PeerMeshTest, APeerThatNeverCameToAFailedCallMeetsTheHostInTheNext) {
+  Hosts hosts(2);
+  ExpectTwoHostsMeet(hosts, 1);  // the mesh is connected
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+  int32_t v = 1;
+  const absl::Status alone = hosts.links(0).Run({"host0", "host1"}, 0, "k", {2, 0}, deadline, [&](PeerMesh& mesh) {
+    MeshSteps steps(mesh, {2, 0}, 7, deadline);
+    return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, reinterpret_cast<char*>(&v),
+                                reinterpret_cast<char*>(&v), 1);
+  });
+  EXPECT_TRUE(absl::IsDeadlineExceeded(alone)) << alone;
+  ExpectTwoHostsMeet(hosts, 3);
 }
 
 TEST(PeerMeshTest, APeerThatNeverSendsTimesOutNamingIt) {

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/socket_util.h"
@@ -19,6 +21,13 @@ namespace pathways::collective {
 namespace {
 
 constexpr uint32_t kMessageMagic = 0x50574331;  // "PWC1"
+// A failure notice (PeerMesh::Fail): the header's signature holds the status code, its payload
+// the host where the failure began, a NUL, and the cause.
+constexpr uint32_t kNoticeMagic = 0x50574346;  // "PWCF"
+constexpr size_t kMaxNoticeBytes = 4096;
+// How long a host waits for the rest of a notice it has begun to read: its sender wrote it whole
+// just before closing.
+const absl::Duration kNoticeWait = absl::Seconds(1);
 constexpr int kMaxIov = 64;
 
 // A send or receive on a peer's connection failed with `err`. A reset is the peer's process gone
@@ -69,7 +78,7 @@ struct SendState {
 
 // A message being received from one peer (see Exchange for the phases).
 struct RecvState {
-  enum Phase { kHeader, kPayload, kDiscard, kStash, kDone };
+  enum Phase { kHeader, kPayload, kDiscard, kStash, kNotice, kDone };
   bool active = false;
   Phase phase = kHeader;
   MessageHeader header{};
@@ -78,13 +87,19 @@ struct RecvState {
   size_t expected = 0;  // payload bytes of the message we want
   size_t got = 0;       // payload bytes read in the current phase
   size_t pieces_done = 0;
-  std::string stash;  // kStash: a later call's payload
+  std::string stash;  // kStash: a later call's payload; kNotice: a failure notice's
 };
 
 }  // namespace
 
 PeerMesh::PeerMesh(std::vector<std::string> hosts, int rank, DcnEmulation* dcn)
-    : hosts_(std::move(hosts)), rank_(rank), dcn_(dcn), fds_(hosts_.size(), -1), stash_(hosts_.size()) {}
+    : hosts_(std::move(hosts)),
+      rank_(rank),
+      dcn_(dcn),
+      fds_(hosts_.size(), -1),
+      cut_(hosts_.size(), 0),
+      seen_(hosts_.size(), false),
+      stash_(hosts_.size()) {}
 
 PeerMesh::~PeerMesh() { CloseAll(); }
 
@@ -101,6 +116,129 @@ void PeerMesh::CloseAll() {
   for (auto& stash : stash_) stash.clear();  // read from connections that are gone
 }
 
+void PeerMesh::Fail(const std::string& notice, bool close_unseen) {
+  for (int p = 0; p < size(); ++p) {
+    int& fd = fds_[p];
+    if (fd < 0) continue;
+    // Best effort: never waits for room. A notice that did not go whole leaves the stream cut.
+    bool whole = (cut_[p] & kCutOut) == 0;
+    if (whole) {
+      ssize_t sent;
+      do {
+        sent = send(fd, notice.data(), notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      } while (sent < 0 && errno == EINTR);
+      whole = sent == static_cast<ssize_t>(notice.size());
+    }
+    // Kept only where both ways are whole, the peer is still there, it had shown itself in this
+    // call (one that never came may not know the call is over, and would take what this host
+    // sent for it for a later call's) unless told otherwise, and it is not part way through
+    // sending this host a message of the call (it would wait on a full connection to its deadline
+    // where a close tells it at once).
+    bool keep = whole && cut_[p] == 0 && !PeerClosed(fd) && (seen_[p] || !close_unseen);
+    if (keep) {
+      int unread = 0;
+      MessageHeader h{};
+      if (ioctl(fd, FIONREAD, &unread) != 0) {
+        keep = false;
+      } else if (unread > 0) {
+        const bool header = recv(fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(h));
+        keep = header && (h.execution != current_.execution || static_cast<uint64_t>(unread) >= sizeof(h) + h.bytes);
+      }
+    }
+    if (!keep) {
+      close(fd);
+      fd = -1;
+      stash_[p].clear();
+    }
+  }
+  cut_.assign(cut_.size(), 0);
+  relayed_origin_.clear();
+  relayed_cause_.clear();
+}
+
+std::string PeerMesh::NoticeOf(const absl::Status& status) const {
+  std::string body = relayed_origin_.empty() ? hosts_[rank_] : relayed_origin_;
+  body.push_back('\0');
+  const absl::string_view cause = relayed_origin_.empty() ? status.message() : absl::string_view(relayed_cause_);
+  body.append(cause.data(), cause.size());
+  body.resize(std::min(body.size(), kMaxNoticeBytes));
+  const MessageHeader header{
+      kNoticeMagic, static_cast<uint32_t>(status.code()), current_.execution, current_.call, 0, body.size(), 0};
+  return std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + body;
+}
+
+absl::Status PeerMesh::Relay(int r, const MessageHeader& h, const std::string& body) {
+  const size_t nul = body.find('\0');
+  relayed_origin_ = nul == std::string::npos || nul == 0 ? hosts_[r] : body.substr(0, nul);
+  relayed_cause_ = nul == std::string::npos ? body : body.substr(nul + 1);
+  // The same code as where it began, except those that would keep this host in the call.
+  absl::StatusCode code = static_cast<absl::StatusCode>(h.signature);
+  if (h.signature > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated) || code == absl::StatusCode::kOk ||
+      code == absl::StatusCode::kAborted || code == absl::StatusCode::kCancelled) {
+    code = absl::StatusCode::kUnavailable;
+  }
+  return absl::Status(
+      code, absl::StrCat("host ", relayed_origin_, " failed this collective",
+                         relayed_origin_ == hosts_[r] ? "" : absl::StrCat(" (host ", hosts_[r], " says)"), ": ",
+                         relayed_cause_));
+}
+
+absl::Status PeerMesh::TakeNotice(int r, int fd, MessageHeader& h, size_t got, absl::Status otherwise,
+                                  absl::Time deadline) {
+  const absl::Time until = std::min(deadline, absl::Now() + kNoticeWait);
+  auto read_all = [&](char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
+      if (k > 0) {
+        p += k;
+        n -= static_cast<size_t>(k);
+      } else if (k < 0 && errno == EINTR) {
+        continue;
+      } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd readable{fd, POLLIN, 0};
+        const int ms = RemainingMs(until);
+        if (ms == 0 || (poll(&readable, 1, ms) < 0 && errno != EINTR)) return false;
+      } else {
+        return false;  // closed, or broken, before the notice was whole
+      }
+    }
+    return true;
+  };
+  if (!read_all(reinterpret_cast<char*>(&h) + got, sizeof(h) - got) || h.magic != kNoticeMagic ||
+      h.bytes > kMaxNoticeBytes) {
+    return otherwise;
+  }
+  std::string body(h.bytes, '\0');
+  if (!read_all(body.data(), body.size())) return otherwise;
+  if (h.execution != current_.execution || h.call != current_.call) {
+    const size_t nul = body.find('\0');
+    return absl::UnavailableError(absl::StrCat("host ", hosts_[r],
+                                               " closed the connection after it failed another collective (",
+                                               nul == std::string::npos ? body : body.substr(nul + 1), ")"));
+  }
+  return Relay(r, h, body);
+}
+
+absl::StatusOr<bool> PeerMesh::KeepClosed(int r, int fd, absl::Time deadline) {
+  // Everything the peer sent is here: whole messages of calls this host is done with go first.
+  while (true) {
+    MessageHeader h{};
+    if (recv(fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(h))) return false;
+    if (h.magic == kMessageMagic && Stale(h, current_, 0) && h.bytes <= kMaxStashedBytes) {
+      std::string skip(sizeof(h) + h.bytes, '\0');
+      if (recv(fd, skip.data(), skip.size(), MSG_WAITALL | MSG_DONTWAIT) != static_cast<ssize_t>(skip.size())) {
+        return false;
+      }
+      continue;
+    }
+    if (h.execution != current_.execution) return false;
+    if (h.magic == kMessageMagic) return h.call >= current_.call;
+    absl::Status failed = TakeNotice(r, fd, h, 0, absl::OkStatus(), deadline);
+    if (failed.ok()) return false;
+    return failed;
+  }
+}
+
 bool PeerMesh::Stale(const MessageHeader& h, CallId id, uint32_t step) const {
   if (past_.contains(h.execution)) return true;
   return h.execution == id.execution && (h.call < id.call || (h.call == id.call && h.step < step));
@@ -111,6 +249,7 @@ void PeerMesh::Enter(CallId id) {
     current_ = id;
     return;
   }
+  seen_.assign(seen_.size(), false);
   if (current_.execution != 0 && past_.insert(current_.execution).second) {
     past_order_.push_back(current_.execution);
     if (past_order_.size() > kPastExecutions) {
@@ -127,6 +266,17 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
   const size_t n = transfers.size();
   std::vector<SendState> sends(n);
   std::vector<RecvState> recvs(n);
+  // A message left part way either way (the call failed) leaves its connection unusable.
+  absl::Cleanup note_cut = [&] {
+    for (size_t i = 0; i < n; ++i) {
+      const SendState& s = sends[i];
+      const RecvState& r = recvs[i];
+      if (s.active && s.done > 0 && s.done < s.total) cut_[transfers[i].peer] |= kCutOut;
+      if (r.active && r.phase != RecvState::kDone && (r.phase != RecvState::kHeader || r.header_got > 0)) {
+        cut_[transfers[i].peer] |= kCutIn;
+      }
+    }
+  };
   // Set when a peer turns out to be past this call: the step is abandoned, but every message
   // already started is finished, so the streams stay whole and the mesh open.
   absl::Status aborted;
@@ -168,6 +318,12 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
     const absl::Time now = absl::Now();
     for (auto it = stash.begin(); it != stash.end();) {
       const MessageHeader& h = it->header;
+      if (h.execution == id.execution) seen_[transfers[i].peer] = true;
+      if (h.magic == kNoticeMagic && h.execution == id.execution && h.call == id.call) {
+        const std::string body = std::move(it->payload);
+        stash.erase(it);
+        return Relay(transfers[i].peer, h, body);
+      }
       if (Stale(h, id, step) || now - it->at > kStashedFor) {
         it = stash.erase(it);
         continue;
@@ -235,7 +391,15 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
         const ssize_t got = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        if (got < 0) return Broken("sending to", peer, errno);
+        if (got < 0) {
+          // A peer that failed the call closed after saying why, which can be waiting to be read.
+          absl::Status broken = Broken("sending to", peer, errno);
+          RecvState& r = recvs[i];
+          if (r.active && r.phase != RecvState::kHeader) return broken;
+          MessageHeader h{};
+          return r.active ? TakeNotice(transfers[i].peer, fd, r.header, r.header_got, broken, deadline)
+                          : TakeNotice(transfers[i].peer, fd, h, 0, broken, deadline);
+        }
         s.done += static_cast<size_t>(got);
         moved = true;
       }
@@ -271,11 +435,19 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
           // A whole header: whose message is it?
           const MessageHeader& h = r.header;
           r.got = 0;
-          if (h.magic != kMessageMagic) {
+          if (h.execution == id.execution) seen_[transfers[i].peer] = true;
+          if (h.magic == kNoticeMagic) {
+            // A peer's failure notice: read whole, then sorted by its call (below).
+            if (h.bytes > kMaxNoticeBytes) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("host ", peer, " sent a failure notice of ", h.bytes, " bytes"));
+            }
+            r.stash.assign(h.bytes, '\0');
+            r.phase = RecvState::kNotice;
+          } else if (h.magic != kMessageMagic) {
             return absl::InvalidArgumentError(
                 absl::StrCat("host ", peer, " sent bytes that are not a collective message"));
-          }
-          if (h.execution == id.execution && h.call == id.call && h.step == step) {
+          } else if (h.execution == id.execution && h.call == id.call && h.step == step) {
             PW_RETURN_IF_ERROR(ours(i, h));
             deliver_us = std::max(deliver_us, h.deliver_us);
             r.phase = r.expected == 0 ? RecvState::kDone : RecvState::kPayload;
@@ -301,7 +473,16 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
         if (r.phase == RecvState::kPayload) {
           r.phase = RecvState::kDone;
         } else {
-          if (r.phase == RecvState::kStash) {
+          const MessageHeader& h = r.header;
+          if (r.phase == RecvState::kNotice && h.execution == id.execution && h.call == id.call) {
+            // The peer failed this call: so does this host, for the same reason (the stream is whole).
+            r.phase = RecvState::kHeader;
+            r.header_got = 0;
+            return Relay(transfers[i].peer, h, r.stash);
+          }
+          const bool later_notice = r.phase == RecvState::kNotice && !past_.contains(h.execution) &&
+                                    !(h.execution == id.execution && h.call < id.call);
+          if (r.phase == RecvState::kStash || later_notice) {
             auto& stash = stash_[transfers[i].peer];
             stash.push_back({r.header, std::move(r.stash), absl::Now()});
             if (stash.size() > kMaxStashed) stash.pop_front();

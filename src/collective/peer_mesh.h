@@ -28,6 +28,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -53,6 +54,7 @@ inline size_t TotalBytes(const std::vector<Piece>& pieces) {
 struct CallId {
   uint64_t execution = 0;
   uint32_t call = 0;
+  bool operator==(const CallId& o) const { return execution == o.execution && call == o.call; }
 };
 
 // What precedes every message on a mesh's connections. Hosts of one cluster share a byte order.
@@ -108,6 +110,19 @@ class PeerMesh {
   absl::Status Exchange(absl::Span<PeerTransfer> transfers, CallId id, uint32_t step, uint32_t signature,
                         absl::Time deadline);
 
+  // A call on this mesh failed here with `status` (not Aborted). NoticeOf is what tells a peer
+  // why: the host where the failure began and the cause (a failure that came in a peer's notice
+  // is passed on as it came). Fail sends it on every connection where no message to the peer was
+  // cut off, and closes those left part way through a message either way, or closed by the peer,
+  // and with `close_unseen` those of peers not heard from in this call (see the .cc). The others
+  // stay. A peer waiting for this host in the call fails with the same code and cause,
+  // and passes it on when it fails in turn (in algorithms of several rounds most hosts wait for
+  // one that was itself waiting); a peer already past the call drops it, as any message of a call
+  // it is done with. Both then meet at their next call without reconnecting: a failure does not
+  // spill into the next call.
+  std::string NoticeOf(const absl::Status& status) const;
+  void Fail(const std::string& notice, bool close_unseen);
+
   // Working memory for the algorithms, at least `bytes`, kept across calls: a fresh buffer per
   // call would be page-faulted in every time.
   char* Scratch(size_t bytes);
@@ -125,6 +140,19 @@ class PeerMesh {
   };
   void CloseAll();
   void Enter(CallId id);  // a call starts: the executions before it are done
+  // The failure a notice of this call from peer `r` (header `h`, payload `body`) brings, kept to
+  // be passed on.
+  absl::Status Relay(int r, const MessageHeader& h, const std::string& body);
+  // Reads the rest of a notice from peer `r` on `fd` (the first `got` bytes of its header are
+  // in `h`; the peer wrote it whole just before closing, so this waits at most a second). Of this
+  // call: the peer's failure, kept to be passed on. Of another: Unavailable, saying what the peer
+  // had failed. No whole notice: `otherwise`.
+  absl::Status TakeNotice(int r, int fd, MessageHeader& h, size_t got, absl::Status otherwise, absl::Time deadline);
+  // A connection to peer `r` that the peer has closed. If the peer was in this execution, what it
+  // sent before it failed is still to be read: messages, taken as any others (true), then a
+  // notice, or a notice first (its failure, returned). Otherwise (a connection of a call that
+  // failed before this one): false, and the two reconnect.
+  absl::StatusOr<bool> KeepClosed(int r, int fd, absl::Time deadline);
   bool Stale(const MessageHeader& h, CallId id, uint32_t step) const;
 
   const std::vector<std::string> hosts_;
@@ -133,6 +161,12 @@ class PeerMesh {
   std::vector<int> fds_;                   // by peer rank; -1 when not connected (and at rank_)
   uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
   std::vector<char> scratch_;
+  // By peer rank: in a failed call, a message to it (kCutOut) or from it (kCutIn) stopped part way.
+  static constexpr uint8_t kCutOut = 1, kCutIn = 2;
+  std::vector<uint8_t> cut_;
+  std::vector<bool> seen_;      // by peer rank: something of the current execution came from it
+  std::string relayed_origin_;  // the failure the last notice from a peer brought, to pass on
+  std::string relayed_cause_;
   std::vector<std::deque<Stashed>> stash_;  // by peer rank, in arrival order
   CallId current_;
   absl::flat_hash_set<uint64_t> past_;  // executions done here, the last kPastExecutions

@@ -23,11 +23,18 @@
 namespace pathways::collective {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x50574c48;  // "PWLH"
+constexpr uint32_t kHelloMagic = 0x50574c32;  // "PWL2" (hellos name their call since "PWLH")
 constexpr uint32_t kMaxKeyBytes = 1 << 20;
 constexpr uint32_t kMaxHostBytes = 1024;
-// Connections dialed in and not yet taken by a mesh: each is a descriptor held for a peer.
+// Connections dialed in and not yet taken by a mesh (each is a descriptor held for a peer, for a
+// call this host has yet to make): in all, and per peer and set of devices (the oldest go first).
 constexpr size_t kMaxWaitingDialIns = 4096;
+constexpr size_t kMaxWaitingDialInsPerPeer = 64;
+// Failed calls remembered per set of devices, to tell a peer that dials in for one late.
+constexpr size_t kFailedCallsKept = 64;
+// How long a host whose call failed before reaching the mesh tries to reach a peer that waits for
+// it to dial (TcpLinks::Abandon).
+constexpr absl::Duration kAbandonDial = absl::Seconds(2);
 // Connections whose hello is still arriving (the oldest goes first beyond this), and how long a
 // hello may take. A dialer sends it at once after connecting; it is small.
 constexpr size_t kMaxPendingHellos = 256;
@@ -38,6 +45,8 @@ struct HelloHeader {
   uint32_t magic;
   uint32_t key_bytes;
   uint32_t host_bytes;
+  uint32_t call;  // the collective call a mesh's connection is dialed for (CallId); 0 for streams
+  uint64_t execution;
 };
 constexpr size_t kChallengeBytes = 16;
 constexpr size_t kProofBytes = 32;
@@ -125,7 +134,9 @@ TcpLinks::~TcpLinks() {
   close(listen_fd_);
   close(wake_fd_);
   absl::MutexLock lock(&mu_);
-  for (auto& [key, fd] : dialed_in_) close(fd);
+  for (auto& [key, waiting] : dialed_in_) {
+    for (const DialIn& d : waiting) close(d.fd);
+  }
   meshes_.clear();
 }
 
@@ -190,9 +201,10 @@ absl::Status ReadHello(PendingHello& p, bool& complete) {
 }  // namespace
 
 absl::Status TcpLinks::FinishHello(int fd, absl::Time deadline, std::string challenges, const std::string& received,
-                                   std::string& key, std::string& peer) {
+                                   std::string& key, std::string& peer, CallId& id) {
   HelloHeader hello;
   std::memcpy(&hello, received.data(), sizeof(hello));
+  id = {hello.execution, hello.call};
   size_t at = sizeof(hello);
   key = received.substr(at, hello.key_bytes);
   at += hello.key_bytes;
@@ -210,7 +222,7 @@ absl::Status TcpLinks::FinishHello(int fd, absl::Time deadline, std::string chal
   return TransferAll(fd, mine.data(), mine.size(), true, deadline, "proof");
 }
 
-void TcpLinks::TakeConnection(int fd, std::string key, std::string peer) {
+void TcpLinks::TakeConnection(int fd, std::string key, std::string peer, CallId id) {
   Configure(fd);
   {
     absl::MutexLock handlers(&handlers_mu_);
@@ -220,17 +232,39 @@ void TcpLinks::TakeConnection(int fd, std::string key, std::string peer) {
     }
   }
   absl::MutexLock lock(&mu_);
-  if (dialed_in_.size() >= kMaxWaitingDialIns) {
+  // Dialed for a call that failed here already: the peer is told why (it would wait on this
+  // connection otherwise), and it is closed.
+  if (auto failed = failed_calls_.find(key); failed != failed_calls_.end()) {
+    for (const FailedCall& f : failed->second) {
+      if (!(f.id == id)) continue;
+      (void)send(fd, f.notice.data(), f.notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      close(fd);
+      return;
+    }
+  }
+  std::vector<DialIn>& waiting = dialed_in_[{key, peer}];
+  // A peer dials again for the same call only once it dropped the first connection.
+  auto same = std::find_if(waiting.begin(), waiting.end(), [&](const DialIn& d) { return d.id == id; });
+  if (same != waiting.end()) {
+    close(same->fd);
+    waiting.erase(same);
+  }
+  if (waiting.size() >= kMaxWaitingDialInsPerPeer) {
+    PW_LOG(Warning) << "collective listener of " << host_ << ": " << kMaxWaitingDialInsPerPeer << " connections from "
+                    << peer << " wait to be used; dropped the oldest";
+    close(waiting.front().fd);
+    waiting.erase(waiting.begin());
+    --waiting_dial_ins_;
+  }
+  if (waiting_dial_ins_ >= kMaxWaitingDialIns) {
     PW_LOG(Warning) << "collective listener of " << host_ << ": " << kMaxWaitingDialIns
                     << " connections wait to be used; dropped one from " << peer;
     close(fd);
+    if (waiting.empty()) dialed_in_.erase(std::make_pair(key, peer));
     return;
   }
-  auto [it, inserted] = dialed_in_.try_emplace({std::move(key), std::move(peer)}, fd);
-  if (!inserted) {
-    close(it->second);
-    it->second = fd;
-  }
+  waiting.push_back({fd, id});
+  ++waiting_dial_ins_;
   dial_ins_.fetch_add(1, std::memory_order_release);
 }
 
@@ -264,16 +298,17 @@ void TcpLinks::AcceptLoop() {
       absl::Status s = (polled[2 + i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 ? ReadHello(pending[i], complete)
                                                                                     : absl::OkStatus();
       std::string key, peer;
+      CallId id;
       if (s.ok() && complete) {
         const PendingHello& p = pending[i];
-        s = FinishHello(p.fd, p.deadline, p.challenges, p.received, key, peer);
+        s = FinishHello(p.fd, p.deadline, p.challenges, p.received, key, peer, id);
       }
       if (!s.ok()) {
         drop(i, s);
       } else if (complete) {
         const int fd = pending[i].fd;
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        TakeConnection(fd, std::move(key), std::move(peer));
+        TakeConnection(fd, std::move(key), std::move(peer), id);
       } else if (now >= pending[i].deadline) {
         drop(i, absl::DeadlineExceededError("its hello did not come in time"));
       }
@@ -313,43 +348,80 @@ void TcpLinks::AcceptLoop() {
   for (const PendingHello& p : pending) close(p.fd);
 }
 
-int TcpLinks::TakeDialIn(const std::string& peer, const std::string& key) {
+namespace {
+
+// Which of a peer's connections dialed in a mesh takes: the one dialed for its call; else the
+// newest the peer still holds, dialed for a call the mesh is not in (a peer out of step: the call
+// itself sorts that out, see PeerMesh::Exchange). Closed ones dialed for other calls wait for
+// theirs, holding why the peer failed them. -1: none.
+int Pick(const std::vector<TcpLinks::DialIn>& waiting, CallId call, bool only_this_call) {
+  int live = -1;
+  for (int i = 0; i < static_cast<int>(waiting.size()); ++i) {
+    if (waiting[i].id == call) return i;
+    if (!only_this_call && !PeerClosed(waiting[i].fd)) live = i;
+  }
+  return live;
+}
+
+}  // namespace
+
+int TcpLinks::TakeDialIn(PeerMesh& mesh, int p, const std::string& key, bool only_this_call) {
   absl::MutexLock lock(&mu_);
-  auto it = dialed_in_.find(std::make_pair(key, peer));
+  auto it = dialed_in_.find(std::make_pair(key, mesh.host(p)));
   if (it == dialed_in_.end()) return -1;
-  const int fd = it->second;
-  dialed_in_.erase(it);
+  std::vector<DialIn>& waiting = it->second;
+  // Those dialed for calls this host is done with go.
+  for (auto d = waiting.begin(); d != waiting.end();) {
+    if (mesh.past_.contains(d->id.execution)) {
+      close(d->fd);
+      d = waiting.erase(d);
+      --waiting_dial_ins_;
+    } else {
+      ++d;
+    }
+  }
+  const int i = Pick(waiting, mesh.current_, only_this_call);
+  const int fd = i < 0 ? -1 : waiting[i].fd;
+  if (i >= 0) {
+    waiting.erase(waiting.begin() + i);
+    --waiting_dial_ins_;
+  }
+  if (waiting.empty()) dialed_in_.erase(it);
   return fd;
 }
 
-absl::StatusOr<int> TcpLinks::AwaitDialIn(const std::string& peer, const std::string& key, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  const auto slot = std::make_pair(key, peer);
-  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || stop_waiting_ || dialed_in_.contains(slot);
-  };
-  bool skipped = false;  // a connection the peer had closed
-  while (true) {
-    const bool came = mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
-    if (stop_ || stop_waiting_) {
-      return absl::CancelledError(
-          absl::StrCat("host ", host_, " is shutting down; it waited for ", peer, " to connect for collectives"));
+absl::StatusOr<int> TcpLinks::AwaitDialIn(PeerMesh& mesh, int p, const std::string& key, absl::Time deadline) {
+  const std::string& peer = mesh.host(p);
+  int fd = -1;
+  while (fd < 0) {
+    {
+      absl::MutexLock lock(&mu_);
+      const auto slot = std::make_pair(key, peer);
+      auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stop_ || stop_waiting_) return true;
+        auto it = dialed_in_.find(slot);
+        return it != dialed_in_.end() && Pick(it->second, mesh.current_, false) >= 0;
+      };
+      const bool came = mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
+      if (stop_ || stop_waiting_) {
+        return absl::CancelledError(
+            absl::StrCat("host ", host_, " is shutting down; it waited for ", peer, " to connect for collectives"));
+      }
+      if (!came) {
+        return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
+      }
     }
-    if (!came) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("host ", peer, " did not connect for collectives in time",
-                       skipped ? " (it had connected, then closed that connection: its side of the call failed)" : ""));
-    }
-    auto it = dialed_in_.find(slot);
-    const int fd = it->second;
-    dialed_in_.erase(it);
-    // A connection the peer already closed is one it made for a call that then failed (its
-    // dialing returns once our answer is sent, which may be before the connection is listed
-    // here): the peer dials again for this call.
-    if (!PeerClosed(fd)) return fd;
-    close(fd);
-    skipped = true;
+    // (What arrived may have gone in between, as a connection of a call this host is done with.)
+    fd = TakeDialIn(mesh, p, key);
   }
+  if (!PeerClosed(fd)) return fd;
+  // Dialed for this call and closed already: what the peer sent before it failed is still to be
+  // read (its messages, then a notice), or a notice says why it failed.
+  absl::StatusOr<bool> keep = mesh.KeepClosed(p, fd, deadline);
+  if (keep.ok() && *keep) return fd;
+  close(fd);
+  if (!keep.ok()) return keep.status();
+  return absl::UnavailableError(absl::StrCat("host ", peer, " closed the connection it made for this collective"));
 }
 
 void TcpLinks::StopWaiting() {
@@ -357,7 +429,7 @@ void TcpLinks::StopWaiting() {
   stop_waiting_ = true;
 }
 
-absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& key, absl::Time deadline) {
+absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& key, CallId id, absl::Time deadline) {
   absl::Status last = absl::DeadlineExceededError("no attempt");
   // A restarted peer republishes a new address: a refused connection looks it up again.
   for (int attempt = 0; absl::Now() < deadline; ++attempt) {
@@ -406,7 +478,8 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
         s = absl::InternalError("no random bytes for a challenge");
       }
       std::string hello(sizeof(HelloHeader), '\0');
-      const HelloHeader h{kHelloMagic, static_cast<uint32_t>(key.size()), static_cast<uint32_t>(host_.size())};
+      const HelloHeader h{kHelloMagic, static_cast<uint32_t>(key.size()), static_cast<uint32_t>(host_.size()), id.call,
+                          id.execution};
       std::memcpy(hello.data(), &h, sizeof(h));
       hello += key;
       hello += host_;
@@ -437,7 +510,7 @@ void TcpLinks::AcceptStreams(const std::string& key, std::function<void(int fd, 
 
 absl::StatusOr<int> TcpLinks::DialStream(const std::string& peer, const std::string& key, absl::Time deadline) {
   PW_RETURN_IF_ERROR(EnsurePublished());
-  return Dial(peer, key, deadline);
+  return Dial(peer, key, CallId{}, deadline);
 }
 
 absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Time deadline) {
@@ -450,45 +523,94 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
     if (p == mesh.rank()) continue;
     int& fd = mesh.fds_[p];
     if (p > mesh.rank() && dialed_in) {
-      // A peer that reconnected since our last call dialed again; its new connection wins.
-      const int newer = TakeDialIn(mesh.host(p), key);
+      // A peer that reconnected since our last call dialed again for this one; its new
+      // connection wins.
+      const int newer = TakeDialIn(mesh, p, key);
       if (newer >= 0) {
         if (fd >= 0) close(fd);
         fd = newer;
       }
     }
     if (fd >= 0 && PeerClosed(fd)) {
-      close(fd);
-      fd = -1;
+      // A peer that failed this call before we came to it: what it sent is still to be read.
+      PW_ASSIGN_OR_RETURN(const bool keep, mesh.KeepClosed(p, fd, deadline));
+      if (!keep) {
+        close(fd);
+        fd = -1;
+      }
     }
     if (fd >= 0 || p > mesh.rank()) continue;
-    PW_ASSIGN_OR_RETURN(fd, Dial(mesh.host(p), key, deadline));
+    PW_ASSIGN_OR_RETURN(fd, Dial(mesh.host(p), key, mesh.current_, deadline));
   }
   for (int p = mesh.rank() + 1; p < mesh.size(); ++p) {
     if (mesh.fds_[p] >= 0) continue;
-    PW_ASSIGN_OR_RETURN(mesh.fds_[p], AwaitDialIn(mesh.host(p), key, deadline));
+    PW_ASSIGN_OR_RETURN(mesh.fds_[p], AwaitDialIn(mesh, p, key, deadline));
   }
   return absl::OkStatus();
 }
 
-absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, const std::string& key, absl::Time deadline,
-                           absl::FunctionRef<absl::Status(PeerMesh&)> body) {
-  std::shared_ptr<PeerMesh> mesh;
-  {
-    absl::MutexLock lock(&mu_);
-    std::shared_ptr<PeerMesh>& slot = meshes_[key];
-    if (slot == nullptr || slot->hosts_ != hosts || slot->rank_ != rank) {
-      slot = std::make_shared<PeerMesh>(hosts, rank, dcn_);
-    }
-    mesh = slot;
+std::shared_ptr<PeerMesh> TcpLinks::MeshFor(const std::vector<std::string>& hosts, int rank, const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<PeerMesh>& slot = meshes_[key];
+  if (slot == nullptr || slot->hosts_ != hosts || slot->rank_ != rank) {
+    slot = std::make_shared<PeerMesh>(hosts, rank, dcn_);
   }
+  return slot;
+}
+
+absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,
+                           absl::Time deadline, absl::FunctionRef<absl::Status(PeerMesh&)> body) {
+  std::shared_ptr<PeerMesh> mesh = MeshFor(hosts, rank, key);
   absl::MutexLock lock(&mesh->mu_);
+  mesh->Enter(id);  // before connecting: a failure there is this call's, and says so to the peers
   absl::Status s = Connect(*mesh, key, deadline);
   if (s.ok()) s = body(*mesh);
-  // Closing tells the peers to reconnect before their next call on these devices. An abandoned
-  // call (Aborted) left the streams whole: the mesh stays, with what it kept for later calls.
-  if (!s.ok() && !absl::IsAborted(s)) mesh->CloseAll();
+  // An abandoned call (Aborted) left the streams whole and the peers with no cause to hear.
+  if (!s.ok() && !absl::IsAborted(s)) Failed(*mesh, key, s);
   return s;
+}
+
+void TcpLinks::Failed(PeerMesh& mesh, const std::string& key, const absl::Status& status) {
+  const CallId id = mesh.current_;
+  const std::string notice = mesh.NoticeOf(status);
+  {
+    // Peers that dial in for this call from now on are told as they come (TakeConnection); those
+    // that did before, on connections not yet taken, with the others.
+    absl::MutexLock lock(&mu_);
+    std::deque<FailedCall>& failed = failed_calls_[key];
+    failed.push_back({id, notice});
+    if (failed.size() > kFailedCallsKept) failed.pop_front();
+  }
+  for (int p = mesh.rank() + 1; p < mesh.size(); ++p) {
+    const int newer = TakeDialIn(mesh, p, key, /*only_this_call=*/true);
+    if (newer < 0) continue;
+    if (mesh.fds_[p] >= 0) close(mesh.fds_[p]);
+    mesh.fds_[p] = newer;
+    mesh.cut_[p] = 0;
+  }
+  // A peer not heard from in a call that failed for any reason but members disagreeing may never
+  // have come to it.
+  mesh.Fail(notice, /*close_unseen=*/!absl::IsInvalidArgument(status));
+}
+
+void TcpLinks::Abandon(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,
+                       const absl::Status& status) {
+  std::shared_ptr<PeerMesh> mesh = MeshFor(hosts, rank, key);
+  absl::MutexLock lock(&mesh->mu_);
+  mesh->Enter(id);
+  // Peers this host dials would wait for it to connect: it does, to tell them.
+  const absl::Time deadline = absl::Now() + kAbandonDial;
+  for (int p = 0; p < rank; ++p) {
+    int& fd = mesh->fds_[p];
+    if (fd >= 0 && PeerClosed(fd)) {
+      close(fd);
+      fd = -1;
+    }
+    if (fd >= 0) continue;
+    absl::StatusOr<int> dialed = Dial(mesh->host(p), key, id, deadline);
+    if (dialed.ok()) fd = *dialed;
+  }
+  Failed(*mesh, key, status);
 }
 
 }  // namespace pathways::collective

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,8 +26,9 @@ namespace pathways::collective {
 // One host's endpoint for collectives across hosts: a listening socket whose address is published
 // in the rendezvous store, and one PeerMesh per set of member devices, kept across calls (a later
 // gang on the same devices reuses its connections). Within a pair of hosts the one later in the
-// group's host order dials. A mesh that failed is closed; its peers see the close before their
-// next use and reconnect, so hosts that failed together meet again. Thread-safe.
+// group's host order dials. A call that fails tells the peers why (PeerMesh::Fail) and closes
+// only the connections it left part way through a message; peers see a close before their next
+// use and reconnect, so hosts that failed together meet again. Thread-safe.
 class TcpLinks {
  public:
   // Listens on `ip`, at `port` (0: one the kernel chooses). `host` is this host's name in Member::host.
@@ -42,10 +44,16 @@ class TcpLinks {
   ~TcpLinks();
 
   // Connects (or reuses) the mesh among `hosts` (this host is hosts[rank]) for the devices named
-  // by `key`, and runs `body` on it, holding it for the call. On any failure the mesh's
-  // connections are closed. Errors of the connection itself name the hosts.
-  absl::Status Run(const std::vector<std::string>& hosts, int rank, const std::string& key, absl::Time deadline,
-                   absl::FunctionRef<absl::Status(PeerMesh&)> body);
+  // by `key`, and runs `body`, collective call `id`, on it, holding it for the call. On any
+  // failure the peers are told why (Failed). Errors of the connection itself name the hosts.
+  absl::Status Run(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,
+                   absl::Time deadline, absl::FunctionRef<absl::Status(PeerMesh&)> body);
+
+  // A call that failed on this host before it reached the mesh (its members here disagree, say):
+  // the peers are told as if it had failed on the mesh. Those this host dials and is not
+  // connected to are dialed (for two seconds at most); it waits for none to dial in.
+  void Abandon(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,
+               const absl::Status& status);
 
   // Point-to-point streams beside the meshes: a connection dialed in with hello `key` goes to
   // `handler`, which takes the descriptor (on the listener's thread: it must not block). A null
@@ -66,23 +74,37 @@ class TcpLinks {
 
   const std::string& address() const { return address_; }
 
+  // A connection a peer dialed in for a mesh, and the call it dialed for.
+  struct DialIn {
+    int fd;
+    CallId id;
+  };
+
  private:
   TcpLinks(std::string host, int listen_fd, int wake_fd, std::string address, std::shared_ptr<KeyValueStore> store,
            DcnEmulation* dcn, std::string secret);
   absl::Status Connect(PeerMesh& mesh, const std::string& key, absl::Time deadline);
-  absl::StatusOr<int> Dial(const std::string& peer, const std::string& key, absl::Time deadline);
-  absl::StatusOr<int> AwaitDialIn(const std::string& peer, const std::string& key, absl::Time deadline);
-  // Takes a newer connection dialed in from `peer` for `key`, if one arrived; -1 otherwise.
-  int TakeDialIn(const std::string& peer, const std::string& key);
+  // Dials `peer` for `key`, for collective call `id` (none for a stream).
+  absl::StatusOr<int> Dial(const std::string& peer, const std::string& key, CallId id, absl::Time deadline);
+  std::shared_ptr<PeerMesh> MeshFor(const std::vector<std::string>& hosts, int rank, const std::string& key);
+  // The mesh's call (the caller holds the mesh) failed with `status`: the peers are told why,
+  // those that dial in for it later too (PeerMesh::Fail, failed_calls_).
+  void Failed(PeerMesh& mesh, const std::string& key, const absl::Status& status);
+  // The connection peer `p` of `mesh` dials in for `key`.
+  absl::StatusOr<int> AwaitDialIn(PeerMesh& mesh, int p, const std::string& key, absl::Time deadline);
+  // The connection peer `p` of `mesh` dialed in for the mesh's call, else (unless
+  // `only_this_call`) the newest it dialed for another and still holds; -1 when none. Drops those
+  // dialed for calls the mesh is done with.
+  int TakeDialIn(PeerMesh& mesh, int p, const std::string& key, bool only_this_call = false);
   absl::Status EnsurePublished();
   // Accepts connections and reads their hellos side by side (see PendingHello in the .cc).
   void AcceptLoop();
   // Checks a complete hello (`received`, after the listener's `challenges`) and answers with this
   // host's proof; fills the hello's key and host.
   absl::Status FinishHello(int fd, absl::Time deadline, std::string challenges, const std::string& received,
-                           std::string& key, std::string& peer);
+                           std::string& key, std::string& peer, CallId& id);
   // A proven connection: to its stream handler, or to the meshes' dialed-in connections.
-  void TakeConnection(int fd, std::string key, std::string peer);
+  void TakeConnection(int fd, std::string key, std::string peer, CallId id);
 
   const std::string host_;
   const int listen_fd_;
@@ -106,9 +128,16 @@ class TcpLinks {
   bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<PeerMesh>> meshes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);  // peer host -> ip:port
-  // Connections dialed in, by (key, peer host), not yet taken by a mesh; a newer one replaces
-  // (and closes) an older one.
-  absl::flat_hash_map<std::pair<std::string, std::string>, int> dialed_in_ ABSL_GUARDED_BY(mu_);
+  // Connections dialed in, by (key, peer host), not yet taken by a mesh, with the call each was
+  // dialed for (a peer ahead of this host may have dialed for several).
+  absl::flat_hash_map<std::pair<std::string, std::string>, std::vector<DialIn>> dialed_in_ ABSL_GUARDED_BY(mu_);
+  size_t waiting_dial_ins_ ABSL_GUARDED_BY(mu_) = 0;  // in all of dialed_in_
+  // The last calls that failed on each mesh (by key), with the notices that say why.
+  struct FailedCall {
+    CallId id;
+    std::string notice;
+  };
+  absl::flat_hash_map<std::string, std::deque<FailedCall>> failed_calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pathways::collective
