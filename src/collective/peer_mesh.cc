@@ -372,6 +372,17 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
   }
   int64_t deliver_us = 0;
   std::vector<pollfd> fds;
+  auto timed_out = [&] {
+    std::vector<std::string> waiting;
+    for (size_t i = 0; i < n; ++i) {
+      if ((sends[i].active && sends[i].done < sends[i].total) ||
+          (recvs[i].active && recvs[i].phase != RecvState::kDone)) {
+        waiting.push_back(hosts_[transfers[i].peer]);
+      }
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("still waiting for host(s) ", absl::StrJoin(waiting, ", "), " at the deadline"));
+  };
   // Nothing to do yet: spin a little (yielding the core) before sleeping in poll(). A peer's
   // answer usually comes within microseconds; being woken from poll() costs more than that.
   absl::Time idle_since = absl::InfiniteFuture();
@@ -504,10 +515,13 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
       }
       return absl::OkStatus();
     }
-    if (moved) {
+    // Moving does not put off the deadline: a peer that keeps sending what this call drops (stale
+    // messages or notices) cannot hold it there.
+    if (moved && absl::Now() < deadline) {
       idle_since = absl::InfiniteFuture();
       continue;
     }
+    if (moved) return timed_out();
     const absl::Time now = absl::Now();
     if (idle_since == absl::InfiniteFuture()) idle_since = now;
     if (now - idle_since < kSpin) {
@@ -523,17 +537,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
     }
     const int ms = RemainingMs(deadline);
     const int ready = ms == 0 ? 0 : poll(fds.data(), fds.size(), ms);
-    if (ready == 0) {
-      std::vector<std::string> waiting;
-      for (size_t i = 0; i < n; ++i) {
-        if ((sends[i].active && sends[i].done < sends[i].total) ||
-            (recvs[i].active && recvs[i].phase != RecvState::kDone)) {
-          waiting.push_back(hosts_[transfers[i].peer]);
-        }
-      }
-      return absl::DeadlineExceededError(
-          absl::StrCat("still waiting for host(s) ", absl::StrJoin(waiting, ", "), " at the deadline"));
-    }
+    if (ready == 0) return timed_out();
     if (ready < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", Errno(errno)));
   }
 }
