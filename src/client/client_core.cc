@@ -206,14 +206,15 @@ std::shared_ptr<OrderedBatchQueue<ClientCore::QueuedRun>> ClientCore::ScheduleQu
         // A refused batch (a host left, say) fails its runs only. Their places are filled with
         // no-ops on the hosts still there, which would otherwise wait for them.
         [weak = weak_from_this()](std::vector<QueuedRun> runs, const absl::Status& status) {
-          PW_LOG(Warning) << runs.size() << " runs refused by the scheduler: " << status;
           auto core = weak.lock();
           if (core == nullptr) return;
+          core->SayRefused(runs.size(), status);
           for (const QueuedRun& run : runs) {
             const RunGroupEpoch& e = *run.place.epoch;
             for (size_t i = 0; i < e.hosts->size(); ++i) {
               auto q = core->queue((*e.hosts)[i]);
-              if (q->session() == e.first[i].session) q->SkipReserved(e.first[i].seq + run.place.run);  // else that sequence is gone
+              if (q->session() == e.first[i].session)
+                q->SkipReserved(e.first[i].seq + run.place.run);  // else that sequence is gone
             }
             // The frees it carried go as ops (to every host it spans; those without the array
             // ignore them).
@@ -226,12 +227,13 @@ std::shared_ptr<OrderedBatchQueue<ClientCore::QueuedRun>> ClientCore::ScheduleQu
         // Under the controller's 4 MiB message limit however many runs queue up, counting a run
         // that names only its group as if it named its hosts (about 32 bytes each: 16 KB at 512
         // hosts), as the controller will: a request stays as large there as it was before.
-        OrderedBatchQueue<QueuedRun>::BatchLimit{
-            [](const QueuedRun& run) {
-              const size_t named = run.run.hosts_size() > 0 ? 0 : run.place.epoch->hosts->size() * 32;
-              return run.run.ByteSizeLong() + named;
-            },
-            size_t{1} << 20});
+        OrderedBatchQueue<QueuedRun>::BatchLimit{[](const QueuedRun& run) {
+                                                   const size_t named = run.run.hosts_size() > 0
+                                                                            ? 0
+                                                                            : run.place.epoch->hosts->size() * 32;
+                                                   return run.run.ByteSizeLong() + named;
+                                                 },
+                                                 size_t{1} << 20});
   }
   return q;
 }

@@ -87,6 +87,21 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     return WorkerClientCache::Global().Get(address, options_.token);
   }
 
+  // The scheduler refused `n` runs: said at most once a minute (a loop over a host that left has
+  // every run refused, seen as thousands of lines), with how many went unsaid.
+  void SayRefused(size_t n, const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    if (const absl::Time now = absl::Now(); now >= refused_log_.next) {
+      PW_LOG(Warning) << n << " runs refused by the scheduler: " << why
+                      << (refused_log_.unsaid > 0
+                              ? absl::StrCat(" (", refused_log_.unsaid, " more refused since the last said)")
+                              : "");
+      refused_log_ = {now + absl::Minutes(1), 0};
+    } else {
+      refused_log_.unsaid += static_cast<int64_t>(n);
+    }
+  }
+
   // The client's ordered queue to a host. A queue whose delivery stopped (the host refused a
   // batch, or died) is replaced by a new one, with a new session, so that a host that restarted
   // at the same address is usable again.
@@ -380,6 +395,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     int64_t unsaid = 0;
   };
   absl::flat_hash_map<std::string, BreakLog> break_log_ ABSL_GUARDED_BY(mu_);  // by host address
+  BreakLog refused_log_ ABSL_GUARDED_BY(mu_);  // runs the scheduler refused (unsaid counts runs)
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
   // One queue for all islands: the controller sees the client's runs in the client's order.
   std::shared_ptr<OrderedBatchQueue<QueuedRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);
