@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -505,6 +506,50 @@ TEST(PeerMeshTest, APeerThatNeverCameToAFailedCallMeetsTheHostInTheNext) {
   });
   EXPECT_TRUE(absl::IsDeadlineExceeded(alone)) << alone;
   ExpectTwoHostsMeet(hosts, 3);
+}
+
+// A peer that keeps sending what the call drops (whole messages of an execution this host is done
+// with) cannot hold the call past its deadline: progress does not put the deadline off.
+TEST(PeerMeshTest, AStreamOfStaleMessagesDoesNotHoldACallPastItsDeadline) {
+  Hosts hosts(2);
+  ExpectTwoHostsMeet(hosts, 1);  // connected; execution 1 is done on both
+  std::atomic<bool> done = false;
+  absl::Duration took;
+  const absl::Time start = absl::Now();
+  auto results = hosts.Run(
+      "k", 2,
+      [&](int h, MeshSteps& s) -> absl::Status {
+        if (h == 0) {
+          int32_t v = 1;
+          char* p = reinterpret_cast<char*>(&v);
+          absl::Status status = AllReduceAcrossHosts(s, DType::kI32, ReduceOp::kSum, p, p, 1);
+          took = absl::Now() - start;
+          done = true;
+          return status;
+        }
+        // Host 1 never takes part: it streams messages of execution 1 for 5 s at most.
+        MessageHeader stale{};
+        stale.magic = 0x50574331;  // a collective message's
+        stale.signature = 7;
+        stale.execution = 1;
+        stale.bytes = 4;
+        std::string burst;
+        for (int i = 0; i < 256; ++i) {
+          burst.append(reinterpret_cast<const char*>(&stale), sizeof(stale));
+          burst.append(4, 'x');
+        }
+        const int fd = s.mesh().TEST_fd(0);
+        size_t at = 0;
+        for (const absl::Time until = absl::Now() + absl::Seconds(5); !done && absl::Now() < until;) {
+          const ssize_t n = write(fd, burst.data() + at, burst.size() - at);
+          if (n < 0 && errno != EAGAIN && errno != EINTR) return absl::InternalError("the stream broke");
+          if (n > 0) at = (at + static_cast<size_t>(n)) % burst.size();
+        }
+        return absl::OkStatus();
+      },
+      absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(results[0])) << results[0];
+  EXPECT_LT(took, absl::Seconds(2)) << "held past its deadline";
 }
 
 TEST(PeerMeshTest, APeerThatNeverSendsTimesOutNamingIt) {
