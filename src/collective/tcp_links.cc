@@ -30,8 +30,9 @@ constexpr uint32_t kMaxHostBytes = 1024;
 // call this host has yet to make): in all, and per peer and set of devices (the oldest go first).
 constexpr size_t kMaxWaitingDialIns = 4096;
 constexpr size_t kMaxWaitingDialInsPerPeer = 64;
-// Failed calls remembered per set of devices, to tell a peer that dials in for one late.
-constexpr size_t kFailedCallsKept = 64;
+// Failed calls remembered (over every set of devices; the oldest go first), to tell a peer that
+// dials in for one late.
+constexpr size_t kFailedCallsKept = 1024;
 // How long a host whose call failed before reaching the mesh tries to reach a peer that waits for
 // it to dial (TcpLinks::Abandon).
 constexpr absl::Duration kAbandonDial = absl::Seconds(2);
@@ -579,7 +580,13 @@ void TcpLinks::Failed(PeerMesh& mesh, const std::string& key, const absl::Status
     absl::MutexLock lock(&mu_);
     std::deque<FailedCall>& failed = failed_calls_[key];
     failed.push_back({id, notice});
-    if (failed.size() > kFailedCallsKept) failed.pop_front();
+    failed_order_.push_back(key);
+    if (failed_order_.size() > kFailedCallsKept) {
+      auto oldest = failed_calls_.find(failed_order_.front());
+      oldest->second.pop_front();
+      if (oldest->second.empty()) failed_calls_.erase(oldest);
+      failed_order_.pop_front();
+    }
   }
   for (int p = mesh.rank() + 1; p < mesh.size(); ++p) {
     const int newer = TakeDialIn(mesh, p, key, /*only_this_call=*/true);

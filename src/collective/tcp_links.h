@@ -138,6 +138,7 @@ class TcpLinks {
     std::string notice;
   };
   absl::flat_hash_map<std::string, std::deque<FailedCall>> failed_calls_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> failed_order_ ABSL_GUARDED_BY(mu_);  // the keys of failed_calls_' entries, oldest first
 };
 
 }  // namespace pathways::collective
