@@ -1,6 +1,7 @@
 // Persistent TCP connections between hosts: one host's listener, its collective meshes
 // (peer_mesh.h) and point-to-point streams (block_streams.h), connected through the rendezvous
-// store and reconnected after failures.
+// store and reconnected after failures. The listener, handshake and streams are in
+// tcp_links.cc; connecting, running and failing a mesh's calls in tcp_links_meshes.cc.
 #pragma once
 
 #include <atomic>
