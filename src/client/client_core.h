@@ -3,11 +3,11 @@
 #pragma once
 
 #include <atomic>
-#include <thread>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "client/program.h"
+#include "core/log_limiter.h"
 #include "core/logging.h"
 #include "transport/controller_client.h"
 #include "transport/worker_client.h"
@@ -91,15 +92,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // every run refused, seen as thousands of lines), with how many went unsaid.
   void SayRefused(size_t n, const absl::Status& why) {
     absl::MutexLock lock(&mu_);
-    if (const absl::Time now = absl::Now(); now >= refused_log_.next) {
-      PW_LOG(Warning) << n << " runs refused by the scheduler: " << why
-                      << (refused_log_.unsaid > 0
-                              ? absl::StrCat(" (", refused_log_.unsaid, " more refused since the last said)")
-                              : "");
-      refused_log_ = {now + absl::Minutes(1), 0};
-    } else {
-      refused_log_.unsaid += static_cast<int64_t>(n);
-    }
+    if (!refused_log_.Say(static_cast<int64_t>(n))) return;
+    PW_LOG(Warning) << n << " runs refused by the scheduler: " << why
+                    << refused_log_.Unsaid("more refused since the last said");
   }
 
   // The client's ordered queue to a host. A queue whose delivery stopped (the host refused a
@@ -112,15 +107,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       // Said once per broken sequence (at most once a minute per host: runs sent to a dead host
       // break a sequence each), and kept for the errors of arrays that were made in it.
       absl::Status why = q->failure();
-      BreakLog& said = break_log_[address];
-      if (const absl::Time now = absl::Now(); now >= said.next) {
+      LogLimiter& said = break_log_.try_emplace(address, absl::Minutes(1)).first->second;
+      if (said.Say()) {
         PW_LOG(Warning) << "client " << identity_.id << ": host " << address << " stopped taking ops (" << why
-                        << "); a new sequence starts"
-                        << (said.unsaid > 0 ? absl::StrCat(" (", said.unsaid, " more breaks since the last said)")
-                                            : "");
-        said = {now + absl::Minutes(1), 0};
-      } else {
-        ++said.unsaid;
+                        << "); a new sequence starts" << said.Unsaid("more breaks since the last said");
       }
       auto& broken = breaks_[address];
       if (broken.size() >= kBreaksKept) broken.erase(broken.begin());  // sessions are random: any one goes
@@ -390,12 +380,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Why sequences to each host broke, by session (see BreakOf): the last few.
   static constexpr size_t kBreaksKept = 8;
   absl::flat_hash_map<std::string, std::map<int64_t, absl::Status>> breaks_ ABSL_GUARDED_BY(mu_);
-  struct BreakLog {
-    absl::Time next = absl::InfinitePast();  // when a break may be logged again
-    int64_t unsaid = 0;
-  };
-  absl::flat_hash_map<std::string, BreakLog> break_log_ ABSL_GUARDED_BY(mu_);  // by host address
-  BreakLog refused_log_ ABSL_GUARDED_BY(mu_);  // runs the scheduler refused (unsaid counts runs)
+  absl::flat_hash_map<std::string, LogLimiter> break_log_ ABSL_GUARDED_BY(mu_);  // by host address
+  LogLimiter refused_log_ ABSL_GUARDED_BY(mu_){absl::Minutes(1)};                // runs the scheduler refused
   absl::flat_hash_map<std::string, std::string> incarnation_of_ ABSL_GUARDED_BY(mu_);
   // One queue for all islands: the controller sees the client's runs in the client's order.
   std::shared_ptr<OrderedBatchQueue<QueuedRun>> schedule_queue_ ABSL_GUARDED_BY(mu_);

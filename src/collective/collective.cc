@@ -9,6 +9,7 @@
 #include "collective/cross_host.h"
 #include "collective/peer_mesh.h"
 #include "collective/tcp_links.h"
+#include "core/log_limiter.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 
@@ -95,18 +96,10 @@ std::string Describe(const CollectiveCall& c) {
 // says what it saw. At most one line a second per process, with how many were left out.
 void LogFailure(const std::string& host, const absl::Status& status) {
   ABSL_CONST_INIT static absl::Mutex mu(absl::kConstInit);
-  ABSL_CONST_INIT static absl::Time next ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-  ABSL_CONST_INIT static int64_t left_out ABSL_GUARDED_BY(mu) = 0;
+  static LogLimiter& limiter = *new LogLimiter(absl::Seconds(1));
   absl::MutexLock lock(&mu);
-  const absl::Time now = absl::Now();
-  if (now < next) {
-    ++left_out;
-    return;
-  }
-  PW_LOG(Warning) << "host " << host << ": " << status
-                  << (left_out > 0 ? absl::StrCat(" (", left_out, " failed collectives not logged before it)") : "");
-  left_out = 0;
-  next = now + absl::Seconds(1);
+  if (!limiter.Say()) return;
+  PW_LOG(Warning) << "host " << host << ": " << status << limiter.Unsaid("failed collectives not logged before it");
 }
 
 bool SameCall(const CollectiveCall& a, const CollectiveCall& b) {
