@@ -277,6 +277,8 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
       }
     }
   };
+  // Set when a peer's message for this step has another size or signature (members disagree).
+  absl::Status mismatch;
   // Set when a peer turns out to be past this call: the step is abandoned, but every message
   // already started is finished, so the streams stay whole and the mesh open.
   absl::Status aborted;
@@ -459,9 +461,15 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
             return absl::InvalidArgumentError(
                 absl::StrCat("host ", peer, " sent bytes that are not a collective message"));
           } else if (h.execution == id.execution && h.call == id.call && h.step == step) {
-            PW_RETURN_IF_ERROR(ours(i, h));
-            deliver_us = std::max(deliver_us, h.deliver_us);
-            r.phase = r.expected == 0 ? RecvState::kDone : RecvState::kPayload;
+            if (absl::Status wrong = ours(i, h); !wrong.ok()) {
+              // Read past (its sender sends it whole) before failing: the connection stays whole,
+              // so the peer is told on it, and does not find it closed in its next call.
+              if (mismatch.ok()) mismatch = std::move(wrong);
+              r.phase = RecvState::kDiscard;
+            } else {
+              deliver_us = std::max(deliver_us, h.deliver_us);
+              r.phase = r.expected == 0 ? RecvState::kDone : RecvState::kPayload;
+            }
           } else if (Stale(h, id, step)) {
             // A lagging peer's message for a call this host is done with: dropped.
             r.phase = RecvState::kDiscard;
@@ -501,6 +509,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
           }
           r.phase = RecvState::kHeader;
           r.header_got = 0;
+          if (!mismatch.ok()) return mismatch;
           if (!aborted.ok()) r.active = false;  // nothing more is read for an abandoned call
         }
       }
