@@ -2,8 +2,8 @@
 #pragma once
 
 #include <sys/resource.h>
-#include <time.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,13 +13,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-
 #include "core/progress.h"
 #include "tools/flags.h"
 
@@ -75,6 +75,26 @@ inline double ProcessCpuSeconds(pid_t pid) {
     if (in >> ran) nanos += ran;
   }
   return static_cast<double>(nanos) * 1e-9;
+}
+
+// Per thread name, the nanoseconds process `pid`'s threads of that name have run and have waited
+// on a run queue for a core (schedstat's first two fields); threads that have exited no longer
+// count. Tells a wait for work from a wait for a core.
+struct ThreadTime {
+  int64_t ran_ns = 0, waited_ns = 0;
+};
+inline std::map<std::string, ThreadTime> ThreadTimes(pid_t pid) {
+  std::map<std::string, ThreadTime> out;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+    std::ifstream comm(task.path() / "comm"), stat(task.path() / "schedstat");
+    std::string name;
+    ThreadTime t;
+    if (!std::getline(comm, name) || !(stat >> t.ran_ns >> t.waited_ns)) continue;
+    out[name].ran_ns += t.ran_ns;
+    out[name].waited_ns += t.waited_ns;
+  }
+  return out;
 }
 
 // CPU seconds this process has run, user and system.

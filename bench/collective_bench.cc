@@ -7,13 +7,17 @@
 // docs/benchmarks.md. The peers come from `make deps-bench`; a missing one is reported, not fatal.
 //
 //   build/bin/collective_bench [--configs 2x1,4x1,8x1,4x4,1x4] [--sizes 4,64KiB,4MiB] [--repeats 3]
-//                              [--hub-only true] [--runtime-only true] [--work 0,64,128,256]
+//                              [--rounds 1] [--hub-only true] [--runtime-only true] [--work 0,64,128,256]
 //                              [--steps N] [--small-hosts 3,4,8,16]
 //
 // With --small-hosts, all_to_all, all_gather and broadcast between that many hosts instead, each
 // by its two algorithms for small messages side by side (cross_host.h, SmallAlgorithm).
 // With --work, Figure 6 instead: the step with a matrix product of each side given, at the first
 // size, against the multi-controller baseline only.
+//
+// With --rounds R, each row of the main table measures every system R times in turn, the order
+// turning by one system per round, and reports medians over the rounds, each ratio taken within
+// a round (the machine's drift over a row then falls on every system alike).
 //
 // A config HxD is H worker processes with D devices each; sizes are bytes per device. The step
 // reduces with max (values stay exact, so the result is checked) at the cost of a sum.
@@ -410,7 +414,13 @@ double MemcpyBandwidth() {
 }
 
 std::string Format(std::optional<double> v) { return v ? absl::StrFormat("%.0f", *v) : "n/a"; }
-std::string Ratio(double a, std::optional<double> b) { return b && *b > 0 ? absl::StrFormat("%.2f", a / *b) : "n/a"; }
+
+// One round of a row of the main table: every system measured once, side by side.
+struct RowRound {
+  Rates ours;
+  MultiControllerRates mc;
+  std::optional<double> torch, mpi, mpi_ucx;
+};
 
 // The paper's Figure 6: the step with a computation of growing duration (a matrix product of
 // side `work`), the single controller's forms against the multi-controller baseline, and per
@@ -462,8 +472,10 @@ int Main(int argc, char** argv) {
   Subprocess::KillEveryChildWhenParentEnds();  // none outlives a benchmark that is killed
   InitServingProcess();
   const Flags flags = bench::FlagsOrExit(
-      argc, argv, {"configs", "sizes", "repeats", "hub-only", "runtime-only", "work", "steps", "small-hosts"});
+      argc, argv,
+      {"configs", "sizes", "repeats", "rounds", "hub-only", "runtime-only", "work", "steps", "small-hosts"});
   const int repeats = static_cast<int>(bench::IntFlagOrExit(flags, "repeats", 3));
+  const int rounds = static_cast<int>(bench::IntFlagOrExit(flags, "rounds", 1, 1, 20));
   const std::vector<std::pair<int, int>> configs = bench::ConfigsOrExit(flags.Get("configs", "2x1,4x1,8x1,4x4,1x4"));
   std::vector<int64_t> sizes;
   for (absl::string_view s : absl::StrSplit(flags.Get("sizes", "4,64KiB,4MiB"), ',')) {
@@ -491,9 +503,10 @@ int Main(int argc, char** argv) {
   const double memcpy_bw = MemcpyBandwidth();
   std::printf("memcpy on this machine: %.2f GB/s (bytes read + written)\n\n", memcpy_bw / 1e9);
   std::printf(
-      "Steps per second, median of %d runs; a step is all_reduce(max) of the bytes per device, then an "
-      "add; every rank is a process or a device of a worker process.\n\n",
-      repeats);
+      "Steps per second, median of %d runs (then of %d rounds, each ratio taken within a round); a step is "
+      "all_reduce(max) of the bytes per device, then an add; every rank is a process or a device of a worker "
+      "process.\n\n",
+      repeats, rounds);
   std::printf(
       "The collective alone: all_reduce through the hub API, hosts as threads of one process with "
       "loopback links between them, no compiled function; GB/s counts every member's input read and output "
@@ -545,39 +558,100 @@ int Main(int argc, char** argv) {
   for (auto [hosts, devices] : configs) {
     for (int64_t bytes : sizes) {
       now_measuring("this runtime and its peers", hosts, devices, bytes);
-      auto ours = MeasureRuntime(hosts, devices, bytes, repeats, 0, steps);
-      if (!ours.ok()) {
+      const int ranks = hosts * devices;
+      // Each round measures every system once (`repeats` runs each), in an order that turns by
+      // one system per round: on this shared machine the rate drifts over a minute, and a system
+      // measured always last, or always after the same one, would carry that drift into its
+      // ratios. A ratio is taken within each round, and the median of the rounds reported.
+      std::vector<RowRound> row;
+      absl::Status ours_failed;
+      for (int k = 0; k < rounds && ours_failed.ok(); ++k) {
+        RowRound round;
+        for (int i = 0; i < 5; ++i) {
+          switch ((i + k) % 5) {
+            case 0: {
+              auto ours = MeasureRuntime(hosts, devices, bytes, repeats, 0, steps);
+              if (ours.ok()) {
+                round.ours = *ours;
+              } else {
+                ours_failed = ours.status();
+              }
+              break;
+            }
+            case 1:
+              if (!runtime_only) round.mc = MeasureMultiController(hosts, devices, bytes, repeats);
+              break;
+            case 2:
+              if (have_torch) round.torch = MeasureTorch(ranks, bytes, repeats);
+              break;
+            case 3:
+              if (have_mpi) round.mpi = MeasureMpi(ranks, bytes, repeats, MpiTransport::kTcp);
+              break;
+            case 4:
+              if (have_mpi) round.mpi_ucx = MeasureMpi(ranks, bytes, repeats, MpiTransport::kUcx);
+              break;
+          }
+          if (!ours_failed.ok()) break;
+        }
+        // The peers from Debian may be missing (n/a); the multi-controller peer is ours and is built.
+        if (ours_failed.ok() && !runtime_only && (!round.mc.step || !round.mc.fused)) ++failed;
+        if (ours_failed.ok()) row.push_back(std::move(round));
+      }
+      if (!ours_failed.ok()) {
         progress.Printing();
         std::printf("| %dx%d | %lld | failed: %s |\n", hosts, devices, static_cast<long long>(bytes),
-                    std::string(ours.status().message()).c_str());
+                    std::string(ours_failed.message()).c_str());
         std::fflush(stdout);
         ++failed;
         continue;
       }
-      const int ranks = hosts * devices;
-      const MultiControllerRates mc =
-          runtime_only ? MultiControllerRates{} : MeasureMultiController(hosts, devices, bytes, repeats);
-      // The peers from Debian may be missing (n/a); the multi-controller peer is ours and is built.
-      if (!runtime_only && (!mc.step || !mc.fused)) ++failed;
-      std::optional<double> torch = have_torch ? MeasureTorch(ranks, bytes, repeats) : std::nullopt;
-      std::optional<double> mpi = have_mpi ? MeasureMpi(ranks, bytes, repeats, MpiTransport::kTcp) : std::nullopt;
-      std::optional<double> mpi_ucx = have_mpi ? MeasureMpi(ranks, bytes, repeats, MpiTransport::kUcx) : std::nullopt;
       progress.Printing();
+      auto median = [&](auto get) {  // over the rounds that have the figure
+        std::vector<double> v;
+        for (const RowRound& r : row) {
+          if (std::optional<double> x = get(r)) v.push_back(*x);
+        }
+        return v.empty() ? std::nullopt : std::optional<double>(Median(v));
+      };
+      auto ratio = [&](auto num, auto den) {
+        std::optional<double> m = median([&](const RowRound& r) -> std::optional<double> {
+          const std::optional<double> d = den(r);
+          if (!d || *d <= 0) return std::nullopt;
+          return num(r) / *d;
+        });
+        return m ? absl::StrFormat("%.2f", *m) : std::string("n/a");
+      };
+      const double opbyop = *median([](const RowRound& r) { return std::optional(r.ours.opbyop); });
+      const double chained = *median([](const RowRound& r) { return std::optional(r.ours.chained); });
+      const double fused = *median([](const RowRound& r) { return std::optional(r.ours.fused); });
+      auto fused_of = [](const RowRound& r) { return r.ours.fused; };
+      auto chained_of = [](const RowRound& r) { return r.ours.chained; };
       // What an all_reduce must touch at least: every member's input read, every output written.
-      const double touched = 2.0 * ranks * static_cast<double>(bytes) * ours->fused / 1e9;
+      const double touched = 2.0 * ranks * static_cast<double>(bytes) * fused / 1e9;
       std::printf(
-          "| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.2f |\n",
-                  hosts, devices, static_cast<long long>(bytes), ours->opbyop, ours->chained, ours->fused,
-                  Format(mc.step).c_str(), Format(mc.fused).c_str(), Format(torch).c_str(), Format(mpi).c_str(),
-                  Format(mpi_ucx).c_str(), Ratio(ours->fused, torch).c_str(), Ratio(ours->fused, mpi).c_str(),
-                  Ratio(ours->fused, mpi_ucx).c_str(), ours->opbyop / ours->fused,
-                  ours->chained / ours->fused, Ratio(ours->chained, mc.step).c_str(),
-                  Ratio(ours->fused, mc.fused).c_str(), touched);
+          "| %dx%d | %lld | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |\n",
+          hosts, devices, static_cast<long long>(bytes), opbyop, chained, fused,
+          Format(median([](const RowRound& r) { return r.mc.step; })).c_str(),
+          Format(median([](const RowRound& r) { return r.mc.fused; })).c_str(),
+          Format(median([](const RowRound& r) { return r.torch; })).c_str(),
+          Format(median([](const RowRound& r) { return r.mpi; })).c_str(),
+          Format(median([](const RowRound& r) { return r.mpi_ucx; })).c_str(),
+          ratio(fused_of, [](const RowRound& r) { return r.torch; }).c_str(),
+          ratio(fused_of, [](const RowRound& r) { return r.mpi; }).c_str(),
+          ratio(fused_of, [](const RowRound& r) { return r.mpi_ucx; }).c_str(),
+          ratio([](const RowRound& r) { return r.ours.opbyop; },
+                [](const RowRound& r) { return std::optional(r.ours.fused); })
+              .c_str(),
+          ratio(chained_of, [](const RowRound& r) { return std::optional(r.ours.fused); }).c_str(),
+          ratio(chained_of, [](const RowRound& r) { return r.mc.step; }).c_str(),
+          ratio(fused_of, [](const RowRound& r) { return r.mc.fused; }).c_str(), touched);
       std::fflush(stdout);
       static const char* kForms[] = {"OpByOp", "Chained", "Fused"};
-      const double rates[] = {ours->opbyop, ours->chained, ours->fused};
+      const double rates[] = {opbyop, chained, fused};
       for (int f = 0; f < 3; ++f) {
-        const Rates::Cpu& c = ours->cpu[f];
+        const Rates::Cpu c{*median([f](const RowRound& r) { return std::optional(r.ours.cpu[f].client); }),
+                           *median([f](const RowRound& r) { return std::optional(r.ours.cpu[f].controller); }),
+                           *median([f](const RowRound& r) { return std::optional(r.ours.cpu[f].workers); })};
         cpu_rows.push_back(absl::StrFormat("| %dx%d | %lld | %s | %.0f | %.0f | %.0f | %.0f | %.0f |", hosts, devices,
                                            static_cast<long long>(bytes), kForms[f], 1e6 / rates[f], c.client,
                                            c.controller, c.workers, c.client + c.controller + c.workers));
