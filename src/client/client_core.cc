@@ -37,8 +37,8 @@ class Later {
   }
   void After(absl::Duration delay, absl::AnyInvocable<void() &&> task) {
     absl::MutexLock lock(&mu_);
-    tasks_.emplace(absl::Now() + delay, std::move(task));
-    wake_.Signal();
+    auto it = tasks_.emplace(absl::Now() + delay, std::move(task));
+    if (it == tasks_.begin()) wake_.Signal();  // else the thread already wakes before it is due
   }
 
  private:
@@ -417,20 +417,36 @@ ClientCore::PushedRun ClientCore::PushRun(const std::shared_ptr<RunGroup>& group
     if (self == nullptr) return;
     {
       absl::MutexLock lock(&self->free_mu_);
-      if (--self->runs_undelivered_ > 0 || self->held_frees_.empty()) return;
+      self->last_delivery_ = absl::Now();
+      if (--self->runs_undelivered_ > 0 || self->held_frees_.empty() || self->free_check_pending_) return;
+      self->free_check_pending_ = true;
     }
     Later::Get().After(kFreeWait, [weak] {
-      auto self = weak.lock();
-      if (self == nullptr) return;
-      {
-        absl::MutexLock lock(&self->free_mu_);
-        if (self->runs_undelivered_ > 0) return;  // one is on its way: its delivery waits again
-      }
-      self->PushHeldFrees();
+      if (auto self = weak.lock()) self->CheckHeldFrees();
     });
   });
   pushed.delivered = std::move(delivered);
   return pushed;
+}
+
+void ClientCore::CheckHeldFrees() {
+  {
+    absl::MutexLock lock(&free_mu_);
+    if (runs_undelivered_ > 0 || held_frees_.empty()) {
+      free_check_pending_ = false;  // the next delivery looks again
+      return;
+    }
+    const absl::Time due = last_delivery_ + kFreeWait;
+    if (absl::Now() < due) {
+      // Runs were delivered since this check was set: it moves to kFreeWait after the last.
+      Later::Get().After(due - absl::Now(), [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->CheckHeldFrees();
+      });
+      return;
+    }
+    free_check_pending_ = false;
+  }
+  PushHeldFrees();
 }
 
 absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,

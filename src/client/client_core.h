@@ -356,6 +356,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   absl::Mutex free_order_mu_ ABSL_ACQUIRED_BEFORE(free_mu_);
   absl::Mutex free_mu_;
   int64_t runs_undelivered_ ABSL_GUARDED_BY(free_mu_) = 0;
+  // When the last run was delivered, and whether a check that sends held frees kFreeWait after
+  // it is pending: one check for the client, moved on as runs keep coming, not one timer per
+  // run (each a wake-up of the timer thread, ~10 us of CPU per call on a VM).
+  absl::Time last_delivery_ ABSL_GUARDED_BY(free_mu_);
+  bool free_check_pending_ ABSL_GUARDED_BY(free_mu_) = false;
+  // Sends what is held once kFreeWait has passed since the last delivery with no run on its
+  // way; otherwise looks again when that time comes (or leaves it to the next delivery).
+  void CheckHeldFrees();
   std::vector<HeldFree> held_frees_ ABSL_GUARDED_BY(free_mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(free_mu_) = 0;
   std::atomic<int64_t> frees_unplaced_{0};  // held, or taken and not yet given their places

@@ -274,6 +274,29 @@ TEST_F(ClientTest, ALoopsDroppedArraysAreFreedByItsNextRuns) {
   EXPECT_EQ(buffers(), buffers_before + 8);
 }
 
+// A free held for a run that never comes goes as free ops by itself, a few ms after the last
+// run was delivered, with nothing else sent to move it: in a loop that waits for each result, and
+// when it ends.
+TEST_F(ClientTest, AHeldFreeGoesByItselfWhenNoRunFollows) {
+  const TensorSpec spec{DType::kF32, {4}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+  Worker& w = cluster_->worker(0);
+  const size_t before = w.runtime().store().num_buffers();
+  {
+    ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {4}), island0_, {"x"});
+    for (int i = 0; i < 30; ++i) {
+      x = (*client_->Call(inc, island0_, {x}))[0];
+      ASSERT_TRUE(client_->Ready(x).Await().ok());
+    }
+    // Only x's shards are left once the last free (held when the last run went) is applied.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (w.runtime().store().num_buffers() != before + 4 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));  // polls the condition; bounded by the deadline
+    }
+    EXPECT_EQ(w.runtime().store().num_buffers(), before + 4);
+  }
+}
+
 // A loop's runs over one set of hosts name them once: after that a run names its group and its
 // number in the group's epoch, and the controller gives it its place on each host. Anything
 // else that takes a place on one of the hosts (a put, a free op, a run over other hosts) starts
