@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <deque>
+#include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/executor.h"
@@ -18,6 +21,91 @@ namespace {
 
 // A frame that stops halfway for this long: the other side is frozen or gone.
 constexpr absl::Duration kFrameSilence = absl::Seconds(30);
+
+// The answers of one schedule stream (ServeScheduleStream), written in their requests' order.
+// Shared with the answers' continuations, which may run after the stream is served.
+class AnswerQueue : public std::enable_shared_from_this<AnswerQueue> {
+ public:
+  explicit AnswerQueue(int fd) : fd_(fd) {}
+
+  void Add(Future<Unit> answer) {
+    {
+      absl::MutexLock lock(&mu_);
+      waiting_.push_back(answer);
+    }
+    answer.OnReady([self = shared_from_this()](const absl::StatusOr<Unit>&) { self->Drain(); });
+  }
+  void StopReading() {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  // The writer thread: writes what the completing threads could not, until reading stopped and
+  // every answer is out (or the connection broke, or the listener stops).
+  void WriteUntilDone(const StreamListener& listener) {
+    while (true) {
+      std::string out;
+      {
+        absl::MutexLock lock(&mu_);
+        auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return broken_ || !unsent_.empty() || (!reading_ && waiting_.empty());
+        };
+        if (!mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1))) {
+          if (listener.stopping()) return;
+          continue;
+        }
+        if (broken_ || unsent_.empty()) return;
+        out.swap(unsent_);
+        writing_ = true;
+      }
+      const bool sent =
+          TransferAll(fd_, out.data(), out.size(), true, absl::Now() + kFrameSilence, "schedule answer").ok();
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!sent) {
+        broken_ = true;
+        shutdown(fd_, SHUT_RDWR);  // the reader stops too
+        return;
+      }
+    }
+  }
+
+ private:
+  // The answers at the front that are ready, framed, then sent without waiting when nothing is
+  // being written; what the socket does not take goes to the writer thread.
+  void Drain() {
+    absl::MutexLock lock(&mu_);
+    while (!waiting_.empty() && waiting_.front().IsReady()) {
+      absl::StrAppend(&unsent_, StreamStatusFrame(waiting_.front().Await().status()));
+      waiting_.pop_front();
+    }
+    if (unsent_.empty() || writing_ || broken_ || closed_) return;
+    size_t done = 0;
+    while (done < unsent_.size()) {
+      const ssize_t n = send(fd_, unsent_.data() + done, unsent_.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        break;  // full, or broken: the writer thread finds out
+      }
+    }
+    unsent_.erase(0, done);
+  }
+
+  const int fd_;
+  absl::Mutex mu_;
+  std::deque<Future<Unit>> waiting_ ABSL_GUARDED_BY(mu_);  // in the requests' order
+  std::string unsent_ ABSL_GUARDED_BY(mu_);                // answers framed, not yet sent
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;              // the writer thread is sending
+  bool reading_ ABSL_GUARDED_BY(mu_) = true;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // the connection may be closed: nothing more is sent
+};
 
 }  // namespace
 
@@ -190,37 +278,17 @@ void ServeScheduleStream(int fd, const StreamListener& listener,
                          const std::function<Future<Unit>(const rpc::ScheduleRequest&)>& submit) {
   std::string admitted = StreamStatusFrame(absl::OkStatus());
   if (!TransferAll(fd, admitted.data(), admitted.size(), true, absl::Now() + kFrameSilence, "admission").ok()) return;
-  // Answers go out in the requests' order, each once its runs reach their hosts, from a thread
-  // of their own: reading the next request never waits for the previous answer.
-  absl::Mutex mu;
-  std::deque<Future<Unit>> answers;
-  bool reading = true;
+  // Answers go out in the requests' order, each once its runs reach their hosts. The thread that
+  // completes an answer writes it, with what completed before it, when the socket takes it at
+  // once (a few bytes, to a client that reads them); the rest is left to a writer thread, which
+  // also waits for the last answers once reading stops. Reading the next request never waits for
+  // the previous answer. Waking a thread to write each answer cost two wake-ups per request.
+  auto answers = std::make_shared<AnswerQueue>(fd);
   std::thread writer([&] {
     NameThisThread("sched-answers");
-    while (true) {
-      Future<Unit> next;
-      {
-        absl::MutexLock lock(&mu);
-        auto has_work = [&]() { return !answers.empty() || !reading; };
-        mu.Await(absl::Condition(&has_work));
-        if (answers.empty()) return;
-        next = answers.front();
-        answers.pop_front();
-      }
-      while (!next.WaitFor(absl::Seconds(1))) {
-        if (listener.stopping()) return;
-      }
-      std::string frame = StreamStatusFrame(next.Await().status());
-      if (!TransferAll(fd, frame.data(), frame.size(), true, absl::Now() + kFrameSilence, "schedule answer").ok()) {
-        shutdown(fd, SHUT_RDWR);  // the reader stops too
-        return;
-      }
-    }
+    answers->WriteUntilDone(listener);
   });
-  auto answer = [&](Future<Unit> f) {
-    absl::MutexLock lock(&mu);
-    answers.push_back(std::move(f));
-  };
+  auto answer = [&](Future<Unit> f) { answers->Add(std::move(f)); };
   std::string body;
   while (true) {
     // No idle bound: a client keeps its stream while it lives (its lease says when it is gone,
@@ -245,11 +313,9 @@ void ServeScheduleStream(int fd, const StreamListener& listener,
     }
     answer(submit(request));
   }
-  {
-    absl::MutexLock lock(&mu);
-    reading = false;
-  }
+  answers->StopReading();
   writer.join();
+  answers->Close();  // answers completed from now on are not written: the connection is going
 }
 
 }  // namespace pathways

@@ -28,6 +28,8 @@ class DataStreamServer {
  public:
   static constexpr int kMaxConnections = StreamListener::kMaxConnections;
   static constexpr absl::Duration kIdle = absl::Minutes(10);
+  // A fetch's answer whose shards hold at most this many bytes goes out in one send.
+  static constexpr size_t kOneSendBytes = 64 << 10;
 
   // What the worker does with (credential-checked) requests.
   struct Handlers {
