@@ -161,6 +161,9 @@ void IslandControlPlane::SetMembers(std::vector<Member> members) {
               return std::make_unique<Done>(*this);
             },
             *options_.transport, *options_.executor);
+        // Its operators settle rounds and reports and send, never waiting: batches are handled as
+        // they are read.
+        g->engine->set_handles_on_arrival(true);
         // A new generation's graph name is new: nothing can have been held or lost for it.
         (void)options_.service->AddEngine(g->engine.get());
         engines_.Add(g->engine);

@@ -254,20 +254,36 @@ StreamListener::Protocol DataflowService::StreamProtocol() {
             ServeDataflowStream(
                 fd, listener, [this](const std::string& from, const std::string& graph, std::vector<Envelope> batch) {
                   streamed_.fetch_add(1, std::memory_order_relaxed);
-                  Receive(from, graph, std::move(batch));
+                  Receive(from, graph, std::move(batch), /*on_reader=*/true);
                 });
           },
           kMaxStreamSenders};
 }
 
-void DataflowService::Receive(const std::string& sender, const std::string& graph, std::vector<Envelope> batch) {
+void DataflowService::Receive(const std::string& sender, const std::string& graph, std::vector<Envelope> batch,
+                              bool on_reader) {
   bytes_received_.fetch_add(PayloadBytes(batch), std::memory_order_relaxed);
   if (batch.empty()) return;  // nothing to hand over
   const std::string from = sender.substr(0, kMaxNameBytes);
+  std::shared_ptr<Engine> here;  // handled on this thread, once the lock is released
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = engines_.find(graph);
+    if (it != engines_.end() && on_reader && it->second->handles_on_arrival()) {
+      here = it->second->shared_from_this();  // held: the engine cannot leave meanwhile
+    } else if (it != engines_.end()) {
+      // Under the lock: the engine cannot leave before its queued work holds it (Engine::Deliver).
+      it->second->Deliver(std::move(batch));
+      return;
+    }
+  }
+  if (here != nullptr) {
+    here->Handle(batch);
+    return;
+  }
   absl::MutexLock lock(&mu_);
   auto it = engines_.find(graph);
-  if (it != engines_.end()) {
-    // Under the lock: the engine cannot leave before its queued work holds it (Engine::Deliver).
+  if (it != engines_.end()) {  // added meanwhile
     it->second->Deliver(std::move(batch));
     return;
   }

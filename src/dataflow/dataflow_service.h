@@ -76,8 +76,10 @@ class DataflowService final : public rpc::Dataflow::CallbackService {
   void ServeInProcess(const std::string& address);
   void StopServingInProcess();
   // Hands a batch from host `from` to the graph's engine, or holds it until the graph is
-  // registered.
-  void Receive(const std::string& from, const std::string& graph, std::vector<Envelope> batch);
+  // registered. `on_reader`: the caller is a thread that reads one connection's batches, on
+  // which an engine that handles_on_arrival() handles them (not a sender's own thread, as
+  // in-process delivery is, which may hold its engine's locks).
+  void Receive(const std::string& from, const std::string& graph, std::vector<Envelope> batch, bool on_reader = false);
   // Hands `batch` to the service serving `host` in this process, if one does (under the
   // directory's reader lock, so that a service leaving waits for it): whether one did.
   static bool DeliverInProcess(const std::string& from, const std::string& host, const std::string& graph,

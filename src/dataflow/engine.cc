@@ -124,11 +124,13 @@ void OwnedEngines::ShutdownAll() {
 }
 
 void Engine::Deliver(std::vector<Envelope> batch) {
-  executor_.Schedule([self = shared_from_this(), batch = std::move(batch)]() {
-    if (self->stopped_.load()) return;
-    for (const Envelope& e : batch) self->Handle(e);
-    self->Flush();  // everything produced while handling one batch leaves together
-  });
+  executor_.Schedule([self = shared_from_this(), batch = std::move(batch)]() { self->Handle(batch); });
+}
+
+void Engine::Handle(const std::vector<Envelope>& batch) {
+  if (stopped_.load()) return;
+  for (const Envelope& e : batch) Handle(e);
+  Flush();  // everything produced while handling one batch leaves together
 }
 
 void Engine::Handle(const Envelope& e) {

@@ -100,6 +100,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::Status InjectAll(int node, int shard, int64_t epoch, std::vector<std::string> payloads);
   // A batch from another host (or this one). Processed in order on the executor.
   void Deliver(std::vector<Envelope> batch);
+  // The same, on the calling thread: for a thread that reads the batches of one connection and
+  // has nothing else to do meanwhile (DataflowService, when handles_on_arrival()).
+  void Handle(const std::vector<Envelope>& batch);
+  // Whether a batch read from a stream is handled on the reader's thread instead of the
+  // executor's: one wake-up less per batch, for graphs whose operators never block (control
+  // graphs: their operators queue work and send without waiting). Set before the engine is
+  // added to a service.
+  void set_handles_on_arrival(bool on) { handles_on_arrival_ = on; }
+  bool handles_on_arrival() const { return handles_on_arrival_; }
   // Stops calling operators: callbacks in progress finish first, later input is dropped and
   // nothing more is sent. Work already queued holds the engine, not its operators' owner, so an
   // owner whose operators refer to it calls this before it goes (see OwnedEngines), and never
@@ -147,6 +156,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void Flush();
 
   std::atomic<bool> stopped_{false};
+  bool handles_on_arrival_ = false;
   const std::string host_;
   const std::shared_ptr<const GraphDef> graph_;
   Transport& transport_;

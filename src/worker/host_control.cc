@@ -108,6 +108,8 @@ absl::Status HostControl::Join(const rpc::ControlGraph& def) {
         return std::make_unique<Elsewhere>();
       },
       *options_.transport, *options_.executor);
+  // Its operators queue ops and send, never waiting: batches are handled as they are read.
+  engine->set_handles_on_arrival(true);
   // Generations arrive in order but joins may not: keep them sorted, newest last.
   auto at = generations_.end();
   while (at != generations_.begin() && std::prev(at)->def.generation() > def.generation()) --at;
