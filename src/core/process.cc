@@ -191,6 +191,7 @@ extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict 
 
 // tcmalloc's, where the process allocates through it.
 extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value) __attribute__((weak));
 
 namespace pathways {
 
@@ -210,6 +211,8 @@ void InitServingProcess() {
   // page heap holds free goes back the same way, through its own call: a worker of memory_bench
   // settled at 437 MiB with it against 528 without, and training ran as fast either way
   // (2026-12-04, three pairs of runs).
+  // What tcmalloc's page heap may keep free without giving it back.
+  constexpr size_t kKeptFreeBytes = 32 << 20;
   static const bool trimming = [] {
     // It serves no one, so it takes no SIGINT or SIGTERM: a serving process's goes to the thread
     // that waits for it (tools/pathways_main.cc). Blocked around its start, so it never runs
@@ -222,7 +225,15 @@ void InitServingProcess() {
       while (true) {
         absl::SleepFor(absl::Seconds(1));
         if (MallocExtension_ReleaseFreeMemory != nullptr) {
-          MallocExtension_ReleaseFreeMemory();
+          // Only a page heap that holds much free: a busy process whose heap churns a few MiB
+          // would otherwise hand the same pages back every second and fault them in again (a
+          // client in opbyop_bench spent 8 us of CPU per round trip on this thread alone).
+          size_t free_bytes = 0;
+          if (MallocExtension_GetNumericProperty == nullptr ||
+              !MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &free_bytes) ||
+              free_bytes >= kKeptFreeBytes) {
+            MallocExtension_ReleaseFreeMemory();
+          }
         } else {
           malloc_trim(0);
         }
