@@ -158,6 +158,9 @@ class PeerMesh {
   const std::vector<std::string> hosts_;
   const int rank_;
   DcnEmulation* const dcn_;
+  // Why a call cannot go on with peer host `h` (it left the island), OK when it can; looked at
+  // while a call waits for a peer (TcpLinks::SetDeparted). Null: never.
+  std::function<absl::Status(const std::string& h)> departed_;
   std::vector<int> fds_;                   // by peer rank; -1 when not connected (and at rank_)
   uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
   std::vector<char> scratch_;

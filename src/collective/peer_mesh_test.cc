@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -126,6 +127,100 @@ TEST(PeerMeshTest, StepsBetweenIslandsTakeTheEmulatedLatency) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(80));
   EXPECT_EQ(v[0], 6);
   EXPECT_EQ(v[1], 6);
+}
+
+// A call over a host that left the island (the controller said so) fails at once with why, on
+// the host that waits for it to dial in and on the one that dials it, whether the call was
+// already waiting or comes after: not at its deadline. Once the host is back, calls meet again.
+TEST(PeerMeshTest, ACallOverAHostThatLeftFailsAtOnceNamingIt) {
+  Hosts hosts(2);
+  const absl::Duration deadline = absl::Seconds(60);
+  for (int waiter = 0; waiter < 2; ++waiter) {
+    const int gone = 1 - waiter;
+    const CallId id{static_cast<uint64_t>(10 + waiter), 0};
+    absl::Status waited;
+    const absl::Time start = absl::Now();
+    std::thread call([&] {
+      waited = hosts.links(waiter).Run({"host0", "host1"}, waiter, "k", id, absl::Now() + deadline,
+                                       [&](PeerMesh&) { return absl::OkStatus(); });
+    });
+    // Whether the call waits already or has not begun, it ends: by the wake-up or by the check first.
+    hosts.links(waiter).SetDeparted({{absl::StrCat("host", gone), "silent past the heartbeat timeout"}});
+    call.join();
+    EXPECT_TRUE(absl::IsUnavailable(waited)) << waited;
+    EXPECT_NE(waited.message().find(absl::StrCat("host", gone, " left the island (silent past the heartbeat")),
+              std::string::npos)
+        << waited;
+    EXPECT_LT(absl::Now() - start, deadline / 2) << "the call waited for its deadline";
+    // A later call fails before it waits at all.
+    absl::Status later = hosts.links(waiter).Run({"host0", "host1"}, waiter, "k", {id.execution + 100, 0},
+                                                 absl::Now() + deadline, [&](PeerMesh&) { return absl::OkStatus(); });
+    EXPECT_TRUE(absl::IsUnavailable(later)) << later;
+    hosts.links(waiter).SetDeparted({});
+  }
+  ExpectTwoHostsMeet(hosts, 300);
+}
+
+// A call on a connected mesh that waits for a peer's message ends once the peer has left the
+// island (frozen: its connection stays open), not at the call's deadline.
+TEST(PeerMeshTest, AnExchangeWaitingForAPeerThatLeftEndsNamingIt) {
+  Hosts hosts(2);
+  ExpectTwoHostsMeet(hosts, 1);  // connected
+  absl::Status status;
+  const absl::Duration deadline = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  std::thread call([&] {
+    status = hosts.links(0).Run({"host0", "host1"}, 0, "k", {2, 0}, absl::Now() + deadline, [&](PeerMesh& mesh) {
+      MeshSteps steps(mesh, {2, 0}, 7, absl::Now() + deadline);
+      int32_t v = 1;
+      char* p = reinterpret_cast<char*>(&v);
+      return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, p, p, 1);  // host1 never comes
+    });
+  });
+  // Either order passes; this one lets the call reach its wait first, as a freeze mid-call does.
+  absl::SleepFor(absl::Milliseconds(300));
+  hosts.links(0).SetDeparted({{"host1", "silent past the heartbeat timeout"}});
+  call.join();
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("host1 left the island"), std::string::npos) << status;
+  EXPECT_LT(absl::Now() - start, deadline / 2) << "the call waited for its deadline";
+  hosts.links(0).SetDeparted({});
+  ExpectTwoHostsMeet(hosts, 3);
+}
+
+// A host that dials a frozen peer (its kernel takes the connection; nothing answers the
+// handshake) finds it has left the island between two attempts, not at the call's deadline.
+TEST(PeerMeshTest, ADialToAFrozenPeerEndsOnceThePeerLeft) {
+  auto store = std::make_shared<InMemoryKeyValueStore>();
+  auto links = TcpLinks::Create("host1", "127.0.0.1", store);
+  ASSERT_TRUE(links.ok()) << links.status();
+  // The frozen peer: a listening socket that never accepts.
+  const int frozen = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(frozen, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(listen(frozen, 16), 0);
+  ASSERT_EQ(getsockname(frozen, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_TRUE(store->Set("collective-links/frozen", absl::StrCat("127.0.0.1:", ntohs(addr.sin_port))).ok());
+  absl::Status status;
+  const absl::Duration deadline = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  // host1 is rank 1 over {frozen, host1}: it dials the frozen peer.
+  std::thread call([&] {
+    status = (*links)->Run({"frozen", "host1"}, 1, "k", {1, 0}, absl::Now() + deadline,
+                           [](PeerMesh&) { return absl::OkStatus(); });
+  });
+  // Once the dial reached the peer's kernel, the peer is said to have left.
+  pollfd p{frozen, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 30000), 1);
+  (*links)->SetDeparted({{"frozen", "silent past the heartbeat timeout"}});
+  call.join();
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("frozen left the island"), std::string::npos) << status;
+  EXPECT_LT(absl::Now() - start, deadline / 2) << "the dial waited for the call's deadline";
+  close(frozen);
 }
 
 TEST(PeerMeshTest, AMessageOfTheWrongSizeIsRefusedNamingThePeer) {

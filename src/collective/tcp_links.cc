@@ -23,6 +23,10 @@
 namespace pathways::collective {
 namespace {
 
+// How long one attempt to dial a peer may take (connect and handshake); attempts go on until the
+// call's deadline.
+constexpr absl::Duration kDialAttempt = absl::Seconds(2);
+
 constexpr uint32_t kHelloMagic = 0x50574c32;  // "PWL2" (hellos name their call since "PWLH")
 constexpr uint32_t kMaxKeyBytes = 1 << 20;
 constexpr uint32_t kMaxHostBytes = 1024;
@@ -348,6 +352,24 @@ void TcpLinks::StopWaiting() {
   stop_waiting_ = true;
 }
 
+void TcpLinks::SetDeparted(absl::flat_hash_map<std::string, std::string> why) {
+  absl::MutexLock lock(&mu_);  // waits re-check as it is released
+  departed_ = std::move(why);
+}
+
+void TcpLinks::Returned(const std::vector<std::string>& hosts) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& host : hosts) departed_.erase(host);
+}
+
+absl::Status TcpLinks::DepartedLocked(const std::string& peer) {
+  auto it = departed_.find(peer);
+  if (it == departed_.end()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("host ", peer, " left the island",
+                                             it->second.empty() ? "" : absl::StrCat(" (", it->second, ")"),
+                                             "; a collective over it cannot complete"));
+}
+
 absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& key, CallId id, absl::Time deadline) {
   absl::Status last = absl::DeadlineExceededError("no attempt");
   // A restarted peer republishes a new address: a refused connection looks it up again.
@@ -355,6 +377,7 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
     {
       absl::MutexLock lock(&mu_);
       if (stop_waiting_) return absl::CancelledError(absl::StrCat("host ", host_, " is shutting down"));
+      PW_RETURN_IF_ERROR(DepartedLocked(peer));
     }
     if (attempt > 0) absl::SleepFor(std::min(absl::Milliseconds(5 * attempt), deadline - absl::Now()));
     std::string address;
@@ -369,6 +392,9 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
       absl::MutexLock lock(&mu_);
       addresses_[peer] = address;
     }
+    // Each attempt is bounded on its own, so that a peer that stopped answering (frozen: its
+    // kernel still accepts the connection) is found to have left the island between attempts.
+    const absl::Time attempt_deadline = std::min(deadline, absl::Now() + kDialAttempt);
     socklen_t len = 0;
     auto addr = ParseAddress(address, &len);
     if (!addr.ok()) return addr.status();
@@ -379,7 +405,7 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
       s = absl::UnavailableError(absl::StrCat("connecting to ", address, ": ", Errno(errno)));
     } else {
       pollfd p{fd, POLLOUT, 0};
-      const int ms = RemainingMs(deadline);
+      const int ms = RemainingMs(attempt_deadline);
       int err = 0;
       socklen_t err_len = sizeof(err);
       if (ms == 0 || poll(&p, 1, ms) != 1) {
@@ -391,7 +417,7 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
     if (s.ok()) {
       Configure(fd);
       std::string challenges(2 * kChallengeBytes, '\0');  // the listener's, then ours
-      s = TransferAll(fd, challenges.data(), kChallengeBytes, false, deadline, "challenge");
+      s = TransferAll(fd, challenges.data(), kChallengeBytes, false, attempt_deadline, "challenge");
       if (s.ok() && RAND_bytes(reinterpret_cast<unsigned char*>(challenges.data()) + kChallengeBytes,
                                kChallengeBytes) != 1) {
         s = absl::InternalError("no random bytes for a challenge");
@@ -404,9 +430,9 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
       hello += host_;
       hello.append(challenges, kChallengeBytes, kChallengeBytes);
       hello += Proof(secret_, 'D', challenges, h, key, host_);
-      if (s.ok()) s = TransferAll(fd, hello.data(), hello.size(), true, deadline, "hello");
+      if (s.ok()) s = TransferAll(fd, hello.data(), hello.size(), true, attempt_deadline, "hello");
       std::string theirs(kProofBytes, '\0');
-      if (s.ok()) s = TransferAll(fd, theirs.data(), theirs.size(), false, deadline, "proof");
+      if (s.ok()) s = TransferAll(fd, theirs.data(), theirs.size(), false, attempt_deadline, "proof");
       if (s.ok() && !SameProof(theirs, Proof(secret_, 'L', challenges, h, key, host_))) {
         s = absl::UnauthenticatedError(absl::StrCat("the listener at ", address, " did not prove the cluster token"));
       }

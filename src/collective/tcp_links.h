@@ -67,6 +67,15 @@ class TcpLinks {
   // The host is going: meshes waiting for peers to connect (or dialing them) stop waiting, now
   // and from now on (Cancelled). Exchanges on connected meshes end by their own deadlines.
   void StopWaiting();
+  // The hosts that left the island (frozen past the heartbeat timeout, gone), with why, as the
+  // controller last said: replaces what was set before. A call over one of them fails at once,
+  // and calls waiting to connect to one stop waiting (Unavailable, naming it and why), instead
+  // of each holding its devices until the collective timeout. Exchanges already connected end by
+  // their own deadlines.
+  void SetDeparted(absl::flat_hash_map<std::string, std::string> why);
+  // These hosts are live again (a new worker at a departed host's address, say), until the next
+  // SetDeparted names them.
+  void Returned(const std::vector<std::string>& hosts);
 
   // Publishes this host's address in the rendezvous store (again: a restarted store forgot it).
   // Meshes and streams publish on first use; a host that only receives calls this once it can
@@ -127,6 +136,9 @@ class TcpLinks {
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::string> departed_ ABSL_GUARDED_BY(mu_);  // host -> why
+  // Why a call over `peer` cannot go on: it left the island (OK when it did not).
+  absl::Status DepartedLocked(const std::string& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<PeerMesh>> meshes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);  // peer host -> ip:port
   // Connections dialed in, by (key, peer host), not yet taken by a mesh, with the call each was

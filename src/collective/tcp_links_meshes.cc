@@ -68,7 +68,7 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(PeerMesh& mesh, int p, const std::stri
       absl::MutexLock lock(&mu_);
       const auto slot = std::make_pair(key, peer);
       auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stop_ || stop_waiting_) return true;
+        if (stop_ || stop_waiting_ || departed_.contains(peer)) return true;
         auto it = dialed_in_.find(slot);
         return it != dialed_in_.end() && Pick(it->second, mesh.current_, false) >= 0;
       };
@@ -77,6 +77,7 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(PeerMesh& mesh, int p, const std::stri
         return absl::CancelledError(
             absl::StrCat("host ", host_, " is shutting down; it waited for ", peer, " to connect for collectives"));
       }
+      PW_RETURN_IF_ERROR(DepartedLocked(peer));
       if (!came) {
         return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
       }
@@ -135,6 +136,10 @@ std::shared_ptr<PeerMesh> TcpLinks::MeshFor(const std::vector<std::string>& host
   std::shared_ptr<PeerMesh>& slot = meshes_[key];
   if (slot == nullptr || slot->hosts_ != hosts || slot->rank_ != rank) {
     slot = std::make_shared<PeerMesh>(hosts, rank, dcn_);
+    slot->departed_ = [this](const std::string& peer) {
+      absl::MutexLock lock(&mu_);
+      return DepartedLocked(peer);
+    };
   }
   return slot;
 }
@@ -144,7 +149,14 @@ absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, cons
   std::shared_ptr<PeerMesh> mesh = MeshFor(hosts, rank, key);
   absl::MutexLock lock(&mesh->mu_);
   mesh->Enter(id);  // before connecting: a failure there is this call's, and says so to the peers
-  absl::Status s = Connect(*mesh, key, deadline);
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& peer : hosts) {
+      if (peer != host_ && s.ok()) s = DepartedLocked(peer);
+    }
+  }
+  if (s.ok()) s = Connect(*mesh, key, deadline);
   if (s.ok()) s = body(*mesh);
   // An abandoned call (Aborted) left the streams whole and the peers with no cause to hear.
   if (!s.ok() && !absl::IsAborted(s)) Failed(*mesh, key, s);

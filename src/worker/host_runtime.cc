@@ -159,6 +159,27 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
   return status.ok() ? sequenced : status;
 }
 
+void HostRuntime::SetDepartedPeers(const absl::flat_hash_map<std::string, std::string>& why) {
+  if (links_ == nullptr) return;
+  absl::flat_hash_map<std::string, std::string> departed = why;
+  {
+    absl::MutexLock lock(&live_mu_);
+    for (const std::string& host : live_hosts_) departed.erase(host);
+  }
+  links_->SetDeparted(std::move(departed));
+}
+
+absl::Status HostRuntime::JoinControlGraph(const rpc::ControlGraph& graph) {
+  PW_RETURN_IF_ERROR(control_.Join(graph));
+  if (links_ == nullptr) return absl::OkStatus();
+  absl::MutexLock lock(&live_mu_);
+  if (graph.generation() <= live_generation_) return absl::OkStatus();
+  live_generation_ = graph.generation();
+  live_hosts_ = {graph.hosts().begin(), graph.hosts().end()};
+  links_->Returned({graph.hosts().begin(), graph.hosts().end()});
+  return absl::OkStatus();
+}
+
 absl::Status HostRuntime::ApplyScheduled(std::vector<rpc::ScheduledOp> ops) {
   // One malformed op does not hold back the valid ones of its batch (other clients' runs). One
   // with a client keeps its place in that client's sequence as a skip, so the client's later ops

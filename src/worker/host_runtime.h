@@ -99,7 +99,9 @@ class HostRuntime {
   // Takes runs from the island scheduler, applied in the order given. They come through the
   // island's control graph, which the controller asks the host to join.
   absl::Status ApplyScheduled(std::vector<rpc::ScheduledOp> ops);
-  absl::Status JoinControlGraph(const rpc::ControlGraph& graph) { return control_.Join(graph); }
+  // Also: the hosts of the newest generation are live, as the controller said when it made it
+  // (a host that left and came back at its address takes part in collectives again at once).
+  absl::Status JoinControlGraph(const rpc::ControlGraph& graph);
   // Unavailable once the island's order cannot go on here (HostControl::Broken): the host must
   // leave.
   absl::Status ControlBroken() { return control_.Broken(); }
@@ -141,6 +143,9 @@ class HostRuntime {
   // `host` left the cluster: the dataflow batches waiting for it are dropped
   // (dataflow::GrpcTransport::Forget).
   void ForgetPeer(const std::string& host) { dataflow_transport_.Forget(host); }
+  // The hosts that left the island, with why (the controller's heartbeat answer): collectives
+  // over them fail at once instead of waiting out their timeout (TcpLinks::SetDeparted).
+  void SetDepartedPeers(const absl::flat_hash_map<std::string, std::string>& why);
   // What this host's devices ran for the requesting client.
   rpc::GetTraceResponse GetTrace(const rpc::GetTraceRequest& request) const;
 
@@ -235,6 +240,11 @@ class HostRuntime {
   std::atomic<int64_t> runs_in_flight_{0};
   const std::shared_ptr<DcnEmulation> dcn_;  // null unless emulating; links learn islands from programs
   const std::shared_ptr<collective::TcpLinks> links_;  // null without a rendezvous store
+  // The hosts of the newest control generation joined: never taken for departed (a heartbeat's
+  // answer may be older than the generation).
+  absl::Mutex live_mu_;
+  int64_t live_generation_ ABSL_GUARDED_BY(live_mu_) = -1;
+  absl::flat_hash_set<std::string> live_hosts_ ABSL_GUARDED_BY(live_mu_);
   collective::CollectiveHub collectives_;  // used by device threads; outlives them (see ~HostRuntime)
   ComputationWatch watch_;  // used by device threads; outlives them
   std::vector<std::unique_ptr<Device>> devices_;

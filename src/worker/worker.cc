@@ -330,6 +330,9 @@ void Worker::HeartbeatLoop() {
         departed_.insert(host);
       }
     }
+    // Queued gang runs over a host that left would each hold this host's devices until the
+    // collective timeout, waiting for it to connect.
+    if (response->registered()) runtime_->SetDepartedPeers(why);
     if (int failed = runtime_->store().SetDepartedHosts(std::move(why)); failed > 0) {
       PW_LOG(Warning) << failed << " blocks from hosts that left will not come; their runs fail";
     }
