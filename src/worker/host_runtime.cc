@@ -173,7 +173,11 @@ absl::Status HostRuntime::JoinControlGraph(const rpc::ControlGraph& graph) {
   PW_RETURN_IF_ERROR(control_.Join(graph));
   if (links_ == nullptr) return absl::OkStatus();
   absl::MutexLock lock(&live_mu_);
-  if (graph.generation() <= live_generation_) return absl::OkStatus();
+  // A controller that restarted numbers its generations afresh.
+  if (graph.controller_incarnation() == live_incarnation_ && graph.generation() <= live_generation_) {
+    return absl::OkStatus();
+  }
+  live_incarnation_ = graph.controller_incarnation();
   live_generation_ = graph.generation();
   live_hosts_ = {graph.hosts().begin(), graph.hosts().end()};
   links_->Returned({graph.hosts().begin(), graph.hosts().end()});

@@ -243,6 +243,7 @@ class HostRuntime {
   // The hosts of the newest control generation joined: never taken for departed (a heartbeat's
   // answer may be older than the generation).
   absl::Mutex live_mu_;
+  std::string live_incarnation_ ABSL_GUARDED_BY(live_mu_);  // of the controller that made it
   int64_t live_generation_ ABSL_GUARDED_BY(live_mu_) = -1;
   absl::flat_hash_set<std::string> live_hosts_ ABSL_GUARDED_BY(live_mu_);
   collective::CollectiveHub collectives_;  // used by device threads; outlives them (see ~HostRuntime)
