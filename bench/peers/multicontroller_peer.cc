@@ -10,7 +10,8 @@
 // next, with a WORK x WORK matrix product when WORK > 0 (collective_bench's step, from
 // figure_step.h). Rank 0 prints, per repeat, "steps_per_s_step R" (one call of
 // the compiled step per step: what each process dispatches itself) and "steps_per_s_fused R"
-// (one call of a body that loops the steps).
+// (one call of a body that loops the steps). With PW_FUSED_ONLY set in the environment of every
+// rank, only the fused loop runs (to measure its CPU alone with `perf stat`).
 #include <unistd.h>
 
 #include <cstdio>
@@ -64,6 +65,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const int64_t count = std::max<int64_t>(1, bytes / 4);
+  const bool fused_only = getenv("PW_FUSED_ONLY") != nullptr;
   const std::string client = "multi-controller";
   std::vector<double> step_seconds(repeats + 1), fused_seconds(repeats + 1);
   absl::Status failure;
@@ -88,7 +90,7 @@ int Main(int argc, char** argv) {
       for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up
         absl::Status s;
         const absl::Time t0 = absl::Now();
-        for (int i = 0; i < steps && s.ok(); ++i) s = call(**step_exe);
+        for (int i = 0; i < steps && s.ok() && !fused_only; ++i) s = call(**step_exe);
         const absl::Time t1 = absl::Now();
         if (s.ok()) s = call(**fused_exe);
         const absl::Time t2 = absl::Now();
@@ -102,7 +104,7 @@ int Main(int argc, char** argv) {
           fused_seconds[r] = absl::ToDoubleSeconds(t2 - t1);
         }
       }
-      const float expected = 2.0f * steps * (repeats + 1);
+      const float expected = (fused_only ? 1.0f : 2.0f) * steps * (repeats + 1);
       if (reinterpret_cast<const float*>(a->data())[0] != expected) {
         absl::MutexLock lock(&failure_mu);
         failure = absl::InternalError(absl::StrCat("wrong result ", reinterpret_cast<const float*>(a->data())[0],
@@ -117,7 +119,8 @@ int Main(int argc, char** argv) {
   }
   if (rank == 0) {
     for (int r = 1; r <= repeats; ++r) {
-      std::printf("steps_per_s_step %.1f\nsteps_per_s_fused %.1f\n", steps / step_seconds[r], steps / fused_seconds[r]);
+      if (!fused_only) std::printf("steps_per_s_step %.1f\n", steps / step_seconds[r]);
+      std::printf("steps_per_s_fused %.1f\n", steps / fused_seconds[r]);
     }
   }
   std::fflush(stdout);
