@@ -76,6 +76,45 @@ TEST_F(MultiProcessTest, AKilledClientsBuffersAreFreedWhileOthersCarryOn) {
   EXPECT_EQ(result->data<float>()[3], Pattern({8}, 1.0f).data<float>()[3] + 1);
 }
 
+// A client process paused (SIGSTOP) past its lease is retired as a dead one is: what it held is
+// freed. Resumed, its next call fails saying that it went away, why, and that it must connect
+// again (before: "a run names host H, where client C has no slice"), and the cluster serves on.
+TEST_F(MultiProcessTest, AClientPausedPastItsLeaseIsToldItWentAway) {
+  ClusterMemory memory(address_);
+  auto wait_for = [&](auto done) { return memory.WaitFor(done, absl::Seconds(60)); };
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  const TensorSpec row{DType::kF32, {8}};
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}}));
+  ShardedArray mine = *client_->Put(Pattern({8}, 1.0f), slice, {"x"});
+  const int64_t baseline = 8 * sizeof(float);
+  ASSERT_EQ(wait_for([&](int64_t used) { return used == baseline; }), baseline);
+
+  Subprocess tenant;
+  tenant.MergeStderr();
+  ASSERT_TRUE(tenant
+                  .Start({PATHWAYS_BINARY, "tenant", "--controller", address_, "--devices", "8", "--runs", "16",
+                          "--wait-for-go"})
+                  .ok());
+  ASSERT_TRUE(tenant.WaitForLine("runs over", absl::Seconds(60)).ok());
+  EXPECT_GT(wait_for([&](int64_t used) { return used > baseline; }), baseline);  // its array is there
+  ASSERT_EQ(kill(tenant.pid(), SIGSTOP), 0);
+  // The lease (1 s here) lapses, and the workers free what the client held.
+  EXPECT_EQ(wait_for([&](int64_t used) { return used == baseline; }), baseline);
+  ASSERT_EQ(kill(tenant.pid(), SIGCONT), 0);
+  ASSERT_TRUE(tenant.WriteLine("go").ok());
+  auto told = tenant.WaitForLine("connect again", absl::Seconds(60));
+  ASSERT_TRUE(told.ok()) << told.status();
+  EXPECT_NE(told->find("went away"), std::string::npos) << *told;
+  EXPECT_NE(told->find("lease lapsed"), std::string::npos) << *told;
+  auto exited = tenant.WaitFor(absl::Seconds(60));
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) != 0) << *exited;
+
+  auto result = client_->Fetch((*client_->Call(inc, slice, {mine}))[0]).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->data<float>()[3], Pattern({8}, 1.0f).data<float>()[3] + 1);
+}
+
 // The controller restarts; a client dies while it is down. The workers register again with the
 // new controller and name the clients they hold; the dead one's lease lapses there and its
 // buffers are freed (before, they stayed allocated for good).

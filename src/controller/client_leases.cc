@@ -21,16 +21,21 @@ void ClientLeases::Adopt(const std::string& client, absl::Time now) {
   if (inserted) it->second.last_seen = now;
 }
 
+void ClientLeases::DepartLocked(Lease& lease, absl::Time now, std::string why) {
+  if (lease.departed != absl::InfiniteFuture()) return;
+  lease.departed = now;
+  lease.why_departed = std::move(why);
+}
+
 void ClientLeases::Goodbye(const std::string& client, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  Lease& lease = leases_[client];
-  if (lease.departed == absl::InfiniteFuture()) lease.departed = now;
+  DepartLocked(leases_[client], now, "it said goodbye");
 }
 
 void ClientLeases::Refuse(const std::string& client, std::string reason, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Lease& lease = leases_[client];
-  if (lease.departed == absl::InfiniteFuture()) lease.departed = now;
+  DepartLocked(lease, now, "it was refused");
   lease.refused = reason;
   // Known however long ago the client went (its lease may be forgotten by the time a host reports
   // a computation that never ended).
@@ -55,7 +60,7 @@ void ClientLeases::RefuseTenantLocked(TenantRefusal refusal, absl::Time now) {
   for (const auto& [other, its_tenant] : tenant_of_) {
     if (its_tenant != tenant) continue;
     auto l = leases_.find(other);
-    if (l != leases_.end() && l->second.departed == absl::InfiniteFuture()) l->second.departed = now;
+    if (l != leases_.end()) DepartLocked(l->second, now, absl::StrCat("its tenant ", tenant, " was refused"));
   }
 }
 
@@ -73,10 +78,17 @@ absl::Status ClientLeases::CheckNotRefused(const std::string& client, const std:
     ForgetTenantsLocked(now);
   }
   auto it = leases_.find(client);
-  if (it == leases_.end() || it->second.refused.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("this cluster refuses client ", client, ": ", it->second.refused,
-                   "; what it held is collected (a new client may connect)"));
+  if (it == leases_.end()) return absl::OkStatus();
+  const Lease& lease = it->second;
+  if (!lease.refused.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("this cluster refuses client ", client, ": ", lease.refused,
+                                                      "; what it held is collected (a new client may connect)"));
+  }
+  if (lease.departed == absl::InfiniteFuture()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "client ", client, " went away ", absl::ToInt64Seconds(now - lease.departed), " s ago (", lease.why_departed,
+      "), and what it held (slices, arrays, programs) is collected: connect "
+      "again as a new client"));
 }
 
 void ClientLeases::ForgetTenantsLocked(absl::Time now) {
@@ -110,7 +122,11 @@ std::vector<std::string> ClientLeases::TakeDeparted(absl::Time now) {
   std::vector<std::string> departed;
   for (auto it = leases_.begin(); it != leases_.end();) {
     Lease& lease = it->second;
-    if (lease.departed == absl::InfiniteFuture() && now - lease.last_seen > timeout_) lease.departed = now;
+    if (lease.departed == absl::InfiniteFuture() && now - lease.last_seen > timeout_) {
+      DepartLocked(lease, now,
+                   absl::StrCat("its lease lapsed: no heartbeat for ", absl::FormatDuration(timeout_),
+                                "; was its process paused or cut off?"));
+    }
     const absl::Duration keep = lease.refused.empty() ? remember_ : refuse_for_;
     if (lease.departed != absl::InfiniteFuture() && now - lease.departed > keep) {
       leases_.erase(it++);

@@ -14,14 +14,15 @@
 
 namespace pathways {
 
-// A client that says goodbye, or lets its lease lapse (its process died), has departed; the
-// controller retires it (through every island's scheduler, so that hosts collect what it owned
-// at one point of the island's order). A departed client is remembered for `remember`, so that
-// a late heartbeat does not bring it back, then forgotten. Thread-safe; time is passed in, so
-// expiry is testable without waiting.
+// A client that says goodbye, or lets its lease lapse (its process died, or was paused past the
+// lease), has departed; the controller retires it (through every island's scheduler, so that
+// hosts collect what it owned at one point of the island's order). A departed client is
+// remembered for `remember`, so that a late heartbeat does not bring it back and its calls are
+// told why they fail, then forgotten. Thread-safe; time is passed in, so expiry is testable
+// without waiting.
 class ClientLeases {
  public:
-  ClientLeases(absl::Duration timeout, absl::Duration remember = absl::Seconds(60),
+  ClientLeases(absl::Duration timeout, absl::Duration remember = absl::Minutes(10),
                absl::Duration refuse_for = absl::Hours(1))
       : timeout_(timeout), remember_(remember), refuse_for_(refuse_for) {}
   absl::Duration timeout() const { return timeout_; }
@@ -40,7 +41,9 @@ class ClientLeases {
   // all would refuse everyone.)
   void Refuse(const std::string& client, std::string reason, absl::Time now);
   // OK, or FailedPrecondition with the reason the client, or the named `tenant` it acts for
-  // ("" none), was refused. Remembers the client's tenant for Refuse.
+  // ("" none), was refused, or saying that the client departed (when and why: a client resumed
+  // after a pause longer than its lease learns that what it held is gone). Remembers the client's
+  // tenant for Refuse.
   absl::Status CheckNotRefused(const std::string& client, const std::string& tenant = "",
                                absl::Time now = absl::Now());
   // OK, or FailedPrecondition with the reason the named `tenant` was refused ("" never is).
@@ -65,7 +68,10 @@ class ClientLeases {
     absl::Time departed = absl::InfiniteFuture();
     bool taken = false;
     std::string refused;  // why its calls are refused; empty: they are not
+    std::string why_departed;  // set with `departed`
   };
+  // Departs `lease` at `now` for `why`, unless it departed already.
+  static void DepartLocked(Lease& lease, absl::Time now, std::string why);
   void ForgetTenantsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refuses `refusal.tenant` and departs its clients known here.
   void RefuseTenantLocked(TenantRefusal refusal, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -22,6 +22,36 @@ TEST(ClientLeasesTest, LapsedAndDepartedClientsAreReportedOnce) {
   EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(120)), std::vector<std::string>{"stays"});  // lapsed by now
 }
 
+// A departed client's calls are told that it went away, when and why, for as long as it is
+// remembered: a process resumed after a pause longer than its lease learns that what it held is
+// gone, instead of failing on a slice it no longer has.
+TEST(ClientLeasesTest, ADepartedClientsCallsSayItWentAwayAndWhy) {
+  ClientLeases leases(absl::Seconds(3), absl::Minutes(10));
+  const absl::Time t = absl::UnixEpoch();
+  leases.Renew("paused", t);
+  leases.Renew("leaves", t);
+  leases.Renew("stays", t);
+  leases.Goodbye("leaves", t + absl::Seconds(1));
+  EXPECT_TRUE(leases.CheckNotRefused("paused", "", t + absl::Seconds(2)).ok());
+  leases.Renew("stays", t + absl::Seconds(3));
+  (void)leases.TakeDeparted(t + absl::Seconds(5));  // "paused" missed its lease
+  leases.Renew("paused", t + absl::Seconds(65));    // resumed: its heartbeat does not bring it back
+
+  const absl::Status paused = leases.CheckNotRefused("paused", "", t + absl::Seconds(65));
+  EXPECT_EQ(paused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(paused.message().find("client paused went away 60 s ago"), std::string::npos) << paused;
+  EXPECT_NE(paused.message().find("no heartbeat for 3s"), std::string::npos) << paused;
+  EXPECT_NE(paused.message().find("connect again"), std::string::npos) << paused;
+  const absl::Status left = leases.CheckNotRefused("leaves", "", t + absl::Seconds(6));
+  EXPECT_EQ(left.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(left.message().find("said goodbye"), std::string::npos) << left;
+  EXPECT_TRUE(leases.CheckNotRefused("stays", "", t + absl::Seconds(5)).ok());
+
+  // Forgotten once the memory of it ends: an unknown client's calls are its own to fail.
+  (void)leases.TakeDeparted(t + absl::Minutes(11));
+  EXPECT_TRUE(leases.CheckNotRefused("paused", "", t + absl::Minutes(11)).ok());
+}
+
 TEST(ClientLeasesTest, ClientsThatHostsHoldAreAdoptedByARestartedController) {
   ClientLeases leases(absl::Seconds(3), absl::Seconds(60));
   const absl::Time t = absl::UnixEpoch();

@@ -337,7 +337,9 @@ absl::Status ClusterRegistry::CheckClientMayUse(const std::string& client_id, co
   auto it = client_hosts_.find(client_id);
   if (it != client_hosts_.end() && it->second.contains(address)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("a run names host ", address, ", where client ",
-                                                  ClientLabel(client_id), " has no slice"));
+                                                  ClientLabel(client_id),
+                                                  " has no slice (a client that went away and came back has lost "
+                                                  "its slices: connect again)"));
 }
 
 void ClusterRegistry::NoteClientOnHost(const std::string& client_id, const std::string& address) {

@@ -72,6 +72,7 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
   }
   if (pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
+    if (merge_stderr_) dup2(fds[1], STDERR_FILENO);
     dup2(in_fds[0], STDIN_FILENO);
     // The parent may block SIGINT/SIGTERM; the child must not inherit that.
     sigset_t none;

@@ -20,8 +20,10 @@ class Subprocess {
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
 
-  // Starts argv[0] with stdin and stdout piped to us; stderr is inherited.
+  // Starts argv[0] with stdin and stdout piped to us; stderr is inherited, or goes with stdout
+  // after MergeStderr (for a test that reads what a child logs).
   absl::Status Start(const std::vector<std::string>& argv);
+  void MergeStderr() { merge_stderr_ = true; }
   // Children started after this are killed when the thread that started them ends (the process
   // killed included): for programs whose children must not outlive them however they end.
   void KillWhenParentEnds() { die_with_parent_ = true; }
@@ -58,6 +60,7 @@ class Subprocess {
  private:
   pid_t pid_ = -1;
   bool die_with_parent_ = false;
+  bool merge_stderr_ = false;
   int stdout_fd_ = -1;
   int stdin_fd_ = -1;
   std::string buffer_;
