@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Draws the paper's Figures 5, 6 and 7 from the markdown tables the benchmarks print, and turns
-any benchmark's tables into CSV.
+"""Draws the paper's Figures 5, 6 and 7 and Tables 1 and 2 from the markdown tables the benchmarks
+print, and turns any benchmark's tables into CSV.
 
     build/bin/collective_bench --configs 1x4,2x4,4x4,8x4,16x4 --sizes 4 --work 0 > fig5.md
     /usr/bin/python3 tools/plot_figures.py fig5 fig5.md fig5.png
@@ -14,11 +14,20 @@ any benchmark's tables into CSV.
     build/bin/multitenancy_bench --trace-prefix /tmp/mt_ > mt.md
     /usr/bin/python3 tools/plot_figures.py fig11 /tmp/mt_ fig11.png
 
+    build/bin/train_bench --repeats 3 --tables multi-controller --multi-controller 2x4,4x2,8x1 > table1.md
+    build/bin/train_bench --repeats 3 --tables multi-controller --multi-controller 2x4,4x2,8x1 --mc-tensor 2 >> table1.md
+    /usr/bin/python3 tools/plot_figures.py table1 table1.md table1.png
+
+    build/bin/train_bench --repeats 3 > table2.md
+    /usr/bin/python3 tools/plot_figures.py table2 table2.md table2.png
+
     /usr/bin/python3 tools/plot_figures.py csv ANY_BENCHMARK_OUTPUT.md > tables.csv
 
 Figures 5 and 6 read collective_bench's Figure 6 table (`--work`; work 0 is Figure 5's step, a
 scalar all_reduce and an add), Figure 7 the pipeline tables of dispatch_bench, and Figure 11 the
-traces multitenancy_bench writes per client count (PREFIXclients_N.json). Drawing needs
+traces multitenancy_bench writes per client count (PREFIXclients_N.json), Tables 1 and 2
+train_bench's tables (one controller against multi-controller; pipelines against SPMD, and islands
+against one). Drawing needs
 Debian's python3-matplotlib (`make deps-plot`); `csv` needs nothing.
 """
 import csv
@@ -179,6 +188,102 @@ def figure7(found, out):
     return None
 
 
+def bars(ax, labels, series, ylabel, fmt):
+    """Grouped bars: `series` is [(name, colour, values)], one value per label; each bar carries its
+    value."""
+    width = 0.8 / len(series)
+    for k, (name, colour, values) in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))]
+        drawn = ax.bar(xs, values, width, color=colour, label=name)
+        ax.bar_label(drawn, fmt=fmt, fontsize=7, padding=1)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def median(values):
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def table1(found, out):
+    """Rows of the same processes x devices and data x tensor (the tables of several runs in one
+    file) are drawn as their medians: tokens/s each, and the runs' own ratios."""
+    runs = {}
+    for _, header, body in found:
+        if header[:2] != ["processes x devices", "data x tensor"]:
+            continue
+        for row in body:
+            if len(row) == len(header):
+                runs.setdefault((row[0], row[1]), []).append([number(c) for c in row[2:5]])
+    if not runs:
+        return "no table of one controller against multi-controller (train_bench --tables multi-controller)"
+    rows = [list(key) + [median([r[k] for r in measured]) for k in range(3)] for key, measured in runs.items()]
+    labels = [f"{r[0]}\n{r[1]}" for r in rows]
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    bars(left, labels, [("one controller", "tab:blue", [r[2] for r in rows]),
+                        ("multi-controller", "0.55", [r[3] for r in rows])], "tokens/s", "%.0f")
+    left.legend(fontsize=8)
+    runs_per_row = max(len(m) for m in runs.values())
+    left.set_title("SPMD training step, same kernels and collectives"
+                   + (f" (medians of {runs_per_row} runs)" if runs_per_row > 1 else ""), fontsize=9)
+    bars(right, labels, [("one controller / multi-controller", "tab:blue", [r[4] for r in rows])],
+         "ratio", "%.2f")
+    for ax in (left, right):
+        ax.set_xlabel("processes x devices, then data x tensor parallelism", fontsize=8)
+    right.axhline(1.0, color="0.4", linestyle=":")
+    right.set_title("ratio (the paper: equal to JAX's)", fontsize=9)
+    fig.suptitle("Table 1: a single controller against multi-controller training")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return None
+
+
+def table2(found, out):
+    pipelines = [row for _, header, body in found if header[:2] == ["layout", "calls per step"]
+                 for row in body if len(row) == len(header)]
+    islands = [(heading, body) for heading, header, body in found if header[:2] == ["cluster", "tokens/s"]]
+    if not pipelines:
+        return "no table of SPMD against pipelines (train_bench without --tables)"
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 1 + len(islands), figsize=(6 + 3 * len(islands), 4.2),
+                             gridspec_kw={"width_ratios": [3] + [1] * len(islands)}, squeeze=False)
+    left = axes[0][0]
+    colours = ["tab:green" if r[0].startswith("SPMD") else "tab:orange" if "recomputing" in r[0]
+               else "tab:blue" for r in pipelines]
+    def short(layout):  # "S=4 x data 2, M=8, recomputing" -> "S=4\nM=8" (the colour says the rest)
+        m = re.match(r"S=(\d+) x data \d+, M=(\d+)", layout)
+        return f"S={m.group(1)}\nM={m.group(2)}" if m else layout.replace(": ", "\n")
+
+    labels = [short(r[0]) for r in pipelines]
+    drawn = left.bar(range(len(pipelines)), [number(r[3]) for r in pipelines], color=colours)
+    left.bar_label(drawn, fmt="%.2f", fontsize=7, padding=1)
+    left.set_xticks(range(len(pipelines)))
+    left.set_xticklabels(labels, fontsize=8)
+    left.axhline(1.0, color="0.4", linestyle=":")
+    left.set_ylabel("tokens/s, of SPMD's")
+    left.set_title("pipelines of S stages and M microbatches on one island\n(blue: residuals kept; orange: recomputed)",
+                   fontsize=9)
+    left.grid(True, axis="y", alpha=0.3)
+    for ax, (heading, body) in zip(axes[0][1:], islands):
+        rows = [r for r in body if len(r) == 4]
+        drawn = ax.bar(range(len(rows)), [number(r[2]) for r in rows], color=["0.55", "tab:blue"][: len(rows)])
+        ax.bar_label(drawn, fmt="%.2f", fontsize=7, padding=1)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([r[0].replace(" x ", "\nx ") for r in rows], fontsize=7)
+        ax.axhline(1.0, color="0.4", linestyle=":")
+        ax.set_title("\n".join(textwrap.wrap(heading.lstrip("# ").split(":")[0], 28)), fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][1 if islands else 0].set_ylabel("tokens/s, of one island's" if islands else "tokens/s, of SPMD's")
+    fig.suptitle("Table 2: pipelines against SPMD, and islands joined by an emulated link against one island")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return None
+
+
 def figure11(prefix, out, window_ms=12.0):
     """Per-device timelines of the last `window_ms` of each client count's trace, one panel per
     count, each computation coloured by its client (the tenants' functions are named tenantN)."""
@@ -229,7 +334,7 @@ def to_csv(found):
 
 
 def main(argv):
-    figures = {"fig5": figure5, "fig6": figure6, "fig7": figure7}
+    figures = {"fig5": figure5, "fig6": figure6, "fig7": figure7, "table1": table1, "table2": table2}
     if len(argv) == 4 and argv[1] == "fig11":
         problem = figure11(argv[2], argv[3])
         if problem:

@@ -35,11 +35,53 @@ FIGURE7 = """### Pipeline of K stages, one host each, ~0.1 ms per stage, embedde
 | 2 | 0.62 | 0.79 | 1.27x |
 """
 
+# As train_bench --tables multi-controller prints it, twice (data parallel, then --mc-tensor 2).
+TABLE1 = """### SPMD training on real processes: one controller against multi-controller (the paper's Table 1)
+
+| processes x devices | data x tensor | one controller tokens/s | multi-controller tokens/s | ratio | loss, one controller | loss, multi-controller |
+|---|---|---|---|---|---|---|
+| 2 x 4 | 8 x 1 | 17685 | 24257 | 0.73 | 5.002552 | 5.002552 |
+| 8 x 1 | 8 x 1 | 15000 | 16000 | 0.94 | 5.002552 | 5.002552 |
+
+| processes x devices | data x tensor | one controller tokens/s | multi-controller tokens/s | ratio | loss, one controller | loss, multi-controller |
+|---|---|---|---|---|---|---|
+| 2 x 4 | 4 x 2 | 12000 | 12500 | 0.96 | 5.002552 | 5.002552 |
+"""
+
+# As train_bench prints its pipeline and island tables.
+TABLE2 = """### SPMD against pipelines (8 devices, one island)
+
+| layout | calls per step | tokens/s | of SPMD | model FLOP/s utilisation | peak MiB per device | loss after |
+|---|---|---|---|---|---|---|
+| SPMD: data 8 | 3 | 20000 | 1.00 | 1.0% | 10.0 | 5.0026 |
+| S=2 x data 4, M=4, residuals kept | 9 | 15000 | 0.75 | 0.8% | 9.0 | 5.0026 |
+| S=2 x data 4, M=4, recomputing | 9 | 13000 | 0.65 | 0.7% | 8.0 | 5.0026 |
+
+### Data parallelism over two islands (the paper's Figure 12): an emulated link (50 us one way, 10 Gbit/s) against one island
+
+| cluster | tokens/s | of one island | loss after |
+|---|---|---|---|
+| 1 island x 8 devices | 20000 | 1.000 | 5.0026 |
+| 2 islands x 4 devices | 19400 | 0.970 | 5.0026 |
+"""
+
 
 def test_rows_after_a_line_of_text_join_their_table_and_failed_rows_are_left_out():
     rows = plot_figures.figure6_rows(plot_figures.tables(FIGURE6.splitlines()))
     assert [(r["config"], r["work"]) for r in rows] == [("2x1", 0), ("2x1", 128), ("4x4", 0)]
     assert rows[2]["devices"] == 16 and rows[2]["Fused/MC fused"] == 0.67
+
+
+def test_table1_draws_medians_of_the_runs_of_a_configuration(tmp_path, monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(plot_figures, "bars", lambda ax, labels, series, *_: drawn.setdefault(len(drawn), series))
+    monkeypatch.setattr(plot_figures, "pyplot", lambda: pytest.importorskip("matplotlib.pyplot"))
+    second = TABLE1.replace("| 2 x 4 | 8 x 1 | 17685 | 24257 | 0.73 |", "| 2 x 4 | 8 x 1 | 20000 | 20000 | 1.00 |")
+    third = TABLE1.replace("| 2 x 4 | 8 x 1 | 17685 | 24257 | 0.73 |", "| 2 x 4 | 8 x 1 | 19000 | 20000 | 0.95 |")
+    assert plot_figures.table1(plot_figures.tables((TABLE1 + second + third).splitlines()), str(tmp_path / "t.png")) is None
+    tokens, ratios = drawn[0], drawn[1]
+    assert tokens[0][2][0] == 19000 and tokens[1][2][0] == 20000  # one controller, multi-controller
+    assert ratios[0][2] == [0.95, 0.94, 0.96]
 
 
 def test_csv_gives_every_table_with_its_heading(capsys):
@@ -57,6 +99,8 @@ def test_a_missing_table_is_named(tmp_path):
     source.write_text("no tables here\n")
     assert plot_figures.main(["plot_figures.py", "fig7", str(source), str(tmp_path / "x.png")]) == 1
     assert plot_figures.main(["plot_figures.py", "fig9", str(source), str(tmp_path / "x.png")]) == 2
+    assert plot_figures.main(["plot_figures.py", "table1", str(source), str(tmp_path / "x.png")]) == 1
+    assert plot_figures.main(["plot_figures.py", "table2", str(source), str(tmp_path / "x.png")]) == 1
 
 
 def test_figure11_names_missing_traces(tmp_path, capsys):
@@ -78,7 +122,8 @@ def test_figure11_is_drawn_from_the_traces_it_finds(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="python3-matplotlib is not installed")
-@pytest.mark.parametrize("figure,text", [("fig5", FIGURE6), ("fig6", FIGURE6), ("fig7", FIGURE7)])
+@pytest.mark.parametrize("figure,text", [("fig5", FIGURE6), ("fig6", FIGURE6), ("fig7", FIGURE7),
+                                         ("table1", TABLE1), ("table2", TABLE2)])
 def test_each_figure_is_drawn(tmp_path, figure, text):
     source = tmp_path / "bench.md"
     source.write_text(text)
