@@ -105,7 +105,7 @@ Result Measure(LocalCluster& cluster, const TrainOptions& options, int steps, in
     const double s = Seconds([&] {
       Future<double> last;
       for (int i = 0; i < steps; ++i) last = OrDie(trainer->Step(), "step");
-      loss = *last.Await();
+      loss = OrDie(last.Await(), "loss");
     });
     rates.push_back(static_cast<double>(steps * trainer->tokens_per_step()) / s);
     if (!trace.empty() && r == repeats - 1) (void)client->WriteTrace(trace, start);

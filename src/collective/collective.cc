@@ -91,6 +91,15 @@ std::string Describe(const CollectiveCall& c) {
   return s + ")";
 }
 
+// Why a group mate fails when shard `shard` on `host` withdrew for `why` (CollectiveHub::Withdraw):
+// with why's code, unless that would read as the mate's own timeout.
+absl::Status WillNotCome(const std::string& host, int64_t shard, const absl::Status& why) {
+  const absl::StatusCode code =
+      why.code() == absl::StatusCode::kDeadlineExceeded ? absl::StatusCode::kAborted : why.code();
+  return absl::Status(code, absl::StrCat("shard ", shard, " of this gang on host ", host,
+                                         " will not come: it failed before the call (", why.message(), ")"));
+}
+
 // A host's own view of a failed collective, in its log. The client sees one shard's error, and
 // in a call of several rounds that may name a host that was itself waiting; each host's line
 // says what it saw. At most one line a second per process, with how many were left out.
@@ -122,8 +131,16 @@ void AddPiece(std::vector<Piece>& pieces, const char* data, size_t bytes) {
 }  // namespace
 
 struct CollectiveHub::Meeting {
-  explicit Meeting(size_t size) : calls(size, nullptr) {}
+  Meeting(size_t size, std::string execution, std::vector<std::pair<int, int64_t>> local)
+      : calls(size, nullptr), execution(std::move(execution)), local(std::move(local)) {}
   std::vector<const CollectiveCall*> calls;  // by group rank; this host's members only
+  const std::string execution;
+  const std::vector<std::pair<int, int64_t>> local;  // this host's members: group rank, shard
+  // Failed because a member withdrew (Withdraw). The first member out tells the other hosts
+  // (`told`); with the withdrawn member never coming, it goes once those here have left (one
+  // that comes later finds the withdrawal again).
+  bool withdrawn = false;
+  bool told = false;
   int arrived = 0;
   int left = 0;
   bool done = false;
@@ -138,11 +155,11 @@ CollectiveHub::CollectiveHub(std::string host, std::shared_ptr<TcpLinks> links, 
 
 CollectiveHub::~CollectiveHub() = default;
 
-absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
-                                const CollectiveCall& call) {
+absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::string& execution,
+                                const std::string& call_key, const CallId& id, const CollectiveCall& call) {
   const absl::Time start = absl::Now();
   in_progress_.fetch_add(1, std::memory_order_relaxed);
-  absl::Status status = Meet(placement, call_key, id, call);
+  absl::Status status = Meet(placement, execution, call_key, id, call);
   in_progress_.fetch_sub(1, std::memory_order_relaxed);
   const double us = absl::ToDoubleMicroseconds(absl::Now() - start);
   const size_t bucket = static_cast<size_t>(
@@ -163,8 +180,45 @@ CollectiveHub::Stats CollectiveHub::stats() const {
   return s;
 }
 
-absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
-                                 const CollectiveCall& call) {
+void CollectiveHub::Withdraw(const std::string& execution, int64_t shard, const absl::Status& why) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  ForgetWithdrawalsLocked(now);
+  auto [it, first] = withdrawn_.try_emplace(execution);
+  if (first) withdrawn_order_.emplace_back(now, execution);
+  it->second.try_emplace(shard, why.ok() ? absl::InternalError("it failed") : why);
+  // Meetings of the execution waiting for it now fail; their members wake (they wait for `done`).
+  for (auto& [key, meeting] : meetings_) {
+    if (meeting->done || meeting->execution != execution) continue;
+    absl::Status failed = WithdrawnLocked(*meeting);
+    if (failed.ok()) continue;
+    meeting->done = true;
+    meeting->withdrawn = true;
+    meeting->status = absl::Status(failed.code(), absl::StrCat("collective call ", key, ": ", failed.message()));
+  }
+}
+
+void CollectiveHub::ForgetWithdrawalsLocked(absl::Time now) {
+  while (!withdrawn_order_.empty() &&
+         (withdrawn_order_.size() > kMaxWithdrawals || now - withdrawn_order_.front().first > 2 * timeout_)) {
+    withdrawn_.erase(withdrawn_order_.front().second);
+    withdrawn_order_.pop_front();
+  }
+}
+
+absl::Status CollectiveHub::WithdrawnLocked(const Meeting& meeting) {
+  auto it = withdrawn_.find(meeting.execution);
+  if (it == withdrawn_.end()) return absl::OkStatus();
+  for (const auto& [rank, shard] : meeting.local) {
+    if (meeting.calls[rank] != nullptr) continue;  // here already: it withdrew after this call
+    auto w = it->second.find(shard);
+    if (w != it->second.end()) return WillNotCome(host_, shard, w->second);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::string& execution,
+                                 const std::string& call_key, const CallId& id, const CollectiveCall& call) {
   const Group& group = placement.group;
   const int local_members = static_cast<int>(placement.local.size());
   const size_t size = group.shards.size();
@@ -183,9 +237,20 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError(absl::StrCat(named(), ": host ", host_, " is shutting down"));
     std::shared_ptr<Meeting>& slot = meetings_[call_key];
-    if (slot == nullptr) slot = std::make_shared<Meeting>(size);
+    if (slot == nullptr) {
+      std::vector<std::pair<int, int64_t>> local;
+      for (int r : placement.local) local.emplace_back(r, group.shards[r]);
+      slot = std::make_shared<Meeting>(size, execution, std::move(local));
+    }
     meeting = slot;
     meeting->calls[group.rank] = &call;
+    if (!meeting->done) {
+      if (absl::Status failed = WithdrawnLocked(*meeting); !failed.ok()) {
+        meeting->done = true;
+        meeting->withdrawn = true;
+        meeting->status = absl::Status(failed.code(), absl::StrCat(named(), ": ", failed.message()));
+      }
+    }
     leader = ++meeting->arrived == local_members && !meeting->done;
   }
   if (leader) {
@@ -234,9 +299,18 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
     ++meeting->parts_done;
   }
   absl::Status status = meeting->status;
-  if (++meeting->left == local_members) {
+  // The first member out of a meeting that failed for a withdrawn mate tells the group's other
+  // hosts, whose members would otherwise wait for this host's leader until their deadline.
+  const bool tell = meeting->withdrawn && !meeting->told && placement.hosts.size() > 1 && links_ != nullptr;
+  meeting->told = meeting->told || tell;
+  if (++meeting->left == local_members || (meeting->withdrawn && meeting->left == meeting->arrived)) {
     auto it = meetings_.find(call_key);
     if (it != meetings_.end() && it->second == meeting) meetings_.erase(it);
+  }
+  if (tell) {
+    mu_.Unlock();
+    links_->Abandon(placement.hosts, placement.mine, placement.devices, id, status);
+    mu_.Lock();
   }
   return status;
 }
@@ -511,6 +585,10 @@ ShardCollectives::ShardCollectives(CollectiveHub& hub, std::shared_ptr<const Gan
                                    int64_t shard)
     : hub_(hub), layout_(std::move(layout)), execution_(execution), shard_(shard) {}
 
+std::string ShardCollectives::ExecutionKey(const Execution& execution) {
+  return absl::StrCat(*execution.client, "/", execution.program, "/", execution.run, "/", execution.node);
+}
+
 absl::StatusOr<const GroupPlacement*> ShardCollectives::PlacementFor(absl::string_view axes) {
   for (const auto& [a, g] : groups_) {
     if (a == axes) return g.get();
@@ -529,13 +607,10 @@ absl::Status ShardCollectives::Run(absl::string_view axes, const CollectiveCall&
   absl::Status status = [&]() -> absl::Status {
     PW_ASSIGN_OR_RETURN(const GroupPlacement* placement, PlacementFor(axes));
     // Every member makes the same calls in the same order (SPMD), so the call index matches.
-    if (execution_key_.empty()) {
-      execution_key_ =
-          absl::StrCat(*execution_.client, "/", execution_.program, "/", execution_.run, "/", execution_.node);
-    }
+    if (execution_key_.empty()) execution_key_ = ExecutionKey(execution_);
     const CallId id{Fnv64(absl::StrCat(execution_key_, "/", placement->group.id)), static_cast<uint32_t>(calls_)};
     const std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", placement->group.id);
-    return hub_.Run(*placement, call_key, id, call);
+    return hub_.Run(*placement, execution_key_, call_key, id, call);
   }();
   if (!status.ok() && first_error_.ok()) first_error_ = status;
   return status;

@@ -17,6 +17,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -105,9 +106,21 @@ class CollectiveHub {
   // example client/program/run/node/call index/group id). Members that disagree on the call
   // fail with InvalidArgument; members that do not all arrive within the timeout fail with
   // DeadlineExceeded; errors name the collective.
-  // `id` names the same call for the messages between hosts.
-  absl::Status Run(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
-                   const CollectiveCall& call);
+  // `id` names the same call for the messages between hosts. `execution` is the gang execution
+  // the call belongs to (ShardCollectives::ExecutionKey), for Withdraw.
+  absl::Status Run(const GroupPlacement& placement, const std::string& execution, const std::string& call_key,
+                   const CallId& id, const CollectiveCall& call);
+
+  // Shard `shard` of gang execution `execution` makes no more calls: it failed (`why`) before its
+  // body ran (an input that failed, memory it could not get) or while it ran. Its group mates on
+  // this host stop waiting for it: a meeting of that execution that waits for it fails at once,
+  // now or when they come to it, with why (a member that failed alone would otherwise hold its
+  // mates, and every later gang on their devices, until the timeout). When the group spans
+  // hosts, the mate that finds the meeting failed tells the other hosts, as a failed call is
+  // told. Not covered: a group whose members on this host all withdrew; the other hosts wait for
+  // it until the timeout, or until this host sends a later call's message (PeerMesh::Exchange).
+  // Remembered for twice the timeout (at most kMaxWithdrawals executions).
+  void Withdraw(const std::string& execution, int64_t shard, const absl::Status& why);
 
   // Every member call's latency (Run's, waiting for the group included) lands in the first
   // bucket whose bound (microseconds) is not below it, or in the last, beyond every bound.
@@ -129,8 +142,12 @@ class CollectiveHub {
   // Runs parts 0..n-1 of some work, sharing them with the local members waiting for the leader
   // (or alone, when there are none); the first part's error.
   using Share = absl::FunctionRef<absl::Status(int n, absl::FunctionRef<absl::Status(int)> part)>;
-  absl::Status Meet(const GroupPlacement& placement, const std::string& call_key, const CallId& id,
-                    const CollectiveCall& call);
+  absl::Status Meet(const GroupPlacement& placement, const std::string& execution, const std::string& call_key,
+                    const CallId& id, const CollectiveCall& call);
+  // The failure of `meeting` when one of this host's members that has not come to it withdrew;
+  // OK when none did.
+  absl::Status WithdrawnLocked(const Meeting& meeting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetWithdrawalsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ShareOut(Meeting& meeting, int n, absl::FunctionRef<absl::Status(int)> part);
   // Combines the local members' calls and runs the cross-host part. Runs on the leader, which
   // shares the copies and reductions of large calls out among the local members.
@@ -142,6 +159,10 @@ class CollectiveHub {
   const absl::Duration timeout_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
+  // Shards that withdrew, with why, by execution; and the executions in the order they came.
+  static constexpr size_t kMaxWithdrawals = 4096;
+  absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, absl::Status>> withdrawn_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<absl::Time, std::string>> withdrawn_order_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> ok_{0}, failed_{0}, latency_sum_us_{0};  // member calls that succeeded, failed
   std::atomic<int64_t> in_progress_{0};
@@ -163,6 +184,8 @@ class ShardCollectives {
     int32_t node;
   };
   ShardCollectives(CollectiveHub& hub, std::shared_ptr<const GangLayout> layout, Execution execution, int64_t shard);
+  // "client/program/run/node": how the hub names the execution (CollectiveHub::Withdraw).
+  static std::string ExecutionKey(const Execution& execution);
   // Runs one collective over the shard's group on `axes` (comma-separated mesh axis names; empty
   // means every axis).
   absl::Status Run(absl::string_view axes, const CollectiveCall& call);

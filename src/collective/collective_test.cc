@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/tcp_links.h"
+#include "core/status_macros.h"
 #include "gtest/gtest.h"
 
 namespace pathways::collective {
@@ -178,6 +179,113 @@ TEST(CollectiveHubTest, MembersWaitingInACallAreCountedUntilTheyLeave) {
   EXPECT_EQ(hub.stats().in_progress, 0);
   EXPECT_EQ(hub.stats().calls, 3);
   EXPECT_EQ(out, std::vector<float>(3, 6));
+}
+
+// A shard that fails before its body's collectives (an input that failed: its client went away
+// with blocks still in flight) withdraws: its group mates on the host fail at once naming it,
+// whether they were already waiting or come after, instead of holding their devices for the
+// timeout (30 s in workers; here 60 s, so that a test that waited for it would time out). Calls
+// it had already joined, other groups and other executions are not touched.
+TEST(CollectiveHubTest, AWithdrawnMemberFailsItsMatesAtOnceWhetherTheyWaitOrComeLater) {
+  CollectiveHub hub("h", nullptr, absl::Seconds(60));
+  // Two groups over "i": shards {0, 1} (j=0) and {2, 3} (j=1).
+  auto layout = std::make_shared<const GangLayout>(Layout({2, 2}, {"j", "i"}, std::vector<std::string>(4, "h")));
+  const std::string client = "c";
+  const absl::Time start = absl::Now();
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  auto call_of = [&](int s) {
+    return CollectiveCall{
+        CollectiveKind::kAllReduce,    DType::kF32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x[s]),
+        reinterpret_cast<char*>(&y[s])};
+  };
+  const std::string execution = ShardCollectives::ExecutionKey({&client, 7, 1, 2});
+  EXPECT_EQ(execution, "c/7/1/2");
+  // Shard 0 waits; shard 1 then withdraws. Shards 2 and 3 (the other group) meet as usual.
+  absl::Status waited;
+  std::thread waiter([&] {
+    ShardCollectives shard(hub, layout, {&client, 7, 1, 2}, 0);
+    waited = shard.Run("i", call_of(0));
+  });
+  for (absl::Time until = absl::Now() + absl::Seconds(20); hub.stats().in_progress < 1 && absl::Now() < until;) {
+    std::this_thread::yield();
+  }
+  hub.Withdraw(execution, 1, absl::CancelledError("input of 'f' (shard 1): client c went away"));
+  waiter.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kCancelled) << waited;
+  EXPECT_NE(waited.message().find("shard 1 of this gang on host h will not come"), std::string::npos) << waited;
+  EXPECT_NE(waited.message().find("client c went away"), std::string::npos) << waited;
+  auto others = RunShards(2, [&](int s) {
+    ShardCollectives shard(hub, layout, {&client, 7, 1, 2}, 2 + s);
+    return shard.Run("i", call_of(2 + s));
+  });
+  for (const auto& r : others) EXPECT_TRUE(r.ok()) << r;
+  EXPECT_EQ(y[2], 7);
+
+  // A mate that comes after the withdrawal, to this call or a later one, fails at once too.
+  ShardCollectives late(hub, layout, {&client, 7, 1, 2}, 0);
+  absl::Status second = late.Run("i", call_of(0));
+  EXPECT_EQ(second.code(), absl::StatusCode::kCancelled) << second;
+  // Another run of the same node is another execution.
+  auto next_run = RunShards(2, [&](int s) {
+    ShardCollectives shard(hub, layout, {&client, 7, 2, 2}, s);
+    return shard.Run("i", call_of(s));
+  });
+  for (const auto& r : next_run) EXPECT_TRUE(r.ok()) << r;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // nobody waited for the timeout
+}
+
+// A shard that withdraws after a call it joined (its body failed later) leaves that call alone:
+// the meeting it came to completes, and only the calls after it fail.
+TEST(CollectiveHubTest, AMemberThatWithdrawsAfterACallLeavesThatCallAlone) {
+  CollectiveHub hub("h", nullptr, absl::Seconds(60));
+  auto layout = std::make_shared<const GangLayout>(Layout({2}, {"i"}, std::vector<std::string>(2, "h")));
+  const std::string client = "c";
+  float x[2] = {1, 2}, y[2] = {};
+  auto results = RunShards(2, [&](int s) -> absl::Status {
+    ShardCollectives shard(hub, layout, {&client, 0, 0, 0}, s);
+    CollectiveCall call{
+        CollectiveKind::kAllReduce,    DType::kF32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x[s]),
+        reinterpret_cast<char*>(&y[s])};
+    PW_RETURN_IF_ERROR(shard.Run("", call));
+    if (s == 1) {
+      hub.Withdraw(ShardCollectives::ExecutionKey({&client, 0, 0, 0}), 1, absl::InternalError("kernel failed"));
+      return absl::OkStatus();
+    }
+    return shard.Run("", call);  // shard 1 never makes this second call
+  });
+  EXPECT_EQ(y[0], 3);
+  EXPECT_TRUE(results[1].ok()) << results[1];
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInternal) << results[0];
+  EXPECT_NE(results[0].message().find("kernel failed"), std::string::npos) << results[0];
+}
+
+// Across hosts: host a's members are shard 0 and 1, host b's shard 2. In the gang's second run
+// (the first connected the hosts, as earlier runs have in a worker), shard 1 withdraws; shard 0
+// fails at once and tells host b, whose member fails within a moment, not at the timeout.
+TEST(CollectiveHubTest, AWithdrawnMemberIsToldToTheGroupsOtherHosts) {
+  Cluster cluster({"a", "b"}, absl::Seconds(60));
+  auto layout = std::make_shared<const GangLayout>(Layout({3}, {"i"}, {"a", "a", "b"}));
+  const std::string client = "c";
+  float x[3] = {1, 2, 3}, y[3] = {};
+  auto run = [&](int64_t run_id, bool withdraw) {
+    return RunShards(3, [&](int s) -> absl::Status {
+      if (withdraw && s == 1) return absl::OkStatus();  // withdrawn: never calls
+      ShardCollectives shard(cluster.hub(layout->members[s].host), layout, {&client, 0, run_id, 0}, s);
+      CollectiveCall call{
+          CollectiveKind::kAllReduce,    DType::kF32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x[s]),
+          reinterpret_cast<char*>(&y[s])};
+      return shard.Run("", call);
+    });
+  };
+  for (const auto& r : run(0, false)) ASSERT_TRUE(r.ok()) << r;
+  const absl::Time start = absl::Now();
+  cluster.hub("a").Withdraw(ShardCollectives::ExecutionKey({&client, 0, 1, 0}), 1,
+                            absl::UnavailableError("input of 'f' (shard 1): its block never came"));
+  auto results = run(1, true);
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kUnavailable) << results[0];
+  EXPECT_FALSE(results[2].ok());
+  EXPECT_NE(results[2].message().find("its block never came"), std::string::npos) << results[2];
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }
 
 TEST(CollectiveHubTest, MembersThatDisagreeOnTheCallFailNamingBoth) {

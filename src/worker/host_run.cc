@@ -252,10 +252,20 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     // Work of a client that went away still runs once it is on the device: every host of the
     // island stopped that client at the same point of the island's order, so its gangs run
     // everywhere or nowhere. What it produces is freed as soon as it is done.
+    // A shard that fails here or in its body makes no more collective calls: its group mates on
+    // this host are told, instead of waiting for it (and holding their devices) until the timeout.
+    auto withdraw = [&](const absl::Status& why) {
+      if (node_plan.gang != nullptr && node_plan.gang->members.size() > 1) {
+        hub->Withdraw(collective::ShardCollectives::ExecutionKey({&label.client, label.program, label.run, label.node}),
+                      shard, why);
+      }
+    };
     const absl::StatusOr<std::vector<BufferPtr>>& pieces = inputs.Await();
     if (!pieces.ok()) {
-      fail(absl::Status(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
-                                                             "): ", pieces.status().message())));
+      const absl::Status failed(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
+                                                                     "): ", pieces.status().message()));
+      withdraw(failed);
+      fail(failed);
       tracker->ShardDone(0);
       return;
     }
@@ -306,6 +316,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     const int64_t start_us = absl::ToUnixMicros(start);
     const int64_t end_us = absl::ToUnixMicros(absl::Now());
     device->RecordTrace({label, start_us, end_us});  // before results show
+    if (!results.ok()) withdraw(results.status());   // before the run counts as done
     tracker->ShardDone(end_us - start_us);
     if (!results.ok()) {
       fail(results.status());
