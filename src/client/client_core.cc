@@ -138,7 +138,8 @@ void ClientCore::LeaseLoop(absl::Duration interval) {
       interval = *next;
     } else if (next.status().code() == absl::StatusCode::kFailedPrecondition) {
       // The controller refuses this client for good (a computation of its held a device past its
-      // host's computation timeout): said once, and no more renewals.
+      // host's computation timeout), or it went away there (its lease lapsed while this process
+      // was paused, say) and what it held is collected: said once, and no more renewals.
       PW_LOG(Error) << "client " << id() << ": " << next.status();
       return;
     } else {

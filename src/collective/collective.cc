@@ -92,10 +92,14 @@ std::string Describe(const CollectiveCall& c) {
 }
 
 // Why a group mate fails when shard `shard` on `host` withdrew for `why` (CollectiveHub::Withdraw):
-// with why's code, unless that would read as the mate's own timeout.
+// with why's code, unless that would read as the mate's own timeout, or as members disagreeing
+// (told to other hosts, that keeps the connections of peers never seen in the call open, and a
+// peer whose members all withdrew too would find the notice in its next call).
 absl::Status WillNotCome(const std::string& host, int64_t shard, const absl::Status& why) {
   const absl::StatusCode code =
-      why.code() == absl::StatusCode::kDeadlineExceeded ? absl::StatusCode::kAborted : why.code();
+      why.code() == absl::StatusCode::kDeadlineExceeded || why.code() == absl::StatusCode::kInvalidArgument
+          ? absl::StatusCode::kAborted
+          : why.code();
   return absl::Status(code, absl::StrCat("shard ", shard, " of this gang on host ", host,
                                          " will not come: it failed before the call (", why.message(), ")"));
 }
@@ -137,8 +141,7 @@ struct CollectiveHub::Meeting {
   const std::string execution;
   const std::vector<std::pair<int, int64_t>> local;  // this host's members: group rank, shard
   // Failed because a member withdrew (Withdraw). The first member out tells the other hosts
-  // (`told`); with the withdrawn member never coming, it goes once those here have left (one
-  // that comes later finds the withdrawal again).
+  // (`told`); with the withdrawn members never coming, it goes once the others have left.
   bool withdrawn = false;
   bool told = false;
   int arrived = 0;
@@ -204,6 +207,14 @@ void CollectiveHub::ForgetWithdrawalsLocked(absl::Time now) {
     withdrawn_.erase(withdrawn_order_.front().second);
     withdrawn_order_.pop_front();
   }
+}
+
+int CollectiveHub::WithdrawnAwayLocked(const Meeting& meeting) {
+  auto it = withdrawn_.find(meeting.execution);
+  if (it == withdrawn_.end()) return 0;
+  int away = 0;
+  for (const auto& [rank, shard] : meeting.local) away += meeting.calls[rank] == nullptr && it->second.contains(shard);
+  return away;
 }
 
 absl::Status CollectiveHub::WithdrawnLocked(const Meeting& meeting) {
@@ -303,7 +314,10 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
   // hosts, whose members would otherwise wait for this host's leader until their deadline.
   const bool tell = meeting->withdrawn && !meeting->told && placement.hosts.size() > 1 && links_ != nullptr;
   meeting->told = meeting->told || tell;
-  if (++meeting->left == local_members || (meeting->withdrawn && meeting->left == meeting->arrived)) {
+  // A meeting goes once every member here has left it, those that withdrew counting as left: one
+  // meeting per call, so a mate that comes later finds it failed (and told) already.
+  ++meeting->left;
+  if (meeting->left + (meeting->withdrawn ? WithdrawnAwayLocked(*meeting) : 0) >= local_members) {
     auto it = meetings_.find(call_key);
     if (it != meetings_.end() && it->second == meeting) meetings_.erase(it);
   }

@@ -147,6 +147,8 @@ class CollectiveHub {
   // The failure of `meeting` when one of this host's members that has not come to it withdrew;
   // OK when none did.
   absl::Status WithdrawnLocked(const Meeting& meeting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many of this host's members withdrew without coming to `meeting`.
+  int WithdrawnAwayLocked(const Meeting& meeting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetWithdrawalsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ShareOut(Meeting& meeting, int n, absl::FunctionRef<absl::Status(int)> part);
   // Combines the local members' calls and runs the cross-host part. Runs on the leader, which
