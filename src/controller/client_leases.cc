@@ -120,6 +120,7 @@ std::vector<std::string> ClientLeases::TakeDeparted(absl::Time now) {
   absl::MutexLock lock(&mu_);
   ForgetTenantsLocked(now);
   std::vector<std::string> departed;
+  size_t remembered = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
     Lease& lease = it->second;
     if (lease.departed == absl::InfiniteFuture() && now - lease.last_seen > timeout_) {
@@ -136,7 +137,19 @@ std::vector<std::string> ClientLeases::TakeDeparted(absl::Time now) {
       lease.taken = true;
       departed.push_back(it->first);
     }
+    if (lease.departed != absl::InfiniteFuture() && lease.refused.empty()) ++remembered;
     ++it;
+  }
+  // Past kMaxRemembered departed clients (a flood of short-lived ones), the longest gone are
+  // forgotten early, refused ones aside: every call of this scans every lease.
+  if (remembered > kMaxRemembered) {
+    std::vector<std::pair<absl::Time, std::string>> gone;
+    for (const auto& [client, lease] : leases_) {
+      if (lease.departed != absl::InfiniteFuture() && lease.refused.empty()) gone.emplace_back(lease.departed, client);
+    }
+    const size_t forget = gone.size() - kMaxRemembered;
+    std::nth_element(gone.begin(), gone.begin() + static_cast<std::ptrdiff_t>(forget - 1), gone.end());
+    for (size_t i = 0; i < forget; ++i) leases_.erase(gone[i].second);
   }
   return departed;
 }

@@ -75,6 +75,8 @@ class ClientLeases {
   void ForgetTenantsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refuses `refusal.tenant` and departs its clients known here.
   void RefuseTenantLocked(TenantRefusal refusal, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Departed clients remembered at most (those refused aside); the longest gone go first.
+  static constexpr size_t kMaxRemembered = size_t{1} << 16;
   // Clients' tenants are remembered this long after their first call, and this many at most
   // (oldest forgotten first), well past any computation timeout a host reports after.
   static constexpr absl::Duration kRememberTenants = absl::Hours(24);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pathways {
@@ -50,6 +51,23 @@ TEST(ClientLeasesTest, ADepartedClientsCallsSayItWentAwayAndWhy) {
   // Forgotten once the memory of it ends: an unknown client's calls are its own to fail.
   (void)leases.TakeDeparted(t + absl::Minutes(11));
   EXPECT_TRUE(leases.CheckNotRefused("paused", "", t + absl::Minutes(11)).ok());
+}
+
+// A flood of short-lived clients cannot grow the memory of departed ones without bound: past
+// 65536, the longest gone are forgotten first.
+TEST(ClientLeasesTest, DepartedClientsAreRememberedUpToABound) {
+  ClientLeases leases(absl::Seconds(3), absl::Minutes(10));
+  const absl::Time t = absl::UnixEpoch();
+  const int n = (1 << 16) + 10;
+  for (int i = 0; i < n; ++i) {
+    const std::string client = absl::StrCat("c", i);
+    leases.Renew(client, t);
+    leases.Goodbye(client, t + absl::Milliseconds(i));
+  }
+  EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(70)).size(), static_cast<size_t>(n));  // each retired once
+  const absl::Time now = t + absl::Seconds(70);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(leases.CheckNotRefused(absl::StrCat("c", i), "", now).ok()) << i;
+  for (int i : {10, n - 1}) EXPECT_FALSE(leases.CheckNotRefused(absl::StrCat("c", i), "", now).ok()) << i;
 }
 
 TEST(ClientLeasesTest, ClientsThatHostsHoldAreAdoptedByARestartedController) {
