@@ -89,6 +89,9 @@ absl::Status WillNotCome(const std::string& host, int64_t shard, const absl::Sta
                                          " will not come: it failed before the call (", why.message(), ")"));
 }
 
+// Axes beyond which a withdrawal looks only at the group over every axis (2^axes groups a shard).
+constexpr size_t kMaxAxesLookedAt = 6;
+
 // A host's own view of a failed collective, in its log. The client sees one shard's error, and
 // in a call of several rounds that may name a host that was itself waiting; each host's line
 // says what it saw. At most one line a second per process, with how many were left out.
@@ -151,22 +154,71 @@ CollectiveHub::Stats CollectiveHub::stats() const {
   return s;
 }
 
-void CollectiveHub::Withdraw(const std::string& execution, int64_t shard, const absl::Status& why) {
+void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execution, int64_t shard, int calls,
+                             const absl::Status& why) {
   const absl::Time now = absl::Now();
-  absl::MutexLock lock(&mu_);
-  ForgetWithdrawalsLocked(now);
-  auto [it, first] = withdrawn_.try_emplace(execution);
-  if (first) withdrawn_order_.emplace_back(now, execution);
-  it->second.try_emplace(shard, why.ok() ? absl::InternalError("it failed") : why);
-  // Meetings of the execution waiting for it now fail; their members wake (they wait for `done`).
-  for (auto& [key, meeting] : meetings_) {
-    if (meeting->done || meeting->execution != execution) continue;
-    absl::Status failed = WithdrawnLocked(*meeting);
-    if (failed.ok()) continue;
-    meeting->done = true;
-    meeting->withdrawn = true;
-    meeting->status = absl::Status(failed.code(), absl::StrCat("collective call ", key, ": ", failed.message()));
+  std::vector<Withdrawal> unattended;
+  {
+    absl::MutexLock lock(&mu_);
+    ForgetWithdrawalsLocked(now);
+    auto [it, first] = withdrawn_.try_emplace(execution);
+    if (first) withdrawn_order_.emplace_back(now, execution);
+    it->second.try_emplace(shard, Withdrawn{why.ok() ? absl::InternalError("it failed") : why, calls});
+    // Meetings of the execution waiting for it now fail; their members wake (they wait for `done`).
+    for (auto& [key, meeting] : meetings_) {
+      if (meeting->done || meeting->execution != execution) continue;
+      absl::Status failed = WithdrawnLocked(*meeting);
+      if (failed.ok()) continue;
+      meeting->done = true;
+      meeting->withdrawn = true;
+      meeting->status = absl::Status(failed.code(), absl::StrCat("collective call ", key, ": ", failed.message()));
+    }
+    if (links_ != nullptr) unattended = UnattendedLocked(layout, execution, shard);
   }
+  if (!unattended.empty()) links_->Withdrew(std::move(unattended), 2 * timeout_);
+}
+
+// Members made different numbers of calls: the group misses this host from the most any made
+// (earlier calls were met here, and failed or not there), and the one that made the fewest says
+// why (the others most likely failed for it).
+std::vector<Withdrawal> CollectiveHub::UnattendedLocked(const GangLayout& layout, const std::string& execution,
+                                                        int64_t shard) {
+  std::vector<Withdrawal> out;
+  if (std::all_of(layout.members.begin(), layout.members.end(), [&](const Member& m) { return m.host == host_; })) {
+    return out;
+  }
+  const auto& withdrawn = withdrawn_.at(execution);
+  const size_t axes = layout.axis_names.size();
+  const bool named = axes == layout.mesh_dims.size() && axes <= kMaxAxesLookedAt;
+  // Each subset of the axes (as names), or only every axis ("").
+  for (uint32_t mask = named ? 1 : 0; mask < (named ? (1u << axes) : 1u); ++mask) {
+    std::vector<absl::string_view> over;
+    for (size_t a = 0; a < axes && named; ++a) {
+      if ((mask >> a) & 1) over.push_back(layout.axis_names[a]);
+    }
+    absl::StatusOr<GroupPlacement> placement = PlaceGroup(layout, shard, absl::StrJoin(over, ","), host_);
+    if (!placement.ok() || placement->hosts.size() < 2) continue;
+    int64_t first = -1;
+    int fewest = 0, most = 0;
+    bool all = true;
+    for (int r : placement->local) {
+      const int64_t s = placement->group.shards[r];
+      auto w = withdrawn.find(s);
+      if (w == withdrawn.end()) {
+        all = false;
+        break;
+      }
+      if (first < 0 || w->second.calls < fewest) {
+        first = s;
+        fewest = w->second.calls;
+      }
+      most = std::max(most, w->second.calls);
+    }
+    if (!all) continue;
+    out.push_back({Fnv64(absl::StrCat(execution, "/", placement->group.id)), static_cast<uint32_t>(most),
+                   placement->devices, WillNotCome(host_, first, withdrawn.at(first).why)});
+  }
+  return out;
 }
 
 void CollectiveHub::ForgetWithdrawalsLocked(absl::Time now) {
@@ -191,7 +243,7 @@ absl::Status CollectiveHub::WithdrawnLocked(const Meeting& meeting) {
   for (const auto& [rank, shard] : meeting.local) {
     if (meeting.calls[rank] != nullptr) continue;  // here already: it withdrew after this call
     auto w = it->second.find(shard);
-    if (w != it->second.end()) return WillNotCome(host_, shard, w->second);
+    if (w != it->second.end()) return WillNotCome(host_, shard, w->second.why);
   }
   return absl::OkStatus();
 }

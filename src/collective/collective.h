@@ -58,6 +58,7 @@ class InMemoryKeyValueStore : public KeyValueStore {
 
 class TcpLinks;
 struct CallId;
+struct Withdrawal;
 
 enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kRoll };
 const char* CollectiveName(CollectiveKind kind);
@@ -111,16 +112,18 @@ class CollectiveHub {
   absl::Status Run(const GroupPlacement& placement, const std::string& execution, const std::string& call_key,
                    const CallId& id, const CollectiveCall& call);
 
-  // Shard `shard` of gang execution `execution` makes no more calls: it failed (`why`) before its
-  // body ran (an input that failed, memory it could not get) or while it ran. Its group mates on
-  // this host stop waiting for it: a meeting of that execution that waits for it fails at once,
-  // now or when they come to it, with why (a member that failed alone would otherwise hold its
-  // mates, and every later gang on their devices, until the timeout). When the group spans
-  // hosts, the mate that finds the meeting failed tells the other hosts, as a failed call is
-  // told. Not covered: a group whose members on this host all withdrew; the other hosts wait for
-  // it until the timeout, or until this host sends a later call's message (PeerMesh::Exchange).
-  // Remembered for twice the timeout (at most kMaxWithdrawals executions).
-  void Withdraw(const std::string& execution, int64_t shard, const absl::Status& why);
+  // Shard `shard` of gang execution `execution` (of gang `layout`) makes no more calls after the
+  // `calls` it made: it failed (`why`) before its body ran (an input that failed, memory it could
+  // not get) or while it ran. Its group mates on this host stop waiting for it: a meeting of that
+  // execution that waits for it fails at once, now or when they come to it, with why (a member
+  // that failed alone would otherwise hold its mates, and every later gang on their devices,
+  // until the timeout). When the group spans hosts, the mate that finds the meeting failed tells
+  // the other hosts, as a failed call is told. A group whose members on this host have all
+  // withdrawn has no mate here to tell: its other hosts, once they have waited for this one a
+  // while, ask it (TcpLinks::Withdrew) and fail with why. Remembered for twice the timeout (at
+  // most kMaxWithdrawals executions).
+  void Withdraw(const GangLayout& layout, const std::string& execution, int64_t shard, int calls,
+                const absl::Status& why);
 
   // Every member call's latency (Run's, waiting for the group included) lands in the first
   // bucket whose bound (microseconds) is not below it, or in the last, beyond every bound.
@@ -150,6 +153,10 @@ class CollectiveHub {
   // How many of this host's members withdrew without coming to `meeting`.
   int WithdrawnAwayLocked(const Meeting& meeting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetWithdrawalsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The groups of `shard` (of `layout`) that span hosts and whose members here have all withdrawn
+  // from `execution`: what this host answers their other hosts when they ask.
+  std::vector<Withdrawal> UnattendedLocked(const GangLayout& layout, const std::string& execution, int64_t shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ShareOut(Meeting& meeting, int n, absl::FunctionRef<absl::Status(int)> part);
   // Combines the local members' calls and runs the cross-host part. Runs on the leader, which
   // shares the copies and reductions of large calls out among the local members.
@@ -163,7 +170,11 @@ class CollectiveHub {
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
   // Shards that withdrew, with why, by execution; and the executions in the order they came.
   static constexpr size_t kMaxWithdrawals = 4096;
-  absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, absl::Status>> withdrawn_ ABSL_GUARDED_BY(mu_);
+  struct Withdrawn {
+    absl::Status why;
+    int calls;  // the collective calls it made first
+  };
+  absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, Withdrawn>> withdrawn_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<absl::Time, std::string>> withdrawn_order_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> ok_{0}, failed_{0}, latency_sum_us_{0};  // member calls that succeeded, failed
@@ -203,6 +214,8 @@ class ShardCollectives {
   const std::shared_ptr<const GangLayout>& layout() const { return layout_; }
   // Which shard of the gang's arrays this is (its device's place in the slice, row-major).
   int64_t shard() const { return shard_; }
+  // The collective calls this shard made (or tried) so far.
+  int calls() const { return calls_; }
   // The first error a collective of this shard returned: kernels report failures by throwing,
   // and the compute layer turns the exception back into this Status (keeping its code).
   const absl::Status& first_error() const { return first_error_; }

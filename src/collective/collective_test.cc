@@ -209,7 +209,7 @@ TEST(CollectiveHubTest, AWithdrawnMemberFailsItsMatesAtOnceWhetherTheyWaitOrCome
   for (absl::Time until = absl::Now() + absl::Seconds(20); hub.stats().in_progress < 1 && absl::Now() < until;) {
     std::this_thread::yield();
   }
-  hub.Withdraw(execution, 1, absl::CancelledError("input of 'f' (shard 1): client c went away"));
+  hub.Withdraw(*layout, execution, 1, 0, absl::CancelledError("input of 'f' (shard 1): client c went away"));
   waiter.join();
   EXPECT_EQ(waited.code(), absl::StatusCode::kCancelled) << waited;
   EXPECT_NE(waited.message().find("shard 1 of this gang on host h will not come"), std::string::npos) << waited;
@@ -248,7 +248,8 @@ TEST(CollectiveHubTest, AMemberThatWithdrawsAfterACallLeavesThatCallAlone) {
         reinterpret_cast<char*>(&y[s])};
     PW_RETURN_IF_ERROR(shard.Run("", call));
     if (s == 1) {
-      hub.Withdraw(ShardCollectives::ExecutionKey({&client, 0, 0, 0}), 1, absl::InternalError("kernel failed"));
+      hub.Withdraw(*layout, ShardCollectives::ExecutionKey({&client, 0, 0, 0}), 1, 1,
+                   absl::InternalError("kernel failed"));
       return absl::OkStatus();
     }
     return shard.Run("", call);  // shard 1 never makes this second call
@@ -279,13 +280,56 @@ TEST(CollectiveHubTest, AWithdrawnMemberIsToldToTheGroupsOtherHosts) {
   };
   for (const auto& r : run(0, false)) ASSERT_TRUE(r.ok()) << r;
   const absl::Time start = absl::Now();
-  cluster.hub("a").Withdraw(ShardCollectives::ExecutionKey({&client, 0, 1, 0}), 1,
+  cluster.hub("a").Withdraw(*layout, ShardCollectives::ExecutionKey({&client, 0, 1, 0}), 1, 0,
                             absl::UnavailableError("input of 'f' (shard 1): its block never came"));
   auto results = run(1, true);
   EXPECT_EQ(results[0].code(), absl::StatusCode::kUnavailable) << results[0];
   EXPECT_FALSE(results[2].ok());
   EXPECT_NE(results[2].message().find("its block never came"), std::string::npos) << results[2];
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+// A host whose every member of a group withdrew has no mate to tell the group's other hosts: they
+// ask it once they have waited a while, and fail within a moment naming why, not at the timeout
+// (60 s here). Calls the withdrawn member made before it failed are met as usual, and the next run
+// on the same connections succeeds. Host b's shard withdraws: before any call in run 1 (a waits
+// for b to dial it, c for b's messages); after its first call in run 2.
+TEST(CollectiveHubTest, AHostWithNoMemberLeftInAGroupTellsItsOtherHostsWhenTheyAsk) {
+  Cluster cluster({"a", "b", "c"}, absl::Seconds(60));
+  auto layout = std::make_shared<const GangLayout>(Layout({3}, {"i"}, {"a", "b", "c"}));
+  const std::string client = "c";
+  // Each shard makes `calls` all_reduces; shard 1 withdraws after `b_calls` of them (-1: never).
+  auto run = [&](int64_t run_id, int calls, int b_calls) {
+    const std::string execution = ShardCollectives::ExecutionKey({&client, 0, run_id, 0});
+    return RunShards(3, [&](int s) -> absl::Status {
+      ShardCollectives shard(cluster.hub(layout->members[s].host), layout, {&client, 0, run_id, 0}, s);
+      for (int k = 0; k < calls; ++k) {
+        if (s == 1 && k == b_calls) {
+          cluster.hub("b").Withdraw(*layout, execution, 1, k, absl::ResourceExhaustedError("device 1 is full"));
+          return absl::OkStatus();
+        }
+        int32_t x = s + 1, y = 0;
+        CollectiveCall call{
+            CollectiveKind::kAllReduce, DType::kI32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x),
+            reinterpret_cast<char*>(&y)};
+        PW_RETURN_IF_ERROR(shard.Run("", call));
+        if (y != 6) return absl::InternalError(absl::StrCat("call ", k, " reduced to ", y));
+      }
+      return absl::OkStatus();
+    });
+  };
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const absl::Time start = absl::Now();
+    auto results = run(1 + attempt, 2, attempt);
+    for (int s : {0, 2}) {
+      EXPECT_EQ(results[s].code(), absl::StatusCode::kResourceExhausted) << results[s];
+      EXPECT_NE(results[s].message().find("shard 1 of this gang on host b will not come"), std::string::npos)
+          << results[s];
+      EXPECT_NE(results[s].message().find("device 1 is full"), std::string::npos) << results[s];
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+    for (const auto& r : run(10 + attempt, 2, -1)) EXPECT_TRUE(r.ok()) << r;
+  }
 }
 
 TEST(CollectiveHubTest, MembersThatDisagreeOnTheCallFailNamingBoth) {

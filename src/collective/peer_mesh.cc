@@ -51,8 +51,30 @@ constexpr size_t kPastExecutions = 4096;
 // all_reduce, 3 pairs of runs): Chained 1.6-2.9x at 2 hosts and 1.1-1.4x at 4 with 250 µs
 // against 50, OpByOp 1.0-1.2x, Fused within its noise; 1000 µs gained nothing more.
 const absl::Duration kSpin = absl::Microseconds(250);
-// How often a call that waits for peers looks whether one of them left the island.
-constexpr int kDepartureCheckMs = 250;
+// Asking a peer whether it withdrew from a call dials it: a peer that is slow to come (a long
+// kernel before the call) is asked at intervals doubling up to kMaxAskInterval, and each ask waits
+// kAskWait at most for the answer.
+constexpr absl::Duration kMaxAskInterval = absl::Seconds(4);
+constexpr absl::Duration kAskWait = absl::Seconds(1);
+
+// A failure notice's body: the host where the failure began, the host that withdrew from the call
+// (empty when none did: PeerMesh::StillComing) and the cause, each but the last ended by a NUL.
+struct NoticeBody {
+  std::string origin, withdrew, cause;
+};
+NoticeBody ParseNotice(const std::string& body) {
+  NoticeBody notice;
+  const size_t first = body.find('\0');
+  const size_t second = first == std::string::npos ? std::string::npos : body.find('\0', first + 1);
+  if (second == std::string::npos) {
+    notice.cause = body;
+    return notice;
+  }
+  notice.origin = body.substr(0, first);
+  notice.withdrew = body.substr(first + 1, second - first - 1);
+  notice.cause = body.substr(second + 1);
+  return notice;
+}
 
 // Builds an iovec over `pieces` from byte `skip` on (at most kMaxIov entries).
 int IovFrom(const std::vector<Piece>& pieces, size_t skip, iovec* iov) {
@@ -101,6 +123,8 @@ PeerMesh::PeerMesh(std::vector<std::string> hosts, int rank, DcnEmulation* dcn)
       fds_(hosts_.size(), -1),
       cut_(hosts_.size(), 0),
       seen_(hosts_.size(), false),
+      next_ask_(hosts_.size()),
+      ask_interval_(hosts_.size()),
       stash_(hosts_.size()) {}
 
 PeerMesh::~PeerMesh() { CloseAll(); }
@@ -156,10 +180,13 @@ void PeerMesh::Fail(const std::string& notice, bool close_unseen) {
   cut_.assign(cut_.size(), 0);
   relayed_origin_.clear();
   relayed_cause_.clear();
+  withdrew_.clear();
 }
 
 std::string PeerMesh::NoticeOf(const absl::Status& status) const {
   std::string body = relayed_origin_.empty() ? hosts_[rank_] : relayed_origin_;
+  body.push_back('\0');
+  body += withdrew_;
   body.push_back('\0');
   const absl::string_view cause = relayed_origin_.empty() ? status.message() : absl::string_view(relayed_cause_);
   body.append(cause.data(), cause.size());
@@ -170,9 +197,10 @@ std::string PeerMesh::NoticeOf(const absl::Status& status) const {
 }
 
 absl::Status PeerMesh::Relay(int r, const MessageHeader& h, const std::string& body) {
-  const size_t nul = body.find('\0');
-  relayed_origin_ = nul == std::string::npos || nul == 0 ? hosts_[r] : body.substr(0, nul);
-  relayed_cause_ = nul == std::string::npos ? body : body.substr(nul + 1);
+  NoticeBody notice = ParseNotice(body);
+  relayed_origin_ = notice.origin.empty() ? hosts_[r] : std::move(notice.origin);
+  relayed_cause_ = std::move(notice.cause);
+  if (!notice.withdrew.empty()) withdrew_ = std::move(notice.withdrew);
   // The same code as where it began, except those that would keep this host in the call.
   absl::StatusCode code = static_cast<absl::StatusCode>(h.signature);
   if (h.signature > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated) || code == absl::StatusCode::kOk ||
@@ -213,10 +241,9 @@ absl::Status PeerMesh::TakeNotice(int r, int fd, MessageHeader& h, size_t got, a
   std::string body(h.bytes, '\0');
   if (!read_all(body.data(), body.size())) return otherwise;
   if (h.execution != current_.execution || h.call != current_.call) {
-    const size_t nul = body.find('\0');
     return absl::UnavailableError(absl::StrCat("host ", hosts_[r],
                                                " closed the connection after it failed another collective (",
-                                               nul == std::string::npos ? body : body.substr(nul + 1), ")"));
+                                               ParseNotice(body).cause, ")"));
   }
   return Relay(r, h, body);
 }
@@ -246,20 +273,41 @@ bool PeerMesh::Stale(const MessageHeader& h, CallId id, uint32_t step) const {
   return h.execution == id.execution && (h.call < id.call || (h.call == id.call && h.step < step));
 }
 
+void PeerMesh::Past(uint64_t execution, bool entered) {
+  if (execution == current_.execution || !past_.emplace(execution, entered).second) return;
+  past_order_.push_back(execution);
+  if (past_order_.size() > kPastExecutions) {
+    past_.erase(past_order_.front());
+    past_order_.pop_front();
+  }
+}
+
+absl::Status PeerMesh::StillComing(int r, absl::Time deadline) {
+  if (departed_ != nullptr) PW_RETURN_IF_ERROR(departed_(hosts_[r]));
+  if (ask_withdrawn_ == nullptr) return absl::OkStatus();
+  if (!(asks_for_ == current_)) {  // the first wait of this call
+    asks_for_ = current_;
+    next_ask_.assign(next_ask_.size(), absl::InfinitePast());
+    ask_interval_.assign(ask_interval_.size(), absl::ZeroDuration());
+  }
+  const absl::Time now = absl::Now();
+  if (now < next_ask_[r]) return absl::OkStatus();
+  ask_interval_[r] = std::min(kMaxAskInterval, std::max(absl::Milliseconds(kCheckPeersMs), 2 * ask_interval_[r]));
+  next_ask_[r] = now + ask_interval_[r];
+  absl::Status withdrawn = ask_withdrawn_(hosts_[r], current_, std::min(deadline, now + kAskWait));
+  if (!withdrawn.ok()) withdrew_ = hosts_[r];
+  return withdrawn;
+}
+
 void PeerMesh::Enter(CallId id) {
   if (id.execution == current_.execution) {
     current_ = id;
     return;
   }
   seen_.assign(seen_.size(), false);
-  if (current_.execution != 0 && past_.insert(current_.execution).second) {
-    past_order_.push_back(current_.execution);
-    if (past_order_.size() > kPastExecutions) {
-      past_.erase(past_order_.front());
-      past_order_.pop_front();
-    }
-  }
+  const uint64_t before = current_.execution;
   current_ = id;
+  if (before != 0) Past(before, /*entered=*/true);
 }
 
 absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, uint32_t step, uint32_t signature,
@@ -549,16 +597,16 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
     // In slices, so that a peer that left the island (frozen: its connection stays open) ends the
     // wait as soon as the controller says so, not at the deadline.
     const int ms = RemainingMs(deadline);
-    const int ready = ms == 0 ? 0 : poll(fds.data(), fds.size(), std::min(ms, kDepartureCheckMs));
-    if (ready == 0 && departed_ != nullptr) {
+    const int ready = ms == 0 ? 0 : poll(fds.data(), fds.size(), std::min(ms, kCheckPeersMs));
+    if (ready == 0) {
       for (size_t i = 0; i < n; ++i) {
         const bool waiting = (sends[i].active && sends[i].done < sends[i].total) ||
                              (recvs[i].active && recvs[i].phase != RecvState::kDone);
         if (!waiting) continue;
-        if (absl::Status gone = departed_(hosts_[transfers[i].peer]); !gone.ok()) return gone;
+        if (absl::Status gone = StillComing(transfers[i].peer, deadline); !gone.ok()) return gone;
       }
     }
-    if (ready == 0 && ms <= kDepartureCheckMs) return timed_out();
+    if (ready == 0 && ms <= kCheckPeersMs) return timed_out();
     if (ready == 0) continue;
     if (ready < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", Errno(errno)));
   }

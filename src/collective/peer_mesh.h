@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -91,6 +91,10 @@ class PeerMesh {
   PeerMesh(const PeerMesh&) = delete;
   PeerMesh& operator=(const PeerMesh&) = delete;
 
+  // How often (milliseconds) a call that waits for a peer looks whether the peer left the island
+  // or withdrew from the call (StillComing).
+  static constexpr int kCheckPeersMs = 250;
+
   int size() const { return static_cast<int>(hosts_.size()); }
   int rank() const { return rank_; }
   const std::string& host(int r) const { return hosts_[r]; }
@@ -140,6 +144,12 @@ class PeerMesh {
   };
   void CloseAll();
   void Enter(CallId id);  // a call starts: the executions before it are done
+  // This host is done with `execution`: it `entered` it, or its members withdrew before.
+  void Past(uint64_t execution, bool entered);
+  // Why peer `r`, which this call has waited for a while, will not come: it left the island
+  // (departed_), or it says it withdrew from the call (ask_withdrawn_, asked at growing intervals).
+  // OK while it may still come.
+  absl::Status StillComing(int r, absl::Time deadline);
   // The failure a notice of this call from peer `r` (header `h`, payload `body`) brings, kept to
   // be passed on.
   absl::Status Relay(int r, const MessageHeader& h, const std::string& body);
@@ -161,6 +171,8 @@ class PeerMesh {
   // Why a call cannot go on with peer host `h` (it left the island), OK when it can; looked at
   // while a call waits for a peer (TcpLinks::SetDeparted). Null: never.
   std::function<absl::Status(const std::string& h)> departed_;
+  // Asks peer host `h` whether it withdrew from call `id` (TcpLinks::AskWithdrawn). Null: never.
+  std::function<absl::Status(const std::string& h, CallId id, absl::Time deadline)> ask_withdrawn_;
   std::vector<int> fds_;                   // by peer rank; -1 when not connected (and at rank_)
   uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
   std::vector<char> scratch_;
@@ -168,11 +180,18 @@ class PeerMesh {
   static constexpr uint8_t kCutOut = 1, kCutIn = 2;
   std::vector<uint8_t> cut_;
   std::vector<bool> seen_;      // by peer rank: something of the current execution came from it
+  CallId asks_for_;             // the call next_ask_ and ask_interval_ are of
+  std::vector<absl::Time> next_ask_;          // by peer rank
+  std::vector<absl::Duration> ask_interval_;  // by peer rank: the last wait between asks
   std::string relayed_origin_;  // the failure the last notice from a peer brought, to pass on
   std::string relayed_cause_;
+  // The peer that said it withdrew from the failed call (or a notice said so); empty if none did.
+  std::string withdrew_;
   std::vector<std::deque<Stashed>> stash_;  // by peer rank, in arrival order
   CallId current_;
-  absl::flat_hash_set<uint64_t> past_;  // executions done here, the last kPastExecutions
+  // Executions done here, the last kPastExecutions: whether this host entered each (a peer's
+  // connection dialed for one it did not enter was never taken here, and the peer may use it still).
+  absl::flat_hash_map<uint64_t, bool> past_;
   std::deque<uint64_t> past_order_;
   absl::Mutex mu_;  // held by the collective that uses the mesh
 };

@@ -188,6 +188,40 @@ TEST(PeerMeshTest, AnExchangeWaitingForAPeerThatLeftEndsNamingIt) {
   ExpectTwoHostsMeet(hosts, 3);
 }
 
+// A host whose members withdrew from a call (CollectiveHub::Withdraw) answers a peer that asks,
+// from that call on, with why (a code that would keep the asker in the call reads as Unavailable);
+// a peer waiting for it in the call ends within a moment, not at its deadline; and the two meet
+// in the next call on the connections they had (what the waiter sent is dropped as of a call the
+// withdrawn host is done with).
+TEST(PeerMeshTest, APeerWaitingForAHostThatWithdrewFromTheCallAsksItAndEnds) {
+  Hosts hosts(2);
+  ExpectTwoHostsMeet(hosts, 1);  // connected, and published
+  hosts.links(1).Withdrew({{5, 2, "k", absl::ResourceExhaustedError("device 1 is full")},
+                           {6, 0, "k", absl::InvalidArgumentError("unknown mesh axis")}},
+                          absl::Minutes(1));
+  const absl::Time soon = absl::Now() + absl::Seconds(10);
+  EXPECT_TRUE(hosts.links(0).AskWithdrawn("host1", {5, 1}, soon).ok()) << "it made call 1";
+  absl::Status two = hosts.links(0).AskWithdrawn("host1", {5, 2}, soon);
+  EXPECT_TRUE(absl::IsResourceExhausted(two)) << two;
+  EXPECT_EQ(two.message(), "device 1 is full");
+  EXPECT_TRUE(absl::IsUnavailable(hosts.links(0).AskWithdrawn("host1", {6, 0}, soon)));
+  EXPECT_TRUE(hosts.links(0).AskWithdrawn("host1", {7, 0}, soon).ok()) << "nothing known of it";
+
+  const absl::Duration deadline = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  absl::Status status =
+      hosts.links(0).Run({"host0", "host1"}, 0, "k", {5, 3}, absl::Now() + deadline, [&](PeerMesh& mesh) {
+        MeshSteps steps(mesh, {5, 3}, 7, absl::Now() + deadline);
+        int32_t v = 1;
+        char* p = reinterpret_cast<char*>(&v);
+        return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, p, p, 1);
+      });
+  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
+  EXPECT_NE(status.message().find("device 1 is full"), std::string::npos) << status;
+  EXPECT_LT(absl::Now() - start, deadline / 2) << "the call waited for its deadline";
+  ExpectTwoHostsMeet(hosts, 8);
+}
+
 // A host that dials a frozen peer (its kernel takes the connection; nothing answers the
 // handshake) finds it has left the island between two attempts, not at the call's deadline.
 TEST(PeerMeshTest, ADialToAFrozenPeerEndsOnceThePeerLeft) {

@@ -223,6 +223,10 @@ absl::Status TcpLinks::FinishHello(int fd, absl::Time deadline, std::string chal
 
 void TcpLinks::TakeConnection(int fd, std::string key, std::string peer, CallId id) {
   Configure(fd);
+  if (key == kAskWithdrawnKey) {
+    AnswerWithdrawn(fd, id);
+    return;
+  }
   {
     absl::MutexLock handlers(&handlers_mu_);
     if (auto it = stream_handlers_.find(key); it != stream_handlers_.end()) {

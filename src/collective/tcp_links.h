@@ -24,6 +24,15 @@
 
 namespace pathways::collective {
 
+// Calls this host will not make (CollectiveHub::Withdraw): in a group that spans hosts and has no
+// member left here, the calls of `execution` (a CallId's) from `from_call` on, for `why`.
+struct Withdrawal {
+  uint64_t execution = 0;
+  uint32_t from_call = 0;
+  std::string devices;  // GroupPlacement::devices: the key of the group's mesh
+  absl::Status why;
+};
+
 // One host's endpoint for collectives across hosts: a listening socket whose address is published
 // in the rendezvous store, and one PeerMesh per set of member devices, kept across calls (a later
 // gang on the same devices reuses its connections). Within a pair of hosts the one later in the
@@ -55,6 +64,16 @@ class TcpLinks {
   // connected to are dialed (for two seconds at most); it waits for none to dial in.
   void Abandon(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,
                const absl::Status& status);
+
+  // What this host's withdrawn gang members leave undone (Withdrawal): a peer that waits for this
+  // host in one of those calls asks (AskWithdrawn) and fails at once with why, instead of at its
+  // deadline; what it sent this host for that execution is dropped here at the next call on the
+  // group's mesh, as a call this host is done with. Remembered for `remember`.
+  void Withdrew(std::vector<Withdrawal> withdrawals, absl::Duration remember);
+  // Whether `peer` will make call `id`: its why (the code it gave, never OK or Aborted) when it
+  // withdrew from it; OK when it did not, or did not answer by `deadline` (the call waits on, for
+  // the controller to say whether the peer left).
+  absl::Status AskWithdrawn(const std::string& peer, CallId id, absl::Time deadline);
 
   // Point-to-point streams beside the meshes: a connection dialed in with hello `key` goes to
   // `handler`, which takes the descriptor (on the listener's thread: it must not block). A null
@@ -115,6 +134,10 @@ class TcpLinks {
                            std::string& key, std::string& peer, CallId& id);
   // A proven connection: to its stream handler, or to the meshes' dialed-in connections.
   void TakeConnection(int fd, std::string key, std::string peer, CallId id);
+  // The hello key of a connection that asks whether this host withdrew from a call (its id).
+  static constexpr char kAskWithdrawnKey[] = "#withdrawn?";
+  // Answers a peer's AskWithdrawn on `fd` for call `id`, and closes it.
+  void AnswerWithdrawn(int fd, CallId id);
 
   const std::string host_;
   const int listen_fd_;
@@ -151,6 +174,16 @@ class TcpLinks {
     std::string notice;
   };
   absl::flat_hash_map<std::string, std::deque<FailedCall>> failed_calls_ ABSL_GUARDED_BY(mu_);
+  // Withdrew's records by execution (until when, oldest first in withdrawal_order_), and the
+  // executions each mesh is to count as past at its next call.
+  struct Withdrawn {
+    uint32_t from_call;
+    absl::Status why;
+  };
+  absl::flat_hash_map<uint64_t, Withdrawn> withdrawals_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<absl::Time, uint64_t>> withdrawal_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> withdrawn_meshes_ ABSL_GUARDED_BY(mu_);
+  size_t withdrawn_mesh_entries_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> failed_order_ ABSL_GUARDED_BY(mu_);  // the keys of failed_calls_' entries, oldest first
 };
 

@@ -1,12 +1,15 @@
 // TcpLinks' meshes (tcp_links.h): connecting one for a call over the connections the listener
 // took, running the call on it, and telling the peers when a call fails. The listener, the
 // handshake and the streams are in tcp_links.cc.
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "collective/tcp_links.h"  // IWYU pragma: associated
+#include "core/logging.h"
 #include "core/socket_util.h"
 #include "core/status_macros.h"
 
@@ -19,6 +22,17 @@ constexpr size_t kFailedCallsKept = 1024;
 // How long a host whose call failed before reaching the mesh tries to reach a peer that waits for
 // it to dial (TcpLinks::Abandon).
 constexpr absl::Duration kAbandonDial = absl::Seconds(2);
+// Withdrawals remembered (TcpLinks::Withdrew), and executions held for meshes to count as past.
+constexpr size_t kMaxWithdrawals = 65536;
+// The answer to AskWithdrawn: a code (0: the asker may wait on), then a message of `message_bytes`.
+constexpr uint32_t kAnswerMagic = 0x50575741;  // "PWWA"
+constexpr uint32_t kMaxAnswerBytes = 4096;
+struct WithdrawnAnswer {
+  uint32_t magic;
+  int32_t code;
+  uint32_t message_bytes;
+  uint32_t unused;
+};
 
 // Which of a peer's connections dialed in a mesh takes: the one dialed for its call; else the
 // newest the peer still holds, dialed for a call the mesh is not in (a peer out of step: the call
@@ -42,7 +56,7 @@ int TcpLinks::TakeDialIn(PeerMesh& mesh, int p, const std::string& key, bool onl
   std::vector<DialIn>& waiting = it->second;
   // Those dialed for calls this host is done with go.
   for (auto d = waiting.begin(); d != waiting.end();) {
-    if (mesh.past_.contains(d->id.execution)) {
+    if (auto past = mesh.past_.find(d->id.execution); past != mesh.past_.end() && past->second) {
       close(d->fd);
       d = waiting.erase(d);
       --waiting_dial_ins_;
@@ -64,6 +78,7 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(PeerMesh& mesh, int p, const std::stri
   const std::string& peer = mesh.host(p);
   int fd = -1;
   while (fd < 0) {
+    bool came = false;
     {
       absl::MutexLock lock(&mu_);
       const auto slot = std::make_pair(key, peer);
@@ -72,15 +87,21 @@ absl::StatusOr<int> TcpLinks::AwaitDialIn(PeerMesh& mesh, int p, const std::stri
         auto it = dialed_in_.find(slot);
         return it != dialed_in_.end() && Pick(it->second, mesh.current_, false) >= 0;
       };
-      const bool came = mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
+      // In slices, to ask the peer now and then whether it withdrew from the call.
+      came = mu_.AwaitWithDeadline(absl::Condition(&arrived),
+                                   std::min(deadline, absl::Now() + absl::Milliseconds(PeerMesh::kCheckPeersMs)));
       if (stop_ || stop_waiting_) {
         return absl::CancelledError(
             absl::StrCat("host ", host_, " is shutting down; it waited for ", peer, " to connect for collectives"));
       }
       PW_RETURN_IF_ERROR(DepartedLocked(peer));
-      if (!came) {
+      if (!came && absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("host ", peer, " did not connect for collectives in time"));
       }
+    }
+    if (!came) {
+      PW_RETURN_IF_ERROR(mesh.StillComing(p, deadline));
+      continue;
     }
     // (What arrived may have gone in between, as a connection of a call this host is done with.)
     fd = TakeDialIn(mesh, p, key);
@@ -131,6 +152,79 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
   return absl::OkStatus();
 }
 
+void TcpLinks::Withdrew(std::vector<Withdrawal> withdrawals, absl::Duration remember) {
+  // Peers are to find this host to ask it (one that never took part in a call has not published).
+  if (absl::Status published = EnsurePublished(); !published.ok()) {
+    PW_LOG(Warning) << "host " << host_
+                    << " withdrew from collective calls but cannot publish its address: " << published;
+  }
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  while (!withdrawal_order_.empty() &&
+         (withdrawal_order_.size() >= kMaxWithdrawals || withdrawal_order_.front().first <= now)) {
+    withdrawals_.erase(withdrawal_order_.front().second);
+    withdrawal_order_.pop_front();
+  }
+  // Meshes not used since are told no more (their peers' stale messages then read as a later
+  // call's, which that call sorts out: PeerMesh::Exchange).
+  if (withdrawn_mesh_entries_ + withdrawals.size() > kMaxWithdrawals) {
+    withdrawn_meshes_.clear();
+    withdrawn_mesh_entries_ = 0;
+  }
+  for (Withdrawal& w : withdrawals) {
+    if (withdrawals_.insert_or_assign(w.execution, Withdrawn{w.from_call, std::move(w.why)}).second) {
+      withdrawal_order_.emplace_back(now + remember, w.execution);
+    }
+    withdrawn_meshes_[w.devices].push_back(w.execution);
+    ++withdrawn_mesh_entries_;
+  }
+}
+
+void TcpLinks::AnswerWithdrawn(int fd, CallId id) {
+  std::string message;
+  WithdrawnAnswer answer{kAnswerMagic, 0, 0, 0};
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = withdrawals_.find(id.execution);
+    if (it != withdrawals_.end() && id.call >= it->second.from_call) {
+      answer.code = static_cast<int32_t>(it->second.why.code());
+      message = std::string(it->second.why.message().substr(0, kMaxAnswerBytes));
+      answer.message_bytes = static_cast<uint32_t>(message.size());
+    }
+  }
+  std::string out(sizeof(answer), '\0');
+  std::memcpy(out.data(), &answer, sizeof(answer));
+  out += message;
+  // A few bytes on a connection that has sent nothing else: the socket buffer takes them at once.
+  (void)send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  close(fd);
+}
+
+absl::Status TcpLinks::AskWithdrawn(const std::string& peer, CallId id, absl::Time deadline) {
+  absl::StatusOr<int> fd = Dial(peer, kAskWithdrawnKey, id, deadline);
+  if (!fd.ok()) return absl::OkStatus();  // not answering: whether it left is the controller's to say
+  WithdrawnAnswer answer{};
+  std::string message;
+  absl::Status read = TransferAll(*fd, reinterpret_cast<char*>(&answer), sizeof(answer), false, deadline, "answer");
+  if (read.ok() && answer.magic == kAnswerMagic && answer.code != 0 && answer.message_bytes <= kMaxAnswerBytes) {
+    message.resize(answer.message_bytes);
+    read = TransferAll(*fd, message.data(), message.size(), false, deadline, "answer");
+  }
+  close(*fd);
+  if (!read.ok() || answer.magic != kAnswerMagic || answer.code == 0 || answer.message_bytes > kMaxAnswerBytes) {
+    return absl::OkStatus();
+  }
+  // A code that would read as this host's own timeout, or as members disagreeing (which keeps
+  // the connections of peers not seen in the call), or as a call abandoned whole, says unavailable.
+  absl::StatusCode code = static_cast<absl::StatusCode>(answer.code);
+  if (answer.code < 0 || answer.code > static_cast<int>(absl::StatusCode::kUnauthenticated) ||
+      code == absl::StatusCode::kAborted || code == absl::StatusCode::kDeadlineExceeded ||
+      code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kCancelled) {
+    code = absl::StatusCode::kUnavailable;
+  }
+  return absl::Status(code, message);
+}
+
 std::shared_ptr<PeerMesh> TcpLinks::MeshFor(const std::vector<std::string>& hosts, int rank, const std::string& key) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<PeerMesh>& slot = meshes_[key];
@@ -139,6 +233,9 @@ std::shared_ptr<PeerMesh> TcpLinks::MeshFor(const std::vector<std::string>& host
     slot->departed_ = [this](const std::string& peer) {
       absl::MutexLock lock(&mu_);
       return DepartedLocked(peer);
+    };
+    slot->ask_withdrawn_ = [this](const std::string& peer, CallId id, absl::Time deadline) {
+      return AskWithdrawn(peer, id, deadline);
     };
   }
   return slot;
@@ -154,6 +251,15 @@ absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, cons
     absl::MutexLock lock(&mu_);
     for (const std::string& peer : hosts) {
       if (peer != host_ && s.ok()) s = DepartedLocked(peer);
+    }
+    // Executions this host withdrew from on these devices are done with: what peers sent for
+    // them is dropped.
+    if (!withdrawn_meshes_.empty()) {
+      if (auto it = withdrawn_meshes_.find(key); it != withdrawn_meshes_.end()) {
+        for (uint64_t execution : it->second) mesh->Past(execution, /*entered=*/false);
+        withdrawn_mesh_entries_ -= it->second.size();
+        withdrawn_meshes_.erase(it);
+      }
     }
   }
   if (s.ok()) s = Connect(*mesh, key, deadline);
@@ -187,9 +293,10 @@ void TcpLinks::Failed(PeerMesh& mesh, const std::string& key, const absl::Status
     mesh.fds_[p] = newer;
     mesh.cut_[p] = 0;
   }
-  // A peer not heard from in a call that failed for any reason but members disagreeing may never
-  // have come to it.
-  mesh.Fail(notice, /*close_unseen=*/!absl::IsInvalidArgument(status));
+  // A peer not heard from in a call that failed for any reason but members disagreeing, or a peer
+  // withdrawing, may never have come to it. (A withdrawn peer counts the call as past, and every
+  // other peer comes to it, or came and is past it.)
+  mesh.Fail(notice, /*close_unseen=*/!absl::IsInvalidArgument(status) && mesh.withdrew_.empty());
 }
 
 void TcpLinks::Abandon(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,

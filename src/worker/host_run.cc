@@ -184,6 +184,17 @@ absl::StatusOr<BufferPtr> DonatedBuffer(Device& device, absl::Duration memory_wa
   return copy;
 }
 
+// Shard `label.shard` of a gang failed (`why`) before or in its body, after `calls` collective
+// calls: it makes no more, and its group mates are told, instead of waiting for it (and holding
+// their devices) until the collective timeout.
+void Withdraw(collective::CollectiveHub& hub, const NodePlan& plan, const WorkLabel& label, int calls,
+              const absl::Status& why) {
+  if (plan.gang == nullptr || plan.gang->members.size() <= 1) return;
+  hub.Withdraw(*plan.gang,
+               collective::ShardCollectives::ExecutionKey({&label.client, label.program, label.run, label.node}),
+               label.shard, calls, why);
+}
+
 }  // namespace
 
 void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, int node_index,
@@ -206,8 +217,12 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     for (auto& p : *outputs) p.Set(s);
   };
   std::shared_ptr<const Executable> exe = functions_.Lookup(node.function_key);
+  WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
   if (exe == nullptr) {
-    fail(absl::NotFoundError(absl::StrCat("function '", node.function_name, "' is not compiled on host ", name())));
+    const absl::Status missing =
+        absl::NotFoundError(absl::StrCat("function '", node.function_name, "' is not compiled on host ", name()));
+    Withdraw(collectives_, entry->nodes[node_index], label, 0, missing);
+    fail(missing);
     tracker->ShardDone(0);
     return;
   }
@@ -234,7 +249,6 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     plans->push_back(std::move(plan));
   }
   Device* device = devices_[node.slice->local_devices[shard]].get();
-  WorkLabel label{client, program.id(), run.run_id(), node_index, shard, node.function_name};
   collective::CollectiveHub* hub = &collectives_;
   ComputationWatch* watch = &watch_;
   // Enqueued now, in the order runs are applied here; the device waits for the inputs when it
@@ -252,23 +266,16 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     // Work of a client that went away still runs once it is on the device: every host of the
     // island stopped that client at the same point of the island's order, so its gangs run
     // everywhere or nowhere. What it produces is freed as soon as it is done.
-    // A shard that fails here or in its body makes no more collective calls: its group mates on
-    // this host are told, instead of waiting for it (and holding their devices) until the timeout.
-    auto withdraw = [&](const absl::Status& why) {
-      if (node_plan.gang != nullptr && node_plan.gang->members.size() > 1) {
-        hub->Withdraw(collective::ShardCollectives::ExecutionKey({&label.client, label.program, label.run, label.node}),
-                      shard, why);
-      }
-    };
     const absl::StatusOr<std::vector<BufferPtr>>& pieces = inputs.Await();
     if (!pieces.ok()) {
       const absl::Status failed(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
                                                                      "): ", pieces.status().message()));
-      withdraw(failed);
+      Withdraw(*hub, node_plan, label, 0, failed);
       fail(failed);
       tracker->ShardDone(0);
       return;
     }
+    int calls = 0;  // the collective calls the body made
     auto run = [&]() -> absl::StatusOr<std::vector<BufferPtr>> {
       std::vector<BufferPtr> inputs;
       for (size_t i = 0; i < plans->size(); ++i) {
@@ -303,7 +310,9 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
       collective::ShardCollectives collectives(*hub, node_plan.gang, {&label.client, label.program, label.run, label.node},
                                                shard);
       collective::ScopedShardCollectives scope(&collectives);
-      PW_RETURN_IF_ERROR(exe->Run(in_ptrs, out_ptrs));
+      absl::Status ran = exe->Run(in_ptrs, out_ptrs);
+      calls = collectives.calls();
+      PW_RETURN_IF_ERROR(ran);
       return results;
     };
     const absl::Time start = absl::Now();
@@ -316,7 +325,7 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     const int64_t start_us = absl::ToUnixMicros(start);
     const int64_t end_us = absl::ToUnixMicros(absl::Now());
     device->RecordTrace({label, start_us, end_us});  // before results show
-    if (!results.ok()) withdraw(results.status());   // before the run counts as done
+    if (!results.ok()) Withdraw(*hub, node_plan, label, calls, results.status());  // before the run counts as done
     tracker->ShardDone(end_us - start_us);
     if (!results.ok()) {
       fail(results.status());
