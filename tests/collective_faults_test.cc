@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -215,6 +216,38 @@ TEST_F(CollectiveFaultsTest, AFrozenMemberFailsTheCollectiveAtItsTimeoutAndTheDe
   // a function without a collective on the same devices ends after it), then the same devices
   // run the next collectives.
   ASSERT_NO_FATAL_FAILURE(WaitForTheDevices(gang));
+  ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));
+}
+
+// Every member on one host fails in its body before the collective (a kernel error): the members
+// on the other host, waiting for that host in the call, ask it and fail naming the failed shard
+// and the cause, not at the collective timeout ("still waiting for host(s) ... at the deadline");
+// the devices then run the next collectives.
+TEST_F(CollectiveFaultsTest, AHostWhoseMembersAllFailedBeforeTheCollectiveIsNotWaitedFor) {
+  Gang gang;
+  ASSERT_NO_FATAL_FAILURE(MakeGang(gang));
+  ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));  // connected, as after any first call
+  for (size_t d = 0; d < gang.input.size(); ++d) {
+    gang.input[d] = gang.slice.devices()[d].host_address == gang.victim ? 1 : 0;
+  }
+  const TensorSpec all{DType::kF32, {8}}, sum{DType::kF32, {1}};
+  auto fails_there = client_->Compile(FunctionSpec::Script("fails_there",
+                                                           "def fails_there(x):\n"
+                                                           "    if bool(x.sum() > 0.5):\n"
+                                                           "        x = x + (torch.ones([2]) + torch.ones([3]))[0:1]\n"
+                                                           "    return pathways.all_reduce(x, 'x')\n",
+                                                           {all}, {sum}, {{"x"}}, {{}}));
+  ASSERT_TRUE(fails_there.ok()) << fails_there.status();
+  const absl::Time start = absl::Now();
+  auto result = client_->Fetch(Start(gang, *fails_there)).AwaitFor(absl::Seconds(60));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(result.ok());
+  ExpectTheCollectiveNamed(result.status(), gang.victim);
+  EXPECT_NE(result.status().message().find("of this gang on host " + gang.victim + " will not come"), std::string::npos)
+      << result.status();
+  EXPECT_NE(result.status().message().find("must match the size"), std::string::npos) << result.status();
+  std::cout << "the survivors failed " << absl::FormatDuration(took) << " after the call (collective timeout "
+            << kCollectiveTimeoutMs << " ms)\n";
   ASSERT_NO_FATAL_FAILURE(ExpectCollectivesRun(gang.slice));
 }
 
