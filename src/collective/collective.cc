@@ -92,6 +92,26 @@ absl::Status WillNotCome(const std::string& host, int64_t shard, const absl::Sta
 // Axes beyond which a withdrawal looks only at the group over every axis (2^axes groups a shard).
 constexpr size_t kMaxAxesLookedAt = 6;
 
+// The groups of `shard` (of `layout`, seen from `host`) that span hosts: over each subset of the
+// mesh's axes, or only over every axis when they are more than kMaxAxesLookedAt or unnamed.
+std::vector<GroupPlacement> GroupsAcrossHosts(const GangLayout& layout, int64_t shard, const std::string& host) {
+  std::vector<GroupPlacement> groups;
+  if (std::all_of(layout.members.begin(), layout.members.end(), [&](const Member& m) { return m.host == host; })) {
+    return groups;
+  }
+  const size_t axes = layout.axis_names.size();
+  const bool named = axes == layout.mesh_dims.size() && axes <= kMaxAxesLookedAt;
+  for (uint32_t mask = named ? 1 : 0; mask < (named ? (1u << axes) : 1u); ++mask) {
+    std::vector<absl::string_view> over;  // empty: every axis
+    for (size_t a = 0; a < axes && named; ++a) {
+      if ((mask >> a) & 1) over.push_back(layout.axis_names[a]);
+    }
+    absl::StatusOr<GroupPlacement> placement = PlaceGroup(layout, shard, absl::StrJoin(over, ","), host);
+    if (placement.ok() && placement->hosts.size() > 1) groups.push_back(*std::move(placement));
+  }
+  return groups;
+}
+
 // A host's own view of a failed collective, in its log. The client sees one shard's error, and
 // in a call of several rounds that may name a host that was itself waiting; each host's line
 // says what it saw. At most one line a second per process, with how many were left out.
@@ -156,6 +176,9 @@ CollectiveHub::Stats CollectiveHub::stats() const {
 
 void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execution, int64_t shard, int calls,
                              const absl::Status& why) {
+  // Placed before the lock is taken: every collective call on the host takes it.
+  const std::vector<GroupPlacement> across =
+      links_ != nullptr ? GroupsAcrossHosts(layout, shard, host_) : std::vector<GroupPlacement>();
   const absl::Time now = absl::Now();
   std::vector<Withdrawal> unattended;
   {
@@ -173,36 +196,24 @@ void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execut
       meeting->withdrawn = true;
       meeting->status = absl::Status(failed.code(), absl::StrCat("collective call ", key, ": ", failed.message()));
     }
-    if (links_ != nullptr) unattended = UnattendedLocked(layout, execution, shard);
+    unattended = UnattendedLocked(across, execution);
   }
-  if (!unattended.empty()) links_->Withdrew(std::move(unattended), 2 * timeout_);
+  if (!unattended.empty()) links_->Withdrew(std::move(unattended));
 }
 
 // Members made different numbers of calls: the group misses this host from the most any made
 // (earlier calls were met here, and failed or not there), and the one that made the fewest says
 // why (the others most likely failed for it).
-std::vector<Withdrawal> CollectiveHub::UnattendedLocked(const GangLayout& layout, const std::string& execution,
-                                                        int64_t shard) {
+std::vector<Withdrawal> CollectiveHub::UnattendedLocked(const std::vector<GroupPlacement>& groups,
+                                                        const std::string& execution) {
   std::vector<Withdrawal> out;
-  if (std::all_of(layout.members.begin(), layout.members.end(), [&](const Member& m) { return m.host == host_; })) {
-    return out;
-  }
   const auto& withdrawn = withdrawn_.at(execution);
-  const size_t axes = layout.axis_names.size();
-  const bool named = axes == layout.mesh_dims.size() && axes <= kMaxAxesLookedAt;
-  // Each subset of the axes (as names), or only every axis ("").
-  for (uint32_t mask = named ? 1 : 0; mask < (named ? (1u << axes) : 1u); ++mask) {
-    std::vector<absl::string_view> over;
-    for (size_t a = 0; a < axes && named; ++a) {
-      if ((mask >> a) & 1) over.push_back(layout.axis_names[a]);
-    }
-    absl::StatusOr<GroupPlacement> placement = PlaceGroup(layout, shard, absl::StrJoin(over, ","), host_);
-    if (!placement.ok() || placement->hosts.size() < 2) continue;
+  for (const GroupPlacement& placement : groups) {
     int64_t first = -1;
     int fewest = 0, most = 0;
     bool all = true;
-    for (int r : placement->local) {
-      const int64_t s = placement->group.shards[r];
+    for (int r : placement.local) {
+      const int64_t s = placement.group.shards[r];
       auto w = withdrawn.find(s);
       if (w == withdrawn.end()) {
         all = false;
@@ -215,8 +226,8 @@ std::vector<Withdrawal> CollectiveHub::UnattendedLocked(const GangLayout& layout
       most = std::max(most, w->second.calls);
     }
     if (!all) continue;
-    out.push_back({Fnv64(absl::StrCat(execution, "/", placement->group.id)), static_cast<uint32_t>(most),
-                   placement->devices, WillNotCome(host_, first, withdrawn.at(first).why)});
+    out.push_back({Fnv64(absl::StrCat(execution, "/", placement.group.id)), static_cast<uint32_t>(most),
+                   Fnv64(placement.devices), WillNotCome(host_, first, withdrawn.at(first).why)});
   }
   return out;
 }

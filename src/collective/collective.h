@@ -120,8 +120,9 @@ class CollectiveHub {
   // until the timeout). When the group spans hosts, the mate that finds the meeting failed tells
   // the other hosts, as a failed call is told. A group whose members on this host have all
   // withdrawn has no mate here to tell: its other hosts, once they have waited for this one a
-  // while, ask it (TcpLinks::Withdrew) and fail with why. Remembered for twice the timeout (at
-  // most kMaxWithdrawals executions).
+  // while, ask it (TcpLinks::Withdrew, AskWithdrawn) and fail with why (groups over any subset of
+  // the mesh's axes, for meshes of up to 6 axes; over every axis beyond). Remembered here for
+  // twice the timeout (at most kMaxWithdrawals executions).
   void Withdraw(const GangLayout& layout, const std::string& execution, int64_t shard, int calls,
                 const absl::Status& why);
 
@@ -153,9 +154,9 @@ class CollectiveHub {
   // How many of this host's members withdrew without coming to `meeting`.
   int WithdrawnAwayLocked(const Meeting& meeting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetWithdrawalsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The groups of `shard` (of `layout`) that span hosts and whose members here have all withdrawn
-  // from `execution`: what this host answers their other hosts when they ask.
-  std::vector<Withdrawal> UnattendedLocked(const GangLayout& layout, const std::string& execution, int64_t shard)
+  // Those of `groups` whose members here have all withdrawn from `execution`: what this host
+  // answers their other hosts when they ask.
+  std::vector<Withdrawal> UnattendedLocked(const std::vector<GroupPlacement>& groups, const std::string& execution)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ShareOut(Meeting& meeting, int n, absl::FunctionRef<absl::Status(int)> part);
   // Combines the local members' calls and runs the cross-host part. Runs on the leader, which

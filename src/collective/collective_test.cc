@@ -35,6 +35,7 @@ class Cluster {
     for (const std::string& h : hosts) {
       auto links = TcpLinks::Create(h, "127.0.0.1", store);
       EXPECT_TRUE(links.ok()) << links.status();
+      EXPECT_TRUE((*links)->Publish().ok());  // as workers do when they start
       hubs_[h] = std::make_unique<CollectiveHub>(h, *std::move(links), timeout);
     }
   }
@@ -330,6 +331,28 @@ TEST(CollectiveHubTest, AHostWithNoMemberLeftInAGroupTellsItsOtherHostsWhenTheyA
     EXPECT_LT(absl::Now() - start, absl::Seconds(20));
     for (const auto& r : run(10 + attempt, 2, -1)) EXPECT_TRUE(r.ok()) << r;
   }
+}
+
+// Two groups of one gang over the same devices (an axis of size 1: the group over "x" and the
+// group over every axis hold the same members) share their connections; a body that goes from one
+// to the other and back meets every time.
+TEST(CollectiveHubTest, GroupsOverTheSameDevicesTakeTurnsOnTheirConnections) {
+  Cluster cluster({"a", "b"});
+  auto layout = std::make_shared<const GangLayout>(Layout({2, 1}, {"x", "y"}, {"a", "b"}));
+  const std::string client = "c";
+  auto results = RunShards(2, [&](int s) -> absl::Status {
+    ShardCollectives shard(cluster.hub(layout->members[s].host), layout, {&client, 0, 0, 0}, s);
+    for (const char* axes : {"x", "", "x", "", "x"}) {
+      int32_t x = s + 1, y = 0;
+      CollectiveCall call{
+          CollectiveKind::kAllReduce, DType::kI32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x),
+          reinterpret_cast<char*>(&y)};
+      PW_RETURN_IF_ERROR(shard.Run(axes, call));
+      if (y != 3) return absl::InternalError(absl::StrCat("over '", axes, "': ", y));
+    }
+    return absl::OkStatus();
+  });
+  for (const auto& r : results) EXPECT_TRUE(r.ok()) << r;
 }
 
 TEST(CollectiveHubTest, MembersThatDisagreeOnTheCallFailNamingBoth) {

@@ -51,11 +51,12 @@ constexpr size_t kPastExecutions = 4096;
 // all_reduce, 3 pairs of runs): Chained 1.6-2.9x at 2 hosts and 1.1-1.4x at 4 with 250 µs
 // against 50, OpByOp 1.0-1.2x, Fused within its noise; 1000 µs gained nothing more.
 const absl::Duration kSpin = absl::Microseconds(250);
-// Asking a peer whether it withdrew from a call dials it: a peer that is slow to come (a long
-// kernel before the call) is asked at intervals doubling up to kMaxAskInterval, and each ask waits
-// kAskWait at most for the answer.
+// Asking a peer whether it withdrew from a call dials it (a handshake on both sides): a peer that
+// is slow to come (a long kernel before the call) is asked at intervals doubling up to
+// kMaxAskInterval, one peer of the mesh a slice at most, and each ask waits kAskWait at most for
+// the answer (a frozen peer never gives one; the controller says when it left).
 constexpr absl::Duration kMaxAskInterval = absl::Seconds(4);
-constexpr absl::Duration kAskWait = absl::Seconds(1);
+constexpr absl::Duration kAskWait = absl::Milliseconds(250);
 
 // A failure notice's body: the host where the failure began, the host that withdrew from the call
 // (empty when none did: PeerMesh::StillComing) and the cause, each but the last ended by a NUL.
@@ -291,9 +292,11 @@ absl::Status PeerMesh::StillComing(int r, absl::Time deadline) {
     ask_interval_.assign(ask_interval_.size(), absl::ZeroDuration());
   }
   const absl::Time now = absl::Now();
-  if (now < next_ask_[r]) return absl::OkStatus();
+  // One ask a slice at most: each holds the call (and the departure checks of the other peers).
+  if (now < next_ask_[r] || now < next_ask_any_) return absl::OkStatus();
   ask_interval_[r] = std::min(kMaxAskInterval, std::max(absl::Milliseconds(kCheckPeersMs), 2 * ask_interval_[r]));
   next_ask_[r] = now + ask_interval_[r];
+  next_ask_any_ = now + absl::Milliseconds(kCheckPeersMs);
   absl::Status withdrawn = ask_withdrawn_(hosts_[r], current_, std::min(deadline, now + kAskWait));
   if (!withdrawn.ok()) withdrew_ = hosts_[r];
   return withdrawn;
@@ -308,6 +311,8 @@ void PeerMesh::Enter(CallId id) {
   const uint64_t before = current_.execution;
   current_ = id;
   if (before != 0) Past(before, /*entered=*/true);
+  // Entered again (two groups over the same devices take turns on the mesh): not past any more.
+  past_.erase(id.execution);
 }
 
 absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, uint32_t step, uint32_t signature,

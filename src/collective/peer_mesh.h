@@ -167,6 +167,7 @@ class PeerMesh {
 
   const std::vector<std::string> hosts_;
   const int rank_;
+  uint64_t key_hash_ = 0;  // Fnv64 of the key TcpLinks holds it by (TcpLinks::Withdrew)
   DcnEmulation* const dcn_;
   // Why a call cannot go on with peer host `h` (it left the island), OK when it can; looked at
   // while a call waits for a peer (TcpLinks::SetDeparted). Null: never.
@@ -183,6 +184,7 @@ class PeerMesh {
   CallId asks_for_;             // the call next_ask_ and ask_interval_ are of
   std::vector<absl::Time> next_ask_;          // by peer rank
   std::vector<absl::Duration> ask_interval_;  // by peer rank: the last wait between asks
+  absl::Time next_ask_any_;                   // no ask of any peer before
   std::string relayed_origin_;  // the failure the last notice from a peer brought, to pass on
   std::string relayed_cause_;
   // The peer that said it withdrew from the failed call (or a notice said so); empty if none did.

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "collective/collective_internal.h"
 #include "collective/cross_host.h"
 #include "collective/loopback_hosts.h"
 #include "collective/tcp_links.h"
@@ -196,9 +197,8 @@ TEST(PeerMeshTest, AnExchangeWaitingForAPeerThatLeftEndsNamingIt) {
 TEST(PeerMeshTest, APeerWaitingForAHostThatWithdrewFromTheCallAsksItAndEnds) {
   Hosts hosts(2);
   ExpectTwoHostsMeet(hosts, 1);  // connected, and published
-  hosts.links(1).Withdrew({{5, 2, "k", absl::ResourceExhaustedError("device 1 is full")},
-                           {6, 0, "k", absl::InvalidArgumentError("unknown mesh axis")}},
-                          absl::Minutes(1));
+  hosts.links(1).Withdrew({{5, 2, Fnv64("k"), absl::ResourceExhaustedError("device 1 is full")},
+                           {6, 0, Fnv64("k"), absl::InvalidArgumentError("unknown mesh axis")}});
   const absl::Time soon = absl::Now() + absl::Seconds(10);
   EXPECT_TRUE(hosts.links(0).AskWithdrawn("host1", {5, 1}, soon).ok()) << "it made call 1";
   absl::Status two = hosts.links(0).AskWithdrawn("host1", {5, 2}, soon);

@@ -29,7 +29,7 @@ namespace pathways::collective {
 struct Withdrawal {
   uint64_t execution = 0;
   uint32_t from_call = 0;
-  std::string devices;  // GroupPlacement::devices: the key of the group's mesh
+  uint64_t mesh = 0;  // the group's mesh: Fnv64 of its key (GroupPlacement::devices)
   absl::Status why;
 };
 
@@ -68,8 +68,9 @@ class TcpLinks {
   // What this host's withdrawn gang members leave undone (Withdrawal): a peer that waits for this
   // host in one of those calls asks (AskWithdrawn) and fails at once with why, instead of at its
   // deadline; what it sent this host for that execution is dropped here at the next call on the
-  // group's mesh, as a call this host is done with. Remembered for `remember`.
-  void Withdrew(std::vector<Withdrawal> withdrawals, absl::Duration remember);
+  // group's mesh, as a call this host is done with. The last 4096 are remembered.
+  // Peers find a host that has published its address (Publish; workers do as they start).
+  void Withdrew(std::vector<Withdrawal> withdrawals);
   // Whether `peer` will make call `id`: its why (the code it gave, never OK or Aborted) when it
   // withdrew from it; OK when it did not, or did not answer by `deadline` (the call waits on, for
   // the controller to say whether the peer left).
@@ -174,16 +175,16 @@ class TcpLinks {
     std::string notice;
   };
   absl::flat_hash_map<std::string, std::deque<FailedCall>> failed_calls_ ABSL_GUARDED_BY(mu_);
-  // Withdrew's records by execution (until when, oldest first in withdrawal_order_), and the
-  // executions each mesh is to count as past at its next call.
+  // Withdrew's records by execution (oldest first in withdrawal_order_), and the executions each
+  // mesh is to count as past at its next call (oldest first in withdrawn_mesh_order_).
   struct Withdrawn {
     uint32_t from_call;
     absl::Status why;
   };
   absl::flat_hash_map<uint64_t, Withdrawn> withdrawals_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::pair<absl::Time, uint64_t>> withdrawal_order_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::vector<uint64_t>> withdrawn_meshes_ ABSL_GUARDED_BY(mu_);
-  size_t withdrawn_mesh_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<uint64_t> withdrawal_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> withdrawn_meshes_ ABSL_GUARDED_BY(mu_);  // by mesh
+  std::deque<std::pair<uint64_t, uint64_t>> withdrawn_mesh_order_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> failed_order_ ABSL_GUARDED_BY(mu_);  // the keys of failed_calls_' entries, oldest first
 };
 

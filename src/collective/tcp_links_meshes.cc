@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "collective/collective_internal.h"
 #include "collective/tcp_links.h"  // IWYU pragma: associated
-#include "core/logging.h"
 #include "core/socket_util.h"
 #include "core/status_macros.h"
 
@@ -22,11 +22,12 @@ constexpr size_t kFailedCallsKept = 1024;
 // How long a host whose call failed before reaching the mesh tries to reach a peer that waits for
 // it to dial (TcpLinks::Abandon).
 constexpr absl::Duration kAbandonDial = absl::Seconds(2);
-// Withdrawals remembered (TcpLinks::Withdrew), and executions held for meshes to count as past.
-constexpr size_t kMaxWithdrawals = 65536;
+// Withdrawals remembered (TcpLinks::Withdrew), the oldest going first, and executions held for
+// meshes to count as past. Each keeps at most kMaxAnswerBytes of why.
+constexpr size_t kMaxWithdrawals = 4096;
 // The answer to AskWithdrawn: a code (0: the asker may wait on), then a message of `message_bytes`.
 constexpr uint32_t kAnswerMagic = 0x50575741;  // "PWWA"
-constexpr uint32_t kMaxAnswerBytes = 4096;
+constexpr uint32_t kMaxAnswerBytes = 1024;
 struct WithdrawnAnswer {
   uint32_t magic;
   int32_t code;
@@ -54,9 +55,11 @@ int TcpLinks::TakeDialIn(PeerMesh& mesh, int p, const std::string& key, bool onl
   auto it = dialed_in_.find(std::make_pair(key, mesh.host(p)));
   if (it == dialed_in_.end()) return -1;
   std::vector<DialIn>& waiting = it->second;
-  // Those dialed for calls this host is done with go.
+  // Those dialed for calls this host is done with go: for calls it entered, and for calls it
+  // withdrew from that the peer has closed since (the peer may go on using one it still holds).
   for (auto d = waiting.begin(); d != waiting.end();) {
-    if (auto past = mesh.past_.find(d->id.execution); past != mesh.past_.end() && past->second) {
+    auto past = mesh.past_.find(d->id.execution);
+    if (past != mesh.past_.end() && (past->second || PeerClosed(d->fd))) {
       close(d->fd);
       d = waiting.erase(d);
       --waiting_dial_ins_;
@@ -152,31 +155,31 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
   return absl::OkStatus();
 }
 
-void TcpLinks::Withdrew(std::vector<Withdrawal> withdrawals, absl::Duration remember) {
-  // Peers are to find this host to ask it (one that never took part in a call has not published).
-  if (absl::Status published = EnsurePublished(); !published.ok()) {
-    PW_LOG(Warning) << "host " << host_
-                    << " withdrew from collective calls but cannot publish its address: " << published;
-  }
-  const absl::Time now = absl::Now();
+void TcpLinks::Withdrew(std::vector<Withdrawal> withdrawals) {
   absl::MutexLock lock(&mu_);
-  while (!withdrawal_order_.empty() &&
-         (withdrawal_order_.size() >= kMaxWithdrawals || withdrawal_order_.front().first <= now)) {
-    withdrawals_.erase(withdrawal_order_.front().second);
+  for (Withdrawal& w : withdrawals) {
+    const std::string message(w.why.message().substr(0, kMaxAnswerBytes));
+    if (withdrawals_.insert_or_assign(w.execution, Withdrawn{w.from_call, absl::Status(w.why.code(), message)})
+            .second) {
+      withdrawal_order_.push_back(w.execution);
+    }
+    withdrawn_meshes_[w.mesh].push_back(w.execution);
+    withdrawn_mesh_order_.emplace_back(w.mesh, w.execution);
+  }
+  while (withdrawal_order_.size() > kMaxWithdrawals) {
+    withdrawals_.erase(withdrawal_order_.front());
     withdrawal_order_.pop_front();
   }
-  // Meshes not used since are told no more (their peers' stale messages then read as a later
-  // call's, which that call sorts out: PeerMesh::Exchange).
-  if (withdrawn_mesh_entries_ + withdrawals.size() > kMaxWithdrawals) {
-    withdrawn_meshes_.clear();
-    withdrawn_mesh_entries_ = 0;
-  }
-  for (Withdrawal& w : withdrawals) {
-    if (withdrawals_.insert_or_assign(w.execution, Withdrawn{w.from_call, std::move(w.why)}).second) {
-      withdrawal_order_.emplace_back(now + remember, w.execution);
+  // The oldest a mesh has not taken yet (it was not used since) go: a peer's message for one then
+  // reads there as a later call's, and fails the call it comes in (PeerMesh::Exchange).
+  while (withdrawn_mesh_order_.size() > kMaxWithdrawals) {
+    const auto [mesh, execution] = withdrawn_mesh_order_.front();
+    if (auto it = withdrawn_meshes_.find(mesh); it != withdrawn_meshes_.end()) {
+      std::vector<uint64_t>& executions = it->second;
+      executions.erase(std::remove(executions.begin(), executions.end(), execution), executions.end());
+      if (executions.empty()) withdrawn_meshes_.erase(it);
     }
-    withdrawn_meshes_[w.devices].push_back(w.execution);
-    ++withdrawn_mesh_entries_;
+    withdrawn_mesh_order_.pop_front();
   }
 }
 
@@ -230,6 +233,7 @@ std::shared_ptr<PeerMesh> TcpLinks::MeshFor(const std::vector<std::string>& host
   std::shared_ptr<PeerMesh>& slot = meshes_[key];
   if (slot == nullptr || slot->hosts_ != hosts || slot->rank_ != rank) {
     slot = std::make_shared<PeerMesh>(hosts, rank, dcn_);
+    slot->key_hash_ = Fnv64(key);
     slot->departed_ = [this](const std::string& peer) {
       absl::MutexLock lock(&mu_);
       return DepartedLocked(peer);
@@ -255,10 +259,9 @@ absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, cons
     // Executions this host withdrew from on these devices are done with: what peers sent for
     // them is dropped.
     if (!withdrawn_meshes_.empty()) {
-      if (auto it = withdrawn_meshes_.find(key); it != withdrawn_meshes_.end()) {
+      if (auto it = withdrawn_meshes_.find(mesh->key_hash_); it != withdrawn_meshes_.end()) {
         for (uint64_t execution : it->second) mesh->Past(execution, /*entered=*/false);
-        withdrawn_mesh_entries_ -= it->second.size();
-        withdrawn_meshes_.erase(it);
+        withdrawn_meshes_.erase(it);  // (its entries in withdrawn_mesh_order_ find nothing)
       }
     }
   }
