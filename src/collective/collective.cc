@@ -171,6 +171,8 @@ CollectiveHub::Stats CollectiveHub::stats() const {
   for (size_t i = 0; i < s.latency_buckets.size(); ++i) s.latency_buckets[i] = latency_buckets_[i].load(std::memory_order_relaxed);
   s.latency_sum_us = latency_sum_us_.load(std::memory_order_relaxed);
   s.in_progress = in_progress_.load(std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  s.meetings = static_cast<int64_t>(meetings_.size());
   return s;
 }
 
@@ -278,6 +280,11 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError(absl::StrCat(named(), ": host ", host_, " is shutting down"));
+    for (const absl::Time now = absl::Now(); !timed_out_.empty() && now - timed_out_.front().first > 2 * timeout_;) {
+      auto it = meetings_.find(timed_out_.front().second);
+      if (it != meetings_.end() && it->second->done) meetings_.erase(it);  // its members hold their own reference
+      timed_out_.pop_front();
+    }
     std::shared_ptr<Meeting>& slot = meetings_[call_key];
     if (slot == nullptr) {
       std::vector<std::pair<int, int64_t>> local;
@@ -318,6 +325,7 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
     meeting->status = absl::CancelledError(absl::StrCat(named(), ": host ", host_, " is shutting down"));
   } else if (!meeting->done && meeting->arrived < local_members) {
     meeting->done = true;  // a member that comes later finds it so, and does not lead
+    timed_out_.emplace_back(absl::Now(), call_key);
     meeting->status = absl::DeadlineExceededError(
         absl::StrCat(named(), ": ", meeting->arrived, " of ", local_members, " members on host ", host_,
                      " met within ", absl::FormatDuration(timeout_),

@@ -138,6 +138,7 @@ class CollectiveHub {
     std::array<int64_t, kLatencyBuckets> latency_buckets{};
     int64_t latency_sum_us = 0;
     int64_t in_progress = 0;  // member calls inside Run now
+    int64_t meetings = 0;     // calls whose members on this host the hub holds a meeting for
   };
   Stats stats() const;
 
@@ -167,8 +168,11 @@ class CollectiveHub {
   const std::string host_;
   const std::shared_ptr<TcpLinks> links_;
   const absl::Duration timeout_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
+  // Meetings that timed out with members missing, by when: a member that never comes (its body
+  // took another branch) would keep one forever; they go after twice the timeout.
+  std::deque<std::pair<absl::Time, std::string>> timed_out_ ABSL_GUARDED_BY(mu_);
   // Shards that withdrew, with why, by execution; and the executions in the order they came.
   static constexpr size_t kMaxWithdrawals = 4096;
   struct Withdrawn {

@@ -150,6 +150,21 @@ TEST(CollectiveHubTest, AMemberThatNeverComesTimesTheOthersOut) {
     return r;
   });
   for (auto& r : results) EXPECT_EQ(r.code(), absl::StatusCode::kDeadlineExceeded) << r;
+  // The meeting waits for the member that never came, until twice the timeout has passed: a
+  // later call's meeting then drops it.
+  EXPECT_EQ(hub.stats().meetings, 1);
+  absl::SleepFor(absl::Milliseconds(250));  // past twice the timeout
+  auto later = RunShards(3, [&](int s) {
+    const std::string client = "run";
+    ShardCollectives shard(hub, layout, {&client, 0, 1, 0}, s);
+    float x = 1, y = 0;
+    CollectiveCall call{
+        CollectiveKind::kAllReduce, DType::kF32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x),
+        reinterpret_cast<char*>(&y)};
+    return shard.Run("", call);
+  });
+  for (auto& r : later) EXPECT_TRUE(r.ok()) << r;
+  EXPECT_EQ(hub.stats().meetings, 0);
 }
 
 // Members inside a call are counted (hosts report it with their heartbeats) until they leave it.
