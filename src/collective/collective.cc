@@ -92,10 +92,13 @@ absl::Status WillNotCome(const std::string& host, int64_t shard, const absl::Sta
 // Axes beyond which a withdrawal looks only at the group over every axis (2^axes groups a shard).
 constexpr size_t kMaxAxesLookedAt = 6;
 
-// The groups of `shard` (of `layout`, seen from `host`) that span hosts: over each subset of the
-// mesh's axes, or only over every axis when they are more than kMaxAxesLookedAt or unnamed.
-std::vector<GroupPlacement> GroupsAcrossHosts(const GangLayout& layout, int64_t shard, const std::string& host) {
-  std::vector<GroupPlacement> groups;
+}  // namespace
+
+// Only the groups' members are worked out here: a group's placement (its mesh's key names every
+// member's device) is made once the group turns out to have no member left on this host.
+std::vector<CollectiveHub::GroupAcross> CollectiveHub::GroupsAcrossHosts(const GangLayout& layout, int64_t shard,
+                                                                         const std::string& host) {
+  std::vector<GroupAcross> groups;
   if (std::all_of(layout.members.begin(), layout.members.end(), [&](const Member& m) { return m.host == host; })) {
     return groups;
   }
@@ -106,11 +109,25 @@ std::vector<GroupPlacement> GroupsAcrossHosts(const GangLayout& layout, int64_t 
     for (size_t a = 0; a < axes && named; ++a) {
       if ((mask >> a) & 1) over.push_back(layout.axis_names[a]);
     }
-    absl::StatusOr<GroupPlacement> placement = PlaceGroup(layout, shard, absl::StrJoin(over, ","), host);
-    if (placement.ok() && placement->hosts.size() > 1) groups.push_back(*std::move(placement));
+    GroupAcross g;
+    g.axes = absl::StrJoin(over, ",");
+    absl::StatusOr<Group> group = GroupOf(layout, shard, g.axes);
+    if (!group.ok()) continue;
+    bool spans = false;
+    for (int64_t s : group->shards) {
+      if (layout.members[s].host == host) {
+        g.here.push_back(s);
+      } else {
+        spans = true;
+      }
+    }
+    g.group_id = std::move(group->id);
+    if (spans) groups.push_back(std::move(g));
   }
   return groups;
 }
+
+namespace {
 
 // A host's own view of a failed collective, in its log. The client sees one shard's error, and
 // in a call of several rounds that may name a host that was itself waiting; each host's line
@@ -178,11 +195,10 @@ CollectiveHub::Stats CollectiveHub::stats() const {
 
 void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execution, int64_t shard, int calls,
                              const absl::Status& why) {
-  // Placed before the lock is taken: every collective call on the host takes it.
-  const std::vector<GroupPlacement> across =
-      links_ != nullptr ? GroupsAcrossHosts(layout, shard, host_) : std::vector<GroupPlacement>();
+  // Worked out before the lock is taken: every collective call on the host takes it.
+  std::vector<GroupAcross> across =
+      links_ != nullptr ? GroupsAcrossHosts(layout, shard, host_) : std::vector<GroupAcross>();
   const absl::Time now = absl::Now();
-  std::vector<Withdrawal> unattended;
   {
     absl::MutexLock lock(&mu_);
     ForgetWithdrawalsLocked(now);
@@ -198,7 +214,15 @@ void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execut
       meeting->withdrawn = true;
       meeting->status = absl::Status(failed.code(), absl::StrCat("collective call ", key, ": ", failed.message()));
     }
-    unattended = UnattendedLocked(across, execution);
+    MarkUnattendedLocked(across, execution);
+  }
+  std::vector<Withdrawal> unattended;
+  for (GroupAcross& g : across) {
+    if (!g.unattended) continue;
+    absl::StatusOr<GroupPlacement> placement = PlaceGroup(layout, shard, g.axes, host_);
+    if (!placement.ok()) continue;
+    unattended.push_back(
+        {Fnv64(absl::StrCat(execution, "/", g.group_id)), g.from_call, Fnv64(placement->devices), std::move(g.why)});
   }
   if (!unattended.empty()) links_->Withdrew(std::move(unattended));
 }
@@ -206,19 +230,16 @@ void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execut
 // Members made different numbers of calls: the group misses this host from the most any made
 // (earlier calls were met here, and failed or not there), and the one that made the fewest says
 // why (the others most likely failed for it).
-std::vector<Withdrawal> CollectiveHub::UnattendedLocked(const std::vector<GroupPlacement>& groups,
-                                                        const std::string& execution) {
-  std::vector<Withdrawal> out;
+void CollectiveHub::MarkUnattendedLocked(std::vector<GroupAcross>& groups, const std::string& execution) {
   const auto& withdrawn = withdrawn_.at(execution);
-  for (const GroupPlacement& placement : groups) {
+  for (GroupAcross& g : groups) {
     int64_t first = -1;
     int fewest = 0, most = 0;
-    bool all = true;
-    for (int r : placement.local) {
-      const int64_t s = placement.group.shards[r];
+    g.unattended = true;
+    for (int64_t s : g.here) {
       auto w = withdrawn.find(s);
       if (w == withdrawn.end()) {
-        all = false;
+        g.unattended = false;
         break;
       }
       if (first < 0 || w->second.calls < fewest) {
@@ -227,11 +248,10 @@ std::vector<Withdrawal> CollectiveHub::UnattendedLocked(const std::vector<GroupP
       }
       most = std::max(most, w->second.calls);
     }
-    if (!all) continue;
-    out.push_back({Fnv64(absl::StrCat(execution, "/", placement.group.id)), static_cast<uint32_t>(most),
-                   Fnv64(placement.devices), WillNotCome(host_, first, withdrawn.at(first).why)});
+    if (!g.unattended) continue;
+    g.from_call = static_cast<uint32_t>(most);
+    g.why = WillNotCome(host_, first, withdrawn.at(first).why);
   }
-  return out;
 }
 
 void CollectiveHub::ForgetWithdrawalsLocked(absl::Time now) {

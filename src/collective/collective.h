@@ -155,9 +155,24 @@ class CollectiveHub {
   // How many of this host's members withdrew without coming to `meeting`.
   int WithdrawnAwayLocked(const Meeting& meeting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetWithdrawalsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Those of `groups` whose members here have all withdrawn from `execution`: what this host
-  // answers their other hosts when they ask.
-  std::vector<Withdrawal> UnattendedLocked(const std::vector<GroupPlacement>& groups, const std::string& execution)
+  // One of a withdrawing shard's groups that span hosts (Withdraw): its axes and id, its members
+  // on this host, and, once they have all withdrawn, the first call this host will not make in it
+  // and why.
+  struct GroupAcross {
+    std::string axes;
+    std::string group_id;
+    std::vector<int64_t> here;
+    bool unattended = false;
+    uint32_t from_call = 0;
+    absl::Status why;
+  };
+
+  // The groups of `shard` (of `layout`, seen from `host`) that span hosts: over each subset of
+  // the mesh's axes, or only over every axis beyond 6 axes or when they are unnamed.
+  static std::vector<GroupAcross> GroupsAcrossHosts(const GangLayout& layout, int64_t shard, const std::string& host);
+  // Marks those of `groups` whose members here have all withdrawn from `execution`, with what this
+  // host answers their other hosts when they ask.
+  void MarkUnattendedLocked(std::vector<GroupAcross>& groups, const std::string& execution)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ShareOut(Meeting& meeting, int n, absl::FunctionRef<absl::Status(int)> part);
   // Combines the local members' calls and runs the cross-host part. Runs on the leader, which
