@@ -89,24 +89,22 @@ class CollectiveFaultsTest : public ::testing::Test {
   // (about 0.1 ms each); the others reach it at once and wait there. The (replicated) sum is read
   // from device 0 alone, which is not the victim's.
   CompiledFunction SlowOnTheVictim(int iterations) {
-    const TensorSpec all{DType::kF32, {8}}, sum{DType::kF32, {1}};
-    auto f = client_->Compile(FunctionSpec::Script("slow_then_sum",
-                                                   "def slow_then_sum(x):\n"
-                                                   "    if bool(x.sum() > 0.5):\n"
-                                                   "        m = torch.full([128, 128], 0.01)\n"
-                                                   "        for _ in range(" + std::to_string(iterations) +
-                                                       "):\n"
-                                                   "            m = torch.tanh(m @ m)\n"
-                                                   "        x = x + m[0, 0:1] * 0.0\n"
-                                                   "    return pathways.all_reduce(x, 'x')\n",
-                                                   {all}, {sum}, {{"x"}}, {{}}));
-    EXPECT_TRUE(f.ok()) << f.status();
-    return *f;
+    return SumScript("slow_then_sum",
+                     "def slow_then_sum(x):\n"
+                     "    if bool(x.sum() > 0.5):\n"
+                     "        m = torch.full([128, 128], 0.01)\n"
+                     "        for _ in range(" +
+                         std::to_string(iterations) +
+                         "):\n"
+                         "            m = torch.tanh(m @ m)\n"
+                         "        x = x + m[0, 0:1] * 0.0\n"
+                         "    return pathways.all_reduce(x, 'x')\n");
   }
-  CompiledFunction Sum() {
+  CompiledFunction Sum() { return SumScript("sum", "def sum(x):\n    return pathways.all_reduce(x, 'x')\n"); }
+  // A script from the gang's 8 elements (one a device) to their replicated sum.
+  CompiledFunction SumScript(const std::string& name, const std::string& source) {
     const TensorSpec all{DType::kF32, {8}}, sum{DType::kF32, {1}};
-    auto f = client_->Compile(FunctionSpec::Script("sum", "def sum(x):\n    return pathways.all_reduce(x, 'x')\n",
-                                                   {all}, {sum}, {{"x"}}, {{}}));
+    auto f = client_->Compile(FunctionSpec::Script(name, source, {all}, {sum}, {{"x"}}, {{}}));
     EXPECT_TRUE(f.ok()) << f.status();
     return *f;
   }
@@ -230,16 +228,14 @@ TEST_F(CollectiveFaultsTest, AHostWhoseMembersAllFailedBeforeTheCollectiveIsNotW
   for (size_t d = 0; d < gang.input.size(); ++d) {
     gang.input[d] = gang.slice.devices()[d].host_address == gang.victim ? 1 : 0;
   }
-  const TensorSpec all{DType::kF32, {8}}, sum{DType::kF32, {1}};
-  auto fails_there = client_->Compile(FunctionSpec::Script("fails_there",
-                                                           "def fails_there(x):\n"
-                                                           "    if bool(x.sum() > 0.5):\n"
-                                                           "        x = x + (torch.ones([2]) + torch.ones([3]))[0:1]\n"
-                                                           "    return pathways.all_reduce(x, 'x')\n",
-                                                           {all}, {sum}, {{"x"}}, {{}}));
-  ASSERT_TRUE(fails_there.ok()) << fails_there.status();
+  const CompiledFunction fails_there = SumScript("fails_there",
+                                                 "def fails_there(x):\n"
+                                                 "    if bool(x.sum() > 0.5):\n"
+                                                 "        x = x + (torch.ones([2]) + torch.ones([3]))[0:1]\n"
+                                                 "    return pathways.all_reduce(x, 'x')\n");
+  ASSERT_FALSE(HasFailure());
   const absl::Time start = absl::Now();
-  auto result = client_->Fetch(Start(gang, *fails_there)).AwaitFor(absl::Seconds(60));
+  auto result = client_->Fetch(Start(gang, fails_there)).AwaitFor(absl::Seconds(60));
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(result.ok());
   ExpectTheCollectiveNamed(result.status(), gang.victim);
