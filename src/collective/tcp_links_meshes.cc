@@ -124,20 +124,22 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
   const uint64_t dial_ins = dial_ins_.load(std::memory_order_acquire);
   const bool dialed_in = dial_ins != mesh.dial_ins_seen_;
   mesh.dial_ins_seen_ = dial_ins;
+  for (int p = mesh.rank() + 1; p < mesh.size() && dialed_in; ++p) {
+    // A peer that reconnected since our last call dialed again for this one; its new connection
+    // wins.
+    int& fd = mesh.fds_[p];
+    const int newer = TakeDialIn(mesh, p, key);
+    if (newer >= 0) {
+      if (fd >= 0) close(fd);
+      fd = newer;
+    }
+  }
+  const std::vector<bool> closed = PeersClosed(mesh.fds_);
   // Lower-ranked peers first: we dial them; then we wait for the higher-ranked ones to dial us.
   for (int p = 0; p < mesh.size(); ++p) {
     if (p == mesh.rank()) continue;
     int& fd = mesh.fds_[p];
-    if (p > mesh.rank() && dialed_in) {
-      // A peer that reconnected since our last call dialed again for this one; its new
-      // connection wins.
-      const int newer = TakeDialIn(mesh, p, key);
-      if (newer >= 0) {
-        if (fd >= 0) close(fd);
-        fd = newer;
-      }
-    }
-    if (fd >= 0 && PeerClosed(fd)) {
+    if (fd >= 0 && closed[p]) {
       // A peer that failed this call before we came to it: what it sent is still to be read.
       PW_ASSIGN_OR_RETURN(const bool keep, mesh.KeepClosed(p, fd, deadline));
       if (!keep) {

@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace pathways {
 
@@ -40,6 +42,10 @@ absl::Status ReadFrameWhileMoving(int fd, std::string& into, size_t len, absl::D
 // A connection the peer closed (or broke) since it was last used, whether or not bytes it sent
 // before are still unread.
 bool PeerClosed(int fd);
+// PeerClosed for each of `fds` in one system call (a negative fd is never closed): a collective
+// checks every connection of its mesh at each call, where a call per connection cost a 16-host
+// stencil a fifth of its CPU.
+std::vector<bool> PeersClosed(absl::Span<const int> fds);
 // "ip:port" or "[ip6]:port".
 absl::StatusOr<sockaddr_storage> ParseAddress(const std::string& address, socklen_t* len);
 // The host part of "host:port" or "[ip6]:port", without brackets.

@@ -5,6 +5,7 @@
 
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -50,6 +51,19 @@ TEST(ReadFrameWhileMovingTest, AnAnnouncedFrameThatNeverComesTakesNoMoreThanWhat
   const absl::Status s = ReadFrameWhileMoving(pair.reader(), got, size_t{256} << 20, absl::Seconds(10), "frame");
   EXPECT_FALSE(s.ok());
   EXPECT_LE(got.capacity(), size_t{2} << 20);
+}
+
+// One poll tells each connection apart: one closed with unread bytes counts as closed (the peer
+// said why and left), one open with unread bytes does not, and a missing one (-1) never does.
+TEST(PeersClosedTest, TellsEachConnectionApartInOneCall) {
+  SocketPair open_with_bytes, closed_with_bytes, open_quiet;
+  open_with_bytes.Write("hello");
+  closed_with_bytes.Write("why");
+  closed_with_bytes.CloseWriter();
+  const int fds[] = {open_with_bytes.reader(), -1, closed_with_bytes.reader(), open_quiet.reader()};
+  EXPECT_EQ(PeersClosed(fds), (std::vector<bool>{false, false, true, false}));
+  EXPECT_TRUE(PeerClosed(closed_with_bytes.reader()));
+  EXPECT_FALSE(PeerClosed(open_with_bytes.reader()));
 }
 
 }  // namespace
