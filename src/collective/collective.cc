@@ -181,6 +181,24 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
   return status;
 }
 
+absl::StatusOr<std::shared_ptr<const GroupPlacement>> CollectiveHub::Placed(
+    const std::shared_ptr<const GangLayout>& layout, int64_t shard, absl::string_view axes) {
+  auto key = std::make_tuple(layout.get(), shard, std::string(axes));
+  {
+    absl::MutexLock lock(&placed_mu_);
+    if (auto it = placed_.find(key); it != placed_.end()) return it->second.placement;
+  }
+  PW_ASSIGN_OR_RETURN(GroupPlacement placed, PlaceGroup(*layout, shard, axes, host_));
+  auto placement = std::make_shared<const GroupPlacement>(std::move(placed));
+  absl::MutexLock lock(&placed_mu_);
+  if (placed_.size() >= kMaxPlaced) {
+    absl::erase_if(placed_, [](const auto& entry) { return entry.second.layout.use_count() == 1; });
+    if (placed_.size() >= kMaxPlaced) placed_.clear();
+  }
+  placed_.try_emplace(std::move(key), PlacedGroup{layout, placement});
+  return placement;
+}
+
 CollectiveHub::Stats CollectiveHub::stats() const {
   Stats s;
   s.failed = failed_.load(std::memory_order_relaxed);
@@ -437,8 +455,8 @@ absl::StatusOr<const GroupPlacement*> ShardCollectives::PlacementFor(absl::strin
   for (const auto& [a, g] : groups_) {
     if (a == axes) return g.get();
   }
-  PW_ASSIGN_OR_RETURN(GroupPlacement placement, PlaceGroup(*layout_, shard_, axes, hub_.host()));
-  groups_.emplace_back(std::string(axes), std::make_unique<GroupPlacement>(std::move(placement)));
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<const GroupPlacement> placement, hub_.Placed(layout_, shard_, axes));
+  groups_.emplace_back(std::string(axes), std::move(placement));
   return groups_.back().second.get();
 }
 

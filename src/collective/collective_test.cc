@@ -134,6 +134,27 @@ TEST(CollectiveHubTest, EveryCollectiveAmongMembersOfOneHost) {
   }
 }
 
+// Every execution of a program asks for the same groups: each is placed once per layout, shard
+// and axes, and layouts still in use keep their placements when the hub's memory of them fills.
+TEST(CollectiveHubTest, PlacesEachGroupOncePerLayoutShardAndAxes) {
+  CollectiveHub hub("h", nullptr, absl::Seconds(1));
+  auto layout = std::make_shared<const GangLayout>(Layout({2, 2}, {"j", "i"}, {"h", "h", "g", "g"}));
+  absl::StatusOr<std::shared_ptr<const GroupPlacement>> first = hub.Placed(layout, 0, "j");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ((*first)->group.shards, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ((*first)->hosts, (std::vector<std::string>{"g", "h"}));
+  EXPECT_EQ(*hub.Placed(layout, 0, "j"), *first);
+  EXPECT_NE(*hub.Placed(layout, 1, "j"), *first);
+  EXPECT_NE(*hub.Placed(layout, 0, "i"), *first);
+  EXPECT_NE(*hub.Placed(std::make_shared<const GangLayout>(*layout), 0, "j"), *first);
+  EXPECT_EQ(hub.Placed(layout, 0, "k").status().code(), absl::StatusCode::kInvalidArgument);
+  // Layouts dropped by everyone else, far more than the hub keeps.
+  for (int n = 0; n < 5000; ++n) {
+    ASSERT_TRUE(hub.Placed(std::make_shared<const GangLayout>(*layout), 0, "j").ok());
+  }
+  EXPECT_EQ(*hub.Placed(layout, 0, "j"), *first);
+}
+
 TEST(CollectiveHubTest, AMemberThatNeverComesTimesTheOthersOut) {
   CollectiveHub hub("h", nullptr, absl::Milliseconds(100));
   auto layout = std::make_shared<const GangLayout>(Layout({3}, {"i"}, std::vector<std::string>(3, "h")));
