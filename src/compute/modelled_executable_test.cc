@@ -1,5 +1,6 @@
 #include "compute/modelled_executable.h"
 
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -67,6 +68,26 @@ TEST_F(ModelledKernelTest, KeepsTheStreamForItsCostAndWritesZeros) {
   ASSERT_TRUE(exe->Run(ins, outs).ok());
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(20));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(reinterpret_cast<const float*>(out->data())[i], 0.0f);
+}
+
+// The thread wakes before the end by what it learned of its timer's lateness, and spins the
+// rest: however that estimate moves, no kernel ends before its cost.
+TEST(ModelledKernelTimingTest, NoKernelEndsBeforeItsCost) {
+  auto backend = DeviceBackend::Create("sim", "add_one=300,*=0");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  FunctionCache cache(backend->compiler());
+  auto exe = cache.Compile({FunctionBody::Kind::kBuiltin, "add_one", ""});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  SimulatedDevice device(0, 1 << 20);
+  BufferPtr in = *device.Allocate(DType::kF32, {4});
+  BufferPtr out = *device.Allocate(DType::kF32, {4});
+  const DeviceBuffer* ins[] = {in.get()};
+  DeviceBuffer* outs[] = {out.get()};
+  for (int i = 0; i < 200; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE((*exe)->Run(ins, outs).ok());
+    ASSERT_GE(std::chrono::steady_clock::now() - start, std::chrono::microseconds(300)) << "kernel " << i;
+  }
 }
 
 TEST_F(ModelledKernelTest, BodiesAreCheckedButTorchScriptIsNotParsed) {
