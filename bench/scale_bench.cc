@@ -4,7 +4,9 @@
 // slices over 1 to --max-hosts hosts of --devices devices each, prints:
 //  - the time to create the slice, and to lower, register and enqueue a 128-node chain on it;
 //  - Chained throughput of the chain's modelled computations (--cost-us each) against the
-//    modelled devices' limit (one computation at a time along the chain);
+//    modelled devices' limit (one computation at a time along the chain), and the hosts' own CPU
+//    per computation (the worker processes', less what they take idle): with it, the cores a host
+//    needs to keep its devices at the limit, which on a real cluster each host has for itself;
 //  - per run of a one-node program at cost 0, pipelined: runs per second end to end (what the
 //    island's gang scheduler and the control graph sustain), the client's and the controller's
 //    CPU time, and the bytes of the run's message from the client;
@@ -104,16 +106,28 @@ int Run(const Flags& flags) {
               static_cast<long long>(max_hosts), static_cast<long long>(devices), workers.size(),
               absl::ToDoubleSeconds(absl::Now() - started));
   std::fflush(stdout);
+  auto workers_cpu = [&] {
+    double sum = 0;
+    for (const auto& w : workers) sum += ProcessCpuSeconds(w->pid());
+    return sum;
+  };
+  // What the hosts cost doing nothing (heartbeats, pollers), taken off the chains' CPU below.
+  const double idle0 = workers_cpu();
+  absl::SleepFor(absl::Seconds(2));
+  const double idle_rate = (workers_cpu() - idle0) / 2;
+  std::printf("Idle, the worker processes take %.1f ms of CPU a second (%.0f us a host).\n\n", idle_rate * 1e3,
+              idle_rate * 1e6 / static_cast<double>(max_hosts));
   auto client = Must(Client::Connect(address), "connecting");
   std::printf("Chained: a %d-node chain of `add_one`, %lld us modelled per computation, run %lld times; limit "
               "%.0f computations/s. Per run: %lld pipelined runs of a one-node program at cost 0 (a "
               "`negate`).\n\n",
               kChain, static_cast<long long>(cost_us), static_cast<long long>(chains),
               cost_us > 0 ? 1e6 / static_cast<double>(cost_us) : 0.0, static_cast<long long>(runs));
-  std::printf("| hosts | shards | create slice ms | lower + register + enqueue chain ms | Chained computations/s "
-              "| of limit | runs/s | client CPU us/run (calling thread) | controller CPU us/run | run message bytes "
-              "| controller RSS MiB |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| hosts | shards | create slice ms | lower + register + enqueue chain ms | Chained computations/s "
+      "| of limit | worker CPU us/computation | host cores at the limit | runs/s | client CPU us/run (calling thread) "
+      "| controller CPU us/run | run message bytes | controller RSS MiB |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<int64_t> sizes;
   for (int64_t n = 1; n < max_hosts; n *= 4) sizes.push_back(n);
   sizes.push_back(max_hosts);
@@ -137,12 +151,20 @@ int Run(const Flags& flags) {
       if (auto s = client->Enqueued(x).Await(); !s.ok()) Die("the first chain", s.status());
     });
     if (auto s = client->Ready(x).Await(); !s.ok()) Die("the first chain", s.status());
+    const double chained_cpu0 = workers_cpu();
     const double t_chained = Seconds([&] {
       for (int64_t c = 0; c < chains; ++c) x = Must(client->Run(chain, {x}), "a chain")[0];
       if (auto s = client->Ready(x).Await(); !s.ok()) Die("the chains", s.status());
     });
     const double chained_rate = static_cast<double>(kChain * chains) / t_chained;
     const double limit = cost_us > 0 ? 1e6 / static_cast<double>(cost_us) : 0;
+    // The hosts' own CPU per modelled computation (every thread of theirs, idle work aside), and
+    // so the cores a host of `devices` devices needs to keep them at the limit: on a real cluster
+    // each host has its own; here every host shares the machine's.
+    const double computations = static_cast<double>(kChain * chains * shards);
+    const double cpu_per_computation =
+        std::max(0.0, workers_cpu() - chained_cpu0 - idle_rate * t_chained) / computations;
+    const double host_cores = cpu_per_computation * static_cast<double>(devices) * limit;
 
     x = Must(client->Call(neg, slice, {x}), "warming the one-node program")[0];
     if (auto s = client->Ready(x).Await(); !s.ok()) Die("the one-node program", s.status());
@@ -166,12 +188,12 @@ int Run(const Flags& flags) {
     const double run_bytes = static_cast<double>(after.run_op_bytes_sent - before.run_op_bytes_sent) /
                              static_cast<double>(std::max<int64_t>(1, after.run_ops_sent - before.run_ops_sent));
     progress.Printing();
-    std::printf("| %lld | %lld | %.1f | %.1f | %.0f | %.2f | %.0f | %.1f (%.1f) | %.1f | %.0f | %.0f |\n",
+    std::printf("| %lld | %lld | %.1f | %.1f | %.0f | %.2f | %.1f | %.2f | %.0f | %.1f (%.1f) | %.1f | %.0f | %.0f |\n",
                 static_cast<long long>(hosts), static_cast<long long>(shards), t_slice * 1e3, t_lower * 1e3,
-                chained_rate, limit > 0 ? chained_rate / limit : 0.0, static_cast<double>(runs) / t_runs,
-                client_cpu * 1e6 / static_cast<double>(runs), caller_cpu * 1e6 / static_cast<double>(runs),
-                controller_cpu * 1e6 / static_cast<double>(runs), run_bytes,
-                static_cast<double>(StatusField(controller.pid(), "VmRSS")) / 1024);
+                chained_rate, limit > 0 ? chained_rate / limit : 0.0, cpu_per_computation * 1e6, host_cores,
+                static_cast<double>(runs) / t_runs, client_cpu * 1e6 / static_cast<double>(runs),
+                caller_cpu * 1e6 / static_cast<double>(runs), controller_cpu * 1e6 / static_cast<double>(runs),
+                run_bytes, static_cast<double>(StatusField(controller.pid(), "VmRSS")) / 1024);
     std::fflush(stdout);
   }
   progress.Finished();
