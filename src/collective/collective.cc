@@ -183,19 +183,30 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
 
 absl::StatusOr<std::shared_ptr<const GroupPlacement>> CollectiveHub::Placed(
     const std::shared_ptr<const GangLayout>& layout, int64_t shard, absl::string_view axes) {
-  auto key = std::make_tuple(layout.get(), shard, std::string(axes));
+  std::pair<int64_t, std::string> key(shard, axes);
   {
     absl::MutexLock lock(&placed_mu_);
-    if (auto it = placed_.find(key); it != placed_.end()) return it->second.placement;
+    if (auto gang = placed_.find(layout.get()); gang != placed_.end()) {
+      if (auto it = gang->second.groups.find(key); it != gang->second.groups.end()) return it->second;
+    }
   }
   PW_ASSIGN_OR_RETURN(GroupPlacement placed, PlaceGroup(*layout, shard, axes, host_));
   auto placement = std::make_shared<const GroupPlacement>(std::move(placed));
   absl::MutexLock lock(&placed_mu_);
-  if (placed_.size() >= kMaxPlaced) {
-    absl::erase_if(placed_, [](const auto& entry) { return entry.second.layout.use_count() == 1; });
-    if (placed_.size() >= kMaxPlaced) placed_.clear();
+  if (placed_groups_ >= kMaxPlaced) {
+    absl::erase_if(placed_, [&](const auto& gang) {
+      const bool unused = gang.second.layout.use_count() == 1;
+      if (unused) placed_groups_ -= gang.second.groups.size();
+      return unused;
+    });
+    if (placed_groups_ >= kMaxPlaced) {
+      placed_.clear();
+      placed_groups_ = 0;
+    }
   }
-  placed_.try_emplace(std::move(key), PlacedGroup{layout, placement});
+  PlacedGang& gang = placed_[layout.get()];
+  if (gang.layout == nullptr) gang.layout = layout;
+  if (gang.groups.try_emplace(std::move(key), placement).second) ++placed_groups_;
   return placement;
 }
 

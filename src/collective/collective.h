@@ -21,7 +21,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -205,17 +205,17 @@ class CollectiveHub {
   absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, Withdrawn>> withdrawn_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<absl::Time, std::string>> withdrawn_order_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Placed's groups by layout, shard and axes, each with its layout kept alive (so that its
-  // address names no other layout while the entry is here). When full, the entries of layouts
-  // held nowhere else go first, then every entry.
+  // Placed's groups by layout, then by shard and axes, each layout kept alive while it has an
+  // entry (so that its address names no other layout meanwhile). Past kMaxPlaced groups, the
+  // layouts held nowhere else go first, then every one.
   static constexpr size_t kMaxPlaced = 4096;
-  struct PlacedGroup {
+  struct PlacedGang {
     std::shared_ptr<const GangLayout> layout;
-    std::shared_ptr<const GroupPlacement> placement;
+    absl::flat_hash_map<std::pair<int64_t, std::string>, std::shared_ptr<const GroupPlacement>> groups;
   };
   absl::Mutex placed_mu_;
-  absl::flat_hash_map<std::tuple<const GangLayout*, int64_t, std::string>, PlacedGroup> placed_
-      ABSL_GUARDED_BY(placed_mu_);
+  absl::flat_hash_map<const GangLayout*, PlacedGang> placed_ ABSL_GUARDED_BY(placed_mu_);
+  size_t placed_groups_ ABSL_GUARDED_BY(placed_mu_) = 0;
   std::atomic<int64_t> ok_{0}, failed_{0}, latency_sum_us_{0};  // member calls that succeeded, failed
   std::atomic<int64_t> in_progress_{0};
   std::array<std::atomic<int64_t>, kLatencyBuckets> latency_buckets_{};

@@ -148,9 +148,10 @@ TEST(CollectiveHubTest, PlacesEachGroupOncePerLayoutShardAndAxes) {
   EXPECT_NE(*hub.Placed(layout, 0, "i"), *first);
   EXPECT_NE(*hub.Placed(std::make_shared<const GangLayout>(*layout), 0, "j"), *first);
   EXPECT_EQ(hub.Placed(layout, 0, "k").status().code(), absl::StatusCode::kInvalidArgument);
-  // Layouts dropped by everyone else, far more than the hub keeps.
-  for (int n = 0; n < 5000; ++n) {
-    ASSERT_TRUE(hub.Placed(std::make_shared<const GangLayout>(*layout), 0, "j").ok());
+  // Layouts dropped by everyone else, with several groups each, far more than the hub keeps.
+  for (int n = 0; n < 3000; ++n) {
+    auto dropped = std::make_shared<const GangLayout>(*layout);
+    for (int64_t shard : {0, 1}) ASSERT_TRUE(hub.Placed(dropped, shard, "j").ok());
   }
   EXPECT_EQ(*hub.Placed(layout, 0, "j"), *first);
 }

@@ -134,7 +134,10 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
       fd = newer;
     }
   }
-  const std::vector<bool> closed = PeersClosed(mesh.fds_);
+  // Every connection is checked in one poll, and again after anything that can wait (reading a
+  // closed peer's notice, dialing): peers that close meanwhile are seen as the old check of each
+  // peer just before its turn saw them.
+  std::vector<bool> closed = PeersClosed(mesh.fds_);
   // Lower-ranked peers first: we dial them; then we wait for the higher-ranked ones to dial us.
   for (int p = 0; p < mesh.size(); ++p) {
     if (p == mesh.rank()) continue;
@@ -146,9 +149,11 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
         close(fd);
         fd = -1;
       }
+      closed = PeersClosed(mesh.fds_);
     }
     if (fd >= 0 || p > mesh.rank()) continue;
     PW_ASSIGN_OR_RETURN(fd, Dial(mesh.host(p), key, mesh.current_, deadline));
+    closed = PeersClosed(mesh.fds_);
   }
   for (int p = mesh.rank() + 1; p < mesh.size(); ++p) {
     if (mesh.fds_[p] >= 0) continue;

@@ -88,6 +88,17 @@ TEST(ModelledKernelTimingTest, NoKernelEndsBeforeItsCost) {
     ASSERT_TRUE((*exe)->Run(ins, outs).ok());
     ASSERT_GE(std::chrono::steady_clock::now() - start, std::chrono::microseconds(300)) << "kernel " << i;
   }
+  // Kernels shorter than how early the thread would wake: spun whole.
+  auto tiny_backend = DeviceBackend::Create("sim", "add_one=5,*=0");
+  ASSERT_TRUE(tiny_backend.ok()) << tiny_backend.status();
+  FunctionCache tiny_cache(tiny_backend->compiler());
+  auto tiny = tiny_cache.Compile({FunctionBody::Kind::kBuiltin, "add_one", ""});
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  for (int i = 0; i < 20; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE((*tiny)->Run(ins, outs).ok());
+    ASSERT_GE(std::chrono::steady_clock::now() - start, std::chrono::microseconds(5)) << "kernel " << i;
+  }
 }
 
 TEST_F(ModelledKernelTest, BodiesAreCheckedButTorchScriptIsNotParsed) {

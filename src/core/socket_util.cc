@@ -97,25 +97,34 @@ void KeepAlive(int fd, int idle_ms) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 
-bool PeerClosed(int fd) { return PeersClosed(absl::MakeConstSpan(&fd, 1)).front(); }
+namespace {
+
+// POLLRDHUP: the peer's FIN came, even with bytes it sent before still unread (a peek would see
+// those bytes and take the connection for alive: a collective peer that wrote its message and
+// then gave up on the call leaves exactly that).
+constexpr short kClosedEvents = POLLIN | POLLRDHUP;
+bool Closed(const pollfd& p) { return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0; }
+
+}  // namespace
+
+bool PeerClosed(int fd) {
+  pollfd p{fd, kClosedEvents, 0};
+  if (poll(&p, 1, 0) < 0) return errno != EINTR;
+  return Closed(p);
+}
 
 std::vector<bool> PeersClosed(absl::Span<const int> fds) {
-  // POLLRDHUP: the peer's FIN came, even with bytes it sent before still unread (a peek would see
-  // those bytes and take the connection for alive: a collective peer that wrote its message and
-  // then gave up on the call leaves exactly that). poll() skips negative fds.
   std::vector<pollfd> polled(fds.size());
-  for (size_t i = 0; i < fds.size(); ++i) polled[i] = {fds[i], POLLIN | POLLRDHUP, 0};
+  for (size_t i = 0; i < fds.size(); ++i) polled[i] = {fds[i], kClosedEvents, 0};  // poll() skips fds < 0
   std::vector<bool> closed(fds.size(), false);
   if (poll(polled.data(), polled.size(), 0) < 0) {
-    // Interrupted: nothing is known closed. Any other failure: take each connection for broken.
+    // Interrupted: nothing is known closed. Any other failure: each connection taken for broken.
     if (errno != EINTR) {
       for (size_t i = 0; i < fds.size(); ++i) closed[i] = fds[i] >= 0;
     }
     return closed;
   }
-  for (size_t i = 0; i < fds.size(); ++i) {
-    closed[i] = fds[i] >= 0 && (polled[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-  }
+  for (size_t i = 0; i < fds.size(); ++i) closed[i] = fds[i] >= 0 && Closed(polled[i]);
   return closed;
 }
 
