@@ -94,7 +94,7 @@ constexpr size_t kMaxAxesLookedAt = 6;
 
 }  // namespace
 
-// Only the groups' members are worked out here: a group's placement (its mesh's key names every
+// Only the groups' members are worked out here: a group's placement (Placed; its mesh's key names every
 // member's device) is made once the group turns out to have no member left on this host.
 std::vector<CollectiveHub::GroupAcross> CollectiveHub::GroupsAcrossHosts(const GangLayout& layout, int64_t shard,
                                                                          const std::string& host) {
@@ -222,11 +222,11 @@ CollectiveHub::Stats CollectiveHub::stats() const {
   return s;
 }
 
-void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execution, int64_t shard, int calls,
-                             const absl::Status& why) {
+void CollectiveHub::Withdraw(const std::shared_ptr<const GangLayout>& layout, const std::string& execution,
+                             int64_t shard, int calls, const absl::Status& why) {
   // Worked out before the lock is taken: every collective call on the host takes it.
   std::vector<GroupAcross> across =
-      links_ != nullptr ? GroupsAcrossHosts(layout, shard, host_) : std::vector<GroupAcross>();
+      links_ != nullptr ? GroupsAcrossHosts(*layout, shard, host_) : std::vector<GroupAcross>();
   const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&mu_);
@@ -248,10 +248,10 @@ void CollectiveHub::Withdraw(const GangLayout& layout, const std::string& execut
   std::vector<Withdrawal> unattended;
   for (GroupAcross& g : across) {
     if (!g.unattended) continue;
-    absl::StatusOr<GroupPlacement> placement = PlaceGroup(layout, shard, g.axes, host_);
+    absl::StatusOr<std::shared_ptr<const GroupPlacement>> placement = Placed(layout, shard, g.axes);
     if (!placement.ok()) continue;
     unattended.push_back(
-        {Fnv64(absl::StrCat(execution, "/", g.group_id)), g.from_call, Fnv64(placement->devices), std::move(g.why)});
+        {Fnv64(absl::StrCat(execution, "/", g.group_id)), g.from_call, Fnv64((*placement)->devices), std::move(g.why)});
   }
   if (!unattended.empty()) links_->Withdrew(std::move(unattended));
 }

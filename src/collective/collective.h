@@ -124,7 +124,7 @@ class CollectiveHub {
   // while, ask it (TcpLinks::Withdrew, AskWithdrawn) and fail with why (groups over any subset of
   // the mesh's axes, for meshes of up to 6 axes; over every axis beyond). Remembered here for
   // twice the timeout (at most kMaxWithdrawals executions).
-  void Withdraw(const GangLayout& layout, const std::string& execution, int64_t shard, int calls,
+  void Withdraw(const std::shared_ptr<const GangLayout>& layout, const std::string& execution, int64_t shard, int calls,
                 const absl::Status& why);
 
   // The group of `shard` of `layout` over `axes`, placed from this host (PlaceGroup) once and

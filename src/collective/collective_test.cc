@@ -247,7 +247,7 @@ TEST(CollectiveHubTest, AWithdrawnMemberFailsItsMatesAtOnceWhetherTheyWaitOrCome
   for (absl::Time until = absl::Now() + absl::Seconds(20); hub.stats().in_progress < 1 && absl::Now() < until;) {
     std::this_thread::yield();
   }
-  hub.Withdraw(*layout, execution, 1, 0, absl::CancelledError("input of 'f' (shard 1): client c went away"));
+  hub.Withdraw(layout, execution, 1, 0, absl::CancelledError("input of 'f' (shard 1): client c went away"));
   waiter.join();
   EXPECT_EQ(waited.code(), absl::StatusCode::kCancelled) << waited;
   EXPECT_NE(waited.message().find("shard 1 of this gang on host h will not come"), std::string::npos) << waited;
@@ -286,7 +286,7 @@ TEST(CollectiveHubTest, AMemberThatWithdrawsAfterACallLeavesThatCallAlone) {
         reinterpret_cast<char*>(&y[s])};
     PW_RETURN_IF_ERROR(shard.Run("", call));
     if (s == 1) {
-      hub.Withdraw(*layout, ShardCollectives::ExecutionKey({&client, 0, 0, 0}), 1, 1,
+      hub.Withdraw(layout, ShardCollectives::ExecutionKey({&client, 0, 0, 0}), 1, 1,
                    absl::InternalError("kernel failed"));
       return absl::OkStatus();
     }
@@ -318,7 +318,7 @@ TEST(CollectiveHubTest, AWithdrawnMemberIsToldToTheGroupsOtherHosts) {
   };
   for (const auto& r : run(0, false)) ASSERT_TRUE(r.ok()) << r;
   const absl::Time start = absl::Now();
-  cluster.hub("a").Withdraw(*layout, ShardCollectives::ExecutionKey({&client, 0, 1, 0}), 1, 0,
+  cluster.hub("a").Withdraw(layout, ShardCollectives::ExecutionKey({&client, 0, 1, 0}), 1, 0,
                             absl::UnavailableError("input of 'f' (shard 1): its block never came"));
   auto results = run(1, true);
   EXPECT_EQ(results[0].code(), absl::StatusCode::kUnavailable) << results[0];
@@ -343,7 +343,7 @@ TEST(CollectiveHubTest, AHostWithNoMemberLeftInAGroupTellsItsOtherHostsWhenTheyA
       ShardCollectives shard(cluster.hub(layout->members[s].host), layout, {&client, 0, run_id, 0}, s);
       for (int k = 0; k < calls; ++k) {
         if (s == 1 && k == b_calls) {
-          cluster.hub("b").Withdraw(*layout, execution, 1, k, absl::ResourceExhaustedError("device 1 is full"));
+          cluster.hub("b").Withdraw(layout, execution, 1, k, absl::ResourceExhaustedError("device 1 is full"));
           return absl::OkStatus();
         }
         int32_t x = s + 1, y = 0;

@@ -124,15 +124,12 @@ absl::Status TcpLinks::Connect(PeerMesh& mesh, const std::string& key, absl::Tim
   const uint64_t dial_ins = dial_ins_.load(std::memory_order_acquire);
   const bool dialed_in = dial_ins != mesh.dial_ins_seen_;
   mesh.dial_ins_seen_ = dial_ins;
-  for (int p = mesh.rank() + 1; p < mesh.size() && dialed_in; ++p) {
-    // A peer that reconnected since our last call dialed again for this one; its new connection
-    // wins.
-    int& fd = mesh.fds_[p];
+  // A peer that reconnected since our last call dialed again for this one; its new connection wins.
+  for (int p = mesh.rank() + 1; dialed_in && p < mesh.size(); ++p) {
     const int newer = TakeDialIn(mesh, p, key);
-    if (newer >= 0) {
-      if (fd >= 0) close(fd);
-      fd = newer;
-    }
+    if (newer < 0) continue;
+    if (mesh.fds_[p] >= 0) close(mesh.fds_[p]);
+    mesh.fds_[p] = newer;
   }
   // Every connection is checked in one poll, and again after anything that can wait (reading a
   // closed peer's notice, dialing): peers that close meanwhile are seen as the old check of each

@@ -190,7 +190,7 @@ absl::StatusOr<BufferPtr> DonatedBuffer(Device& device, absl::Duration memory_wa
 void Withdraw(collective::CollectiveHub& hub, const NodePlan& plan, const WorkLabel& label, int calls,
               const absl::Status& why) {
   if (plan.gang == nullptr || plan.gang->members.size() <= 1) return;
-  hub.Withdraw(*plan.gang,
+  hub.Withdraw(plan.gang,
                collective::ShardCollectives::ExecutionKey({&label.client, label.program, label.run, label.node}),
                label.shard, calls, why);
 }
