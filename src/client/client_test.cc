@@ -416,6 +416,34 @@ TEST_F(ClientTest, PingPongProgramAcrossHostsManyRuns) {
   cluster_->worker(1).runtime().TEST_DelayRunOps(absl::ZeroDuration());
 }
 
+int Count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A chain whose first node fails fails every later node with that cause, named once: each node
+// down the chain does not name its own failed input again.
+TEST_F(ClientTest, AFailureAtTheHeadOfAChainIsToldOnceAtItsEnd) {
+  const TensorSpec spec{DType::kF32, {8}};
+  auto boom = *client_->Compile(
+      FunctionSpec::Script("boom", "def boom(x):\n    assert bool(x.sum() < -1000.0), 'kaboom'\n    return x\n", {spec},
+                           {spec}, {{"x"}}, {{"x"}}));
+  auto inc = *client_->Compile(FunctionSpec::Builtin("add_one", {spec}, {spec}, {{"x"}}, {{"x"}}));
+  ProgramBuilder builder("failing_chain");
+  TracedValue v = (*builder.Call(boom, island0_, {builder.Arg(spec)}))[0];
+  for (int n = 0; n < 20; ++n) v = (*builder.Call(inc, island0_, {v}))[0];
+  Program program = *builder.Build({v});
+  ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), island0_, {"x"});
+  auto out = client_->Run(program, {x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto fetched = client_->Fetch((*out)[0]).AwaitFor(absl::Seconds(60));
+  ASSERT_FALSE(fetched.ok());
+  const std::string message(fetched.status().message());
+  EXPECT_NE(message.find("kaboom"), std::string::npos) << message;
+  EXPECT_EQ(Count(message, "input of '"), 1) << message;
+}
+
 // The client is thread-safe: runs submitted from several threads at once, crossing hosts, each
 // get their own correct results.
 TEST_F(ClientTest, ConcurrentRunsFromSeveralThreads) {
@@ -441,12 +469,6 @@ TEST_F(ClientTest, ConcurrentRunsFromSeveralThreads) {
   }
   for (auto& t : threads) t.join();
   for (float r : results) EXPECT_EQ(r, 30.0f);
-}
-
-int Count(const std::string& haystack, const std::string& needle) {
-  int n = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
-  return n;
 }
 
 TEST_F(ClientTest, TraceShowsEachShardOfEachComputationForItsClientOnly) {

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "array/sharding.h"
@@ -184,6 +185,9 @@ absl::StatusOr<BufferPtr> DonatedBuffer(Device& device, absl::Duration memory_wa
   return copy;
 }
 
+// How the failure of a node whose input failed begins.
+constexpr absl::string_view kInputOf = "input of '";
+
 // Shard `label.shard` of a gang failed (`why`) before or in its body, after `calls` collective
 // calls: it makes no more, and its group mates are told, instead of waiting for it (and holding
 // their devices) until the collective timeout.
@@ -268,8 +272,13 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     // everywhere or nowhere. What it produces is freed as soon as it is done.
     const absl::StatusOr<std::vector<BufferPtr>>& pieces = inputs.Await();
     if (!pieces.ok()) {
-      const absl::Status failed(pieces.status().code(), absl::StrCat("input of '", function_name, "' (shard ", shard,
-                                                                     "): ", pieces.status().message()));
+      // Named once, by the first node whose input failed: down a chain every node would name its
+      // own again (a stencil failing 800 timesteps from its end read 24 KB of "input of ...").
+      const absl::Status failed =
+          absl::StartsWith(pieces.status().message(), kInputOf)
+              ? pieces.status()
+              : absl::Status(pieces.status().code(), absl::StrCat(kInputOf, function_name, "' (shard ", shard,
+                                                                  "): ", pieces.status().message()));
       Withdraw(*hub, node_plan, label, 0, failed);
       fail(failed);
       tracker->ShardDone(0);
