@@ -169,8 +169,9 @@ class PeerMesh {
   const int rank_;
   uint64_t key_hash_ = 0;  // Fnv64 of the key TcpLinks holds it by (TcpLinks::Withdrew)
   DcnEmulation* const dcn_;
-  // Why a call cannot go on with peer host `h` (it left the island), OK when it can; looked at
-  // while a call waits for a peer (TcpLinks::SetDeparted). Null: never.
+  // Why a call cannot go on with peer host `h` (it left the island, or this host is stopping),
+  // OK when it can; looked at while a call waits for a peer (TcpLinks::SetDeparted, StopWaiting).
+  // Null: never.
   std::function<absl::Status(const std::string& h)> departed_;
   // Asks peer host `h` whether it withdrew from call `id` (TcpLinks::AskWithdrawn). Null: never.
   std::function<absl::Status(const std::string& h, CallId id, absl::Time deadline)> ask_withdrawn_;

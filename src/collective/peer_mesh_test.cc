@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -164,8 +165,10 @@ TEST(PeerMeshTest, ACallOverAHostThatLeftFailsAtOnceNamingIt) {
 
 // A call on a connected mesh that waits for a peer's message ends once the peer has left the
 // island (frozen: its connection stays open), not at the call's deadline.
-TEST(PeerMeshTest, AnExchangeWaitingForAPeerThatLeftEndsNamingIt) {
-  Hosts hosts(2);
+// Host0's all_reduce with host1, which never comes to it, once connected; `end_the_wait` runs
+// while the call waits (either order passes; this one lets the call reach its wait first, as a
+// freeze mid-call does). What the call ended with, which must be well before its deadline.
+absl::Status AllReduceThatHost1NeverComesTo(Hosts& hosts, const std::function<void()>& end_the_wait) {
   ExpectTwoHostsMeet(hosts, 1);  // connected
   absl::Status status;
   const absl::Duration deadline = absl::Seconds(60);
@@ -175,18 +178,35 @@ TEST(PeerMeshTest, AnExchangeWaitingForAPeerThatLeftEndsNamingIt) {
       MeshSteps steps(mesh, {2, 0}, 7, absl::Now() + deadline);
       int32_t v = 1;
       char* p = reinterpret_cast<char*>(&v);
-      return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, p, p, 1);  // host1 never comes
+      return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, p, p, 1);
     });
   });
-  // Either order passes; this one lets the call reach its wait first, as a freeze mid-call does.
   absl::SleepFor(absl::Milliseconds(300));
-  hosts.links(0).SetDeparted({{"host1", "silent past the heartbeat timeout"}});
+  end_the_wait();
   call.join();
+  EXPECT_LT(absl::Now() - start, deadline / 2) << "the call waited for its deadline";
+  return status;
+}
+
+TEST(PeerMeshTest, AnExchangeWaitingForAPeerThatLeftEndsNamingIt) {
+  Hosts hosts(2);
+  const absl::Status status = AllReduceThatHost1NeverComesTo(hosts, [&] {
+    hosts.links(0).SetDeparted({{"host1", "silent past the heartbeat timeout"}});
+  });
   EXPECT_TRUE(absl::IsUnavailable(status)) << status;
   EXPECT_NE(status.message().find("host1 left the island"), std::string::npos) << status;
-  EXPECT_LT(absl::Now() - start, deadline / 2) << "the call waited for its deadline";
   hosts.links(0).SetDeparted({});
   ExpectTwoHostsMeet(hosts, 3);
+}
+
+// A worker told to stop (SIGTERM: CollectiveHub::Shutdown, then TcpLinks::StopWaiting) does not
+// wait out the deadline of a call whose peer never comes: the device thread in it ends at once, so
+// the process exits instead of holding its shutdown for the collective timeout.
+TEST(PeerMeshTest, AnExchangeWaitingForAPeerEndsWhenItsHostStops) {
+  Hosts hosts(2);
+  const absl::Status status = AllReduceThatHost1NeverComesTo(hosts, [&] { hosts.links(0).StopWaiting(); });
+  EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  EXPECT_NE(status.message().find("host0 is shutting down"), std::string::npos) << status;
 }
 
 // A host whose members withdrew from a call (CollectiveHub::Withdraw) answers a peer that asks,

@@ -84,8 +84,9 @@ class TcpLinks {
   // descriptor (non-blocking, TCP_NODELAY).
   absl::StatusOr<int> DialStream(const std::string& peer, const std::string& key, absl::Time deadline);
 
-  // The host is going: meshes waiting for peers to connect (or dialing them) stop waiting, now
-  // and from now on (Cancelled). Exchanges on connected meshes end by their own deadlines.
+  // The host is going: meshes waiting for peers to connect (or dialing them), and exchanges
+  // waiting for a peer's message, stop waiting, now and from now on (Cancelled; an exchange
+  // within PeerMesh::kCheckPeersMs): a worker told to stop is not held by a collective.
   void StopWaiting();
   // The hosts that left the island (frozen past the heartbeat timeout, gone), with why, as the
   // controller last said: replaces what was set before. A call over one of them fails at once,

@@ -240,6 +240,7 @@ std::shared_ptr<PeerMesh> TcpLinks::MeshFor(const std::vector<std::string>& host
     slot->key_hash_ = Fnv64(key);
     slot->departed_ = [this](const std::string& peer) {
       absl::MutexLock lock(&mu_);
+      if (stop_waiting_) return absl::CancelledError(absl::StrCat("host ", host_, " is shutting down"));
       return DepartedLocked(peer);
     };
     slot->ask_withdrawn_ = [this](const std::string& peer, CallId id, absl::Time deadline) {
