@@ -53,6 +53,7 @@ class GrpcTransport::Peer {
     {
       absl::MutexLock lock(&mu_);
       close_deadline_ = std::min(close_deadline_, deadline);
+      if (asking_ != nullptr) asking_->TryCancel();
       if (answered_) {
         if (stream_) stream_->BeginClose(deadline);
         if (grpc_) grpc_->BeginClose(deadline);
@@ -116,14 +117,24 @@ class GrpcTransport::Peer {
     }
   }
   // Where the peer's stream listener is now (it may have restarted on another port); 0 when it
-  // does not say. Blocks a little: asked from the stream peer's own thread.
+  // does not say. Blocks a little: asked from the stream peer's own thread. Closing ends the
+  // wait (a peer gone for good would otherwise hold this process's exit for the whole ask).
   int AskPort() {
     grpc::ClientContext context;
     context.set_wait_for_ready(true);  // a peer restarting is waited for, a little
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     AttachCallToken(context);
     rpc::StreamPortResponse response;
+    {
+      absl::MutexLock lock(&mu_);
+      if (close_deadline_ != absl::InfiniteFuture()) return 0;
+      asking_ = &context;
+    }
     const grpc::Status s = stub_->StreamPort(&context, rpc::StreamPortRequest(), &response);
+    {
+      absl::MutexLock lock(&mu_);
+      asking_ = nullptr;
+    }
     return s.ok() && response.port() > 0 && response.port() <= 65535 ? response.port() : 0;
   }
   // The first connection worked (TCP from now on) or did not (gRPC, for good: a listener this
@@ -187,6 +198,7 @@ class GrpcTransport::Peer {
   int64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // HeldBytes of early_
   bool refused_ ABSL_GUARDED_BY(mu_) = false;     // a batch was refused: more would have waited
   absl::Time early_since_ ABSL_GUARDED_BY(mu_);  // when the first of early_ came
+  grpc::ClientContext* asking_ ABSL_GUARDED_BY(mu_) = nullptr;  // AskPort's call in flight
   absl::Time close_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::unique_ptr<StreamPeer> stream_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<StreamPeer> failed_ ABSL_GUARDED_BY(mu_);  // a first connection that did not work

@@ -291,6 +291,7 @@ void StreamPeer::Loop() {
   while (!gave_up) {
     std::deque<Frame> frames;
     int fd;
+    bool closing;
     {
       absl::MutexLock lock(&mu_);
       auto turn = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_ && (!queued_.empty() || closing_); };
@@ -320,10 +321,13 @@ void StreamPeer::Loop() {
       writing_ = true;
       frames.swap(queued_);
       fd = fd_;
+      closing = closing_;
     }
     absl::Status connected;
     if (fd < 0) {
-      if (resolve_) {
+      // Not while closing: asking a peer that is gone where it listens would wait out the
+      // close's grace, and batches for an incarnation that is gone are no use to a new one.
+      if (resolve_ && !closing) {
         const int now_at = resolve_();
         if (now_at > 0) port_ = now_at;
       }
@@ -351,6 +355,13 @@ void StreamPeer::Loop() {
                         << "); its " << queued_.size() << " batches and later ones go another way";
         gave_up = true;
         continue;  // the lock goes with this iteration
+      }
+      if (closing_) {  // this side is going: the next batch would find the peer no nearer
+        PW_LOG(Warning) << "dataflow: " << queued_.size() << " batches for " << peer_
+                        << " dropped as this side closes: " << attempts_ << " connections failed (" << why << ")";
+        queued_.clear();
+        held_bytes_ = 0;
+        return;
       }
       PW_LOG(Error) << "dataflow: a batch for " << peer_ << " dropped: " << attempts_ << " connections failed ("
                     << why << ")";

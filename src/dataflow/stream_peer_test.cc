@@ -175,6 +175,37 @@ TEST(StreamPeerTest, APeerGoneForGoodHandsBackWhatItHeldInOrder) {
   }
 }
 
+// A sender that closes while its peer is gone (a cluster stopping its workers before its
+// controller) does not hold its process for the close's grace: it asks nobody where the peer
+// listens now (a lookup that waits for a peer that is gone) and drops what it held once its
+// connections are refused, instead of trying until the grace runs out.
+TEST(StreamPeerTest, ClosingWhileThePeerIsGoneEndsWithoutWaitingOutTheGrace) {
+  auto receiver = std::make_unique<Receiver>();
+  ASSERT_TRUE(receiver->Start().ok());
+  std::atomic<bool> closing{false};
+  std::atomic<int> asked_while_closing{0};
+  auto done = std::make_shared<absl::Notification>();
+  auto peer = std::make_unique<StreamPeer>(
+      "me", "the receiver", "127.0.0.1", receiver->listener->port(), [done](const absl::Status&) { done->Notify(); },
+      [&] {
+        if (!closing) return 0;
+        ++asked_while_closing;
+        absl::SleepFor(absl::Seconds(20));  // as a lookup of a peer gone
+        return 0;
+      });
+  done->WaitForNotification();
+  peer->Enqueue("g", {Numbered(0, 10)});
+  ASSERT_TRUE(receiver->WaitFor(1));
+  receiver.reset();  // gone, and nothing listens there again
+  for (int i = 1; i <= 3; ++i) peer->Enqueue("g", {Numbered(i, 10)});
+  const absl::Time start = absl::Now();
+  closing = true;
+  peer->BeginClose(absl::Now() + absl::Seconds(60));
+  peer.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(asked_while_closing.load(), 0);
+}
+
 TEST(StreamPeerTest, GarbageClosesOnlyThatConnection) {
   Receiver r;
   ASSERT_TRUE(r.Start().ok());
