@@ -249,15 +249,13 @@ grpc::ServerUnaryReactor* DataflowService::StreamPort(grpc::CallbackServerContex
 }
 
 StreamListener::Protocol DataflowService::StreamProtocol() {
-  return {std::string(kDataflowStreamMagic, kStreamMagicBytes), token_, "",
-          [this](int fd, const StreamListener& listener, const std::string&) {
-            ServeDataflowStream(
-                fd, listener, [this](const std::string& from, const std::string& graph, std::vector<Envelope> batch) {
-                  streamed_.fetch_add(1, std::memory_order_relaxed);
-                  Receive(from, graph, std::move(batch), /*on_reader=*/true);
-                });
-          },
-          kMaxStreamSenders};
+  return DataflowStreamProtocol(
+      token_,
+      [this](const std::string& from, const std::string& graph, std::vector<Envelope> batch) {
+        streamed_.fetch_add(1, std::memory_order_relaxed);
+        Receive(from, graph, std::move(batch), /*on_reader=*/true);
+      },
+      kMaxStreamSenders);
 }
 
 void DataflowService::Receive(const std::string& sender, const std::string& graph, std::vector<Envelope> batch,

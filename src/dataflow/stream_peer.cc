@@ -64,39 +64,30 @@ bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std:
   return true;
 }
 
-void ServeDataflowStream(int fd, const StreamListener& listener,
-                         const std::function<void(const std::string& from, const std::string& graph,
-                                                  std::vector<Envelope>)>& receive) {
-  std::string admitted = StreamStatusFrame(absl::OkStatus());
-  if (!TransferAll(fd, admitted.data(), admitted.size(), true, absl::Now() + kConnect, "admission").ok()) return;
-  std::string body;
-  while (true) {
-    pollfd polled[2] = {{fd, POLLIN, 0}, {listener.wake_fd(), POLLIN, 0}};
-    const int ready = poll(polled, 2, static_cast<int>(absl::ToInt64Milliseconds(kReceiverIdle)));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0 || polled[1].revents != 0 || (polled[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) return;
-    char length[4];
-    // A sender that closes between batches is done; one that closes or stalls within a batch
-    // loses it (it writes the batch again on a new connection).
-    if (!TransferWhileMoving(fd, length, 4, false, kFrameSilence, "dataflow batch").ok()) return;
-    const uint32_t bytes = DecodeStreamU32(length);
-    if (bytes > kMaxDataflowFrameBytes) {
-      PW_LOG(Error) << "dataflow stream: a batch of " << bytes << " bytes (at most " << kMaxDataflowFrameBytes
-                    << "); the connection closes";
-      return;
-    }
-    if (absl::Status s = ReadFrameWhileMoving(fd, body, bytes, kFrameSilence, "dataflow batch"); !s.ok()) {
-      PW_LOG(Warning) << "dataflow stream: " << s << "; the connection closes";
-      return;
-    }
+StreamListener::Protocol DataflowStreamProtocol(
+    std::string token,
+    std::function<void(const std::string& from, const std::string& graph, std::vector<Envelope>)> receive,
+    int max_connections) {
+  StreamListener::Protocol p;
+  p.magic = std::string(kDataflowStreamMagic, kStreamMagicBytes);
+  p.token = std::move(token);
+  p.frame = [receive = std::move(receive)](const char* data, size_t bytes) {
     std::string graph, from;
     std::vector<Envelope> envelopes;
-    if (!DecodeDataflowBatch(body.data(), body.size(), &graph, &envelopes, &from)) {
+    if (!DecodeDataflowBatch(data, bytes, &graph, &envelopes, &from)) {
       PW_LOG(Error) << "dataflow stream: a batch of " << bytes << " bytes that does not parse; the connection closes";
-      return;
+      return false;
     }
     receive(from, graph, std::move(envelopes));
-  }
+    return true;
+  };
+  p.max_frame = kMaxDataflowFrameBytes;
+  // A sender that closes or stalls within a batch loses it (it writes the batch again on a new
+  // connection); a receiver closes a connection idle longer than any sender keeps one.
+  p.frame_silence = kFrameSilence;
+  p.idle = kReceiverIdle;
+  p.max_connections = max_connections;
+  return p;
 }
 
 StreamPeer::StreamPeer(std::string self, std::string peer, std::string ip, int port,

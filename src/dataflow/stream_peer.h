@@ -38,11 +38,14 @@ bool DecodeDataflowBatch(const char* data, size_t size, std::string* graph, std:
                          std::string* from = nullptr);
 // The frame of one batch (its length, then the batch).
 std::string DataflowFrame(const std::string& self, const std::string& graph, const std::vector<Envelope>& batch);
-// Serves one sender's connection: admits it, then hands every batch to `receive` until the
-// sender closes, the listener stops, or a frame is malformed (logged; the connection closes).
-void ServeDataflowStream(int fd, const StreamListener& listener,
-                         const std::function<void(const std::string& from, const std::string& graph,
-                                                  std::vector<Envelope>)>& receive);
+// The dataflow streams of a StreamListener, for senders that show `token`: every batch that
+// comes is handed to `receive`, on the listener's one reader thread for all of them (so it must
+// not block). A batch that does not parse closes its connection (logged). At most
+// `max_connections` senders at once (0: the listener's bound).
+StreamListener::Protocol DataflowStreamProtocol(
+    std::string token,
+    std::function<void(const std::string& from, const std::string& graph, std::vector<Envelope>)> receive,
+    int max_connections = 0);
 
 // What a sender holds for one peer: its bytes, and since when none of it went out (progress).
 // `since` is InfiniteFuture while nothing is held.

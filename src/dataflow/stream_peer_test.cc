@@ -4,9 +4,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "core/socket_util.h"
@@ -21,16 +25,14 @@ struct Receiver {
   std::vector<std::pair<std::string, Envelope>> got ABSL_GUARDED_BY(mu);
   std::unique_ptr<StreamListener> listener;
 
-  absl::Status Start(int port = 0) {
-    auto l = StreamListener::Start("test streams", "127.0.0.1", port,
-                                   {{std::string(kDataflowStreamMagic, 8), "", "",
-                                     [this](int fd, const StreamListener& listener, const std::string&) {
-                                       ServeDataflowStream(fd, listener, [this](const std::string&, const std::string& graph,
-                                                                                std::vector<Envelope> batch) {
-                                         absl::MutexLock lock(&mu);
-                                         for (Envelope& e : batch) got.emplace_back(graph, std::move(e));
-                                       });
-                                     }}});
+  absl::Status Start(int port = 0, absl::Duration frame_silence = absl::Seconds(30)) {
+    StreamListener::Protocol protocol =
+        DataflowStreamProtocol("", [this](const std::string&, const std::string& graph, std::vector<Envelope> batch) {
+          absl::MutexLock lock(&mu);
+          for (Envelope& e : batch) got.emplace_back(graph, std::move(e));
+        });
+    protocol.frame_silence = frame_silence;
+    auto l = StreamListener::Start("test streams", "127.0.0.1", port, {std::move(protocol)});
     if (!l.ok()) return l.status();
     listener = *std::move(l);
     return absl::OkStatus();
@@ -223,6 +225,63 @@ TEST(StreamPeerTest, GarbageClosesOnlyThatConnection) {
     EXPECT_FALSE(TransferAll(*fd, &c, 1, false, absl::Now() + absl::Seconds(10), "test").ok());  // closed
     close(*fd);
   }
+  absl::Status verdict;
+  auto peer = Connected(r.listener->port(), &verdict);
+  ASSERT_TRUE(verdict.ok()) << verdict;
+  peer->Enqueue("g", {Numbered(1, 3)});
+  EXPECT_TRUE(r.WaitFor(1));
+}
+
+// How many of this process's threads bear `name`.
+int ThreadsNamed(const std::string& name) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++n;
+  }
+  return n;
+}
+
+// Every sender's stream is read by the listener's one reader thread, not by a thread each (a
+// controller of 512 hosts held 512 such threads): all their batches arrive, each sender's in order.
+TEST(StreamPeerTest, ManySendersShareOneReaderThreadAndEachKeepsItsOrder) {
+  Receiver r;
+  ASSERT_TRUE(r.Start().ok());
+  constexpr int kSenders = 40, kBatches = 25;
+  std::vector<std::unique_ptr<StreamPeer>> peers;
+  for (int s = 0; s < kSenders; ++s) {
+    absl::Status verdict;
+    peers.push_back(Connected(r.listener->port(), &verdict));
+    ASSERT_TRUE(verdict.ok()) << verdict;
+  }
+  for (int i = 0; i < kBatches; ++i) {
+    for (int s = 0; s < kSenders; ++s) peers[s]->Enqueue(absl::StrCat("g", s), {Numbered(i, 100 + 1000 * (i % 3))});
+  }
+  ASSERT_TRUE(r.WaitFor(kSenders * kBatches)) << r.size();
+  EXPECT_EQ(ThreadsNamed("stream-read"), 1);
+  EXPECT_EQ(ThreadsNamed("stream-conn"), 0);
+  absl::MutexLock lock(&r.mu);
+  std::map<std::string, int64_t> next;
+  for (const auto& [graph, e] : r.got) EXPECT_EQ(e.epoch, next[graph]++) << graph;
+  EXPECT_EQ(next.size(), static_cast<size_t>(kSenders));
+}
+
+// A sender that stops part way through a batch (frozen, or gone without a close) loses that
+// connection once the frame has been silent for the protocol's bound; nothing of the batch is
+// handed over, and the other senders go on.
+TEST(StreamPeerTest, ABatchStoppedPartWayClosesItsConnectionAndIsNotHandedOver) {
+  Receiver r;
+  ASSERT_TRUE(r.Start(0, absl::Milliseconds(300)).ok());
+  auto fd = DialStream("test", "127.0.0.1", r.listener->port(), kDataflowStreamMagic, "", absl::Seconds(5));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_TRUE(ReadStreamHeader(*fd, absl::Seconds(5), "test").ok());
+  std::string part = absl::StrCat(EncodeStreamU32(100), std::string(10, 'x'));
+  ASSERT_TRUE(TransferAll(*fd, part.data(), part.size(), true, absl::Now() + absl::Seconds(5), "test").ok());
+  char c;
+  EXPECT_FALSE(TransferAll(*fd, &c, 1, false, absl::Now() + absl::Seconds(30), "test").ok());  // closed
+  close(*fd);
+  EXPECT_EQ(r.size(), 0u);
   absl::Status verdict;
   auto peer = Connected(r.listener->port(), &verdict);
   ASSERT_TRUE(verdict.ok()) << verdict;

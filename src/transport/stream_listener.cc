@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/executor.h"
+#include "core/logging.h"
 #include "core/socket_util.h"
 #include "core/status_macros.h"
 #include "transport/auth.h"
@@ -129,10 +131,13 @@ absl::StatusOr<int> DialStream(const std::string& what, const std::string& ip, i
 absl::StatusOr<std::unique_ptr<StreamListener>> StreamListener::Start(const std::string& what, const std::string& ip,
                                                                       int port, std::vector<Protocol> protocols,
                                                                       absl::Duration connect, int max_connections) {
+  bool frames = false;
   for (const Protocol& p : protocols) {
-    if (p.magic.size() != kStreamMagicBytes || !p.serve) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": a protocol without an 8-byte magic or a server"));
+    if (p.magic.size() != kStreamMagicBytes || !p.serve == !p.frame || (p.frame && p.max_frame == 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a protocol without an 8-byte magic, or without one of a server and a frame reader"));
     }
+    frames = frames || p.frame != nullptr;
   }
   socklen_t length = 0;
   PW_ASSIGN_OR_RETURN(sockaddr_storage at, ParseAddress(absl::StrCat(ip, ":1"), &length));
@@ -153,26 +158,38 @@ absl::StatusOr<std::unique_ptr<StreamListener>> StreamListener::Start(const std:
   port = at.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&at)->sin_port)
                                  : ntohs(reinterpret_cast<sockaddr_in6*>(&at)->sin6_port);
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake < 0) {
+  const int epoll = frames ? epoll_create1(EPOLL_CLOEXEC) : -1;
+  epoll_event woken{EPOLLIN, {.ptr = nullptr}};  // the stop: readable once set, never read
+  if (wake < 0 || (frames && (epoll < 0 || epoll_ctl(epoll, EPOLL_CTL_ADD, wake, &woken) != 0))) {
+    const int error = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat(what, ": eventfd: ", Errno(errno)));
+    if (wake >= 0) close(wake);
+    if (epoll >= 0) close(epoll);
+    return absl::UnavailableError(absl::StrCat(what, ": eventfd or epoll: ", Errno(error)));
   }
   return std::unique_ptr<StreamListener>(
-      new StreamListener(fd, port, wake, std::move(protocols), connect, max_connections));
+      new StreamListener(fd, port, wake, epoll, std::move(protocols), connect, max_connections));
 }
 
-StreamListener::StreamListener(int listen_fd, int port, int wake_fd, std::vector<Protocol> protocols,
+StreamListener::StreamListener(int listen_fd, int port, int wake_fd, int epoll_fd, std::vector<Protocol> protocols,
                                absl::Duration connect, int max_connections)
     : listen_fd_(listen_fd),
       port_(port),
       wake_fd_(wake_fd),
       protocols_(std::move(protocols)),
       connect_(connect),
-      max_connections_(max_connections) {
+      max_connections_(max_connections),
+      epoll_fd_(epoll_fd) {
   acceptor_ = std::thread([this] {
     NameThisThread("stream-accept");
     AcceptLoop();
   });
+  if (epoll_fd_ >= 0) {
+    reader_ = std::thread([this] {
+      NameThisThread("stream-read");
+      ReadLoop();
+    });
+  }
 }
 
 StreamListener::~StreamListener() {
@@ -187,13 +204,16 @@ StreamListener::~StreamListener() {
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
   acceptor_.join();
+  if (reader_.joinable()) reader_.join();
   {
     absl::MutexLock lock(&mu_);
     connections.splice(connections.end(), connections_);
+    while (!readers_.empty()) CloseReader(*readers_.begin());
   }
   for (Connection& c : connections) c.thread.join();
   close(listen_fd_);
   close(wake_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
 }
 
 bool StreamListener::stopping() const {
@@ -286,6 +306,16 @@ void StreamListener::AcceptLoop() {
   for (Greeting& g : greeting) drop(g);
 }
 
+// A connection of a protocol of frames: what has come of its frame in progress.
+struct StreamListener::FrameReader {
+  int fd;
+  const Protocol* protocol;
+  std::string buffer;     // [0, filled): bytes read and not yet handed over, the start of a frame
+  size_t filled = 0;      // (the rest is room, kept: not cleared before each read)
+  absl::Time progress;    // when a byte last came
+  absl::Time last_frame;  // when a frame was last handed over (or the connection admitted)
+};
+
 void StreamListener::Admit(int fd, const Protocol* protocol, std::string tenant) {
   std::list<Connection> finished;
   bool served = false;
@@ -299,7 +329,22 @@ void StreamListener::Admit(int fd, const Protocol* protocol, std::string tenant)
     const int cap = protocol->max_connections > 0 ? protocol->max_connections : max_connections_;
     int of_protocol = 0;
     for (const Connection& c : connections_) of_protocol += c.protocol == protocol ? 1 : 0;
-    if (!stop_ && of_protocol < cap) {
+    for (const FrameReader* c : readers_) of_protocol += c->protocol == protocol ? 1 : 0;
+    if (!stop_ && of_protocol < cap && protocol->frame) {
+      // A fresh connection's socket buffer takes the few bytes of the admission at once.
+      const std::string admitted = StreamStatusFrame(absl::OkStatus());
+      const absl::Time now = absl::Now();
+      auto c = std::make_unique<FrameReader>(FrameReader{fd, protocol, "", 0, now, now});
+      epoll_event event{EPOLLIN | EPOLLRDHUP, {.ptr = c.get()}};
+      if (send(fd, admitted.data(), admitted.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+              static_cast<ssize_t>(admitted.size()) &&
+          epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) == 0) {
+        readers_.insert(c.release());
+      } else {
+        close(fd);
+      }
+      served = true;  // (or closed: a peer that cannot take 7 bytes is gone)
+    } else if (!stop_ && of_protocol < cap) {
       connections_.push_back({fd, protocol, {}, false});
       Connection* c = &connections_.back();
       try {
@@ -318,6 +363,103 @@ void StreamListener::Admit(int fd, const Protocol* protocol, std::string tenant)
   }
   if (!served) TurnAwayStream(fd, absl::UnavailableError("its streams are all taken"), /*not_served=*/true);
   for (Connection& c : finished) c.thread.join();  // threads that have ended
+}
+
+void StreamListener::CloseReader(FrameReader* c) {
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+  close(c->fd);
+  readers_.erase(c);
+  delete c;
+}
+
+bool StreamListener::ReadFrames(FrameReader& c, absl::Time now) {
+  const Protocol& p = *c.protocol;
+  // At most this much a turn, so that one busy sender does not hold the others' batches.
+  constexpr size_t kTurn = 1 << 20;
+  constexpr size_t kChunk = 64 << 10;
+  for (size_t taken = 0; taken < kTurn;) {
+    // Room for a chunk, or for the rest of the frame in progress when its length is known.
+    size_t need = c.filled + kChunk;
+    if (c.filled >= 4) need = std::max(need, 4 + size_t{DecodeStreamU32(c.buffer.data())});
+    if (c.buffer.size() < need) c.buffer.resize(need);
+    const size_t room = c.buffer.size() - c.filled;
+    const ssize_t n = recv(c.fd, c.buffer.data() + c.filled, room, 0);
+    if (n == 0) return false;  // closed (between frames: done; within one: it is written again)
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;
+    }
+    taken += static_cast<size_t>(n);
+    c.filled += static_cast<size_t>(n);
+    c.progress = now;
+    size_t at = 0;
+    while (c.filled - at >= 4) {
+      const uint32_t bytes = DecodeStreamU32(c.buffer.data() + at);
+      if (bytes > p.max_frame) {
+        PW_LOG(Error) << "stream " << p.magic << ": a frame of " << bytes << " bytes (at most " << p.max_frame
+                      << "); the connection closes";
+        return false;
+      }
+      if (c.filled - at - 4 < bytes) break;
+      if (!p.frame(c.buffer.data() + at + 4, bytes)) return false;
+      at += 4 + size_t{bytes};
+      c.last_frame = now;
+    }
+    if (at > 0) {
+      std::memmove(c.buffer.data(), c.buffer.data() + at, c.filled - at);
+      c.filled -= at;
+    }
+    // A large frame's room goes with it: a connection keeps a chunk's worth between frames.
+    if (c.filled == 0 && c.buffer.size() > kChunk) std::string(kChunk, '\0').swap(c.buffer);
+    // Less than there was room for: the socket is drained (a read more would find nothing, and
+    // the poll, level-triggered, reports whatever comes next).
+    if (static_cast<size_t>(n) < room) return true;
+  }
+  return true;
+}
+
+void StreamListener::ReadLoop() {
+  // Connections are looked at for silence every second while a frame is part way, else every
+  // half minute (idle bounds are minutes), so an idle listener wakes rarely.
+  constexpr absl::Duration kPartWay = absl::Seconds(1), kIdleSweep = absl::Seconds(30);
+  std::vector<epoll_event> events(256);
+  absl::Time next_sweep = absl::Now() + kIdleSweep;
+  while (true) {
+    const int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), RemainingMs(next_sweep));
+    if (n < 0 && errno != EINTR) {
+      PW_LOG(Error) << "stream listener: epoll_wait: " << Errno(errno) << "; its streams of frames stop";
+      return;
+    }
+    const absl::Time now = absl::Now();
+    for (int i = 0; i < n; ++i) {
+      auto* c = static_cast<FrameReader*>(events[i].data.ptr);
+      if (c == nullptr) return;  // stopping: the destructor closes what is left
+      // (Only this thread removes readers, and each is in a batch of events once.)
+      if (!ReadFrames(*c, now)) {
+        absl::MutexLock lock(&mu_);
+        CloseReader(c);
+      } else if (c->filled > 0) {
+        next_sweep = std::min(next_sweep, now + kPartWay);
+      }
+    }
+    if (now < next_sweep) continue;
+    // A frame stopped part way (its sender frozen or gone: it writes the frame again on a new
+    // connection), or a connection idle past its protocol's bound.
+    absl::MutexLock lock(&mu_);
+    std::vector<FrameReader*> late;
+    bool part_way_left = false;
+    for (FrameReader* c : readers_) {
+      const bool part_way = c->filled > 0;
+      if ((part_way && now - c->progress > c->protocol->frame_silence) ||
+          (!part_way && now - c->last_frame > c->protocol->idle)) {
+        late.push_back(c);
+      } else {
+        part_way_left = part_way_left || part_way;
+      }
+    }
+    for (FrameReader* c : late) CloseReader(c);
+    next_sweep = now + (part_way_left ? kPartWay : kIdleSweep);
+  }
 }
 
 }  // namespace pathways

@@ -4,10 +4,13 @@
 // schedule stream to the controller (transport/schedule_stream.h). One listener per process
 // serves them all on one port; each connection opens with a hello,
 //   8 bytes of magic naming its protocol, u32 n (little-endian), a token (n bytes, may be empty),
-// and the protocol decides what follows. A connection gets a thread of its own once its hello is
-// in and its token is one its protocol admits: until then it waits in the acceptor's poll set,
-// so silent connections hold descriptors, not threads. One refused (a wrong token, every thread
-// taken) is told why in a header frame (kStreamHeader, u32 n, rpc::StreamHeader) and closed.
+// and the protocol decides what follows. Once its hello is in and its token is one its protocol
+// admits, a connection gets a thread of its own, or, for a protocol of frames that only flow in
+// (dataflow batches), joins the listener's one reader thread, which reads every such connection
+// (so a controller of 512 hosts holds one thread for their streams, not 512). Until then it
+// waits in the acceptor's poll set, so silent connections hold descriptors, not threads. One
+// refused (a wrong token, every slot taken) is told why in a header frame (kStreamHeader, u32 n,
+// rpc::StreamHeader) and closed.
 #pragma once
 
 #include <functional>
@@ -17,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -48,9 +52,22 @@ class StreamListener {
     // stops (poll `listener.wake_fd()` beside the socket). The listener closes `fd` after.
     // `tenant`: whose token the hello showed ("" for `also`, the shared token or an open one).
     std::function<void(int fd, const StreamListener& listener, const std::string& tenant)> serve;
-    // At most this many of this protocol's connections at once (each has a thread); more are
-    // turned away, told they were not served. 0: the listener's `max_connections`. Protocols
-    // count apart, so tenants' streams cannot take the slots of the hosts' dataflow.
+    // Or, for a protocol whose frames only flow in: the connection is told it is admitted (a
+    // header frame of OK), then each frame that comes (u32 n little-endian, then n bytes, at most
+    // `max_frame`) is handed to `frame` on the listener's reader thread, which must not be held:
+    // it reads every such connection. False closes the connection (the frame is malformed). A
+    // connection closes too when a frame stops coming part way for `frame_silence` (its sender
+    // is frozen or gone: it writes the frame again on a new connection), or no frame comes for
+    // `idle` (looked at every second while a frame is part way, every 30 s otherwise). `serve`
+    // must be empty then.
+    std::function<bool(const char* data, size_t bytes)> frame;
+    uint32_t max_frame = 0;
+    absl::Duration frame_silence = absl::Seconds(30);
+    absl::Duration idle = absl::Minutes(8);
+    // At most this many of this protocol's connections at once (each has a thread, unless it is
+    // one of frames); more are turned away, told they were not served. 0: the listener's
+    // `max_connections`. Protocols count apart, so tenants' streams cannot take the slots of the
+    // hosts' dataflow.
     int max_connections = 0;
   };
 
@@ -78,21 +95,31 @@ class StreamListener {
     bool finished = false;
   };
   struct Greeting;
+  struct FrameReader;  // a connection of a protocol of frames, as the reader thread reads it
   enum class Heard { kMore, kHello, kWrongToken, kBad };
-  StreamListener(int listen_fd, int port, int wake_fd, std::vector<Protocol> protocols, absl::Duration connect,
-                 int max_connections);
+  StreamListener(int listen_fd, int port, int wake_fd, int epoll_fd, std::vector<Protocol> protocols,
+                 absl::Duration connect, int max_connections);
   Heard Listen(Greeting& g);  // reads what has come of `g`'s hello, without blocking
   void AcceptLoop();
-  void Admit(int fd, const Protocol* protocol, std::string tenant);  // a thread for the connection, or it is turned away
+  // A thread for the connection, or a place among the reader thread's, or it is turned away.
+  void Admit(int fd, const Protocol* protocol, std::string tenant);
+  void ReadLoop();  // the reader thread: every connection of a protocol of frames
+  // Reads what has come on `c` and hands over its whole frames; false when it is to close.
+  bool ReadFrames(FrameReader& c, absl::Time now);
+  void CloseReader(FrameReader* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int listen_fd_, port_, wake_fd_;
   const std::vector<Protocol> protocols_;
   const absl::Duration connect_;
   const int max_connections_;
   std::thread acceptor_;
+  const int epoll_fd_;  // the reader thread's (-1: no protocol of frames)
+  std::thread reader_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
+  // Connections of protocols of frames: added by the acceptor, read and removed by the reader.
+  absl::flat_hash_set<FrameReader*> readers_ ABSL_GUARDED_BY(mu_);
 };
 
 // Whether this process uses and offers the plain streams that carry control traffic (dataflow
