@@ -100,13 +100,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::Status InjectAll(int node, int shard, int64_t epoch, std::vector<std::string> payloads);
   // A batch from another host (or this one). Processed in order on the executor.
   void Deliver(std::vector<Envelope> batch);
-  // The same, on the calling thread: for a thread that reads the batches of one connection and
-  // has nothing else to do meanwhile (DataflowService, when handles_on_arrival()).
+  // The same, on the calling thread: for the thread that reads the batches of the streams
+  // (DataflowService, when handles_on_arrival()).
   void Handle(const std::vector<Envelope>& batch);
   // Whether a batch read from a stream is handled on the reader's thread instead of the
   // executor's: one wake-up less per batch, for graphs whose operators never block (control
-  // graphs: their operators queue work and send without waiting). Set before the engine is
-  // added to a service.
+  // graphs: their operators queue work and send without waiting). That thread reads every
+  // sender's stream (transport/stream_listener.h), so an operator that blocked would hold every
+  // sender's batches, not only its own. Set before the engine is added to a service.
   void set_handles_on_arrival(bool on) { handles_on_arrival_ = on; }
   bool handles_on_arrival() const { return handles_on_arrival_; }
   // Stops calling operators: callbacks in progress finish first, later input is dropped and

@@ -101,17 +101,34 @@ StreamPeer::StreamPeer(std::string self, std::string peer, std::string ip, int p
       resolve_(std::move(resolve)),
       lost_(std::move(lost)) {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  absl::MutexLock lock(&mu_);
   last_write_ = absl::Now();
+  thread_running_ = true;
   thread_ = std::thread([this] {
     NameThisThread("flow-peer");
     absl::StatusOr<int> fd = Connect();
-    if (fd.ok()) {
+    {
       absl::MutexLock lock(&mu_);
-      fd_ = *fd;
-      last_write_ = absl::Now();
+      if (fd.ok()) {
+        fd_ = *fd;
+        last_write_ = absl::Now();
+      } else {
+        gave_up_ = true;  // it takes nothing more: the caller sends another way
+        thread_running_ = false;
+      }
     }
     connected_(fd.status());
     if (fd.ok()) Loop();
+  });
+}
+
+void StreamPeer::EnsureThreadLocked() {
+  if (thread_running_ || gave_up_) return;
+  if (thread_.joinable()) thread_.join();  // it has ended, or is ending: it holds no lock of ours
+  thread_running_ = true;
+  thread_ = std::thread([this] {
+    NameThisThread("flow-peer");
+    Loop();
   });
 }
 
@@ -130,7 +147,17 @@ absl::StatusOr<int> StreamPeer::Connect() {
 
 StreamPeer::~StreamPeer() {
   BeginClose(absl::Now() + absl::Seconds(2));
-  thread_.join();
+  std::thread thread;
+  {
+    absl::MutexLock lock(&mu_);
+    thread = std::move(thread_);
+  }
+  if (thread.joinable()) thread.join();
+  {
+    absl::MutexLock lock(&mu_);
+    if (fd_ >= 0) close(fd_);  // idle, with no thread to close it
+    fd_ = -1;
+  }
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
@@ -139,6 +166,7 @@ void StreamPeer::BeginClose(absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     closing_ = true;
     close_deadline_ = std::min(close_deadline_, deadline);
+    if (!queued_.empty()) EnsureThreadLocked();  // what is queued gets its grace
   }
   const uint64_t one = 1;
   if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
@@ -199,9 +227,14 @@ void StreamPeer::HoldLocked(size_t bytes) {
 void StreamPeer::Enqueue(const std::string& graph, const std::vector<Envelope>& batch) {
   Frame frame{DataflowFrame(self_, graph, batch)};
   mu_.Lock();
+  if (fd_ >= 0 && !writing_ && queued_.empty() && absl::Now() >= last_write_ + kIdle) {
+    close(fd_);  // idle: closed by this side, so no batch goes into a connection closing under it
+    fd_ = -1;
+  }
   if (writing_ || fd_ < 0 || !queued_.empty() || closing_) {
     HoldLocked(frame.bytes.size());
     queued_.push_back(std::move(frame));  // the thread's turn (it waits for this)
+    EnsureThreadLocked();
     mu_.Unlock();
     return;
   }
@@ -229,6 +262,7 @@ void StreamPeer::Enqueue(const std::string& graph, const std::vector<Envelope>& 
   }
   HoldLocked(frame.bytes.size());
   queued_.push_front(std::move(frame));  // batches queued meanwhile come after it
+  EnsureThreadLocked();
 }
 
 bool StreamPeer::WriteFrames(int fd, std::deque<Frame>& frames) {
@@ -286,18 +320,13 @@ void StreamPeer::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto turn = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_ && (!queued_.empty() || closing_); };
-      if (fd_ >= 0) {
-        mu_.AwaitWithDeadline(absl::Condition(&turn), last_write_ + kIdle);
-      } else {
-        mu_.Await(absl::Condition(&turn));
+      if (!mu_.AwaitWithTimeout(absl::Condition(&turn), kThreadIdle) && queued_.empty()) {
+        // Nothing for this thread: it ends, and the next batch the callers cannot write whole
+        // starts another (Enqueue), so a sender's idle peers hold no threads.
+        thread_running_ = false;
+        return;
       }
-      if (!turn()) {
-        if (fd_ >= 0 && queued_.empty() && !writing_ && absl::Now() >= last_write_ + kIdle) {
-          close(fd_);  // idle: closed by this side, so no batch goes into a connection closing under it
-          fd_ = -1;
-        }
-        continue;
-      }
+      if (!turn()) continue;
       if (closing_ && (queued_.empty() || absl::Now() >= close_deadline_)) {
         if (!queued_.empty()) {
           PW_LOG(Error) << "dataflow: " << queued_.size() << " batches for " << peer_
@@ -307,6 +336,7 @@ void StreamPeer::Loop() {
         held_bytes_ = 0;
         if (fd_ >= 0) close(fd_);
         fd_ = -1;
+        thread_running_ = false;
         return;
       }
       writing_ = true;
@@ -344,7 +374,8 @@ void StreamPeer::Loop() {
       if (lost_ && !closing_) {
         PW_LOG(Warning) << "dataflow stream to " << peer_ << ": " << attempts_ << " connections failed (" << why
                         << "); its " << queued_.size() << " batches and later ones go another way";
-        gave_up = true;
+        gave_up = gave_up_ = true;
+        thread_running_ = false;
         continue;  // the lock goes with this iteration
       }
       if (closing_) {  // this side is going: the next batch would find the peer no nearer
@@ -352,6 +383,7 @@ void StreamPeer::Loop() {
                         << " dropped as this side closes: " << attempts_ << " connections failed (" << why << ")";
         queued_.clear();
         held_bytes_ = 0;
+        thread_running_ = false;
         return;
       }
       PW_LOG(Error) << "dataflow: a batch for " << peer_ << " dropped: " << attempts_ << " connections failed ("

@@ -62,8 +62,9 @@ struct Backlog {
 
 // One long-lived connection to one peer's stream listener, for any number of graphs.
 // Thread-safe. It connects first, and says whether that worked (`connected`, on its thread);
-// one that did not takes nothing more (the caller sends another way). Enqueue writes the batch itself when the connection is idle and the socket takes
-// it whole; otherwise it is queued for this peer's thread, which connects, writes what is queued
+// one that did not takes nothing more (the caller sends another way). Enqueue writes the batch
+// itself when the connection is idle and the socket takes it whole; otherwise it is queued for
+// this peer's thread (started then, if it had ended for want of work), which connects, writes what is queued
 // (merged into one write), and reconnects when the connection breaks, writing again the batches
 // whose write failed, a bounded number of times; then it gives up: with a `lost` callback it
 // stops, keeping what is queued for TakeQueued (the caller sends it another way), else it drops
@@ -98,8 +99,12 @@ class StreamPeer {
   int64_t queued_bytes();
 
   // A connection idle this long is closed by the sender (receivers close theirs after longer, so
-  // a batch is never written into a connection the receiver is closing).
+  // a batch is never written into a connection the receiver is closing): at its next batch.
   static constexpr absl::Duration kIdle = absl::Minutes(4);
+  // The peer's thread ends once it has had nothing to do for this long; the next batch the
+  // socket does not take whole starts another. Most batches are written by their callers, so a
+  // controller of 512 hosts keeps threads only for the peers that lag.
+  static constexpr absl::Duration kThreadIdle = absl::Seconds(1);
   // Connections tried for a batch before it is dropped, 50 ms apart and doubling (1.5 s in all:
   // a peer restarting is back by then, or its batches are for an incarnation that is gone).
   static constexpr int kAttempts = 5;
@@ -135,8 +140,12 @@ class StreamPeer {
   // When backlog() first found the connection holding bytes the peer had not acknowledged.
   absl::Time unacked_seen_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   void HoldLocked(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the thread for what is queued, unless it runs (or the peer was given up).
+  void EnsureThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int wake_fd_ = -1;  // eventfd: wakes the thread's poll when closing
-  std::thread thread_;
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+  bool thread_running_ ABSL_GUARDED_BY(mu_) = false;  // it has not decided to end
+  bool gave_up_ ABSL_GUARDED_BY(mu_) = false;         // no thread starts again
 };
 
 }  // namespace pathways::dataflow

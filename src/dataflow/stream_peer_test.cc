@@ -199,10 +199,12 @@ TEST(StreamPeerTest, ClosingWhileThePeerIsGoneEndsWithoutWaitingOutTheGrace) {
   peer->Enqueue("g", {Numbered(0, 10)});
   ASSERT_TRUE(receiver->WaitFor(1));
   receiver.reset();  // gone, and nothing listens there again
-  for (int i = 1; i <= 3; ++i) peer->Enqueue("g", {Numbered(i, 10)});
+  // Closing begins before anything is queued for the peer, so every reconnection is tried while
+  // closing (no ask can have begun before it).
   const absl::Time start = absl::Now();
   closing = true;
   peer->BeginClose(absl::Now() + absl::Seconds(60));
+  for (int i = 1; i <= 3; ++i) peer->Enqueue("g", {Numbered(i, 10)});
   peer.reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(asked_while_closing.load(), 0);
@@ -230,6 +232,28 @@ TEST(StreamPeerTest, GarbageClosesOnlyThatConnection) {
   ASSERT_TRUE(verdict.ok()) << verdict;
   peer->Enqueue("g", {Numbered(1, 3)});
   EXPECT_TRUE(r.WaitFor(1));
+}
+
+// Silence is counted from the last byte, not from the frame's start: a batch whose bytes trickle
+// in, each before the bound, is handed over whole however long it takes.
+TEST(StreamPeerTest, ABatchThatTricklesInIsHandedOverWhole) {
+  Receiver r;
+  ASSERT_TRUE(r.Start(0, absl::Milliseconds(300)).ok());
+  auto fd = DialStream("test", "127.0.0.1", r.listener->port(), kDataflowStreamMagic, "", absl::Seconds(5));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_TRUE(ReadStreamHeader(*fd, absl::Seconds(5), "test").ok());
+  std::string frame = DataflowFrame("me", "g", {Numbered(7, 20)});
+  const absl::Time start = absl::Now();
+  for (size_t i = 0; i < frame.size(); i += 4) {  // 4 bytes a tenth of a second: over a second
+    const size_t n = std::min<size_t>(4, frame.size() - i);
+    ASSERT_TRUE(TransferAll(*fd, frame.data() + i, n, true, absl::Now() + absl::Seconds(5), "test").ok());
+    absl::SleepFor(absl::Milliseconds(100));  // the trickle itself, not a wait for something
+  }
+  ASSERT_GT(absl::Now() - start, absl::Seconds(1));
+  ASSERT_TRUE(r.WaitFor(1));
+  absl::MutexLock lock(&r.mu);
+  EXPECT_EQ(r.got[0].second.epoch, 7);
+  close(*fd);
 }
 
 // How many of this process's threads bear `name`.
@@ -287,6 +311,48 @@ TEST(StreamPeerTest, ABatchStoppedPartWayClosesItsConnectionAndIsNotHandedOver) 
   ASSERT_TRUE(verdict.ok()) << verdict;
   peer->Enqueue("g", {Numbered(1, 3)});
   EXPECT_TRUE(r.WaitFor(1));
+}
+
+// Whether this process's threads named `name` number `n` within 30 s (threads end on their own
+// time; this looks every 10 ms).
+bool EventuallyThreadsNamed(const std::string& name, int n) {
+  for (absl::Time until = absl::Now() + absl::Seconds(30); absl::Now() < until;) {
+    if (ThreadsNamed(name) == n) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+// A sender's thread ends once it has had nothing to do for a while (callers write most batches
+// themselves), so a controller's idle peers hold no threads; a batch the socket cannot take whole
+// starts it again, and so does a receiver that restarted.
+TEST(StreamPeerTest, AnIdleSenderHoldsNoThreadAndItsNextBatchesStillGo) {
+  Receiver first;
+  ASSERT_TRUE(first.Start().ok());
+  const int port = first.listener->port();
+  absl::Status verdict;
+  auto peer = Connected(port, &verdict);
+  ASSERT_TRUE(verdict.ok()) << verdict;
+  peer->Enqueue("g", {Numbered(0, 10)});
+  ASSERT_TRUE(first.WaitFor(1));
+  ASSERT_TRUE(EventuallyThreadsNamed("flow-peer", 0));
+  // More than a socket takes at once, then small ones behind it: the thread comes back for the
+  // rest of the large one, and the order holds.
+  peer->Enqueue("g", {Numbered(1, size_t{8} << 20)});
+  for (int i = 2; i < 5; ++i) peer->Enqueue("g", {Numbered(i, 10)});
+  ASSERT_TRUE(first.WaitFor(5)) << first.size();
+  {
+    absl::MutexLock lock(&first.mu);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(first.got[i].second.epoch, i);
+  }
+  ASSERT_TRUE(EventuallyThreadsNamed("flow-peer", 0));
+  first.listener.reset();  // it closes every connection
+  Receiver second;
+  ASSERT_TRUE(second.Start(port).ok());
+  peer->Enqueue("g", {Numbered(5, 10)});
+  ASSERT_TRUE(second.WaitFor(1));
+  absl::MutexLock lock(&second.mu);
+  EXPECT_EQ(second.got[0].second.epoch, 5);
 }
 
 }  // namespace

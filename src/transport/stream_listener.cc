@@ -378,9 +378,13 @@ bool StreamListener::ReadFrames(FrameReader& c, absl::Time now) {
   constexpr size_t kTurn = 1 << 20;
   constexpr size_t kChunk = 64 << 10;
   for (size_t taken = 0; taken < kTurn;) {
-    // Room for a chunk, or for the rest of the frame in progress when its length is known.
+    // Room for a chunk, or, for a large frame in progress, room that doubles as its bytes come,
+    // up to its length: a sender that declares a large frame and stalls holds little memory.
     size_t need = c.filled + kChunk;
-    if (c.filled >= 4) need = std::max(need, 4 + size_t{DecodeStreamU32(c.buffer.data())});
+    if (c.filled >= 4) {
+      const size_t frame = 4 + size_t{DecodeStreamU32(c.buffer.data())};
+      need = std::max(need, std::min(frame, 2 * c.filled));
+    }
     if (c.buffer.size() < need) c.buffer.resize(need);
     const size_t room = c.buffer.size() - c.filled;
     const ssize_t n = recv(c.fd, c.buffer.data() + c.filled, room, 0);
@@ -409,8 +413,8 @@ bool StreamListener::ReadFrames(FrameReader& c, absl::Time now) {
       std::memmove(c.buffer.data(), c.buffer.data() + at, c.filled - at);
       c.filled -= at;
     }
-    // A large frame's room goes with it: a connection keeps a chunk's worth between frames.
-    if (c.filled == 0 && c.buffer.size() > kChunk) std::string(kChunk, '\0').swap(c.buffer);
+    // A large frame's room goes with it: a connection keeps at most 1 MiB between frames.
+    if (c.filled == 0 && c.buffer.size() > (1 << 20)) std::string(kChunk, '\0').swap(c.buffer);
     // Less than there was room for: the socket is drained (a read more would find nothing, and
     // the poll, level-triggered, reports whatever comes next).
     if (static_cast<size_t>(n) < room) return true;
@@ -426,9 +430,10 @@ void StreamListener::ReadLoop() {
   absl::Time next_sweep = absl::Now() + kIdleSweep;
   while (true) {
     const int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), RemainingMs(next_sweep));
-    if (n < 0 && errno != EINTR) {
-      PW_LOG(Error) << "stream listener: epoll_wait: " << Errno(errno) << "; its streams of frames stop";
-      return;
+    if (n < 0 && errno != EINTR) {  // (not seen: the descriptors are this object's own)
+      PW_LOG(Error) << "stream listener: epoll_wait: " << Errno(errno) << "; trying again in 100 ms";
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
     }
     const absl::Time now = absl::Now();
     for (int i = 0; i < n; ++i) {
@@ -444,11 +449,20 @@ void StreamListener::ReadLoop() {
     }
     if (now < next_sweep) continue;
     // A frame stopped part way (its sender frozen or gone: it writes the frame again on a new
-    // connection), or a connection idle past its protocol's bound.
-    absl::MutexLock lock(&mu_);
-    std::vector<FrameReader*> late;
+    // connection), or a connection idle past its protocol's bound. (Only this thread removes
+    // readers, so those listed stay while it looks, without the lock.)
+    std::vector<FrameReader*> all, late;
+    {
+      absl::MutexLock lock(&mu_);
+      all.assign(readers_.begin(), readers_.end());
+    }
     bool part_way_left = false;
-    for (FrameReader* c : readers_) {
+    for (FrameReader* c : all) {
+      // Bytes that came while this thread was busy count: read them before judging.
+      if (c->filled > 0 && now - c->progress > c->protocol->frame_silence && !ReadFrames(*c, now)) {
+        late.push_back(c);
+        continue;
+      }
       const bool part_way = c->filled > 0;
       if ((part_way && now - c->progress > c->protocol->frame_silence) ||
           (!part_way && now - c->last_frame > c->protocol->idle)) {
@@ -457,6 +471,7 @@ void StreamListener::ReadLoop() {
         part_way_left = part_way_left || part_way;
       }
     }
+    absl::MutexLock lock(&mu_);
     for (FrameReader* c : late) CloseReader(c);
     next_sweep = now + (part_way_left ? kPartWay : kIdleSweep);
   }
