@@ -106,7 +106,7 @@ StreamPeer::StreamPeer(std::string self, std::string peer, std::string ip, int p
   thread_running_ = true;
   thread_ = std::thread([this] {
     NameThisThread("flow-peer");
-    absl::StatusOr<int> fd = Connect();
+    absl::StatusOr<int> fd = Connect(absl::InfiniteFuture());
     {
       absl::MutexLock lock(&mu_);
       if (fd.ok()) {
@@ -132,11 +132,12 @@ void StreamPeer::EnsureThreadLocked() {
   });
 }
 
-absl::StatusOr<int> StreamPeer::Connect() {
+absl::StatusOr<int> StreamPeer::Connect(absl::Time deadline) {
   const std::string what = absl::StrCat("dataflow stream to ", peer_);
-  absl::StatusOr<int> fd = DialStream(what, ip_, port_, kDataflowStreamMagic, CallToken(), kConnect);
+  auto bound = [deadline] { return std::clamp(deadline - absl::Now(), absl::Milliseconds(1), kConnect); };
+  absl::StatusOr<int> fd = DialStream(what, ip_, port_, kDataflowStreamMagic, CallToken(), bound());
   if (!fd.ok()) return fd;
-  absl::StatusOr<rpc::StreamHeader> admitted = ReadStreamHeader(*fd, kConnect, what);
+  absl::StatusOr<rpc::StreamHeader> admitted = ReadStreamHeader(*fd, bound(), what);
   absl::Status s = admitted.ok() ? HeaderStatus(*admitted) : admitted.status();
   if (!s.ok()) {
     close(*fd);
@@ -317,6 +318,7 @@ void StreamPeer::Loop() {
     std::deque<Frame> frames;
     int fd;
     bool closing;
+    absl::Time deadline;  // the close's, or none
     {
       absl::MutexLock lock(&mu_);
       auto turn = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_ && (!queued_.empty() || closing_); };
@@ -343,6 +345,7 @@ void StreamPeer::Loop() {
       frames.swap(queued_);
       fd = fd_;
       closing = closing_;
+      deadline = close_deadline_;
     }
     absl::Status connected;
     if (fd < 0) {
@@ -352,7 +355,9 @@ void StreamPeer::Loop() {
         const int now_at = resolve_();
         if (now_at > 0) port_ = now_at;
       }
-      absl::StatusOr<int> dialed = Connect();
+      // Closing, a peer that takes the connection and says nothing (its host drops packets, or
+      // it is frozen) holds this thread no longer than the grace.
+      absl::StatusOr<int> dialed = Connect(deadline);
       connected = dialed.status();
       if (dialed.ok()) fd = *dialed;
     }

@@ -114,7 +114,8 @@ class StreamPeer {
     std::string bytes;
     size_t sent = 0;  // of a frame being written
   };
-  absl::StatusOr<int> Connect();
+  // Connects and reads the admission, within kConnect and by `deadline`.
+  absl::StatusOr<int> Connect(absl::Time deadline);
   void Loop();
   // Writes the frames taken; false when the connection broke (the rest are put back).
   bool WriteFrames(int fd, std::deque<Frame>& frames);

@@ -1,5 +1,6 @@
 #include "dataflow/stream_peer.h"
 
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -232,6 +233,39 @@ TEST(StreamPeerTest, GarbageClosesOnlyThatConnection) {
   ASSERT_TRUE(verdict.ok()) << verdict;
   peer->Enqueue("g", {Numbered(1, 3)});
   EXPECT_TRUE(r.WaitFor(1));
+}
+
+// A closing sender whose peer takes connections but never answers them (a frozen process, or a
+// host that drops packets once connected) gives up within the close's grace, not after the
+// connection bound (5 s).
+TEST(StreamPeerTest, ClosingWhileThePeerTakesConnectionsButNeverAnswersEndsWithinTheGrace) {
+  auto receiver = std::make_unique<Receiver>();
+  ASSERT_TRUE(receiver->Start().ok());
+  const int port = receiver->listener->port();
+  absl::Status verdict;
+  auto peer = Connected(port, &verdict);
+  ASSERT_TRUE(verdict.ok()) << verdict;
+  peer->Enqueue("g", {Numbered(0, 10)});
+  ASSERT_TRUE(receiver->WaitFor(1));
+  receiver.reset();
+  // The same port, listening, never accepting: connections complete in the kernel's backlog and
+  // nothing is ever said on them.
+  const int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(silent, 0);
+  const int one = 1;
+  setsockopt(silent, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(static_cast<uint16_t>(port));
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0) << Errno(errno);
+  ASSERT_EQ(listen(silent, 16), 0);
+  const absl::Time start = absl::Now();
+  peer->BeginClose(absl::Now() + absl::Milliseconds(300));
+  peer->Enqueue("g", {Numbered(1, 10)});
+  peer.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "a connection waited out its own bound";
+  close(silent);
 }
 
 // Silence is counted from the last byte, not from the frame's start: a batch whose bytes trickle
