@@ -116,6 +116,16 @@ int64_t ClientLeases::Live(absl::Time now) {
   return live;
 }
 
+void ClientLeases::Awake(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const absl::Duration away = stall_.Awake(now);
+  if (away == absl::ZeroDuration()) return;
+  for (auto& [client, lease] : leases_) {
+    // (As ClusterRegistry::Awake: a lease renewed since the controller came back needs none.)
+    if (lease.departed == absl::InfiniteFuture() && lease.last_seen < now - away / 2) lease.last_seen += away;
+  }
+}
+
 std::vector<std::string> ClientLeases::TakeDeparted(absl::Time now) {
   absl::MutexLock lock(&mu_);
   ForgetTenantsLocked(now);

@@ -1,6 +1,7 @@
 // Which clients are still there: each holds a lease it renews by heartbeating.
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "controller/stall_credit.h"
 #include "transport/tenant_tokens.h"
 
 namespace pathways {
@@ -24,7 +26,14 @@ class ClientLeases {
  public:
   ClientLeases(absl::Duration timeout, absl::Duration remember = absl::Minutes(10),
                absl::Duration refuse_for = absl::Hours(1))
-      : timeout_(timeout), remember_(remember), refuse_for_(refuse_for) {}
+      : timeout_(timeout),
+        remember_(remember),
+        refuse_for_(refuse_for),
+        stall_(std::max(timeout / 4, absl::Milliseconds(250))) {}
+  // The controller's loop that takes departed clients woke at `now`, before it takes them. If it
+  // was away past a quarter of the lease timeout (the controller frozen or starved), every lease
+  // is credited with that time: a client is not judged by heartbeats the controller could not hear.
+  void Awake(absl::Time now);
   absl::Duration timeout() const { return timeout_; }
 
   void Renew(const std::string& client, absl::Time now);
@@ -85,6 +94,7 @@ class ClientLeases {
   const absl::Duration remember_;
   const absl::Duration refuse_for_;
   absl::Mutex mu_;
+  StallCredit stall_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   RefusedTenants refused_tenants_;  // its own lock, taken after mu_
   absl::flat_hash_map<std::string, std::string> tenant_of_ ABSL_GUARDED_BY(mu_);  // client: named tenant

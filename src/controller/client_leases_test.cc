@@ -23,6 +23,28 @@ TEST(ClientLeasesTest, LapsedAndDepartedClientsAreReportedOnce) {
   EXPECT_EQ(leases.TakeDeparted(t + absl::Seconds(120)), std::vector<std::string>{"stays"});  // lapsed by now
 }
 
+// A controller that was itself away past the lease timeout (frozen, starved of CPU) does not
+// retire its clients for the heartbeats it could not hear; a lease that had lapsed before it went
+// away is retired all the same.
+TEST(ClientLeasesTest, AControllerThatWasAwayDoesNotLetLeasesLapseForIt) {
+  ClientLeases leases(absl::Seconds(3), absl::Seconds(60));
+  const absl::Time t = absl::UnixEpoch();
+  leases.Renew("stays", t + absl::Seconds(9));
+  leases.Renew("lapsed", t);
+  std::vector<std::string> departed;
+  for (int ms = 0; ms <= 10000; ms += 100) {
+    leases.Awake(t + absl::Milliseconds(ms));
+    for (std::string& c : leases.TakeDeparted(t + absl::Milliseconds(ms))) departed.push_back(std::move(c));
+  }
+  EXPECT_EQ(departed, std::vector<std::string>{"lapsed"});
+  const absl::Time back = t + absl::Seconds(30);  // away 20 s
+  leases.Awake(back);
+  EXPECT_TRUE(leases.TakeDeparted(back).empty());
+  leases.Renew("stays", back + absl::Milliseconds(100));  // its heartbeat, once it can be heard
+  leases.Awake(back + absl::Milliseconds(200));
+  EXPECT_TRUE(leases.TakeDeparted(back + absl::Milliseconds(200)).empty());
+}
+
 // A departed client's calls are told that it went away, when and why, for as long as it is
 // remembered: a process resumed after a pause longer than its lease learns that what it held is
 // gone, instead of failing on a slice it no longer has.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/ids.h"
+#include "core/logging.h"
 #include "core/status_macros.h"
 
 namespace pathways {
@@ -152,6 +153,20 @@ bool HistogramHoldsTogether(const rpc::HostCounters& c) {
 
 }  // namespace
 
+void ClusterRegistry::Awake(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const absl::Duration away = stall_.Awake(now);
+  if (away == absl::ZeroDuration()) return;
+  // Each silence becomes what it was when the controller went. Hosts heard since it came back
+  // need none: a host is heard either before it went (by the loop's previous wake, or just
+  // after) or after it came back, so the middle of the gap tells which.
+  for (auto& [id, host] : hosts_) {
+    if (host.last_heartbeat < now - away / 2) host.last_heartbeat += away;
+  }
+  PW_LOG(Warning) << "the controller was away for " << absl::FormatDuration(away)
+                  << " (frozen or starved of CPU): hosts are not judged by that silence";
+}
+
 ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = hosts_.find(HostId(r.host_id()));
@@ -167,7 +182,7 @@ ClusterRegistry::Beat ClusterRegistry::Heartbeat(const rpc::HeartbeatRequest& r,
     host.left = r.leaving().substr(0, kMaxLeaveReason);
     return Beat::kLeft;
   }
-  if (now - host.last_heartbeat > heartbeat_timeout_ || !host.left.empty()) return Beat::kExpired;
+  if (SilentLocked(host, now) || !host.left.empty()) return Beat::kExpired;
   host.last_heartbeat = now;
   for (const rpc::DeviceInfo& d : r.devices()) {
     if (d.local_index() < 0 || d.local_index() >= static_cast<int>(host.devices.size())) continue;

@@ -1,6 +1,7 @@
 // The controller's view of the cluster: islands, hosts, devices, liveness, and slice placement.
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <set>
@@ -10,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "controller/stall_credit.h"
 #include "core/ids.h"
 #include "proto/pathways.pb.h"
 
@@ -18,7 +20,14 @@ namespace pathways {
 // Thread-safe. Time is passed in, so liveness is testable without waiting.
 class ClusterRegistry {
  public:
-  explicit ClusterRegistry(absl::Duration heartbeat_timeout) : heartbeat_timeout_(heartbeat_timeout) {}
+  explicit ClusterRegistry(absl::Duration heartbeat_timeout)
+      : heartbeat_timeout_(heartbeat_timeout), stall_(std::max(heartbeat_timeout / 4, absl::Milliseconds(250))) {}
+
+  // The controller's liveness loop woke at `now` (every 100 ms or so). If it was away past a
+  // quarter of the heartbeat timeout (the controller frozen or starved), every host is credited
+  // with the time it was away: hosts are judged by what they sent while it could listen. Until
+  // this is first called, nothing is credited (tests pass times in freely).
+  void Awake(absl::Time now);
 
   // A worker at an address already known re-registers under its old host id (it restarted, or
   // the controller dropped it); its devices are replaced.
@@ -138,12 +147,18 @@ class ClusterRegistry {
   void ReleaseLocked(const Slice& slice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the slice has lost devices; empty when it has not.
   std::string LostReasonLocked(const Slice& s, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Silent past the timeout, not counting a time the controller itself was away and has not
+  // yet credited (StallCredit).
+  bool SilentLocked(const Host& h, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return now - h.last_heartbeat - stall_.Away(now) > heartbeat_timeout_;
+  }
   bool AliveLocked(const Host& h, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return h.left.empty() && now - h.last_heartbeat <= heartbeat_timeout_;
+    return h.left.empty() && !SilentLocked(h, now);
   }
 
   const absl::Duration heartbeat_timeout_;
   mutable absl::Mutex mu_;
+  StallCredit stall_ ABSL_GUARDED_BY(mu_);
   std::map<HostId, Host> hosts_ ABSL_GUARDED_BY(mu_);
   HostId next_host_id_ ABSL_GUARDED_BY(mu_){0};
   DeviceId next_device_id_ ABSL_GUARDED_BY(mu_){0};

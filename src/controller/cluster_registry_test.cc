@@ -295,6 +295,40 @@ TEST(ClusterRegistryTest, HostsWithoutHeartbeatAreNotUsed) {
   EXPECT_FALSE(registry.Status(later).hosts(1).alive());
 }
 
+// A controller that was itself away (frozen, starved of CPU) past the heartbeat timeout does not
+// judge hosts by the silence it could not have heard: each host keeps the silence it had when the
+// controller went away, whether it is judged before the liveness loop wakes again or after. A
+// host already silent past the timeout then stays departed.
+TEST(ClusterRegistryTest, AControllerThatWasAwayDoesNotJudgeHostsByThatSilence) {
+  ClusterRegistry registry(absl::Seconds(3));
+  const absl::Time t = absl::UnixEpoch();
+  auto fresh = registry.RegisterWorker(Worker("h:1", 0, 4), t + absl::Seconds(10));
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE(registry.RegisterWorker(Worker("h:2", 0, 4), t).ok());                    // silent since t
+  for (int ms = 0; ms <= 10000; ms += 100) registry.Awake(t + absl::Milliseconds(ms));  // the loop ticks
+  ASSERT_EQ(registry.LiveHosts(t + absl::Seconds(10)).size(), 1u);                      // h:2 is departed
+  rpc::HeartbeatRequest hb;
+  hb.set_host_id(fresh->host_id());
+  hb.set_address("h:1");
+  // Heard after the loop's last wake, just before the controller went away.
+  ASSERT_EQ(registry.Heartbeat(hb, t + absl::Milliseconds(10050)), ClusterRegistry::Beat::kAlive);
+  // The controller is away 20 s. Judged as it wakes, before its loop does, and after: h:1 lives
+  // on, with the 50 ms of silence it had when the controller went.
+  const absl::Time back = t + absl::Seconds(30);
+  EXPECT_EQ(registry.LiveHosts(back).size(), 1u);
+  registry.Awake(back);
+  std::vector<ClusterRegistry::LiveHost> live = registry.LiveHosts(back + absl::Seconds(1));
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].address, "h:1");
+  // Credited once, not again: a host that is silent from then on departs at the timeout (3 s
+  // after the 50 ms it had).
+  for (int ms = 100; ms <= 2900; ms += 100) registry.Awake(back + absl::Milliseconds(ms));
+  EXPECT_EQ(registry.LiveHosts(back + absl::Milliseconds(2900)).size(), 1u);
+  registry.Awake(back + absl::Milliseconds(3000));
+  registry.Awake(back + absl::Milliseconds(3100));
+  EXPECT_TRUE(registry.LiveHosts(back + absl::Milliseconds(3100)).empty());
+}
+
 TEST(ClusterRegistryTest, SlicesOnDepartedOrRestartedHostsAreLostAndRemapOntoLiveOnes) {
   ClusterRegistry registry(absl::Seconds(3));
   absl::Time t = absl::UnixEpoch();

@@ -362,6 +362,10 @@ Controller::~Controller() { Shutdown(); }
 void Controller::RetireLoop() {
   while (!stop_.WaitForNotificationWithTimeout(std::min(options_.client_timeout / 4, absl::Milliseconds(100)))) {
     const absl::Time now = absl::Now();
+    // Before anything is judged by silence: a controller that was itself away (frozen, starved)
+    // credits hosts and clients with that time.
+    registry_.Awake(now);
+    clients_.Awake(now);
     const std::vector<ClusterRegistry::LiveHost> live = registry_.LiveHosts(now);
     UpdateMembers(live);  // hosts that stopped heartbeating leave their island's control graph
     admission_->RetryHeld(now);
