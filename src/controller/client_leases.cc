@@ -121,8 +121,7 @@ void ClientLeases::Awake(absl::Time now) {
   const absl::Duration away = stall_.Awake(now);
   if (away == absl::ZeroDuration()) return;
   for (auto& [client, lease] : leases_) {
-    // (As ClusterRegistry::Awake: a lease renewed since the controller came back needs none.)
-    if (lease.departed == absl::InfiniteFuture() && lease.last_seen < now - away / 2) lease.last_seen += away;
+    if (lease.departed == absl::InfiniteFuture()) lease.last_seen = StallCredit::Credited(lease.last_seen, now, away);
   }
 }
 

@@ -1,7 +1,6 @@
 // Which clients are still there: each holds a lease it renews by heartbeating.
 #pragma once
 
-#include <algorithm>
 #include <deque>
 #include <string>
 #include <utility>
@@ -26,10 +25,7 @@ class ClientLeases {
  public:
   ClientLeases(absl::Duration timeout, absl::Duration remember = absl::Minutes(10),
                absl::Duration refuse_for = absl::Hours(1))
-      : timeout_(timeout),
-        remember_(remember),
-        refuse_for_(refuse_for),
-        stall_(std::max(timeout / 4, absl::Milliseconds(250))) {}
+      : timeout_(timeout), remember_(remember), refuse_for_(refuse_for), stall_(timeout) {}
   // The controller's loop that takes departed clients woke at `now`, before it takes them. If it
   // was away past a quarter of the lease timeout (the controller frozen or starved), every lease
   // is credited with that time: a client is not judged by heartbeats the controller could not hear.

@@ -157,12 +157,7 @@ void ClusterRegistry::Awake(absl::Time now) {
   absl::MutexLock lock(&mu_);
   const absl::Duration away = stall_.Awake(now);
   if (away == absl::ZeroDuration()) return;
-  // Each silence becomes what it was when the controller went. Hosts heard since it came back
-  // need none: a host is heard either before it went (by the loop's previous wake, or just
-  // after) or after it came back, so the middle of the gap tells which.
-  for (auto& [id, host] : hosts_) {
-    if (host.last_heartbeat < now - away / 2) host.last_heartbeat += away;
-  }
+  for (auto& [id, host] : hosts_) host.last_heartbeat = StallCredit::Credited(host.last_heartbeat, now, away);
   PW_LOG(Warning) << "the controller was away for " << absl::FormatDuration(away)
                   << " (frozen or starved of CPU): hosts are not judged by that silence";
 }

@@ -1,7 +1,6 @@
 // The controller's view of the cluster: islands, hosts, devices, liveness, and slice placement.
 #pragma once
 
-#include <algorithm>
 #include <deque>
 #include <map>
 #include <set>
@@ -21,7 +20,7 @@ namespace pathways {
 class ClusterRegistry {
  public:
   explicit ClusterRegistry(absl::Duration heartbeat_timeout)
-      : heartbeat_timeout_(heartbeat_timeout), stall_(std::max(heartbeat_timeout / 4, absl::Milliseconds(250))) {}
+      : heartbeat_timeout_(heartbeat_timeout), stall_(heartbeat_timeout) {}
 
   // The controller's liveness loop woke at `now` (every 100 ms or so). If it was away past a
   // quarter of the heartbeat timeout (the controller frozen or starved), every host is credited

@@ -6,14 +6,17 @@
 // what it was when the controller went away).
 #pragma once
 
+#include <algorithm>
+
 #include "absl/time/time.h"
 
 namespace pathways {
 
 class StallCredit {
  public:
-  // The loop waking later than `threshold` after its last wake means the controller was away.
-  explicit StallCredit(absl::Duration threshold) : threshold_(threshold) {}
+  // For silences judged against `timeout`: the loop waking later than a quarter of it (at least
+  // 250 ms) after its last wake means the controller was away.
+  explicit StallCredit(absl::Duration timeout) : threshold_(std::max(timeout / 4, absl::Milliseconds(250))) {}
 
   // How long the controller has been away as of `now`: zero unless the loop last woke more than
   // the threshold ago (and zero before the loop's first wake: nothing to judge by).
@@ -26,6 +29,13 @@ class StallCredit {
     const absl::Duration away = Away(now);
     awake_ = now;
     return away;
+  }
+  // `last_heard`, credited with an absence `away` that ended at `now`, so that the silence is what
+  // it was when the controller went. One heard since it came back needs none: everything is heard
+  // either before it went (by the loop's previous wake, or just after) or after it came back, so
+  // the middle of the gap tells which.
+  static absl::Time Credited(absl::Time last_heard, absl::Time now, absl::Duration away) {
+    return last_heard < now - away / 2 ? last_heard + away : last_heard;
   }
 
  private:

@@ -66,12 +66,20 @@ std::unique_ptr<StreamPeer> Connected(int port, absl::Status* verdict) {
   return peer;
 }
 
+// A peer connected to `port`; null, with the test failed, when it could not connect.
+std::unique_ptr<StreamPeer> ConnectedOk(int port) {
+  absl::Status verdict;
+  auto peer = Connected(port, &verdict);
+  if (verdict.ok()) return peer;
+  ADD_FAILURE() << verdict;
+  return nullptr;
+}
+
 TEST(StreamPeerTest, BatchesArriveWholeAndInOrder) {
   Receiver r;
   ASSERT_TRUE(r.Start().ok());
-  absl::Status verdict;
-  auto peer = Connected(r.listener->port(), &verdict);
-  ASSERT_TRUE(verdict.ok()) << verdict;
+  auto peer = ConnectedOk(r.listener->port());
+  ASSERT_NE(peer, nullptr);
   // Small batches written by the sender's own thread, and large ones the socket cannot take at
   // once (left to the peer's thread), interleaved: the order holds across both ways.
   constexpr int kBatches = 400;
@@ -112,9 +120,8 @@ TEST(StreamPeerTest, AReceiverThatRestartsGetsWhatIsSentAfter) {
   Receiver first;
   ASSERT_TRUE(first.Start().ok());
   const int port = first.listener->port();
-  absl::Status verdict;
-  auto peer = Connected(port, &verdict);
-  ASSERT_TRUE(verdict.ok()) << verdict;
+  auto peer = ConnectedOk(port);
+  ASSERT_NE(peer, nullptr);
   for (int i = 0; i < 10; ++i) peer->Enqueue("g", {Numbered(i, 10)});
   ASSERT_TRUE(first.WaitFor(10));
   first.listener.reset();  // it closes every connection
@@ -228,9 +235,8 @@ TEST(StreamPeerTest, GarbageClosesOnlyThatConnection) {
     EXPECT_FALSE(TransferAll(*fd, &c, 1, false, absl::Now() + absl::Seconds(10), "test").ok());  // closed
     close(*fd);
   }
-  absl::Status verdict;
-  auto peer = Connected(r.listener->port(), &verdict);
-  ASSERT_TRUE(verdict.ok()) << verdict;
+  auto peer = ConnectedOk(r.listener->port());
+  ASSERT_NE(peer, nullptr);
   peer->Enqueue("g", {Numbered(1, 3)});
   EXPECT_TRUE(r.WaitFor(1));
 }
@@ -242,9 +248,8 @@ TEST(StreamPeerTest, ClosingWhileThePeerTakesConnectionsButNeverAnswersEndsWithi
   auto receiver = std::make_unique<Receiver>();
   ASSERT_TRUE(receiver->Start().ok());
   const int port = receiver->listener->port();
-  absl::Status verdict;
-  auto peer = Connected(port, &verdict);
-  ASSERT_TRUE(verdict.ok()) << verdict;
+  auto peer = ConnectedOk(port);
+  ASSERT_NE(peer, nullptr);
   peer->Enqueue("g", {Numbered(0, 10)});
   ASSERT_TRUE(receiver->WaitFor(1));
   receiver.reset();
@@ -309,9 +314,8 @@ TEST(StreamPeerTest, ManySendersShareOneReaderThreadAndEachKeepsItsOrder) {
   constexpr int kSenders = 40, kBatches = 25;
   std::vector<std::unique_ptr<StreamPeer>> peers;
   for (int s = 0; s < kSenders; ++s) {
-    absl::Status verdict;
-    peers.push_back(Connected(r.listener->port(), &verdict));
-    ASSERT_TRUE(verdict.ok()) << verdict;
+    peers.push_back(ConnectedOk(r.listener->port()));
+    ASSERT_NE(peers.back(), nullptr);
   }
   for (int i = 0; i < kBatches; ++i) {
     for (int s = 0; s < kSenders; ++s) peers[s]->Enqueue(absl::StrCat("g", s), {Numbered(i, 100 + 1000 * (i % 3))});
@@ -340,9 +344,8 @@ TEST(StreamPeerTest, ABatchStoppedPartWayClosesItsConnectionAndIsNotHandedOver) 
   EXPECT_FALSE(TransferAll(*fd, &c, 1, false, absl::Now() + absl::Seconds(30), "test").ok());  // closed
   close(*fd);
   EXPECT_EQ(r.size(), 0u);
-  absl::Status verdict;
-  auto peer = Connected(r.listener->port(), &verdict);
-  ASSERT_TRUE(verdict.ok()) << verdict;
+  auto peer = ConnectedOk(r.listener->port());
+  ASSERT_NE(peer, nullptr);
   peer->Enqueue("g", {Numbered(1, 3)});
   EXPECT_TRUE(r.WaitFor(1));
 }
@@ -364,9 +367,8 @@ TEST(StreamPeerTest, AnIdleSenderHoldsNoThreadAndItsNextBatchesStillGo) {
   Receiver first;
   ASSERT_TRUE(first.Start().ok());
   const int port = first.listener->port();
-  absl::Status verdict;
-  auto peer = Connected(port, &verdict);
-  ASSERT_TRUE(verdict.ok()) << verdict;
+  auto peer = ConnectedOk(port);
+  ASSERT_NE(peer, nullptr);
   peer->Enqueue("g", {Numbered(0, 10)});
   ASSERT_TRUE(first.WaitFor(1));
   ASSERT_TRUE(EventuallyThreadsNamed("flow-peer", 0));
