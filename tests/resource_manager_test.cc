@@ -63,10 +63,18 @@ TEST(ResourceManagerTest, ASliceOnADepartedHostIsLostAndRunsAgainOnceRemapped) {
   EXPECT_EQ(std::vector<float>(before->data<float>(), before->data<float>() + 4), (std::vector<float>{6, 8, 6, 8}));
   const int64_t lowerings = client->stats().lowerings;
 
+  auto kept = client->Put(*HostArray::FromVector<float>(DType::kF32, {4}, {1, 2, 3, 4}), b, {"x"});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(client->Ready(*kept).Await().ok());
   cluster->StopWorker(departed_index);
   auto reason = WaitUntilLost(*client, b.id());
   ASSERT_TRUE(reason.ok()) << reason.status();
   EXPECT_NE(reason->find(departed), std::string::npos) << *reason;
+  // Fetching an array the host held fails with the transport's words and the controller's reason.
+  absl::Status fetched = client->Fetch(*kept).Await().status();
+  EXPECT_TRUE(absl::IsUnavailable(fetched)) << fetched;
+  EXPECT_NE(fetched.message().find("the controller says the array's slice lost hosts: "), std::string::npos) << fetched;
+  EXPECT_NE(fetched.message().find(*reason), std::string::npos) << fetched;
   auto lost = *client->LostSlices();
   ASSERT_EQ(lost.size(), 1u);  // slice a is on the host that stayed
   // A run on the lost slice fails, naming the host.

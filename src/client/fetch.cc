@@ -210,17 +210,19 @@ void ShardedArray::State::AwaitReads() const {
 
 namespace {
 
-// `read`, or, when it failed Unavailable (a host of the array went) and the controller knows the
-// array's slice lost hosts, the same failure with the controller's reason added: the transport's
-// words ("connection closed") do not say what happened to the host, the host's own last word to
-// the controller may (a device stuck in a computation, say).
+// `read`, or, when it failed as a host that went fails it (Unavailable; or Cancelled: a worker
+// told it was expelled, as after a freeze past the heartbeat timeout, cancels the calls it serves
+// as it leaves) and the controller knows the array's slice lost hosts, Unavailable with the
+// controller's reason added: the transport's words ("connection closed", "CANCELLED") do not say
+// what happened to the host, the host's own last word to the controller may (a device stuck in a
+// computation, say).
 template <typename T>
 Future<T> WithTheControllersReason(const std::shared_ptr<ClientCore>& core, const ShardedArray::State& state,
                                    Future<T> read) {
   Promise<T> promise;
   Future<T> result = promise.future();
   read.OnReady([core, slice = state.slice.id(), promise = std::move(promise)](const absl::StatusOr<T>& r) mutable {
-    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable) {
+    if (r.ok() || (!absl::IsUnavailable(r.status()) && !absl::IsCancelled(r.status()))) {
       promise.Set(r);
       return;
     }
