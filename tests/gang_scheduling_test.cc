@@ -1,6 +1,7 @@
 // Island gang scheduling: two clients whose gang programs share devices, with collectives inside,
 // complete however their ops reach the hosts; with the scheduler bypassed, the same clients
-// deadlock, which the collectives' timeout turns into DeadlineExceeded.
+// deadlock, which the collectives' timeout turns into DeadlineExceeded. A tenant that goes away
+// mid-gang does not hold the other tenants' gangs.
 #include <thread>
 
 #include "client/client.h"
@@ -109,6 +110,69 @@ TEST_F(GangSchedulingTest, WithoutTheSchedulerTheSameTenantsDeadlock) {
   // (members on one host, until the timeout) or met the other gang's messages across hosts
   // (Aborted at once), and failed instead of hanging.
   EXPECT_GT(deadlocked, 0);
+}
+
+// Host `h`'s collective counters: calls inside its hub now, and calls that failed.
+rpc::HostCounters CountersOf(LocalCluster& cluster, int h) {
+  rpc::HostCounters counters;
+  cluster.worker(h).runtime().DescribeCounters(&counters);
+  return counters;
+}
+
+// A tenant that goes away while its gang run is started on one host and never will be on the
+// other (its program has not reached host 1: the tenant's own ops arrive there 6 s late, after it
+// is gone). Host 0 collects the tenant at the point of the island's order where host 1 does, and
+// its all_reduce, which waits for host 1, stops waiting then: another tenant's gang on the same
+// devices runs at once, not after the collective timeout (30 s here) that host 0 waited out
+// before.
+TEST(GoneTenantTest, ATenantThatGoesAwayMidGangDoesNotHoldOthersDevicesUntilTheTimeout) {
+  LocalClusterOptions options;
+  options.num_islands = 1;
+  options.hosts_per_island = 2;
+  options.devices_per_host = 1;
+  options.collective_timeout = absl::Seconds(30);
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const TensorSpec spec{DType::kF32, {2}};
+  auto tenant = [&](float value) {
+    auto t = std::make_unique<Tenant>();
+    t->client = *Client::Connect((*cluster)->controller_address());
+    t->slice = *t->client->CreateSlice({.mesh_shape = {2}});
+    t->psum = *t->client->Compile(FunctionSpec::Builtin("all_reduce_sum@x", {spec}, {spec}, {{"x"}}, {{"x"}}));
+    t->x = *t->client->Put(*HostArray::FromVector<float>(DType::kF32, {2}, {value, value}), t->slice, {"x"});
+    t->value = value;
+    return t;
+  };
+  auto psum = [](Tenant& t) -> absl::Status {
+    auto out = t.client->Call(t.psum, t.slice, {t.x});
+    if (!out.ok()) return out.status();
+    auto got = t.client->Fetch((*out)[0]).AwaitFor(absl::Seconds(60));
+    if (!got.ok()) return got.status();
+    if (got->data<float>()[0] != 2 * t.value) return absl::InternalError(absl::StrCat("got ", got->data<float>()[0]));
+    return absl::OkStatus();
+  };
+  std::unique_ptr<Tenant> other = tenant(1);
+  ASSERT_TRUE(psum(*other).ok());
+  std::unique_ptr<Tenant> gone = tenant(10);
+  ASSERT_EQ(gone->slice.host_addresses().size(), 2u);
+  (*cluster)->worker(1).runtime().TEST_DelayOpsFrom(gone->client->id(), absl::Seconds(6));
+  ASSERT_TRUE(gone->client->Call(gone->psum, gone->slice, {gone->x}).ok());
+  // Host 0 waits in the gang's all_reduce for host 1.
+  for (const absl::Time until = absl::Now() + absl::Seconds(20);
+       CountersOf(**cluster, 0).collectives_in_progress() == 0 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(CountersOf(**cluster, 0).collectives_in_progress(), 1);
+  const int64_t failed = CountersOf(**cluster, 0).collectives_failed();
+  // The last handle goes: the client says goodbye, and the controller retires it through the
+  // island's scheduler.
+  gone.reset();
+
+  const absl::Time start = absl::Now();
+  const absl::Status s = psum(*other);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "the other tenant waited for the gone one's all_reduce";
+  EXPECT_EQ(CountersOf(**cluster, 0).collectives_failed(), failed + 1);
 }
 
 // Clients state their own weights; the operator bounds them. A client stating more than the

@@ -316,6 +316,9 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
   const int local_members = static_cast<int>(placement.local.size());
   const size_t size = group.shards.size();
   const auto named = [&] { return absl::StrCat("collective ", Describe(call), " ", group.label, ", call ", call_key); };
+  if (absl::Status gone = GoneStatus(execution); !gone.ok()) {
+    return absl::Status(gone.code(), absl::StrCat(named(), ": ", gone.message()));
+  }
   // A member alone on its host needs no meeting.
   if (local_members == 1) {
     std::vector<const CollectiveCall*> calls(size, nullptr);
@@ -442,6 +445,52 @@ absl::Status CollectiveHub::ShareOut(Meeting& meeting, int n, absl::FunctionRef<
   return absl::OkStatus();
 }
 
+void CollectiveHub::ClientGone(const std::string& client, const absl::Status& why) {
+  const absl::Status gone = why.ok() ? absl::CancelledError(absl::StrCat("client ", client, " went away")) : why;
+  {
+    absl::MutexLock lock(&gone_mu_);
+    if (gone_.insert_or_assign(client, gone).second) gone_order_.emplace_back(absl::Now(), client);
+    while (gone_order_.size() > kMaxGone) {
+      gone_.erase(gone_order_.front().second);
+      gone_order_.pop_front();
+    }
+    gone_count_.store(static_cast<int>(gone_.size()), std::memory_order_relaxed);
+  }
+  // Meetings of its executions that still wait for a mate here end now. One whose members are all
+  // here has a leader working in their buffers: its cross-host part ends by the check Perform
+  // gives the mesh.
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (auto& [key, meeting] : meetings_) {
+    if (meeting->done || meeting->arrived == static_cast<int>(meeting->local.size())) continue;
+    const absl::string_view execution = meeting->execution;
+    if (execution.substr(0, execution.find('/')) != client) continue;
+    meeting->done = true;
+    meeting->status = absl::Status(gone.code(), absl::StrCat("collective call ", key, ": ", gone.message()));
+    timed_out_.emplace_back(now, key);
+  }
+}
+
+absl::Status CollectiveHub::GoneStatus(absl::string_view key) {
+  if (gone_count_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
+  const absl::string_view client = key.substr(0, key.find('/'));
+  absl::MutexLock lock(&gone_mu_);
+  for (const absl::Time now = absl::Now(); !gone_order_.empty() && now - gone_order_.front().first > 2 * timeout_;) {
+    gone_.erase(gone_order_.front().second);
+    gone_order_.pop_front();
+  }
+  gone_count_.store(static_cast<int>(gone_.size()), std::memory_order_relaxed);
+  auto it = gone_.find(client);
+  return it == gone_.end() ? absl::OkStatus() : it->second;
+}
+
+void CollectiveHub::RunNotStarted(const std::string& client, int64_t program, int64_t run, const absl::Status& why) {
+  if (links_ == nullptr) return;
+  links_->RunNotStarted(ShardCollectives::RunTag(client, program, run),
+                        absl::Status(why.ok() ? absl::StatusCode::kInternal : why.code(),
+                                     absl::StrCat("host ", host_, " did not start the run (", why.message(), ")")));
+}
+
 void CollectiveHub::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
@@ -462,6 +511,10 @@ std::string ShardCollectives::ExecutionKey(const Execution& execution) {
   return absl::StrCat(*execution.client, "/", execution.program, "/", execution.run, "/", execution.node);
 }
 
+uint64_t ShardCollectives::RunTag(const std::string& client, int64_t program, int64_t run) {
+  return Fnv64(absl::StrCat(client, "/", program, "/", run));
+}
+
 absl::StatusOr<const GroupPlacement*> ShardCollectives::PlacementFor(absl::string_view axes) {
   for (const auto& [a, g] : groups_) {
     if (a == axes) return g.get();
@@ -480,8 +533,12 @@ absl::Status ShardCollectives::Run(absl::string_view axes, const CollectiveCall&
   absl::Status status = [&]() -> absl::Status {
     PW_ASSIGN_OR_RETURN(const GroupPlacement* placement, PlacementFor(axes));
     // Every member makes the same calls in the same order (SPMD), so the call index matches.
-    if (execution_key_.empty()) execution_key_ = ExecutionKey(execution_);
-    const CallId id{Fnv64(absl::StrCat(execution_key_, "/", placement->group.id)), static_cast<uint32_t>(calls_)};
+    if (execution_key_.empty()) {
+      execution_key_ = ExecutionKey(execution_);
+      run_tag_ = RunTag(*execution_.client, execution_.program, execution_.run);
+    }
+    const CallId id{Fnv64(absl::StrCat(execution_key_, "/", placement->group.id)), static_cast<uint32_t>(calls_),
+                    run_tag_};
     const std::string call_key = absl::StrCat(execution_key_, "/", calls_++, "/", placement->group.id);
     return hub_.Run(*placement, execution_key_, call_key, id, call);
   }();

@@ -127,6 +127,23 @@ class CollectiveHub {
   void Withdraw(const std::shared_ptr<const GangLayout>& layout, const std::string& execution, int64_t shard, int calls,
                 const absl::Status& why);
 
+  // Client `client` went away (its host collected it, at the point of the island's order where
+  // every host of its runs does): its runs' results are dropped, so its collectives here stop
+  // waiting for anyone. A call of its executions that waits (for a mate on this host, to connect
+  // to a peer host, or for a peer's message) fails with `why` within PeerMesh::kCheckPeersMs, and
+  // later calls fail at once, for twice the timeout. Otherwise a host holding its part of a run
+  // whose other hosts never started it (its program never reached them before the client went)
+  // would hold its devices, and every other client's gangs on them, until the timeout. Other
+  // clients' calls are untouched.
+  void ClientGone(const std::string& client, const absl::Status& why);
+
+  // Client `client`'s run `run` of program `program` failed on this host before any of its shards
+  // here was set up (its program never reached this host, or failed to register): this host makes
+  // none of its collective calls, and its other hosts' members, which do not know that, are told
+  // when they ask and their messages are dropped here (TcpLinks::RunNotStarted). A shard that
+  // fails after it was set up withdraws instead (Withdraw).
+  void RunNotStarted(const std::string& client, int64_t program, int64_t run, const absl::Status& why);
+
   // The group of `shard` of `layout` over `axes`, placed from this host (PlaceGroup) once and
   // kept while the layout is in use elsewhere: a chain runs an execution per node and step, each
   // asking for the same groups, and a group's placement names every member's device (a 16-host
@@ -163,6 +180,9 @@ class CollectiveHub {
   // How many of this host's members withdrew without coming to `meeting`.
   int WithdrawnAwayLocked(const Meeting& meeting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetWithdrawalsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the calls named `key` (an execution, or a call key that begins with one: the client's id
+  // comes first, up to a '/') end: their client went away (ClientGone). OK otherwise.
+  absl::Status GoneStatus(absl::string_view key);
   // One of a withdrawing shard's groups that span hosts (Withdraw): its axes and id, its members
   // on this host, and, once they have all withdrawn, the first call this host will not make in it
   // and why.
@@ -193,9 +213,17 @@ class CollectiveHub {
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Meeting>> meetings_ ABSL_GUARDED_BY(mu_);
-  // Meetings that timed out with members missing, by when: a member that never comes (its body
-  // took another branch) would keep one forever; they go after twice the timeout.
+  // Meetings that ended with members missing (timed out, or their client went away), by when: a
+  // member that never comes (its body took another branch) would keep one forever; they go after
+  // twice the timeout.
   std::deque<std::pair<absl::Time, std::string>> timed_out_ ABSL_GUARDED_BY(mu_);
+  // Clients that went away (ClientGone), with why, for twice the timeout (at most kMaxGone, the
+  // oldest forgotten first); gone_count_ lets calls skip the lock while there are none.
+  static constexpr size_t kMaxGone = 1024;
+  absl::Mutex gone_mu_;
+  absl::flat_hash_map<std::string, absl::Status> gone_ ABSL_GUARDED_BY(gone_mu_);
+  std::deque<std::pair<absl::Time, std::string>> gone_order_ ABSL_GUARDED_BY(gone_mu_);
+  std::atomic<int> gone_count_{0};
   // Shards that withdrew, with why, by execution; and the executions in the order they came.
   static constexpr size_t kMaxWithdrawals = 4096;
   struct Withdrawn {
@@ -238,6 +266,8 @@ class ShardCollectives {
   ShardCollectives(CollectiveHub& hub, std::shared_ptr<const GangLayout> layout, Execution execution, int64_t shard);
   // "client/program/run/node": how the hub names the execution (CollectiveHub::Withdraw).
   static std::string ExecutionKey(const Execution& execution);
+  // The run's tag in its calls (CallId::run), the same for every node and group of the run.
+  static uint64_t RunTag(const std::string& client, int64_t program, int64_t run);
   // Runs one collective over the shard's group on `axes` (comma-separated mesh axis names; empty
   // means every axis).
   absl::Status Run(absl::string_view axes, const CollectiveCall& call);
@@ -268,6 +298,7 @@ class ShardCollectives {
   const std::shared_ptr<const GangLayout> layout_;
   const Execution execution_;
   std::string execution_key_;  // spelled out at the first collective
+  uint64_t run_tag_ = 0;       // RunTag, worked out with the key
   const int64_t shard_;
   // The shard's groups by axes, placed once per execution (a fused loop calls many times).
   absl::StatusOr<const GroupPlacement*> PlacementFor(absl::string_view axes);

@@ -97,10 +97,13 @@ absl::Status CollectiveHub::Perform(const GroupPlacement& plan, const std::strin
       static_cast<uint32_t>(Fnv64(absl::string_view(reinterpret_cast<const char*>(what), sizeof(what))));
   // Runs the cross-host part on the group's mesh (connections are kept per set of devices).
   auto across = [&](auto&& body) -> absl::Status {
-    absl::Status s = links_->Run(plan.hosts, plan.mine, plan.devices, id, absl::Now() + timeout_, [&](PeerMesh& mesh) {
-      MeshSteps steps(mesh, id, signature, absl::Now() + timeout_);
-      return body(steps);
-    });
+    absl::Status s = links_->Run(
+        plan.hosts, plan.mine, plan.devices, id, absl::Now() + timeout_,
+        [&](PeerMesh& mesh) {
+          MeshSteps steps(mesh, id, signature, absl::Now() + timeout_);
+          return body(steps);
+        },
+        [&] { return GoneStatus(call_key); });
     if (s.ok()) return s;
     return fail(s.code(), absl::StrCat("across hosts [", absl::StrJoin(plan.hosts, ", "), "]: ", s.message()));
   };

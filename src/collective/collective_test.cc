@@ -370,6 +370,103 @@ TEST(CollectiveHubTest, AHostWithNoMemberLeftInAGroupTellsItsOtherHostsWhenTheyA
   }
 }
 
+// A client that went away (its host collected it: ClientGone) leaves no call of it waiting, though
+// the timeout is 60 s: host a's leader, waiting across hosts for host b (which never started the
+// run), ends within a moment, as does a member waiting for its mate on a; later calls of the
+// client on a fail at once; and another client's gang then meets on the same connections.
+TEST(CollectiveHubTest, CallsOfAClientThatWentAwayStopWaiting) {
+  Cluster cluster({"a", "b"}, absl::Seconds(60));
+  auto layout = std::make_shared<const GangLayout>(Layout({3}, {"i"}, {"a", "a", "b"}));
+  // Shards `callers` of `client`'s run `run_id` each make one all_reduce.
+  auto run = [&](const std::string& client, int64_t run_id, const std::vector<int>& callers) {
+    return RunShards(static_cast<int>(callers.size()), [&](int i) -> absl::Status {
+      const int s = callers[i];
+      ShardCollectives shard(cluster.hub(layout->members[s].host), layout, {&client, 0, run_id, 0}, s);
+      int32_t x = s + 1, y = 0;
+      CollectiveCall call{
+          CollectiveKind::kAllReduce, DType::kI32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x),
+          reinterpret_cast<char*>(&y)};
+      PW_RETURN_IF_ERROR(shard.Run("", call));
+      return y == 6 ? absl::OkStatus() : absl::InternalError(absl::StrCat("reduced to ", y));
+    });
+  };
+  for (const auto& r : run("c", 0, {0, 1, 2})) ASSERT_TRUE(r.ok()) << r;  // connected
+  // Client c: both of a's members call, and their leader waits for b. Client d: one calls, and
+  // waits for its mate.
+  for (const auto& [client, callers] : {std::make_pair(std::string("c"), std::vector<int>{0, 1}),
+                                        std::make_pair(std::string("d"), std::vector<int>{0})}) {
+    SCOPED_TRACE(client);
+    const absl::Time start = absl::Now();
+    std::thread goes([&, client = client, waiting = static_cast<int64_t>(callers.size())] {
+      for (const absl::Time until = absl::Now() + absl::Seconds(20);
+           cluster.hub("a").stats().in_progress < waiting && absl::Now() < until;) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      cluster.hub("a").ClientGone(client, absl::CancelledError(absl::StrCat("client ", client, " went away")));
+    });
+    const std::vector<absl::Status> results = run(client, 1, callers);
+    goes.join();
+    for (const absl::Status& r : results) {
+      EXPECT_TRUE(absl::IsCancelled(r)) << r;
+      EXPECT_NE(r.message().find(absl::StrCat("client ", client, " went away")), std::string::npos) << r;
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "the calls waited for their timeout";
+    const absl::Time again = absl::Now();
+    const std::vector<absl::Status> later = run(client, 2, {0});
+    EXPECT_TRUE(absl::IsCancelled(later[0])) << later[0];
+    EXPECT_LT(absl::Now() - again, absl::Seconds(1)) << "a later call waited";
+  }
+  for (const auto& r : run("e", 0, {0, 1, 2})) EXPECT_TRUE(r.ok()) << r;
+}
+
+// A run that failed on host b before any of its shards there was set up (its program never came):
+// host a, in the run's all_reduce, sent b its message and waits. Another client's gang on the
+// same devices then runs: b drops a's message of the run it never started instead of taking it
+// for a later call's (which would fail the other client's call as "ordered differently"), and a,
+// finding b's message of a later call, abandons the run; both then meet in the other client's
+// call. Alone, a asks b, and fails with why, within a moment (the timeout is 60 s).
+TEST(CollectiveHubTest, ARunAHostNeverStartedNeitherHoldsItsPeersNorFailsTheNextGang) {
+  Cluster cluster({"a", "b"}, absl::Seconds(60));
+  auto layout = std::make_shared<const GangLayout>(Layout({2}, {"i"}, {"a", "b"}));
+  auto call = [&](int s, const std::string& client, int64_t run_id) -> absl::Status {
+    ShardCollectives shard(cluster.hub(layout->members[s].host), layout, {&client, 0, run_id, 0}, s);
+    int32_t x = s + 1, y = 0;
+    CollectiveCall c{CollectiveKind::kAllReduce, DType::kI32, ReduceOp::kSum, 0, 1, reinterpret_cast<const char*>(&x),
+                     reinterpret_cast<char*>(&y)};
+    PW_RETURN_IF_ERROR(shard.Run("", c));
+    return y == 3 ? absl::OkStatus() : absl::InternalError(absl::StrCat("reduced to ", y));
+  };
+  for (const auto& r : RunShards(2, [&](int s) { return call(s, "c", 0); })) ASSERT_TRUE(r.ok()) << r;
+  const absl::Time start = absl::Now();
+  cluster.hub("b").RunNotStarted("c", 0, 1, absl::NotFoundError("program 0 is not registered on b"));
+  absl::Status a_run, a_next, b_next;
+  std::thread a([&] {
+    a_run = call(0, "c", 1);
+    a_next = call(0, "d", 0);
+  });
+  std::thread b([&] {
+    for (const absl::Time until = absl::Now() + absl::Seconds(20);
+         cluster.hub("a").stats().in_progress == 0 && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    b_next = call(1, "d", 0);
+  });
+  a.join();
+  b.join();
+  EXPECT_FALSE(a_run.ok());
+  EXPECT_TRUE(a_next.ok()) << a_next;
+  EXPECT_TRUE(b_next.ok()) << b_next;
+
+  // Alone: a asks b, which says why.
+  cluster.hub("b").RunNotStarted("c", 0, 2, absl::NotFoundError("program 0 is not registered on b"));
+  const absl::Status alone = call(0, "c", 2);
+  EXPECT_TRUE(absl::IsNotFound(alone)) << alone;
+  EXPECT_NE(alone.message().find("host b did not start the run (program 0 is not registered on b)"), std::string::npos)
+      << alone;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a waited for its timeout";
+  for (const auto& r : RunShards(2, [&](int s) { return call(s, "e", 0); })) EXPECT_TRUE(r.ok()) << r;
+}
+
 // Two groups of one gang over the same devices (an axis of size 1: the group over "x" and the
 // group over every axis hold the same members) share their connections; a body that goes from one
 // to the other and back meets every time.

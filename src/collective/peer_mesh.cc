@@ -206,7 +206,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
     if (!t.send.empty()) {
       SendState& s = sends[i];
       s.active = true;
-      s.header = {kMessageMagic, signature, id.execution, id.call, step, TotalBytes(t.send), 0};
+      s.header = {kMessageMagic, signature, id.execution, id.call, step, TotalBytes(t.send), 0, id.run};
       s.pieces.push_back({reinterpret_cast<char*>(&s.header), sizeof(MessageHeader)});
       s.pieces.insert(s.pieces.end(), t.send.begin(), t.send.end());
       s.total = sizeof(MessageHeader) + s.header.bytes;
@@ -349,8 +349,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
             r.header_got = 0;
             return Relay(transfers[i].peer, h, r.stash);
           }
-          const bool later_notice = r.phase == RecvState::kNotice && !past_.contains(h.execution) &&
-                                    !(h.execution == id.execution && h.call < id.call);
+          const bool later_notice = r.phase == RecvState::kNotice && !Stale(h, id, step);
           if (r.phase == RecvState::kStash || later_notice) {
             auto& stash = stash_[transfers[i].peer];
             stash.push_back({r.header, std::move(r.stash), absl::Now()});

@@ -50,10 +50,13 @@ inline size_t TotalBytes(const std::vector<Piece>& pieces) {
 }
 
 // Which collective call a message belongs to: the gang execution (client, program, run, node
-// and group; hashed) and the call's index in it. The same on every member.
+// and group; hashed) and the call's index in it. The same on every member. `run` names the
+// execution's run (client, program and run; hashed): a host that never started the run drops its
+// messages and says why when asked (TcpLinks::RunNotStarted). 0: none.
 struct CallId {
   uint64_t execution = 0;
   uint32_t call = 0;
+  uint64_t run = 0;
   bool operator==(const CallId& o) const { return execution == o.execution && call == o.call; }
 };
 
@@ -68,6 +71,7 @@ struct MessageHeader {
   // Emulated DCN only: when the message may be taken as delivered (Unix microseconds; hosts
   // that emulate share one machine's clock). 0: at once.
   int64_t deliver_us;
+  uint64_t run;  // CallId
 };
 
 // One peer's part of a step: the message sent to it (the concatenation of `send`) and the one
@@ -163,6 +167,8 @@ class PeerMesh {
   // notice, or a notice first (its failure, returned). Otherwise (a connection of a call that
   // failed before this one): false, and the two reconnect.
   absl::StatusOr<bool> KeepClosed(int r, int fd, absl::Time deadline);
+  // Whether `h` is of a call this host is done with (before step `step` of call `id`), or of a
+  // run it never started (not_started_): such messages are dropped.
   bool Stale(const MessageHeader& h, CallId id, uint32_t step) const;
 
   const std::vector<std::string> hosts_;
@@ -175,6 +181,12 @@ class PeerMesh {
   std::function<absl::Status(const std::string& h)> departed_;
   // Asks peer host `h` whether it withdrew from call `id` (TcpLinks::AskWithdrawn). Null: never.
   std::function<absl::Status(const std::string& h, CallId id, absl::Time deadline)> ask_withdrawn_;
+  // Whether this host never started run `run` (CallId::run; TcpLinks::RunNotStarted): its
+  // messages are dropped as those of a call this host is done with. Null: none.
+  std::function<bool(uint64_t run)> not_started_;
+  // Whether this host still wants the current call (TcpLinks::Run's `wanted`, set for the call).
+  // Null, or an empty function: always.
+  const std::function<absl::Status()>* wanted_ = nullptr;
   std::vector<int> fds_;                   // by peer rank; -1 when not connected (and at rank_)
   uint64_t dial_ins_seen_ = ~uint64_t{0};  // TcpLinks::dial_ins_ when we last took ours
   std::vector<char> scratch_;

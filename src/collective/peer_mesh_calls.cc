@@ -102,7 +102,8 @@ std::string PeerMesh::NoticeOf(const absl::Status& status) const {
   body.append(cause.data(), cause.size());
   body.resize(std::min(body.size(), kMaxNoticeBytes));
   const MessageHeader header{
-      kNoticeMagic, static_cast<uint32_t>(status.code()), current_.execution, current_.call, 0, body.size(), 0};
+      kNoticeMagic, static_cast<uint32_t>(status.code()), current_.execution, current_.call, 0, body.size(), 0,
+      current_.run};
   return std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + body;
 }
 
@@ -180,7 +181,8 @@ absl::StatusOr<bool> PeerMesh::KeepClosed(int r, int fd, absl::Time deadline) {
 
 bool PeerMesh::Stale(const MessageHeader& h, CallId id, uint32_t step) const {
   if (past_.contains(h.execution)) return true;
-  return h.execution == id.execution && (h.call < id.call || (h.call == id.call && h.step < step));
+  if (h.execution == id.execution) return h.call < id.call || (h.call == id.call && h.step < step);
+  return h.run != 0 && not_started_ != nullptr && not_started_(h.run);
 }
 
 void PeerMesh::Past(uint64_t execution, bool entered) {
@@ -193,6 +195,7 @@ void PeerMesh::Past(uint64_t execution, bool entered) {
 }
 
 absl::Status PeerMesh::StillComing(int r, absl::Time deadline) {
+  if (wanted_ != nullptr && *wanted_ != nullptr) PW_RETURN_IF_ERROR((*wanted_)());
   if (departed_ != nullptr) PW_RETURN_IF_ERROR(departed_(hosts_[r]));
   if (ask_withdrawn_ == nullptr) return absl::OkStatus();
   if (!(asks_for_ == current_)) {  // the first wait of this call

@@ -46,6 +46,7 @@ struct HelloHeader {
   uint32_t host_bytes;
   uint32_t call;  // the collective call a mesh's connection is dialed for (CallId); 0 for streams
   uint64_t execution;
+  uint64_t run;
 };
 constexpr size_t kChallengeBytes = 16;
 constexpr size_t kProofBytes = 32;
@@ -203,7 +204,7 @@ absl::Status TcpLinks::FinishHello(int fd, absl::Time deadline, std::string chal
                                    std::string& key, std::string& peer, CallId& id) {
   HelloHeader hello;
   std::memcpy(&hello, received.data(), sizeof(hello));
-  id = {hello.execution, hello.call};
+  id = {hello.execution, hello.call, hello.run};
   size_t at = sizeof(hello);
   key = received.substr(at, hello.key_bytes);
   at += hello.key_bytes;
@@ -427,8 +428,9 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
         s = absl::InternalError("no random bytes for a challenge");
       }
       std::string hello(sizeof(HelloHeader), '\0');
-      const HelloHeader h{kHelloMagic, static_cast<uint32_t>(key.size()), static_cast<uint32_t>(host_.size()), id.call,
-                          id.execution};
+      const HelloHeader h{
+          kHelloMagic, static_cast<uint32_t>(key.size()), static_cast<uint32_t>(host_.size()), id.call, id.execution,
+          id.run};
       std::memcpy(hello.data(), &h, sizeof(h));
       hello += key;
       hello += host_;

@@ -56,8 +56,11 @@ class TcpLinks {
   // Connects (or reuses) the mesh among `hosts` (this host is hosts[rank]) for the devices named
   // by `key`, and runs `body`, collective call `id`, on it, holding it for the call. On any
   // failure the peers are told why (Failed). Errors of the connection itself name the hosts.
+  // `wanted`, when given, is asked whenever the call has waited for a peer a while (to connect,
+  // or for its message: PeerMesh::kCheckPeersMs): an error ends the call with it.
   absl::Status Run(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,
-                   absl::Time deadline, absl::FunctionRef<absl::Status(PeerMesh&)> body);
+                   absl::Time deadline, absl::FunctionRef<absl::Status(PeerMesh&)> body,
+                   const std::function<absl::Status()>& wanted = nullptr);
 
   // A call that failed on this host before it reached the mesh (its members here disagree, say):
   // the peers are told as if it had failed on the mesh. Those this host dials and is not
@@ -71,6 +74,13 @@ class TcpLinks {
   // group's mesh, as a call this host is done with. The last 4096 are remembered.
   // Peers find a host that has published its address (Publish; workers do as they start).
   void Withdrew(std::vector<Withdrawal> withdrawals);
+  // This host will make none of run `run`'s calls (CallId::run): it failed before any of its
+  // shards here was set up (its program never reached this host, or failed to register), so no
+  // member here withdraws by name. What peers send for the run is dropped here as of calls this
+  // host is done with (a peer's message would otherwise read as a later call's and fail the call
+  // it came in: another client's, perhaps), and a peer that waits for this host in one of its
+  // calls and asks is told `why`. The last 4096 are remembered.
+  void RunNotStarted(uint64_t run, const absl::Status& why);
   // Whether `peer` will make call `id`: its why (the code it gave, never OK or Aborted) when it
   // withdrew from it; OK when it did not, or did not answer by `deadline` (the call waits on, for
   // the controller to say whether the peer left).
@@ -184,6 +194,11 @@ class TcpLinks {
   };
   absl::flat_hash_map<uint64_t, Withdrawn> withdrawals_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> withdrawal_order_ ABSL_GUARDED_BY(mu_);
+  // RunNotStarted's records by run (oldest first in not_started_order_); not_started_count_ lets
+  // meshes skip the lock while there are none.
+  absl::flat_hash_map<uint64_t, absl::Status> not_started_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> not_started_order_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> not_started_count_{0};
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> withdrawn_meshes_ ABSL_GUARDED_BY(mu_);  // by mesh
   std::deque<std::pair<uint64_t, uint64_t>> withdrawn_mesh_order_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> failed_order_ ABSL_GUARDED_BY(mu_);  // the keys of failed_calls_' entries, oldest first

@@ -187,15 +187,32 @@ void TcpLinks::Withdrew(std::vector<Withdrawal> withdrawals) {
   }
 }
 
+void TcpLinks::RunNotStarted(uint64_t run, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  const absl::Status kept(why.ok() ? absl::StatusCode::kInternal : why.code(),
+                          why.message().substr(0, kMaxAnswerBytes));
+  if (not_started_.insert_or_assign(run, kept).second) not_started_order_.push_back(run);
+  while (not_started_order_.size() > kMaxWithdrawals) {
+    not_started_.erase(not_started_order_.front());
+    not_started_order_.pop_front();
+  }
+  not_started_count_.store(not_started_.size(), std::memory_order_relaxed);
+}
+
 void TcpLinks::AnswerWithdrawn(int fd, CallId id) {
   std::string message;
   WithdrawnAnswer answer{kAnswerMagic, 0, 0, 0};
   {
     absl::MutexLock lock(&mu_);
-    auto it = withdrawals_.find(id.execution);
-    if (it != withdrawals_.end() && id.call >= it->second.from_call) {
-      answer.code = static_cast<int32_t>(it->second.why.code());
-      message = std::string(it->second.why.message().substr(0, kMaxAnswerBytes));
+    const absl::Status* why = nullptr;
+    if (auto it = withdrawals_.find(id.execution); it != withdrawals_.end() && id.call >= it->second.from_call) {
+      why = &it->second.why;
+    } else if (auto run = not_started_.find(id.run); id.run != 0 && run != not_started_.end()) {
+      why = &run->second;
+    }
+    if (why != nullptr) {
+      answer.code = static_cast<int32_t>(why->code());
+      message = std::string(why->message().substr(0, kMaxAnswerBytes));
       answer.message_bytes = static_cast<uint32_t>(message.size());
     }
   }
@@ -246,15 +263,22 @@ std::shared_ptr<PeerMesh> TcpLinks::MeshFor(const std::vector<std::string>& host
     slot->ask_withdrawn_ = [this](const std::string& peer, CallId id, absl::Time deadline) {
       return AskWithdrawn(peer, id, deadline);
     };
+    slot->not_started_ = [this](uint64_t run) {
+      if (not_started_count_.load(std::memory_order_relaxed) == 0) return false;
+      absl::MutexLock lock(&mu_);
+      return not_started_.contains(run);
+    };
   }
   return slot;
 }
 
 absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, const std::string& key, CallId id,
-                           absl::Time deadline, absl::FunctionRef<absl::Status(PeerMesh&)> body) {
+                           absl::Time deadline, absl::FunctionRef<absl::Status(PeerMesh&)> body,
+                           const std::function<absl::Status()>& wanted) {
   std::shared_ptr<PeerMesh> mesh = MeshFor(hosts, rank, key);
   absl::MutexLock lock(&mesh->mu_);
   mesh->Enter(id);  // before connecting: a failure there is this call's, and says so to the peers
+  mesh->wanted_ = &wanted;  // for this call only: unset below
   absl::Status s;
   {
     absl::MutexLock lock(&mu_);
@@ -272,6 +296,7 @@ absl::Status TcpLinks::Run(const std::vector<std::string>& hosts, int rank, cons
   }
   if (s.ok()) s = Connect(*mesh, key, deadline);
   if (s.ok()) s = body(*mesh);
+  mesh->wanted_ = nullptr;
   // An abandoned call (Aborted) left the streams whole and the peers with no cause to hear.
   if (!s.ok() && !absl::IsAborted(s)) Failed(*mesh, key, s);
   return s;

@@ -82,6 +82,12 @@ HostRuntime::~HostRuntime() {
   engines_.ShutdownAll();  // batches still queued hold them; their operators refer to this host
   blocks_.reset();  // fails blocks still queued; nothing lands in the store after this
   io_pool_.Shutdown();
+  ThreadPool* delay_pool;  // set once, by a test; shut down unlocked (its ops take the lock)
+  {
+    absl::MutexLock lock(&programs_mu_);
+    delay_pool = test_delay_pool_.get();
+  }
+  if (delay_pool != nullptr) delay_pool->Shutdown();
   BeginShutdown();  // work still queued on the devices ends quickly
   for (auto& d : devices_) d->Shutdown();
 }
@@ -142,18 +148,17 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
     if (status.ok()) status = absl::Status(s.code(), absl::StrCat("op ", i, ": ", s.message()));
     ops[i].mutable_skip();  // keeps its place in the sequence, does nothing
   }
-  absl::Duration delay;
   if (test_op_delays_set_.load(std::memory_order_relaxed)) {
     absl::MutexLock lock(&programs_mu_);
     auto it = test_op_delays_.find(request.client_id());
-    if (it != test_op_delays_.end()) delay = it->second;
-  }
-  if (delay > absl::ZeroDuration()) {
-    io_pool_.Schedule([this, client = request.client_id(), ops = std::move(ops), delay]() mutable {
-      absl::SleepFor(delay);
-      (void)sequencer_.AddDirect(client, std::move(ops));
-    });
-    return status;
+    if (it != test_op_delays_.end() && it->second > absl::ZeroDuration()) {
+      test_delay_pool_->Schedule(
+          [this, client = request.client_id(), ops = std::move(ops), due = absl::Now() + it->second]() mutable {
+            absl::SleepFor(due - absl::Now());
+            (void)sequencer_.AddDirect(client, std::move(ops));
+          });
+      return status;
+    }
   }
   absl::Status sequenced = sequencer_.AddDirect(request.client_id(), std::move(ops));
   return status.ok() ? sequenced : status;
@@ -226,6 +231,9 @@ bool HostRuntime::CollectClient(const std::string& client) {
     staged_.erase(client);
   }
   const absl::Status gone = absl::CancelledError(absl::StrCat("client ", client, " went away"));
+  // Its collectives stop waiting: a run of it that some host of its gang never started (its
+  // program never reached that host) would hold this host's devices until the timeout.
+  collectives_.ClientGone(client, gone);
   for (const auto& p : programs) options_.dataflow_service->RemoveEngine(p->engine->graph().name());
   const int dropped = store_.DropClient(client, gone);
   PW_LOG(Info) << "host " << name() << " collected client " << client << ": " << dropped << " shards, "
@@ -251,8 +259,10 @@ void HostRuntime::ApplyOp(const std::string& client, const rpc::Op& op) {
       // one of its inputs (the client dropped them before it pushed the run).
       for (int64_t id : op.run().free_array_ids()) store_.FreeArray(client, ArrayId(id));
       s = RunProgram(client, op.run());
-      // Nothing of the run was set up here: what it was to make fails with the reason.
+      // Nothing of the run was set up here: what it was to make fails with the reason, and the
+      // run's other hosts do not wait for this one in its collectives.
       if (!s.ok()) {
+        collectives_.RunNotStarted(client, op.run().program_id(), op.run().run_id(), s);
         store_.FailArrays(client, ArrayId(op.run().output_array_base()),
                           std::clamp<int64_t>(op.run().num_output_arrays(), 0, int64_t{1} << 20), s);
       }

@@ -154,9 +154,11 @@ class HostRuntime {
   void TEST_DelayRunOps(absl::Duration delay) { test_run_delay_us_ = absl::ToInt64Microseconds(delay); }
   // Fault injection for tests: ops that `client` sends straight to this host are applied `delay`
   // late (runs from the scheduler are not delayed, but still wait for the client's earlier ops).
+  // They wait on a thread of their own, so the host's other work goes on meanwhile.
   void TEST_DelayOpsFrom(const std::string& client, absl::Duration delay) {
     absl::MutexLock lock(&programs_mu_);
     test_op_delays_[client] = delay;
+    if (test_delay_pool_ == nullptr) test_delay_pool_ = std::make_unique<ThreadPool>(options_.name + "-delay", 1);
     test_op_delays_set_.store(true);
   }
   // For tests of a node's block exchange on its own dataflow graph: the receiving operator of
@@ -273,6 +275,7 @@ class HostRuntime {
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::pair<int64_t, int32_t>, BufferPtr>> staged_
       ABSL_GUARDED_BY(programs_mu_);
   std::atomic<bool> test_op_delays_set_{false};  // keeps the lookup off the path when unused
+  std::unique_ptr<ThreadPool> test_delay_pool_ ABSL_GUARDED_BY(programs_mu_);  // where delayed ops wait
   // Shards of runs that failed here, by client label (the first 8 digits of the id), for the
   // metrics: kept after a client goes (counters do not go back), at most kMaxFailureLabels
   // labels, the rest counted under "other".
