@@ -350,6 +350,12 @@ absl::Status CollectiveHub::Meet(const GroupPlacement& placement, const std::str
         meeting->done = true;
         meeting->withdrawn = true;
         meeting->status = absl::Status(failed.code(), absl::StrCat(named(), ": ", failed.message()));
+      } else if (absl::Status gone = GoneStatus(execution); !gone.ok()) {
+        // Its client went away after the check above and before this meeting was there for
+        // ClientGone to end: its mates will not come (they fail at that check).
+        meeting->done = true;
+        meeting->status = absl::Status(gone.code(), absl::StrCat(named(), ": ", gone.message()));
+        timed_out_.emplace_back(absl::Now(), call_key);
       }
     }
     leader = ++meeting->arrived == local_members && !meeting->done;
@@ -445,16 +451,19 @@ absl::Status CollectiveHub::ShareOut(Meeting& meeting, int n, absl::FunctionRef<
   return absl::OkStatus();
 }
 
+void CollectiveHub::ForgetGoneLocked(absl::Time now) {
+  while (!gone_order_.empty() && (gone_order_.size() > kMaxGone || now - gone_order_.front().first > 2 * timeout_)) {
+    gone_.erase(gone_order_.front().second);
+    gone_order_.pop_front();
+  }
+  gone_count_.store(static_cast<int>(gone_.size()), std::memory_order_relaxed);
+}
+
 void CollectiveHub::ClientGone(const std::string& client, const absl::Status& why) {
-  const absl::Status gone = why.ok() ? absl::CancelledError(absl::StrCat("client ", client, " went away")) : why;
   {
     absl::MutexLock lock(&gone_mu_);
-    if (gone_.insert_or_assign(client, gone).second) gone_order_.emplace_back(absl::Now(), client);
-    while (gone_order_.size() > kMaxGone) {
-      gone_.erase(gone_order_.front().second);
-      gone_order_.pop_front();
-    }
-    gone_count_.store(static_cast<int>(gone_.size()), std::memory_order_relaxed);
+    if (gone_.insert_or_assign(client, why).second) gone_order_.emplace_back(absl::Now(), client);
+    ForgetGoneLocked(absl::Now());
   }
   // Meetings of its executions that still wait for a mate here end now. One whose members are all
   // here has a leader working in their buffers: its cross-host part ends by the check Perform
@@ -466,7 +475,7 @@ void CollectiveHub::ClientGone(const std::string& client, const absl::Status& wh
     const absl::string_view execution = meeting->execution;
     if (execution.substr(0, execution.find('/')) != client) continue;
     meeting->done = true;
-    meeting->status = absl::Status(gone.code(), absl::StrCat("collective call ", key, ": ", gone.message()));
+    meeting->status = absl::Status(why.code(), absl::StrCat("collective call ", key, ": ", why.message()));
     timed_out_.emplace_back(now, key);
   }
 }
@@ -475,11 +484,7 @@ absl::Status CollectiveHub::GoneStatus(absl::string_view key) {
   if (gone_count_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
   const absl::string_view client = key.substr(0, key.find('/'));
   absl::MutexLock lock(&gone_mu_);
-  for (const absl::Time now = absl::Now(); !gone_order_.empty() && now - gone_order_.front().first > 2 * timeout_;) {
-    gone_.erase(gone_order_.front().second);
-    gone_order_.pop_front();
-  }
-  gone_count_.store(static_cast<int>(gone_.size()), std::memory_order_relaxed);
+  ForgetGoneLocked(absl::Now());
   auto it = gone_.find(client);
   return it == gone_.end() ? absl::OkStatus() : it->second;
 }

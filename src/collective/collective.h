@@ -135,7 +135,7 @@ class CollectiveHub {
   // whose other hosts never started it (its program never reached them before the client went)
   // would hold its devices, and every other client's gangs on them, until the timeout. Other
   // clients' calls are untouched.
-  void ClientGone(const std::string& client, const absl::Status& why);
+  void ClientGone(const std::string& client, const absl::Status& why);  // why: not OK
 
   // Client `client`'s run `run` of program `program` failed on this host before any of its shards
   // here was set up (its program never reached this host, or failed to register): this host makes
@@ -183,6 +183,7 @@ class CollectiveHub {
   // Why the calls named `key` (an execution, or a call key that begins with one: the client's id
   // comes first, up to a '/') end: their client went away (ClientGone). OK otherwise.
   absl::Status GoneStatus(absl::string_view key);
+  void ForgetGoneLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gone_mu_);
   // One of a withdrawing shard's groups that span hosts (Withdraw): its axes and id, its members
   // on this host, and, once they have all withdrawn, the first call this host will not make in it
   // and why.

@@ -372,8 +372,10 @@ TEST(CollectiveHubTest, AHostWithNoMemberLeftInAGroupTellsItsOtherHostsWhenTheyA
 
 // A client that went away (its host collected it: ClientGone) leaves no call of it waiting, though
 // the timeout is 60 s: host a's leader, waiting across hosts for host b (which never started the
-// run), ends within a moment, as does a member waiting for its mate on a; later calls of the
-// client on a fail at once; and another client's gang then meets on the same connections.
+// run), ends within a moment, as does a member waiting for its mate on a (which of the two ends
+// client c's call depends on how far its second member got; the wait across hosts alone is
+// PeerMeshTest.AnExchangeWaitingForAPeerEndsOnceItsHostNoLongerWantsIt); later calls of the
+// client on a fail at once; and another client's gang then meets.
 TEST(CollectiveHubTest, CallsOfAClientThatWentAwayStopWaiting) {
   Cluster cluster({"a", "b"}, absl::Seconds(60));
   auto layout = std::make_shared<const GangLayout>(Layout({3}, {"i"}, {"a", "a", "b"}));

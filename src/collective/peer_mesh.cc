@@ -162,8 +162,8 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
     return absl::OkStatus();
   };
   // A message read earlier for this very step is taken from the stash; messages of executions
-  // this host is done with are dropped there, and others left for their calls (a message of an
-  // execution this host never runs ages out).
+  // this host is done with (or of runs it never started) are dropped there, and others left for
+  // their calls (a message of an execution this host never runs otherwise ages out).
   auto from_stash = [&](size_t i) -> absl::Status {
     RecvState& r = recvs[i];
     auto& stash = stash_[transfers[i].peer];
@@ -321,7 +321,7 @@ absl::Status PeerMesh::Exchange(absl::Span<PeerTransfer> transfers, CallId id, u
               r.phase = r.expected == 0 ? RecvState::kDone : RecvState::kPayload;
             }
           } else if (Stale(h, id, step)) {
-            // A lagging peer's message for a call this host is done with: dropped.
+            // A lagging peer's message for a call this host is done with (or never starts): dropped.
             r.phase = RecvState::kDiscard;
           } else {
             // A later call's: kept for it, and this call is abandoned.

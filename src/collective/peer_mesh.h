@@ -109,7 +109,8 @@ class PeerMesh {
   // size for the same call fails with InvalidArgument. Errors name the peer host.
   //
   // Hosts can fall out of step: a run that failed on one host before a collective, gangs ordered
-  // differently. A message of an execution this host is done with is a lagging peer's: dropped.
+  // differently. A message of an execution this host is done with is a lagging peer's, and one of
+  // a run this host never started (not_started_) will never be wanted here: both are dropped.
   // A message of a call this host has not reached means the peer is past this call: the message
   // is kept for its call (the last 64 per peer, for at most 5 minutes), this call is abandoned
   // with Aborted (every message already started is finished first, so the connection stays

@@ -168,18 +168,23 @@ TEST(PeerMeshTest, ACallOverAHostThatLeftFailsAtOnceNamingIt) {
 // Host0's all_reduce with host1, which never comes to it, once connected; `end_the_wait` runs
 // while the call waits (either order passes; this one lets the call reach its wait first, as a
 // freeze mid-call does). What the call ended with, which must be well before its deadline.
-absl::Status AllReduceThatHost1NeverComesTo(Hosts& hosts, const std::function<void()>& end_the_wait) {
+// `wanted` is the call's TcpLinks::Run check.
+absl::Status AllReduceThatHost1NeverComesTo(Hosts& hosts, const std::function<void()>& end_the_wait,
+                                            const std::function<absl::Status()>& wanted = nullptr) {
   ExpectTwoHostsMeet(hosts, 1);  // connected
   absl::Status status;
   const absl::Duration deadline = absl::Seconds(60);
   const absl::Time start = absl::Now();
   std::thread call([&] {
-    status = hosts.links(0).Run({"host0", "host1"}, 0, "k", {2, 0}, absl::Now() + deadline, [&](PeerMesh& mesh) {
-      MeshSteps steps(mesh, {2, 0}, 7, absl::Now() + deadline);
-      int32_t v = 1;
-      char* p = reinterpret_cast<char*>(&v);
-      return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, p, p, 1);
-    });
+    status = hosts.links(0).Run(
+        {"host0", "host1"}, 0, "k", {2, 0}, absl::Now() + deadline,
+        [&](PeerMesh& mesh) {
+          MeshSteps steps(mesh, {2, 0}, 7, absl::Now() + deadline);
+          int32_t v = 1;
+          char* p = reinterpret_cast<char*>(&v);
+          return AllReduceAcrossHosts(steps, DType::kI32, ReduceOp::kSum, p, p, 1);
+        },
+        wanted);
   });
   absl::SleepFor(absl::Milliseconds(300));
   end_the_wait();
@@ -207,6 +212,19 @@ TEST(PeerMeshTest, AnExchangeWaitingForAPeerEndsWhenItsHostStops) {
   const absl::Status status = AllReduceThatHost1NeverComesTo(hosts, [&] { hosts.links(0).StopWaiting(); });
   EXPECT_TRUE(absl::IsCancelled(status)) << status;
   EXPECT_NE(status.message().find("host0 is shutting down"), std::string::npos) << status;
+}
+
+// A call its host no longer wants (TcpLinks::Run's check: its client went away) stops waiting for
+// a peer's message within a moment, with the check's reason, and the two hosts meet in the next.
+TEST(PeerMeshTest, AnExchangeWaitingForAPeerEndsOnceItsHostNoLongerWantsIt) {
+  Hosts hosts(2);
+  std::atomic<bool> gone{false};
+  const absl::Status status = AllReduceThatHost1NeverComesTo(
+      hosts, [&] { gone = true; },
+      [&] { return gone ? absl::CancelledError("client c went away") : absl::OkStatus(); });
+  EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  EXPECT_NE(status.message().find("client c went away"), std::string::npos) << status;
+  ExpectTwoHostsMeet(hosts, 3);
 }
 
 // A host whose members withdrew from a call (CollectiveHub::Withdraw) answers a peer that asks,

@@ -31,14 +31,22 @@ absl::Status HostRuntime::RunProgram(const std::string& client, const rpc::RunPr
     if (it != programs_.end()) entry = it->second;
   }
   if (entry == nullptr) {
-    absl::MutexLock lock(&programs_mu_);
-    if (auto c = failed_registrations_.find(client); c != failed_registrations_.end()) {
-      if (auto it = c->second.find(run.program_id()); it != c->second.end()) {
-        return absl::Status(it->second.code(), absl::StrCat("program ", run.program_id(), " failed to register on ",
-                                                            name(), ": ", it->second.message()));
+    absl::Status missing =
+        absl::NotFoundError(absl::StrCat("program ", run.program_id(), " is not registered on ", name()));
+    {
+      absl::MutexLock lock(&programs_mu_);
+      if (auto c = failed_registrations_.find(client); c != failed_registrations_.end()) {
+        if (auto it = c->second.find(run.program_id()); it != c->second.end()) {
+          missing =
+              absl::Status(it->second.code(), absl::StrCat("program ", run.program_id(), " failed to register on ",
+                                                           name(), ": ", it->second.message()));
+        }
       }
     }
-    return absl::NotFoundError(absl::StrCat("program ", run.program_id(), " is not registered on ", name()));
+    // No segment of the run can have been set up here: its other hosts' members, in its
+    // collectives, are told this host will not come, and their messages are dropped here.
+    collectives_.RunNotStarted(client, run.program_id(), run.run_id(), missing);
+    return missing;
   }
   const LoweredProgram* program = entry->lowered.get();
   if (run.arg_array_ids_size() != static_cast<int>(program->args().size())) {
@@ -267,9 +275,10 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     const std::vector<int>& donors = entry->lowered->nodes()[node_index].output_donors;
     if (!donors.empty()) (void)donations_dropped.Await();  // at once, unless the run's op is still being set up
     const std::string& function_name = label.name;
-    // Work of a client that went away still runs once it is on the device: every host of the
-    // island stopped that client at the same point of the island's order, so its gangs run
-    // everywhere or nowhere. What it produces is freed as soon as it is done.
+    // Work of a client that went away still runs once it is on the device (every host of the
+    // island stopped that client at the same point of the island's order), but its collectives
+    // no longer wait for anyone (CollectiveHub::ClientGone): a host of its gang may never have
+    // started the run. What it produces is freed as soon as it is done.
     const absl::StatusOr<std::vector<BufferPtr>>& pieces = inputs.Await();
     if (!pieces.ok()) {
       // Named once, by the first node whose input failed: down a chain every node would name its

@@ -87,7 +87,10 @@ HostRuntime::~HostRuntime() {
     absl::MutexLock lock(&programs_mu_);
     delay_pool = test_delay_pool_.get();
   }
-  if (delay_pool != nullptr) delay_pool->Shutdown();
+  if (delay_pool != nullptr) {
+    test_delay_stop_.Notify();
+    delay_pool->Shutdown();
+  }
   BeginShutdown();  // work still queued on the devices ends quickly
   for (auto& d : devices_) d->Shutdown();
 }
@@ -154,8 +157,8 @@ absl::Status HostRuntime::Enqueue(const rpc::EnqueueRequest& request) {
     if (it != test_op_delays_.end() && it->second > absl::ZeroDuration()) {
       test_delay_pool_->Schedule(
           [this, client = request.client_id(), ops = std::move(ops), due = absl::Now() + it->second]() mutable {
-            absl::SleepFor(due - absl::Now());
-            (void)sequencer_.AddDirect(client, std::move(ops));
+            if (!test_delay_stop_.WaitForNotificationWithDeadline(due))
+              (void)sequencer_.AddDirect(client, std::move(ops));
           });
       return status;
     }
@@ -259,10 +262,8 @@ void HostRuntime::ApplyOp(const std::string& client, const rpc::Op& op) {
       // one of its inputs (the client dropped them before it pushed the run).
       for (int64_t id : op.run().free_array_ids()) store_.FreeArray(client, ArrayId(id));
       s = RunProgram(client, op.run());
-      // Nothing of the run was set up here: what it was to make fails with the reason, and the
-      // run's other hosts do not wait for this one in its collectives.
+      // Nothing of the run was set up here: what it was to make fails with the reason.
       if (!s.ok()) {
-        collectives_.RunNotStarted(client, op.run().program_id(), op.run().run_id(), s);
         store_.FailArrays(client, ArrayId(op.run().output_array_base()),
                           std::clamp<int64_t>(op.run().num_output_arrays(), 0, int64_t{1} << 20), s);
       }

@@ -9,27 +9,28 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/notification.h"
+#include "array/resharding.h"
 #include "collective/block_streams.h"
 #include "collective/collective.h"
-#include "absl/container/flat_hash_set.h"
 #include "compute/device_backend.h"
 #include "compute/executable.h"
+#include "core/dcn_emulation.h"
 #include "core/executor.h"
+#include "dataflow/dataflow_service.h"
+#include "dataflow/dcn_transport.h"
+#include "dataflow/engine.h"
+#include "dataflow/grpc_transport.h"
 #include "device/device.h"
 #include "proto/pathways.pb.h"
 #include "transport/worker_client.h"
-#include "array/resharding.h"
-#include "dataflow/engine.h"
-#include "dataflow/dataflow_service.h"
-#include "dataflow/grpc_transport.h"
-#include "worker/lowered_program.h"
-#include "worker/host_control.h"
 #include "worker/computation_watch.h"
+#include "worker/host_control.h"
+#include "worker/lowered_program.h"
 #include "worker/object_store.h"
 #include "worker/op_sequencer.h"
 #include "worker/program_plan.h"
-#include "core/dcn_emulation.h"
-#include "dataflow/dcn_transport.h"
 
 namespace pathways {
 
@@ -276,6 +277,7 @@ class HostRuntime {
       ABSL_GUARDED_BY(programs_mu_);
   std::atomic<bool> test_op_delays_set_{false};  // keeps the lookup off the path when unused
   std::unique_ptr<ThreadPool> test_delay_pool_ ABSL_GUARDED_BY(programs_mu_);  // where delayed ops wait
+  absl::Notification test_delay_stop_;  // the host is going: delayed ops are dropped
   // Shards of runs that failed here, by client label (the first 8 digits of the id), for the
   // metrics: kept after a client goes (counters do not go back), at most kMaxFailureLabels
   // labels, the rest counted under "other".
