@@ -77,7 +77,9 @@ void IslandControlPlane::Stop() {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
     for (auto& [number, g] : generations_) {
-      for (auto& [round, r] : g->pending) failed.push_back(std::move(r.accepted));
+      for (auto& [round, r] : g->pending) {
+        if (!r.settled) failed.push_back(std::move(r.accepted));
+      }
       g->pending.clear();
     }
   }
@@ -112,22 +114,31 @@ void IslandControlPlane::SetMembers(std::vector<Member> members) {
       if (!std::binary_search(members.begin(), members.end(), m)) left.insert(m.address);
     }
     if (!left.empty()) {
-      // Older generations can no longer be acknowledged by every host. Their rounds that a host
-      // which left had not accepted fail; the others went, in order, to hosts still here.
+      // Rounds that a host which left had not accepted fail now. A round stays pending, though,
+      // until every host still here that it carried ops for has accepted it: those ops may still
+      // be on their way, and their generation must stay in use (the new generation names it as
+      // the oldest, so hosts keep it) until they arrive. Dropped, they would leave a gap in those
+      // hosts' orders that nothing fills: every later op there would wait for good.
       for (auto& [number, g] : generations_) {
-        for (auto& [round, r] : g->pending) {
+        for (auto it = g->pending.begin(); it != g->pending.end();) {
+          Round& r = it->second;
           std::string gone;
-          for (const std::string& h : r.hosts) {
-            if (left.contains(h)) gone = h;
+          for (auto h = r.hosts.begin(); h != r.hosts.end();) {
+            if (!left.contains(*h)) {
+              ++h;
+              continue;
+            }
+            gone = *h;
+            h = r.hosts.erase(h);
           }
-          absl::StatusOr<Unit> result = Unit{};
-          if (!gone.empty()) {
-            result = absl::UnavailableError(absl::StrCat("host ", gone, " left island ", options_.island,
-                                                         " before taking scheduling round ", round));
+          if (!gone.empty() && !r.settled) {
+            settle.emplace_back(std::move(r.accepted),
+                                absl::UnavailableError(absl::StrCat("host ", gone, " left island ", options_.island,
+                                                                    " before taking scheduling round ", it->first)));
+            r.settled = true;
           }
-          settle.emplace_back(std::move(r.accepted), std::move(result));
+          it = r.hosts.empty() ? g->pending.erase(it) : std::next(it);
         }
-        g->pending.clear();
       }
     }
     members_ = members;
@@ -216,20 +227,22 @@ void IslandControlPlane::CloseRoundLocked() {
 
 void IslandControlPlane::HostAccepted(int64_t number, int64_t round, int32_t host_shard) {
   Promise<Unit> accepted;
+  bool settled = false;
   {
     absl::MutexLock lock(&mu_);
     auto g = generations_.find(number);
     if (g == generations_.end()) return;
     auto r = g->second->pending.find(round);
-    if (r == g->second->pending.end()) return;  // settled when a host left
+    if (r == g->second->pending.end()) return;                                // its other hosts left
     if (host_shard < 0 || host_shard >= g->second->def.hosts_size()) return;  // the graph has no such shard
     r->second.hosts.erase(g->second->def.hosts(host_shard));
     if (!r->second.hosts.empty()) return;
+    settled = r->second.settled;
     accepted = std::move(r->second.accepted);
     g->second->pending.erase(r);
     DropIdleLocked();
   }
-  accepted.Set(Unit{});
+  if (!settled) accepted.Set(Unit{});
 }
 
 void IslandControlPlane::DropIdleLocked() {

@@ -40,7 +40,9 @@ struct IslandControlOptions {
 //
 // SetMembers starts a new generation when the island's live hosts change: a graph naming the
 // new set, sent to each of them. Pending rounds that a host which left had not yet accepted fail
-// with Unavailable (the rest were sent, in order, to hosts still there, and count as taken).
+// with Unavailable. Every pending round's older generation stays in use until the hosts still
+// there have accepted it (its ops to them may be on their way: the new generation names the
+// oldest in use, and hosts keep those).
 // Thread-safe.
 class IslandControlPlane : public ScheduledOpSink {
  public:
@@ -72,6 +74,7 @@ class IslandControlPlane : public ScheduledOpSink {
   struct Round {
     Promise<Unit> accepted;
     std::set<std::string> hosts;  // that it carries ops for and that have not accepted it yet
+    bool settled = false;         // `accepted` was failed already: a host it carried ops for left
   };
   struct Generation {
     rpc::ControlGraph def;
