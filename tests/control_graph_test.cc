@@ -326,6 +326,33 @@ TEST_F(ControlGraphTest, AGenerationThatLostBatchesBeforeTheJoinBreaksTheHostsOr
   EXPECT_NE(broken.message().find("from ctl came before the graph was set up"), std::string::npos) << broken;
 }
 
+// Ops that wait for one that never comes are bounded in time: past the bound the host says its
+// order is lost (the worker, asking at its heartbeats, then leaves) instead of waiting silently.
+TEST_F(ControlGraphTest, OpsWaitingTooLongForOneThatNeverComesBreakTheHostsOrder) {
+  Host h("h9");
+  HostControlOptions options{"h9", &h.party.service, &h.party.transport, &h.party.pool,
+                             [](std::vector<rpc::ScheduledOp>) { return absl::OkStatus(); }};
+  options.early_wait = absl::Milliseconds(50);
+  HostControl control(options);
+  rpc::ControlGraph graph;
+  graph.set_island(0);
+  graph.set_generation(1);
+  graph.set_controller(controller_.address);
+  graph.set_controller_incarnation("incarnation-1");
+  graph.add_hosts("h9");
+  ASSERT_TRUE(control.Join(graph).ok());
+  rpc::ScheduledOp op = RunOp(2);
+  op.set_order(2);  // order 1 never comes
+  control.TEST_OnScheduled("incarnation-1", op.SerializeAsString());
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (control.Broken().ok() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));  // time is the condition
+  EXPECT_EQ(control.Broken().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(control.Broken().message().find("scheduled op 1 never came within 50ms while 1 later ones waited"),
+            std::string::npos)
+      << control.Broken();
+  control.Shutdown();
+}
+
 // Ops that wait for one that never comes are bounded: past the bound the host says its order is
 // lost instead of holding them all.
 TEST_F(ControlGraphTest, OpsWaitingForOneThatNeverComesAreBounded) {

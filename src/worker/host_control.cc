@@ -142,6 +142,11 @@ void HostControl::BreakLocked(const std::string& why) {
 
 absl::Status HostControl::Broken() {
   absl::MutexLock lock(&mu_);
+  if (!early_.empty() && absl::Now() - early_since_ > options_.early_wait) {
+    BreakLocked(absl::StrCat("host ", options_.host, ": scheduled op ", next_order_, " never came within ",
+                             absl::FormatDuration(options_.early_wait), " while ", early_.size(),
+                             " later ones waited for it; the host leaves the island"));
+  }
   return broken_;
 }
 
@@ -167,12 +172,14 @@ void HostControl::OnScheduled(const std::string& controller_incarnation, const s
                              early_.size(), " later ones waited for it; the host leaves the island"));
     return;
   }
+  if (early_.empty()) early_since_ = absl::Now();
   early_.emplace(order, std::move(op));
   std::vector<rpc::ScheduledOp> ready;
   for (auto it = early_.begin(); it != early_.end() && it->first == next_order_; it = early_.erase(it), ++next_order_) {
     ready.push_back(std::move(it->second));
   }
   if (ready.empty()) return;
+  early_since_ = absl::Now();  // what still waits waits for a later op from now
   // Under the lock: the next batch must not overtake this one.
   if (absl::Status s = options_.apply(std::move(ready)); !s.ok()) {
     PW_LOG(Error) << "host " << options_.host << ": scheduled ops refused: " << s;

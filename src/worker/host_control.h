@@ -25,6 +25,9 @@ struct HostControlOptions {
   Executor* executor = nullptr;                  // not owned
   // Applies scheduled ops, called in the island's order (one call at a time).
   std::function<absl::Status(std::vector<rpc::ScheduledOp>)> apply;
+  // How long ops may wait for an earlier one that has not come before the order counts as lost
+  // (Broken): it comes in milliseconds, through one graph or another, unless it was lost.
+  absl::Duration early_wait = absl::Seconds(60);
 };
 
 // Ops carry their place in this host's order (ScheduledOp.order, counted per controller
@@ -52,8 +55,10 @@ class HostControl {
   // Unavailable, saying why, once the island's order cannot go on here: a scheduled op that could
   // not be read (its place in the order is unknown, so every later op would wait for it), a
   // generation that lost batches from its hosts before this host joined it (the same, for the ops
-  // they held), or more than kMaxEarlyOps ops waiting for one that never came. The host must then leave (the
-  // worker tells the controller, which fails its runs); until then ops are still taken in order.
+  // they held), or ops that waited for one that never came, more than kMaxEarlyOps of them or for
+  // longer than `early_wait` (asking is what judges the time: the worker asks at each heartbeat).
+  // The host must then leave (the worker tells the controller, which fails its runs); until then
+  // ops are still taken in order.
   // A new controller incarnation starts a new order, and clears it.
   absl::Status Broken();
   // Ops kept waiting for an earlier one, at most.
@@ -84,6 +89,7 @@ class HostControl {
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t oldest_generation_ ABSL_GUARDED_BY(mu_) = 0;  // older graphs are out of use
   std::map<int64_t, rpc::ScheduledOp> early_ ABSL_GUARDED_BY(mu_);
+  absl::Time early_since_ ABSL_GUARDED_BY(mu_);  // since when early_ waits for next_order_
   int64_t next_report_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // see Broken()
