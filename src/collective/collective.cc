@@ -491,9 +491,9 @@ absl::Status CollectiveHub::GoneStatus(absl::string_view key) {
 
 void CollectiveHub::RunNotStarted(const std::string& client, int64_t program, int64_t run, const absl::Status& why) {
   if (links_ == nullptr) return;
-  links_->RunNotStarted(ShardCollectives::RunTag(client, program, run),
-                        absl::Status(why.ok() ? absl::StatusCode::kInternal : why.code(),
-                                     absl::StrCat("host ", host_, " did not start the run (", why.message(), ")")));
+  links_->RunNotStarted(
+      ShardCollectives::RunTag(client, program, run), Fnv64(client),
+      absl::Status(why.code(), absl::StrCat("host ", host_, " did not start the run (", why.message(), ")")));
 }
 
 void CollectiveHub::Shutdown() {

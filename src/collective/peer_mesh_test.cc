@@ -227,6 +227,25 @@ TEST(PeerMeshTest, AnExchangeWaitingForAPeerEndsOnceItsHostNoLongerWantsIt) {
   ExpectTwoHostsMeet(hosts, 3);
 }
 
+// A host remembers the runs it never started (TcpLinks::RunNotStarted) for the peers that ask, at
+// most 256 of one client: a client that fails run after run there pushes out only its own.
+TEST(PeerMeshTest, RunsAHostNeverStartedAreRememberedAtMost256OfOneClient) {
+  Hosts hosts(2);
+  ExpectTwoHostsMeet(hosts, 1);  // connected, and published
+  constexpr uint64_t kOther = 1, kFlooder = 2;
+  hosts.links(1).RunNotStarted(1000, kOther, absl::NotFoundError("program 7 is not registered on host1"));
+  for (uint64_t run = 1; run <= 300; ++run) {
+    hosts.links(1).RunNotStarted(run, kFlooder, absl::NotFoundError("program 9 is not registered on host1"));
+  }
+  const absl::Time soon = absl::Now() + absl::Seconds(10);
+  const absl::Status other = hosts.links(0).AskWithdrawn("host1", {5, 0, 1000}, soon);
+  EXPECT_TRUE(absl::IsNotFound(other)) << other;
+  EXPECT_EQ(other.message(), "program 7 is not registered on host1");
+  EXPECT_TRUE(absl::IsNotFound(hosts.links(0).AskWithdrawn("host1", {6, 0, 300}, soon)));
+  EXPECT_TRUE(absl::IsNotFound(hosts.links(0).AskWithdrawn("host1", {6, 0, 45}, soon)));
+  EXPECT_TRUE(hosts.links(0).AskWithdrawn("host1", {6, 0, 44}, soon).ok()) << "the flooder's oldest went";
+}
+
 // A host whose members withdrew from a call (CollectiveHub::Withdraw) answers a peer that asks,
 // from that call on, with why (a code that would keep the asker in the call reads as Unavailable);
 // a peer waiting for it in the call ends within a moment, not at its deadline; and the two meet

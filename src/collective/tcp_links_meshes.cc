@@ -187,14 +187,42 @@ void TcpLinks::Withdrew(std::vector<Withdrawal> withdrawals) {
   }
 }
 
-void TcpLinks::RunNotStarted(uint64_t run, const absl::Status& why) {
+void TcpLinks::ForgetNotStartedLocked(uint64_t run) {
+  auto it = not_started_.find(run);
+  if (it == not_started_.end()) return;
+  auto of = not_started_of_.find(it->second.client);
+  std::deque<uint64_t>& runs = of->second;
+  runs.erase(std::find(runs.begin(), runs.end(), run));  // the client's oldest, nearly always
+  if (runs.empty()) not_started_of_.erase(of);
+  not_started_.erase(it);
+}
+
+void TcpLinks::RunNotStarted(uint64_t run, uint64_t client, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   const absl::Status kept(why.ok() ? absl::StatusCode::kInternal : why.code(),
                           why.message().substr(0, kMaxAnswerBytes));
-  if (not_started_.insert_or_assign(run, kept).second) not_started_order_.push_back(run);
-  while (not_started_order_.size() > kMaxWithdrawals) {
-    not_started_.erase(not_started_order_.front());
+  auto [it, fresh] = not_started_.try_emplace(run, NotStarted{kept, client});
+  if (!fresh) {
+    it->second.why = kept;
+    return;
+  }
+  not_started_order_.push_back(run);
+  std::deque<uint64_t>& mine = not_started_of_[client];
+  mine.push_back(run);
+  if (mine.size() > kMaxNotStartedPerClient) ForgetNotStartedLocked(mine.front());
+  while (not_started_.size() > kMaxWithdrawals) {
+    ForgetNotStartedLocked(not_started_order_.front());
     not_started_order_.pop_front();
+  }
+  while (!not_started_order_.empty() && !not_started_.contains(not_started_order_.front())) {
+    not_started_order_.pop_front();
+  }
+  if (not_started_order_.size() > 2 * kMaxWithdrawals) {
+    std::deque<uint64_t> live;
+    for (uint64_t r : not_started_order_) {
+      if (not_started_.contains(r)) live.push_back(r);
+    }
+    not_started_order_.swap(live);
   }
   not_started_count_.store(not_started_.size(), std::memory_order_relaxed);
 }
@@ -208,7 +236,7 @@ void TcpLinks::AnswerWithdrawn(int fd, CallId id) {
     if (auto it = withdrawals_.find(id.execution); it != withdrawals_.end() && id.call >= it->second.from_call) {
       why = &it->second.why;
     } else if (auto run = not_started_.find(id.run); id.run != 0 && run != not_started_.end()) {
-      why = &run->second;
+      why = &run->second.why;
     }
     if (why != nullptr) {
       answer.code = static_cast<int32_t>(why->code());
