@@ -172,14 +172,15 @@ void HostControl::OnScheduled(const std::string& controller_incarnation, const s
                              early_.size(), " later ones waited for it; the host leaves the island"));
     return;
   }
-  if (early_.empty()) early_since_ = absl::Now();
   early_.emplace(order, std::move(op));
   std::vector<rpc::ScheduledOp> ready;
   for (auto it = early_.begin(); it != early_.end() && it->first == next_order_; it = early_.erase(it), ++next_order_) {
     ready.push_back(std::move(it->second));
   }
+  // The clock starts when an op begins to wait (the first to park, or what still waits once the
+  // order moved on); an op taken in order at once, the usual case, reads no clock.
+  if (ready.empty() ? early_.size() == 1 : !early_.empty()) early_since_ = absl::Now();
   if (ready.empty()) return;
-  early_since_ = absl::Now();  // what still waits waits for a later op from now
   // Under the lock: the next batch must not overtake this one.
   if (absl::Status s = options_.apply(std::move(ready)); !s.ok()) {
     PW_LOG(Error) << "host " << options_.host << ": scheduled ops refused: " << s;
