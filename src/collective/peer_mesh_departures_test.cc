@@ -120,23 +120,34 @@ TEST(PeerMeshTest, AnExchangeWaitingForAPeerEndsOnceItsHostNoLongerWantsIt) {
   ExpectTwoHostsMeet(hosts, 3);
 }
 
-// A host remembers the runs it never started (TcpLinks::RunNotStarted) for the peers that ask, at
-// most 256 of one client: a client that fails run after run there pushes out only its own.
-TEST(PeerMeshTest, RunsAHostNeverStartedAreRememberedAtMost256OfOneClient) {
+// A host remembers 4096 runs it never started (TcpLinks::RunNotStarted) for the peers that ask; past
+// that the client holding the most loses its oldest, so twenty clients that fail run after run
+// there together push out only their own records, never an honest client's.
+TEST(PeerMeshTest, RunsAHostNeverStartedAreForgottenFromTheClientThatHoldsTheMost) {
   Hosts hosts(2);
   ExpectTwoHostsMeet(hosts, 1);  // connected, and published
-  constexpr uint64_t kOther = 1, kFlooder = 2;
-  hosts.links(1).RunNotStarted(1000, kOther, absl::NotFoundError("program 7 is not registered on host1"));
-  for (uint64_t run = 1; run <= 300; ++run) {
-    hosts.links(1).RunNotStarted(run, kFlooder, absl::NotFoundError("program 9 is not registered on host1"));
+  constexpr uint64_t kOther = 1;
+  for (uint64_t run = 1000; run < 1010; ++run) {
+    hosts.links(1).RunNotStarted(run, kOther, absl::NotFoundError("program 7 is not registered on host1"));
+  }
+  constexpr int kFlooders = 20, kRunsEach = 300;  // 6000 runs, past the 4096 a host keeps
+  for (uint64_t r = 1; r <= kRunsEach; ++r) {
+    for (uint64_t f = 0; f < kFlooders; ++f) {
+      hosts.links(1).RunNotStarted((f + 1) * 100000 + r, 100 + f,
+                                   absl::NotFoundError("program 9 is not registered on host1"));
+    }
   }
   const absl::Time soon = absl::Now() + absl::Seconds(10);
-  const absl::Status other = hosts.links(0).AskWithdrawn("host1", {5, 0, 1000}, soon);
-  EXPECT_TRUE(absl::IsNotFound(other)) << other;
-  EXPECT_EQ(other.message(), "program 7 is not registered on host1");
-  EXPECT_TRUE(absl::IsNotFound(hosts.links(0).AskWithdrawn("host1", {6, 0, 300}, soon)));
-  EXPECT_TRUE(absl::IsNotFound(hosts.links(0).AskWithdrawn("host1", {6, 0, 45}, soon)));
-  EXPECT_TRUE(hosts.links(0).AskWithdrawn("host1", {6, 0, 44}, soon).ok()) << "the flooder's oldest went";
+  for (uint64_t run = 1000; run < 1010; ++run) {
+    const absl::Status other = hosts.links(0).AskWithdrawn("host1", {5, 0, run}, soon);
+    EXPECT_TRUE(absl::IsNotFound(other)) << run << ": " << other;
+    EXPECT_EQ(other.message(), "program 7 is not registered on host1");
+  }
+  for (uint64_t f = 0; f < kFlooders; ++f) {
+    const uint64_t first = (f + 1) * 100000 + 1;
+    EXPECT_TRUE(absl::IsNotFound(hosts.links(0).AskWithdrawn("host1", {6, 0, first + kRunsEach - 1}, soon)));
+    EXPECT_TRUE(hosts.links(0).AskWithdrawn("host1", {6, 0, first}, soon).ok()) << "flooder " << f << "'s oldest";
+  }
 }
 
 // A host whose members withdrew from a call (CollectiveHub::Withdraw) answers a peer that asks,

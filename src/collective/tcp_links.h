@@ -79,9 +79,9 @@ class TcpLinks {
   // member here withdraws by name. What peers send for the run is dropped here as of calls this
   // host is done with (a peer's message would otherwise read as a later call's and fail the call
   // it came in: another client's, perhaps), and a peer that waits for this host in one of its
-  // calls and asks is told `why`. `client` names the run's client (a hash): the last 4096 runs are
-  // remembered, at most 256 of any one client, so a client that fails its runs here on purpose
-  // pushes out only its own.
+  // calls and asks is told `why`. `client` names the run's client (a hash): 4096 runs are
+  // remembered, and when there are more the client that holds the most loses its oldest, so
+  // clients that fail their runs here on purpose push out only their own.
   void RunNotStarted(uint64_t run, uint64_t client, const absl::Status& why);
   // Whether `peer` will make call `id`: its why (the code it gave, never OK or Aborted) when it
   // withdrew from it; OK when it did not, or did not answer by `deadline` (the call waits on, for
@@ -196,19 +196,20 @@ class TcpLinks {
   };
   absl::flat_hash_map<uint64_t, Withdrawn> withdrawals_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> withdrawal_order_ ABSL_GUARDED_BY(mu_);
-  // RunNotStarted's records by run, each client's runs oldest first, and every run oldest first
-  // (runs a client's bound pushed out stay there until they reach its front, or it is tidied);
-  // not_started_count_ lets meshes skip the lock while there are none.
-  static constexpr size_t kMaxNotStartedPerClient = 256;
+  // RunNotStarted's records by run, and each client's runs oldest first (seq: the order of all
+  // records); not_started_count_ lets meshes skip the lock while there are none.
   struct NotStarted {
     absl::Status why;
     uint64_t client;
   };
+  struct ClientRun {
+    uint64_t run;
+    uint64_t seq;
+  };
   absl::flat_hash_map<uint64_t, NotStarted> not_started_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::deque<uint64_t>> not_started_of_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> not_started_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::deque<ClientRun>> not_started_of_ ABSL_GUARDED_BY(mu_);
+  uint64_t not_started_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<size_t> not_started_count_{0};
-  void ForgetNotStartedLocked(uint64_t run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> withdrawn_meshes_ ABSL_GUARDED_BY(mu_);  // by mesh
   std::deque<std::pair<uint64_t, uint64_t>> withdrawn_mesh_order_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> failed_order_ ABSL_GUARDED_BY(mu_);  // the keys of failed_calls_' entries, oldest first

@@ -187,16 +187,6 @@ void TcpLinks::Withdrew(std::vector<Withdrawal> withdrawals) {
   }
 }
 
-void TcpLinks::ForgetNotStartedLocked(uint64_t run) {
-  auto it = not_started_.find(run);
-  if (it == not_started_.end()) return;
-  auto of = not_started_of_.find(it->second.client);
-  std::deque<uint64_t>& runs = of->second;
-  runs.erase(std::find(runs.begin(), runs.end(), run));  // the client's oldest, nearly always
-  if (runs.empty()) not_started_of_.erase(of);
-  not_started_.erase(it);
-}
-
 void TcpLinks::RunNotStarted(uint64_t run, uint64_t client, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   const absl::Status kept(why.ok() ? absl::StatusCode::kInternal : why.code(),
@@ -206,23 +196,21 @@ void TcpLinks::RunNotStarted(uint64_t run, uint64_t client, const absl::Status& 
     it->second.why = kept;
     return;
   }
-  not_started_order_.push_back(run);
-  std::deque<uint64_t>& mine = not_started_of_[client];
-  mine.push_back(run);
-  if (mine.size() > kMaxNotStartedPerClient) ForgetNotStartedLocked(mine.front());
-  while (not_started_.size() > kMaxWithdrawals) {
-    ForgetNotStartedLocked(not_started_order_.front());
-    not_started_order_.pop_front();
-  }
-  while (!not_started_order_.empty() && !not_started_.contains(not_started_order_.front())) {
-    not_started_order_.pop_front();
-  }
-  if (not_started_order_.size() > 2 * kMaxWithdrawals) {
-    std::deque<uint64_t> live;
-    for (uint64_t r : not_started_order_) {
-      if (not_started_.contains(r)) live.push_back(r);
+  not_started_of_[client].push_back({run, ++not_started_seq_});
+  if (not_started_.size() > kMaxWithdrawals) {
+    // The client holding the most records loses its oldest (of two that hold as many, the one
+    // whose oldest is older): clients that fail runs here on purpose, however many, push out only
+    // their own while any of them holds more than an honest client.
+    auto most = not_started_of_.begin();
+    for (auto c = not_started_of_.begin(); c != not_started_of_.end(); ++c) {
+      if (c->second.size() > most->second.size() ||
+          (c->second.size() == most->second.size() && c->second.front().seq < most->second.front().seq)) {
+        most = c;
+      }
     }
-    not_started_order_.swap(live);
+    not_started_.erase(most->second.front().run);
+    most->second.pop_front();
+    if (most->second.empty()) not_started_of_.erase(most);
   }
   not_started_count_.store(not_started_.size(), std::memory_order_relaxed);
 }
