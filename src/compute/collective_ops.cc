@@ -234,7 +234,18 @@ struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
   }
 };
 
-at::Tensor Roll(const at::Tensor& x, std::string axes, int64_t shift) { return RollGrad::apply(x, axes, shift); }
+// Outside differentiation an op skips autograd's wrapper: its node is made (and freed) whether or
+// not anything records it, a few microseconds a call, and it holds a second reference to `x`,
+// which would keep all_reduce from reducing in place.
+template <typename Grad, typename Raw, typename... Args>
+at::Tensor Recorded(Raw raw, const at::Tensor& x, const Args&... args) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return raw(x, args...);
+  return Grad::apply(x, args...);
+}
+
+at::Tensor Roll(const at::Tensor& x, std::string axes, int64_t shift) {
+  return Recorded<RollGrad>(RollRaw, x, axes, shift);
+}
 
 // This shard's position along `axes` (row-major over several, as the collectives order their
 // members): what a body needs to find its neighbours, as JAX's axis_index.
@@ -246,19 +257,20 @@ int64_t AxisIndex(std::string axes) {
 
 }  // namespace
 
-// Outside differentiation the op skips autograd's wrapper, which would hold a second reference
-// to `x` (and so never let the reduction happen in place).
 at::Tensor AllReduceOp(const at::Tensor& x, std::string axes, std::string op) {
-  if (!at::GradMode::is_enabled() || !x.requires_grad()) return AllReduceRaw(x, axes, op);
-  return AllReduceGrad::apply(x, axes, op);
+  return Recorded<AllReduceGrad>(AllReduceRaw, x, axes, op);
 }
-at::Tensor AllGatherOp(const at::Tensor& x, std::string axes, int64_t dim) { return AllGatherGrad::apply(x, axes, dim); }
+at::Tensor AllGatherOp(const at::Tensor& x, std::string axes, int64_t dim) {
+  return Recorded<AllGatherGrad>(AllGatherRaw, x, axes, dim);
+}
 at::Tensor ReduceScatterOp(const at::Tensor& x, std::string axes, std::string op, int64_t dim) {
-  return ReduceScatterGrad::apply(x, axes, op, dim);
+  return Recorded<ReduceScatterGrad>(ReduceScatterRaw, x, axes, op, dim);
 }
-at::Tensor AllToAllOp(const at::Tensor& x, std::string axes, int64_t dim) { return AllToAllGrad::apply(x, axes, dim); }
+at::Tensor AllToAllOp(const at::Tensor& x, std::string axes, int64_t dim) {
+  return Recorded<AllToAllGrad>(AllToAllRaw, x, axes, dim);
+}
 at::Tensor BroadcastOp(const at::Tensor& x, std::string axes, int64_t root) {
-  return BroadcastGrad::apply(x, axes, root);
+  return Recorded<BroadcastGrad>(BroadcastRaw, x, axes, root);
 }
 
 int ShardGroupSize(const std::string& axes) { return GroupSize(axes); }
