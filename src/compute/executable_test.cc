@@ -69,6 +69,43 @@ TEST_F(ExecutableTest, SyntaxErrorNamesFunctionAndLine) {
   EXPECT_NE(msg.find("line 2"), std::string::npos) << msg;
 }
 
+// A tenant's function runs in a worker other tenants share: ops that reach memory outside their
+// tensors or touch the host's files are refused when it is compiled, wherever the source calls
+// them (a helper function, a branch no input takes), naming the op, the file and the line.
+TEST_F(ExecutableTest, OpsThatReachOutsideTheirTensorsOrOpenFilesAreRefused) {
+  const struct {
+    const char* op;
+    const char* source;
+  } refused[] = {
+      {"aten::_sparse_coo_tensor_unsafe",
+       "def f(v, idx):\n    out = torch.zeros(4)\n    if bool(v.sum() > 0):\n"
+       "        out = torch._sparse_coo_tensor_unsafe(idx.reshape(1, 1), v[:1], [4]).to_dense()\n    return out\n"},
+      {"aten::from_file", "def f(x):\n    return torch.from_file('/etc/passwd', False, 64) + x\n"},
+      {"aten::_reshape_alias",
+       "def g(x):\n    return torch._reshape_alias(x, [1000], [1])\n"
+       "def f(x):\n    return g(x)\n"},
+      {"aten::save", "def f(x):\n    torch.save(x, '/tmp/x')\n    return x\n"},
+      {"aten::sparse_coo_tensor",
+       "def f(x):\n    return torch.sparse_coo_tensor(x.long().reshape(1, -1), x, [4]).to_dense()\n"},
+  };
+  for (const auto& c : refused) {
+    FunctionBody body{FunctionBody::Kind::kTorchScript, "f", c.source};
+    body.source_file = "tenant.py";
+    auto exe = cache_.Compile(body);
+    ASSERT_EQ(exe.status().code(), absl::StatusCode::kInvalidArgument) << c.op << ": " << exe.status();
+    const std::string msg(exe.status().message());
+    EXPECT_NE(msg.find(c.op), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tenant.py:"), std::string::npos) << msg;
+  }
+  // What functions ordinarily call still compiles: views, indexing, helpers, the collectives.
+  auto fine =
+      cache_.Compile({FunctionBody::Kind::kTorchScript, "f",
+                      "def g(x):\n    return x.reshape(2, 2)[1:].view(-1)\n"
+                      "def f(x):\n    y = torch.as_strided(x, [2], [2]).index_select(0, torch.tensor([1]))\n"
+                      "    return pathways.all_reduce(g(x), 'x').sum() + y.sum() + torch.empty(3).zero_().sum()\n"});
+  EXPECT_TRUE(fine.ok()) << fine.status();
+}
+
 TEST_F(ExecutableTest, TypeErrorIsReported) {
   auto exe = cache_.Compile({FunctionBody::Kind::kTorchScript, "typed",
                              "def typed(x):\n    return x + 'a'\n"});

@@ -1,4 +1,6 @@
 // The one place that turns DeviceBuffers into torch tensors. Buffers are viewed, not copied.
+#include "compute/torch_executable.h"
+
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/frontend/parser.h>
@@ -9,16 +11,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "collective/collective.h"
 #include "compute/executable.h"
-#include "compute/torch_executable.h"
 #include "compute/torch_ops.h"
 #include "core/status_macros.h"
 
@@ -199,7 +202,48 @@ class ScriptExecutable : public TorchExecutable {
   torch::jit::Function* function_;
 };
 
+// Why a tenant's function may not call op `kind`; empty when it may. Functions run inside a worker
+// that other tenants share, and the TorchScript interpreter is no sandbox: an op that indexes,
+// views or builds storage without checking (a sparse tensor's indices are not checked against its
+// size when it is made densely), or that opens files, would let one tenant write over the
+// worker's memory or read the host's files. (Source reaches aten ops as `torch.*` and ours as
+// `pathways.*` only; ops of other namespaces are refused should that change.)
+std::string RefusedOp(c10::Symbol kind) {
+  const std::string ns = kind.ns().toUnqualString();
+  const std::string op = kind.toUnqualString();
+  if (ns == "prim") return absl::StrContains(op, "rpc") ? "it calls other processes" : "";
+  if (ns == "pathways") return "";
+  if (ns != "aten") return "a function may call aten, prim and pathways ops only";
+  if (op == "from_file" || op == "save") return "it reads or writes files on the worker's host";
+  for (absl::string_view unchecked : {"unsafe", "sparse", "nested", "_reshape_alias"}) {
+    if (absl::StrContains(op, unchecked)) return "it can reach memory outside its tensors (unchecked indices or sizes)";
+  }
+  if (op == "set_") return "it can reach memory outside its tensors (unchecked indices or sizes)";
+  return "";
+}
 
+// Refuses a function whose source calls an op RefusedOp names, in any function it defines (what
+// those call of torch's own is torch's and is not looked into).
+absl::Status CheckOps(const torch::jit::CompilationUnit& unit, const std::string& name) {
+  std::function<absl::Status(const torch::jit::Block&)> check = [&](const torch::jit::Block& block) -> absl::Status {
+    for (const torch::jit::Node* node : block.nodes()) {
+      if (std::string why = RefusedOp(node->kind()); !why.empty()) {
+        std::string where;
+        if (auto at = node->sourceRange().file_line_col()) {
+          where = absl::StrCat(" (", std::get<0>(*at), ":", std::get<1>(*at), ")");
+        }
+        return absl::InvalidArgumentError(absl::StrCat("function '", name, "' calls ", node->kind().toQualString(),
+                                                       where, ", which a function may not call: ", why));
+      }
+      for (const torch::jit::Block* inner : node->blocks()) PW_RETURN_IF_ERROR(check(*inner));
+    }
+    return absl::OkStatus();
+  };
+  for (torch::jit::Function* fn : unit.get_functions()) {
+    PW_RETURN_IF_ERROR(check(*torch::jit::toGraphFunction(*fn).graph()->block()));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const FunctionBody& body) {
   if (body.kind == FunctionBody::Kind::kBuiltin) {
@@ -240,6 +284,7 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
     return absl::InvalidArgumentError(
         absl::StrCat("TorchScript source defines no function named '", body.name, "'"));
   }
+  PW_RETURN_IF_ERROR(CheckOps(*unit, body.name));
   return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn);
 }
 
