@@ -4,6 +4,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "client/program.h"
 #include "cluster/local_cluster.h"
 #include "compute/counter_rng.h"
@@ -500,6 +501,36 @@ TEST_F(ClientTest, ClientsCannotUseEachOthersHandles) {
   EXPECT_EQ(other->Ready(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(other->Enqueued(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->Fetch(ShardedArray()).Await().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A client's function that reads memory it never wrote (torch.empty) finds zeros, never what
+// another client's work left there: at sizes the system allocator serves and at sizes the device
+// memory cache hands back.
+TEST_F(ClientTest, AFunctionNeverSeesWhatAnotherClientLeftInTheDevicesMemory) {
+  auto other = *cluster_->Connect();
+  auto other_slice = *other->CreateSlice({.mesh_shape = {4}, .island = 0});
+  for (int64_t n : {int64_t{1024}, int64_t{65536}, int64_t{1} << 20}) {
+    const TensorSpec spec{DType::kF32, {n}};
+    HostArray secret = *HostArray::Create(DType::kF32, {n});
+    for (int64_t i = 0; i < n; ++i) secret.mutable_data<float>()[i] = 12345.0f;
+    auto x = *client_->Put(secret, island0_);
+    auto twice = *client_->Compile(FunctionSpec::Script(
+        "twice", "def twice(x):\n    y = x * 2.0\n    return y * 0.5 + y * 0.0\n", {spec}, {spec}));
+    auto out = client_->Call(twice, island0_, {x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE(client_->Fetch((*out)[0]).Await().ok());
+
+    auto seed = *other->Put(*HostArray::Create(DType::kF32, {n}), other_slice);
+    auto peek = *other->Compile(FunctionSpec::Script(
+        "peek", absl::StrCat("def peek(x):\n    return torch.empty(", n, ") + x * 0.0\n"), {spec}, {spec}));
+    auto seen = other->Call(peek, other_slice, {seed});
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    auto got = other->Fetch((*seen)[0]).Await();
+    ASSERT_TRUE(got.ok()) << got.status();
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < n; ++i) nonzero += got->data<float>()[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0) << n << " elements";
+  }
 }
 
 TEST_F(ClientTest, EnqueuedCompletesOnceTheRunIsOnItsHosts) {

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <utility>
 #include <vector>
@@ -25,14 +26,24 @@ size_t Rounded(size_t bytes) {
   return (bytes + unit - 1) / unit * unit;
 }
 
+thread_local uint64_t current_owner = 0;  // HostMemory::Owner; 0: none
+
+// How many of the cached entries of a size an allocation looks through for one its owner freed.
+constexpr int kOwnerSearch = 8;
+
+struct Mapped {
+  size_t size;
+  uint64_t owner;  // that it was allocated for, or 0
+};
+
 struct Cache {
   absl::Mutex mu;
   size_t limit ABSL_GUARDED_BY(mu) = HostMemory::kDefaultCacheLimitBytes;
   size_t bytes ABSL_GUARDED_BY(mu) = 0;
   // Least recently freed last; per size, the entries in the order they were freed.
-  std::list<std::pair<size_t, char*>> lru ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<size_t, std::vector<std::list<std::pair<size_t, char*>>::iterator>> by_size ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<char*, size_t> live ABSL_GUARDED_BY(mu);  // mapped allocations in use, by address
+  std::list<std::pair<Mapped, char*>> lru ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<size_t, std::vector<std::list<std::pair<Mapped, char*>>::iterator>> by_size ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<char*, Mapped> live ABSL_GUARDED_BY(mu);  // mapped allocations in use, by address
   int64_t hits ABSL_GUARDED_BY(mu) = 0;
   int64_t allocations ABSL_GUARDED_BY(mu) = 0;
 
@@ -40,7 +51,8 @@ struct Cache {
   std::vector<std::pair<size_t, char*>> EvictFor(size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::vector<std::pair<size_t, char*>> out;
     while (!lru.empty() && bytes + incoming > limit) {
-      auto [size, data] = lru.back();
+      const size_t size = lru.back().first.size;
+      char* data = lru.back().second;
       auto& same = by_size[size];
       same.erase(same.begin());  // the oldest of its size
       if (same.empty()) by_size.erase(size);
@@ -64,26 +76,46 @@ void Unmap(const std::vector<std::pair<size_t, char*>>& entries) {
 }  // namespace
 
 char* HostMemory::Allocate(size_t bytes) {
+  const uint64_t owner = current_owner;
   if (bytes < kCachedMinBytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
-    return static_cast<char*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+    char* data = static_cast<char*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+    if (data != nullptr && owner != 0) std::memset(data, 0, bytes);  // malloc's: anyone's
+    return data;
   }
   const size_t size = Rounded(bytes);
   Cache& cache = TheCache();
+  char* hit = nullptr;
+  bool clear = false;  // it holds what another owner, or none known, left there
   {
     absl::MutexLock lock(&cache.mu);
     ++cache.allocations;
     if (auto it = cache.by_size.find(size); it != cache.by_size.end()) {
-      auto entry = it->second.back();  // the most recently freed: its pages are likeliest warm
-      it->second.pop_back();
-      if (it->second.empty()) cache.by_size.erase(it);
-      char* data = entry->second;
+      // The most recently freed (its pages are likeliest warm) of those its owner freed, if one
+      // is among the last few; else the most recently freed.
+      auto& same = it->second;
+      auto pick = same.end() - 1;
+      for (auto e = same.end(); e != same.begin() && same.end() - e < kOwnerSearch;) {
+        --e;
+        if ((*e)->first.owner == owner) {
+          pick = e;
+          break;
+        }
+      }
+      auto entry = *pick;
+      same.erase(pick);
+      if (same.empty()) cache.by_size.erase(it);
+      hit = entry->second;
+      clear = owner != 0 && entry->first.owner != owner;
       cache.lru.erase(entry);
       cache.bytes -= size;
       ++cache.hits;
-      cache.live.emplace(data, size);
-      return data;
+      cache.live.emplace(hit, Mapped{size, owner});
     }
+  }
+  if (hit != nullptr) {
+    if (clear) std::memset(hit, 0, bytes);
+    return hit;
   }
   void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (data == MAP_FAILED) {
@@ -99,7 +131,7 @@ char* HostMemory::Allocate(size_t bytes) {
   }
   if (size >= kHugeFrom) madvise(data, size, MADV_HUGEPAGE);
   absl::MutexLock lock(&cache.mu);
-  cache.live.emplace(static_cast<char*>(data), size);
+  cache.live.emplace(static_cast<char*>(data), Mapped{size, owner});
   return static_cast<char*>(data);
 }
 
@@ -113,21 +145,24 @@ void HostMemory::Free(void* ptr) {
     absl::MutexLock lock(&cache.mu);
     if (auto it = cache.live.find(data); it != cache.live.end()) {
       mapped = true;
-      const size_t size = it->second;
+      const Mapped m = it->second;
       cache.live.erase(it);
-      if (size > cache.limit) {
-        evicted.emplace_back(size, data);
+      if (m.size > cache.limit) {
+        evicted.emplace_back(m.size, data);
       } else {
-        evicted = cache.EvictFor(size);
-        cache.lru.emplace_front(size, data);
-        cache.by_size[size].push_back(cache.lru.begin());
-        cache.bytes += size;
+        evicted = cache.EvictFor(m.size);
+        cache.lru.emplace_front(m, data);
+        cache.by_size[m.size].push_back(cache.lru.begin());
+        cache.bytes += m.size;
       }
     }
   }
   if (!mapped) std::free(data);  // a small one, from malloc
   Unmap(evicted);
 }
+
+HostMemory::Owner::Owner(uint64_t owner) : outer_(current_owner) { current_owner = owner; }
+HostMemory::Owner::~Owner() { current_owner = outer_; }
 
 void HostMemory::SetCacheLimit(size_t bytes) {
   Cache& cache = TheCache();

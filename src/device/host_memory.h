@@ -8,6 +8,14 @@
 // the host-memory counterpart of an accelerator runtime's caching allocator. The cache is bounded
 // (least recently freed go back to the system first), so a process holds at most its live
 // buffers plus the limit. Small allocations come from malloc. Thread-safe.
+//
+// Memory is handed from one tenant to another with nothing of the first left in it. A thread
+// doing a tenant's work names it (Owner); what it allocates that may hold bytes another owner, or
+// nobody known, left there (any small allocation; a cached one freed under another owner) is
+// zeroed first. Fresh pages are zero already, and a cached allocation its own owner freed is
+// handed back as it is, so a tenant reusing its own shapes step after step pays nothing.
+// Allocations made under no owner (buffers that are written whole before anything reads them:
+// puts, transfers) are not zeroed.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +34,19 @@ class HostMemory {
   static char* Allocate(size_t bytes);
   // Anything Allocate returned (null is ignored).
   static void Free(void* data);
+
+  // While one lives, this thread's allocations are made for `owner` (nonzero; a tenant's id), as
+  // above. Scopes nest; the innermost applies.
+  class Owner {
+   public:
+    explicit Owner(uint64_t owner);
+    ~Owner();
+    Owner(const Owner&) = delete;
+    Owner& operator=(const Owner&) = delete;
+
+   private:
+    const uint64_t outer_;
+  };
 
   // How much freed memory the cache may hold; shrinking it releases the excess at once.
   static void SetCacheLimit(size_t bytes);

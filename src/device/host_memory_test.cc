@@ -65,6 +65,66 @@ TEST_F(HostMemoryTest, TheCacheStaysWithinItsLimitDroppingTheLeastRecentlyFreed)
   EXPECT_EQ(HostMemory::cached_bytes(), 0u);
 }
 
+bool AllZero(const char* p, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+// Memory goes from one tenant to another with nothing of the first in it: a cached block another
+// owner freed, and any small block (malloc's, whoever freed it), are zeroed for an owner; a block
+// its own owner freed comes back as it was, and one of another size, and one among the last few
+// of its size that the owner freed, is preferred to zeroing.
+TEST_F(HostMemoryTest, AnOwnerNeverSeesWhatAnotherLeftInTheMemoryItGets) {
+  constexpr size_t kLarge = 3 << 20, kSmall = 4096;
+  char* a;
+  char* a2;
+  {
+    HostMemory::Owner tenant_a(1);
+    a = HostMemory::Allocate(kLarge);
+    std::memset(a, 0x5a, kLarge);
+    HostMemory::Free(a);
+    char* again = HostMemory::Allocate(kLarge);
+    EXPECT_EQ(again, a);
+    EXPECT_EQ(again[kLarge - 1], 0x5a) << "its own: handed back as it was";
+    HostMemory::Free(again);
+  }
+  {
+    HostMemory::Owner tenant_b(2);
+    char* b = HostMemory::Allocate(kLarge);
+    EXPECT_EQ(b, a) << "the same pages, reused";
+    EXPECT_TRUE(AllZero(b, kLarge));
+    std::memset(b, 0x6b, kLarge);
+    // A's freed block is chosen for A over B's more recent one.
+    {
+      HostMemory::Owner tenant_a(1);
+      a2 = HostMemory::Allocate(kLarge);
+      std::memset(a2, 0x5a, kLarge);
+    }
+    HostMemory::Free(a2);
+    HostMemory::Free(b);
+    {
+      HostMemory::Owner tenant_a(1);
+      char* mine = HostMemory::Allocate(kLarge);
+      EXPECT_EQ(mine, a2);
+      EXPECT_EQ(mine[0], 0x5a);
+      HostMemory::Free(mine);
+    }
+    for (int i = 0; i < 100; ++i) {  // small blocks are malloc's: always zeroed for an owner
+      char* s = HostMemory::Allocate(kSmall);
+      ASSERT_TRUE(AllZero(s, kSmall));
+      std::memset(s, 0x6b, kSmall);
+      HostMemory::Free(s);
+    }
+  }
+  // Without an owner (buffers written whole before they are read) nothing is zeroed.
+  char* plain = HostMemory::Allocate(kLarge);
+  EXPECT_EQ(plain, a2) << "the most recently freed";
+  EXPECT_EQ(plain[0], 0x5a);
+  HostMemory::Free(plain);
+}
+
 TEST_F(HostMemoryTest, ThreadsAllocatingAndFreeingAtOnceKeepTheCacheConsistent) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

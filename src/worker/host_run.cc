@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -11,6 +12,7 @@
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "dataflow/graph.h"
+#include "device/host_memory.h"
 #include "transport/rpc_util.h"
 #include "worker/host_runtime.h"
 #include "worker/input_assembly.h"
@@ -338,6 +340,8 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
     absl::StatusOr<std::vector<BufferPtr>> results;
     {
       absl::Cleanup ended = [&] { watch->End(device->local_index()); };  // however run() ends
+      // What the body allocates holds nothing another client left in that memory.
+      HostMemory::Owner owner(absl::HashOf(label.client) | 1);
       results = run();
     }
     const int64_t start_us = absl::ToUnixMicros(start);
