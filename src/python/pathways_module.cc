@@ -6,7 +6,9 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,6 +61,39 @@ T Wait(Future<T> future) {
     PyEval_RestoreThread(state);
     if (ready) return Value(std::move(future).Take());
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+// Runs `fn` with the GIL released and takes it back by hand, as Wait does: a daemon thread whose
+// call returns while the interpreter shuts down stays parked rather than be ended by a forced
+// unwind through gil_scoped_release's destructor (which aborted the process at exit).
+template <typename F>
+auto WithoutGil(F&& fn) -> decltype(fn()) {
+  PyThreadState* state = PyEval_SaveThread();
+  auto retake = [state] {
+    if (_Py_IsFinalizing()) {
+      for (;;) absl::SleepFor(absl::Hours(1));
+    }
+    PyEval_RestoreThread(state);
+  };
+  if constexpr (std::is_void_v<decltype(fn())>) {
+    try {
+      fn();
+    } catch (...) {
+      retake();
+      throw;
+    }
+    retake();
+  } else {
+    std::optional<decltype(fn())> result;
+    try {
+      result.emplace(fn());
+    } catch (...) {
+      retake();
+      throw;
+    }
+    retake();
+    return *std::move(result);
   }
 }
 
@@ -209,17 +244,14 @@ PYBIND11_MODULE(_pathways, m) {
 
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
       .def("id", [](PyClient& c) { return c.get()->id(); })
-      .def("describe",
-           [](PyClient& c) {
-             py::gil_scoped_release release;
-             return Value(c.get()->DescribeCluster());
-           })
+      .def("describe", [](PyClient& c) { return WithoutGil([&] { return Value(c.get()->DescribeCluster()); }); })
       .def("create_slice",
            [](PyClient& c, std::vector<int64_t> mesh, std::vector<std::string> axes, std::optional<int> island,
               bool span_islands) {
-             py::gil_scoped_release release;
-             return Value(c.get()->CreateSlice(
-                 {.mesh_shape = mesh, .axis_names = axes, .island = island, .span_islands = span_islands}));
+             return WithoutGil([&] {
+               return Value(c.get()->CreateSlice(
+                   {.mesh_shape = mesh, .axis_names = axes, .island = island, .span_islands = span_islands}));
+             });
            })
       .def("put",
            [](std::shared_ptr<PyClient> c, py::buffer data, const std::string& dtype, Shape shape,
@@ -233,74 +265,62 @@ PYBIND11_MODULE(_pathways, m) {
              }
              HostArray host =
                  Value(HostArray::FromBytes(s.dtype, s.shape, std::string(static_cast<const char*>(info.ptr), bytes)));
-             py::gil_scoped_release release;
-             return std::make_shared<PyArray>(PyArray{Value(c->get()->Put(std::move(host), slice, spec)), c});
+             return WithoutGil([&] {
+               return std::make_shared<PyArray>(PyArray{Value(c->get()->Put(std::move(host), slice, spec)), c});
+             });
            })
-      .def("compile",
-           [](PyClient& c, const std::string& name, const std::string& source,
-              const std::vector<std::pair<std::string, Shape>>& inputs,
-              const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
-              const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& donated,
-              std::optional<std::vector<int>> vjp_wrt, bool vjp_with_outputs, const std::string& source_file) {
-             FunctionSpec spec =
-                 ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, donated, source_file);
-             if (vjp_wrt) spec = Value(FunctionSpec::Vjp(spec, *vjp_wrt, vjp_with_outputs));
-             py::gil_scoped_release release;
-             return Value(c.get()->Compile(spec));
-           },
-           py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
-           py::arg("out_shardings"), py::arg("donated"), py::arg("vjp_wrt") = std::nullopt,
-           py::arg("vjp_with_outputs") = false, py::arg("source_file") = "")
-      .def("compile_split_vjp",
-           [](PyClient& c, const std::string& name, const std::string& source,
-              const std::vector<std::pair<std::string, Shape>>& inputs,
-              const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
-              const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& wrt,
-              const std::string& source_file) {
-             FunctionSpec primal =
-                 ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, {}, source_file);
-             FunctionSpec::SplitVjp split = Value(FunctionSpec::VjpKeepingResiduals(primal, wrt));
-             py::gil_scoped_release release;
-             return std::make_pair(Value(c.get()->Compile(split.forward)), Value(c.get()->Compile(split.backward)));
-           },
-           py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
-           py::arg("out_shardings"), py::arg("wrt"), py::arg("source_file") = "")
+      .def(
+          "compile",
+          [](PyClient& c, const std::string& name, const std::string& source,
+             const std::vector<std::pair<std::string, Shape>>& inputs,
+             const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
+             const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& donated,
+             std::optional<std::vector<int>> vjp_wrt, bool vjp_with_outputs, const std::string& source_file) {
+            FunctionSpec spec =
+                ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, donated, source_file);
+            if (vjp_wrt) spec = Value(FunctionSpec::Vjp(spec, *vjp_wrt, vjp_with_outputs));
+            return WithoutGil([&] { return Value(c.get()->Compile(spec)); });
+          },
+          py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
+          py::arg("out_shardings"), py::arg("donated"), py::arg("vjp_wrt") = std::nullopt,
+          py::arg("vjp_with_outputs") = false, py::arg("source_file") = "")
+      .def(
+          "compile_split_vjp",
+          [](PyClient& c, const std::string& name, const std::string& source,
+             const std::vector<std::pair<std::string, Shape>>& inputs,
+             const std::vector<std::pair<std::string, Shape>>& outputs, const std::vector<PartitionSpec>& in_shardings,
+             const std::vector<PartitionSpec>& out_shardings, const std::vector<int>& wrt,
+             const std::string& source_file) {
+            FunctionSpec primal =
+                ScriptSpec(name, source, inputs, outputs, in_shardings, out_shardings, {}, source_file);
+            FunctionSpec::SplitVjp split = Value(FunctionSpec::VjpKeepingResiduals(primal, wrt));
+            return WithoutGil([&] {
+              return std::make_pair(Value(c.get()->Compile(split.forward)), Value(c.get()->Compile(split.backward)));
+            });
+          },
+          py::arg("name"), py::arg("source"), py::arg("inputs"), py::arg("outputs"), py::arg("in_shardings"),
+          py::arg("out_shardings"), py::arg("wrt"), py::arg("source_file") = "")
       .def("call",
            [](std::shared_ptr<PyClient> c, const CompiledFunction& f, const VirtualSlice& slice,
               const std::vector<std::shared_ptr<PyArray>>& args) {
              std::vector<ShardedArray> in = Unwrap(args);
-             std::vector<ShardedArray> out;
-             {
-               py::gil_scoped_release release;
-               out = Value(c->get()->Call(f, slice, in));
-             }
+             std::vector<ShardedArray> out = WithoutGil([&] { return Value(c->get()->Call(f, slice, in)); });
              return Wrap(std::move(out), c);
            })
       .def("run",
            [](std::shared_ptr<PyClient> c, const Program& p, const std::vector<std::shared_ptr<PyArray>>& args) {
              std::vector<ShardedArray> in = Unwrap(args);
-             std::vector<ShardedArray> out;
-             {
-               py::gil_scoped_release release;
-               out = Value(c->get()->Run(p, in));
-             }
+             std::vector<ShardedArray> out = WithoutGil([&] { return Value(c->get()->Run(p, in)); });
              return Wrap(std::move(out), c);
            })
       .def("describe_lowering",
            [](PyClient& c, const Program& p, const std::vector<std::shared_ptr<PyArray>>& args) {
              std::vector<ShardedArray> in = Unwrap(args);
-             py::gil_scoped_release release;
-             return Value(c.get()->DescribeLowering(p, in));
+             return WithoutGil([&] { return Value(c.get()->DescribeLowering(p, in)); });
            })
       .def("write_trace",
-           [](PyClient& c, const std::string& path) {
-             py::gil_scoped_release release;
-             Check(c.get()->WriteTrace(path));
-           })
-      .def("close", [](PyClient& c) {
-        py::gil_scoped_release release;
-        c.Close();
-      });
+           [](PyClient& c, const std::string& path) { WithoutGil([&] { Check(c.get()->WriteTrace(path)); }); })
+      .def("close", [](PyClient& c) { WithoutGil([&] { c.Close(); }); });
 
   py::class_<FetchedBytes, std::shared_ptr<FetchedBytes>>(m, "FetchedBytes", py::buffer_protocol())
       .def("__len__", [](const FetchedBytes& b) { return b.array.bytes().size(); })
@@ -360,29 +380,31 @@ PYBIND11_MODULE(_pathways, m) {
                        int64_t dcn_latency_us, double dcn_gbps) {
              // Serving in this process: the settings servers need (descriptors, the allocator).
              InitServingProcess();
-             py::gil_scoped_release release;
-             std::unique_ptr<LocalCluster> c = Value(LocalCluster::Start(
-                 {.num_islands = islands,
-                  .hosts_per_island = hosts_per_island,
-                  .devices_per_host = devices_per_host,
-                  .device_memory_bytes = device_memory,
-                  .dcn = {.latency = absl::Microseconds(dcn_latency_us), .gbps = dcn_gbps}}));
-             return std::shared_ptr<LocalCluster>(std::move(c));
+             return WithoutGil([&] {
+               return std::shared_ptr<LocalCluster>(Value(
+                   LocalCluster::Start({.num_islands = islands,
+                                        .hosts_per_island = hosts_per_island,
+                                        .devices_per_host = devices_per_host,
+                                        .device_memory_bytes = device_memory,
+                                        .dcn = {.latency = absl::Microseconds(dcn_latency_us), .gbps = dcn_gbps}})));
+             });
            }),
            py::arg("islands"), py::arg("hosts_per_island"), py::arg("devices_per_host"), py::arg("device_memory"),
            py::arg("dcn_latency_us") = 0, py::arg("dcn_gbps") = 0.0)
       .def_property_readonly("address", &LocalCluster::controller_address);
 
   m.def("connect_local", [](std::shared_ptr<LocalCluster> cluster) {
-    py::gil_scoped_release release;
-    std::unique_ptr<Client> client = Value(cluster->Connect());
-    return std::make_shared<PyClient>(std::move(cluster), std::move(client));
+    return WithoutGil([&] {
+      std::unique_ptr<Client> client = Value(cluster->Connect());
+      return std::make_shared<PyClient>(std::move(cluster), std::move(client));
+    });
   });
   m.def(
       "connect",
       [](const std::string& address, std::optional<std::string> token) {
-        py::gil_scoped_release release;
-        return std::make_shared<PyClient>(nullptr, Value(Client::Connect(address, {.token = std::move(token)})));
+        return WithoutGil([&] {
+          return std::make_shared<PyClient>(nullptr, Value(Client::Connect(address, {.token = std::move(token)})));
+        });
       },
       py::arg("address"), py::arg("token") = py::none());
   m.def("parse_bytes", [](const std::string& text) { return Value(ParseBytes(text)); });
@@ -391,24 +413,26 @@ PYBIND11_MODULE(_pathways, m) {
   // same client, so that Python's cost is measured against C++'s in one run.
   m.def("bench_chain_of_calls", [](PyClient& c, const CompiledFunction& f, const VirtualSlice& slice,
                                    const std::shared_ptr<PyArray>& first, int calls) {
-    py::gil_scoped_release release;
-    ShardedArray x = first->array;
-    const absl::Time start = absl::Now();
-    for (int i = 0; i < calls; ++i) x = Value(c.get()->Call(f, slice, {x}))[0];
-    (void)Value(c.get()->Fetch(x).Await());
-    return absl::ToDoubleSeconds(absl::Now() - start);
+    return WithoutGil([&] {
+      ShardedArray x = first->array;
+      const absl::Time start = absl::Now();
+      for (int i = 0; i < calls; ++i) x = Value(c.get()->Call(f, slice, {x}))[0];
+      (void)Value(c.get()->Fetch(x).Await());
+      return absl::ToDoubleSeconds(absl::Now() - start);
+    });
   });
   m.def("bench_put_and_fetch", [](PyClient& c, const VirtualSlice& slice, int64_t bytes) {
-    py::gil_scoped_release release;
-    HostArray data = Value(HostArray::Create(DType::kF32, {bytes / 4}));
-    const absl::Time start = absl::Now();
-    ShardedArray a = Value(c.get()->Put(data, slice));
-    (void)Value(c.get()->Ready(a).Await());  // the put is timed until its data is on the device
-    const absl::Time put = absl::Now();
-    Future<HostArray> fetched = c.get()->Fetch(a);
-    (void)fetched.Await();
-    (void)Value(std::move(fetched).Take());  // moved out once ready, as Python's fetch does
-    return std::make_pair(absl::ToDoubleSeconds(put - start), absl::ToDoubleSeconds(absl::Now() - put));
+    return WithoutGil([&] {
+      HostArray data = Value(HostArray::Create(DType::kF32, {bytes / 4}));
+      const absl::Time start = absl::Now();
+      ShardedArray a = Value(c.get()->Put(data, slice));
+      (void)Value(c.get()->Ready(a).Await());  // the put is timed until its data is on the device
+      const absl::Time put = absl::Now();
+      Future<HostArray> fetched = c.get()->Fetch(a);
+      (void)fetched.Await();
+      (void)Value(std::move(fetched).Take());  // moved out once ready, as Python's fetch does
+      return std::make_pair(absl::ToDoubleSeconds(put - start), absl::ToDoubleSeconds(absl::Now() - put));
+    });
   });
 
   // The Transformer trainer (train/trainer.h), as `pathways train` drives it.
@@ -449,24 +473,15 @@ PYBIND11_MODULE(_pathways, m) {
              auto t = std::make_shared<PyTrainer>();
              t->client = client->get();
              t->py_client = std::move(client);
-             py::gil_scoped_release release;
-             t->trainer = Value(Trainer::Create(*t->client, o));
+             t->trainer = WithoutGil([&] { return Value(Trainer::Create(*t->client, o)); });
              return t;
            }),
            py::arg("client"), py::arg("model"), py::arg("batch"), py::arg("seq_len"), py::arg("vocab"),
            py::arg("data_parallel"), py::arg("tensor_parallel"), py::arg("pipeline_stages"), py::arg("microbatches"),
-           py::arg("islands"), py::arg("seed"), py::arg("learning_rate"), py::arg("text_file"),
-           py::arg("resume_from"), py::arg("recompute") = false)
-      .def("step",
-           [](PyTrainer& t) {
-             py::gil_scoped_release release;
-             return Value(t.get().Step());
-           })
-      .def("save",
-           [](PyTrainer& t, const std::string& path) {
-             py::gil_scoped_release release;
-             Check(t.get().Save(path));
-           })
+           py::arg("islands"), py::arg("seed"), py::arg("learning_rate"), py::arg("text_file"), py::arg("resume_from"),
+           py::arg("recompute") = false)
+      .def("step", [](PyTrainer& t) { return WithoutGil([&] { return Value(t.get().Step()); }); })
+      .def("save", [](PyTrainer& t, const std::string& path) { WithoutGil([&] { Check(t.get().Save(path)); }); })
       .def_property_readonly("entropy", [](const PyTrainer& t) { return t.trainer->entropy(); })
       .def_property_readonly("tokens_per_step", [](const PyTrainer& t) { return t.trainer->tokens_per_step(); })
       .def_property_readonly("steps_done", [](const PyTrainer& t) { return t.trainer->steps_issued(); })

@@ -192,6 +192,30 @@ def test_a_token_given_to_connect_is_the_one_shown(processes, tmp_path):
     assert "fetched: [2.0, 2.0]" in out.stdout, out.stdout + out.stderr
 
 
+def test_an_interpreter_exits_cleanly_while_a_daemon_thread_is_in_a_call(processes, tmp_path):
+    # A daemon thread inside a native call (a 16 MiB put, the GIL released) when the main thread
+    # returns: the call comes back while the interpreter shuts down, and must not abort the
+    # process (it did every time: a forced unwind through pybind11's gil_scoped_release). The
+    # thread calls the native put directly, so that no torch op of its own is in the loop.
+    script = ("import threading, time, torch, pathways\n"
+              "from pathways.core import _dtype_name\n"
+              f"c = pathways.connect('{processes.address}', token='{TOKEN}')\n"
+              "s = c.slice((1,))\n"
+              "x = torch.zeros(4 << 20)\n"
+              "buf = x.view(torch.uint8).numpy()\n"
+              "def loop():\n"
+              "    for _ in range(200):\n"
+              "        c._native.put(buf, _dtype_name(x.dtype), [4 << 20], s._native, pathways.P()._runtime())\n"
+              "threading.Thread(target=loop, daemon=True).start()\n"
+              "time.sleep(0.3)\n"
+              "print('main returns', flush=True)\n")
+    path = tmp_path / "daemon.py"
+    path.write_text(script)
+    for _ in range(3):
+        out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "main returns" in out.stdout, (out.returncode, out.stdout + out.stderr)
+
+
 def test_a_worker_that_dies_fails_its_arrays_unavailable_and_the_other_serves_on():
     cluster = Processes(workers=2, heartbeat_timeout_ms=2000)
     try:
