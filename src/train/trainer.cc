@@ -7,15 +7,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "compute/markov.h"
 #include "compute/text_source.h"
 #include "core/status_macros.h"
@@ -337,15 +338,50 @@ std::vector<std::string> StateNames(const TransformerStage& stage) {
 
 constexpr char kManifestHeader[] = "pathways-checkpoint 1";
 
+// A manifest is a few hundred bytes: one read stops here.
+constexpr size_t kMaxManifestBytes = 64 << 10;
+
+// The first kMaxManifestBytes + 1 bytes of `path`, which must be a regular file: a device, FIFO or
+// directory named as a manifest is refused before anything blocks on it or reads it whole.
+absl::StatusOr<std::string> ReadManifestFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    return absl::Status(error == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kPermissionDenied,
+                        absl::StrCat("checkpoint manifest ", path, ": ", std::strerror(error)));
+  }
+  std::string text;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path, " is not a regular file"));
+  }
+  text.resize(kMaxManifestBytes + 1);
+  size_t got = 0;
+  for (ssize_t n; got < text.size() && (n = ::read(fd, text.data() + got, text.size() - got)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrCat("checkpoint manifest ", path, ": read: ", std::strerror(error)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  text.resize(got);
+  return text;
+}
+
 // Writes `text` to `path` through a temporary file that is synced, then renamed over it, and syncs
 // the directory: a crash leaves the old file or the new one, never half of either.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text, mode_t mode) {
   const std::string temporary = path + ".tmp";
   auto failed = [&](const char* what) {
     const int error = errno;
-    return absl::Status(error == ENOSPC ? absl::StatusCode::kResourceExhausted
-                        : error == EACCES || error == EPERM ? absl::StatusCode::kPermissionDenied
-                                                            : absl::StatusCode::kInternal,
+    return absl::Status(error == ENOSPC                       ? absl::StatusCode::kResourceExhausted
+                        : error == EACCES || error == EPERM   ? absl::StatusCode::kPermissionDenied
+                        : error == ENOENT || error == ENOTDIR ? absl::StatusCode::kNotFound
+                                                              : absl::StatusCode::kInternal,
                         absl::StrCat("checkpoint manifest ", path, ": ", what, ": ", std::strerror(error)));
   };
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
@@ -411,6 +447,17 @@ FunctionSpec Trainer::LoadFunction(int s, int64_t step) const {
 }
 
 absl::Status Trainer::Save(const std::string& path) {
+  // The manifest replaces an earlier one at `path`, and nothing else: not a file of the user's,
+  // nor a device (renamed over, /dev/null became a regular file), checked before any shard is
+  // written.
+  if (struct stat st; ::lstat(path.c_str(), &st) == 0) {
+    absl::StatusOr<std::string> there =
+        S_ISREG(st.st_mode) ? ReadManifestFile(path) : absl::InvalidArgumentError("not a regular file");
+    if (!there.ok() || !absl::StartsWith(*there, absl::StrCat(kManifestHeader, "\n"))) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("saving a checkpoint: ", path, " exists and is not a checkpoint manifest; it is left as it is"));
+    }
+  }
   std::vector<ShardedArray> done;
   for (size_t s = 0; s < model_.stages.size(); ++s) {
     if (save_.size() == s) {
@@ -437,21 +484,21 @@ absl::Status Trainer::Save(const std::string& path) {
 
 absl::StatusOr<Trainer::Manifest> Trainer::ReadManifest() const {
   const std::string& path = options_.resume_from;
-  std::ifstream in(path);
-  if (!in) {
-    return absl::Status(errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kPermissionDenied,
-                        absl::StrCat("checkpoint manifest ", path, ": ", std::strerror(errno)));
+  PW_ASSIGN_OR_RETURN(const std::string text, ReadManifestFile(path));
+  if (text.size() > kMaxManifestBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a checkpoint manifest (larger than ", kMaxManifestBytes, " bytes)"));
   }
-  std::map<std::string, std::string> fields;
-  std::string line;
-  std::getline(in, line);
-  if (line != kManifestHeader) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  if (lines.front() != kManifestHeader) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a checkpoint manifest (its first line is not '",
                                                    kManifestHeader, "')"));
   }
-  while (std::getline(in, line)) {
-    const size_t space = line.find(' ');
-    if (space != std::string::npos) fields[line.substr(0, space)] = line.substr(space + 1);
+  std::map<std::string, std::string> fields;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const size_t space = lines[i].find(' ');
+    if (space != absl::string_view::npos)
+      fields[std::string(lines[i].substr(0, space))] = std::string(lines[i].substr(space + 1));
   }
   auto mismatch = [&](const char* what, const std::string& saved, const std::string& now) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " holds a ", what, " of (", saved,

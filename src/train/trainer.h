@@ -98,7 +98,9 @@ class Trainer {
   // writes the shards it holds on its own host (under the workers' --checkpoint-dir; nothing goes
   // through the client), and once every shard is on disk the manifest (what was saved, and the
   // checkpoint's secret that names its shards; readable by its owner only) is written at `path`,
-  // replacing the one there at once. A save that fails leaves the previous manifest in place.
+  // replacing the one there at once. A save that fails leaves the previous manifest in place; a
+  // path that holds anything but a manifest is left alone (AlreadyExists, before any shard is
+  // written).
   // Blocks until done. Shards are named by their place in the slice and kept on the host that
   // held them: resuming needs each place on a host that sees its file (the same hosts, or a
   // --checkpoint-dir they share).

@@ -4,6 +4,7 @@
 #include "train/trainer.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
@@ -223,6 +224,30 @@ TEST_F(TrainerTest, BadCheckpointsFailBeforeAStepRuns) {
   EXPECT_EQ(Trainer::Create(**client, other).status().code(), absl::StatusCode::kInvalidArgument);
   other.resume_from = *data_dir_ + "/missing.ckpt";
   EXPECT_EQ(Trainer::Create(**client, other).status().code(), absl::StatusCode::kNotFound);
+  // What is not a manifest is refused at once, without blocking on it or reading it whole.
+  const std::string fifo = *data_dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string huge = *data_dir_ + "/huge.ckpt";
+  std::ofstream(huge) << "pathways-checkpoint 1\n" << std::string(1 << 20, 'x');
+  for (const std::string& path : {fifo, std::string("/dev/zero"), *data_dir_, huge}) {
+    other.resume_from = path;
+    EXPECT_EQ(Trainer::Create(**client, other).status().code(), absl::StatusCode::kInvalidArgument) << path;
+  }
+  // A save replaces a manifest, and nothing else: a file of the user's, a FIFO and a directory are
+  // left alone (a device too: not tried here, where a regression would replace /dev/null), before
+  // any shard is written; a missing directory is NotFound.
+  {
+    auto trainer = Trainer::Create(**client, o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const std::string text = *data_dir_ + "/text.txt";
+    for (const std::string& path : {text, fifo, *data_dir_}) {
+      absl::Status saved = (*trainer)->Save(path);
+      EXPECT_EQ(saved.code(), absl::StatusCode::kAlreadyExists) << path << ": " << saved;
+    }
+    std::ifstream in(text);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), "not a manifest");
+    EXPECT_EQ((*trainer)->Save(*data_dir_ + "/no/such/dir/m.ckpt").code(), absl::StatusCode::kNotFound);
+  }
 
   // Damage one shard: flip its last byte.
   std::string secret;
