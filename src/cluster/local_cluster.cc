@@ -12,6 +12,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                                    options.num_islands, " islands of ", options.hosts_per_island,
                                                    " hosts of ", options.devices_per_host, " devices"));
   }
+  // Every host is served from this process, as a worker's --hosts serves at most 4096.
+  if (int64_t{options.num_islands} * options.hosts_per_island > 4096 || options.devices_per_host > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a local cluster has at most 4096 hosts of at most 4096 devices; "
+                     "asked for ",
+                     options.num_islands, " islands of ", options.hosts_per_island, " hosts of ",
+                     options.devices_per_host, " devices"));
+  }
   if (options.dcn.latency < absl::ZeroDuration() || options.dcn.latency > absl::Seconds(10)) {
     return absl::InvalidArgumentError(absl::StrCat("the emulated link's latency must be 0 to 10 s, got ",
                                                    absl::FormatDuration(options.dcn.latency)));

@@ -448,6 +448,10 @@ def test_bad_cluster_shapes_and_sizes_are_refused():
     for shape in [dict(islands=0), dict(islands=-1), dict(hosts_per_island=0), dict(devices_per_host=0)]:
         with pytest.raises(pathways.InvalidArgumentError, match="at least one"):
             pathways.LocalCluster(**shape)
+    # Every host is served in this process: a million islands is refused, not started.
+    for shape in [dict(islands=10**6), dict(islands=64, hosts_per_island=65), dict(devices_per_host=4097)]:
+        with pytest.raises(pathways.InvalidArgumentError, match="at most 4096 hosts"):
+            pathways.LocalCluster(**shape)
     with pytest.raises(pathways.InvalidArgumentError, match="memory size"):
         pathways.LocalCluster(device_memory=1.5)
     with pytest.raises(pathways.InvalidArgumentError, match="latency must be 0 to 10 s"):
