@@ -13,6 +13,10 @@ namespace pathways {
 
 absl::Status MemoryBudget::Charge(int64_t bytes, absl::Duration wait) {
   absl::MutexLock lock(&mu_);
+  if (bytes > capacity_) {  // would never fit: no waiting for it
+    return absl::ResourceExhaustedError(absl::StrCat("device ", device_name_, ": cannot allocate ", bytes,
+                                                     " bytes, more than its whole memory (", capacity_, " bytes)"));
+  }
   auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= capacity_ - used_; };
   if (!fits() && (wait <= absl::ZeroDuration() || !mu_.AwaitWithTimeout(absl::Condition(&fits), wait))) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -95,6 +95,16 @@ TEST(CpuDeviceTest, AllocationLargerThanBudgetNamesSizes) {
       << a.status();
 }
 
+// A kernel's temporary larger than the whole device can never fit: it fails at once, saying so,
+// instead of waiting for memory to be released (a 4 TiB torch.empty waited out --memory-wait-ms).
+TEST(CpuDeviceTest, ATemporaryLargerThanTheWholeDeviceFailsWithoutWaiting) {
+  MemoryBudget budget("cpu:0", 1000, absl::Hours(1));
+  const absl::Status charged = budget.Charge(int64_t{4} << 40, budget.kernel_wait());
+  EXPECT_EQ(charged.code(), absl::StatusCode::kResourceExhausted) << charged;
+  EXPECT_NE(charged.message().find("more than its whole memory (1000 bytes)"), std::string::npos) << charged;
+  EXPECT_EQ(budget.used(), 0);
+}
+
 TEST(CpuDeviceTest, BufferOutlivingDeviceReleasesSafely) {
   BufferPtr keep;
   {
