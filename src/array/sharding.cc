@@ -1,8 +1,11 @@
 #include "array/sharding.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -39,6 +42,14 @@ absl::StatusOr<Mesh> Mesh::Create(std::vector<int64_t> dims, std::vector<std::st
       return absl::InvalidArgumentError(
           absl::StrCat("mesh axis names must be distinct and non-empty, got [",
                        absl::StrJoin(axis_names, ","), "]"));
+    }
+    // Collectives name axes in a comma-separated list: a name must be one word to be named there.
+    const std::string& name = axis_names[i];
+    if (name.size() > 64 || !std::all_of(name.begin(), name.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        })) {
+      return absl::InvalidArgumentError(absl::StrCat("mesh axis name '", absl::CHexEscape(name.substr(0, 64)),
+                                                     "' is not 1 to 64 letters, digits, '_' or '-'"));
     }
   }
   return Mesh{std::move(dims), std::move(axis_names)};

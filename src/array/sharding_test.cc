@@ -13,6 +13,13 @@ TEST(MeshTest, ValidatesShapeAndNames) {
   EXPECT_FALSE(Mesh::Create({}).ok());
   EXPECT_FALSE(Mesh::Create({2, 0}).ok());
   EXPECT_FALSE(Mesh::Create({2, 2}, {"a", "a"}).ok());
+  // A name a collective's comma-separated axes could never name is refused.
+  for (const std::string& bad :
+       std::vector<std::string>{"a,b", std::string("a\0b", 3), " a", "a ", std::string(65, 'a')}) {
+    auto mesh = Mesh::Create({2, 2}, {"x", bad});
+    EXPECT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_TRUE(Mesh::Create({2, 2}, {"data_parallel", "stage-1"}).ok());
   EXPECT_FALSE(Mesh::Create({1000, 1000, 1000}).ok());  // a billion devices
 }
 
