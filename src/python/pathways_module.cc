@@ -458,8 +458,8 @@ PYBIND11_MODULE(_pathways, m) {
                        const std::string& text_file, const std::string& resume_from, bool recompute) {
              TrainOptions o;
              o.model = Value(TransformerPreset(model));
-             if (seq_len > 0) o.model.seq_len = seq_len;
-             if (vocab > 0) o.model.vocab = vocab;
+             if (seq_len != 0) o.model.seq_len = seq_len;  // 0: the preset's; a negative one is refused
+             if (vocab != 0) o.model.vocab = vocab;
              o.model.init_seed = static_cast<uint64_t>(seed);
              o.data_seed = static_cast<uint64_t>(seed) + 1;  // as `pathways train --seed`
              o.batch = batch;

@@ -97,6 +97,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Client& client, const T
           absl::StrCat(name, " is ", value, "; it must be between 1 and ", kMaxFactor));
     }
   }
+  if (!(o.adam.learning_rate > 0) || o.adam.learning_rate > 1) {  // NaN too
+    return absl::InvalidArgumentError(absl::StrCat("the learning rate ", o.adam.learning_rate, " is not in (0, 1]"));
+  }
   if (o.batch < 1 || o.batch % (l.data * o.microbatches) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("a batch of ", o.batch, " sequences does not split into ",
                                                    o.microbatches, " microbatches over data parallelism ", l.data,

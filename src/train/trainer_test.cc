@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "cluster/local_cluster.h"
 #include "compute/batch_prefetcher.h"
@@ -357,6 +358,22 @@ TEST_F(TrainerTest, BadOptionsFailBeforeAStepRuns) {
     t = Trainer::Create(**client, zero);
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
     EXPECT_NE(t.status().message().find("must be between 1 and"), std::string::npos) << t.status();
+  }
+  // A learning rate that is no step size, and model sizes out of range, are refused by name (an
+  // infinite rate reached the optimizer's source as `inf`; a negative vocabulary from Python was
+  // taken for the preset's).
+  for (double rate : {std::numeric_limits<double>::infinity(), std::nan(""), 0.0, -1e-3, 2.0}) {
+    TrainOptions bad = Tiny();
+    bad.adam.learning_rate = rate;
+    t = Trainer::Create(**client, bad);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << rate;
+    EXPECT_NE(t.status().message().find("learning rate"), std::string::npos) << t.status();
+  }
+  for (int64_t vocab : {int64_t{-3}, int64_t{1} << 40}) {
+    TrainOptions bad = Tiny();
+    bad.model.vocab = vocab;
+    t = Trainer::Create(**client, bad);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << vocab << ": " << t.status();
   }
 }
 

@@ -298,7 +298,7 @@ absl::StatusOr<TransformerModel> BuildTransformer(const TransformerConfig& confi
   if (!positive(c.vocab) || !positive(c.d_model) || !positive(c.heads) || !positive(c.layers) ||
       !positive(c.mlp_hidden) || !positive(c.seq_len) || !positive(l.data) || !positive(l.tensor) ||
       !positive(l.stages) || !positive(microbatch)) {
-    return absl::InvalidArgumentError(absl::StrCat("model sizes and parallelism must be positive (", c.ToString(),
+    return absl::InvalidArgumentError(absl::StrCat("model sizes and parallelism must be 1 to 2^20 (", c.ToString(),
                                                    "; data ", l.data, ", tensor ", l.tensor, ", stages ", l.stages,
                                                    ", microbatch ", microbatch, ")"));
   }

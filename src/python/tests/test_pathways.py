@@ -430,6 +430,17 @@ def test_a_trainer_refuses_to_step_once_its_client_is_closed(cluster):
         trainer.step()
 
 
+def test_a_trainer_refuses_bad_sizes_and_rates_by_name(client):
+    # A negative size is refused, not taken for the preset's; a rate that is no step size is
+    # refused before it reaches the optimizer's source.
+    for kwargs in [dict(vocab=-3), dict(seq_len=-1)]:
+        with pytest.raises(pathways.InvalidArgumentError, match="vocabulary of 2 to|must be 1 to 2"):
+            pathways.Trainer(client, batch=8, **kwargs)
+    for rate in [float("inf"), float("nan"), 0.0]:
+        with pytest.raises(pathways.InvalidArgumentError, match="learning rate"):
+            pathways.Trainer(client, batch=8, learning_rate=rate)
+
+
 # The checks every cluster must pass (checks.py), here on an embedded one.
 
 @pytest.mark.parametrize("check", checks.ON_EVERY_CLUSTER, ids=lambda c: c.__name__)
