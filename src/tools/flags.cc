@@ -30,18 +30,20 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, const std::vector<std:
       flags.values_[name] = "true";
       continue;
     }
-    size_t eq = name.find('=');
+    const size_t eq = name.find('=');
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
     }
+    // Named before its value is looked for: `--help` or a misspelt last flag is unknown, not short
+    // of a value.
     if (std::find(known.begin(), known.end(), name) == known.end()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "; known: --",
                                                      absl::StrJoin(known, ", --")));
+    }
+    if (eq == std::string::npos) {
+      if (i + 1 == argc) return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+      value = argv[++i];
     }
     flags.values_[name] = value;
   }

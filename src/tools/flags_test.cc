@@ -60,6 +60,17 @@ TEST(FlagsTest, SwitchesTakeNoValue) {
   EXPECT_EQ(*f->GetInt("hosts", 0), 2);
 }
 
+// A last flag with no value is named as unknown when it is (`--help`, a misspelling), and as short
+// of a value only when it is known.
+TEST(FlagsTest, AnUnknownLastFlagIsUnknownRatherThanShortOfAValue) {
+  const char* help[] = {"--hosts", "2", "--help"};
+  auto f = Flags::Parse(3, const_cast<char**>(help), {"hosts"});
+  EXPECT_NE(f.status().message().find("unknown flag --help; known: --hosts"), std::string::npos) << f.status();
+  const char* short_of[] = {"--hosts"};
+  f = Flags::Parse(1, const_cast<char**>(short_of), {"hosts"});
+  EXPECT_NE(f.status().message().find("flag --hosts needs a value"), std::string::npos) << f.status();
+}
+
 TEST(FlagsTest, AddressesAreRangeChecked) {
   const char* argv[] = {"--listen", "127.0.0.1:70000", "--a", "[::1]:80", "--b", "::1:80", "--c", "h:0", "--d", "h:x"};
   auto f = Flags::Parse(10, const_cast<char**>(argv), {"listen", "a", "b", "c", "d"});
