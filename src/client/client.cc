@@ -62,8 +62,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& contr
   PW_RETURN_IF_ERROR(CheckTokenCanTravel(
       TokenOr(options.token), options.token.has_value() ? "the client's options" : "the process (SetCallToken or PATHWAYS_TOKEN)"));
   auto core = std::make_shared<ClientCore>(controller_address, options);
-  PW_RETURN_IF_ERROR(core->StartLease());
-  PW_RETURN_IF_ERROR(core->controller().GetStatus().status());
+  // A server that answers but knows no controller's methods (a worker's port, say) is named as such.
+  auto named = [&](absl::Status s) {
+    if (!absl::IsUnimplemented(s)) return s;
+    return absl::UnimplementedError(absl::StrCat(controller_address, " is not a controller (it does not serve ",
+                                                 "the controller's methods", s.message().empty() ? "" : ": ",
+                                                 s.message(), "); a worker's address, perhaps?"));
+  };
+  PW_RETURN_IF_ERROR(named(core->StartLease()));
+  PW_RETURN_IF_ERROR(named(core->controller().GetStatus().status()));
   return std::unique_ptr<Client>(new Client(std::move(core)));
 }
 

@@ -164,6 +164,11 @@ def test_a_process_without_the_token_is_unauthenticated(processes):
     assert "unauthenticated: 16" in out.stdout, out.stdout + out.stderr
 
 
+def test_connecting_to_a_workers_address_says_it_is_not_a_controller(processes):
+    with pytest.raises(pathways.UnimplementedError, match="is not a controller"):
+        pathways.connect(processes.worker_addresses[0], token=TOKEN)
+
+
 def test_a_token_given_to_connect_is_the_one_shown(processes, tmp_path):
     # The argument wins over a wrong PATHWAYS_TOKEN: the client puts, runs a function and fetches;
     # beside it, a client given a wrong token is refused, and one that gRPC could not carry is bad
