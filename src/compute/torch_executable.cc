@@ -73,6 +73,9 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
     // inputs must not be inference tensors, which autograd cannot record.
     c10::optional<c10::InferenceMode> inference;
     if (!differentiates()) inference.emplace();
+    // Whatever the body does with grad mode (torch.set_grad_enabled) ends with it: the device
+    // thread runs the next body, another tenant's perhaps, as it was.
+    const at::AutoGradMode grad_mode(at::GradMode::is_enabled());
     // A kept graph views its inputs: one that is also an output (donated in place) would be
     // written over under it, and a handle's graph holding its own buffer would never be freed.
     if (keeps_input_views()) {
@@ -203,22 +206,38 @@ class ScriptExecutable : public TorchExecutable {
 };
 
 // Why a tenant's function may not call op `kind`; empty when it may. Functions run inside a worker
-// that other tenants share, and the TorchScript interpreter is no sandbox: an op that indexes,
-// views or builds storage without checking (a sparse tensor's indices are not checked against its
-// size when it is made densely), or that opens files, would let one tenant write over the
-// worker's memory or read the host's files. (Source reaches aten ops as `torch.*` and ours as
-// `pathways.*` only; ops of other namespaces are refused should that change.)
+// that other tenants share, and the TorchScript interpreter is no sandbox: many of libtorch's
+// internal ops index, view or build storage without checking what they are given (the backward
+// kernels, `native_` and `_`-prefixed helpers: an index of 2^40 into
+// max_pool2d_with_indices_backward or _cummax_helper writes wherever it points), and a few open
+// files. Those would let one tenant write over the worker's memory or read the host's files, so a
+// function may call only the public forward ops (aten's names without a leading `_`, besides the
+// `__dunder__` operators and `_set_item`, which the compiler emits for `l[i] = v`) less those
+// below, prim's control flow, and the pathways ops. Gradients are autograd's, not the body's.
+// (Source reaches aten ops as `torch.*` and ours as `pathways.*` only; ops of other namespaces
+// are refused should that change.)
 std::string RefusedOp(c10::Symbol kind) {
   const std::string ns = kind.ns().toUnqualString();
   const std::string op = kind.toUnqualString();
-  if (ns == "prim") return absl::StrContains(op, "rpc") ? "it calls other processes" : "";
+  constexpr char kUnchecked[] = "it can reach memory outside its tensors (unchecked indices or sizes)";
   if (ns == "pathways") return "";
+  if (ns == "prim") {
+    if (absl::StrContains(op, "rpc")) return "it calls other processes";
+    if (op == "Print") return "it writes to the worker's log; a function's output is what it returns";
+    return "";
+  }
   if (ns != "aten") return "a function may call aten, prim and pathways ops only";
   if (op == "from_file" || op == "save") return "it reads or writes files on the worker's host";
-  for (absl::string_view unchecked : {"unsafe", "sparse", "nested", "_reshape_alias"}) {
-    if (absl::StrContains(op, unchecked)) return "it can reach memory outside its tensors (unchecked indices or sizes)";
+  if (op == "manual_seed" || op == "seed") {
+    return "it reseeds the generator every tenant of the worker shares (pathways.uniform and pathways.normal are "
+           "counter-based, the caller's own)";
   }
-  if (op == "set_") return "it can reach memory outside its tensors (unchecked indices or sizes)";
+  if (op == "unsafe_split" || op == "unsafe_chunk" || op == "unsafe_split_with_sizes" || op == "_set_item") return "";
+  if ((absl::StartsWith(op, "_") && !absl::StartsWith(op, "__")) || absl::StartsWith(op, "native_") ||
+      absl::StrContains(op, "backward") || absl::StrContains(op, "unsafe") || absl::StrContains(op, "sparse") ||
+      absl::StrContains(op, "nested") || op == "set_" || op == "segment_reduce") {
+    return kUnchecked;
+  }
   return "";
 }
 

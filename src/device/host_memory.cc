@@ -80,7 +80,7 @@ char* HostMemory::Allocate(size_t bytes) {
   if (bytes < kCachedMinBytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
     char* data = static_cast<char*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
-    if (data != nullptr && owner != 0) std::memset(data, 0, bytes);  // malloc's: anyone's
+    if (data != nullptr && owner != 0) std::memset(data, 0, rounded);  // malloc's: anyone's
     return data;
   }
   const size_t size = Rounded(bytes);
@@ -114,7 +114,8 @@ char* HostMemory::Allocate(size_t bytes) {
     }
   }
   if (hit != nullptr) {
-    if (clear) std::memset(hit, 0, bytes);
+    // All of it: an owner that reuses the block for more of the same rounded size sees its tail.
+    if (clear) std::memset(hit, 0, size);
     return hit;
   }
   void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -118,6 +118,26 @@ TEST_F(HostMemoryTest, AnOwnerNeverSeesWhatAnotherLeftInTheMemoryItGets) {
       HostMemory::Free(s);
     }
   }
+  // All of a reused block is zeroed, not only what was asked: an owner that takes it again for
+  // more of the same rounded size (no zeroing: its own) must not find the other's tail there.
+  {
+    constexpr size_t kRounded = 18 << 16;
+    char* theirs;
+    {
+      HostMemory::Owner tenant_b(2);
+      theirs = HostMemory::Allocate(kRounded);
+      std::memset(theirs, 0x6b, kRounded);
+      HostMemory::Free(theirs);
+    }
+    HostMemory::Owner tenant_a(1);
+    char* small = HostMemory::Allocate(kRounded - (1 << 16) + 1);
+    ASSERT_EQ(small, theirs);
+    HostMemory::Free(small);
+    char* whole = HostMemory::Allocate(kRounded);
+    ASSERT_EQ(whole, theirs);
+    EXPECT_TRUE(AllZero(whole, kRounded));
+    HostMemory::Free(whole);
+  }
   // Without an owner (buffers written whole before they are read) nothing is zeroed.
   char* plain = HostMemory::Allocate(kLarge);
   EXPECT_EQ(plain, a2) << "the most recently freed";
