@@ -101,6 +101,11 @@ TEST_F(ExecutableTest, OpsThatReachOutsideTheirTensorsOrOpenFilesAreRefused) {
        "    return torch.native_batch_norm(torch.zeros(1, 8, 1), None, None, b[0:1], b[8:9], False, 0.1, 0.0)[0]\n"},
       {"aten::manual_seed", "def f(x):\n    torch.manual_seed(0)\n    return x\n"},
       {"prim::Print", "def f(x):\n    print(x)\n    return x\n"},
+      // Public ops with unchecked arguments (a sweep crashed each with hostile ones).
+      {"aten::as_strided", "def f(x):\n    return torch.as_strided(x, [4], [1], 4611686018427387900)\n"},
+      {"aten::lu_unpack", "def f(x):\n    return torch.lu_unpack(x.reshape(2, 2), x[0:0].int())[0].flatten()\n"},
+      {"aten::searchsorted",
+       "def f(x):\n    return torch.searchsorted(x, x, sorter=torch.tensor([1000000000, 0, 1, 2])).float()\n"},
   };
   for (const auto& c : refused) {
     FunctionBody body{FunctionBody::Kind::kTorchScript, "f", c.source};
@@ -115,7 +120,7 @@ TEST_F(ExecutableTest, OpsThatReachOutsideTheirTensorsOrOpenFilesAreRefused) {
   auto fine = cache_.Compile(
       {FunctionBody::Kind::kTorchScript, "f",
        "def g(x):\n    return x.reshape(2, 2)[1:].view(-1)\n"
-       "def f(x):\n    y = torch.as_strided(x, [2], [2]).index_select(0, torch.tensor([1]))\n"
+       "def f(x):\n    y = torch.searchsorted(x, x).float().index_select(0, torch.tensor([1]))\n"
        "    a, b = torch.unsafe_split(x, 2)\n    l = [a]\n    l[0] = b\n"
        "    return pathways.all_reduce(g(x), 'x').sum() + y.sum() + torch.empty(3).zero_().sum() + l[0].sum()\n"});
   EXPECT_TRUE(fine.ok()) << fine.status();

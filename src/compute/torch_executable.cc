@@ -15,6 +15,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -216,6 +217,29 @@ class ScriptExecutable : public TorchExecutable {
 // below, prim's control flow, and the pathways ops. Gradients are autograd's, not the body's.
 // (Source reaches aten ops as `torch.*` and ours as `pathways.*` only; ops of other namespaces
 // are refused should that change.)
+// Public ops of libtorch 1.13 that a sweep of hostile arguments (2026-12-07) found writing,
+// reading or crashing out of bounds on CPU: as_strided* (an offset near 2^62 overflows the bounds
+// check), linalg_ldl_solve and lu_unpack (pivots), batch_norm_update_stats and rrelu_with_noise
+// (short running stats or noise), fractional_max_pool* (samples), ctc_loss (labels), the linear
+// upsamplers (tiny scales), slow_conv* (a kernel size that is not the weight's), multi_margin_loss
+// (a short weight), pixel_shuffle (an overflowing factor), grid_sampler* (a mode out of range
+// returns memory never written). searchsorted is refused only with a `sorter` (CheckOps).
+bool UncheckedPublic(const std::string& op) {
+  static const auto* ops = new absl::flat_hash_set<std::string>{"linalg_ldl_solve",
+                                                                "lu_unpack",
+                                                                "batch_norm_update_stats",
+                                                                "rrelu_with_noise",
+                                                                "ctc_loss",
+                                                                "upsample_linear1d",
+                                                                "upsample_bilinear2d",
+                                                                "upsample_trilinear3d",
+                                                                "multi_margin_loss",
+                                                                "pixel_shuffle",
+                                                                "set_",
+                                                                "segment_reduce"};
+  return ops->contains(op);
+}
+
 std::string RefusedOp(c10::Symbol kind) {
   const std::string ns = kind.ns().toUnqualString();
   const std::string op = kind.toUnqualString();
@@ -235,7 +259,8 @@ std::string RefusedOp(c10::Symbol kind) {
   if (op == "unsafe_split" || op == "unsafe_chunk" || op == "unsafe_split_with_sizes" || op == "_set_item") return "";
   if ((absl::StartsWith(op, "_") && !absl::StartsWith(op, "__")) || absl::StartsWith(op, "native_") ||
       absl::StrContains(op, "backward") || absl::StrContains(op, "unsafe") || absl::StrContains(op, "sparse") ||
-      absl::StrContains(op, "nested") || op == "set_" || op == "segment_reduce") {
+      absl::StrContains(op, "nested") || absl::StartsWith(op, "slow_conv") || absl::StartsWith(op, "as_strided") ||
+      absl::StartsWith(op, "fractional_max_pool") || absl::StartsWith(op, "grid_sampler") || UncheckedPublic(op)) {
     return kUnchecked;
   }
   return "";
@@ -246,7 +271,16 @@ std::string RefusedOp(c10::Symbol kind) {
 absl::Status CheckOps(const torch::jit::CompilationUnit& unit, const std::string& name) {
   std::function<absl::Status(const torch::jit::Block&)> check = [&](const torch::jit::Block& block) -> absl::Status {
     for (const torch::jit::Node* node : block.nodes()) {
-      if (std::string why = RefusedOp(node->kind()); !why.empty()) {
+      std::string why = RefusedOp(node->kind());
+      if (why.empty() && node->kind() == c10::Symbol::fromQualString("aten::searchsorted")) {
+        // A `sorter` is not checked against the sequence: its indices are followed as they are.
+        const c10::FunctionSchema* schema = node->maybeSchema();
+        const auto sorter = schema != nullptr ? schema->argumentIndexWithName("sorter") : c10::nullopt;
+        if (sorter.has_value() && *sorter < node->inputs().size() && !node->input(*sorter)->mustBeNone()) {
+          why = "with a sorter it can reach memory outside its tensors (the sorter's indices are not checked)";
+        }
+      }
+      if (!why.empty()) {
         std::string where;
         if (auto at = node->sourceRange().file_line_col()) {
           where = absl::StrCat(" (", std::get<0>(*at), ":", std::get<1>(*at), ")");
