@@ -206,24 +206,14 @@ class ScriptExecutable : public TorchExecutable {
   torch::jit::Function* function_;
 };
 
-// Why a tenant's function may not call op `kind`; empty when it may. Functions run inside a worker
-// that other tenants share, and the TorchScript interpreter is no sandbox: many of libtorch's
-// internal ops index, view or build storage without checking what they are given (the backward
-// kernels, `native_` and `_`-prefixed helpers: an index of 2^40 into
-// max_pool2d_with_indices_backward or _cummax_helper writes wherever it points), and a few open
-// files. Those would let one tenant write over the worker's memory or read the host's files, so a
-// function may call only the public forward ops (aten's names without a leading `_`, besides the
-// `__dunder__` operators and `_set_item`, which the compiler emits for `l[i] = v`) less those
-// below, prim's control flow, and the pathways ops. Gradients are autograd's, not the body's.
-// (Source reaches aten ops as `torch.*` and ours as `pathways.*` only; ops of other namespaces
-// are refused should that change.)
 // Public ops of libtorch 1.13 that a sweep of hostile arguments (2026-12-07) found writing,
 // reading or crashing out of bounds on CPU: as_strided* (an offset near 2^62 overflows the bounds
 // check), linalg_ldl_solve and lu_unpack (pivots), batch_norm_update_stats and rrelu_with_noise
 // (short running stats or noise), fractional_max_pool* (samples), ctc_loss (labels), the linear
 // upsamplers (tiny scales), slow_conv* (a kernel size that is not the weight's), multi_margin_loss
 // (a short weight), pixel_shuffle (an overflowing factor), grid_sampler* (a mode out of range
-// returns memory never written). searchsorted is refused only with a `sorter` (CheckOps).
+// returns memory never written); and set_ (a storage at any offset) and segment_reduce (an `unsafe`
+// flag). searchsorted is refused only with a `sorter` (CheckOps).
 bool UncheckedPublic(const std::string& op) {
   static const auto* ops = new absl::flat_hash_set<std::string>{"linalg_ldl_solve",
                                                                 "lu_unpack",
@@ -240,6 +230,17 @@ bool UncheckedPublic(const std::string& op) {
   return ops->contains(op);
 }
 
+// Why a tenant's function may not call op `kind`; empty when it may. Functions run inside a worker
+// that other tenants share, and the TorchScript interpreter is no sandbox: many of libtorch's
+// internal ops index, view or build storage without checking what they are given (the backward
+// kernels, `native_` and `_`-prefixed helpers: an index of 2^40 into
+// max_pool2d_with_indices_backward or _cummax_helper writes wherever it points), and a few open
+// files. Those would let one tenant write over the worker's memory or read the host's files, so a
+// function may call only the public forward ops (aten's names without a leading `_`, besides the
+// `__dunder__` operators and `_set_item`, which the compiler emits for `l[i] = v`) less the
+// kinds below and UncheckedPublic's, prim's control flow, and the pathways ops. Gradients are autograd's, not the
+// body's. (Source reaches aten ops as `torch.*` and ours as `pathways.*` only; ops of other namespaces are refused
+// should that change.)
 std::string RefusedOp(c10::Symbol kind) {
   const std::string ns = kind.ns().toUnqualString();
   const std::string op = kind.toUnqualString();
