@@ -187,6 +187,7 @@ class Function:
             return _trace_call(self, args, slice)
         if not args or not all(isinstance(a, Array) for a in args):
             raise InvalidArgumentError(f"function '{self.__name__}' takes pathways Arrays (use client.put)")
+        _check_slice(slice, f"function '{self.__name__}'")
         client = args[0]._native.client
         mesh = slice if slice is not None else Slice(args[0]._native.slice)
         compiled = self._compile(client, [a._native.spec for a in args], mesh)
@@ -200,6 +201,11 @@ class Function:
 
     def _keeps_residuals(self) -> bool:
         return self._vjp_of is not None and self._vjp_of[3]
+
+
+def _check_slice(slice: Any, what: str) -> None:
+    if slice is not None and not isinstance(slice, Slice):
+        raise InvalidArgumentError(f"{what} runs on a Slice (client.slice), not {type(slice).__name__}")
 
 
 class Residuals:
@@ -217,6 +223,8 @@ class Residuals:
 
     def backward(self, *cotangents: Any) -> Any:
         """The cotangents of the differentiated inputs, one array each (a single array for one)."""
+        if not isinstance(self.handle, _Traced) and not all(isinstance(c, Array) for c in cotangents):
+            raise InvalidArgumentError("backward takes pathways Arrays (use client.put)")
         natives = [self.handle._native] + [c._native for c in cotangents]
         if isinstance(self.handle, _Traced):
             state = _BUILDER.get()
@@ -224,8 +232,6 @@ class Residuals:
                 raise FailedPreconditionError("traced residuals are used only inside the @pathways.program being traced")
             values = tuple(_Traced(o, self._slice) for o in state[0].call(self._backward, self._slice._native, natives))
         else:
-            if not all(isinstance(c, Array) for c in cotangents):
-                raise InvalidArgumentError("backward takes pathways Arrays (use client.put)")
             client = self.handle._native.client
             values = tuple(Array(o) for o in client.call(self._backward, self._slice._native, natives))
         return values[0] if len(values) == 1 else values
@@ -273,6 +279,7 @@ def grad(f: Function, argnums: Optional[Sequence[int]] = None) -> Callable[..., 
     def gradient(*args: Array, slice: Optional[Slice] = None) -> Any:
         if not args or not all(isinstance(a, Array) for a in args):
             raise InvalidArgumentError(f"grad of '{f.__name__}' takes pathways Arrays")
+        _check_slice(slice, f"grad of '{f.__name__}'")
         mesh = slice if slice is not None else Slice(args[0]._native.slice)
         one = Client(args[0]._native.client).put(torch.ones(()), mesh)  # the output's cotangent
         return g(*args, one, slice=mesh)

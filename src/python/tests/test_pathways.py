@@ -140,6 +140,13 @@ def test_vjp_keeping_residuals_matches_the_recomputing_one(client):
     assert "vjp_forward(layer)" in step.ir() and "vjp_backward(layer)" in step.ir()
     with pytest.raises(pathways.InvalidArgumentError, match="drop with_outputs"):
         pathways.vjp(layer, with_outputs=True, keep_residuals=True)
+    # The package's own errors for arguments of the wrong kind, not AttributeError.
+    with pytest.raises(pathways.InvalidArgumentError, match="backward takes pathways Arrays"):
+        residuals.backward(dy)
+    with pytest.raises(pathways.InvalidArgumentError, match="runs on a Slice"):
+        layer(fx, fw, slice="x")
+    with pytest.raises(pathways.InvalidArgumentError, match="runs on a Slice"):
+        pathways.grad(layer)(fx, fw, slice=3)
 
     # A handle put from the client carries no residuals: the backward half says so.
     fake = pathways.Residuals(client.put(torch.tensor(8), mesh), residuals._backward, mesh)
