@@ -4,7 +4,7 @@
 #include <numeric>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
+#include "client/client_test_fixture.h"
 #include "client/program.h"
 #include "cluster/local_cluster.h"
 #include "compute/counter_rng.h"
@@ -12,42 +12,6 @@
 
 namespace pathways {
 namespace {
-
-HostArray Iota(Shape shape, float scale = 1.0f) {
-  HostArray a = *HostArray::Create(DType::kF32, std::move(shape));
-  for (int64_t i = 0; i < a.num_elements(); ++i) a.mutable_data<float>()[i] = scale * static_cast<float>(i % 13) - 3.0f;
-  return a;
-}
-
-std::vector<float> Values(const HostArray& a) {
-  return std::vector<float>(a.data<float>(), a.data<float>() + a.num_elements());
-}
-
-class ClientTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    // Two islands of one host with four devices each: small, but every path (same device, same
-    // host, another host, another island) is exercised.
-    cluster_ = LocalCluster::Start({.num_islands = 2, .hosts_per_island = 1, .devices_per_host = 4,
-                                    .device_memory_bytes = 64 << 20})
-                   ->release();
-  }
-  static void TearDownTestSuite() { delete cluster_; }
-
-  void SetUp() override {
-    auto client = cluster_->Connect();
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
-    slice8_ = *client_->CreateSlice({.mesh_shape = {2, 4}, .span_islands = true});
-    island0_ = *client_->CreateSlice({.mesh_shape = {4}, .island = 0});
-    island1_ = *client_->CreateSlice({.mesh_shape = {4}, .island = 1});
-  }
-
-  static LocalCluster* cluster_;
-  std::unique_ptr<Client> client_;
-  VirtualSlice slice8_, island0_, island1_;
-};
-LocalCluster* ClientTest::cluster_ = nullptr;
 
 TEST_F(ClientTest, SliceOfEightSpansBothHosts) {
   EXPECT_EQ(slice8_.num_devices(), 8);
@@ -417,12 +381,6 @@ TEST_F(ClientTest, PingPongProgramAcrossHostsManyRuns) {
   cluster_->worker(1).runtime().TEST_DelayRunOps(absl::ZeroDuration());
 }
 
-int Count(const std::string& haystack, const std::string& needle) {
-  int n = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
-  return n;
-}
-
 // A chain whose first node fails fails every later node with that cause, named once: each node
 // down the chain does not name its own failed input again.
 TEST_F(ClientTest, AFailureAtTheHeadOfAChainIsToldOnceAtItsEnd) {
@@ -470,67 +428,6 @@ TEST_F(ClientTest, ConcurrentRunsFromSeveralThreads) {
   }
   for (auto& t : threads) t.join();
   for (float r : results) EXPECT_EQ(r, 30.0f);
-}
-
-TEST_F(ClientTest, TraceShowsEachShardOfEachComputationForItsClientOnly) {
-  const absl::Time start = absl::Now();
-  const TensorSpec spec{DType::kF32, {8}};
-  auto traced_fn = *client_->Compile(FunctionSpec::Builtin("negate", {spec}, {spec}, {{"x"}}, {{"x"}}));
-  ShardedArray x = *client_->Put(*HostArray::Create(DType::kF32, {8}), slice8_, {"x"});
-  for (int i = 0; i < 3; ++i) x = (*client_->Call(traced_fn, slice8_, {x}))[0];
-  ASSERT_TRUE(client_->Ready(x).Await().ok());
-  auto json = client_->TraceJson(start);
-  ASSERT_TRUE(json.ok()) << json.status();
-  EXPECT_EQ(Count(*json, R"("ph":"X","name":"negate")"), 3 * 8) << *json;  // 3 calls x 8 shards
-  EXPECT_NE(json->find(R"("name":"process_name")"), std::string::npos);
-  EXPECT_NE(json->find(client_->id()), std::string::npos);
-  auto other = *cluster_->Connect();
-  auto theirs = other->TraceJson(start);
-  ASSERT_TRUE(theirs.ok());
-  EXPECT_EQ(Count(*theirs, R"("ph":"X")"), 0);  // another tenant sees none of it
-}
-
-TEST_F(ClientTest, ClientsCannotUseEachOthersHandles) {
-  auto other = *cluster_->Connect();
-  auto mine = *client_->Put(Iota({4}), island0_);
-  auto fn = *other->Compile(FunctionSpec::Builtin("negate", {{DType::kF32, {4}}}, {{DType::kF32, {4}}}));
-  auto their_slice = *other->CreateSlice({.mesh_shape = {4}});
-  EXPECT_EQ(other->Call(fn, their_slice, {mine}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(other->Put(Iota({4}), island0_).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(other->Fetch(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(other->Ready(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(other->Enqueued(mine).Await().status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client_->Fetch(ShardedArray()).Await().status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-// A client's function that reads memory it never wrote (torch.empty) finds zeros, never what
-// another client's work left there: at sizes the system allocator serves and at sizes the device
-// memory cache hands back.
-TEST_F(ClientTest, AFunctionNeverSeesWhatAnotherClientLeftInTheDevicesMemory) {
-  auto other = *cluster_->Connect();
-  auto other_slice = *other->CreateSlice({.mesh_shape = {4}, .island = 0});
-  for (int64_t n : {int64_t{1024}, int64_t{65536}, int64_t{1} << 20}) {
-    const TensorSpec spec{DType::kF32, {n}};
-    HostArray secret = *HostArray::Create(DType::kF32, {n});
-    for (int64_t i = 0; i < n; ++i) secret.mutable_data<float>()[i] = 12345.0f;
-    auto x = *client_->Put(secret, island0_);
-    auto twice = *client_->Compile(FunctionSpec::Script(
-        "twice", "def twice(x):\n    y = x * 2.0\n    return y * 0.5 + y * 0.0\n", {spec}, {spec}));
-    auto out = client_->Call(twice, island0_, {x});
-    ASSERT_TRUE(out.ok()) << out.status();
-    ASSERT_TRUE(client_->Fetch((*out)[0]).Await().ok());
-
-    auto seed = *other->Put(*HostArray::Create(DType::kF32, {n}), other_slice);
-    auto peek = *other->Compile(FunctionSpec::Script(
-        "peek", absl::StrCat("def peek(x):\n    return torch.empty(", n, ") + x * 0.0\n"), {spec}, {spec}));
-    auto seen = other->Call(peek, other_slice, {seed});
-    ASSERT_TRUE(seen.ok()) << seen.status();
-    auto got = other->Fetch((*seen)[0]).Await();
-    ASSERT_TRUE(got.ok()) << got.status();
-    int64_t nonzero = 0;
-    for (int64_t i = 0; i < n; ++i) nonzero += got->data<float>()[i] != 0.0f;
-    EXPECT_EQ(nonzero, 0) << n << " elements";
-  }
 }
 
 TEST_F(ClientTest, EnqueuedCompletesOnceTheRunIsOnItsHosts) {
