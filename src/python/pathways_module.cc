@@ -50,32 +50,31 @@ void Check(const absl::Status& s) {
 // stays parked instead, and the process exits around it.
 // The result is moved out of the future when the caller kept no copy (a fetched array is not
 // copied again).
+void RetakeGil(PyThreadState* state) {
+  if (_Py_IsFinalizing()) {
+    for (;;) absl::SleepFor(absl::Hours(1));
+  }
+  PyEval_RestoreThread(state);
+}
+
 template <typename T>
 T Wait(Future<T> future) {
   while (true) {
     PyThreadState* state = PyEval_SaveThread();
     const bool ready = future.WaitFor(absl::Milliseconds(100));
-    if (_Py_IsFinalizing()) {
-      for (;;) absl::SleepFor(absl::Hours(1));
-    }
-    PyEval_RestoreThread(state);
+    RetakeGil(state);
     if (ready) return Value(std::move(future).Take());
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
 }
 
-// Runs `fn` with the GIL released and takes it back by hand, as Wait does: a daemon thread whose
-// call returns while the interpreter shuts down stays parked rather than be ended by a forced
-// unwind through gil_scoped_release's destructor (which aborted the process at exit).
+// Runs `fn` with the GIL released and takes it back by hand (RetakeGil), as Wait does: a daemon
+// thread whose call returns while the interpreter shuts down stays parked rather than be ended by
+// a forced unwind through gil_scoped_release's destructor (which aborted the process at exit).
 template <typename F>
 auto WithoutGil(F&& fn) -> decltype(fn()) {
   PyThreadState* state = PyEval_SaveThread();
-  auto retake = [state] {
-    if (_Py_IsFinalizing()) {
-      for (;;) absl::SleepFor(absl::Hours(1));
-    }
-    PyEval_RestoreThread(state);
-  };
+  auto retake = [state] { RetakeGil(state); };
   if constexpr (std::is_void_v<decltype(fn())>) {
     try {
       fn();
