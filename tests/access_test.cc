@@ -218,6 +218,43 @@ TEST_F(MultiProcessTest, ATenantCannotReachAnotherTenantsDataOrLease) {
   ASSERT_TRUE(z.ok()) << z.status();
 }
 
+// What a tenant's function may call is its workers' to say: the fixture's workers allow the vetted
+// ops only, so a function calling another public op is refused at Compile, naming it (a function
+// compiles on every live worker); a cluster whose worker runs `--function-ops public` runs it.
+TEST_F(MultiProcessTest, WhatAFunctionMayCallIsItsWorkersToSay) {
+  const TensorSpec row{DType::kF32, {3}};
+  const FunctionSpec windowed = FunctionSpec::Script(
+      "windowed", "def windowed(x):\n    return x + torch.kaiser_window(3, False)\n", {row}, {row});
+  auto refused = client_->Compile(windowed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("aten::kaiser_window"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("--function-ops public"), std::string::npos) << refused.status();
+
+  Subprocess controller, open;
+  ASSERT_TRUE(controller.Start({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0"}).ok());
+  auto line = controller.WaitForLine("listening on", kStartTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = line->substr(line->rfind(' ') + 1);
+  ASSERT_TRUE(
+      open.Start({PATHWAYS_BINARY, "worker", "--controller", address, "--devices", "1", "--function-ops", "public"})
+          .ok());
+  ASSERT_TRUE(open.WaitForLine("serving", kStartTimeout).ok());
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto fn = (*client)->Compile(windowed);
+  ASSERT_TRUE(fn.ok()) << fn.status();
+  VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {1}});
+  ShardedArray x = *(*client)->Put(Pattern({3}, 0.0f), slice, {});
+  auto y = (*client)->Fetch((*(*client)->Call(*fn, slice, {x}))[0]).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_NEAR(y->data<float>()[1], 1.0f, 1e-6);
+  EXPECT_NEAR(y->data<float>()[0], 0.0f, 1e-3);
+  client->reset();
+  EXPECT_EQ(open.Stop(SIGTERM) & 0x7f, 0);
+  EXPECT_EQ(controller.Stop(SIGTERM) & 0x7f, 0);
+}
+
 // TLS: a controller and worker serving with a certificate; status and a client job that trust its
 // CA work, one that does not cannot connect.
 TEST_F(MultiProcessTest, ClustersServeTlsWhenGivenACertificate) {

@@ -196,6 +196,7 @@ TEST(SimulatedDevicesTest, BadWorkerFlagsAreNamed) {
       {{"--device-kind", "sim", "--sim-cost-us", "add_one"}, "NAME=MICROSECONDS"},
       {{"--sim-cost-us", "*=5"}, "simulated devices only"},
       {{"--hosts", "0"}, "--hosts must be between"},
+      {{"--function-ops", "all"}, "unknown function ops 'all'; known: vetted (the default), public"},
       {{"--hosts", "2", "--listen", "127.0.0.1:45678"}, "port 0"},
       // A computation's time includes its collective and memory waits (30 s and 10 s by default).
       {{"--computation-timeout-ms", "5000"}, "more than --collective-timeout-ms plus --memory-wait-ms (40000)"},

@@ -6,17 +6,18 @@
 
 namespace pathways {
 
-absl::StatusOr<DeviceBackend> DeviceBackend::Create(const std::string& kind, const std::string& cost_text) {
+absl::StatusOr<DeviceBackend> DeviceBackend::Create(const std::string& kind, const std::string& cost_text,
+                                                    FunctionOps ops) {
   if (kind == "cpu") {
     if (!cost_text.empty()) {
       return absl::InvalidArgumentError("modelled kernel costs apply to simulated devices only (device kind sim)");
     }
-    return DeviceBackend();
+    return DeviceBackend(nullptr, ops);
   }
   if (kind == "sim") {
     auto costs = ParseCostModel(cost_text);
     if (!costs.ok()) return costs.status();
-    return DeviceBackend(std::make_shared<const CostModel>(*std::move(costs)));
+    return DeviceBackend(std::make_shared<const CostModel>(*std::move(costs)), ops);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown device kind '", kind, "'; known: cpu, sim"));
 }
@@ -30,7 +31,7 @@ std::unique_ptr<Device> DeviceBackend::MakeDevice(int local_index, int64_t memor
 }
 
 Compiler DeviceBackend::compiler() const {
-  if (costs_ == nullptr) return CompileForCpu;
+  if (costs_ == nullptr) return [ops = ops_](const FunctionBody& body) { return CompileForCpu(body, ops); };
   return [costs = costs_](const FunctionBody& body) { return CompileModelled(body, costs); };
 }
 

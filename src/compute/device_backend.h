@@ -19,8 +19,10 @@ class DeviceBackend {
   // "cpu": libtorch kernels on CpuDevice streams. "sim": SimulatedDevice streams whose kernels
   // take the durations `cost_text` gives (ParseCostModel's form; compute/modelled_executable.h).
   // InvalidArgument naming the kinds there are, or the bad cost entry; costs given for "cpu" are
-  // an error too.
-  static absl::StatusOr<DeviceBackend> Create(const std::string& kind, const std::string& cost_text = "");
+  // an error too. TorchScript bodies may call the ops `ops` allows (compute/function_ops.h;
+  // simulated devices run no body's ops).
+  static absl::StatusOr<DeviceBackend> Create(const std::string& kind, const std::string& cost_text = "",
+                                              FunctionOps ops = FunctionOps::kVetted);
   DeviceBackend() = default;
 
   const char* kind() const { return costs_ == nullptr ? "cpu" : "sim"; }
@@ -29,8 +31,9 @@ class DeviceBackend {
   Compiler compiler() const;
 
  private:
-  explicit DeviceBackend(std::shared_ptr<const CostModel> costs) : costs_(std::move(costs)) {}
+  DeviceBackend(std::shared_ptr<const CostModel> costs, FunctionOps ops) : costs_(std::move(costs)), ops_(ops) {}
   std::shared_ptr<const CostModel> costs_;  // set for simulated devices only
+  FunctionOps ops_ = FunctionOps::kVetted;
 };
 
 }  // namespace pathways

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "compute/function_body.h"
+#include "compute/function_ops.h"
 #include "device/device.h"
 
 namespace pathways {
@@ -34,13 +35,15 @@ std::vector<std::string> BuiltinKernelNames();
 // Turns a body into an executable for one kind of device.
 using Compiler = std::function<absl::StatusOr<std::shared_ptr<const Executable>>(const FunctionBody&)>;
 
-// Compiles bodies to libtorch on CPU devices: built-in kernels and TorchScript.
-absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body);
+// Compiles bodies to libtorch on CPU devices: built-in kernels and TorchScript, whose ops `ops`
+// names (InvalidArgument naming an op it refuses, with its file and line).
+absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body,
+                                                                FunctionOps ops = FunctionOps::kVetted);
 
 // Compiles bodies once per content hash and keeps the results. Thread-safe.
 class FunctionCache {
  public:
-  explicit FunctionCache(Compiler compiler = CompileForCpu);
+  explicit FunctionCache(Compiler compiler = [](const FunctionBody& body) { return CompileForCpu(body); });
   // Compiles `body` unless a body with the same key is cached. Errors name the function, and for
   // TorchScript include the compiler's message with the offending line.
   absl::StatusOr<std::shared_ptr<const Executable>> Compile(const FunctionBody& body);

@@ -1,8 +1,11 @@
 #include "compute/executable.h"
 
+#include <torch/csrc/jit/runtime/operator.h>
+
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
 
@@ -106,6 +109,14 @@ TEST_F(ExecutableTest, OpsThatReachOutsideTheirTensorsOrOpenFilesAreRefused) {
       {"aten::lu_unpack", "def f(x):\n    return torch.lu_unpack(x.reshape(2, 2), x[0:0].int())[0].flatten()\n"},
       {"aten::searchsorted",
        "def f(x):\n    return torch.searchsorted(x, x, sorter=torch.tensor([1000000000, 0, 1, 2])).float()\n"},
+      // Ops that a later sweep found reading or writing out of bounds, and overloads of vetted ops.
+      {"aten::bincount", "def f(x):\n    return x + torch.bincount(x.long()).float().sum()\n"},
+      {"aten::median", "def f(x):\n    return torch.median(x.expand(2, 2), 0)[0]\n"},
+      {"aten::add", "def f(x):\n    y = torch.zeros(2)\n    torch.add(x, x, out=y)\n    return y\n"},
+      {"aten::sort", "def f(x):\n    l = [float(x.sum()), 1.0]\n    l.sort()\n    return x + l[0]\n"},
+      // The linear upsamplers behind the language's own operators.
+      {"aten::__upsample_bilinear",
+       "def f(x):\n    return torch.__upsample_bilinear(x.reshape(1, 1, 2, 2), [3, 3], None).flatten()\n"},
   };
   for (const auto& c : refused) {
     FunctionBody body{FunctionBody::Kind::kTorchScript, "f", c.source};
@@ -124,6 +135,43 @@ TEST_F(ExecutableTest, OpsThatReachOutsideTheirTensorsOrOpenFilesAreRefused) {
        "    a, b = torch.unsafe_split(x, 2)\n    l = [a]\n    l[0] = b\n"
        "    return pathways.all_reduce(g(x), 'x').sum() + y.sum() + torch.empty(3).zero_().sum() + l[0].sum()\n"});
   EXPECT_TRUE(fine.ok()) << fine.status();
+}
+
+// What a body may call is a list of ops vetted with hostile arguments (compute/function_ops.h);
+// a worker whose tenants trust each other may allow every public op instead.
+TEST_F(ExecutableTest, OpsNotVettedAreRefusedUnlessTheWorkerAllowsEveryPublicOp) {
+  FunctionBody body{FunctionBody::Kind::kTorchScript, "f", "def f(x):\n    return x + torch.kaiser_window(3, False)\n"};
+  body.source_file = "tenant.py";
+  auto vetted = CompileForCpu(body);
+  ASSERT_EQ(vetted.status().code(), absl::StatusCode::kInvalidArgument) << vetted.status();
+  const std::string msg(vetted.status().message());
+  EXPECT_NE(msg.find("aten::kaiser_window (tenant.py:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not among the ops vetted"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--function-ops public"), std::string::npos) << msg;
+
+  auto open = CompileForCpu(body, FunctionOps::kPublic);
+  ASSERT_TRUE(open.ok()) << open.status();
+  BufferPtr x = MakeF32({3}, {1, 1, 1});
+  BufferPtr out = *device_.Allocate(DType::kF32, {3});
+  const DeviceBuffer* ins[] = {x.get()};
+  DeviceBuffer* outs[] = {out.get()};
+  ASSERT_TRUE((*open)->Run(ins, outs).ok());
+  const std::vector<float> got = Values(*out);
+  const std::vector<float> window = {0.0f, 1.0f, 0.0f};  // a Kaiser window of 3 with beta 12: ends ~5e-5
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i], 1.0f + window[i], 1e-3) << i;
+
+  // The refusals of ops that trust their arguments hold under both.
+  auto unchecked =
+      CompileForCpu({FunctionBody::Kind::kTorchScript, "f", "def f(x):\n    return torch.as_strided(x, [4], [1], 1)\n"},
+                    FunctionOps::kPublic);
+  EXPECT_EQ(unchecked.status().code(), absl::StatusCode::kInvalidArgument) << unchecked.status();
+}
+
+// The vetted list names libtorch's ops as it spells them: each has a schema registered.
+TEST(VettedOpsTest, EveryVettedOpIsOneOfLibtorchs) {
+  for (const std::string& op : VettedOps()) {
+    EXPECT_FALSE(torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString("aten::" + op)).empty()) << op;
+  }
 }
 
 TEST_F(ExecutableTest, TypeErrorIsReported) {
@@ -159,6 +207,82 @@ TEST_F(ExecutableTest, WrongOutputShapeAndRuntimeErrorsAreStatuses) {
   s = mm->Run(mm_ins, mm_outs);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'matmul' failed at run time"), std::string::npos) << s;
+}
+
+// Arguments libtorch's kernels take on trust get a check in front of them: an integer division by
+// zero (or -2^63 by -1) of TorchScript's numbers raised SIGFPE in the worker, as did a dtype number
+// that names no dtype. Each fails its run with a Status; the values come from the input, so no
+// check can be made at compile time (a constant one is refused there).
+TEST_F(ExecutableTest, ArgumentsKernelsTakeOnTrustFailTheRunNotTheWorker) {
+  const struct {
+    const char* body;
+    const char* says;
+  } cases[] = {
+      {"    return x + (7 % n)\n", "integer division or modulo by zero"},
+      {"    return x + (7 // n)\n", "integer division or modulo by zero"},
+      {"    q, r = divmod(-9223372036854775807 - 1, n - 1)\n    return x + q\n", "-2^63 by -1"},
+      {"    return x + (-9223372036854775807 - 1) // (n - 1)\n", "-2^63 by -1"},
+      {"    return x + float(x.sum().long().item() % n)\n", "integer division or modulo by zero"},
+      {"    return x + torch.zeros(2, dtype=n + 99)\n", "dtype 99 is none of the dtypes"},
+      {"    return x + torch.zeros(2, layout=n + 5)\n", "layout 5 is not torch.strided"},
+      {"    return x.to(n + 40).float()\n", "dtype 40 is none of the dtypes"},
+      {"    return x + float(torch.gcd(-9223372036854775807 - 1, n - 1))\n", "-2^63 by -1"},
+      {"    return x + 'ab'.count('', n)\n", "an empty string cannot be counted"},
+      {"    return x + len('ab'.replace('', 'x', n - 1))\n", "an empty string cannot be counted or replaced"},
+      // Integer tensors: the lowest value by -1.
+      {"    low = torch.zeros(2).long() + (-9223372036854775807 - 1)\n"
+       "    return x + torch.floor_divide(low, torch.zeros(2).long() + (n - 1)).float()\n",
+       "integer division overflows: the lowest Long by -1"},
+      {"    low = torch.zeros(2).int() - 2147483648\n"
+       "    return x + torch.remainder(low, n - 1).float()\n",
+       "integer division overflows: the lowest Int by -1"},
+      // Ints past 32 bits (conv's groups wrapped to 0; a kernel of 2^63-1 read out of bounds).
+      {"    return x + torch.conv1d(x.reshape(1, 2, 1), torch.ones(2, 1, 1), None, [1], [0], [1], n + 4294967296)"
+       ".flatten()\n",
+       "4294967296 is past 32 bits"},
+      {"    return x + torch.max_pool1d(x.reshape(1, 2), [n + 9223372036854775807], [1], [0], [1], False).sum()\n",
+       "9223372036854775807 is past 32 bits"},
+  };
+  BufferPtr zeros = MakeF32({2}, {0, 0});
+  for (const auto& c : cases) {
+    const std::string source = absl::StrCat("def f(x):\n    n = int(x.sum())\n", c.body);
+    auto exe = cache_.Compile({FunctionBody::Kind::kTorchScript, "f", source});
+    ASSERT_TRUE(exe.ok()) << source << exe.status();
+    BufferPtr out = *device_.Allocate(DType::kF32, {2});
+    const DeviceBuffer* ins[] = {zeros.get()};
+    DeviceBuffer* outs[] = {out.get()};
+    const absl::Status ran = (*exe)->Run(ins, outs);
+    EXPECT_EQ(ran.code(), absl::StatusCode::kInvalidArgument) << source << ran;
+    EXPECT_NE(ran.message().find(c.says), std::string::npos) << source << ran;
+  }
+  // The same with a divisor that is fine runs, and a constant that no check lets through is refused
+  // at compile time, naming the op and the line.
+  auto fine = cache_.Compile({FunctionBody::Kind::kTorchScript, "f",
+                              "def f(x):\n    n = int(x.sum()) + 3\n"
+                              "    big = torch.tensor(n + 1099511627776) - 1099511627776\n"  // an int as a value
+                              "    return x + (7 // n) + (7 % n) + big.float() - 3\n"});
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  BufferPtr out = *device_.Allocate(DType::kF32, {2});
+  const DeviceBuffer* ins[] = {zeros.get()};
+  DeviceBuffer* outs[] = {out.get()};
+  ASSERT_TRUE((*fine)->Run(ins, outs).ok());
+  EXPECT_EQ(Values(*out), (std::vector<float>{3, 3}));
+  // The compiler itself runs TorchScript's ops on numbers and strings whose arguments are constants
+  // (constant propagation, while it defines the function): those now throw, which the compiler
+  // takes as "not a constant", so the run fails instead of the compile taking the worker (SIGFPE)
+  // or lasting forever.
+  for (const char* body : {"    return x + (7 % 0)\n", "    return x + 'ab'.count('')\n",
+                           "    return x + (-9223372036854775807 - 1) // -1\n"}) {
+    auto folded = cache_.Compile({FunctionBody::Kind::kTorchScript, "f", absl::StrCat("def f(x):\n", body)});
+    ASSERT_TRUE(folded.ok()) << body << folded.status();
+    const absl::Status ran = (*folded)->Run(ins, outs);
+    EXPECT_EQ(ran.code(), absl::StatusCode::kInvalidArgument) << body << ran;
+  }
+  FunctionBody constant{FunctionBody::Kind::kTorchScript, "f", "def f(x):\n    return x + torch.zeros(2, dtype=99)\n"};
+  constant.source_file = "tenant.py";
+  auto refused = cache_.Compile(constant);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("aten::zeros (tenant.py:2"), std::string::npos) << refused.status();
 }
 
 // A TorchScript body that raises as it runs is the user's error (InvalidArgument), and its

@@ -11,18 +11,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "collective/collective.h"
 #include "compute/executable.h"
+#include "compute/op_guards.h"
 #include "compute/torch_ops.h"
 #include "core/status_macros.h"
 
@@ -206,100 +202,7 @@ class ScriptExecutable : public TorchExecutable {
   torch::jit::Function* function_;
 };
 
-// Public ops of libtorch 1.13 that a sweep of hostile arguments (2026-12-07) found writing,
-// reading or crashing out of bounds on CPU: as_strided* (an offset near 2^62 overflows the bounds
-// check), linalg_ldl_solve and lu_unpack (pivots), batch_norm_update_stats and rrelu_with_noise
-// (short running stats or noise), fractional_max_pool* (samples), ctc_loss (labels), the linear
-// upsamplers (tiny scales), slow_conv* (a kernel size that is not the weight's), multi_margin_loss
-// (a short weight), pixel_shuffle (an overflowing factor), grid_sampler* (a mode out of range
-// returns memory never written); and set_ (a storage at any offset) and segment_reduce (an `unsafe`
-// flag). searchsorted is refused only with a `sorter` (CheckOps).
-bool UncheckedPublic(const std::string& op) {
-  static const auto* ops = new absl::flat_hash_set<std::string>{"linalg_ldl_solve",
-                                                                "lu_unpack",
-                                                                "batch_norm_update_stats",
-                                                                "rrelu_with_noise",
-                                                                "ctc_loss",
-                                                                "upsample_linear1d",
-                                                                "upsample_bilinear2d",
-                                                                "upsample_trilinear3d",
-                                                                "multi_margin_loss",
-                                                                "pixel_shuffle",
-                                                                "set_",
-                                                                "segment_reduce"};
-  return ops->contains(op);
-}
-
-// Why a tenant's function may not call op `kind`; empty when it may. Functions run inside a worker
-// that other tenants share, and the TorchScript interpreter is no sandbox: many of libtorch's
-// internal ops index, view or build storage without checking what they are given (the backward
-// kernels, `native_` and `_`-prefixed helpers: an index of 2^40 into
-// max_pool2d_with_indices_backward or _cummax_helper writes wherever it points), and a few open
-// files. Those would let one tenant write over the worker's memory or read the host's files, so a
-// function may call only the public forward ops (aten's names without a leading `_`, besides the
-// `__dunder__` operators and `_set_item`, which the compiler emits for `l[i] = v`) less the
-// kinds below and UncheckedPublic's, prim's control flow, and the pathways ops. Gradients are autograd's, not the
-// body's. (Source reaches aten ops as `torch.*` and ours as `pathways.*` only; ops of other namespaces are refused
-// should that change.)
-std::string RefusedOp(c10::Symbol kind) {
-  const std::string ns = kind.ns().toUnqualString();
-  const std::string op = kind.toUnqualString();
-  constexpr char kUnchecked[] = "it can reach memory outside its tensors (unchecked indices or sizes)";
-  if (ns == "pathways") return "";
-  if (ns == "prim") {
-    if (absl::StrContains(op, "rpc")) return "it calls other processes";
-    if (op == "Print") return "it writes to the worker's log; a function's output is what it returns";
-    return "";
-  }
-  if (ns != "aten") return "a function may call aten, prim and pathways ops only";
-  if (op == "from_file" || op == "save") return "it reads or writes files on the worker's host";
-  if (op == "manual_seed" || op == "seed") {
-    return "it reseeds the generator every tenant of the worker shares (pathways.uniform and pathways.normal are "
-           "counter-based, the caller's own)";
-  }
-  if (op == "unsafe_split" || op == "unsafe_chunk" || op == "unsafe_split_with_sizes" || op == "_set_item") return "";
-  if ((absl::StartsWith(op, "_") && !absl::StartsWith(op, "__")) || absl::StartsWith(op, "native_") ||
-      absl::StrContains(op, "backward") || absl::StrContains(op, "unsafe") || absl::StrContains(op, "sparse") ||
-      absl::StrContains(op, "nested") || absl::StartsWith(op, "slow_conv") || absl::StartsWith(op, "as_strided") ||
-      absl::StartsWith(op, "fractional_max_pool") || absl::StartsWith(op, "grid_sampler") || UncheckedPublic(op)) {
-    return kUnchecked;
-  }
-  return "";
-}
-
-// Refuses a function whose source calls an op RefusedOp names, in any function it defines (what
-// those call of torch's own is torch's and is not looked into).
-absl::Status CheckOps(const torch::jit::CompilationUnit& unit, const std::string& name) {
-  std::function<absl::Status(const torch::jit::Block&)> check = [&](const torch::jit::Block& block) -> absl::Status {
-    for (const torch::jit::Node* node : block.nodes()) {
-      std::string why = RefusedOp(node->kind());
-      if (why.empty() && node->kind() == c10::Symbol::fromQualString("aten::searchsorted")) {
-        // A `sorter` is not checked against the sequence: its indices are followed as they are.
-        const c10::FunctionSchema* schema = node->maybeSchema();
-        const auto sorter = schema != nullptr ? schema->argumentIndexWithName("sorter") : c10::nullopt;
-        if (sorter.has_value() && *sorter < node->inputs().size() && !node->input(*sorter)->mustBeNone()) {
-          why = "with a sorter it can reach memory outside its tensors (the sorter's indices are not checked)";
-        }
-      }
-      if (!why.empty()) {
-        std::string where;
-        if (auto at = node->sourceRange().file_line_col()) {
-          where = absl::StrCat(" (", std::get<0>(*at), ":", std::get<1>(*at), ")");
-        }
-        return absl::InvalidArgumentError(absl::StrCat("function '", name, "' calls ", node->kind().toQualString(),
-                                                       where, ", which a function may not call: ", why));
-      }
-      for (const torch::jit::Block* inner : node->blocks()) PW_RETURN_IF_ERROR(check(*inner));
-    }
-    return absl::OkStatus();
-  };
-  for (torch::jit::Function* fn : unit.get_functions()) {
-    PW_RETURN_IF_ERROR(check(*torch::jit::toGraphFunction(*fn).graph()->block()));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const FunctionBody& body) {
+absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const FunctionBody& body, FunctionOps ops) {
   if (body.kind == FunctionBody::Kind::kBuiltin) {
     const size_t at = body.name.find('@');
     const std::string kernel = body.name.substr(0, at);
@@ -338,17 +241,17 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
     return absl::InvalidArgumentError(
         absl::StrCat("TorchScript source defines no function named '", body.name, "'"));
   }
-  PW_RETURN_IF_ERROR(CheckOps(*unit, body.name));
+  PW_RETURN_IF_ERROR(ConfineBody(*unit, body.name, ops));
   return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn);
 }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body) {
+absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body, FunctionOps ops) {
   PW_RETURN_IF_ERROR(ValidateFunctionBody(body));
   FunctionBody primal_body = body;
   primal_body.gradient.reset();
-  PW_ASSIGN_OR_RETURN(std::shared_ptr<const TorchExecutable> primal, CompilePrimal(primal_body));
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<const TorchExecutable> primal, CompilePrimal(primal_body, ops));
   if (!body.gradient) return primal;
   FunctionBody forward = body;
   forward.gradient->residuals = FunctionBody::Residuals::kKeep;

@@ -376,20 +376,23 @@ PYBIND11_MODULE(_pathways, m) {
 
   py::class_<LocalCluster, std::shared_ptr<LocalCluster>>(m, "LocalCluster")
       .def(py::init([](int islands, int hosts_per_island, int devices_per_host, int64_t device_memory,
-                       int64_t dcn_latency_us, double dcn_gbps) {
+                       int64_t dcn_latency_us, double dcn_gbps, const std::string& function_ops) {
+             const DeviceBackend backend =
+                 Value(DeviceBackend::Create("cpu", "", Value(ParseFunctionOps(function_ops))));
              // Serving in this process: the settings servers need (descriptors, the allocator).
              InitServingProcess();
              return WithoutGil([&] {
-               return std::shared_ptr<LocalCluster>(Value(
-                   LocalCluster::Start({.num_islands = islands,
-                                        .hosts_per_island = hosts_per_island,
-                                        .devices_per_host = devices_per_host,
-                                        .device_memory_bytes = device_memory,
-                                        .dcn = {.latency = absl::Microseconds(dcn_latency_us), .gbps = dcn_gbps}})));
+               return std::shared_ptr<LocalCluster>(
+                   Value(LocalCluster::Start({.num_islands = islands,
+                                              .hosts_per_island = hosts_per_island,
+                                              .devices_per_host = devices_per_host,
+                                              .device_memory_bytes = device_memory,
+                                              .dcn = {.latency = absl::Microseconds(dcn_latency_us), .gbps = dcn_gbps},
+                                              .backend = backend})));
              });
            }),
            py::arg("islands"), py::arg("hosts_per_island"), py::arg("devices_per_host"), py::arg("device_memory"),
-           py::arg("dcn_latency_us") = 0, py::arg("dcn_gbps") = 0.0)
+           py::arg("dcn_latency_us") = 0, py::arg("dcn_gbps") = 0.0, py::arg("function_ops") = "vetted")
       .def_property_readonly("address", &LocalCluster::controller_address);
 
   m.def("connect_local", [](std::shared_ptr<LocalCluster> cluster) {

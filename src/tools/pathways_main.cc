@@ -66,6 +66,8 @@ constexpr char kUsage[] =
     "         and keep checkpoint shards; neither by default) [--max-connections N]\n"
     "         [--device-kind cpu|sim] [--sim-cost-us NAME=US,...,*=US] (simulated devices: kernels take\n"
     "         modelled durations, default 100 us) [--hosts N] (hosts in this process; --listen port 0)\n"
+    "         [--function-ops vetted|public] (the ops tenants' functions may call: the vetted ones by\n"
+    "         default; every public op only where tenants trust each other)\n"
     "         [--data-port N] [--link-port N] (fixed ports for clients' puts and fetches and for other\n"
     "         hosts' collectives and blocks; default any free port)\n"
     "  status --controller HOST:PORT [--token T] [--json] (with the devices' work of the last 10 s)\n"
@@ -270,7 +272,9 @@ absl::Status RunWorker(const Flags& flags) {
     return absl::InvalidArgumentError(absl::StrCat("--dcn-gbps must be a number from 0 (unlimited) to 1e6, got '",
                                                    gbps, "'"));
   }
-  PW_ASSIGN_OR_RETURN(options.backend, DeviceBackend::Create(flags.Get("device-kind", "cpu"), flags.Get("sim-cost-us")));
+  PW_ASSIGN_OR_RETURN(FunctionOps function_ops, ParseFunctionOps(flags.Get("function-ops", "vetted")));
+  PW_ASSIGN_OR_RETURN(options.backend,
+                      DeviceBackend::Create(flags.Get("device-kind", "cpu"), flags.Get("sim-cost-us"), function_ops));
   PW_ASSIGN_OR_RETURN(int64_t hosts, flags.GetInt("hosts", 1));
   if (hosts < 1 || hosts > 4096) return absl::InvalidArgumentError("--hosts must be between 1 and 4096");
   if (hosts > 1 && !absl::EndsWith(options.listen_address, ":0")) {
@@ -424,9 +428,11 @@ int main(int argc, char** argv) {
     std::vector<std::string> switches;
     absl::Status (*run)(const Flags&);
   };
+  // A command to a line.
+  // clang-format off
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "http-port", "stream-port"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "peer-stall-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "hosts", "data-port", "link-port"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "peer-stall-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "function-ops", "hosts", "data-port", "link-port"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands", "wait-for-go"}, RunTenant},
@@ -435,6 +441,7 @@ int main(int argc, char** argv) {
                  "metrics-jsonl", "device-memory", "dcn-latency-us", "dcn-gbps", "save", "save-every", "resume", "token",
                  "tls-ca"}, {"recompute"}, RunTrain},
   };
+  // clang-format on
   for (const Command& c : commands) {
     if (command != c.name) continue;
     std::vector<std::string> known = c.flags;

@@ -88,15 +88,20 @@ class LocalCluster:
 
     def __init__(self, islands: int = 1, hosts_per_island: int = 2, devices_per_host: int = 4,
                  device_memory: Union[int, str] = "256MiB", dcn_latency_us: int = 0,
-                 dcn_gbps: float = 0.0) -> None:
+                 dcn_gbps: float = 0.0, function_ops: str = "vetted") -> None:
         """``dcn_latency_us`` and ``dcn_gbps`` (0: unlimited) give traffic between islands an
         emulated data-centre link: a one-way latency and a bandwidth. Traffic within an island is
-        untouched."""
+        untouched. ``function_ops`` is what functions may call: ``"vetted"`` (the ops checked to stay
+        within their tensors) or ``"public"`` (every public torch op, for tenants that trust each
+        other)."""
+        if not isinstance(function_ops, str):
+            raise InvalidArgumentError(f"function_ops is 'vetted' or 'public', not {function_ops!r}")
         self._cluster: Optional[Any] = _ext.LocalCluster(islands=islands, hosts_per_island=hosts_per_island,
                                                          devices_per_host=devices_per_host,
                                                          device_memory=_bytes(device_memory),
                                                          dcn_latency_us=_int("dcn_latency_us", dcn_latency_us),
-                                                         dcn_gbps=_float("dcn_gbps", dcn_gbps))
+                                                         dcn_gbps=_float("dcn_gbps", dcn_gbps),
+                                                         function_ops=function_ops)
 
     @property
     def address(self) -> str:

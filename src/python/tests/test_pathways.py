@@ -484,6 +484,23 @@ def test_bad_cluster_shapes_and_sizes_are_refused():
         pathways.LocalCluster(dcn_gbps="10")
 
 
+def test_functions_call_the_vetted_ops_unless_the_cluster_allows_every_public_one(client):
+    def windowed(v):
+        return v + torch.kaiser_window(3, False)
+
+    mesh = client.slice((1,))
+    host = torch.zeros(3)
+    with pytest.raises(pathways.InvalidArgumentError, match=r"aten::kaiser_window .*--function-ops public"):
+        pathways.function(windowed)(client.put(host, mesh, P()))
+    with pathways.LocalCluster(hosts_per_island=1, devices_per_host=1, function_ops="public") as cluster:
+        with cluster.connect() as trusting:
+            got = pathways.function(windowed)(trusting.put(host, trusting.slice((1,)), P())).fetch()
+            torch.testing.assert_close(got, torch.kaiser_window(3, False))
+    for bad in ["all", 3]:
+        with pytest.raises(pathways.InvalidArgumentError, match="'vetted' or 'public'|known: vetted"):
+            pathways.LocalCluster(function_ops=bad)
+
+
 def test_an_emulated_link_between_islands_delays_collectives_across_them():
     # Two islands of one single-device host, 30 ms one way between them.
     with pathways.LocalCluster(islands=2, hosts_per_island=1, devices_per_host=1, device_memory="64MiB",

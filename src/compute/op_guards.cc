@@ -1,0 +1,382 @@
+#include "compute/op_guards.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/operator.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "compute/torch_ops.h"
+#include "core/status_macros.h"
+
+namespace pathways {
+namespace {
+
+// Integer tensors' quotients and remainders check for a zero divisor but not for the lowest value
+// of their type divided by -1 (SIGFPE). True division (div without a rounding mode) gives floats.
+bool IsTensorIntegerDivision(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  const auto& arguments = schema.arguments();
+  if (arguments.size() < 2 || (arguments[0].type()->kind() != c10::TypeKind::TensorType &&
+                               arguments[1].type()->kind() != c10::TypeKind::TensorType)) {
+    return false;  // TorchScript's numbers: CheckedLanguageOps
+  }
+  if (name == "aten::div" || name == "aten::div_" || name == "aten::divide" || name == "aten::divide_") {
+    return absl::EndsWith(schema.overload_name(), "_mode");
+  }
+  return name == "aten::floor_divide" || name == "aten::floor_divide_" || name == "aten::remainder" ||
+         name == "aten::remainder_" || name == "aten::fmod" || name == "aten::fmod_";
+}
+
+void CheckQuotient(const at::Tensor& a, const at::Tensor& b) {
+  const at::ScalarType type = at::result_type(a, b);
+  if (!at::isIntegralType(type, /*includeBool=*/false) || type == at::kByte) return;
+  at::Tensor lowest;
+  AT_DISPATCH_INTEGRAL_TYPES(type, "checked_quotient", [&] {
+    lowest = at::scalar_tensor(std::numeric_limits<scalar_t>::lowest(), at::TensorOptions().dtype(type));
+  });
+  PW_OP_CHECK(!at::logical_and(at::eq(a, lowest), at::eq(b, -1)).any().item<bool>(),
+              "integer division overflows: the lowest ", c10::toString(type), " by -1");
+}
+at::Tensor CheckedQuotient(const at::Tensor& a, const at::Tensor& b) {
+  CheckQuotient(a, b);
+  return b;
+}
+at::Scalar CheckedQuotientScalar(const at::Tensor& a, const at::Scalar& b) {
+  CheckQuotient(a, at::scalar_to_tensor(b));
+  return b;
+}
+at::Tensor CheckedQuotientScalarTensor(const at::Scalar& a, const at::Tensor& b) {
+  CheckQuotient(at::scalar_to_tensor(a), b);
+  return b;
+}
+
+// Kernels keep many int arguments in 32 bits (conv's groups and padding, a pool's divisor, a
+// kernel size): 2^32 wrapped to 0 and raised SIGFPE, 2^63-1 read out of bounds, -2^63 hung. An int
+// argument of an op on tensors is let through within 32 bits, but for the ops whose ints are
+// values rather than sizes (a tensor of one int, random integers' bounds).
+constexpr int64_t kIntBound = std::numeric_limits<int32_t>::max();
+
+bool BoundsInts(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  if (name == "aten::tensor" || name == "aten::as_tensor" || name == "aten::randint" || name == "aten::randint_like") {
+    return false;
+  }
+  auto tensors = [](const std::vector<c10::Argument>& arguments) {
+    for (const c10::Argument& a : arguments) {
+      if (a.type()->kind() == c10::TypeKind::TensorType) return true;
+      if (auto optional = a.type()->cast<c10::OptionalType>()) {
+        if (optional->getElementType()->kind() == c10::TypeKind::TensorType) return true;
+      }
+      if (auto list = a.type()->cast<c10::ListType>()) {
+        if (list->getElementType()->kind() == c10::TypeKind::TensorType) return true;
+      }
+    }
+    return false;
+  };
+  return absl::StartsWith(name, "aten::") && (tensors(schema.arguments()) || tensors(schema.returns()));
+}
+
+enum class IntArgument { kNone, kInt, kIntList };
+
+IntArgument IntArgumentOf(const c10::TypePtr& real_type) {
+  c10::TypePtr type = real_type;
+  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+  if (type->kind() == c10::TypeKind::IntType || type->kind() == c10::TypeKind::SymIntType) return IntArgument::kInt;
+  if (auto list = type->cast<c10::ListType>()) {
+    const c10::TypeKind element = list->getElementType()->kind();
+    if (element == c10::TypeKind::IntType || element == c10::TypeKind::SymIntType) return IntArgument::kIntList;
+  }
+  return IntArgument::kNone;
+}
+
+std::string BadInt(int64_t value) {
+  if (value >= -kIntBound && value <= kIntBound) return "";
+  return absl::StrCat(value, " is past 32 bits, which ops on tensors keep their int arguments to");
+}
+
+int64_t CheckedInt(int64_t value) {
+  const std::string bad = BadInt(value);
+  PW_OP_CHECK(bad.empty(), bad);
+  return value;
+}
+c10::optional<int64_t> CheckedIntOptional(c10::optional<int64_t> value) {
+  if (value.has_value()) CheckedInt(*value);
+  return value;
+}
+std::vector<int64_t> CheckedInts(std::vector<int64_t> values) {
+  for (int64_t v : values) CheckedInt(v);
+  return values;
+}
+c10::optional<std::vector<int64_t>> CheckedIntsOptional(c10::optional<std::vector<int64_t>> values) {
+  if (values.has_value()) CheckedInts(*values);
+  return values;
+}
+
+// The enumerations TorchScript passes as plain ints, which kernels index tables with (dtype 99 raised
+// SIGFPE; -1 hung or crashed). Only these values are let through: the real dtypes (complex kernels
+// are less tried, and no vetted op makes a complex tensor without one), strided tensors (the others
+// are sparse or MKL-DNN layouts), and the memory formats there are.
+enum class Enumeration { kDType, kLayout, kMemoryFormat };
+
+std::optional<Enumeration> EnumerationOf(const c10::TypePtr& real_type) {
+  c10::TypePtr type = real_type;
+  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+  switch (type->kind()) {
+    case c10::TypeKind::ScalarTypeType:
+      return Enumeration::kDType;
+    case c10::TypeKind::LayoutType:
+      return Enumeration::kLayout;
+    case c10::TypeKind::MemoryFormatType:
+      return Enumeration::kMemoryFormat;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Empty when `value` is one the enumeration lets through.
+std::string BadEnumeration(Enumeration kind, int64_t value) {
+  using c10::ScalarType;
+  switch (kind) {
+    case Enumeration::kDType:
+      for (ScalarType t :
+           {ScalarType::Byte, ScalarType::Char, ScalarType::Short, ScalarType::Int, ScalarType::Long, ScalarType::Half,
+            ScalarType::Float, ScalarType::Double, ScalarType::Bool, ScalarType::BFloat16}) {
+        if (value == static_cast<int64_t>(t)) return "";
+      }
+      return absl::StrCat("dtype ", value, " is none of the dtypes a function may use");
+    case Enumeration::kLayout:
+      if (value == static_cast<int64_t>(c10::Layout::Strided)) return "";
+      return absl::StrCat("layout ", value, " is not torch.strided, the one layout a function may use");
+    case Enumeration::kMemoryFormat:
+      if (value >= 0 && value < static_cast<int64_t>(c10::MemoryFormat::NumOptions)) return "";
+      return absl::StrCat("memory format ", value, " names none");
+  }
+  return "";
+}
+
+template <Enumeration kind>
+int64_t Checked(int64_t value) {
+  const std::string bad = BadEnumeration(kind, value);
+  PW_OP_CHECK(bad.empty(), bad);
+  return value;
+}
+template <Enumeration kind>
+c10::optional<int64_t> CheckedOptional(c10::optional<int64_t> value) {
+  if (value.has_value()) Checked<kind>(*value);
+  return value;
+}
+
+const char* GuardOf(Enumeration kind) {
+  switch (kind) {
+    case Enumeration::kDType:
+      return "pathways::checked_dtype";
+    case Enumeration::kLayout:
+      return "pathways::checked_layout";
+    case Enumeration::kMemoryFormat:
+      return "pathways::checked_memory_format";
+  }
+  return "";
+}
+
+std::string Where(const torch::jit::Node& node) {
+  auto at = node.sourceRange().file_line_col();
+  return at ? absl::StrCat(" (", std::get<0>(*at), ":", std::get<1>(*at), ")") : "";
+}
+
+// Why `node` may not be in a body under `ops`; empty when it may.
+std::string Refusal(const torch::jit::Node& node, FunctionOps ops) {
+  const c10::Symbol kind = node.kind();
+  std::string why = RefusedOp(kind.ns().toUnqualString(), kind.toUnqualString(), ops);
+  if (!why.empty()) return why;
+  const c10::FunctionSchema* schema = node.maybeSchema();
+  if (schema == nullptr) return "";
+  for (const c10::Argument& argument : schema->arguments()) {
+    if (argument.is_out()) return "it writes into a tensor given as out= (a kernel wrote past one); use its result";
+  }
+  const std::string& overload = schema->overload_name();
+  if ((schema->name() == "aten::sort" || schema->name() == "aten::sorted") &&
+      (overload == "float" || overload == "Tensor" || overload == "any")) {
+    return "sorting a list of floats or tensors holding NaN reads outside the list; sort a tensor instead";
+  }
+  if (schema->name() == "aten::searchsorted") {
+    // A `sorter` is not checked against the sequence: its indices are followed as they are.
+    const auto sorter = schema->argumentIndexWithName("sorter");
+    if (sorter.has_value() && *sorter < node.inputs().size() && !node.input(*sorter)->mustBeNone()) {
+      return "with a sorter it can reach memory outside its tensors (the sorter's indices are not checked)";
+    }
+  }
+  return "";
+}
+
+// Puts the checks in front of `node`'s trusted arguments. InvalidArgument for a constant that no
+// check would let through.
+absl::Status Guard(torch::jit::Node* node) {
+  const c10::FunctionSchema* schema = node->maybeSchema();
+  if (schema == nullptr) return absl::OkStatus();
+  torch::jit::Graph& graph = *node->owningGraph();
+  torch::jit::WithInsertPoint before(node);
+  const auto& arguments = schema->arguments();
+  for (size_t i = 0; i < arguments.size() && i < node->inputs().size(); ++i) {
+    const std::optional<Enumeration> kind = EnumerationOf(arguments[i].real_type());
+    torch::jit::Value* value = node->input(i);
+    // What x.dtype gives needs no check.
+    if (!kind.has_value() || value->mustBeNone() || value->node()->kind() == c10::prim::dtype) continue;
+    if (auto constant = torch::jit::toIValue(value); constant.has_value() && constant->isInt()) {
+      const std::string bad = BadEnumeration(*kind, constant->toInt());
+      if (!bad.empty()) return absl::InvalidArgumentError(absl::StrCat(schema->name(), Where(*node), ": ", bad));
+      continue;
+    }
+    node->replaceInput(i, graph.insert(c10::Symbol::fromQualString(GuardOf(*kind)), {value}));
+  }
+  if (BoundsInts(*schema)) {
+    for (size_t i = 0; i < arguments.size() && i < node->inputs().size(); ++i) {
+      const IntArgument kind = IntArgumentOf(arguments[i].real_type());
+      torch::jit::Value* value = node->input(i);
+      if (kind == IntArgument::kNone || value->mustBeNone()) continue;
+      // What the tensor's own sizes give needs no check.
+      const c10::Symbol from = value->node()->kind();
+      if (from == c10::aten::size || from == c10::aten::dim || from == c10::aten::len) continue;
+      // A constant, or a list of constants (`x.view(2, 2)`), is checked now.
+      std::vector<torch::jit::Value*> elements = {value};
+      if (value->node()->kind() == c10::prim::ListConstruct) elements = value->node()->inputs().vec();
+      bool constant = true;
+      std::string bad;
+      for (torch::jit::Value* element : elements) {
+        auto known = torch::jit::toIValue(element);
+        if (!known.has_value()) {
+          constant = false;
+        } else if (known->isInt() && bad.empty()) {
+          bad = BadInt(known->toInt());
+        } else if (known->isIntList()) {
+          for (int64_t v : known->toIntVector()) {
+            if (bad.empty()) bad = BadInt(v);
+          }
+        }
+      }
+      if (!bad.empty()) return absl::InvalidArgumentError(absl::StrCat(schema->name(), Where(*node), ": ", bad));
+      if (constant) continue;
+      node->replaceInput(i,
+                         graph.insert(c10::Symbol::fromQualString(kind == IntArgument::kInt ? "pathways::checked_int"
+                                                                                            : "pathways::checked_ints"),
+                                      {value}));
+    }
+  }
+  if (IsTensorIntegerDivision(*schema) && node->inputs().size() >= 2) {
+    node->replaceInput(
+        1, graph.insert(c10::Symbol::fromQualString("pathways::checked_quotient"), {node->input(0), node->input(1)}));
+  }
+  return absl::OkStatus();
+}
+
+// TorchScript's own ops on numbers and strings that trust their arguments: the C++ divides
+// integers unchecked (`a % 0`, `a // 0` and -2^63 by -1 in `//`, `%`, divmod and gcd raise
+// SIGFPE), and a string's count and replace of an empty string never end. The compiler runs such
+// ops on constants while it defines a function (constant propagation), so a check in the function's
+// graph would come too late: each is replaced, once per process, by one that checks its arguments
+// and then runs the original (which constant propagation then sees throw, and leaves to the run).
+void CheckDivision(const c10::IValue& a, const c10::IValue& b) {
+  if (!a.isInt() || !b.isInt()) return;  // floats, or Scalars holding them
+  TORCH_CHECK(b.toInt() != 0, "integer division or modulo by zero");
+  TORCH_CHECK(!(a.toInt() == std::numeric_limits<int64_t>::min() && b.toInt() == -1),
+              "integer division overflows: -2^63 by -1");
+}
+
+void CheckSubstring(const c10::IValue& substring) {
+  TORCH_CHECK(substring.isString() && !substring.toStringRef().empty(),
+              "an empty string cannot be counted or replaced in a string");
+}
+
+struct CheckedLanguageOps {
+  CheckedLanguageOps() {
+    auto divide = [](torch::jit::Stack& stack) {
+      CheckDivision(torch::jit::peek(stack, 0, 2), torch::jit::peek(stack, 1, 2));
+    };
+    for (const char* name : {"aten::remainder.int", "aten::remainder", "aten::floordiv.int", "aten::floordiv",
+                             "aten::divmod.int", "aten::__round_to_zero_floordiv.int", "aten::gcd.int"}) {
+      Wrap(name, divide);
+    }
+    Wrap("aten::count", [](torch::jit::Stack& stack) { CheckSubstring(torch::jit::peek(stack, 1, 4)); });
+    Wrap("aten::replace", [](torch::jit::Stack& stack) { CheckSubstring(torch::jit::peek(stack, 1, 4)); });
+  }
+
+  // Replaces the operator named `name` ("aten::op.overload") by one that calls `check` on its stack first.
+  static void Wrap(const std::string& name, std::function<void(torch::jit::Stack&)> check) {
+    const size_t dot = name.find('.');
+    const c10::Symbol symbol = c10::Symbol::fromQualString(name.substr(0, dot));
+    const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    for (const std::shared_ptr<torch::jit::Operator>& op : torch::jit::getAllOperatorsFor(symbol)) {
+      const c10::FunctionSchema schema = op->schema();
+      if (schema.overload_name() != overload || schema.arguments().empty() ||
+          schema.arguments()[0].type()->kind() == c10::TypeKind::TensorType) {
+        continue;
+      }
+      torch::jit::Operation original = op->getOperation();
+      const c10::AliasAnalysisKind alias = op->aliasAnalysisKind();
+      torch::jit::deregisterOperator(schema);
+      torch::jit::registerOperator(torch::jit::Operator(
+          c10::toString(schema),
+          [original = std::move(original), check](torch::jit::Stack& stack) mutable {
+            check(stack);
+            original(stack);
+          },
+          alias));
+      return;
+    }
+    // None: this libtorch has no such op to check (ExecutableTest.ArgumentsKernelsTakeOnTrustFailTheRunNotTheWorker
+    // sees each one's check).
+  }
+};
+const CheckedLanguageOps checked_language_ops;
+
+}  // namespace
+
+absl::Status ConfineBody(torch::jit::CompilationUnit& unit, const std::string& name, FunctionOps ops) {
+  std::function<absl::Status(torch::jit::Block*)> confine = [&](torch::jit::Block* block) -> absl::Status {
+    for (torch::jit::Node* node : block->nodes()) {
+      const std::string why = Refusal(*node, ops);
+      if (!why.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("function '", name, "' calls ", node->kind().toQualString(),
+                                                       Where(*node), ", which a function may not call: ", why));
+      }
+      for (torch::jit::Block* inner : node->blocks()) PW_RETURN_IF_ERROR(confine(inner));
+      if (absl::Status guarded = Guard(node); !guarded.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("function '", name, "': ", guarded.message()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  // What the functions call of torch's own is torch's and is not looked into.
+  for (torch::jit::Function* fn : unit.get_functions()) {
+    PW_RETURN_IF_ERROR(confine(torch::jit::toGraphFunction(*fn).graph()->block()));
+  }
+  return absl::OkStatus();
+}
+
+// Pure checks, but registered as having side effects so that no optimisation drops or moves one.
+TORCH_LIBRARY_FRAGMENT(pathways, m) {
+  auto op = [](const char* schema) { return torch::schema(schema, c10::AliasAnalysisKind::CONSERVATIVE); };
+  m.def(op("checked_quotient.Tensor(Tensor a, Tensor b) -> Tensor"), &CheckedQuotient);
+  m.def(op("checked_quotient.Scalar(Tensor a, Scalar b) -> Scalar"), &CheckedQuotientScalar);
+  m.def(op("checked_quotient.Scalar_Tensor(Scalar a, Tensor b) -> Tensor"), &CheckedQuotientScalarTensor);
+  m.def(op("checked_int(int value) -> int"), &CheckedInt);
+  m.def(op("checked_int.optional(int? value) -> int?"), &CheckedIntOptional);
+  m.def(op("checked_ints(int[] values) -> int[]"), &CheckedInts);
+  m.def(op("checked_ints.optional(int[]? values) -> int[]?"), &CheckedIntsOptional);
+  m.def(op("checked_dtype(int value) -> int"), &Checked<Enumeration::kDType>);
+  m.def(op("checked_dtype.optional(int? value) -> int?"), &CheckedOptional<Enumeration::kDType>);
+  m.def(op("checked_layout(int value) -> int"), &Checked<Enumeration::kLayout>);
+  m.def(op("checked_layout.optional(int? value) -> int?"), &CheckedOptional<Enumeration::kLayout>);
+  m.def(op("checked_memory_format(int value) -> int"), &Checked<Enumeration::kMemoryFormat>);
+  m.def(op("checked_memory_format.optional(int? value) -> int?"), &CheckedOptional<Enumeration::kMemoryFormat>);
+}
+
+}  // namespace pathways
