@@ -111,6 +111,7 @@ TEST_F(ExecutableTest, OpsThatReachOutsideTheirTensorsOrOpenFilesAreRefused) {
        "def f(x):\n    return torch.searchsorted(x, x, sorter=torch.tensor([1000000000, 0, 1, 2])).float()\n"},
       // Ops that a later sweep found reading or writing out of bounds, and overloads of vetted ops.
       {"aten::bincount", "def f(x):\n    return x + torch.bincount(x.long()).float().sum()\n"},
+      {"aten::zeros", "def f(x):\n    return x + torch.zeros(2, device=torch.device('meta'))\n"},
       {"aten::median", "def f(x):\n    return torch.median(x.expand(2, 2), 0)[0]\n"},
       {"aten::add", "def f(x):\n    y = torch.zeros(2)\n    torch.add(x, x, out=y)\n    return y\n"},
       {"aten::sort", "def f(x):\n    l = [float(x.sum()), 1.0]\n    l.sort()\n    return x + l[0]\n"},
@@ -226,7 +227,22 @@ TEST_F(ExecutableTest, ArgumentsKernelsTakeOnTrustFailTheRunNotTheWorker) {
       {"    return x + torch.zeros(2, dtype=n + 99)\n", "dtype 99 is none of the dtypes"},
       {"    return x + torch.zeros(2, layout=n + 5)\n", "layout 5 is not torch.strided"},
       {"    return x.to(n + 40).float()\n", "dtype 40 is none of the dtypes"},
-      {"    return x + float(torch.gcd(-9223372036854775807 - 1, n - 1))\n", "-2^63 by -1"},
+      {"    return x + float(torch.gcd(n - 1, -9223372036854775807 - 1))\n", "gcd of -2^63 overflows"},
+      // Found by a review: a dtype through TorchScript's own overload of `to`; a meta tensor (no
+      // memory: its data pointer is any number); a list of constants changed before use; a size of
+      // 2^32 in no memory; an int64 that becomes the lowest int32 in the result's type.
+      {"    return x.to(None, n + 99).float()\n", "dtype 99 is none of the dtypes"},
+      {"    devices = ['cpu', 'meta']\n    return x.to(torch.device(devices[n + 1]))\n",
+       "device 'meta' is not the CPU"},
+      {"    k = [1]\n    k[0] = n + 4294967296\n"
+       "    return x + torch.max_pool1d(x.reshape(1, 2), k, [1], [0], [1], False).sum()\n",
+       "4294967296 is past 32 bits"},
+      {"    m = x[:1].expand(65536, 65536).reshape(-1).size(0)\n"
+       "    return x + torch.max_pool1d(x.reshape(1, 2), [m], [1], [0], [1], False).sum()\n",
+       "4294967296 is past 32 bits"},
+      {"    a = (x[1] * 0).long() + 2147483648\n"
+       "    return x + torch.remainder(a, x[:1].int() + (n - 1)).float()\n",
+       "integer division overflows: the lowest Int by -1"},
       {"    return x + 'ab'.count('', n)\n", "an empty string cannot be counted"},
       {"    return x + len('ab'.replace('', 'x', n - 1))\n", "an empty string cannot be counted or replaced"},
       // Integer tensors: the lowest value by -1.

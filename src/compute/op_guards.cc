@@ -43,7 +43,8 @@ void CheckQuotient(const at::Tensor& a, const at::Tensor& b) {
   AT_DISPATCH_INTEGRAL_TYPES(type, "checked_quotient", [&] {
     lowest = at::scalar_tensor(std::numeric_limits<scalar_t>::lowest(), at::TensorOptions().dtype(type));
   });
-  PW_OP_CHECK(!at::logical_and(at::eq(a, lowest), at::eq(b, -1)).any().item<bool>(),
+  // Compared as the kernel will see them: in the result's type (2^31 of an int64 is -2^31 in int32).
+  PW_OP_CHECK(!at::logical_and(at::eq(a.to(type), lowest), at::eq(b.to(type), -1)).any().item<bool>(),
               "integer division overflows: the lowest ", c10::toString(type), " by -1");
 }
 at::Tensor CheckedQuotient(const at::Tensor& a, const at::Tensor& b) {
@@ -122,17 +123,23 @@ c10::optional<std::vector<int64_t>> CheckedIntsOptional(c10::optional<std::vecto
 }
 
 // The enumerations TorchScript passes as plain ints, which kernels index tables with (dtype 99 raised
-// SIGFPE; -1 hung or crashed). Only these values are let through: the real dtypes (complex kernels
-// are less tried, and no vetted op makes a complex tensor without one), strided tensors (the others
-// are sparse or MKL-DNN layouts), and the memory formats there are.
-enum class Enumeration { kDType, kLayout, kMemoryFormat };
+// SIGFPE; -1 hung or crashed), and devices. Only these values are let through: the real dtypes
+// (complex kernels are less tried; a complex literal still makes a complex tensor, whose dtype
+// passes), strided tensors (the others are sparse or MKL-DNN layouts), the memory formats there
+// are, and the CPU.
+enum class Enumeration { kDType, kLayout, kMemoryFormat, kDevice };
 
-std::optional<Enumeration> EnumerationOf(const c10::TypePtr& real_type) {
-  c10::TypePtr type = real_type;
+std::optional<Enumeration> EnumerationOf(const c10::Argument& argument) {
+  c10::TypePtr type = argument.real_type();
   if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
   switch (type->kind()) {
     case c10::TypeKind::ScalarTypeType:
       return Enumeration::kDType;
+    case c10::TypeKind::IntType:  // TorchScript's own overloads (to.prim_dtype) take a dtype as an int
+      if (argument.name() == "dtype") return Enumeration::kDType;
+      return std::nullopt;
+    case c10::TypeKind::DeviceObjType:
+      return Enumeration::kDevice;
     case c10::TypeKind::LayoutType:
       return Enumeration::kLayout;
     case c10::TypeKind::MemoryFormatType:
@@ -159,8 +166,25 @@ std::string BadEnumeration(Enumeration kind, int64_t value) {
     case Enumeration::kMemoryFormat:
       if (value >= 0 && value < static_cast<int64_t>(c10::MemoryFormat::NumOptions)) return "";
       return absl::StrCat("memory format ", value, " names none");
+    case Enumeration::kDevice:
+      return "";  // devices are not ints (BadDevice)
   }
   return "";
+}
+
+// A device other than the CPU: a meta tensor has no memory, and its data pointer is any number
+// (an offset into nothing) that a read of it would follow.
+std::string BadDevice(const c10::Device& device) {
+  if (device.is_cpu()) return "";
+  return absl::StrCat("device '", device.str(), "' is not the CPU, the one device a function's tensors may be on");
+}
+
+c10::optional<c10::Device> CheckedDevice(c10::optional<c10::Device> device) {
+  if (device.has_value()) {
+    const std::string bad = BadDevice(*device);
+    PW_OP_CHECK(bad.empty(), bad);
+  }
+  return device;
 }
 
 template <Enumeration kind>
@@ -183,6 +207,8 @@ const char* GuardOf(Enumeration kind) {
       return "pathways::checked_layout";
     case Enumeration::kMemoryFormat:
       return "pathways::checked_memory_format";
+    case Enumeration::kDevice:
+      return "pathways::checked_device";
   }
   return "";
 }
@@ -226,12 +252,13 @@ absl::Status Guard(torch::jit::Node* node) {
   torch::jit::WithInsertPoint before(node);
   const auto& arguments = schema->arguments();
   for (size_t i = 0; i < arguments.size() && i < node->inputs().size(); ++i) {
-    const std::optional<Enumeration> kind = EnumerationOf(arguments[i].real_type());
+    const std::optional<Enumeration> kind = EnumerationOf(arguments[i]);
     torch::jit::Value* value = node->input(i);
-    // What x.dtype gives needs no check.
-    if (!kind.has_value() || value->mustBeNone() || value->node()->kind() == c10::prim::dtype) continue;
-    if (auto constant = torch::jit::toIValue(value); constant.has_value() && constant->isInt()) {
-      const std::string bad = BadEnumeration(*kind, constant->toInt());
+    if (!kind.has_value() || value->mustBeNone()) continue;
+    if (auto constant = torch::jit::toIValue(value);
+        constant.has_value() && (constant->isInt() || constant->isDevice())) {
+      const std::string bad =
+          constant->isDevice() ? BadDevice(constant->toDevice()) : BadEnumeration(*kind, constant->toInt());
       if (!bad.empty()) return absl::InvalidArgumentError(absl::StrCat(schema->name(), Where(*node), ": ", bad));
       continue;
     }
@@ -242,12 +269,12 @@ absl::Status Guard(torch::jit::Node* node) {
       const IntArgument kind = IntArgumentOf(arguments[i].real_type());
       torch::jit::Value* value = node->input(i);
       if (kind == IntArgument::kNone || value->mustBeNone()) continue;
-      // What the tensor's own sizes give needs no check.
-      const c10::Symbol from = value->node()->kind();
-      if (from == c10::aten::size || from == c10::aten::dim || from == c10::aten::len) continue;
-      // A constant, or a list of constants (`x.view(2, 2)`), is checked now.
+      // Constants are checked now, and so are a list's constant elements; a list is checked as the
+      // body runs all the same, as it may change before it is used (`p[0] = ...`). Sizes are not
+      // trusted either: an expanded tensor has 2^32 elements in no memory.
+      const bool list = value->node()->kind() == c10::prim::ListConstruct;
       std::vector<torch::jit::Value*> elements = {value};
-      if (value->node()->kind() == c10::prim::ListConstruct) elements = value->node()->inputs().vec();
+      if (list) elements = value->node()->inputs().vec();
       bool constant = true;
       std::string bad;
       for (torch::jit::Value* element : elements) {
@@ -263,7 +290,7 @@ absl::Status Guard(torch::jit::Node* node) {
         }
       }
       if (!bad.empty()) return absl::InvalidArgumentError(absl::StrCat(schema->name(), Where(*node), ": ", bad));
-      if (constant) continue;
+      if (constant && !list) continue;
       node->replaceInput(i,
                          graph.insert(c10::Symbol::fromQualString(kind == IntArgument::kInt ? "pathways::checked_int"
                                                                                             : "pathways::checked_ints"),
@@ -301,9 +328,15 @@ struct CheckedLanguageOps {
       CheckDivision(torch::jit::peek(stack, 0, 2), torch::jit::peek(stack, 1, 2));
     };
     for (const char* name : {"aten::remainder.int", "aten::remainder", "aten::floordiv.int", "aten::floordiv",
-                             "aten::divmod.int", "aten::__round_to_zero_floordiv.int", "aten::gcd.int"}) {
+                             "aten::divmod.int", "aten::__round_to_zero_floordiv.int"}) {
       Wrap(name, divide);
     }
+    // Euclid's steps divide by what the arguments become: -2^63 anywhere can meet -1.
+    Wrap("aten::gcd.int", [](torch::jit::Stack& stack) {
+      constexpr int64_t kLowest = std::numeric_limits<int64_t>::min();
+      TORCH_CHECK(torch::jit::peek(stack, 0, 2).toInt() != kLowest && torch::jit::peek(stack, 1, 2).toInt() != kLowest,
+                  "gcd of -2^63 overflows");
+    });
     Wrap("aten::count", [](torch::jit::Stack& stack) { CheckSubstring(torch::jit::peek(stack, 1, 4)); });
     Wrap("aten::replace", [](torch::jit::Stack& stack) { CheckSubstring(torch::jit::peek(stack, 1, 4)); });
   }
@@ -371,6 +404,7 @@ TORCH_LIBRARY_FRAGMENT(pathways, m) {
   m.def(op("checked_int.optional(int? value) -> int?"), &CheckedIntOptional);
   m.def(op("checked_ints(int[] values) -> int[]"), &CheckedInts);
   m.def(op("checked_ints.optional(int[]? values) -> int[]?"), &CheckedIntsOptional);
+  m.def(op("checked_device(Device? device) -> Device?"), &CheckedDevice);
   m.def(op("checked_dtype(int value) -> int"), &Checked<Enumeration::kDType>);
   m.def(op("checked_dtype.optional(int? value) -> int?"), &CheckedOptional<Enumeration::kDType>);
   m.def(op("checked_layout(int value) -> int"), &Checked<Enumeration::kLayout>);

@@ -94,6 +94,14 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
                                                      results.size(), " values, its signature has ",
                                                      outputs.size(), " outputs"));
     }
+    // Results are copied out of their memory: a tensor with none behind it (of the meta device,
+    // whose data pointer is any number a body likes) would be read from wherever it points.
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (!results[i].device().is_cpu() || !results[i].has_storage()) {
+        return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' output ", i, " is on device ",
+                                                       results[i].device().str(), ", not in the device's memory"));
+      }
+    }
     // An output that takes a donated input's buffer is written over that input: a result that
     // is a view of it (returned unchanged, say) is copied out before any output is written.
     for (size_t i = 0; i < results.size(); ++i) {
@@ -241,7 +249,11 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
     return absl::InvalidArgumentError(
         absl::StrCat("TorchScript source defines no function named '", body.name, "'"));
   }
-  PW_RETURN_IF_ERROR(ConfineBody(*unit, body.name, ops));
+  try {
+    PW_RETURN_IF_ERROR(ConfineBody(*unit, body.name, ops));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("function '", body.name, "' could not be checked: ", e.what()));
+  }
   return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn);
 }
 
