@@ -94,14 +94,14 @@ const absl::flat_hash_set<std::string>& Vetted() {
 // Public ops of libtorch 1.13 that sweeps of hostile arguments (2026-12-07) found writing,
 // reading or crashing out of bounds on CPU: bincount (a value of 2^63-1 writes before its output),
 // median and nanmedian along a dim (an expanded input reads past it), reflection_pad* (an empty or
-// -2^63 padding), as_strided* (an offset near 2^62 overflows the bounds
-// check), linalg_ldl_solve and lu_unpack (pivots), batch_norm_update_stats and rrelu_with_noise
+// -2^63 padding), as_strided* (an offset near 2^62 overflows the bounds check), linalg_ldl_solve and
+// lu_unpack (pivots), batch_norm_update_stats and rrelu_with_noise
 // (short running stats or noise), fractional_max_pool* (samples), ctc_loss (labels), the linear
 // upsamplers (tiny scales, also reached through __interpolate and __upsample*), slow_conv* (a kernel
 // size that is not the weight's), multi_margin_loss (a short weight), pixel_shuffle (an overflowing
 // factor), grid_sampler* (a mode out of range returns memory never written); and set_ (a storage at
 // any offset) and segment_reduce (an `unsafe` flag). Refused under both policies. searchsorted is
-// refused only with a `sorter` (CheckOps, compute/torch_executable.cc).
+// refused only with a `sorter` (by its schema: compute/op_guards.cc).
 bool UncheckedPublic(absl::string_view op) {
   static const auto* ops = new absl::flat_hash_set<absl::string_view>{"linalg_ldl_solve",
                                                                       "lu_unpack",
