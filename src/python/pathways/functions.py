@@ -166,9 +166,10 @@ class Function:
         kwargs = {}
         if self._vjp_of is not None:
             kwargs = {"vjp_wrt": self._vjp_of[1] or [], "vjp_with_outputs": self._vjp_of[2]}
-        if self._scalar_output and (len(outputs) != 1 or outputs[0][1] != []):
-            raise InvalidArgumentError(f"grad of '{primal.__name__}' needs a function with one scalar output; it "
-                                       f"returns {', '.join(f'{d}{s}' for d, s in outputs)} (use vjp)")
+        if self._scalar_output and (len(outputs) != 1 or outputs[0][1] != []
+                                    or not _TO_TORCH[outputs[0][0]].is_floating_point):
+            raise InvalidArgumentError(f"grad of '{primal.__name__}' needs a function with one scalar floating-point "
+                                       f"output; it returns {', '.join(f'{d}{s}' for d, s in outputs)} (use vjp)")
         # The source's lines are the file's (see _source_of): TorchScript's errors and tracebacks,
         # at compile time and at run time, name the user's file and line.
         shardings = ([s._runtime() for s in in_specs], [s._runtime() for s in out_specs])

@@ -115,8 +115,15 @@ def check_vjp_and_grad(client: "pathways.Client") -> None:
     def squares(x):
         return x * x
 
-    with pytest.raises(pathways.InvalidArgumentError, match="grad of 'squares' needs .* one scalar output"):
+    with pytest.raises(pathways.InvalidArgumentError, match="grad of 'squares' needs .* one scalar floating-point"):
         pathways.grad(squares)(client.put(torch.rand(4), mesh, P("x")))
+
+    def count(tokens):  # an integer output takes no cotangent
+        return tokens.sum()
+
+    with pytest.raises(pathways.InvalidArgumentError, match="grad of 'count' needs .* floating-point output; it "
+                                                            "returns i64"):
+        pathways.grad(pathways.function(count))(client.put(torch.arange(4), mesh))
 
 
 def check_donation(client: "pathways.Client") -> None:
