@@ -3,8 +3,8 @@
 #include <thread>
 
 #include "client/client.h"
+#include "client/client_test_fixture.h"
 #include "client/program.h"
-#include "cluster/local_cluster.h"
 #include "gtest/gtest.h"
 
 namespace pathways {
@@ -18,20 +18,19 @@ HostArray Filled(Shape shape, float start) {
 
 constexpr int64_t kMiB = 1 << 20;
 
-class DonationTest : public ::testing::Test {
+class DonationTest : public LocalClusterTest {
  protected:
   static void SetUpTestSuite() {
     // Devices of 24 MiB: an update of a 16 MiB array fits only in place.
-    cluster_ = LocalCluster::Start({.num_islands = 1, .hosts_per_island = 1, .devices_per_host = 2,
-                                    .device_memory_bytes = 24 * kMiB, .memory_wait = absl::Seconds(1)})
-                   ->release();
+    StartCluster({.num_islands = 1,
+                  .hosts_per_island = 1,
+                  .devices_per_host = 2,
+                  .device_memory_bytes = 24 * kMiB,
+                  .memory_wait = absl::Seconds(1)});
   }
-  static void TearDownTestSuite() { delete cluster_; }
 
   void SetUp() override {
-    auto client = cluster_->Connect();
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
+    ASSERT_NO_FATAL_FAILURE(LocalClusterTest::SetUp());
     slice_ = *client_->CreateSlice({.mesh_shape = {2}});
   }
 
@@ -46,11 +45,8 @@ class DonationTest : public ::testing::Test {
     return *fn;
   }
 
-  static LocalCluster* cluster_;
-  std::unique_ptr<Client> client_;
   VirtualSlice slice_;
 };
-LocalCluster* DonationTest::cluster_ = nullptr;
 
 TEST_F(DonationTest, TheOutputTakesTheInputAndTheHandleIsSpent) {
   const int64_t n = 8;

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "client/client.h"
-#include "cluster/local_cluster.h"
+#include "client/client_test_fixture.h"
 #include "gtest/gtest.h"
 #include "testing/host_arrays.h"
 
@@ -13,19 +13,14 @@ namespace {
 
 using testing::RandomF32;
 
-class GradientTest : public ::testing::Test {
+class GradientTest : public LocalClusterTest {
  protected:
   static void SetUpTestSuite() {
-    cluster_ = LocalCluster::Start({.num_islands = 1, .hosts_per_island = 2, .devices_per_host = 4,
-                                    .device_memory_bytes = 64 << 20})
-                   ->release();
+    StartCluster({.num_islands = 1, .hosts_per_island = 2, .devices_per_host = 4, .device_memory_bytes = 64 << 20});
   }
-  static void TearDownTestSuite() { delete cluster_; }
 
   void SetUp() override {
-    auto client = cluster_->Connect();
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
+    ASSERT_NO_FATAL_FAILURE(LocalClusterTest::SetUp());
     mesh_ = *client_->CreateSlice({.mesh_shape = {2, 4}});
     one_ = *client_->CreateSlice({.mesh_shape = {1}});
   }
@@ -118,11 +113,8 @@ class GradientTest : public ::testing::Test {
     }
   }
 
-  static LocalCluster* cluster_;
-  std::unique_ptr<Client> client_;
   VirtualSlice mesh_, one_;
 };
-LocalCluster* GradientTest::cluster_ = nullptr;
 
 const TensorSpec F32(Shape shape) { return {DType::kF32, std::move(shape)}; }
 

@@ -109,17 +109,16 @@ int64_t CheckedInt(int64_t value) {
   PW_OP_CHECK(bad.empty(), bad);
   return value;
 }
-c10::optional<int64_t> CheckedIntOptional(c10::optional<int64_t> value) {
-  if (value.has_value()) CheckedInt(*value);
-  return value;
-}
 std::vector<int64_t> CheckedInts(std::vector<int64_t> values) {
   for (int64_t v : values) CheckedInt(v);
   return values;
 }
-c10::optional<std::vector<int64_t>> CheckedIntsOptional(c10::optional<std::vector<int64_t>> values) {
-  if (values.has_value()) CheckedInts(*values);
-  return values;
+
+// Each check's form for an Optional argument: None passes.
+template <typename T, T (*check)(T)>
+c10::optional<T> OrNone(c10::optional<T> value) {
+  if (value.has_value()) check(*value);
+  return value;
 }
 
 // The enumerations TorchScript passes as plain ints, which kernels index tables with (dtype 99 raised
@@ -179,11 +178,9 @@ std::string BadDevice(const c10::Device& device) {
   return absl::StrCat("device '", device.str(), "' is not the CPU, the one device a function's tensors may be on");
 }
 
-c10::optional<c10::Device> CheckedDevice(c10::optional<c10::Device> device) {
-  if (device.has_value()) {
-    const std::string bad = BadDevice(*device);
-    PW_OP_CHECK(bad.empty(), bad);
-  }
+c10::Device CheckedDevice(c10::Device device) {
+  const std::string bad = BadDevice(device);
+  PW_OP_CHECK(bad.empty(), bad);
   return device;
 }
 
@@ -191,11 +188,6 @@ template <Enumeration kind>
 int64_t Checked(int64_t value) {
   const std::string bad = BadEnumeration(kind, value);
   PW_OP_CHECK(bad.empty(), bad);
-  return value;
-}
-template <Enumeration kind>
-c10::optional<int64_t> CheckedOptional(c10::optional<int64_t> value) {
-  if (value.has_value()) Checked<kind>(*value);
   return value;
 }
 
@@ -251,51 +243,40 @@ absl::Status Guard(torch::jit::Node* node) {
   torch::jit::Graph& graph = *node->owningGraph();
   torch::jit::WithInsertPoint before(node);
   const auto& arguments = schema->arguments();
+  const bool bounds_ints = BoundsInts(*schema);
   for (size_t i = 0; i < arguments.size() && i < node->inputs().size(); ++i) {
-    const std::optional<Enumeration> kind = EnumerationOf(arguments[i]);
     torch::jit::Value* value = node->input(i);
-    if (!kind.has_value() || value->mustBeNone()) continue;
-    if (auto constant = torch::jit::toIValue(value);
-        constant.has_value() && (constant->isInt() || constant->isDevice())) {
-      const std::string bad =
-          constant->isDevice() ? BadDevice(constant->toDevice()) : BadEnumeration(*kind, constant->toInt());
-      if (!bad.empty()) return absl::InvalidArgumentError(absl::StrCat(schema->name(), Where(*node), ": ", bad));
-      continue;
-    }
-    node->replaceInput(i, graph.insert(c10::Symbol::fromQualString(GuardOf(*kind)), {value}));
-  }
-  if (BoundsInts(*schema)) {
-    for (size_t i = 0; i < arguments.size() && i < node->inputs().size(); ++i) {
-      const IntArgument kind = IntArgumentOf(arguments[i].real_type());
-      torch::jit::Value* value = node->input(i);
-      if (kind == IntArgument::kNone || value->mustBeNone()) continue;
-      // Constants are checked now, and so are a list's constant elements; a list is checked as the
-      // body runs all the same, as it may change before it is used (`p[0] = ...`). Sizes are not
-      // trusted either: an expanded tensor has 2^32 elements in no memory.
-      const bool list = value->node()->kind() == c10::prim::ListConstruct;
-      std::vector<torch::jit::Value*> elements = {value};
-      if (list) elements = value->node()->inputs().vec();
-      bool constant = true;
-      std::string bad;
-      for (torch::jit::Value* element : elements) {
-        auto known = torch::jit::toIValue(element);
-        if (!known.has_value()) {
-          constant = false;
-        } else if (known->isInt() && bad.empty()) {
-          bad = BadInt(known->toInt());
-        } else if (known->isIntList()) {
-          for (int64_t v : known->toIntVector()) {
-            if (bad.empty()) bad = BadInt(v);
-          }
-        }
+    if (value->mustBeNone()) continue;
+    const std::optional<Enumeration> enumeration = EnumerationOf(arguments[i]);
+    const IntArgument ints = bounds_ints ? IntArgumentOf(arguments[i].real_type()) : IntArgument::kNone;
+    if (!enumeration.has_value() && ints == IntArgument::kNone) continue;
+    // Constants are checked now, and so are a list's constant elements; a list is checked as the
+    // body runs all the same, as it may change before it is used (`p[0] = ...`). Sizes are not
+    // trusted either: an expanded tensor has 2^32 elements in no memory.
+    const bool list = value->node()->kind() == c10::prim::ListConstruct;
+    const std::vector<torch::jit::Value*> elements = list ? value->node()->inputs().vec() : std::vector{value};
+    bool constant = true;
+    std::string bad;
+    for (torch::jit::Value* element : elements) {
+      const auto known = torch::jit::toIValue(element);
+      if (!known.has_value()) {
+        constant = false;
+        continue;
+      }
+      std::vector<int64_t> numbers;
+      if (known->isInt()) numbers = {known->toInt()};
+      if (known->isIntList()) numbers = known->toIntVector();
+      if (enumeration.has_value() && known->isDevice()) bad = BadDevice(known->toDevice());
+      for (int64_t v : numbers) {
+        if (bad.empty()) bad = enumeration.has_value() ? BadEnumeration(*enumeration, v) : BadInt(v);
       }
       if (!bad.empty()) return absl::InvalidArgumentError(absl::StrCat(schema->name(), Where(*node), ": ", bad));
-      if (constant && !list) continue;
-      node->replaceInput(i,
-                         graph.insert(c10::Symbol::fromQualString(kind == IntArgument::kInt ? "pathways::checked_int"
-                                                                                            : "pathways::checked_ints"),
-                                      {value}));
     }
+    if (constant && !list) continue;
+    const char* guard = enumeration.has_value()     ? GuardOf(*enumeration)
+                        : ints == IntArgument::kInt ? "pathways::checked_int"
+                                                    : "pathways::checked_ints";
+    node->replaceInput(i, graph.insert(c10::Symbol::fromQualString(guard), {value}));
   }
   if (IsTensorIntegerDivision(*schema) && node->inputs().size() >= 2) {
     node->replaceInput(
@@ -401,16 +382,18 @@ TORCH_LIBRARY_FRAGMENT(pathways, m) {
   m.def(op("checked_quotient.Scalar(Tensor a, Scalar b) -> Scalar"), &CheckedQuotientScalar);
   m.def(op("checked_quotient.Scalar_Tensor(Scalar a, Tensor b) -> Tensor"), &CheckedQuotientScalarTensor);
   m.def(op("checked_int(int value) -> int"), &CheckedInt);
-  m.def(op("checked_int.optional(int? value) -> int?"), &CheckedIntOptional);
+  m.def(op("checked_int.optional(int? value) -> int?"), &OrNone<int64_t, &CheckedInt>);
   m.def(op("checked_ints(int[] values) -> int[]"), &CheckedInts);
-  m.def(op("checked_ints.optional(int[]? values) -> int[]?"), &CheckedIntsOptional);
-  m.def(op("checked_device(Device? device) -> Device?"), &CheckedDevice);
+  m.def(op("checked_ints.optional(int[]? values) -> int[]?"), &OrNone<std::vector<int64_t>, &CheckedInts>);
+  m.def(op("checked_device(Device device) -> Device"), &CheckedDevice);
+  m.def(op("checked_device.optional(Device? device) -> Device?"), &OrNone<c10::Device, &CheckedDevice>);
   m.def(op("checked_dtype(int value) -> int"), &Checked<Enumeration::kDType>);
-  m.def(op("checked_dtype.optional(int? value) -> int?"), &CheckedOptional<Enumeration::kDType>);
+  m.def(op("checked_dtype.optional(int? value) -> int?"), &OrNone<int64_t, &Checked<Enumeration::kDType>>);
   m.def(op("checked_layout(int value) -> int"), &Checked<Enumeration::kLayout>);
-  m.def(op("checked_layout.optional(int? value) -> int?"), &CheckedOptional<Enumeration::kLayout>);
+  m.def(op("checked_layout.optional(int? value) -> int?"), &OrNone<int64_t, &Checked<Enumeration::kLayout>>);
   m.def(op("checked_memory_format(int value) -> int"), &Checked<Enumeration::kMemoryFormat>);
-  m.def(op("checked_memory_format.optional(int? value) -> int?"), &CheckedOptional<Enumeration::kMemoryFormat>);
+  m.def(op("checked_memory_format.optional(int? value) -> int?"),
+        &OrNone<int64_t, &Checked<Enumeration::kMemoryFormat>>);
 }
 
 }  // namespace pathways
