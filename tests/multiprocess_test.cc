@@ -346,17 +346,16 @@ TEST_F(MultiProcessTest, AWorkerRestartedAtTheSameAddressServesTheSameClientAgai
   for (int i = 0; i < 8; ++i) EXPECT_EQ(again->data<float>()[i], Pattern({8}, 2.0f).data<float>()[i] + 1);
 }
 
-
-// A tenant's function that never ends holds its device (a stream is non-preemptible), and so every
-// later gang of the island on that host, while the process answers heartbeats. The worker sees the
-// device make no progress past its computation timeout, tells the controller why and leaves: the
-// stuck call fails with the reason, `status` shows it, the process exits non-zero, the controller
-// refuses that client from then on (it would take down the next host the same way) and collects
-// what it held, and the cluster serves another client's job on the other worker. With a token
-// per tenant (--tenants), the client's whole tenant is refused: its other clients, and any it
-// connects anew, which would run the same program on the next host; and the refusal outlives a
-// restart of the controller.
-TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServesOn) {
+// A tenant's function that never ends would hold its device (a stream is non-preemptible), and so
+// every later gang of the island on that host, while the process answers heartbeats. The worker
+// sees the device make no progress past its computation timeout and asks the computation to stop:
+// the body stops at its loop's next turn, the call fails with the reason, and the worker serves on.
+// The controller refuses that client from then on (it would hold the next device as long) and
+// collects what it held, and the cluster serves another client's job. With a token per tenant
+// (--tenants), the client's whole tenant is refused: its other clients, and any it connects anew;
+// and the refusal outlives a restart of the controller. (A computation that does not stop when
+// asked takes its worker out of the cluster: SimulatedDevicesTest.AKernelThatDoesNotStop...)
+TEST(StuckDeviceTest, AComputationPastTheTimeoutIsStoppedItsTenantRefusedAndTheWorkerServesOn) {
   const std::string tenants = ::testing::TempDir() + "/pathways_stuck_tenants";
   const std::string spinner_token = "spinner-0123456789abcdef", other_token = "other-0123456789abcdef";
   {
@@ -368,17 +367,16 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
     args.insert(args.end(), guard.begin(), guard.end());
     return args;
   };
-  Subprocess controller, stuck, other;
+  Subprocess controller, spinning, other;
   auto address = StartController(controller, with_guard({PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0",
                                                          "--heartbeat-timeout-ms", "5000", "--client-timeout-ms",
                                                          "1000"}));
   ASSERT_TRUE(address.ok()) << address.status();
-  // The spinning devices load both cores of a small machine for seconds: heartbeats may be late,
-  // and the stuck worker says why it leaves without waiting for the heartbeat timeout anyway.
+  // The spinning devices load both cores of a small machine for seconds: heartbeats may be late.
   // Registered first, so a slice of two devices is placed on it.
-  ASSERT_TRUE(StartWorker(stuck, with_guard({PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2",
-                                             "--collective-timeout-ms", "1000", "--memory-wait-ms", "500",
-                                             "--computation-timeout-ms", "3000"}))
+  ASSERT_TRUE(StartWorker(spinning, with_guard({PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2",
+                                                "--collective-timeout-ms", "1000", "--memory-wait-ms", "500",
+                                                "--computation-timeout-ms", "3000"}))
                   .ok());
   ASSERT_TRUE(
       StartWorker(other, with_guard({PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2"})).ok());
@@ -408,17 +406,12 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   ASSERT_TRUE(call.ok()) << call.status();
   auto got = (*client)->Fetch((*call)[0]).AwaitFor(absl::Seconds(60));
   ASSERT_FALSE(got.ok()) << "a computation of 10^9 steps finished";
-  // The worker went: the transport says so, and the client adds the controller's reason.
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  // Stopped (or, were the refusal first, collected), with the worker's reason.
   EXPECT_NE(got.status().message().find("past the worker's computation timeout"), std::string::npos) << got.status();
-
-  absl::StatusOr<int> exited = stuck.WaitFor(absl::Seconds(30));
-  ASSERT_TRUE(exited.ok()) << "the stuck worker did not leave";
-  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 1) << *exited;
   // The spinning client is refused, whatever it asks, with the reason.
   auto lost = (*client)->LostSlices();
   ASSERT_EQ(lost.status().code(), absl::StatusCode::kFailedPrecondition) << lost.status();
-  for (const char* part : {"refuses tenant spinner", "'spin'", "computation timeout of 3s", "cannot be preempted"}) {
+  for (const char* part : {"refuses tenant spinner", "'spin'", "computation timeout of 3s", "asked it to stop"}) {
     EXPECT_NE(lost.status().message().find(part), std::string::npos) << part << " in: " << lost.status();
   }
   auto again = (*client)->CreateSlice({.mesh_shape = {2}});
@@ -447,22 +440,23 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   auto status = RunCommand({PATHWAYS_BINARY, "status", "--controller", *address, "--token", other_token},
                            absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_NE(status->find("left: device "), std::string::npos) << *status;  // both devices spin
+  EXPECT_EQ(status->find("left:"), std::string::npos) << *status;  // no host left
   EXPECT_NE(status->find("tenant refused: spinner: its client "), std::string::npos) << *status;
 
   // The workers refuse the tenant too, once their heartbeats hear of it: a compile sent straight
-  // to the worker left.
+  // to a worker.
   ControllerClient as_other(*address, other_token);
   auto cluster = as_other.GetStatus();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  std::string left_worker;
+  std::string a_worker;
   for (const rpc::HostStatus& h : cluster->hosts()) {
-    if (h.alive()) left_worker = h.address();
+    EXPECT_TRUE(h.alive()) << h.address();
+    a_worker = h.address();
   }
-  ASSERT_FALSE(left_worker.empty());
+  ASSERT_FALSE(a_worker.empty());
   absl::Status at_worker;
   for (int i = 0; i < 300; ++i) {  // until its next heartbeat, a second or so
-    auto compiled = WorkerClientCache::Global().Get(left_worker, spinner_token)->Compile(rpc::CompileRequest());
+    auto compiled = WorkerClientCache::Global().Get(a_worker, spinner_token)->Compile(rpc::CompileRequest());
     at_worker = compiled.AwaitFor(absl::Seconds(10)).status();
     if (at_worker.code() == absl::StatusCode::kFailedPrecondition) break;
     absl::SleepFor(absl::Milliseconds(100));
@@ -470,7 +464,7 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   EXPECT_EQ(at_worker.code(), absl::StatusCode::kFailedPrecondition) << at_worker;
   EXPECT_NE(at_worker.message().find("refuses tenant spinner"), std::string::npos) << at_worker;
 
-  // Another tenant is served, on the worker left.
+  // Another tenant is served.
   ASSERT_NO_FATAL_FAILURE(expect_the_other_tenant_served());
   sibling->reset();
   client->reset();
@@ -492,6 +486,7 @@ TEST(StuckDeviceTest, AWorkerWhoseDeviceIsStuckLeavesSayingWhyAndTheClusterServe
   EXPECT_NE(after.find("tenant refused: spinner: its client "), std::string::npos) << after;
   expect_a_new_spinner_refused();
   ASSERT_NO_FATAL_FAILURE(expect_the_other_tenant_served());
+  EXPECT_EQ(spinning.Stop(SIGTERM), 0);
   EXPECT_EQ(other.Stop(SIGTERM), 0);
   EXPECT_EQ(controller.Stop(SIGTERM), 0);
 }

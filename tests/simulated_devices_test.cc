@@ -190,6 +190,69 @@ TEST(SimulatedDevicesTest, OneWorkerProcessServesSeveralHosts) {
   controller.Stop(SIGTERM);
 }
 
+// A kernel that does not poll its stop request (a modelled one, like an accelerator's) holds its
+// device past the computation timeout and past the grace its waits could take: the worker says
+// why it leaves and exits, the call fails with that reason, the client is refused, and another
+// client's job runs on the other worker.
+TEST(SimulatedDevicesTest, AKernelThatDoesNotStopWhenAskedTakesItsWorkerOut) {
+  Subprocess controller, stuck, other;
+  auto address = StartController(controller, {PATHWAYS_BINARY, "controller", "--listen", "127.0.0.1:0",
+                                              "--heartbeat-timeout-ms", "5000", "--client-timeout-ms", "1000"});
+  ASSERT_TRUE(address.ok()) << address.status();
+  const std::vector<std::string> sim = {"--device-kind", "sim", "--sim-cost-us", "hold=60000000,*=0"};
+  std::vector<std::string> first = {PATHWAYS_BINARY,
+                                    "worker",
+                                    "--controller",
+                                    *address,
+                                    "--devices",
+                                    "2",
+                                    "--collective-timeout-ms",
+                                    "1000",
+                                    "--memory-wait-ms",
+                                    "500",
+                                    "--computation-timeout-ms",
+                                    "3000"};
+  first.insert(first.end(), sim.begin(), sim.end());
+  ASSERT_TRUE(StartWorker(stuck, first).ok());  // registered first: the slice below is placed on it
+  std::vector<std::string> second = {PATHWAYS_BINARY, "worker", "--controller", *address, "--devices", "2"};
+  second.insert(second.end(), sim.begin(), sim.end());
+  ASSERT_TRUE(StartWorker(other, second).ok());
+
+  auto client = Client::Connect(*address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  VirtualSlice slice = *(*client)->CreateSlice({.mesh_shape = {2}});
+  const TensorSpec pair{DType::kF32, {2}};
+  auto hold = (*client)->Compile(
+      FunctionSpec::Script("hold", "def hold(x):\n    return x + 1.0\n", {pair}, {pair}, {{"x"}}, {{"x"}}));
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  auto call = (*client)->Call(*hold, slice, {*(*client)->Put(*HostArray::Create(DType::kF32, {2}), slice, {"x"})});
+  ASSERT_TRUE(call.ok()) << call.status();
+  auto got = (*client)->Fetch((*call)[0]).AwaitFor(absl::Seconds(50));
+  ASSERT_FALSE(got.ok()) << "a modelled minute passed";
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  for (const char* part : {"past the worker's computation timeout of 3s", "did not stop within 2.5s", "leaves"}) {
+    EXPECT_NE(got.status().message().find(part), std::string::npos) << part << " in: " << got.status();
+  }
+  absl::StatusOr<int> exited = stuck.WaitFor(absl::Seconds(30));
+  ASSERT_TRUE(exited.ok()) << "the stuck worker did not leave";
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 1) << *exited;
+  EXPECT_EQ((*client)->LostSlices().status().code(), absl::StatusCode::kFailedPrecondition);  // refused
+
+  auto next = Client::Connect(*address);
+  ASSERT_TRUE(next.ok()) << next.status();
+  auto on_other = (*next)->CreateSlice({.mesh_shape = {2}});
+  ASSERT_TRUE(on_other.ok()) << on_other.status();
+  auto inc = (*next)->Compile(FunctionSpec::Builtin("add_one", {pair}, {pair}, {{"x"}}, {{"x"}}));
+  ASSERT_TRUE(inc.ok()) << inc.status();
+  auto y = (*next)->Call(*inc, *on_other, {*(*next)->Put(*HostArray::Create(DType::kF32, {2}), *on_other, {"x"})});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE((*next)->Fetch((*y)[0]).AwaitFor(absl::Seconds(30)).ok());
+  next->reset();
+  client->reset();
+  EXPECT_EQ(other.Stop(SIGTERM), 0);
+  controller.Stop(SIGTERM);
+}
+
 TEST(SimulatedDevicesTest, BadWorkerFlagsAreNamed) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--device-kind", "tpu"}, "unknown device kind 'tpu'"},

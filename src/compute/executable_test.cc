@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "compute/stop_request.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
 
@@ -326,6 +329,49 @@ TEST_F(ExecutableTest, ABodysRunTimeErrorNamesItsFileAndLine) {
   EXPECT_NE(bad.status().message().find("/home/me/broken.py"), std::string::npos) << bad.status();
 }
 
+// A device cannot be preempted, so a body that loops stops when its worker asks (at the next turn
+// of any loop, however deep, in a function it calls too; and a pass of fma_loop) and fails its run.
+// The same executable runs to its end when not asked, and again after.
+TEST_F(ExecutableTest, ALoopingBodyStopsWhenAskedAndRunsAgainAfter) {
+  const std::vector<std::pair<std::string, std::string>> bodies = {
+      {"counted", "def counted(x):\n    for _ in range(int(x[0])):\n        x = x * 1.0\n    return x\n"},
+      {"nested",
+       "def nested(x):\n    for _ in range(2):\n        i = 0\n        while i < int(x[0]):\n"
+       "            x = x * 1.0\n            i += 1\n    return x\n"},
+      {"called",
+       "def spin(x):\n    return [x * 1.0 for _ in range(int(x[0]))][-1]\n\n"
+       "def called(x):\n    return spin(x) if int(x[0]) > 0 else x\n"},
+      {"fma", "def fma(x):\n    return pathways.fma_loop(x, int(x[0]), 1.0, 0.0)\n"},
+  };
+  for (const auto& [name, source] : bodies) {
+    SCOPED_TRACE(name);
+    auto exe = cache_.Compile({FunctionBody::Kind::kTorchScript, name, source});
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    auto run = [&](float turns, const std::atomic<bool>* stop) {
+      BufferPtr in = MakeF32({2}, {turns, 5});
+      BufferPtr out = *device_.Allocate(DType::kF32, {2});
+      const DeviceBuffer* ins[] = {in.get()};
+      DeviceBuffer* outs[] = {out.get()};
+      ScopedStopRequest scope(stop);
+      absl::Status ran = (*exe)->Run(ins, outs);
+      if (ran.ok()) EXPECT_EQ(Values(*out), (std::vector<float>{turns, 5}));
+      return ran;
+    };
+    std::atomic<bool> stop{false};
+    EXPECT_TRUE(run(3, &stop).ok());
+    EXPECT_TRUE(run(3, nullptr).ok());
+    // 10^12 turns would take hours; asked to stop once it runs, or before, it fails.
+    absl::Status stopped;
+    std::thread device([&] { stopped = run(1e12f, &stop); });
+    absl::SleepFor(absl::Milliseconds(50));  // it stops whenever this comes, before its first turn or after
+    stop = true;
+    device.join();
+    EXPECT_FALSE(stopped.ok());
+    EXPECT_NE(stopped.message().find("asked to stop"), std::string::npos) << stopped;
+    stop = false;
+    EXPECT_TRUE(run(3, &stop).ok());
+  }
+}
 
 // f(a, b, n) = (tanh(a) * b, sum(a)); n is an integer input with no gradient.
 constexpr char kTanhSource[] = "def f(a, b, n):\n    return torch.tanh(a) * b, a.sum() + n.sum().float()\n";

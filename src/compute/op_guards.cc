@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "compute/stop_request.h"
 #include "compute/torch_ops.h"
 #include "core/status_macros.h"
 
@@ -351,6 +352,10 @@ struct CheckedLanguageOps {
 };
 const CheckedLanguageOps checked_language_ops;
 
+// Where a loop's turn polls the thread's stop request (compute/stop_request.h): the run fails at
+// the next turn once the worker asked, and the host says why.
+void StopPoint() { TORCH_CHECK(!StopRequested(), "the computation was asked to stop"); }
+
 }  // namespace
 
 absl::Status ConfineBody(torch::jit::CompilationUnit& unit, const std::string& name, FunctionOps ops) {
@@ -362,6 +367,12 @@ absl::Status ConfineBody(torch::jit::CompilationUnit& unit, const std::string& n
                                                        Where(*node), ", which a function may not call: ", why));
       }
       for (torch::jit::Block* inner : node->blocks()) PW_RETURN_IF_ERROR(confine(inner));
+      // A body runs ops without end only by looping (TorchScript has no recursion, and calls are
+      // inlined): each turn may be asked to stop.
+      if (node->kind() == c10::prim::Loop) {
+        torch::jit::Block* body = node->blocks().at(0);
+        body->prependNode(body->owningGraph()->create(c10::Symbol::fromQualString("pathways::stop_point"), 0));
+      }
       if (absl::Status guarded = Guard(node); !guarded.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("function '", name, "': ", guarded.message()));
       }
@@ -375,9 +386,11 @@ absl::Status ConfineBody(torch::jit::CompilationUnit& unit, const std::string& n
   return absl::OkStatus();
 }
 
-// Pure checks, but registered as having side effects so that no optimisation drops or moves one.
+// Pure checks, but registered as having side effects so that no optimisation drops or moves one (a
+// stop point has no output at all).
 TORCH_LIBRARY_FRAGMENT(pathways, m) {
   auto op = [](const char* schema) { return torch::schema(schema, c10::AliasAnalysisKind::CONSERVATIVE); };
+  m.def(op("stop_point() -> ()"), &StopPoint);
   m.def(op("checked_quotient.Tensor(Tensor a, Tensor b) -> Tensor"), &CheckedQuotient);
   m.def(op("checked_quotient.Scalar(Tensor a, Scalar b) -> Scalar"), &CheckedQuotientScalar);
   m.def(op("checked_quotient.Scalar_Tensor(Scalar a, Tensor b) -> Tensor"), &CheckedQuotientScalarTensor);

@@ -16,7 +16,8 @@ namespace pathways {
 
 // InvalidArgument naming the op, the file and line and why, for the first op that any function
 // `unit` defines calls and `ops` refuses, or for a constant argument no check could let through.
-// Otherwise puts the checks into every function's graph.
+// Otherwise puts the checks into every function's graph, and a stop point at the start of each
+// loop's turn (compute/stop_request.h).
 absl::Status ConfineBody(torch::jit::CompilationUnit& unit, const std::string& name, FunctionOps ops);
 
 }  // namespace pathways

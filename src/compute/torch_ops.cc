@@ -9,10 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
-#include "compute/counter_rng.h"
 #include "compute/batch_prefetcher.h"
 #include "compute/checkpoint_files.h"
+#include "compute/counter_rng.h"
 #include "compute/markov.h"
+#include "compute/stop_request.h"
 #include "compute/text_source.h"
 
 namespace pathways {
@@ -55,6 +56,7 @@ at::Tensor FmaLoop(const at::Tensor& x, int64_t iterations, double a, double b) 
   const int64_t n = y.numel();
   const float fa = static_cast<float>(a), fb = static_cast<float>(b);
   for (int64_t k = 0; k < iterations; ++k) {
+    PW_OP_CHECK(!StopRequested(), "fma_loop was asked to stop after ", k, " of ", iterations, " passes");
     for (int64_t j = 0; j < n; ++j) p[j] = p[j] * fa + fb;
   }
   return y;

@@ -235,6 +235,16 @@ class Controller::Service final : public rpc::Controller::WithCallbackMethod_Sch
       PW_LOG(Warning) << "refusing client " << ClientLabel(request->stuck_client()) << ": " << reason;
       controller_.clients_.Refuse(request->stuck_client(), reason, now);
     }
+    // A host that stays but stopped a client's computation past its computation timeout: the
+    // same client would hold the next device as long, so it is refused the same way.
+    if (beat == ClusterRegistry::Beat::kAlive) {
+      for (const rpc::StoppedComputation& stopped : request->stopped()) {
+        if (stopped.client().empty()) continue;
+        const std::string reason = stopped.reason().substr(0, ClusterRegistry::kMaxLeaveReason);
+        PW_LOG(Warning) << "refusing client " << ClientLabel(stopped.client()) << ": " << reason;
+        controller_.clients_.Refuse(stopped.client(), reason, now);
+      }
+    }
     response->set_registered(beat == ClusterRegistry::Beat::kAlive);
     // Clients it came to hold since it registered, perhaps never heard of here (see
     // HeartbeatRequest.clients): each gets a lease, as at registration.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "array/sharding.h"
+#include "compute/stop_request.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "dataflow/graph.h"
@@ -330,7 +331,14 @@ void HostRuntime::ExecuteShard(const std::shared_ptr<const HostProgram>& entry, 
       collective::ShardCollectives collectives(*hub, node_plan.gang, {&label.client, label.program, label.run, label.node},
                                                shard);
       collective::ScopedShardCollectives scope(&collectives);
+      ScopedStopRequest stop(watch->StopFlag(device->local_index()));
       absl::Status ran = exe->Run(in_ptrs, out_ptrs);
+      if (!ran.ok()) {
+        // Asked to stop past the computation timeout: the host's reason, not the body's words.
+        if (std::optional<std::string> why = watch->StopReason(device->local_index()); why.has_value()) {
+          ran = absl::DeadlineExceededError(*why);
+        }
+      }
       calls = collectives.calls();
       PW_RETURN_IF_ERROR(ran);
       return results;

@@ -87,7 +87,7 @@ class HostRuntime {
   Device& device(int i) { return *devices_[i]; }
   ObjectStore& store() { return store_; }
   // What the devices compute now and since when (a device stuck in one computation).
-  const ComputationWatch& computations() const { return watch_; }
+  ComputationWatch& computations() { return watch_; }
   // Whether this host can meet other hosts (for collectives and blocks): false without a
   // rendezvous, or when its links could not listen.
   bool has_links() const { return links_ != nullptr; }

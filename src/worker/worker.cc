@@ -231,10 +231,26 @@ absl::Status Worker::Register() {
   return absl::OkStatus();
 }
 
-std::optional<ComputationWatch::Overrun> Worker::StuckDevice() const {
+absl::Status Worker::StopOverruns(rpc::HeartbeatRequest& request) {
   const absl::Duration limit = options_.computation_timeout;
-  if (limit <= absl::ZeroDuration() || limit == absl::InfiniteDuration()) return std::nullopt;
-  return runtime_->computations().LongerThan(limit, absl::Now());
+  if (limit <= absl::ZeroDuration() || limit == absl::InfiniteDuration()) return absl::OkStatus();
+  ComputationWatch& watch = runtime_->computations();
+  const absl::Time now = absl::Now();
+  auto why = [&](const ComputationWatch::Overrun& o) { return DescribeStop(address_, o, limit); };
+  for (const ComputationWatch::Overrun& o : watch.StopLongerThan(limit, now, why)) {
+    rpc::StoppedComputation& stopped = unreported_stops_.emplace_back();
+    stopped.set_client(o.label.client);
+    stopped.set_reason(why(o));
+    PW_LOG(Warning) << stopped.reason();
+  }
+  for (const rpc::StoppedComputation& stopped : unreported_stops_) *request.add_stopped() = stopped;
+  // A stopped body ends at its loop's next turn, or once the collective or memory wait it is in
+  // times out; one still running after that is in a kernel that does not poll.
+  const absl::Duration grace = options_.collective_timeout + options_.memory_wait + absl::Seconds(1);
+  std::optional<ComputationWatch::Overrun> stuck = watch.NotStopped(grace, now);
+  if (!stuck.has_value()) return absl::OkStatus();
+  request.set_stuck_client(stuck->label.client);
+  return absl::UnavailableError(DescribeOverrun(address_, *stuck, limit, grace));
 }
 
 void Worker::NameStalledPeers(rpc::HeartbeatRequest& request) {
@@ -276,10 +292,9 @@ void Worker::HeartbeatLoop() {
     // So does a host whose place in the island's order is lost (its later runs would wait for
     // good).
     absl::Status leaving = runtime_->ControlBroken();
-    if (std::optional<ComputationWatch::Overrun> overrun = StuckDevice(); overrun.has_value()) {
-      leaving = absl::UnavailableError(DescribeOverrun(address_, *overrun, options_.computation_timeout));
+    if (absl::Status stuck = StopOverruns(request); !stuck.ok()) {
+      leaving = stuck;
       PW_LOG(Error) << leaving.message();
-      request.set_stuck_client(overrun->label.client);
       stuck_ = true;
     }
     if (!leaving.ok()) {
@@ -296,6 +311,7 @@ void Worker::HeartbeatLoop() {
       PW_LOG(Warning) << "heartbeat to " << controller_->address() << " failed: " << response.status();
       continue;
     }
+    if (response->registered()) unreported_stops_.clear();
     if (response->expired()) {
       const std::string why = response->expired_reason().empty()
                                   ? "was silent longer than the controller's heartbeat timeout (frozen, cut off or "

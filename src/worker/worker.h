@@ -63,9 +63,11 @@ struct WorkerOptions {
   // peers gave up on it), so it leaves; a new process rejoins as a new incarnation. The
   // `pathways worker` command exits with this status. Null: the worker only stops heartbeating.
   std::function<void(const absl::Status&)> on_left;
-  // A device that has run one computation longer than this is stuck (see ComputationWatch): the
-  // worker tells the controller why and leaves, with on_left, as above; its runs fail. Zero or
-  // infinite: never.
+  // A computation that has run longer than this on a device is asked to stop (see
+  // ComputationWatch; a body stops at the next turn of a loop): its run fails and the controller
+  // refuses its client. One still running once its waits could have timed out is stuck: the worker
+  // tells the controller why and leaves, with on_left, as above; its runs fail. Zero or infinite:
+  // never.
   absl::Duration computation_timeout = absl::Minutes(10);
   // A peer host that took nothing of the dataflow batches waiting for it this long, at two
   // heartbeats in a row, is named to the controller, which makes one of the two leave (see
@@ -94,9 +96,9 @@ class Worker {
  private:
   absl::Status Register();
   void HeartbeatLoop();
-  // The computation a device has been stuck in past the computation timeout, for which the
-  // worker must leave; none when no device is.
-  std::optional<ComputationWatch::Overrun> StuckDevice() const;
+  // Asks the computations past the computation timeout to stop, naming them in `request`; returns
+  // why the worker must leave when one asked earlier is still running, and names its client.
+  absl::Status StopOverruns(rpc::HeartbeatRequest& request);
   rpc::RegisterWorkerRequest RegistrationRequest();
   // What the controller refuses (`refusals`, or only `names` from a controller of an earlier
   // version) becomes this host's copy.
@@ -122,6 +124,8 @@ class Worker {
   absl::Notification stop_;
   std::thread heartbeat_thread_;
   std::vector<int64_t> work_reported_until_us_;  // per device; the heartbeat thread's own
+  // Computations asked to stop that no controller has heard of yet; the heartbeat thread's own.
+  std::vector<rpc::StoppedComputation> unreported_stops_;
   // The clients this host held when it last named them to the controller (see
   // HeartbeatRequest.clients); the heartbeat thread's own (Start registers before it starts).
   absl::flat_hash_set<std::string> named_clients_;
