@@ -354,7 +354,9 @@ TEST_F(ExecutableTest, ALoopingBodyStopsWhenAskedAndRunsAgainAfter) {
       DeviceBuffer* outs[] = {out.get()};
       ScopedStopRequest scope(stop);
       absl::Status ran = (*exe)->Run(ins, outs);
-      if (ran.ok()) EXPECT_EQ(Values(*out), (std::vector<float>{turns, 5}));
+      if (ran.ok()) {
+        EXPECT_EQ(Values(*out), (std::vector<float>{turns, 5}));
+      }
       return ran;
     };
     std::atomic<bool> stop{false};
@@ -588,6 +590,48 @@ TEST_F(ExecutableTest, KernelTemporariesAreChargedToTheDeviceRunningThem) {
   EXPECT_GE(large->peak(), 4 << 20);
   large->ResetPeak();
   EXPECT_EQ(large->peak(), 0);
+}
+
+// Lists, strings and the rest a body holds besides tensors come from C++'s heap, not the tensor
+// allocator: past an allowance they are charged to the device too, so a body cannot fill the
+// host's memory with them (before, `[0] * 10**9` took 16 GB of it).
+TEST_F(ExecutableTest, ListsAndStringsABodyHoldsAreChargedToTheDeviceRunningIt) {
+  const std::vector<std::pair<std::string, std::string>> hoarders = {
+      {"repeated", "def repeated(x):\n    l = [0] * 1000000000\n    return x + len(l)\n"},
+      {"doubled", "def doubled(x):\n    l = [1]\n    for _ in range(40):\n        l = l + l\n    return x + len(l)\n"},
+      {"text", "def text(x):\n    s = 'ab'\n    for _ in range(40):\n        s = s + s\n    return x + len(s)\n"},
+      {"nested",
+       "def nested(x):\n    ls: List[List[int]] = []\n    for i in range(100000):\n        ls.append([i] * 1000000)\n"
+       "    return x + len(ls)\n"},
+  };
+  auto budget = std::make_shared<MemoryBudget>("cpu:0", 256 << 20);
+  BufferPtr in = MakeF32({1}, {2});
+  BufferPtr out = *device_.Allocate(DType::kF32, {1});
+  const DeviceBuffer* ins[] = {in.get()};
+  DeviceBuffer* outs[] = {out.get()};
+  for (const auto& [name, source] : hoarders) {
+    SCOPED_TRACE(name);
+    auto exe = cache_.Compile({FunctionBody::Kind::kTorchScript, name, source});
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    MemoryBudget::ScopedCurrent scope(budget);
+    absl::Status s = (*exe)->Run(ins, outs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    for (const char* part : {"ran out of device memory", "besides tensors", "cpu:0"}) {
+      EXPECT_NE(s.message().find(part), std::string::npos) << part << " in: " << s;
+    }
+    EXPECT_EQ(budget->used(), 0);
+  }
+  // A body's usual lists fit, as do lists past the allowance that fit the device.
+  auto exe =
+      cache_.Compile({FunctionBody::Kind::kTorchScript, "fits",
+                      "def fits(x):\n    l = [i for i in range(1000)] + [0] * 4000000\n    return x + len(l)\n"});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  MemoryBudget::ScopedCurrent scope(budget);
+  absl::Status s = (*exe)->Run(ins, outs);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Values(*out)[0], 2.0f + 4001000);
+  EXPECT_EQ(budget->used(), 0);
+  EXPECT_GE(budget->peak(), 32 << 20);  // 4M IValues of 16 bytes, past the 16 MiB allowance
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/collective.h"
+#include "compute/body_heap.h"
 #include "compute/executable.h"
 #include "compute/op_guards.h"
 #include "compute/torch_ops.h"
@@ -65,6 +66,12 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
   std::vector<at::Tensor> results;
   KernelMemoryFailure() = absl::OkStatus();
   OpFailure() = absl::OkStatus();
+  // The body's lists and strings are charged to the device running it, as its tensors are.
+  const std::shared_ptr<MemoryBudget>* budget = MemoryBudget::Current();
+  ScopedBodyHeap heap(budget != nullptr ? *budget : nullptr);
+  auto out_of_memory = [&](absl::string_view why) {
+    return absl::ResourceExhaustedError(absl::StrCat("function '", name_, "' ran out of device memory: ", why));
+  };
   try {
     // Bodies run without autograd's bookkeeping, except those that differentiate: their
     // inputs must not be inference tensors, which autograd cannot record.
@@ -126,15 +133,16 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
       if (t.data_ptr() != out.data()) std::memmove(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
     }
   } catch (const std::bad_alloc&) {
+    if (!heap.failure().ok()) return out_of_memory(heap.failure().message());
     return absl::ResourceExhaustedError(absl::StrCat("function '", name_, "' ran out of host memory"));
   } catch (const std::exception& e) {
     // The TorchScript interpreter rethrows what a kernel threw as its own error: a refused
-    // allocation is known by what the allocator recorded.
+    // allocation is known by what the allocator (or the body's heap) recorded.
     if (!KernelMemoryFailure().ok()) {
       absl::Status refused = std::exchange(KernelMemoryFailure(), absl::OkStatus());
-      return absl::ResourceExhaustedError(
-          absl::StrCat("function '", name_, "' ran out of device memory: ", refused.message()));
+      return out_of_memory(refused.message());
     }
+    if (!heap.failure().ok()) return out_of_memory(heap.failure().message());
     if (!OpFailure().ok()) {
       absl::Status failed = std::exchange(OpFailure(), absl::OkStatus());
       return absl::Status(failed.code(), absl::StrCat("function '", name_, "' failed: ", failed.message()));

@@ -1,0 +1,126 @@
+#include "compute/body_heap.h"
+
+#include <malloc.h>
+
+#include <cstdlib>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace pathways {
+namespace {
+
+constexpr int64_t kChargeStep = int64_t{1} << 20;
+constexpr int64_t kUnwindSlack = int64_t{4} << 20;
+thread_local ScopedBodyHeap* current_heap = nullptr;
+
+}  // namespace
+
+ScopedBodyHeap::ScopedBodyHeap(std::shared_ptr<MemoryBudget> budget, int64_t allowance)
+    : budget_(std::move(budget)), allowance_(allowance), outer_(current_heap) {
+  current_heap = this;
+}
+
+ScopedBodyHeap::~ScopedBodyHeap() {
+  current_heap = outer_;
+  if (charged_ > 0) budget_->Release(charged_);
+}
+
+// False when the allocation of `bytes` may not be made: it would not fit the budget.
+bool BodyHeapGrew(int64_t bytes) {
+  ScopedBodyHeap* heap = current_heap;
+  if (heap == nullptr || heap->charging_) return true;
+  heap->live_ += bytes;
+  if (!heap->failure_.ok()) {
+    // Refused once: what the error's unwinding takes is let through, up to a slack (libtorch
+    // catches some errors, constant folding's for one, so a refusal need not end the body).
+    if (heap->live_ <= heap->unwind_limit_) return true;
+    heap->live_ -= bytes;
+    return false;
+  }
+  const int64_t over = heap->live_ - heap->allowance_ - heap->charged_;
+  if (over <= 0 || heap->budget_ == nullptr) return true;
+  heap->charging_ = true;
+  const int64_t step = (over + kChargeStep - 1) / kChargeStep * kChargeStep;
+  absl::Status charged = heap->budget_->Charge(step, heap->budget_->kernel_wait());
+  if (charged.ok()) {
+    heap->charged_ += step;
+  } else {
+    heap->live_ -= bytes;
+    heap->failure_ = absl::ResourceExhaustedError(absl::StrCat(
+        "its lists, strings and other values besides tensors hold ", heap->live_, " bytes and asked for ", bytes,
+        " more, past the ", heap->allowance_, " bytes a body may hold uncharged: ", charged.message()));
+    heap->unwind_limit_ = heap->live_ + kUnwindSlack;
+  }
+  heap->charging_ = false;
+  return charged.ok();
+}
+
+void BodyHeapShrank(int64_t bytes) {
+  ScopedBodyHeap* heap = current_heap;
+  if (heap != nullptr && !heap->charging_) heap->live_ -= bytes;
+}
+
+namespace {
+
+void* Allocate(std::size_t bytes, std::size_t alignment) {
+  void* p = nullptr;
+  if (alignment <= alignof(std::max_align_t)) {
+    p = std::malloc(bytes == 0 ? 1 : bytes);
+  } else if (posix_memalign(&p, alignment, bytes == 0 ? 1 : bytes) != 0) {
+    p = nullptr;
+  }
+  if (p == nullptr) return nullptr;
+  if (current_heap != nullptr && !BodyHeapGrew(static_cast<int64_t>(malloc_usable_size(p)))) {
+    std::free(p);
+    return nullptr;
+  }
+  return p;
+}
+
+void* AllocateOrThrow(std::size_t bytes, std::size_t alignment) {
+  void* p = Allocate(bytes, alignment);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void Free(void* p) noexcept {
+  if (p == nullptr) return;
+  if (current_heap != nullptr) BodyHeapShrank(static_cast<int64_t>(malloc_usable_size(p)));
+  std::free(p);
+}
+
+}  // namespace
+}  // namespace pathways
+
+// The replaceable global allocation functions ([new.delete]): malloc and free, as libstdc++'s, with
+// the current body's count kept. Linked into every program that links the compute layer
+// (TorchExecutable::Run uses ScopedBodyHeap), and so used by libtorch's code in it too.
+void* operator new(std::size_t n) { return pathways::AllocateOrThrow(n, 0); }
+void* operator new[](std::size_t n) { return pathways::AllocateOrThrow(n, 0); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return pathways::Allocate(n, 0); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return pathways::Allocate(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return pathways::AllocateOrThrow(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return pathways::AllocateOrThrow(n, static_cast<std::size_t>(a));
+}
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return pathways::Allocate(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return pathways::Allocate(n, static_cast<std::size_t>(a));
+}
+void operator delete(void* p) noexcept { pathways::Free(p); }
+void operator delete[](void* p) noexcept { pathways::Free(p); }
+void operator delete(void* p, std::size_t) noexcept { pathways::Free(p); }
+void operator delete[](void* p, std::size_t) noexcept { pathways::Free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { pathways::Free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { pathways::Free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { pathways::Free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { pathways::Free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { pathways::Free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { pathways::Free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { pathways::Free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { pathways::Free(p); }

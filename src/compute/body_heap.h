@@ -1,0 +1,50 @@
+// What a body allocates outside its tensors: TorchScript's lists, strings and dicts, the
+// interpreter's frames. libtorch's tensors go through the device's allocator and budget
+// (torch_allocator.cc); these go through C++'s operator new, which this file replaces for the
+// whole process so that a body's own are counted, and, past an allowance, charged to the device
+// running it. Without it, `[0] * 10**9` or a list doubling itself turn by turn would fill the
+// host's memory before any timeout, and the kernel would take the worker down with every tenant
+// on it. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "device/device.h"
+
+namespace pathways {
+
+// Counts the current thread's C++ allocations that are still held, for the scope's life.
+// Beyond `allowance` bytes they are charged to `budget` (the device's; null: counted only) in
+// steps of 1 MiB, waiting as kernels' temporaries do; one that does not fit throws
+// std::bad_alloc, and failure() says why. After a refusal a few MiB more are let through
+// uncharged, so that the body's error can unwind, and nothing past them. Allocations freed on other
+// threads meanwhile are not seen. Scopes nest: an inner one counts its own.
+class ScopedBodyHeap {
+ public:
+  static constexpr int64_t kAllowance = int64_t{16} << 20;
+  explicit ScopedBodyHeap(std::shared_ptr<MemoryBudget> budget, int64_t allowance = kAllowance);
+  ~ScopedBodyHeap();  // releases what was charged
+  ScopedBodyHeap(const ScopedBodyHeap&) = delete;
+  ScopedBodyHeap& operator=(const ScopedBodyHeap&) = delete;
+
+  int64_t live_bytes() const { return live_; }
+  int64_t charged_bytes() const { return charged_; }
+  // ResourceExhausted naming the device and the sizes, once an allocation was refused.
+  const absl::Status& failure() const { return failure_; }
+
+ private:
+  friend bool BodyHeapGrew(int64_t bytes);
+  friend void BodyHeapShrank(int64_t bytes);
+  const std::shared_ptr<MemoryBudget> budget_;
+  const int64_t allowance_;
+  int64_t live_ = 0;
+  int64_t charged_ = 0;
+  bool charging_ = false;     // inside the budget's own calls, which may allocate
+  int64_t unwind_limit_ = 0;  // once refused: what may be held while the error unwinds
+  absl::Status failure_;
+  ScopedBodyHeap* const outer_;
+};
+
+}  // namespace pathways

@@ -1,0 +1,67 @@
+#include "compute/body_heap.h"
+
+#include <new>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pathways {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+TEST(BodyHeapTest, WhatABodyHoldsPastItsAllowanceIsChargedToTheDeviceAndRefusedPastItsMemory) {
+  auto budget = std::make_shared<MemoryBudget>("cpu:0", 8 * kMiB);
+  std::vector<std::string> held;
+  {
+    ScopedBodyHeap heap(budget, 2 * kMiB);
+    held.emplace_back(kMiB, 'a');  // within the allowance: counted, not charged
+    EXPECT_GE(heap.live_bytes(), kMiB);
+    EXPECT_EQ(budget->used(), 0);
+    for (int i = 0; i < 4; ++i) held.emplace_back(kMiB, 'b');  // 5 MiB held: 3 charged
+    EXPECT_GE(heap.live_bytes(), 5 * kMiB);
+    EXPECT_GE(budget->used(), 3 * kMiB);
+    EXPECT_EQ(budget->used(), heap.charged_bytes());
+    held.clear();  // freed on this thread: no longer held, still charged until the scope ends
+    EXPECT_LT(heap.live_bytes(), kMiB);
+
+    // 16 MiB do not fit the device's 8: refused, and the heap says why.
+    EXPECT_THROW(held.emplace_back(16 * kMiB, 'c'), std::bad_alloc);
+    EXPECT_EQ(heap.failure().code(), absl::StatusCode::kResourceExhausted) << heap.failure();
+    EXPECT_NE(heap.failure().message().find("cpu:0"), std::string::npos) << heap.failure();
+    // After a refusal a little more is let through, so the body's error can unwind; not more.
+    held.emplace_back(kMiB, 'd');
+    EXPECT_THROW(held.emplace_back(16 * kMiB, 'd'), std::bad_alloc);
+    held.clear();
+  }
+  EXPECT_EQ(budget->used(), 0) << "the scope released what it charged";
+
+  // Outside a scope, and in a scope without a budget, nothing is charged or refused.
+  held.emplace_back(16 * kMiB, 'e');
+  {
+    ScopedBodyHeap counted_only(nullptr, 0);
+    held.emplace_back(16 * kMiB, 'f');
+    EXPECT_GE(counted_only.live_bytes(), 16 * kMiB);
+    EXPECT_TRUE(counted_only.failure().ok());
+  }
+  held.clear();
+}
+
+TEST(BodyHeapTest, ScopesNestAndTheInnerCountsItsOwn) {
+  auto budget = std::make_shared<MemoryBudget>("cpu:0", 64 * kMiB);
+  std::vector<std::string> held;
+  ScopedBodyHeap outer(budget, 0);
+  held.emplace_back(kMiB, 'a');
+  const int64_t outer_live = outer.live_bytes();
+  {
+    ScopedBodyHeap inner(budget, 0);
+    held.emplace_back(2 * kMiB, 'b');
+    EXPECT_GE(inner.live_bytes(), 2 * kMiB);
+    EXPECT_EQ(outer.live_bytes(), outer_live);
+  }
+  EXPECT_EQ(budget->used(), outer.charged_bytes());
+}
+
+}  // namespace
+}  // namespace pathways
