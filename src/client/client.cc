@@ -198,6 +198,16 @@ absl::StatusOr<ShardedArray> Client::PutBytes(const TensorSpec& spec, const char
                                                      slice.mapping());
   const size_t element = DTypeSize(spec.dtype);
   const size_t shard_bytes = static_cast<size_t>(*ByteSize(spec.dtype, sharding.local_shape()));
+  // A shard larger than its device's whole memory could never be placed: say so now, not at the
+  // array's first use.
+  for (const PhysicalDeviceInfo& dev : state->placed_on->devices) {
+    if (dev.memory_capacity > 0 && shard_bytes > static_cast<size_t>(dev.memory_capacity)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Put of ", DTypeName(spec.dtype), ShapeToString(spec.shape), ": a shard of ", shard_bytes,
+          " bytes is larger than the whole memory of device ", dev.device_id.value(), " (", dev.memory_capacity,
+          " bytes, host ", dev.host_address, "); split the array over more devices with a partition spec"));
+    }
+  }
   for (int64_t s = 0; s < slice.num_devices(); ++s) {
     const PhysicalDeviceInfo& dev = state->placed_on->devices[s];
     Region region = sharding.ShardRegion(s);

@@ -99,6 +99,7 @@ struct PhysicalDeviceInfo {
   int island;
   std::vector<int32_t> coords;  // in the island's device mesh: (host's rank in the island, local index)
   std::string incarnation;      // of the worker process holding it when the slice was mapped
+  int64_t memory_capacity = 0;  // bytes; 0: not known
 };
 
 // Where a slice's virtual devices are, at one time. Immutable; remapping a slice makes a new one.

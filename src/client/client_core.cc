@@ -106,8 +106,9 @@ std::shared_ptr<const SliceMapping> ClientCore::NewMapping(const rpc::AllocateSl
   auto mapping = std::make_shared<SliceMapping>();
   mapping->id = mapping_ids_.Next();
   for (const auto& d : response.devices()) {
-    mapping->devices.push_back({DeviceId(d.device_id()), HostId(d.host_id()), d.host_address(), d.local_index(), d.island(),
-                                std::vector<int32_t>(d.coords().begin(), d.coords().end()), d.incarnation()});
+    mapping->devices.push_back({DeviceId(d.device_id()), HostId(d.host_id()), d.host_address(), d.local_index(),
+                                d.island(), std::vector<int32_t>(d.coords().begin(), d.coords().end()), d.incarnation(),
+                                d.memory_capacity()});
     NoteHost(d.host_address(), d.incarnation());
     if (std::find(mapping->hosts.begin(), mapping->hosts.end(), d.host_address()) == mapping->hosts.end()) {
       mapping->hosts.push_back(d.host_address());

@@ -122,6 +122,18 @@ TEST_F(ClientTest, BadInputsAreClearErrorsAndTheClusterKeepsServing) {
   auto huge = HostArray::Create(DType::kF32, {int64_t{1} << 30, int64_t{1} << 30});
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
 
+  // A shard larger than a device's whole memory (64 MiB here) is refused at Put, not at its first
+  // use; split over the four devices the same array fits.
+  HostArray wide = *HostArray::Create(DType::kF32, {20 << 20});  // 80 MiB
+  auto whole = client_->Put(wide, island0_);
+  EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted) << whole.status();
+  for (const char* part : {"f32[20971520]", "83886080 bytes", "67108864 bytes", "partition spec"}) {
+    EXPECT_NE(whole.status().message().find(part), std::string::npos) << part << " in: " << whole.status();
+  }
+  auto split = client_->Put(wide, island0_, {"x"});
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_TRUE(client_->Ready(*split).Await().ok());
+
   // A function that fails at run time fails its run, naming itself; the next run works.
   auto boom = *client_->Compile(FunctionSpec::Script(
       "boom", "def boom(x):\n    assert bool(x.sum() < -1000.0), 'kaboom'\n    return x\n",

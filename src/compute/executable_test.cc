@@ -592,6 +592,56 @@ TEST_F(ExecutableTest, KernelTemporariesAreChargedToTheDeviceRunningThem) {
   EXPECT_EQ(large->peak(), 0);
 }
 
+// TorchScript's string and list ops each loop in C++ where no stop point can reach them, over
+// elements that may all be one shared string or tensor, so memory does not bound their time:
+// those that would take more than 2^32 steps fail the run at once. Before, each of these held its
+// device past the computation timeout and the worker left the cluster.
+TEST_F(ExecutableTest, StringAndListOpsThatWouldRunLongFailTheRunAtOnce) {
+  // Sizes from the input (x[0] is 2), so that no constant folding runs the ops before the body.
+  const std::string big = "    s = ''.join(['a'] * (2000000 * int(x[0])))\n    t = ''.join(['a'] * 1000000) + 'b'\n";
+  const std::string twin =
+      "    s = ''.join(['a'] * (2000000 * int(x[0])))\n    t = ''.join(['a'] * (2000000 * int(x[0])))\n"
+      "    l = [s] * (500000 * int(x[0]))\n";
+  const std::vector<std::pair<std::string, std::string>> slow = {
+      {"empty_repeat", "    l: List[int] = []\n    n = len(l * (1000000000000000 * int(x[0])))\n"},
+      {"find", big + "    n = s.find(t)\n"},
+      {"rfind", big + "    n = s.rfind(t)\n"},
+      {"count_str", big + "    n = s.count(t)\n"},
+      {"replace", big + "    n = len(s.replace(t, 'x'))\n"},
+      {"split", big + "    n = len(s.split(t))\n"},
+      {"partition", big + "    n = len(s.partition(t)[0])\n"},
+      {"strip", big + "    n = len(s.strip(t))\n"},
+      {"list_count", twin + "    n = l.count(t)\n"},
+      {"list_index", twin + "    n = l.index(t + 'x') if len(t) == 0 else l.index(t)\n"},
+      {"list_in", twin + "    n = int(t + 'x' in l)\n"},
+      {"list_eq", twin + "    m = [t] * 1000000\n    n = int(l == m)\n"},
+  };
+  // Checked under both rules (some, rfind say, are not vetted).
+  FunctionCache cache([](const FunctionBody& body) { return CompileForCpu(body, FunctionOps::kPublic); });
+  BufferPtr in = MakeF32({1}, {2});
+  BufferPtr out = *device_.Allocate(DType::kF32, {1});
+  const DeviceBuffer* ins[] = {in.get()};
+  DeviceBuffer* outs[] = {out.get()};
+  for (const auto& [name, lines] : slow) {
+    SCOPED_TRACE(name);
+    auto exe = cache.Compile(
+        {FunctionBody::Kind::kTorchScript, name, absl::StrCat("def ", name, "(x):\n", lines, "    return x + n\n")});
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    absl::Status s = (*exe)->Run(ins, outs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("steps, past the 2^32 one op of a body may take"), std::string::npos) << s;
+  }
+  // The same ops on the sizes bodies use run.
+  auto exe = cache.Compile({FunctionBody::Kind::kTorchScript, "usual",
+                            "def usual(x):\n    s = 'a,b,c'\n    l = s.split(',')\n"
+                            "    n = s.find('b') + s.count(',') + l.count('c') + l.index('b') + int('a' in l)\n"
+                            "    n += int(l == ['a', 'b', 'c']) + len([0] * 3) + len(dict([(e, 0) for e in l]))\n"
+                            "    return x + n\n"});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  ASSERT_TRUE((*exe)->Run(ins, outs).ok());
+  EXPECT_EQ(Values(*out)[0], 2.0f + 2 + 2 + 1 + 1 + 1 + 1 + 3 + 3);
+}
+
 // Lists, strings and the rest a body holds besides tensors come from C++'s heap, not the tensor
 // allocator: past an allowance they are charged to the device too, so a body cannot fill the
 // host's memory with them (before, `[0] * 10**9` took 16 GB of it).

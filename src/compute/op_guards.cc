@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -304,6 +305,42 @@ void CheckSubstring(const c10::IValue& substring) {
               "an empty string cannot be counted or replaced in a string");
 }
 
+// TorchScript's string and list ops run one loop each in C++, where no stop point can ask them
+// to stop, and their elements may all be one shared string or tensor: `[s] * 10**6` holds a
+// 4 MB string once, and counting another 4 MB string in it compares 4 TB. The memory a body
+// holds does not bound their time, so their steps are bounded here instead.
+constexpr int64_t kMaxSteps = int64_t{1} << 32;
+
+// What comparing or hashing `v` may read: a string's characters, a tensor's elements, 1 else.
+int64_t WeightOf(const c10::IValue& v) {
+  if (v.isString()) return static_cast<int64_t>(v.toStringRef().size());
+  if (v.isTensor()) return v.toTensor().numel();
+  return 1;
+}
+
+// The heaviest element of `list` (strings, tensors or the keys of (key, value) tuples), 1 for none.
+int64_t HeaviestOf(const c10::IValue& list) {
+  int64_t heaviest = 1;
+  if (!list.isList()) return WeightOf(list);
+  for (const c10::IValue& e : list.toListRef()) {
+    const c10::IValue& key = e.isTuple() && !e.toTupleRef().elements().empty() ? e.toTupleRef().elements()[0] : e;
+    heaviest = std::max(heaviest, WeightOf(key));
+  }
+  return heaviest;
+}
+
+int64_t LengthOf(const c10::IValue& v) {
+  if (v.isString()) return static_cast<int64_t>(v.toStringRef().size());
+  if (v.isList()) return static_cast<int64_t>(v.toListRef().size());
+  return 1;
+}
+
+void CheckSteps(const char* op, int64_t count, int64_t weight) {
+  weight = std::max<int64_t>(weight, 1);
+  TORCH_CHECK(count <= kMaxSteps / weight, op, " would take about ", count, " x ", weight,
+              " steps, past the 2^32 one op of a body may take (a single op cannot be asked to stop)");
+}
+
 struct CheckedLanguageOps {
   CheckedLanguageOps() {
     auto divide = [](torch::jit::Stack& stack) {
@@ -319,8 +356,69 @@ struct CheckedLanguageOps {
       TORCH_CHECK(torch::jit::peek(stack, 0, 2).toInt() != kLowest && torch::jit::peek(stack, 1, 2).toInt() != kLowest,
                   "gcd of -2^63 overflows");
     });
-    Wrap("aten::count", [](torch::jit::Stack& stack) { CheckSubstring(torch::jit::peek(stack, 1, 4)); });
-    Wrap("aten::replace", [](torch::jit::Stack& stack) { CheckSubstring(torch::jit::peek(stack, 1, 4)); });
+    // Substring searches compare up to |self| x |substring| characters (and count and replace
+    // of an empty substring never end).
+    auto search = [](const char* op, int arity, bool nonempty) {
+      return [op, arity, nonempty](torch::jit::Stack& stack) {
+        const c10::IValue& self = torch::jit::peek(stack, 0, arity);
+        const c10::IValue& substring = torch::jit::peek(stack, 1, arity);
+        if (nonempty) CheckSubstring(substring);
+        CheckSteps(op, LengthOf(self), LengthOf(substring));
+      };
+    };
+    Wrap("aten::count", search("str.count", 4, true));
+    Wrap("aten::replace", search("str.replace", 4, true));
+    for (const char* name : {"aten::find", "aten::rfind", "aten::index.str", "aten::rindex"})
+      Wrap(name, search(name, 4, false));
+    Wrap("aten::split.str", search("str.split", 3, false));
+    for (const char* name : {"aten::partition", "aten::rpartition", "aten::strip", "aten::lstrip", "aten::rstrip"}) {
+      Wrap(name, search(name, 2, false));
+    }
+    // A list searched for an element compares it with each (a string or a tensor as a whole).
+    auto find_in_list = [](const char* op) {
+      return [op](torch::jit::Stack& stack) {
+        CheckSteps(op, LengthOf(torch::jit::peek(stack, 0, 2)), WeightOf(torch::jit::peek(stack, 1, 2)));
+      };
+    };
+    for (const char* type : {"int", "float", "bool", "Tensor", "str"}) {
+      for (const std::string& name : {absl::StrCat("aten::count.", type), absl::StrCat("aten::remove.", type),
+                                      absl::StrCat("aten::index.list_", type)}) {
+        Wrap(name, find_in_list("a list's count, index or remove"));
+      }
+    }
+    for (const char* name :
+         {"aten::__contains__.int_list", "aten::__contains__.float_list", "aten::__contains__.str_list"}) {
+      Wrap(name, find_in_list("'in' a list"));
+    }
+    // Lists compared, sorted or made into a dict compare or hash their elements.
+    auto compare_lists = [](torch::jit::Stack& stack) {
+      const c10::IValue& a = torch::jit::peek(stack, 0, 2);
+      CheckSteps("comparing lists", LengthOf(a), HeaviestOf(a));
+    };
+    for (const char* type : {"int_list", "float_list", "Tensor_list", "bool_list", "str_list"}) {
+      Wrap(absl::StrCat("aten::eq.", type), compare_lists);
+      Wrap(absl::StrCat("aten::ne.", type), compare_lists);
+    }
+    auto sort = [](int arity) {
+      return [arity](torch::jit::Stack& stack) {
+        const c10::IValue& list = torch::jit::peek(stack, 0, arity);
+        const int64_t n = LengthOf(list);
+        int64_t log = 1;
+        while ((int64_t{1} << log) < n && log < 62) ++log;
+        CheckSteps("sorting a list", n * log, HeaviestOf(list));
+      };
+    };
+    Wrap("aten::sort.str", sort(2));
+    Wrap("aten::sorted.str", sort(1));
+    Wrap("aten::dict.str", [](torch::jit::Stack& stack) {
+      const c10::IValue& pairs = torch::jit::peek(stack, 0, 1);
+      CheckSteps("a dict of strings", LengthOf(pairs), HeaviestOf(pairs));
+    });
+    // Repeating a list loops `n` times even when the list is empty.
+    Wrap("aten::mul.left_t",
+         [](torch::jit::Stack& stack) { CheckSteps("repeating a list", torch::jit::peek(stack, 1, 2).toInt(), 1); });
+    Wrap("aten::mul.right_",
+         [](torch::jit::Stack& stack) { CheckSteps("repeating a list", torch::jit::peek(stack, 0, 2).toInt(), 1); });
   }
 
   // Replaces the operator named `name` ("aten::op.overload") by one that calls `check` on its stack first.

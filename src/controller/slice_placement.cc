@@ -156,6 +156,7 @@ absl::Status ClusterRegistry::PlaceLocked(const rpc::AllocateSliceRequest& r, Sl
     p->set_island(c.host->island);
     *p->mutable_coords() = c.device->info.coords();
     p->set_incarnation(c.host->incarnation);
+    p->set_memory_capacity(c.device->info.memory_capacity());
   }
   return absl::OkStatus();
 }
