@@ -671,6 +671,18 @@ TEST_F(ExecutableTest, ListsAndStringsABodyHoldsAreChargedToTheDeviceRunningIt) 
     }
     EXPECT_EQ(budget->used(), 0);
   }
+  // Compiling folds constants: a string doubled 34 times (32 GiB) is not built there either, but
+  // left for the run, where the device refuses it.
+  std::string doubling = "def folded(x):\n    s = 'ab'\n";
+  for (int i = 0; i < 34; ++i) doubling += "    s = s + s\n";
+  auto folded = cache_.Compile({FunctionBody::Kind::kTorchScript, "folded", doubling + "    return x + len(s)\n"});
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  {
+    MemoryBudget::ScopedCurrent scope(budget);
+    absl::Status s = (*folded)->Run(ins, outs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  }
+  EXPECT_EQ(budget->used(), 0);
   // A body's usual lists fit, as do lists past the allowance that fit the device.
   auto exe =
       cache_.Compile({FunctionBody::Kind::kTorchScript, "fits",

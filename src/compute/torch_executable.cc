@@ -218,6 +218,9 @@ class ScriptExecutable : public TorchExecutable {
   torch::jit::Function* function_;
 };
 
+// What compiling one body may hold (see CompilePrimal).
+constexpr int64_t kCompileMemory = int64_t{256} << 20;
+
 absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const FunctionBody& body, FunctionOps ops) {
   if (body.kind == FunctionBody::Kind::kBuiltin) {
     const size_t at = body.name.find('@');
@@ -235,6 +238,11 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
                                                at == std::string::npos ? "" : body.name.substr(at + 1));
   }
   auto unit = std::make_shared<torch::jit::CompilationUnit>();
+  // Compiling folds constants (define's passes run string and number ops on them): a body that
+  // doubles a constant string 34 times would build 32 GiB here, on every worker, before any device
+  // is involved. What the compile holds past the heap's allowance is charged to a budget of its own;
+  // a fold refused is left for the run, where the device's budget refuses it.
+  ScopedBodyHeap heap(std::make_shared<MemoryBudget>("the compiler", kCompileMemory));
   try {
     // Parsed here rather than by define(source), which names every source "<string>": errors and
     // tracebacks then point at the user's file and line.
@@ -249,6 +257,10 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
     }
     unit->define(c10::nullopt, {}, {}, definitions, resolvers, nullptr);
   } catch (const std::exception& e) {
+    if (!heap.failure().ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("TorchScript function '", body.name, "' failed to compile: ", heap.failure().message()));
+    }
     return absl::InvalidArgumentError(absl::StrCat("TorchScript function '", body.name,
                                                    "' failed to compile: ", e.what()));
   }
