@@ -56,6 +56,28 @@ TEST(PeerMeshTest, ACallOverAHostThatLeftFailsAtOnceNamingIt) {
   ExpectTwoHostsMeet(hosts, 300);
 }
 
+// A host that left before it ever published where it listens (its first call saw the departure
+// before publishing, as host0's can above) is found to have left by a call that looks it up, not
+// at the call's deadline: the lookup is bounded like a dial attempt. Before, a clean clone's
+// `make test` once waited out the 60 s above this way.
+TEST(PeerMeshTest, ACallOverAHostThatLeftBeforeItPublishedFailsAtOnce) {
+  Hosts hosts(2);
+  const absl::Duration deadline = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  absl::Status waited;
+  std::thread call([&] {
+    waited = hosts.links(1).Run({"host0", "host1"}, 1, "k", {7, 0}, absl::Now() + deadline,
+                                [&](PeerMesh&) { return absl::OkStatus(); });
+  });
+  // Most often the call is looking host0 up by then; either way it must end at once.
+  absl::SleepFor(absl::Milliseconds(100));
+  hosts.links(1).SetDeparted({{"host0", "silent past the heartbeat timeout"}});
+  call.join();
+  EXPECT_TRUE(absl::IsUnavailable(waited)) << waited;
+  EXPECT_NE(waited.message().find("host0 left the island"), std::string::npos) << waited;
+  EXPECT_LT(absl::Now() - start, deadline / 2) << "the call waited for its deadline";
+}
+
 // A call on a connected mesh that waits for a peer's message ends once the peer has left the
 // island (frozen: its connection stays open), not at the call's deadline.
 // Host0's all_reduce with host1, which never comes to it, once connected; `end_the_wait` runs

@@ -391,7 +391,14 @@ absl::StatusOr<int> TcpLinks::Dial(const std::string& peer, const std::string& k
       if (auto it = addresses_.find(peer); it != addresses_.end() && attempt == 0) address = it->second;
     }
     if (address.empty()) {
-      auto looked_up = store_->Get(absl::StrCat("collective-links/", peer), deadline - absl::Now());
+      // Looked up in attempts too: a peer that left before it ever published its address (its
+      // first call saw the departure first) is found to have left between them, not at the deadline.
+      auto looked_up =
+          store_->Get(absl::StrCat("collective-links/", peer), std::min(deadline - absl::Now(), kDialAttempt));
+      if (absl::IsDeadlineExceeded(looked_up.status()) && absl::Now() < deadline) {
+        last = looked_up.status();
+        continue;
+      }
       if (!looked_up.ok()) return looked_up.status();
       address = *looked_up;
       absl::MutexLock lock(&mu_);
