@@ -1,0 +1,32 @@
+// The fixture executable_test's files share: a CPU device, a function cache and float buffers.
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "compute/executable.h"
+#include "device/cpu_device.h"
+#include "gtest/gtest.h"
+
+namespace pathways {
+
+inline std::vector<float> Values(const DeviceBuffer& b) {
+  const float* p = reinterpret_cast<const float*>(b.data());
+  return std::vector<float>(p, p + b.byte_size() / sizeof(float));
+}
+
+struct TanhCase;
+
+class ExecutableTest : public ::testing::Test {
+ protected:
+  BufferPtr MakeF32(const Shape& shape, std::vector<float> values) {
+    BufferPtr b = *device_.Allocate(DType::kF32, shape);
+    std::memcpy(b->data(), values.data(), values.size() * sizeof(float));
+    return b;
+  }
+  TanhCase MakeTanhCase();  // executable_test.cc
+  CpuDevice device_{0, 1 << 20};
+  FunctionCache cache_;
+};
+
+}  // namespace pathways
