@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/frontend/parser.h>
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/csrc/jit/frontend/sugared_value.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -185,13 +186,20 @@ class BuiltinExecutable : public TorchExecutable {
 
 class ScriptExecutable : public TorchExecutable {
  public:
-  ScriptExecutable(std::string name, std::shared_ptr<torch::jit::CompilationUnit> unit,
-                   torch::jit::Function* function)
-      : TorchExecutable(std::move(name)), unit_(std::move(unit)), function_(function) {}
+  ScriptExecutable(std::string name, std::shared_ptr<torch::jit::CompilationUnit> unit, torch::jit::Function* function,
+                   bool optimise)
+      : TorchExecutable(std::move(name)), unit_(std::move(unit)), function_(function), optimise_(optimise) {}
 
  public:
   absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args, const Buffers&) const override {
     std::vector<c10::IValue> stack(args.begin(), args.end());
+    // A tenant's body runs as written, without the graph executor's optimising passes, unless the
+    // worker trusts its tenants (FunctionOps::kPublic). At a body's first runs those passes fold its
+    // constants (lists, strings) into the executable, where they stay past the run, uncharged, for
+    // as long as it is cached (a list of 10^7 held 160 MB), and compare or hash them there, where
+    // no stop request reaches and no op's check applies (`[s] * 10**6` twice, then `==`, held a
+    // device for 112 s). libtorch fuses no CPU kernels, so they bring little else here.
+    const torch::jit::GraphOptimizerEnabledGuard passes(optimise_);
     c10::IValue result = (*function_)(std::move(stack));
     std::vector<at::Tensor> out;
     if (result.isTensor()) {
@@ -216,6 +224,7 @@ class ScriptExecutable : public TorchExecutable {
   }
   std::shared_ptr<torch::jit::CompilationUnit> unit_;
   torch::jit::Function* function_;
+  const bool optimise_;
 };
 
 // What compiling one body may hold (see CompilePrimal).
@@ -274,7 +283,7 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("function '", body.name, "' could not be checked: ", e.what()));
   }
-  return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn);
+  return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn, ops == FunctionOps::kPublic);
 }
 
 }  // namespace
