@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -26,15 +27,16 @@ ScopedBodyHeap::~ScopedBodyHeap() {
   if (charged_ > 0) budget_->Release(charged_);
 }
 
-// False when the allocation of `bytes` may not be made: it would not fit the budget.
-bool BodyHeapGrew(int64_t bytes) {
+// False when the allocation of `bytes` may not be made: it would not fit the budget. One that
+// may not be refused is counted, and charged as far as it fits, all the same.
+bool BodyHeapGrew(int64_t bytes, bool refusable) {
   ScopedBodyHeap* heap = current_heap;
   if (heap == nullptr || heap->charging_) return true;
   heap->live_ += bytes;
   if (!heap->failure_.ok()) {
     // Refused once: what the error's unwinding takes is let through, up to a slack (libtorch
     // catches some errors, constant folding's for one, so a refusal need not end the body).
-    if (heap->live_ <= heap->unwind_limit_) return true;
+    if (heap->live_ <= heap->unwind_limit_ || !refusable) return true;
     heap->live_ -= bytes;
     return false;
   }
@@ -46,32 +48,66 @@ bool BodyHeapGrew(int64_t bytes) {
   if (charged.ok()) {
     heap->charged_ += step;
   } else {
-    heap->live_ -= bytes;
+    if (refusable) heap->live_ -= bytes;
     heap->failure_ = absl::ResourceExhaustedError(absl::StrCat(
         "its lists, strings and other values besides tensors hold ", heap->live_, " bytes and asked for ", bytes,
         " more, past the ", heap->allowance_, " bytes a body may hold uncharged: ", charged.message()));
     heap->unwind_limit_ = heap->live_ + kUnwindSlack;
   }
   heap->charging_ = false;
-  return charged.ok();
+  return charged.ok() || !refusable;
 }
 
 void BodyHeapShrank(int64_t bytes) {
   ScopedBodyHeap* heap = current_heap;
-  if (heap != nullptr && !heap->charging_) heap->live_ -= bytes;
+  // Not below nothing: a block from before the scope, freed in it, is no allowance for the body.
+  if (heap != nullptr && !heap->charging_) heap->live_ = std::max<int64_t>(heap->live_ - bytes, 0);
 }
+
+bool BodyHeapRefused() { return current_heap != nullptr && !current_heap->failure_.ok(); }
+
+bool BodyHeapActive() { return current_heap != nullptr; }
+
+namespace {
+// Inside operator new's own malloc, whose failure C++ code expects (std::bad_alloc). Volatile: the
+// compiler knows malloc reads no program memory, and would drop the stores around its call.
+thread_local volatile bool in_operator_new = false;
+
+class InOperatorNew {
+ public:
+  InOperatorNew() : outer_(in_operator_new) { in_operator_new = true; }
+  ~InOperatorNew() { in_operator_new = outer_; }
+
+ private:
+  const bool outer_;
+};
+}  // namespace
+
+bool BodyHeapInOperatorNew() { return in_operator_new; }
+
+// Defined by body_malloc.cc, which the executables that link tcmalloc take: their malloc counts,
+// and operator new leaves the counting to it.
+extern "C" void PathwaysBodyMalloc() __attribute__((weak));
+
+bool BodyHeapCountsMalloc() { return &PathwaysBodyMalloc != nullptr; }
 
 namespace {
 
+// Whether operator new counts what it allocates itself.
+bool NewCounts() { return current_heap != nullptr && &PathwaysBodyMalloc == nullptr; }
+
 void* Allocate(std::size_t bytes, std::size_t alignment) {
   void* p = nullptr;
-  if (alignment <= alignof(std::max_align_t)) {
-    p = std::malloc(bytes == 0 ? 1 : bytes);
-  } else if (posix_memalign(&p, alignment, bytes == 0 ? 1 : bytes) != 0) {
-    p = nullptr;
+  {
+    const InOperatorNew inside;
+    if (alignment <= alignof(std::max_align_t)) {
+      p = std::malloc(bytes == 0 ? 1 : bytes);
+    } else if (posix_memalign(&p, alignment, bytes == 0 ? 1 : bytes) != 0) {
+      p = nullptr;
+    }
   }
   if (p == nullptr) return nullptr;
-  if (current_heap != nullptr && !BodyHeapGrew(static_cast<int64_t>(malloc_usable_size(p)))) {
+  if (NewCounts() && !BodyHeapGrew(static_cast<int64_t>(malloc_usable_size(p)), /*refusable=*/true)) {
     std::free(p);
     return nullptr;
   }
@@ -86,7 +122,7 @@ void* AllocateOrThrow(std::size_t bytes, std::size_t alignment) {
 
 void Free(void* p) noexcept {
   if (p == nullptr) return;
-  if (current_heap != nullptr) BodyHeapShrank(static_cast<int64_t>(malloc_usable_size(p)));
+  if (NewCounts()) BodyHeapShrank(static_cast<int64_t>(malloc_usable_size(p)));
   std::free(p);
 }
 

@@ -15,7 +15,9 @@
 
 namespace pathways {
 
-// Counts the current thread's C++ allocations that are still held, for the scope's life.
+// Counts the current thread's C++ allocations that are still held, for the scope's life, and in
+// the executables that link tcmalloc (body_malloc.cc) what it takes with malloc too, as libtorch
+// does for some of a tensor besides its data (device memory aside: its allocator charges it).
 // Beyond `allowance` bytes they are charged to `budget` (the device's; null: counted only) in
 // steps of 1 MiB, waiting as kernels' temporaries do; one that does not fit throws
 // std::bad_alloc, and failure() says why. After a refusal a few MiB more are let through
@@ -35,8 +37,9 @@ class ScopedBodyHeap {
   const absl::Status& failure() const { return failure_; }
 
  private:
-  friend bool BodyHeapGrew(int64_t bytes);
+  friend bool BodyHeapGrew(int64_t bytes, bool refusable);
   friend void BodyHeapShrank(int64_t bytes);
+  friend bool BodyHeapRefused();
   const std::shared_ptr<MemoryBudget> budget_;
   const int64_t allowance_;
   int64_t live_ = 0;
@@ -46,5 +49,20 @@ class ScopedBodyHeap {
   absl::Status failure_;
   ScopedBodyHeap* const outer_;
 };
+
+// Whether malloc, not only operator new, is counted: in a process whose malloc is body_malloc.cc's.
+bool BodyHeapCountsMalloc();
+
+// Whether the current thread's heap refused an allocation. A loop's turn stops there: what
+// malloc may not refuse (below) is let through past the budget, and the run fails all the same.
+bool BodyHeapRefused();
+
+// For body_malloc.cc. Whether the current thread has a heap scope; whether malloc is called by
+// operator new, whose callers expect a refusal; and what an allocation of `bytes` (false: refused,
+// the allocation must fail; one that may not be refused is counted all the same) or a free does.
+bool BodyHeapActive();
+bool BodyHeapInOperatorNew();
+bool BodyHeapGrew(int64_t bytes, bool refusable);
+void BodyHeapShrank(int64_t bytes);
 
 }  // namespace pathways

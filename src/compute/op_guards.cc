@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "compute/body_heap.h"
 #include "compute/stop_request.h"
 #include "compute/torch_ops.h"
 #include "core/status_macros.h"
@@ -452,7 +453,10 @@ const CheckedLanguageOps checked_language_ops;
 
 // Where a loop's turn polls the thread's stop request (compute/stop_request.h): the run fails at
 // the next turn once the worker asked, and the host says why.
-void StopPoint() { TORCH_CHECK(!StopRequested(), "the computation was asked to stop"); }
+void StopPoint() {
+  TORCH_CHECK(!StopRequested(), "the computation was asked to stop");
+  TORCH_CHECK(!BodyHeapRefused(), "the computation ran out of memory");  // TorchExecutable::Run says how
+}
 
 }  // namespace
 
@@ -465,8 +469,8 @@ absl::Status ConfineBody(torch::jit::CompilationUnit& unit, const std::string& n
                                                        Where(*node), ", which a function may not call: ", why));
       }
       for (torch::jit::Block* inner : node->blocks()) PW_RETURN_IF_ERROR(confine(inner));
-      // A body runs ops without end only by looping (TorchScript has no recursion, and calls are
-      // inlined): each turn may be asked to stop.
+      // A body runs ops without end only by looping (TorchScript refuses recursion, and every
+      // function of the unit is confined): each turn may be asked to stop.
       if (node->kind() == c10::prim::Loop) {
         torch::jit::Block* body = node->blocks().at(0);
         body->prependNode(body->owningGraph()->create(c10::Symbol::fromQualString("pathways::stop_point"), 0));

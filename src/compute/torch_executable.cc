@@ -96,6 +96,9 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
     for (const DeviceBuffer* b : inputs) args.push_back(View(*b, keeps_input_views()));
     auto r = Invoke(args, {inputs, outputs});
     if (!r.ok()) return r.status();
+    // A small malloc past the budget is let through, not refused (body_malloc.cc): the body may
+    // have ended before a loop's turn stopped it.
+    if (!heap.failure().ok()) return out_of_memory(heap.failure().message());
     results = std::move(*r);
     if (results.size() != outputs.size()) {
       return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' returned ",
@@ -198,7 +201,8 @@ class ScriptExecutable : public TorchExecutable {
     // constants (lists, strings) into the executable, where they stay past the run, uncharged, for
     // as long as it is cached (a list of 10^7 held 160 MB), and compare or hash them there, where
     // no stop request reaches and no op's check applies (`[s] * 10**6` twice, then `==`, held a
-    // device for 112 s). libtorch fuses no CPU kernels, so they bring little else here.
+    // device for 112 s). libtorch fuses no CPU kernels, so they bring little else here. The unit
+    // runs only from here: a call under the thread's default setting would fix its optimised plan.
     const torch::jit::GraphOptimizerEnabledGuard passes(optimise_);
     c10::IValue result = (*function_)(std::move(stack));
     std::vector<at::Tensor> out;

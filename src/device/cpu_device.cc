@@ -12,23 +12,33 @@
 namespace pathways {
 
 absl::Status MemoryBudget::Charge(int64_t bytes, absl::Duration wait) {
-  absl::MutexLock lock(&mu_);
-  if (bytes > capacity_) {  // would never fit: no waiting for it
+  // The error is written once the lock is released: its string is allocated, and a body's heap
+  // may charge what it allocates to this same budget (compute/body_heap.h).
+  int64_t used = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (bytes > capacity_) {  // would never fit: no waiting for it
+      used = -1;
+    } else {
+      auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= capacity_ - used_; };
+      if (fits() || (wait > absl::ZeroDuration() && mu_.AwaitWithTimeout(absl::Condition(&fits), wait))) {
+        used_ += bytes;
+        peak_ = std::max(peak_, used_);
+        return absl::OkStatus();
+      }
+      used = used_;
+    }
+  }
+  if (used < 0) {
     return absl::ResourceExhaustedError(absl::StrCat("device ", device_name_, ": cannot allocate ", bytes,
                                                      " bytes, more than its whole memory (", capacity_, " bytes)"));
   }
-  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= capacity_ - used_; };
-  if (!fits() && (wait <= absl::ZeroDuration() || !mu_.AwaitWithTimeout(absl::Condition(&fits), wait))) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "device ", device_name_, ": cannot allocate ", bytes, " bytes; ", used_, " of ", capacity_,
-        " bytes in use, ", capacity_ - used_, " free",
-        wait > absl::ZeroDuration() ? absl::StrCat(" after waiting ", absl::FormatDuration(wait),
-                                                   " for other buffers to be released")
-                                    : ""));
-  }
-  used_ += bytes;
-  peak_ = std::max(peak_, used_);
-  return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "device ", device_name_, ": cannot allocate ", bytes, " bytes; ", used, " of ", capacity_, " bytes in use, ",
+      capacity_ - used, " free",
+      wait > absl::ZeroDuration()
+          ? absl::StrCat(" after waiting ", absl::FormatDuration(wait), " for other buffers to be released")
+          : ""));
 }
 
 int64_t MemoryBudget::peak() const {

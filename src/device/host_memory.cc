@@ -27,6 +27,14 @@ size_t Rounded(size_t bytes) {
 }
 
 thread_local uint64_t current_owner = 0;  // HostMemory::Owner; 0: none
+// HostMemory::InsideAllocator. Volatile: the compiler knows malloc reads no program memory, and
+// would drop the stores around its calls.
+thread_local volatile int inside_allocator = 0;
+
+struct AllocatorFrame {
+  AllocatorFrame() { inside_allocator = inside_allocator + 1; }
+  ~AllocatorFrame() { inside_allocator = inside_allocator - 1; }
+};
 
 // How many of the cached entries of a size an allocation looks through for one its owner freed.
 constexpr int kOwnerSearch = 8;
@@ -76,6 +84,7 @@ void Unmap(const std::vector<std::pair<size_t, char*>>& entries) {
 }  // namespace
 
 char* HostMemory::Allocate(size_t bytes) {
+  const AllocatorFrame inside;
   const uint64_t owner = current_owner;
   if (bytes < kCachedMinBytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
@@ -138,6 +147,7 @@ char* HostMemory::Allocate(size_t bytes) {
 
 void HostMemory::Free(void* ptr) {
   if (ptr == nullptr) return;
+  const AllocatorFrame inside;
   char* data = static_cast<char*>(ptr);
   Cache& cache = TheCache();
   std::vector<std::pair<size_t, char*>> evicted;
@@ -161,6 +171,8 @@ void HostMemory::Free(void* ptr) {
   if (!mapped) std::free(data);  // a small one, from malloc
   Unmap(evicted);
 }
+
+bool HostMemory::InsideAllocator() { return inside_allocator > 0; }
 
 HostMemory::Owner::Owner(uint64_t owner) : outer_(current_owner) { current_owner = owner; }
 HostMemory::Owner::~Owner() { current_owner = outer_; }

@@ -48,6 +48,10 @@ class HostMemory {
     const uint64_t outer_;
   };
 
+  // Whether this thread is inside Allocate or Free: what malloc hands out there is a device's
+  // memory, charged to its budget by whoever asked, not a body's heap (compute/body_heap.h).
+  static bool InsideAllocator();
+
   // How much freed memory the cache may hold; shrinking it releases the excess at once.
   static void SetCacheLimit(size_t bytes);
   static size_t cached_bytes();
