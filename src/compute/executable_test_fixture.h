@@ -24,6 +24,16 @@ class ExecutableTest : public ::testing::Test {
     std::memcpy(b->data(), values.data(), values.size() * sizeof(float));
     return b;
   }
+  // Runs `exe` on a one-element float `x`; its one-element output goes to `result`.
+  absl::Status RunScalar(const Executable& exe, float x, float* result) {
+    BufferPtr in = MakeF32({1}, {x});
+    BufferPtr out = *device_.Allocate(DType::kF32, {1});
+    const DeviceBuffer* ins[] = {in.get()};
+    DeviceBuffer* outs[] = {out.get()};
+    absl::Status s = exe.Run(ins, outs);
+    *result = Values(*out)[0];
+    return s;
+  }
   TanhCase MakeTanhCase();  // executable_test.cc
   CpuDevice device_{0, 1 << 20};
   FunctionCache cache_;

@@ -12,26 +12,22 @@
 namespace pathways {
 
 absl::Status MemoryBudget::Charge(int64_t bytes, absl::Duration wait) {
-  // The error is written once the lock is released: its string is allocated, and a body's heap
+  if (bytes > capacity_) {  // would never fit: no waiting for it
+    return absl::ResourceExhaustedError(absl::StrCat("device ", device_name_, ": cannot allocate ", bytes,
+                                                     " bytes, more than its whole memory (", capacity_, " bytes)"));
+  }
+  // Errors are written once the lock is released: their strings are allocated, and a body's heap
   // may charge what it allocates to this same budget (compute/body_heap.h).
   int64_t used = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (bytes > capacity_) {  // would never fit: no waiting for it
-      used = -1;
-    } else {
-      auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= capacity_ - used_; };
-      if (fits() || (wait > absl::ZeroDuration() && mu_.AwaitWithTimeout(absl::Condition(&fits), wait))) {
-        used_ += bytes;
-        peak_ = std::max(peak_, used_);
-        return absl::OkStatus();
-      }
-      used = used_;
+    auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= capacity_ - used_; };
+    if (fits() || (wait > absl::ZeroDuration() && mu_.AwaitWithTimeout(absl::Condition(&fits), wait))) {
+      used_ += bytes;
+      peak_ = std::max(peak_, used_);
+      return absl::OkStatus();
     }
-  }
-  if (used < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("device ", device_name_, ": cannot allocate ", bytes,
-                                                     " bytes, more than its whole memory (", capacity_, " bytes)"));
+    used = used_;
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "device ", device_name_, ": cannot allocate ", bytes, " bytes; ", used, " of ", capacity_, " bytes in use, ",
