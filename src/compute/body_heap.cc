@@ -13,24 +13,24 @@ namespace {
 
 constexpr int64_t kChargeStep = int64_t{1} << 20;
 constexpr int64_t kUnwindSlack = int64_t{4} << 20;
-thread_local ScopedBodyHeap* current_heap = nullptr;
-
 }  // namespace
 
+constinit thread_local ScopedBodyHeap* body_heap_internal::current = nullptr;
+
 ScopedBodyHeap::ScopedBodyHeap(std::shared_ptr<MemoryBudget> budget, int64_t allowance)
-    : budget_(std::move(budget)), allowance_(allowance), outer_(current_heap) {
-  current_heap = this;
+    : budget_(std::move(budget)), allowance_(allowance), outer_(body_heap_internal::current) {
+  body_heap_internal::current = this;
 }
 
 ScopedBodyHeap::~ScopedBodyHeap() {
-  current_heap = outer_;
+  body_heap_internal::current = outer_;
   if (charged_ > 0) budget_->Release(charged_);
 }
 
 // False when the allocation of `bytes` may not be made: it would not fit the budget. One that
 // may not be refused is counted, and charged as far as it fits, all the same.
 bool BodyHeapGrew(int64_t bytes, bool refusable) {
-  ScopedBodyHeap* heap = current_heap;
+  ScopedBodyHeap* heap = body_heap_internal::current;
   if (heap == nullptr || heap->charging_) return true;
   heap->live_ += bytes;
   if (!heap->failure_.ok()) {
@@ -59,14 +59,12 @@ bool BodyHeapGrew(int64_t bytes, bool refusable) {
 }
 
 void BodyHeapShrank(int64_t bytes) {
-  ScopedBodyHeap* heap = current_heap;
+  ScopedBodyHeap* heap = body_heap_internal::current;
   // Not below nothing: a block from before the scope, freed in it, is no allowance for the body.
   if (heap != nullptr && !heap->charging_) heap->live_ = std::max<int64_t>(heap->live_ - bytes, 0);
 }
 
-bool BodyHeapRefused() { return current_heap != nullptr && !current_heap->failure_.ok(); }
-
-bool BodyHeapActive() { return current_heap != nullptr; }
+bool BodyHeapRefused() { return body_heap_internal::current != nullptr && !body_heap_internal::current->failure_.ok(); }
 
 namespace {
 // Inside operator new's own malloc, whose failure C++ code expects (std::bad_alloc). Volatile: the
@@ -94,15 +92,16 @@ bool BodyHeapCountsMalloc() { return &PathwaysBodyMalloc != nullptr; }
 namespace {
 
 // Whether operator new counts what it allocates itself.
-bool NewCounts() { return current_heap != nullptr && &PathwaysBodyMalloc == nullptr; }
+bool NewCounts() { return body_heap_internal::current != nullptr && &PathwaysBodyMalloc == nullptr; }
 
-void* Allocate(std::size_t bytes, std::size_t alignment) {
+// Inside a body, or aligned: counted unless malloc counts (NewCounts).
+__attribute__((noinline)) void* AllocateCounted(std::size_t bytes, std::size_t alignment) {
   void* p = nullptr;
   {
     const InOperatorNew inside;
     if (alignment <= alignof(std::max_align_t)) {
-      p = std::malloc(bytes == 0 ? 1 : bytes);
-    } else if (posix_memalign(&p, alignment, bytes == 0 ? 1 : bytes) != 0) {
+      p = std::malloc(bytes);
+    } else if (posix_memalign(&p, alignment, bytes) != 0) {
       p = nullptr;
     }
   }
@@ -114,15 +113,27 @@ void* Allocate(std::size_t bytes, std::size_t alignment) {
   return p;
 }
 
+inline void* Allocate(std::size_t bytes, std::size_t alignment) {
+  if (bytes == 0) bytes = 1;
+  // Outside bodies (nearly every allocation of the process): malloc, and nothing else.
+  if (alignment <= alignof(std::max_align_t) && !BodyHeapActive()) [[likely]]
+    return std::malloc(bytes);
+  return AllocateCounted(bytes, alignment);
+}
+
 void* AllocateOrThrow(std::size_t bytes, std::size_t alignment) {
   void* p = Allocate(bytes, alignment);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 
-void Free(void* p) noexcept {
-  if (p == nullptr) return;
-  if (NewCounts()) BodyHeapShrank(static_cast<int64_t>(malloc_usable_size(p)));
+__attribute__((noinline)) void Forget(void* p) {
+  if (NewCounts() && p != nullptr) BodyHeapShrank(static_cast<int64_t>(malloc_usable_size(p)));
+}
+
+inline void Free(void* p) noexcept {
+  if (BodyHeapActive()) [[unlikely]]
+    Forget(p);
   std::free(p);
 }
 

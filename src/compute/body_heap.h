@@ -57,10 +57,17 @@ bool BodyHeapCountsMalloc();
 // malloc may not refuse (below) is let through past the budget, and the run fails all the same.
 bool BodyHeapRefused();
 
+namespace body_heap_internal {
+// The current thread's innermost scope, null outside bodies. constinit, so that a read from
+// another file is a plain thread-local load, not a call: every malloc and free of the process
+// asks (body_malloc.cc).
+extern constinit thread_local ScopedBodyHeap* current;
+}  // namespace body_heap_internal
+
 // For body_malloc.cc. Whether the current thread has a heap scope; whether malloc is called by
 // operator new, whose callers expect a refusal; and what an allocation of `bytes` (false: refused,
 // the allocation must fail; one that may not be refused is counted all the same) or a free does.
-bool BodyHeapActive();
+inline bool BodyHeapActive() { return body_heap_internal::current != nullptr; }
 bool BodyHeapInOperatorNew();
 bool BodyHeapGrew(int64_t bytes, bool refusable);
 void BodyHeapShrank(int64_t bytes);

@@ -35,7 +35,7 @@ bool Counting() { return BodyHeapActive() && !HostMemory::InsideAllocator(); }
 bool Refusable(size_t bytes) { return bytes >= kRefusableBytes || BodyHeapInOperatorNew(); }
 
 // `p`, of `requested` bytes, as the caller gets it: null when the body's heap refuses it.
-void* Counted(void* p, size_t requested) {
+__attribute__((noinline)) void* Counted(void* p, size_t requested) {
   if (p == nullptr || !Counting()) return p;
   if (BodyHeapGrew(static_cast<int64_t>(tc_malloc_size(p)), Refusable(requested))) return p;
   tc_free(p);
@@ -43,7 +43,7 @@ void* Counted(void* p, size_t requested) {
   return nullptr;
 }
 
-void Forget(void* p) {
+__attribute__((noinline)) void Forget(void* p) {
   if (p != nullptr && Counting()) BodyHeapShrank(static_cast<int64_t>(tc_malloc_size(p)));
 }
 
@@ -55,9 +55,15 @@ extern "C" {
 // Its presence tells operator new (body_heap.cc) that malloc counts.
 void PathwaysBodyMalloc() {}
 
-void* malloc(size_t bytes) { return pathways::Counted(tc_malloc(bytes), bytes); }
+// Outside bodies, nearly every call of the process: straight to tcmalloc, after one thread-local load.
+void* malloc(size_t bytes) {
+  if (!pathways::BodyHeapActive()) [[likely]]
+    return tc_malloc(bytes);
+  return pathways::Counted(tc_malloc(bytes), bytes);
+}
 void free(void* p) {
-  pathways::Forget(p);
+  if (pathways::BodyHeapActive()) [[unlikely]]
+    pathways::Forget(p);
   tc_free(p);
 }
 void* calloc(size_t count, size_t bytes) {
