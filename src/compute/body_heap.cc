@@ -7,6 +7,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "device/host_memory.h"
 
 namespace pathways {
 namespace {
@@ -26,6 +27,10 @@ ScopedBodyHeap::~ScopedBodyHeap() {
   body_heap_internal::current = outer_;
   if (charged_ > 0) budget_->Release(charged_);
 }
+
+BodyHeapPause::BodyHeapPause() : paused_(body_heap_internal::current) { body_heap_internal::current = nullptr; }
+
+BodyHeapPause::~BodyHeapPause() { body_heap_internal::current = paused_; }
 
 // False when the allocation of `bytes` may not be made: it would not fit the budget. One that
 // may not be refused is counted, and charged as far as it fits, all the same.
@@ -91,8 +96,11 @@ bool BodyHeapCountsMalloc() { return &PathwaysBodyMalloc != nullptr; }
 
 namespace {
 
-// Whether operator new counts what it allocates itself.
-bool NewCounts() { return body_heap_internal::current != nullptr && &PathwaysBodyMalloc == nullptr; }
+// Whether operator new counts what it allocates itself: in a body, where malloc does not count, and
+// outside the device's own allocator (its memory is charged by it), as body_malloc.cc does.
+bool NewCounts() {
+  return body_heap_internal::current != nullptr && &PathwaysBodyMalloc == nullptr && !HostMemory::InsideAllocator();
+}
 
 // Inside a body, or aligned: counted unless malloc counts (NewCounts).
 __attribute__((noinline)) void* AllocateCounted(std::size_t bytes, std::size_t alignment) {

@@ -50,6 +50,23 @@ class ScopedBodyHeap {
   ScopedBodyHeap* const outer_;
 };
 
+// Suspends the current thread's heap scope while the runtime's own code runs for a body: a
+// collective's meeting and messages, the data ops' shared sources, checkpoint files. What that
+// code allocates is the runtime's, bounded by its own limits, and is neither counted nor refused:
+// a refusal in the middle of it would leave state that other tenants' runs share half-updated
+// (a collective's meeting without its members), and a charge could wait for memory while holding
+// a lock their runs need.
+class BodyHeapPause {
+ public:
+  BodyHeapPause();
+  ~BodyHeapPause();
+  BodyHeapPause(const BodyHeapPause&) = delete;
+  BodyHeapPause& operator=(const BodyHeapPause&) = delete;
+
+ private:
+  ScopedBodyHeap* const paused_;
+};
+
 // Whether malloc, not only operator new, is counted: in a process whose malloc is body_malloc.cc's.
 bool BodyHeapCountsMalloc();
 

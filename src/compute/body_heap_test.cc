@@ -1,5 +1,6 @@
 #include "compute/body_heap.h"
 
+#include <cstdlib>
 #include <new>
 #include <string>
 #include <vector>
@@ -61,6 +62,30 @@ TEST(BodyHeapTest, ScopesNestAndTheInnerCountsItsOwn) {
     EXPECT_EQ(outer.live_bytes(), outer_live);
   }
   EXPECT_EQ(budget->used(), outer.charged_bytes());
+}
+
+// The runtime's own code called from a body (a collective's meeting, a data op's source) runs with
+// the heap paused: neither counted nor refused, however full the device, and the scope counts and
+// refuses again once the pause ends.
+TEST(BodyHeapTest, APauseLetsTheRuntimesOwnAllocationsThroughUncounted) {
+  auto budget = std::make_shared<MemoryBudget>("cpu:0", 8 * kMiB);
+  std::vector<std::string> held;
+  ScopedBodyHeap heap(budget, 0);
+  {
+    const BodyHeapPause runtime;
+    EXPECT_FALSE(BodyHeapActive());
+    held.emplace_back(16 * kMiB, 'r');  // more than the device's whole memory
+    void* block = std::malloc(16 * kMiB);
+    ASSERT_NE(block, nullptr);
+    std::free(block);
+  }
+  EXPECT_TRUE(BodyHeapActive());
+  EXPECT_LT(heap.live_bytes(), kMiB);
+  EXPECT_TRUE(heap.failure().ok()) << heap.failure();
+  EXPECT_THROW(std::string(16 * kMiB, 'b'), std::bad_alloc);
+  EXPECT_EQ(heap.failure().code(), absl::StatusCode::kResourceExhausted) << heap.failure();
+  held.clear();  // made in the pause, freed in the scope: its count does not go below nothing
+  EXPECT_GE(heap.live_bytes(), 0);
 }
 
 }  // namespace

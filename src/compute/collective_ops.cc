@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "collective/collective.h"
+#include "compute/body_heap.h"
 #include "compute/torch_ops.h"
 
 namespace pathways {
@@ -15,7 +16,9 @@ namespace {
 // (collective/collective.h), which moves and reduces the bytes in place. Collectives along a
 // dimension other than 0 move that dimension to the front first, so that the chunks members
 // exchange are contiguous. Failures throw, as torch ops do; the executable turns them back into
-// the collective's Status.
+// the collective's Status. What the runtime allocates for a call (its group's placement, the
+// meeting, the messages) is its own, not the body's: it runs with the body's heap paused
+// (compute/body_heap.h).
 
 collective::ShardCollectives& CurrentShard() {
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
@@ -24,6 +27,7 @@ collective::ShardCollectives& CurrentShard() {
 }
 
 int GroupSize(const std::string& axes) {
+  const BodyHeapPause runtime;
   auto size = CurrentShard().GroupSize(axes);
   PW_OP_CHECK(size.ok(), size.status().ToString());
   return *size;
@@ -52,7 +56,11 @@ void RunCollective(collective::CollectiveKind kind, const std::string& axes, con
   call.count = count;
   call.in = static_cast<const char*>(x.data_ptr());
   call.out = static_cast<char*>(out.data_ptr());
-  absl::Status s = CurrentShard().Run(axes, call);
+  absl::Status s;
+  {
+    const BodyHeapPause runtime;
+    s = CurrentShard().Run(axes, call);
+  }
   TORCH_CHECK(s.ok(), s.ToString());  // the run fails with the collective's own code (its first error)
 }
 
@@ -227,6 +235,7 @@ struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
   static tensor_list backward(AutogradContext* ctx, tensor_list g) {
     const std::string axes = ctx->saved_data["axes"].toStringRef();
     at::Tensor sum = AllReduceRaw(g[0], axes, "sum");
+    const BodyHeapPause runtime;
     auto group = CurrentShard().GroupOver(axes);
     TORCH_CHECK(group.ok(), group.status().ToString());
     if (group->rank != ctx->saved_data["root"].toInt()) sum.zero_();
@@ -250,6 +259,7 @@ at::Tensor Roll(const at::Tensor& x, std::string axes, int64_t shift) {
 // This shard's position along `axes` (row-major over several, as the collectives order their
 // members): what a body needs to find its neighbours, as JAX's axis_index.
 int64_t AxisIndex(std::string axes) {
+  const BodyHeapPause runtime;
   auto group = CurrentShard().GroupOver(axes);
   PW_OP_CHECK(group.ok(), "axis_index: ", group.status().message());
   return group->rank;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
 #include "compute/batch_prefetcher.h"
+#include "compute/body_heap.h"
 #include "compute/checkpoint_files.h"
 #include "compute/counter_rng.h"
 #include "compute/markov.h"
@@ -70,6 +71,7 @@ at::Tensor Random(RandomDistribution distribution, const std::vector<int64_t>& s
                   const std::vector<std::string>& spec, int64_t seed, int64_t step) {
   PW_OP_CHECK(spec.size() <= shape.size(), "random numbers: a spec of ", spec.size(), " entries for a shape of rank ",
               shape.size());
+  const BodyHeapPause runtime;  // the group's placement is the runtime's (compute/body_heap.h)
   std::vector<int64_t> global = shape, origin(shape.size(), 0);
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
   for (size_t d = 0; d < shape.size(); ++d) {
@@ -125,6 +127,9 @@ int64_t ShardsFirstSequence(const char* op, int64_t batch, int64_t length, const
 // batch hold its pieces (and microbatch k of a step starts at first = k x its size).
 at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t chain_seed, int64_t data_seed,
                         int64_t step, std::string batch_axes, double sharpness, int64_t first) {
+  // The sources, the prefetcher and the group's placement are the runtime's, shared by every
+  // tenant's runs (compute/body_heap.h).
+  const BodyHeapPause runtime;
   TORCH_CHECK(vocab <= MarkovSource::kMaxVocab, "markov_tokens: a vocabulary of ", vocab, " tokens");
   auto source = MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
   TORCH_CHECK(source.ok(), "markov_tokens: ", source.status().message());
@@ -152,6 +157,7 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
 // this shard's `batch` sequences placed in the global batch as markov_tokens places them.
 at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t seed, int64_t step,
                       std::string batch_axes, int64_t first) {
+  const BodyHeapPause runtime;  // as markov_tokens
   first = ShardsFirstSequence("text_tokens", batch, length, batch_axes, first);
   auto source = TextSource::Open(path);
   if (!source.ok()) OpFailure() = source.status();
@@ -182,6 +188,7 @@ int64_t ShardIndex() {
 }
 
 at::Tensor SaveShard(const at::Tensor& x, std::string secret, int64_t step, std::string name) {
+  const BodyHeapPause runtime;  // the checkpoint's files are the runtime's (compute/body_heap.h)
   TORCH_CHECK(x.scalar_type() == at::kFloat, "save_shard: ", name, " is not f32");
   const at::Tensor data = x.contiguous();
   const absl::Status saved = WriteCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32,
@@ -193,6 +200,7 @@ at::Tensor SaveShard(const at::Tensor& x, std::string secret, int64_t step, std:
 }
 
 at::Tensor LoadShard(std::vector<int64_t> shape, std::string secret, int64_t step, std::string name) {
+  const BodyHeapPause runtime;  // as save_shard
   at::Tensor out = torch::empty(shape, at::kFloat);
   const absl::Status loaded = ReadCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32, Shape(shape),
                                                   out.data_ptr(), static_cast<int64_t>(out.nbytes()));
