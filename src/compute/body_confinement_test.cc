@@ -372,6 +372,56 @@ TEST_F(ExecutableTest, ListsAndStringsABodyHoldsAreChargedToTheDeviceRunningIt) 
   EXPECT_GE(budget->peak(), 32 << 20);  // 4M IValues of 16 bytes, past the 16 MiB allowance
 }
 
+// What a compiled function keeps (its graph, the constants compiling folded from its source) stays
+// for as long as the worker caches it. Before, each of a tenant's functions could keep 256 MiB of
+// folded strings, and a few dozen distinct ones would have filled the host: compiling now holds
+// at most 80 MiB, and the functions of a cache keep at most its limit together.
+TEST_F(ExecutableTest, WhatCompiledFunctionsKeepIsBoundedPerFunctionAndOverTheCache) {
+  auto doubled = [](const std::string& name, const std::string& seed, int times) {
+    std::string source = "def " + name + "(x):\n    s = '" + seed + "'\n";
+    for (int i = 0; i < times; ++i) source += "    s = s + s\n";
+    // Used with a value known only at run time, so the string itself stays in the graph.
+    return FunctionBody{FunctionBody::Kind::kTorchScript, name, source + "    return x + len(s + str(x.dim()))\n"};
+  };
+  // Two strings of 2^26 bytes folded: what the function keeps stops at the compiler's bound (it kept
+  // 96 MiB under the old one); the doublings past it are left for the run, which gets the lengths.
+  FunctionBody two = doubled("big", "ab", 25);
+  std::string second_string = "    t = 'cd'\n";
+  for (int i = 0; i < 25; ++i) second_string += "    t = t + t\n";
+  two.source.insert(two.source.find("    return"), second_string);
+  two.source.replace(two.source.find("len(s + "), 8, "len(s + t + ");
+  auto big = cache_.Compile(two);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_LE((*big)->held_bytes(), 80 << 20);
+  EXPECT_GE((*big)->held_bytes(), 16 << 20);
+  float result = 0;
+  ASSERT_TRUE(RunScalar(**big, 1, &result).ok());
+  EXPECT_NEAR(result, 2.0 + (2 << 26), 16);  // float32's spacing there
+
+  // Functions keeping 4 MiB each (a string of 2^22 bytes), in a cache that holds two of them.
+  const FunctionBody first = doubled("first", "ab", 21), second = doubled("second", "cd", 21),
+                     third = doubled("third", "ef", 21);
+  auto probe = CompileForCpu(first);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const int64_t each = (*probe)->held_bytes();
+  EXPECT_GE(each, 4 << 20);
+  FunctionCache cache([](const FunctionBody& body) { return CompileForCpu(body); }, 2 * each + each / 2);
+  ASSERT_TRUE(cache.Compile(first).ok());
+  ASSERT_TRUE(cache.Compile(second).ok());
+  EXPECT_GE(cache.held_bytes(), 2 * (4 << 20));
+  auto refused = cache.Compile(third);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  for (const char* part : {"'third'", "2 functions compiled on this worker", "--compiled-memory"}) {
+    EXPECT_NE(refused.status().message().find(part), std::string::npos) << part << " in: " << refused.status();
+  }
+  // What is cached stays, and runs.
+  auto again = cache.Compile(first);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(RunScalar(**again, 1, &result).ok());
+  EXPECT_EQ(result, 2.0f + (1 << 22));
+  EXPECT_EQ(cache.size(), 2u);
+}
+
 // libtorch keeps some of a tensor besides its data with malloc, not operator new: the sizes and
 // strides of one of more than five dimensions. Those are charged too where the executables' malloc
 // counts them (body_malloc.cc): 600 views of a tensor of 200,000 dimensions held 2 GB of the host

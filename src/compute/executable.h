@@ -27,6 +27,9 @@ class Executable {
   // differs from its output buffer, is returned as a Status naming the function.
   virtual absl::Status Run(absl::Span<const DeviceBuffer* const> inputs,
                            absl::Span<DeviceBuffer* const> outputs) const = 0;
+  // The host memory it keeps for as long as it is cached: its graph, and the constants compiling
+  // folded from its source.
+  virtual int64_t held_bytes() const { return 0; }
 };
 
 // Names of the built-in C++ kernels, for error messages and `pathways status`.
@@ -40,21 +43,28 @@ using Compiler = std::function<absl::StatusOr<std::shared_ptr<const Executable>>
 absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body,
                                                                 FunctionOps ops = FunctionOps::kVetted);
 
-// Compiles bodies once per content hash and keeps the results. Thread-safe.
+// Compiles bodies once per content hash and keeps the results, which together may hold at most
+// `limit` bytes (Executable::held_bytes): past it a compile fails ResourceExhausted, and what is
+// cached stays. Thread-safe.
 class FunctionCache {
  public:
-  explicit FunctionCache(Compiler compiler = [](const FunctionBody& body) { return CompileForCpu(body); });
+  static constexpr int64_t kDefaultLimit = int64_t{2} << 30;
+  explicit FunctionCache(
+      Compiler compiler = [](const FunctionBody& body) { return CompileForCpu(body); }, int64_t limit = kDefaultLimit);
   // Compiles `body` unless a body with the same key is cached. Errors name the function, and for
   // TorchScript include the compiler's message with the offending line.
   absl::StatusOr<std::shared_ptr<const Executable>> Compile(const FunctionBody& body);
   // nullptr when nothing with that key has been compiled here.
   std::shared_ptr<const Executable> Lookup(const std::string& key) const;
   size_t size() const;
+  int64_t held_bytes() const;
 
  private:
   const Compiler compiler_;
+  const int64_t limit_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Executable>> cache_ ABSL_GUARDED_BY(mu_);
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Sets libtorch's intra-op threads (default 1: devices are the parallelism) and OpenBLAS's, and

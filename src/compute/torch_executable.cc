@@ -190,8 +190,13 @@ class BuiltinExecutable : public TorchExecutable {
 class ScriptExecutable : public TorchExecutable {
  public:
   ScriptExecutable(std::string name, std::shared_ptr<torch::jit::CompilationUnit> unit, torch::jit::Function* function,
-                   bool optimise)
-      : TorchExecutable(std::move(name)), unit_(std::move(unit)), function_(function), optimise_(optimise) {}
+                   bool optimise, int64_t held_bytes)
+      : TorchExecutable(std::move(name)),
+        unit_(std::move(unit)),
+        function_(function),
+        optimise_(optimise),
+        held_bytes_(held_bytes) {}
+  int64_t held_bytes() const override { return held_bytes_; }
 
  public:
   absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args, const Buffers&) const override {
@@ -229,10 +234,12 @@ class ScriptExecutable : public TorchExecutable {
   std::shared_ptr<torch::jit::CompilationUnit> unit_;
   torch::jit::Function* function_;
   const bool optimise_;
+  const int64_t held_bytes_;
 };
 
-// What compiling one body may hold (see CompilePrimal).
-constexpr int64_t kCompileMemory = int64_t{256} << 20;
+// What compiling one body may hold past the heap's allowance, and so what its compiled function may
+// keep (see CompilePrimal). Functions keep 0.1-0.5 MiB (a model's loss and optimizer, measured).
+constexpr int64_t kCompileMemory = int64_t{64} << 20;
 
 absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const FunctionBody& body, FunctionOps ops) {
   if (body.kind == FunctionBody::Kind::kBuiltin) {
@@ -254,7 +261,9 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
   // Compiling folds constants (define's passes run string and number ops on them): a body that
   // doubles a constant string 34 times would build 32 GiB here, on every worker, before any device
   // is involved. What the compile holds past the heap's allowance is charged to a budget of its own;
-  // a fold refused is left for the run, where the device's budget refuses it.
+  // a fold refused is left for the run, where the device's budget refuses it. What the function
+  // keeps (the heap's count at the end: its graph and folded constants) stays for as long as the
+  // worker caches it, which bounds what all of them keep (FunctionCache).
   ScopedBodyHeap heap(std::make_shared<MemoryBudget>("the compiler", kCompileMemory));
   try {
     // Parsed here rather than by define(source), which names every source "<string>": errors and
@@ -287,7 +296,8 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("function '", body.name, "' could not be checked: ", e.what()));
   }
-  return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn, ops == FunctionOps::kPublic);
+  return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn, ops == FunctionOps::kPublic,
+                                            heap.live_bytes());
 }
 
 }  // namespace
@@ -309,7 +319,7 @@ std::vector<std::string> BuiltinKernelNames() {
   return names;
 }
 
-FunctionCache::FunctionCache(Compiler compiler) : compiler_(std::move(compiler)) {}
+FunctionCache::FunctionCache(Compiler compiler, int64_t limit) : compiler_(std::move(compiler)), limit_(limit) {}
 
 absl::StatusOr<std::shared_ptr<const Executable>> FunctionCache::Compile(const FunctionBody& body) {
   std::string key = FunctionKey(body);
@@ -318,9 +328,17 @@ absl::StatusOr<std::shared_ptr<const Executable>> FunctionCache::Compile(const F
   // of one body both succeed and the first stored wins.
   auto compiled = compiler_(body);
   if (!compiled.ok()) return compiled.status();
+  const int64_t held = (*compiled)->held_bytes();
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = cache_.emplace(key, *compiled);
-  return it->second;
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  if (held_ + held > limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat("function '", body.DisplayName(), "' keeps ", held,
+                                                     " bytes once compiled, and the ", cache_.size(),
+                                                     " functions compiled on this worker keep ", held_, " of the ",
+                                                     limit_, " it keeps for them (worker flag --compiled-memory)"));
+  }
+  held_ += held;
+  return cache_.emplace(key, *std::move(compiled)).first->second;
 }
 
 std::shared_ptr<const Executable> FunctionCache::Lookup(const std::string& key) const {
@@ -332,6 +350,11 @@ std::shared_ptr<const Executable> FunctionCache::Lookup(const std::string& key) 
 size_t FunctionCache::size() const {
   absl::MutexLock lock(&mu_);
   return cache_.size();
+}
+
+int64_t FunctionCache::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
 }
 
 }  // namespace pathways

@@ -76,6 +76,7 @@ class VjpExecutable : public TorchExecutable {
         primal_(std::move(primal)),
         gradient_(std::move(gradient)),
         forward_key_(std::move(forward_key)) {}
+  int64_t held_bytes() const override { return primal_->held_bytes(); }
 
   absl::StatusOr<std::vector<at::Tensor>> Invoke(std::vector<at::Tensor>& args, const Buffers& buffers) const override {
     switch (gradient_.residuals) {

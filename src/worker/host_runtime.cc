@@ -39,7 +39,7 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       links_(LinksFor(options_, dcn_.get())),
       collectives_(options_.name, links_, options_.collective_timeout),
       watch_(options_.num_devices),
-      functions_(options_.backend.compiler()),
+      functions_(options_.backend.compiler(), options_.compiled_memory_bytes),
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),
       dcn_transport_(dcn_ != nullptr ? std::make_unique<dataflow::DcnTransport>(dataflow_transport_, *dcn_) : nullptr),

@@ -71,6 +71,8 @@ struct HostRuntimeOptions {
   int links_port = 0;
   // What the devices are and how bodies compile for them (cpu, or simulated for scale runs).
   DeviceBackend backend;
+  // What the functions compiled here may keep in all (FunctionCache): past it, compiles fail.
+  int64_t compiled_memory_bytes = FunctionCache::kDefaultLimit;
 };
 
 // Applies each client's ops in its order, and scheduled runs in their island's order (see
