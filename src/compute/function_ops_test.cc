@@ -39,6 +39,10 @@ TEST(FunctionOpsTest, BothPoliciesRefuseInternalOpsFilesSeedsAndOpsKnownToTrustT
     EXPECT_THAT(RefusedOp("aten", "manual_seed", ops), HasSubstr("generator"));
     EXPECT_THAT(RefusedOp("prim", "Print", ops), HasSubstr("log"));
     EXPECT_THAT(RefusedOp("prim", "rpc_async", ops), HasSubstr("other processes"));
+    for (const char* op : {"fork", "awaitable", "awaitable_wait"}) {
+      EXPECT_THAT(RefusedOp("prim", op, ops), HasSubstr("another thread")) << op;
+    }
+    EXPECT_THAT(RefusedOp("aten", "wait", ops), HasSubstr("another thread"));
     EXPECT_THAT(RefusedOp("quantized", "add", ops), HasSubstr("aten, prim and pathways"));
   }
 }
