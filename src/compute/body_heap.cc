@@ -28,6 +28,20 @@ ScopedBodyHeap::~ScopedBodyHeap() {
   if (charged_ > 0) budget_->Release(charged_);
 }
 
+int64_t ScopedBodyHeap::HandOver(int64_t bytes) {
+  const int64_t taken = std::clamp<int64_t>(bytes, 0, live_);
+  live_ -= taken;
+  const int64_t over = live_ - allowance_;
+  const int64_t needed = over <= 0 ? 0 : (over + kChargeStep - 1) / kChargeStep * kChargeStep;
+  if (charged_ > needed) {
+    budget_->Release(charged_ - needed);
+    charged_ = needed;
+  }
+  return taken;
+}
+
+ScopedBodyHeap* CurrentBodyHeap() { return body_heap_internal::current; }
+
 BodyHeapPause::BodyHeapPause() : paused_(body_heap_internal::current) { body_heap_internal::current = nullptr; }
 
 BodyHeapPause::~BodyHeapPause() { body_heap_internal::current = paused_; }

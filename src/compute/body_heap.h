@@ -33,6 +33,10 @@ class ScopedBodyHeap {
 
   int64_t live_bytes() const { return live_; }
   int64_t charged_bytes() const { return charged_; }
+  // Takes `bytes` of what the body holds out of the count (at most all of it), for an owner that
+  // keeps them past the body and charges them itself (a forward pass's residual graph): the
+  // scope's own charge shrinks to what it still needs. Returns the bytes taken.
+  int64_t HandOver(int64_t bytes);
   // ResourceExhausted naming the device and the sizes, once an allocation was refused.
   const absl::Status& failure() const { return failure_; }
 
@@ -66,6 +70,9 @@ class BodyHeapPause {
  private:
   ScopedBodyHeap* const paused_;
 };
+
+// The current thread's innermost scope, null outside bodies.
+ScopedBodyHeap* CurrentBodyHeap();
 
 // Whether malloc, not only operator new, is counted: in a process whose malloc is body_malloc.cc's.
 bool BodyHeapCountsMalloc();

@@ -64,6 +64,23 @@ TEST(BodyHeapTest, ScopesNestAndTheInnerCountsItsOwn) {
   EXPECT_EQ(budget->used(), outer.charged_bytes());
 }
 
+// What an owner keeps past the body (a residual graph) leaves the count, and the scope's charge
+// shrinks to what it still needs; the owner charges it itself.
+TEST(BodyHeapTest, WhatIsHandedOverLeavesTheCountAndItsCharge) {
+  auto budget = std::make_shared<MemoryBudget>("cpu:0", 64 * kMiB);
+  std::vector<std::string> held;
+  ScopedBodyHeap heap(budget, 2 * kMiB);
+  for (int i = 0; i < 6; ++i) held.emplace_back(kMiB, 'a');
+  ASSERT_GE(budget->used(), 4 * kMiB);
+  const int64_t live = heap.live_bytes();
+  EXPECT_EQ(heap.HandOver(3 * kMiB), 3 * kMiB);
+  EXPECT_EQ(heap.live_bytes(), live - 3 * kMiB);
+  EXPECT_LE(budget->used(), 2 * kMiB);  // about 3 MiB held, 2 of them the allowance
+  EXPECT_EQ(budget->used(), heap.charged_bytes());
+  EXPECT_EQ(heap.HandOver(live), live - 3 * kMiB) << "at most what the scope counts";
+  EXPECT_EQ(budget->used(), 0);
+}
+
 // The runtime's own code called from a body (a collective's meeting, a data op's source) runs with
 // the heap paused: neither counted nor refused, however full the device, and the scope counts and
 // refuses again once the pause ends.

@@ -301,6 +301,45 @@ TEST_F(ExecutableTest, AResidualHandleCountsWhatStaysOnTheDevice) {
   EXPECT_NEAR(Values(*y)[7], 6.0f, 1e-6);
 }
 
+// A forward pass that keeps its residuals keeps its autograd graph too: its nodes and saved
+// metadata are in the host's heap, not the device's allocator, and before they were charged only
+// while the body ran. They are charged to the device until the handle goes, and counted by it.
+TEST_F(ExecutableTest, AKeptGraphsOwnMemoryIsChargedUntilItsHandleGoes) {
+  ConfigureComputeThreads(1);
+  FunctionBody body{FunctionBody::Kind::kTorchScript, "chain",
+                    "def chain(a):\n    h = a\n    for _ in range(int(a.size(0)) * 2000):\n        h = h * 1.0001\n"
+                    "    return h\n"};
+  body.gradient = FunctionBody::Gradient{{0}, {{}}, {{}}, false};
+  body.gradient->residuals = FunctionBody::Residuals::kKeep;
+  auto forward = cache_.Compile(body);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  BufferPtr a = MakeF32({16}, std::vector<float>(16, 1.0f));  // 32000 nodes
+  BufferPtr h = *device_.Allocate(DType::kF32, {16});
+  BufferPtr handle = *device_.Allocate(DType::kI64, {});
+  auto budget = std::make_shared<MemoryBudget>("device", 256 << 20);
+  const DeviceBuffer* ins[] = {a.get()};
+  DeviceBuffer* outs[] = {h.get(), handle.get()};
+  {
+    MemoryBudget::ScopedCurrent scope(budget);
+    ASSERT_TRUE((*forward)->Run(ins, outs).ok());
+  }
+  const int64_t kept = *reinterpret_cast<const int64_t*>(handle->data());
+  EXPECT_GE(kept, 32000 * 64) << "the graph's nodes, counted by the handle";
+  EXPECT_EQ(budget->used(), kept);
+  handle.reset();
+  EXPECT_EQ(budget->used(), 0);
+
+  // On a device too small for the graph, the forward pass fails and leaves nothing charged.
+  handle = *device_.Allocate(DType::kI64, {});
+  outs[1] = handle.get();
+  auto small = std::make_shared<MemoryBudget>("small", kept / 4);
+  MemoryBudget::ScopedCurrent scope(small);
+  absl::Status s = (*forward)->Run(ins, outs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("residuals' graph"), std::string::npos) << s;
+  EXPECT_EQ(small->used(), 0);
+}
+
 TEST_F(ExecutableTest, KernelTemporariesAreChargedToTheDeviceRunningThem) {
   ConfigureComputeThreads(1);  // installs the allocator that charges them, as workers do
   // A 4 MiB temporary (x expanded to 1M elements), summed back to a scalar.

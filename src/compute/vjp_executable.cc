@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "collective/collective.h"
+#include "compute/body_heap.h"
 #include "compute/torch_executable.h"
 #include "compute/torch_ops.h"
 #include "core/status_macros.h"
@@ -59,6 +60,13 @@ struct KeptResiduals final : public BufferAttachment {
   int64_t shard = -1;
   AutogradGraph graph;
   mutable absl::Mutex mu;  // one backward pass through the graph at a time
+  // The graph's nodes and saved metadata (not its tensors, which the device's allocator charges),
+  // charged to the device for as long as the handle lives.
+  std::shared_ptr<MemoryBudget> budget;
+  int64_t graph_bytes = 0;
+  ~KeptResiduals() override {
+    if (graph_bytes > 0) budget->Release(graph_bytes);
+  }
 };
 
 // The vector-Jacobian product of a primal body (FunctionBody::Gradient), whole or in halves.
@@ -133,6 +141,8 @@ class VjpExecutable : public TorchExecutable {
     }
     int64_t kept_bytes = 0;
     std::vector<at::Tensor> results;
+    ScopedBodyHeap* heap = CurrentBodyHeap();
+    const int64_t held_before = heap != nullptr ? heap->live_bytes() : 0;
     {
       AllocationScope scope;
       PW_ASSIGN_OR_RETURN(Forward forward, RunForward(args));
@@ -157,6 +167,23 @@ class VjpExecutable : public TorchExecutable {
         holders[y.storage().unsafeGetStorageImpl()].clear();
       }
       for (const at::Tensor& y : forward.outputs) results.push_back(y.detach());
+    }
+    // The graph's own memory stays with the handle too: handed over from the body's heap (which
+    // would release its charge as the run ends) and charged to the device until the handle goes.
+    // Before, a forward pass of a million small ops kept its graph in the host's memory, uncharged.
+    const std::shared_ptr<MemoryBudget>* budget = MemoryBudget::Current();
+    if (heap != nullptr && budget != nullptr && *budget != nullptr) {
+      const int64_t graph_bytes = heap->HandOver(heap->live_bytes() - held_before);
+      if (graph_bytes > 0) {
+        absl::Status charged = (*budget)->Charge(graph_bytes, (*budget)->kernel_wait());
+        if (!charged.ok()) {
+          return absl::ResourceExhaustedError(absl::StrCat("function '", name(), "' keeps its residuals' graph of ",
+                                                           graph_bytes, " bytes: ", charged.message()));
+        }
+        kept->budget = *budget;
+        kept->graph_bytes = graph_bytes;
+        kept_bytes += graph_bytes;
+      }
     }
     results.push_back(torch::full({}, kept_bytes, torch::kInt64));
     buffers.outputs.back()->set_attachment(std::move(kept));
