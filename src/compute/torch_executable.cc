@@ -137,9 +137,11 @@ absl::Status TorchExecutable::Run(absl::Span<const DeviceBuffer* const> inputs,
       if (t.data_ptr() != out.data()) std::memmove(out.data(), t.data_ptr(), static_cast<size_t>(out.byte_size()));
     }
   } catch (const std::bad_alloc&) {
+    const BodyHeapPause runtime;  // the error's words are the runtime's: a refused heap may not refuse them
     if (!heap.failure().ok()) return out_of_memory(heap.failure().message());
     return absl::ResourceExhaustedError(absl::StrCat("function '", name_, "' ran out of host memory"));
   } catch (const std::exception& e) {
+    const BodyHeapPause runtime;
     // The TorchScript interpreter rethrows what a kernel threw as its own error: a refused
     // allocation is known by what the allocator (or the body's heap) recorded.
     if (!KernelMemoryFailure().ok()) {
@@ -279,6 +281,7 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
     }
     unit->define(c10::nullopt, {}, {}, definitions, resolvers, nullptr);
   } catch (const std::exception& e) {
+    const BodyHeapPause runtime;  // the error's words are the runtime's: a refused heap may not refuse them
     if (!heap.failure().ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("TorchScript function '", body.name, "' failed to compile: ", heap.failure().message()));
@@ -286,6 +289,10 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
     return absl::InvalidArgumentError(absl::StrCat("TorchScript function '", body.name,
                                                    "' failed to compile: ", e.what()));
   }
+  // What follows is the runtime's (the checks, their stop points, the executable), and is not
+  // refused even where a fold was.
+  const int64_t kept = heap.live_bytes();
+  const BodyHeapPause runtime;
   torch::jit::Function* fn = unit->find_function(c10::QualifiedName(body.name));
   if (fn == nullptr) {
     return absl::InvalidArgumentError(
@@ -296,8 +303,7 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("function '", body.name, "' could not be checked: ", e.what()));
   }
-  return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn, ops == FunctionOps::kPublic,
-                                            heap.live_bytes());
+  return std::make_shared<ScriptExecutable>(body.name, std::move(unit), fn, ops == FunctionOps::kPublic, kept);
 }
 
 }  // namespace
