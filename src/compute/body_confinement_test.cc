@@ -398,6 +398,17 @@ TEST_F(ExecutableTest, WhatCompiledFunctionsKeepIsBoundedPerFunctionAndOverTheCa
   ASSERT_TRUE(RunScalar(**big, 1, &result).ok());
   EXPECT_NEAR(result, 2.0 + (2 << 26), 16);  // float32's spacing there
 
+  // A fold refused where libtorch does not catch the refusal (this one, with this allocator) fails
+  // the compile, saying why; one it catches keeps what it has.
+  auto other_fold = cache_.Compile(doubled("fold5", "aaaaa", 26));
+  if (other_fold.ok()) {
+    EXPECT_LE((*other_fold)->held_bytes(), 80 << 20);
+  } else {
+    EXPECT_EQ(other_fold.status().code(), absl::StatusCode::kResourceExhausted) << other_fold.status();
+    EXPECT_NE(other_fold.status().message().find("folds what its source builds from literals"), std::string::npos)
+        << other_fold.status();
+  }
+
   // Functions keeping 4 MiB each (a string of 2^22 bytes), in a cache that holds two of them.
   const FunctionBody first = doubled("first", "ab", 21), second = doubled("second", "cd", 21),
                      third = doubled("third", "ef", 21);

@@ -284,7 +284,11 @@ absl::StatusOr<std::shared_ptr<const TorchExecutable>> CompilePrimal(const Funct
     const BodyHeapPause runtime;  // the error's words are the runtime's: a refused heap may not refuse them
     if (!heap.failure().ok()) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("TorchScript function '", body.name, "' failed to compile: ", heap.failure().message()));
+          absl::StrCat("TorchScript function '", body.name,
+                       "' failed to compile: compiling folds what its source builds from literals (strings, numbers) "
+                       "into constants, and this took more than a compile may hold (build such values from an input, "
+                       "at run time): ",
+                       heap.failure().message()));
     }
     return absl::InvalidArgumentError(absl::StrCat("TorchScript function '", body.name,
                                                    "' failed to compile: ", e.what()));
