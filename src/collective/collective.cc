@@ -183,7 +183,7 @@ absl::Status CollectiveHub::Run(const GroupPlacement& placement, const std::stri
 
 absl::StatusOr<std::shared_ptr<const GroupPlacement>> CollectiveHub::Placed(
     const std::shared_ptr<const GangLayout>& layout, int64_t shard, absl::string_view axes) {
-  std::pair<int64_t, std::string> key(shard, axes);
+  std::pair<int64_t, std::string> key(shard, CanonicalAxes(axes));
   {
     absl::MutexLock lock(&placed_mu_);
     if (auto gang = placed_.find(layout.get()); gang != placed_.end()) {
@@ -520,12 +520,18 @@ uint64_t ShardCollectives::RunTag(const std::string& client, int64_t program, in
   return Fnv64(absl::StrCat(client, "/", program, "/", run));
 }
 
-absl::StatusOr<const GroupPlacement*> ShardCollectives::PlacementFor(absl::string_view axes) {
+absl::StatusOr<const GroupPlacement*> ShardCollectives::PlacementFor(absl::string_view written) {
+  // Kept by the axes' one spelling (CanonicalAxes), here and in the hub: a body that respells the
+  // same axes call after call ("x", " x", "  x", ...) finds one entry, not a new one a call.
+  for (const auto& [a, g] : groups_) {
+    if (a == written) return g.get();
+  }
+  const std::string axes = CanonicalAxes(written);
   for (const auto& [a, g] : groups_) {
     if (a == axes) return g.get();
   }
   PW_ASSIGN_OR_RETURN(std::shared_ptr<const GroupPlacement> placement, hub_.Placed(layout_, shard_, axes));
-  groups_.emplace_back(std::string(axes), std::move(placement));
+  groups_.emplace_back(axes, std::move(placement));
   return groups_.back().second.get();
 }
 

@@ -144,6 +144,7 @@ TEST(CollectiveHubTest, PlacesEachGroupOncePerLayoutShardAndAxes) {
   EXPECT_EQ((*first)->group.shards, (std::vector<int64_t>{0, 2}));
   EXPECT_EQ((*first)->hosts, (std::vector<std::string>{"g", "h"}));
   EXPECT_EQ(*hub.Placed(layout, 0, "j"), *first);
+  EXPECT_EQ(*hub.Placed(layout, 0, " j "), *first) << "one entry for every spelling of the same axes";
   EXPECT_NE(*hub.Placed(layout, 1, "j"), *first);
   EXPECT_NE(*hub.Placed(layout, 0, "i"), *first);
   EXPECT_NE(*hub.Placed(std::make_shared<const GangLayout>(*layout), 0, "j"), *first);

@@ -11,6 +11,13 @@
 
 namespace pathways::collective {
 
+std::string CanonicalAxes(absl::string_view axes) {
+  if (absl::StripAsciiWhitespace(axes).empty()) return "";
+  std::vector<absl::string_view> names = absl::StrSplit(axes, ',');
+  for (absl::string_view& name : names) name = absl::StripAsciiWhitespace(name);
+  return absl::StrJoin(names, ",");
+}
+
 absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::string_view axes) {
   const int rank_count = static_cast<int>(layout.mesh_dims.size());
   std::vector<int> named;

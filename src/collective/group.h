@@ -36,6 +36,10 @@ struct Group {
   std::string label;            // for people: "over [x] at y=2 (2 members)"
 };
 
+// `axes` as one spelling: its names without the spaces around them, joined by commas ("" for
+// none). Caches keyed by axes use it, so a body cannot grow them by respelling the same group.
+std::string CanonicalAxes(absl::string_view axes);
+
 // The group of `shard` over `axes`: comma-separated axis names; empty means every axis.
 // InvalidArgument for an unknown or repeated axis name.
 absl::StatusOr<Group> GroupOf(const GangLayout& layout, int64_t shard, absl::string_view axes);

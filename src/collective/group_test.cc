@@ -6,6 +6,13 @@
 namespace pathways::collective {
 namespace {
 
+TEST(GroupOfTest, AxesHaveOneSpelling) {
+  EXPECT_EQ(CanonicalAxes(" y , x "), "y,x");
+  EXPECT_EQ(CanonicalAxes("x"), "x");
+  EXPECT_EQ(CanonicalAxes("   "), "");
+  EXPECT_EQ(CanonicalAxes("x,,y"), "x,,y") << "left for GroupOf to refuse";
+}
+
 TEST(GroupOfTest, GroupsFollowTheNamedAxes) {
   GangLayout layout{{2, 3}, {"x", "y"}, {}};
   for (int32_t d = 0; d < 6; ++d) layout.members.push_back({"h", DeviceId(d)});

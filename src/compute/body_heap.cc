@@ -28,15 +28,15 @@ ScopedBodyHeap::~ScopedBodyHeap() {
   if (charged_ > 0) budget_->Release(charged_);
 }
 
-int64_t ScopedBodyHeap::HandOver(int64_t bytes) {
+int64_t ScopedBodyHeap::HandOver(int64_t bytes, int64_t* charge) {
   const int64_t taken = std::clamp<int64_t>(bytes, 0, live_);
   live_ -= taken;
   const int64_t over = live_ - allowance_;
   const int64_t needed = over <= 0 ? 0 : (over + kChargeStep - 1) / kChargeStep * kChargeStep;
-  if (charged_ > needed) {
-    budget_->Release(charged_ - needed);
-    charged_ = needed;
-  }
+  const int64_t spare = std::max<int64_t>(charged_ - needed, 0);
+  charged_ -= spare;
+  *charge = std::min(spare, taken);
+  if (spare > *charge) budget_->Release(spare - *charge);
   return taken;
 }
 

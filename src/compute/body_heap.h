@@ -34,9 +34,11 @@ class ScopedBodyHeap {
   int64_t live_bytes() const { return live_; }
   int64_t charged_bytes() const { return charged_; }
   // Takes `bytes` of what the body holds out of the count (at most all of it), for an owner that
-  // keeps them past the body and charges them itself (a forward pass's residual graph): the
-  // scope's own charge shrinks to what it still needs. Returns the bytes taken.
-  int64_t HandOver(int64_t bytes);
+  // keeps them past the body (a forward pass's residual graph). Of the charge the scope no longer
+  // needs, up to the bytes taken passes to the owner (`*charge`, to release when it lets go: it
+  // must charge the rest itself), so that no other work can take that room in between. Returns
+  // the bytes taken.
+  int64_t HandOver(int64_t bytes, int64_t* charge);
   // ResourceExhausted naming the device and the sizes, once an allocation was refused.
   const absl::Status& failure() const { return failure_; }
 
@@ -56,10 +58,14 @@ class ScopedBodyHeap {
 
 // Suspends the current thread's heap scope while the runtime's own code runs for a body: a
 // collective's meeting and messages, the data ops' shared sources, checkpoint files. What that
-// code allocates is the runtime's, bounded by its own limits, and is neither counted nor refused:
-// a refusal in the middle of it would leave state that other tenants' runs share half-updated
-// (a collective's meeting without its members), and a charge could wait for memory while holding
-// a lock their runs need.
+// code allocates is neither counted nor refused: a refusal in the middle of it would leave state
+// that other tenants' runs share half-updated (a collective's meeting without its members), and a
+// charge could wait for memory while holding a lock their runs need. So that code must bound what
+// a body can make it hold: its caches by count and by one spelling of their keys (a group's axes:
+// collective/group.h CanonicalAxes), its buffers by what the device already holds (a collective's
+// scratch is the size of its data). And nothing made in a pause may go to the body (an op's
+// output is made outside it): a block made uncounted and freed in the scope would lower the count
+// by what it never added.
 class BodyHeapPause {
  public:
   BodyHeapPause();

@@ -17,8 +17,9 @@ namespace {
 // dimension other than 0 move that dimension to the front first, so that the chunks members
 // exchange are contiguous. Failures throw, as torch ops do; the executable turns them back into
 // the collective's Status. What the runtime allocates for a call (its group's placement, the
-// meeting, the messages) is its own, not the body's: it runs with the body's heap paused
-// (compute/body_heap.h).
+// meeting, the messages, a scratch buffer the size of the call's data, which the device already
+// holds) is its own, not the body's: it runs with the body's heap paused (compute/body_heap.h),
+// and the output is made outside the pause.
 
 collective::ShardCollectives& CurrentShard() {
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
@@ -235,8 +236,10 @@ struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
   static tensor_list backward(AutogradContext* ctx, tensor_list g) {
     const std::string axes = ctx->saved_data["axes"].toStringRef();
     at::Tensor sum = AllReduceRaw(g[0], axes, "sum");
-    const BodyHeapPause runtime;
-    auto group = CurrentShard().GroupOver(axes);
+    auto group = [&] {
+      const BodyHeapPause runtime;
+      return CurrentShard().GroupOver(axes);
+    }();
     TORCH_CHECK(group.ok(), group.status().ToString());
     if (group->rank != ctx->saved_data["root"].toInt()) sum.zero_();
     return {sum, at::Tensor(), at::Tensor()};

@@ -71,13 +71,15 @@ at::Tensor Random(RandomDistribution distribution, const std::vector<int64_t>& s
                   const std::vector<std::string>& spec, int64_t seed, int64_t step) {
   PW_OP_CHECK(spec.size() <= shape.size(), "random numbers: a spec of ", spec.size(), " entries for a shape of rank ",
               shape.size());
-  const BodyHeapPause runtime;  // the group's placement is the runtime's (compute/body_heap.h)
   std::vector<int64_t> global = shape, origin(shape.size(), 0);
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
   for (size_t d = 0; d < shape.size(); ++d) {
     PW_OP_CHECK(shape[d] >= 0, "random numbers: dimension ", d, " of size ", shape[d]);
     if (d >= spec.size() || spec[d].empty() || shard == nullptr) continue;
-    auto group = shard->GroupOver(spec[d]);
+    auto group = [&] {
+      const BodyHeapPause runtime;  // the runtime's lookup (compute/body_heap.h)
+      return shard->GroupOver(spec[d]);
+    }();
     PW_OP_CHECK(group.ok(), "random numbers: ", group.status().message());
     origin[d] = group->rank * shape[d];
     global[d] = shape[d] * static_cast<int64_t>(group->shards.size());
@@ -116,7 +118,10 @@ int64_t ShardsFirstSequence(const char* op, int64_t batch, int64_t length, const
               op, ": ", batch, " sequences of ", length, " tokens from sequence ", first);
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
   if (shard == nullptr || batch_axes.empty()) return first;
-  auto group = shard->GroupOver(batch_axes);
+  auto group = [&] {
+    const BodyHeapPause runtime;  // the runtime's lookup (compute/body_heap.h)
+    return shard->GroupOver(batch_axes);
+  }();
   TORCH_CHECK(group.ok(), op, ": ", group.status().message());
   return first + group->rank * batch;
 }
@@ -127,11 +132,13 @@ int64_t ShardsFirstSequence(const char* op, int64_t batch, int64_t length, const
 // batch hold its pieces (and microbatch k of a step starts at first = k x its size).
 at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t chain_seed, int64_t data_seed,
                         int64_t step, std::string batch_axes, double sharpness, int64_t first) {
-  // The sources, the prefetcher and the group's placement are the runtime's, shared by every
-  // tenant's runs (compute/body_heap.h).
-  const BodyHeapPause runtime;
   TORCH_CHECK(vocab <= MarkovSource::kMaxVocab, "markov_tokens: a vocabulary of ", vocab, " tokens");
-  auto source = MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
+  // The sources and the prefetcher are the runtime's, shared by every tenant's runs: reached with
+  // the body's heap paused (compute/body_heap.h). The output is the body's, made outside.
+  auto source = [&] {
+    const BodyHeapPause runtime;
+    return MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
+  }();
   TORCH_CHECK(source.ok(), "markov_tokens: ", source.status().message());
   first = ShardsFirstSequence("markov_tokens", batch, length, batch_axes, first);
   at::Tensor out = torch::empty({batch, length}, at::kLong);
@@ -142,6 +149,7 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
                                        data_seed, "/", first,
                                        "/", batch, "/", length);
   std::shared_ptr<const MarkovSource> chain = *source;
+  const BodyHeapPause runtime;
   const absl::Status drawn = BatchPrefetcher::Global().Get(
       key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
       [chain, data_seed, first, batch, length](uint64_t s, int64_t* tokens) {
@@ -157,9 +165,11 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
 // this shard's `batch` sequences placed in the global batch as markov_tokens places them.
 at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t seed, int64_t step,
                       std::string batch_axes, int64_t first) {
-  const BodyHeapPause runtime;  // as markov_tokens
   first = ShardsFirstSequence("text_tokens", batch, length, batch_axes, first);
-  auto source = TextSource::Open(path);
+  auto source = [&] {
+    const BodyHeapPause runtime;  // as markov_tokens
+    return TextSource::Open(path);
+  }();
   if (!source.ok()) OpFailure() = source.status();
   TORCH_CHECK(source.ok(), "text_tokens: ", source.status().message());
   at::Tensor out = torch::empty({batch, length}, at::kLong);
@@ -168,6 +178,7 @@ at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t s
   // what it was.
   std::shared_ptr<const TextSource> text = *source;
   const std::string key = absl::StrCat("text/", text->identity(), "/", seed, "/", first, "/", batch, "/", length);
+  const BodyHeapPause runtime;
   const absl::Status sampled = BatchPrefetcher::Global().Get(
       key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
       [text, seed, first, batch, length](uint64_t s, int64_t* tokens) {
@@ -188,22 +199,26 @@ int64_t ShardIndex() {
 }
 
 at::Tensor SaveShard(const at::Tensor& x, std::string secret, int64_t step, std::string name) {
-  const BodyHeapPause runtime;  // the checkpoint's files are the runtime's (compute/body_heap.h)
   TORCH_CHECK(x.scalar_type() == at::kFloat, "save_shard: ", name, " is not f32");
   const at::Tensor data = x.contiguous();
-  const absl::Status saved = WriteCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32,
-                                                  Shape(data.sizes().begin(), data.sizes().end()), data.data_ptr(),
-                                                  static_cast<int64_t>(data.nbytes()));
+  const absl::Status saved = [&] {
+    const BodyHeapPause runtime;  // the checkpoint's files are the runtime's (compute/body_heap.h)
+    return WriteCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32,
+                                Shape(data.sizes().begin(), data.sizes().end()), data.data_ptr(),
+                                static_cast<int64_t>(data.nbytes()));
+  }();
   if (!saved.ok()) OpFailure() = saved;
   TORCH_CHECK(saved.ok(), "save_shard: ", saved.message());
   return torch::ones({});
 }
 
 at::Tensor LoadShard(std::vector<int64_t> shape, std::string secret, int64_t step, std::string name) {
-  const BodyHeapPause runtime;  // as save_shard
   at::Tensor out = torch::empty(shape, at::kFloat);
-  const absl::Status loaded = ReadCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32, Shape(shape),
-                                                  out.data_ptr(), static_cast<int64_t>(out.nbytes()));
+  const absl::Status loaded = [&] {
+    const BodyHeapPause runtime;  // as save_shard
+    return ReadCheckpointShard({secret, step, name, ShardIndex()}, DType::kF32, Shape(shape), out.data_ptr(),
+                               static_cast<int64_t>(out.nbytes()));
+  }();
   if (!loaded.ok()) OpFailure() = loaded;
   TORCH_CHECK(loaded.ok(), "load_shard: ", loaded.message());
   return out;

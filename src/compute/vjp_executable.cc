@@ -169,17 +169,22 @@ class VjpExecutable : public TorchExecutable {
       for (const at::Tensor& y : forward.outputs) results.push_back(y.detach());
     }
     // The graph's own memory stays with the handle too: handed over from the body's heap (which
-    // would release its charge as the run ends) and charged to the device until the handle goes.
-    // Before, a forward pass of a million small ops kept its graph in the host's memory, uncharged.
+    // would release its charge as the run ends), with what the heap had charged of it, and charged
+    // to the device until the handle goes. Before, a forward pass of a million small ops kept its
+    // graph in the host's memory, uncharged.
     const std::shared_ptr<MemoryBudget>* budget = MemoryBudget::Current();
     if (heap != nullptr && budget != nullptr && *budget != nullptr) {
-      const int64_t graph_bytes = heap->HandOver(heap->live_bytes() - held_before);
-      if (graph_bytes > 0) {
-        absl::Status charged = (*budget)->Charge(graph_bytes, (*budget)->kernel_wait());
+      int64_t moved = 0;
+      const int64_t graph_bytes = heap->HandOver(heap->live_bytes() - held_before, &moved);
+      if (graph_bytes > moved) {
+        absl::Status charged = (*budget)->Charge(graph_bytes - moved, (*budget)->kernel_wait());
         if (!charged.ok()) {
+          if (moved > 0) (*budget)->Release(moved);
           return absl::ResourceExhaustedError(absl::StrCat("function '", name(), "' keeps its residuals' graph of ",
                                                            graph_bytes, " bytes: ", charged.message()));
         }
+      }
+      if (graph_bytes > 0) {
         kept->budget = *budget;
         kept->graph_bytes = graph_bytes;
         kept_bytes += graph_bytes;
