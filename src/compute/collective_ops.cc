@@ -236,10 +236,7 @@ struct BroadcastGrad : torch::autograd::Function<BroadcastGrad> {
   static tensor_list backward(AutogradContext* ctx, tensor_list g) {
     const std::string axes = ctx->saved_data["axes"].toStringRef();
     at::Tensor sum = AllReduceRaw(g[0], axes, "sum");
-    auto group = [&] {
-      const BodyHeapPause runtime;
-      return CurrentShard().GroupOver(axes);
-    }();
+    auto group = CurrentShard().GroupOver(axes);
     TORCH_CHECK(group.ok(), group.status().ToString());
     if (group->rank != ctx->saved_data["root"].toInt()) sum.zero_();
     return {sum, at::Tensor(), at::Tensor()};
@@ -262,7 +259,6 @@ at::Tensor Roll(const at::Tensor& x, std::string axes, int64_t shift) {
 // This shard's position along `axes` (row-major over several, as the collectives order their
 // members): what a body needs to find its neighbours, as JAX's axis_index.
 int64_t AxisIndex(std::string axes) {
-  const BodyHeapPause runtime;
   auto group = CurrentShard().GroupOver(axes);
   PW_OP_CHECK(group.ok(), "axis_index: ", group.status().message());
   return group->rank;

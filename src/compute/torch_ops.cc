@@ -76,10 +76,7 @@ at::Tensor Random(RandomDistribution distribution, const std::vector<int64_t>& s
   for (size_t d = 0; d < shape.size(); ++d) {
     PW_OP_CHECK(shape[d] >= 0, "random numbers: dimension ", d, " of size ", shape[d]);
     if (d >= spec.size() || spec[d].empty() || shard == nullptr) continue;
-    auto group = [&] {
-      const BodyHeapPause runtime;  // the runtime's lookup (compute/body_heap.h)
-      return shard->GroupOver(spec[d]);
-    }();
+    auto group = shard->GroupOver(spec[d]);
     PW_OP_CHECK(group.ok(), "random numbers: ", group.status().message());
     origin[d] = group->rank * shape[d];
     global[d] = shape[d] * static_cast<int64_t>(group->shards.size());
@@ -118,10 +115,7 @@ int64_t ShardsFirstSequence(const char* op, int64_t batch, int64_t length, const
               op, ": ", batch, " sequences of ", length, " tokens from sequence ", first);
   collective::ShardCollectives* shard = collective::ShardCollectives::Current();
   if (shard == nullptr || batch_axes.empty()) return first;
-  auto group = [&] {
-    const BodyHeapPause runtime;  // the runtime's lookup (compute/body_heap.h)
-    return shard->GroupOver(batch_axes);
-  }();
+  auto group = shard->GroupOver(batch_axes);
   TORCH_CHECK(group.ok(), op, ": ", group.status().message());
   return first + group->rank * batch;
 }
@@ -133,30 +127,32 @@ int64_t ShardsFirstSequence(const char* op, int64_t batch, int64_t length, const
 at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t chain_seed, int64_t data_seed,
                         int64_t step, std::string batch_axes, double sharpness, int64_t first) {
   TORCH_CHECK(vocab <= MarkovSource::kMaxVocab, "markov_tokens: a vocabulary of ", vocab, " tokens");
-  // The sources and the prefetcher are the runtime's, shared by every tenant's runs: reached with
-  // the body's heap paused (compute/body_heap.h). The output is the body's, made outside.
-  auto source = [&] {
-    const BodyHeapPause runtime;
-    return MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
-  }();
-  TORCH_CHECK(source.ok(), "markov_tokens: ", source.status().message());
   first = ShardsFirstSequence("markov_tokens", batch, length, batch_axes, first);
   at::Tensor out = torch::empty({batch, length}, at::kLong);
-  // Drawn ahead on the host's prefetch thread: this shard's part of the next step's batch is
-  // known (compute/batch_prefetcher.h).
-  // The sharpness by its bits: StrCat keeps 6 digits, which two sources may share.
-  const std::string key = absl::StrCat("markov/", vocab, "/", chain_seed, "/", absl::bit_cast<uint64_t>(sharpness), "/",
-                                       data_seed, "/", first,
-                                       "/", batch, "/", length);
-  std::shared_ptr<const MarkovSource> chain = *source;
-  const BodyHeapPause runtime;
-  const absl::Status drawn = BatchPrefetcher::Global().Get(
-      key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
-      [chain, data_seed, first, batch, length](uint64_t s, int64_t* tokens) {
-        chain->Sample(static_cast<uint64_t>(data_seed), s, first, batch, length, tokens);
-        return absl::OkStatus();
-      },
-      out.data_ptr<int64_t>());
+  absl::Status drawn;
+  {
+    // The sources and the prefetcher are the runtime's, shared by every tenant's runs: reached,
+    // and let go of, with the body's heap paused (compute/body_heap.h). The output is the body's.
+    const BodyHeapPause runtime;
+    auto source = MarkovSource::Get(static_cast<int>(vocab), static_cast<uint64_t>(chain_seed), sharpness);
+    if (!source.ok()) {
+      drawn = source.status();
+    } else {
+      // Drawn ahead on the host's prefetch thread: this shard's part of the next step's batch is
+      // known (compute/batch_prefetcher.h). The sharpness by its bits: StrCat keeps 6 digits,
+      // which two sources may share.
+      const std::string key = absl::StrCat("markov/", vocab, "/", chain_seed, "/", absl::bit_cast<uint64_t>(sharpness),
+                                           "/", data_seed, "/", first, "/", batch, "/", length);
+      std::shared_ptr<const MarkovSource> chain = *std::move(source);
+      drawn = BatchPrefetcher::Global().Get(
+          key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
+          [chain, data_seed, first, batch, length](uint64_t s, int64_t* tokens) {
+            chain->Sample(static_cast<uint64_t>(data_seed), s, first, batch, length, tokens);
+            return absl::OkStatus();
+          },
+          out.data_ptr<int64_t>());
+    }
+  }
   TORCH_CHECK(drawn.ok(), "markov_tokens: ", drawn.message());
   return out;
 }
@@ -166,25 +162,27 @@ at::Tensor MarkovTokens(int64_t batch, int64_t length, int64_t vocab, int64_t ch
 at::Tensor TextTokens(std::string path, int64_t batch, int64_t length, int64_t seed, int64_t step,
                       std::string batch_axes, int64_t first) {
   first = ShardsFirstSequence("text_tokens", batch, length, batch_axes, first);
-  auto source = [&] {
-    const BodyHeapPause runtime;  // as markov_tokens
-    return TextSource::Open(path);
-  }();
-  if (!source.ok()) OpFailure() = source.status();
-  TORCH_CHECK(source.ok(), "text_tokens: ", source.status().message());
   at::Tensor out = torch::empty({batch, length}, at::kLong);
-  // Drawn ahead as markov_tokens' batches are. The key names the file as opened (device, inode,
-  // size, modification time), so a file changed since is drawn from again, not from batches of
-  // what it was.
-  std::shared_ptr<const TextSource> text = *source;
-  const std::string key = absl::StrCat("text/", text->identity(), "/", seed, "/", first, "/", batch, "/", length);
-  const BodyHeapPause runtime;
-  const absl::Status sampled = BatchPrefetcher::Global().Get(
-      key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
-      [text, seed, first, batch, length](uint64_t s, int64_t* tokens) {
-        return text->Sample(static_cast<uint64_t>(seed), s, first, batch, length, tokens);
-      },
-      out.data_ptr<int64_t>());
+  absl::Status sampled;
+  {
+    const BodyHeapPause runtime;  // as markov_tokens
+    auto source = TextSource::Open(path);
+    if (!source.ok()) {
+      sampled = source.status();
+    } else {
+      // Drawn ahead as markov_tokens' batches are. The key names the file as opened (device,
+      // inode, size, modification time), so a file changed since is drawn from again, not from
+      // batches of what it was.
+      std::shared_ptr<const TextSource> text = *std::move(source);
+      const std::string key = absl::StrCat("text/", text->identity(), "/", seed, "/", first, "/", batch, "/", length);
+      sampled = BatchPrefetcher::Global().Get(
+          key, static_cast<uint64_t>(step), static_cast<size_t>(batch * length),
+          [text, seed, first, batch, length](uint64_t s, int64_t* tokens) {
+            return text->Sample(static_cast<uint64_t>(seed), s, first, batch, length, tokens);
+          },
+          out.data_ptr<int64_t>());
+    }
+  }
   if (!sampled.ok()) OpFailure() = sampled;
   TORCH_CHECK(sampled.ok(), "text_tokens: ", sampled.message());
   return out;
