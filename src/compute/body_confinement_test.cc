@@ -455,6 +455,20 @@ TEST_F(ExecutableTest, WhatLibtorchKeepsWithMallocIsChargedToTheDeviceToo) {
     EXPECT_NE(s.message().find("besides tensors"), std::string::npos) << s;
   }
   EXPECT_EQ(budget->used(), 0);
+  // The same made by a pathways op: its output is the body's, made outside the runtime's pause
+  // (a first version made it inside, uncounted).
+  auto drawn = cache_.Compile({FunctionBody::Kind::kTorchScript, "drawn",
+                               "def drawn(x):\n    shape = [1] * 200000\n    spec: List[str] = []\n"
+                               "    vs: List[Tensor] = []\n    for i in range(600):\n"
+                               "        vs.append(pathways.uniform(shape, spec, 0, i))\n    return x + len(vs)\n"});
+  ASSERT_TRUE(drawn.ok()) << drawn.status();
+  {
+    MemoryBudget::ScopedCurrent scope(budget);
+    absl::Status s = RunScalar(**drawn, 2, &result);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("besides tensors"), std::string::npos) << s;
+  }
+  EXPECT_EQ(budget->used(), 0);
   // Twenty views (64 MB) fit, and are charged.
   exe = cache_.Compile({FunctionBody::Kind::kTorchScript, "views", views(20)});
   ASSERT_TRUE(exe.ok()) << exe.status();
