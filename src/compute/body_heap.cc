@@ -40,8 +40,6 @@ int64_t ScopedBodyHeap::HandOver(int64_t bytes, int64_t* charge) {
   return taken;
 }
 
-ScopedBodyHeap* CurrentBodyHeap() { return body_heap_internal::current; }
-
 BodyHeapPause::BodyHeapPause() : paused_(body_heap_internal::current) { body_heap_internal::current = nullptr; }
 
 BodyHeapPause::~BodyHeapPause() { body_heap_internal::current = paused_; }

@@ -33,6 +33,7 @@ class ScopedBodyHeap {
 
   int64_t live_bytes() const { return live_; }
   int64_t charged_bytes() const { return charged_; }
+  const std::shared_ptr<MemoryBudget>& budget() const { return budget_; }
   // Takes `bytes` of what the body holds out of the count (at most all of it), for an owner that
   // keeps them past the body (a forward pass's residual graph). Of the charge the scope no longer
   // needs, up to the bytes taken passes to the owner (`*charge`, to release when it lets go: it
@@ -77,9 +78,6 @@ class BodyHeapPause {
   ScopedBodyHeap* const paused_;
 };
 
-// The current thread's innermost scope, null outside bodies.
-ScopedBodyHeap* CurrentBodyHeap();
-
 // Whether malloc, not only operator new, is counted: in a process whose malloc is body_malloc.cc's.
 bool BodyHeapCountsMalloc();
 
@@ -94,10 +92,11 @@ namespace body_heap_internal {
 extern constinit thread_local ScopedBodyHeap* current;
 }  // namespace body_heap_internal
 
-// For body_malloc.cc. Whether the current thread has a heap scope; whether malloc is called by
-// operator new, whose callers expect a refusal; and what an allocation of `bytes` (false: refused,
-// the allocation must fail; one that may not be refused is counted all the same) or a free does.
-inline bool BodyHeapActive() { return body_heap_internal::current != nullptr; }
+// The current thread's innermost scope (null outside bodies), and for body_malloc.cc whether it has one; whether malloc
+// is called by operator new, whose callers expect a refusal; and what an allocation of `bytes` (false: refused, the
+// allocation must fail; one that may not be refused is counted all the same) or a free does.
+inline ScopedBodyHeap* CurrentBodyHeap() { return body_heap_internal::current; }
+inline bool BodyHeapActive() { return CurrentBodyHeap() != nullptr; }
 bool BodyHeapInOperatorNew();
 bool BodyHeapGrew(int64_t bytes, bool refusable);
 void BodyHeapShrank(int64_t bytes);

@@ -172,20 +172,21 @@ class VjpExecutable : public TorchExecutable {
     // would release its charge as the run ends), with what the heap had charged of it, and charged
     // to the device until the handle goes. Before, a forward pass of a million small ops kept its
     // graph in the host's memory, uncharged.
-    const std::shared_ptr<MemoryBudget>* budget = MemoryBudget::Current();
-    if (heap != nullptr && budget != nullptr && *budget != nullptr) {
+    // The heap's budget is the device's (TorchExecutable::Run), and what it hands over is charged there.
+    if (heap != nullptr && heap->budget() != nullptr) {
+      const std::shared_ptr<MemoryBudget>& budget = heap->budget();
       int64_t moved = 0;
       const int64_t graph_bytes = heap->HandOver(heap->live_bytes() - held_before, &moved);
       if (graph_bytes > moved) {
-        absl::Status charged = (*budget)->Charge(graph_bytes - moved, (*budget)->kernel_wait());
+        absl::Status charged = budget->Charge(graph_bytes - moved, budget->kernel_wait());
         if (!charged.ok()) {
-          if (moved > 0) (*budget)->Release(moved);
+          if (moved > 0) budget->Release(moved);
           return absl::ResourceExhaustedError(absl::StrCat("function '", name(), "' keeps its residuals' graph of ",
                                                            graph_bytes, " bytes: ", charged.message()));
         }
       }
       if (graph_bytes > 0) {
-        kept->budget = *budget;
+        kept->budget = budget;
         kept->graph_bytes = graph_bytes;
         kept_bytes += graph_bytes;
       }
