@@ -9,22 +9,21 @@ namespace pathways {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::IsEmpty;
 
 TEST(FunctionOpsTest, VettedAllowsItsListTheirInPlaceFormsTheLanguageAndOurOps) {
   for (const char* op : {"matmul", "add", "add_", "index_put_", "__getitem__", "_set_item", "__range_length",
                          "layer_norm", "cross_entropy_loss", "unsafe_split"}) {
-    EXPECT_THAT(RefusedOp("aten", op, FunctionOps::kVetted), IsEmpty()) << op;
+    EXPECT_EQ(RefusedOp("aten", op, FunctionOps::kVetted), "") << op;
   }
-  EXPECT_THAT(RefusedOp("prim", "Loop", FunctionOps::kVetted), IsEmpty());
-  EXPECT_THAT(RefusedOp("pathways", "all_reduce", FunctionOps::kVetted), IsEmpty());
+  EXPECT_EQ(RefusedOp("prim", "Loop", FunctionOps::kVetted), "");
+  EXPECT_EQ(RefusedOp("pathways", "all_reduce", FunctionOps::kVetted), "");
 }
 
 TEST(FunctionOpsTest, VettedRefusesPublicOpsNobodyTriedAndSaysHowToAllowThem) {
   for (const char* op :
        {"stft", "fft_fft", "kaiser_window", "embedding_bag", "upsample_nearest2d", "ljust", "resize_", "random_"}) {
     EXPECT_THAT(RefusedOp("aten", op, FunctionOps::kVetted), HasSubstr("--function-ops public")) << op;
-    EXPECT_THAT(RefusedOp("aten", op, FunctionOps::kPublic), IsEmpty()) << op;
+    EXPECT_EQ(RefusedOp("aten", op, FunctionOps::kPublic), "") << op;
   }
 }
 
@@ -51,7 +50,7 @@ TEST(FunctionOpsTest, NoRefusalOfBothPoliciesHidesInTheVettedList) {
   const std::vector<std::string> vetted = VettedOps();
   EXPECT_GT(vetted.size(), 400u);
   EXPECT_TRUE(std::is_sorted(vetted.begin(), vetted.end()));
-  for (const std::string& op : vetted) EXPECT_THAT(RefusedOp("aten", op, FunctionOps::kPublic), IsEmpty()) << op;
+  for (const std::string& op : vetted) EXPECT_EQ(RefusedOp("aten", op, FunctionOps::kPublic), "") << op;
 }
 
 TEST(FunctionOpsTest, PoliciesParseByNameAndAnUnknownOneNamesTheKnown) {
