@@ -194,11 +194,14 @@ absl::StatusOr<std::shared_ptr<const GroupPlacement>> CollectiveHub::Placed(
   auto placement = std::make_shared<const GroupPlacement>(std::move(placed));
   absl::MutexLock lock(&placed_mu_);
   if (placed_groups_ >= kMaxPlaced) {
-    absl::erase_if(placed_, [&](const auto& gang) {
-      const bool unused = gang.second.layout.use_count() == 1;
-      if (unused) placed_groups_ -= gang.second.groups.size();
-      return unused;
-    });
+    for (auto it = placed_.begin(); it != placed_.end();) {
+      if (it->second.layout.use_count() == 1) {  // no run holds its layout any more
+        placed_groups_ -= it->second.groups.size();
+        placed_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
     if (placed_groups_ >= kMaxPlaced) {
       placed_.clear();
       placed_groups_ = 0;
