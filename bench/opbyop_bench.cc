@@ -25,6 +25,7 @@
 #include "bench_util.h"
 #include "cluster/local_cluster.h"
 #include "compute/executable.h"
+#include "compute/function_cache.h"
 #include "core/process.h"
 #include "device/cpu_device.h"
 #include "proto/pathways.grpc.pb.h"

@@ -255,5 +255,66 @@ TEST_F(MultiProcessTest, AClientAWorkerComesToHoldIsNamedToTheControllerAndColle
   EXPECT_EQ(wait_for([&](int64_t used) { return used == before; }), before);  // and collected
 }
 
+// A function is kept on a worker for the clients that compiled it. One that says goodbye, and one
+// the controller never heard of (it compiles straight on a worker; its lease lapses), leave nothing
+// compiled behind, while what a live client compiled stays and runs (before: every function stayed
+// for the worker's life, so a tenant could fill --compiled-memory for good).
+TEST_F(MultiProcessTest, AClientsCompiledFunctionsGoWithIt) {
+  ControllerClient controller(address_);
+  auto functions = [&]() -> int64_t {
+    auto status = controller.GetStatus();
+    if (!status.ok()) return -1;
+    int64_t n = 0;
+    for (const auto& h : status->hosts()) n += h.counters().compiled_functions();
+    return n;
+  };
+  auto wait_for = [&](auto done) {  // heartbeats refresh the view every 250 ms; the lease is 1 s
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    int64_t n = functions();
+    while (!done(n) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      n = functions();
+    }
+    return n;
+  };
+  VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
+  const TensorSpec row{DType::kF32, {8}};
+  const FunctionSpec add_one = FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}});
+  auto inc = *client_->Compile(add_one);
+  const int64_t mine = 2;  // one function on each worker
+  ASSERT_EQ(wait_for([&](int64_t n) { return n == mine; }), mine);
+  {
+    auto other = Client::Connect(address_);
+    ASSERT_TRUE(other.ok()) << other.status();
+    ASSERT_TRUE((*other)->Compile(add_one).ok());  // kept for both clients
+    ASSERT_TRUE(
+        (*other)->Compile(FunctionSpec::Script("scale", "def scale(x):\n    return x * 3.0\n", {row}, {row})).ok());
+    EXPECT_EQ(wait_for([&](int64_t n) { return n == mine + 2; }), mine + 2);
+  }  // it says goodbye
+  EXPECT_EQ(wait_for([&](int64_t n) { return n == mine; }), mine);
+
+  const ClientIdentity stranger = NewClientIdentity();
+  rpc::CompileRequest request;
+  *request.mutable_body() =
+      ToProto(FunctionBody{FunctionBody::Kind::kTorchScript, "stray", "def stray(x):\n    return x - 1.0\n"});
+  request.set_client_id(stranger.id);
+  request.set_credential(stranger.credential);
+  WorkerClient& worker = *WorkerClientCache::Global().Get(worker_addresses_[0]);
+  auto compiled = worker.Compile(request).AwaitFor(absl::Seconds(30));
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  EXPECT_GE(wait_for([&](int64_t n) { return n > mine; }), mine + 1);  // it is kept
+  EXPECT_EQ(wait_for([&](int64_t n) { return n == mine; }), mine);     // and collected
+  // A compile for no client, or for one whose secret the caller does not hold, is refused.
+  request.clear_client_id();
+  EXPECT_EQ(worker.Compile(request).AwaitFor(absl::Seconds(30)).status().code(), absl::StatusCode::kInvalidArgument);
+  request.set_client_id(client_->id());
+  EXPECT_EQ(worker.Compile(request).AwaitFor(absl::Seconds(30)).status().code(), absl::StatusCode::kUnauthenticated);
+
+  auto result =
+      client_->Fetch((*client_->Call(inc, slice, {*client_->Put(Pattern({8}, 1.0f), slice, {"x"})}))[0]).Await();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->data<float>()[3], Pattern({8}, 1.0f).data<float>()[3] + 1);
+}
+
 }  // namespace
 }  // namespace pathways

@@ -10,6 +10,7 @@
 #include "client/client.h"
 #include "client/program.h"
 #include "compute/executable.h"
+#include "compute/function_cache.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
 #include "multiprocess_fixture.h"

@@ -28,6 +28,7 @@
 #include "collective/collective.h"
 #include "compute/executable.h"
 #include "compute/function_body.h"
+#include "compute/function_cache.h"
 #include "core/process.h"
 #include "device/cpu_device.h"
 #include "figure_step.h"

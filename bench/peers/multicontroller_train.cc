@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "collective/collective.h"
 #include "compute/executable.h"
+#include "compute/function_cache.h"
 #include "core/process.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"

@@ -455,6 +455,8 @@ absl::Status ClientCore::CompileOn(CompiledFunction::State& fn,
                                    const std::vector<std::string>& hosts) {
   rpc::CompileRequest request;
   *request.mutable_body() = ToProto(fn.spec.body);
+  request.set_client_id(id());
+  request.set_credential(credential());
   std::vector<Future<rpc::CompileResponse>> calls;
   for (const std::string& host : hosts) calls.push_back(worker(host)->Compile(request));
   for (size_t i = 0; i < calls.size(); ++i) {

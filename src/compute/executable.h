@@ -7,9 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "compute/function_body.h"
 #include "compute/function_ops.h"
@@ -42,30 +40,6 @@ using Compiler = std::function<absl::StatusOr<std::shared_ptr<const Executable>>
 // names (InvalidArgument naming an op it refuses, with its file and line).
 absl::StatusOr<std::shared_ptr<const Executable>> CompileForCpu(const FunctionBody& body,
                                                                 FunctionOps ops = FunctionOps::kVetted);
-
-// Compiles bodies once per content hash and keeps the results, which together may hold at most
-// `limit` bytes (Executable::held_bytes): past it a compile fails ResourceExhausted, and what is
-// cached stays. Thread-safe.
-class FunctionCache {
- public:
-  static constexpr int64_t kDefaultLimit = int64_t{2} << 30;
-  explicit FunctionCache(
-      Compiler compiler = [](const FunctionBody& body) { return CompileForCpu(body); }, int64_t limit = kDefaultLimit);
-  // Compiles `body` unless a body with the same key is cached. Errors name the function, and for
-  // TorchScript include the compiler's message with the offending line.
-  absl::StatusOr<std::shared_ptr<const Executable>> Compile(const FunctionBody& body);
-  // nullptr when nothing with that key has been compiled here.
-  std::shared_ptr<const Executable> Lookup(const std::string& key) const;
-  size_t size() const;
-  int64_t held_bytes() const;
-
- private:
-  const Compiler compiler_;
-  const int64_t limit_;
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const Executable>> cache_ ABSL_GUARDED_BY(mu_);
-  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // Sets libtorch's intra-op threads (default 1: devices are the parallelism) and OpenBLAS's, and
 // (once per process) routes libtorch's CPU allocations through HostMemory's cache.

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "compute/executable.h"
+#include "compute/function_cache.h"
 #include "device/cpu_device.h"
 #include "gtest/gtest.h"
 

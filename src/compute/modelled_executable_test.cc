@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "collective/collective.h"
 #include "compute/device_backend.h"
+#include "compute/function_cache.h"
 #include "device/simulated_device.h"
 #include "gtest/gtest.h"
 

@@ -329,42 +329,4 @@ std::vector<std::string> BuiltinKernelNames() {
   return names;
 }
 
-FunctionCache::FunctionCache(Compiler compiler, int64_t limit) : compiler_(std::move(compiler)), limit_(limit) {}
-
-absl::StatusOr<std::shared_ptr<const Executable>> FunctionCache::Compile(const FunctionBody& body) {
-  std::string key = FunctionKey(body);
-  if (auto cached = Lookup(key)) return cached;
-  // Compiled outside the lock: TorchScript compilation takes milliseconds. Two racing compiles
-  // of one body both succeed and the first stored wins.
-  auto compiled = compiler_(body);
-  if (!compiled.ok()) return compiled.status();
-  const int64_t held = (*compiled)->held_bytes();
-  absl::MutexLock lock(&mu_);
-  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  if (held_ + held > limit_) {
-    return absl::ResourceExhaustedError(absl::StrCat("function '", body.DisplayName(), "' keeps ", held,
-                                                     " bytes once compiled, and the ", cache_.size(),
-                                                     " functions compiled on this worker keep ", held_, " of the ",
-                                                     limit_, " it keeps for them (worker flag --compiled-memory)"));
-  }
-  held_ += held;
-  return cache_.emplace(key, *std::move(compiled)).first->second;
-}
-
-std::shared_ptr<const Executable> FunctionCache::Lookup(const std::string& key) const {
-  absl::MutexLock lock(&mu_);
-  auto it = cache_.find(key);
-  return it == cache_.end() ? nullptr : it->second;
-}
-
-size_t FunctionCache::size() const {
-  absl::MutexLock lock(&mu_);
-  return cache_.size();
-}
-
-int64_t FunctionCache::held_bytes() const {
-  absl::MutexLock lock(&mu_);
-  return held_;
-}
-
 }  // namespace pathways

@@ -42,6 +42,8 @@ rpc::ClusterStatus TwoHostStatus() {
       c->set_latency_sum_us(9000);
       c->set_runs_in_flight(5);
       c->set_collectives_in_progress(3);
+      c->set_compiled_functions(4);
+      c->set_compiled_bytes(1 << 20);
       rpc::ClientCount* failed = c->add_failed_shards();
       failed->set_client_id("0123abcd");
       failed->set_count(4);
@@ -93,6 +95,8 @@ TEST(MetricsTest, TheExpositionParsesAndCarriesEveryFigure) {
   EXPECT_EQ(p.samples.at("pathways_scheduler_runs_in_flight" + island), 5.0);
   EXPECT_EQ(p.samples.at(R"(pathways_host_runs_in_flight{host="127.0.0.1:4000",island="0"})"), 5.0);
   EXPECT_EQ(p.samples.at(R"(pathways_host_collectives_in_progress{host="127.0.0.1:4000",island="0"})"), 3.0);
+  EXPECT_EQ(p.samples.at(R"(pathways_host_compiled_functions{host="127.0.0.1:4000",island="0"})"), 4.0);
+  EXPECT_EQ(p.samples.at(R"(pathways_host_compiled_bytes{host="127.0.0.1:4000",island="0"})"), 1048576.0);
   EXPECT_EQ(p.samples.at(R"(pathways_client_weight{island="0",client="0123abcd"})"), 2.5);
   EXPECT_EQ(p.samples.at("pathways_live_clients"), 1.0);
   EXPECT_EQ(p.samples.at("pathways_slices"), 1.0);

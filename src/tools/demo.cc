@@ -5,9 +5,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "cluster/local_cluster.h"
 #include "client/program.h"
+#include "cluster/local_cluster.h"
 #include "compute/executable.h"
+#include "compute/function_cache.h"
 #include "core/status_macros.h"
 #include "device/cpu_device.h"
 

@@ -73,6 +73,8 @@ constexpr char kUsage[] =
     "         hosts' collectives and blocks; default any free port)\n"
     "         [--compiled-memory SIZE] (what the functions compiled on this worker may keep in all:\n"
     "         graphs and constants folded from sources; past it a compile fails; default 2GiB)\n"
+    "         [--compiled-memory-per-client SIZE] (what one client's functions may keep of it, or\n"
+    "         one named tenant's clients' together; they go when the client does; default 512MiB)\n"
     "  status --controller HOST:PORT [--token T] [--json] (with the devices' work of the last 10 s)\n"
     "  demo [--islands N] [--hosts N] [--devices N] [--print-ir] [--trace FILE]\n"
     "  tenant --controller HOST:PORT [--devices N] [--runs N] [--value V] [--weight W] [--trace FILE]\n"
@@ -260,6 +262,11 @@ absl::Status RunWorker(const Flags& flags) {
   PW_ASSIGN_OR_RETURN(options.device_memory_bytes, flags.GetBytes("device-memory", int64_t{1} << 30));
   PW_ASSIGN_OR_RETURN(options.compiled_memory_bytes, flags.GetBytes("compiled-memory", FunctionCache::kDefaultLimit));
   if (options.compiled_memory_bytes <= 0) return absl::InvalidArgumentError("--compiled-memory must be positive");
+  PW_ASSIGN_OR_RETURN(options.compiled_memory_per_client_bytes,
+                      flags.GetBytes("compiled-memory-per-client", FunctionCache::kDefaultAccountLimit));
+  if (options.compiled_memory_per_client_bytes <= 0) {
+    return absl::InvalidArgumentError("--compiled-memory-per-client must be positive");
+  }
   if (island < 0 || island > 1 << 20) return absl::InvalidArgumentError("--island must be non-negative");
   if (threads < 1 || threads > 256) return absl::InvalidArgumentError("--intra-op-threads must be 1..256");
   options.island = static_cast<int>(island);
@@ -437,7 +444,7 @@ int main(int argc, char** argv) {
   // clang-format off
   const Command commands[] = {
       {"controller", {"listen", "heartbeat-timeout-ms", "client-timeout-ms", "port-file", "scheduler", "share-window-us", "max-client-weight", "max-connections", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "http-port", "stream-port"}, {"test-unordered-islands"}, RunController},
-      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "peer-stall-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "function-ops", "hosts", "data-port", "link-port", "compiled-memory"}, {}, RunWorker},
+      {"worker", {"controller", "listen", "island", "devices", "device-memory", "intra-op-threads", "collective-timeout-ms", "computation-timeout-ms", "peer-stall-timeout-ms", "memory-wait-ms", "token", "cluster-token", "tenants", "tls-cert", "tls-key", "tls-ca", "dcn-latency-us", "dcn-gbps", "data-dir", "checkpoint-dir", "max-connections", "device-kind", "sim-cost-us", "function-ops", "hosts", "data-port", "link-port", "compiled-memory", "compiled-memory-per-client"}, {}, RunWorker},
       {"status", {"controller", "token", "tls-ca"}, {"json"}, RunStatus},
       {"demo", {"islands", "hosts", "devices", "trace"}, {"print-ir"}, RunDemo},
       {"tenant", {"controller", "devices", "runs", "value", "weight", "trace", "token", "tls-ca"}, {"span-islands", "wait-for-go"}, RunTenant},

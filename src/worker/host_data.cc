@@ -114,6 +114,8 @@ void HostRuntime::DescribeCounters(rpc::HostCounters* counters) const {
   counters->set_latency_sum_us(collectives.latency_sum_us);
   counters->set_collectives_in_progress(collectives.in_progress);
   counters->set_runs_in_flight(runs_in_flight_.load(std::memory_order_relaxed));
+  counters->set_compiled_functions(static_cast<int64_t>(functions_.size()));
+  counters->set_compiled_bytes(functions_.held_bytes());
   absl::MutexLock lock(&failures_mu_);
   for (const auto& [label, n] : failed_shards_) {
     rpc::ClientCount* failed = counters->add_failed_shards();
@@ -191,6 +193,7 @@ std::vector<std::string> HostRuntime::HeldClients() {
   std::set<std::string> clients;
   for (std::string& c : store_.Clients()) clients.insert(std::move(c));
   for (std::string& c : sequencer_.Clients()) clients.insert(std::move(c));
+  for (std::string& c : functions_.Clients()) clients.insert(std::move(c));
   absl::MutexLock lock(&programs_mu_);
   for (const auto& [key, program] : programs_) clients.insert(key.first);
   for (const std::string& c : collected_) clients.erase(c);

@@ -39,7 +39,8 @@ HostRuntime::HostRuntime(HostRuntimeOptions options)
       links_(LinksFor(options_, dcn_.get())),
       collectives_(options_.name, links_, options_.collective_timeout),
       watch_(options_.num_devices),
-      functions_(options_.backend.compiler(), options_.compiled_memory_bytes),
+      functions_(options_.backend.compiler(), options_.compiled_memory_bytes,
+                 options_.compiled_memory_per_client_bytes),
       io_pool_(options_.name + "-io", 2),
       dataflow_transport_(options_.name),
       dcn_transport_(dcn_ != nullptr ? std::make_unique<dataflow::DcnTransport>(dataflow_transport_, *dcn_) : nullptr),
@@ -109,10 +110,21 @@ void HostRuntime::PublishLinks() {
   }
 }
 
-absl::StatusOr<std::string> HostRuntime::Compile(const rpc::FunctionBodyProto& proto) {
+absl::StatusOr<std::string> HostRuntime::Compile(const rpc::FunctionBodyProto& proto,
+                                                 const FunctionCache::Owner& owner) {
+  auto collected = [&] {
+    absl::MutexLock lock(&programs_mu_);
+    return CheckNotCollectedLocked(owner.client);
+  };
+  PW_RETURN_IF_ERROR(collected());
   PW_ASSIGN_OR_RETURN(FunctionBody body, FromProto(proto));
-  PW_ASSIGN_OR_RETURN(auto exe, functions_.Compile(body));
-  (void)exe;
+  PW_RETURN_IF_ERROR(functions_.Compile(body, owner).status());
+  // Collected while it compiled: the collection may have released the client before the function
+  // was kept for it.
+  if (absl::Status gone = collected(); !gone.ok()) {
+    functions_.Release(owner.client);
+    return gone;
+  }
   return FunctionKey(body);
 }
 
@@ -239,8 +251,9 @@ bool HostRuntime::CollectClient(const std::string& client) {
   collectives_.ClientGone(client, gone);
   for (const auto& p : programs) options_.dataflow_service->RemoveEngine(p->engine->graph().name());
   const int dropped = store_.DropClient(client, gone);
+  const int functions = functions_.Release(client);
   PW_LOG(Info) << "host " << name() << " collected client " << client << ": " << dropped << " shards, "
-               << programs.size() << " programs";
+               << programs.size() << " programs, " << functions << " functions";
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include "collective/collective.h"
 #include "compute/device_backend.h"
 #include "compute/executable.h"
+#include "compute/function_cache.h"
 #include "core/dcn_emulation.h"
 #include "core/executor.h"
 #include "dataflow/dataflow_service.h"
@@ -71,8 +72,10 @@ struct HostRuntimeOptions {
   int links_port = 0;
   // What the devices are and how bodies compile for them (cpu, or simulated for scale runs).
   DeviceBackend backend;
-  // What the functions compiled here may keep in all (FunctionCache): past it, compiles fail.
+  // What the functions compiled here may keep in all, and for one client (or named tenant)
+  // (FunctionCache): past either, compiles fail.
   int64_t compiled_memory_bytes = FunctionCache::kDefaultLimit;
+  int64_t compiled_memory_per_client_bytes = FunctionCache::kDefaultAccountLimit;
 };
 
 // Applies each client's ops in its order, and scheduled runs in their island's order (see
@@ -94,7 +97,10 @@ class HostRuntime {
   // rendezvous, or when its links could not listen.
   bool has_links() const { return links_ != nullptr; }
 
-  absl::StatusOr<std::string> Compile(const rpc::FunctionBodyProto& body);
+  // Compiles `body` for `owner` (FunctionCache::Owner: the client, and the named tenant whose
+  // allowance it shares) and returns its key; the function is kept until its clients are
+  // collected. FailedPrecondition for a client already collected.
+  absl::StatusOr<std::string> Compile(const rpc::FunctionBodyProto& body, const FunctionCache::Owner& owner = {});
   // Takes a batch of one client's ops, applied in the client's sequence order. Errors of
   // individual ops fail the futures of what they produce; malformed ops are returned here (and
   // skipped, keeping their place in the sequence).

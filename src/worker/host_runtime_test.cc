@@ -116,6 +116,35 @@ TEST_F(HostRuntimeTest, AStagedPutTakesItsBytesInOrderAndAMissingOneSaysSo) {
   EXPECT_FALSE(host_.LandStaged(stage).ok());  // a collected client stages nothing more
 }
 
+// A function is kept for the clients it was compiled for, counted in the host's counters, and
+// goes when the last of them is collected; a collected client compiles nothing more.
+TEST_F(HostRuntimeTest, CompiledFunctionsAreKeptForTheirClientsAndGoWithThem) {
+  rpc::FunctionBodyProto body;
+  body.set_kind(static_cast<int>(FunctionBody::Kind::kTorchScript));
+  body.set_name("f");
+  body.set_source("def f(x):\n    return x * 2.0 + 1.0\n");
+  auto counters = [this] {
+    rpc::HostCounters c;
+    host_.DescribeCounters(&c);
+    return c;
+  };
+  ASSERT_TRUE(host_.Compile(body, {"c"}).ok());
+  ASSERT_TRUE(host_.Compile(body, {"d", "tenant"}).ok());
+  EXPECT_EQ(host_.HeldClients(), (std::vector<std::string>{"c", "d"}));
+  EXPECT_EQ(counters().compiled_functions(), 1);
+  const int64_t kept = counters().compiled_bytes();
+  EXPECT_GT(kept, 0);
+  EXPECT_TRUE(host_.CollectClient("c"));
+  EXPECT_EQ(counters().compiled_functions(), 1);
+  auto refused = host_.Compile(body, {"c"});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("went away"), std::string::npos) << refused.status();
+  EXPECT_TRUE(host_.CollectClient("d"));
+  EXPECT_EQ(counters().compiled_functions(), 0);
+  EXPECT_EQ(counters().compiled_bytes(), 0);
+  EXPECT_TRUE(host_.HeldClients().empty());
+}
+
 TEST_F(HostRuntimeTest, AMalformedOpIsReportedAndLaterOpsStillApply) {
   rpc::EnqueueRequest request;
   request.set_client_id("c");

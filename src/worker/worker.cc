@@ -101,6 +101,7 @@ absl::Status Worker::Start() {
   runtime_options.cluster_token = cluster_token;
   runtime_options.backend = options_.backend;
   runtime_options.compiled_memory_bytes = options_.compiled_memory_bytes;
+  runtime_options.compiled_memory_per_client_bytes = options_.compiled_memory_per_client_bytes;
   runtime_options.links_port = options_.links_port;
   runtime_ = std::make_unique<HostRuntime>(std::move(runtime_options));
   if (options_.links_port != 0 && !runtime_->has_links()) {

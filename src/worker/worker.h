@@ -29,8 +29,10 @@ struct WorkerOptions {
   // (compute/device_backend.h).
   DeviceBackend backend;
   int64_t device_memory_bytes = int64_t{1} << 30;
-  // What the functions compiled on this worker may keep in all (compute/executable.h FunctionCache).
+  // What the functions compiled on this worker may keep in all, and for one client (or named
+  // tenant) (compute/function_cache.h).
   int64_t compiled_memory_bytes = FunctionCache::kDefaultLimit;
+  int64_t compiled_memory_per_client_bytes = FunctionCache::kDefaultAccountLimit;
   int intra_op_threads = 1;
   // How long a collective waits for its group before it fails its run.
   absl::Duration collective_timeout = absl::Seconds(30);

@@ -79,9 +79,12 @@ grpc::ServerUnaryReactor* WorkerService::Ping(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* WorkerService::Compile(grpc::CallbackServerContext* context,
                                                  const rpc::CompileRequest* request,
                                                  rpc::CompileResponse* response) {
-  return Serve(context, absl::OkStatus(), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
-    HandOff(compile_, context, reactor, [&rt, request, response] {
-      auto key = rt.Compile(request->body());
+  return Serve(context, ClientOf(*request), [&](HostRuntime& rt, grpc::ServerUnaryReactor* reactor) {
+    // A named tenant's clients share one allowance for what their functions keep; each client of
+    // the shared token has its own (FunctionCache).
+    FunctionCache::Owner owner{request->client_id(), CallTenant(*context, token_, cluster_token_).value_or("")};
+    HandOff(compile_, context, reactor, [&rt, request, response, owner = std::move(owner)] {
+      auto key = rt.Compile(request->body(), owner);
       if (key.ok()) response->set_function_key(*key);
       return key.status();
     });
