@@ -247,8 +247,10 @@ SeqRef ClientCore::PushPut(const std::string& host, rpc::Op op, std::shared_ptr<
     *op.mutable_put()->mutable_data() = bytes.use_count() == 1 ? std::move(*bytes) : *bytes;
     return Push(host, std::move(op));
   }
-  auto [q, seq] = ReserveForFill(host);
-  const SeqRef at{q->session(), seq};
+  // Not a structured binding: clang 14 (the sanitizer builds) cannot capture one in a lambda.
+  const auto reserved = ReserveForFill(host);
+  const auto& q = reserved.first;
+  const SeqRef at{q->session(), reserved.second};
   rpc::StageRequest stage;
   stage.set_client_id(id());
   stage.set_credential(credential());

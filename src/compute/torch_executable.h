@@ -3,6 +3,9 @@
 // products (vjp_executable.cc).
 #pragma once
 
+// ivalue.h before torch.h: clang 14 in C++20 (the sanitizer builds) otherwise instantiates
+// std::vector<IValue> in List.h while IValue is still incomplete.
+#include <ATen/core/ivalue.h>
 #include <torch/torch.h>
 
 #include <memory>
