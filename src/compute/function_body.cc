@@ -59,6 +59,11 @@ absl::Status ValidateFunctionBody(const FunctionBody& body) {
     return absl::InvalidArgumentError(absl::StrCat("unknown function body kind ", static_cast<int>(body.kind)));
   }
   if (body.name.empty()) return absl::InvalidArgumentError("a function body needs a name");
+  // Its source would be part of its key (FunctionKey) though nothing reads it: one kernel could be
+  // compiled again and again under keys that differ only there.
+  if (body.kind == FunctionBody::Kind::kBuiltin && !body.source.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("built-in kernel '", body.name, "' takes no source"));
+  }
   if (!body.gradient) return absl::OkStatus();
   const FunctionBody::Gradient& g = *body.gradient;
   if (g.residuals != FunctionBody::Residuals::kRecompute && g.residuals != FunctionBody::Residuals::kKeep &&

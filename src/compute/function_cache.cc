@@ -13,8 +13,10 @@ FunctionCache::FunctionCache(Compiler compiler, int64_t limit, int64_t account_l
 
 namespace {
 
-const std::string& AccountOf(const FunctionCache::Owner& owner) {
-  return owner.account.empty() ? owner.client : owner.account;
+// The key of `owner`'s account: its tenant's, or its own. Client ids and tenant names could
+// coincide; these keys cannot.
+std::string AccountOf(const FunctionCache::Owner& owner) {
+  return owner.tenant.empty() ? "client " + owner.client : "tenant " + owner.tenant;
 }
 
 // Whether a client of `account` is among `owners` (client -> account).
@@ -22,21 +24,42 @@ bool Charged(const absl::flat_hash_map<std::string, std::string>& owners, const 
   return std::any_of(owners.begin(), owners.end(), [&](const auto& owner) { return owner.second == account; });
 }
 
+// What a function is charged, for refusals: all of it once compiled, the entry alone before.
+std::string WhatItKeeps(const FunctionBody& body, int64_t charge, bool compiled) {
+  return absl::StrCat("function '", body.DisplayName(), "' keeps ", compiled ? "" : "at least ", charge,
+                      " bytes once compiled, and");
+}
+
 }  // namespace
 
-absl::Status FunctionCache::CheckOwnerLocked(const Entry& entry, const Owner& owner, const FunctionBody& body) const {
-  if (owner.client.empty() || entry.owners.contains(owner.client)) return absl::OkStatus();
-  const std::string& account = AccountOf(owner);
-  if (Charged(entry.owners, account)) return absl::OkStatus();
-  auto it = accounts_.find(account);
+absl::Status FunctionCache::CheckAccountLocked(const Owner& owner, int64_t charge, bool compiled,
+                                               const FunctionBody& body) const {
+  if (owner.client.empty()) return absl::OkStatus();
+  auto it = accounts_.find(AccountOf(owner));
   const int64_t kept = it == accounts_.end() ? 0 : it->second;
-  if (kept + entry.held <= account_limit_) return absl::OkStatus();
-  const bool tenant = account != owner.client;
+  if (kept + charge <= account_limit_) return absl::OkStatus();
+  const bool tenant = !owner.tenant.empty();
   return absl::ResourceExhaustedError(absl::StrCat(
-      "function '", body.DisplayName(), "' keeps ", entry.held, " bytes once compiled, and the functions ",
-      tenant ? absl::StrCat("tenant '", account, "''s clients keep") : "this client keeps",
-      " compiled on this worker hold ", kept, " of the ", account_limit_, " each ", tenant ? "named tenant" : "client",
-      " may keep (worker flag --compiled-memory-per-client; they go when the client does)"));
+      WhatItKeeps(body, charge, compiled), " the functions ",
+      tenant ? absl::StrCat("tenant ", owner.tenant, "'s clients keep") : "this client keeps",
+      " compiled on this worker hold ", kept, " of the ", account_limit_, " bytes each ",
+      tenant ? "named tenant" : "client", " may keep (worker flag --compiled-memory-per-client; they go when ",
+      tenant ? "its clients do)" : "the client does)"));
+}
+
+absl::Status FunctionCache::CheckOwnerLocked(const Entry& entry, const Owner& owner, const FunctionBody& body) const {
+  if (owner.client.empty() || entry.owners.contains(owner.client) || Charged(entry.owners, AccountOf(owner))) {
+    return absl::OkStatus();
+  }
+  return CheckAccountLocked(owner, entry.charge, /*compiled=*/true, body);
+}
+
+absl::Status FunctionCache::CheckTotalLocked(int64_t charge, bool compiled, const FunctionBody& body) const {
+  if (held_ + charge <= limit_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(WhatItKeeps(body, charge, compiled), " the ", cache_.size(),
+                   " functions compiled on this worker keep ", held_, " of the ", limit_,
+                   " bytes it keeps for them (worker flag --compiled-memory; a client's functions go when it does)"));
 }
 
 void FunctionCache::AddOwnerLocked(Entry& entry, const Owner& owner) {
@@ -44,15 +67,15 @@ void FunctionCache::AddOwnerLocked(Entry& entry, const Owner& owner) {
     entry.pinned = true;
     return;
   }
-  const std::string& account = AccountOf(owner);
-  if (entry.held > 0 && !entry.owners.contains(owner.client) && !Charged(entry.owners, account)) {
-    accounts_[account] += entry.held;
-  }
-  if (entry.owners.emplace(owner.client, account).second) ++clients_[owner.client];
+  std::string account = AccountOf(owner);
+  if (!entry.owners.contains(owner.client) && !Charged(entry.owners, account)) accounts_[account] += entry.charge;
+  entry.owners.emplace(owner.client, std::move(account));
+  clients_.insert(owner.client);
 }
 
 absl::StatusOr<std::shared_ptr<const Executable>> FunctionCache::Compile(const FunctionBody& body, const Owner& owner) {
   const std::string key = FunctionKey(body);
+  const int64_t entry_bytes = kEntryBytes + static_cast<int64_t>(key.size() + body.name.size());
   {
     absl::MutexLock lock(&mu_);
     if (auto it = cache_.find(key); it != cache_.end()) {
@@ -60,26 +83,23 @@ absl::StatusOr<std::shared_ptr<const Executable>> FunctionCache::Compile(const F
       AddOwnerLocked(it->second, owner);
       return it->second.executable;
     }
+    // No room for even the entry: refused before the compiler's time and memory are spent on it.
+    PW_RETURN_IF_ERROR(CheckAccountLocked(owner, entry_bytes, /*compiled=*/false, body));
+    PW_RETURN_IF_ERROR(CheckTotalLocked(entry_bytes, /*compiled=*/false, body));
   }
   // Compiled outside the lock: TorchScript compilation takes milliseconds. Two racing compiles
   // of one body both succeed and the first stored wins.
   absl::StatusOr<std::shared_ptr<const Executable>> compiled = compiler_(body);
   if (!compiled.ok()) return compiled.status();
   Entry made{.executable = *std::move(compiled)};
-  made.held = made.executable->held_bytes();
+  made.charge = entry_bytes + std::max<int64_t>(made.executable->held_bytes(), 0);
   absl::MutexLock lock(&mu_);
   auto it = cache_.find(key);
-  Entry& entry = it != cache_.end() ? it->second : made;
   // The account's allowance first: a refusal then names what the caller can change.
-  PW_RETURN_IF_ERROR(CheckOwnerLocked(entry, owner, body));
+  PW_RETURN_IF_ERROR(CheckOwnerLocked(it != cache_.end() ? it->second : made, owner, body));
   if (it == cache_.end()) {
-    if (held_ + made.held > limit_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "function '", body.DisplayName(), "' keeps ", made.held, " bytes once compiled, and the ", cache_.size(),
-          " functions compiled on this worker keep ", held_, " of the ", limit_,
-          " it keeps for them (worker flag --compiled-memory; a function goes when the clients that compiled it do)"));
-    }
-    held_ += made.held;
+    PW_RETURN_IF_ERROR(CheckTotalLocked(made.charge, /*compiled=*/true, body));
+    held_ += made.charge;
     it = cache_.emplace(key, std::move(made)).first;
   }
   AddOwnerLocked(it->second, owner);
@@ -106,12 +126,12 @@ int FunctionCache::Release(const std::string& client) {
       }
       const std::string account = std::move(owned->second);
       entry.owners.erase(owned);
-      if (entry.held > 0 && !Charged(entry.owners, account)) {
-        auto charge = accounts_.find(account);
-        if ((charge->second -= entry.held) == 0) accounts_.erase(charge);
+      if (!Charged(entry.owners, account)) {
+        auto charged = accounts_.find(account);
+        if ((charged->second -= entry.charge) == 0) accounts_.erase(charged);
       }
       if (entry.owners.empty() && !entry.pinned) {
-        held_ -= entry.held;
+        held_ -= entry.charge;
         dropped.push_back(std::move(entry.executable));
         cache_.erase(it++);
       } else {
@@ -126,7 +146,7 @@ std::vector<std::string> FunctionCache::Clients() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> clients;
   clients.reserve(clients_.size());
-  for (const auto& [client, count] : clients_) clients.push_back(client);
+  for (const std::string& client : clients_) clients.push_back(client);
   return clients;
 }
 
@@ -140,9 +160,9 @@ int64_t FunctionCache::held_bytes() const {
   return held_;
 }
 
-int64_t FunctionCache::account_bytes(const std::string& account) const {
+int64_t FunctionCache::account_bytes(const Owner& owner) const {
   absl::MutexLock lock(&mu_);
-  auto it = accounts_.find(account);
+  auto it = accounts_.find(AccountOf(owner));
   return it == accounts_.end() ? 0 : it->second;
 }
 
