@@ -160,6 +160,21 @@ inline void Free(void* p) noexcept {
 }  // namespace
 }  // namespace pathways
 
+// ThreadSanitizer's runtime defines the allocation functions itself, to see every block.
+#if defined(__SANITIZE_THREAD__)
+#define PATHWAYS_REPLACES_NEW 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PATHWAYS_REPLACES_NEW 0
+#endif
+#endif
+#ifndef PATHWAYS_REPLACES_NEW
+#define PATHWAYS_REPLACES_NEW 1
+#endif
+
+bool pathways::BodyHeapCountsNew() { return PATHWAYS_REPLACES_NEW; }
+
+#if PATHWAYS_REPLACES_NEW
 // The replaceable global allocation functions ([new.delete]): malloc and free, as libstdc++'s, with
 // the current body's count kept. Linked into every program that links the compute layer
 // (TorchExecutable::Run uses ScopedBodyHeap), and so used by libtorch's code in it too.
@@ -191,3 +206,4 @@ void operator delete(void* p, std::size_t, std::align_val_t) noexcept { pathways
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { pathways::Free(p); }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { pathways::Free(p); }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { pathways::Free(p); }
+#endif  // PATHWAYS_REPLACES_NEW

@@ -78,6 +78,9 @@ class BodyHeapPause {
   ScopedBodyHeap* const paused_;
 };
 
+// Whether operator new counts a body's allocations: everywhere but under ThreadSanitizer, whose
+// runtime defines operator new and delete itself (this file's would not link beside them).
+bool BodyHeapCountsNew();
 // Whether malloc, not only operator new, is counted: in a process whose malloc is body_malloc.cc's.
 bool BodyHeapCountsMalloc();
 
