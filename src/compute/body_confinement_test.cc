@@ -325,6 +325,7 @@ TEST_F(ExecutableTest, StringAndListOpsThatWouldRunLongFailTheRunAtOnce) {
 // allocator: past an allowance they are charged to the device too, so a body cannot fill the
 // host's memory with them (before, `[0] * 10**9` took 16 GB of it).
 TEST_F(ExecutableTest, ListsAndStringsABodyHoldsAreChargedToTheDeviceRunningIt) {
+  if (!BodyHeapCountsNew()) GTEST_SKIP() << "a body's operator new is not counted in this build (ThreadSanitizer)";
   const std::vector<std::pair<std::string, std::string>> hoarders = {
       {"repeated", "def repeated(x):\n    l = [0] * 1000000000\n    return x + len(l)\n"},
       {"doubled", "def doubled(x):\n    l = [1]\n    for _ in range(40):\n        l = l + l\n    return x + len(l)\n"},
@@ -377,6 +378,7 @@ TEST_F(ExecutableTest, ListsAndStringsABodyHoldsAreChargedToTheDeviceRunningIt) 
 // folded strings, and a few dozen distinct ones would have filled the host: compiling now holds
 // at most 80 MiB, and the functions of a cache keep at most its limit together.
 TEST_F(ExecutableTest, WhatCompiledFunctionsKeepIsBoundedPerFunctionAndOverTheCache) {
+  if (!BodyHeapCountsNew()) GTEST_SKIP() << "a body's operator new is not counted in this build (ThreadSanitizer)";
   auto doubled = [](const std::string& name, const std::string& seed, int times) {
     std::string source = "def " + name + "(x):\n    s = '" + seed + "'\n";
     for (int i = 0; i < times; ++i) source += "    s = s + s\n";
@@ -493,6 +495,7 @@ int64_t HeapInUse() {
 // and gone when the run ends. Before, the graph executor's passes at the first run folded such a
 // list into the executable, which then held it uncharged for as long as it stayed cached.
 TEST_F(ExecutableTest, WhatABodyBuildsFromItsConstantsIsNotKeptPastItsRun) {
+  if (!BodyHeapCountsNew()) GTEST_SKIP() << "a body's operator new is not counted in this build (ThreadSanitizer)";
   float result = 0;
   auto exe = cache_.Compile({FunctionBody::Kind::kTorchScript, "constant_list",
                              "def constant_list(x):\n    l = [7] * 10000000\n    return x + l[int(x[0])]\n"});

@@ -13,6 +13,7 @@ namespace {
 constexpr int64_t kMiB = int64_t{1} << 20;
 
 TEST(BodyHeapTest, WhatABodyHoldsPastItsAllowanceIsChargedToTheDeviceAndRefusedPastItsMemory) {
+  if (!BodyHeapCountsNew()) GTEST_SKIP() << "a body's operator new is not counted in this build (ThreadSanitizer)";
   auto budget = std::make_shared<MemoryBudget>("cpu:0", 8 * kMiB);
   std::vector<std::string> held;
   {
@@ -50,6 +51,7 @@ TEST(BodyHeapTest, WhatABodyHoldsPastItsAllowanceIsChargedToTheDeviceAndRefusedP
 }
 
 TEST(BodyHeapTest, ScopesNestAndTheInnerCountsItsOwn) {
+  if (!BodyHeapCountsNew()) GTEST_SKIP() << "a body's operator new is not counted in this build (ThreadSanitizer)";
   auto budget = std::make_shared<MemoryBudget>("cpu:0", 64 * kMiB);
   std::vector<std::string> held;
   ScopedBodyHeap outer(budget, 0);
@@ -67,6 +69,7 @@ TEST(BodyHeapTest, ScopesNestAndTheInnerCountsItsOwn) {
 // What an owner keeps past the body (a residual graph) leaves the count, and the scope's charge
 // shrinks to what it still needs; the owner charges it itself.
 TEST(BodyHeapTest, WhatIsHandedOverLeavesTheCountAndItsCharge) {
+  if (!BodyHeapCountsNew()) GTEST_SKIP() << "a body's operator new is not counted in this build (ThreadSanitizer)";
   auto budget = std::make_shared<MemoryBudget>("cpu:0", 64 * kMiB);
   std::vector<std::string> held;
   ScopedBodyHeap heap(budget, 2 * kMiB);
@@ -91,6 +94,7 @@ TEST(BodyHeapTest, WhatIsHandedOverLeavesTheCountAndItsCharge) {
 // the heap paused: neither counted nor refused, however full the device, and the scope counts and
 // refuses again once the pause ends.
 TEST(BodyHeapTest, APauseLetsTheRuntimesOwnAllocationsThroughUncounted) {
+  if (!BodyHeapCountsNew()) GTEST_SKIP() << "a body's operator new is not counted in this build (ThreadSanitizer)";
   auto budget = std::make_shared<MemoryBudget>("cpu:0", 8 * kMiB);
   std::vector<std::string> held;
   ScopedBodyHeap heap(budget, 0);
