@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "client/client.h"
@@ -17,34 +18,45 @@
 namespace pathways {
 namespace {
 
-// Device memory in use over the cluster as the controller's status shows it (-1: no answer), and
-// bounded waits for it to reach a figure (heartbeats refresh the view every 250 ms).
-class ClusterMemory {
+// A figure summed over the hosts of the controller's status (-1: no answer), and bounded waits for
+// it to reach a value (heartbeats refresh the view every 250 ms).
+class ClusterFigure {
  public:
-  explicit ClusterMemory(const std::string& controller) : controller_(controller) {}
-  int64_t Used() {
+  ClusterFigure(const std::string& controller, std::function<int64_t(const rpc::HostStatus&)> of_host)
+      : controller_(controller), of_host_(std::move(of_host)) {}
+  int64_t Sum() {
     auto status = controller_.GetStatus();
     if (!status.ok()) return -1;
-    int64_t used = 0;
-    for (const auto& h : status->hosts()) {
-      for (const auto& d : h.devices()) used += d.memory_used();
-    }
-    return used;
+    int64_t sum = 0;
+    for (const auto& h : status->hosts()) sum += of_host_(h);
+    return sum;
   }
   // The figure once `done(figure)`, or the last one when `limit` passes first.
   template <typename Done>
   int64_t WaitFor(Done done, absl::Duration limit) {
     const absl::Time deadline = absl::Now() + limit;
-    int64_t used = Used();
-    while (!done(used) && absl::Now() < deadline) {
+    int64_t sum = Sum();
+    while (!done(sum) && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(50));
-      used = Used();
+      sum = Sum();
     }
-    return used;
+    return sum;
   }
 
  private:
   ControllerClient controller_;
+  const std::function<int64_t(const rpc::HostStatus&)> of_host_;
+};
+
+// Device memory in use over the cluster.
+class ClusterMemory : public ClusterFigure {
+ public:
+  explicit ClusterMemory(const std::string& controller)
+      : ClusterFigure(controller, [](const rpc::HostStatus& h) {
+          int64_t used = 0;
+          for (const auto& d : h.devices()) used += d.memory_used();
+          return used;
+        }) {}
 };
 
 // A client process killed with SIGKILL mid-run: within a few seconds everything it owned on
@@ -233,7 +245,7 @@ TEST_F(MultiProcessTest, RunsNamingOnlyTheirGroupAreSentAgainToARestartedControl
 // Here a client the controller never hears of puts a shard straight on a worker.
 TEST_F(MultiProcessTest, AClientAWorkerComesToHoldIsNamedToTheControllerAndCollected) {
   ClusterMemory memory(address_);
-  const int64_t before = memory.Used();
+  const int64_t before = memory.Sum();
   ASSERT_GE(before, 0);
   const ClientIdentity stranger = NewClientIdentity();
   auto request = std::make_shared<rpc::EnqueueRequest>();
@@ -260,23 +272,8 @@ TEST_F(MultiProcessTest, AClientAWorkerComesToHoldIsNamedToTheControllerAndColle
 // compiled behind, while what a live client compiled stays and runs (before: every function stayed
 // for the worker's life, so a tenant could fill --compiled-memory for good).
 TEST_F(MultiProcessTest, AClientsCompiledFunctionsGoWithIt) {
-  ControllerClient controller(address_);
-  auto functions = [&]() -> int64_t {
-    auto status = controller.GetStatus();
-    if (!status.ok()) return -1;
-    int64_t n = 0;
-    for (const auto& h : status->hosts()) n += h.counters().compiled_functions();
-    return n;
-  };
-  auto wait_for = [&](auto done) {  // heartbeats refresh the view every 250 ms; the lease is 1 s
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    int64_t n = functions();
-    while (!done(n) && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(50));
-      n = functions();
-    }
-    return n;
-  };
+  ClusterFigure functions(address_, [](const rpc::HostStatus& h) { return h.counters().compiled_functions(); });
+  auto wait_for = [&](auto done) { return functions.WaitFor(done, absl::Seconds(60)); };  // the lease is 1 s
   VirtualSlice slice = *client_->CreateSlice({.mesh_shape = {8}});
   const TensorSpec row{DType::kF32, {8}};
   const FunctionSpec add_one = FunctionSpec::Builtin("add_one", {row}, {row}, {{"x"}}, {{"x"}});

@@ -125,6 +125,7 @@ constexpr struct {
   const char* type;
   const char* help;
 } kFamilies[] = {
+    // clang-format off
     {"pathways_host_up", "gauge", "1 while the host heartbeats, else 0."},
     {"pathways_host_heartbeat_age_seconds", "gauge", "Time since the host's last heartbeat."},
     {"pathways_device_memory_used_bytes", "gauge", "Device memory in use, as of the last heartbeat."},
@@ -132,49 +133,35 @@ constexpr struct {
     {"pathways_device_memory_peak_bytes", "gauge", "The most device memory in use at once since the worker started."},
     {"pathways_device_busy_seconds_total", "counter", "Time the device spent computing since the worker started."},
     {"pathways_device_computations_total", "counter", "Computations the device ran since the worker started."},
-    {"pathways_device_client_busy_seconds_total", "counter",
-     "Device time per client since the worker started (its share is this over the device's busy time)."},
+    {"pathways_device_client_busy_seconds_total", "counter", "Device time per client since the worker started (its share is this over the device's busy time)."},
     {"pathways_host_blocks_sent_total", "counter", "Blocks of arrays the host sent to other hosts and they landed."},
     {"pathways_host_blocks_received_total", "counter", "Blocks of arrays the host received from other hosts."},
     {"pathways_host_block_sent_bytes_total", "counter", "Bytes of the blocks the host sent to other hosts."},
     {"pathways_host_block_received_bytes_total", "counter", "Bytes of the blocks the host received from other hosts."},
     {"pathways_host_dataflow_sent_bytes_total", "counter", "Payload bytes of the dataflow messages the host sent."},
-    {"pathways_host_dataflow_received_bytes_total", "counter",
-     "Payload bytes of the dataflow messages the host received."},
+    {"pathways_host_dataflow_received_bytes_total", "counter", "Payload bytes of the dataflow messages the host received."},
     {"pathways_host_collectives_total", "counter", "Collective calls of the host's devices (one per member)."},
     {"pathways_host_collective_failures_total", "counter", "Collective calls of the host's devices that failed."},
-    {"pathways_host_collective_latency_seconds", "histogram",
-     "Time from a member's collective call until its output is written, waiting for the group included."},
-    {"pathways_host_runs_in_flight", "gauge",
-     "Runs set up on the host whose shards there are not all done, as of the last heartbeat."},
-    {"pathways_host_collectives_in_progress", "gauge",
-     "Member calls of the host's devices inside a collective (waiting for their group included), as of the last "
-     "heartbeat."},
-    {"pathways_host_compiled_functions", "gauge",
-     "Compiled functions the host keeps for its clients, as of the last heartbeat."},
-    {"pathways_host_compiled_bytes", "gauge",
-     "Host memory the compiled functions kept there hold (graphs, folded constants), as of the last heartbeat."},
+    {"pathways_host_collective_latency_seconds", "histogram", "Time from a member's collective call until its output is written, waiting for the group included."},
+    {"pathways_host_runs_in_flight", "gauge", "Runs set up on the host whose shards there are not all done, as of the last heartbeat."},
+    {"pathways_host_collectives_in_progress", "gauge", "Member calls of the host's devices inside a collective (waiting for their group included), as of the last heartbeat."},
+    {"pathways_host_compiled_functions", "gauge", "Compiled functions the host keeps for its clients, as of the last heartbeat."},
+    {"pathways_host_compiled_bytes", "gauge", "What the compiled functions kept on the host are charged (graphs, folded constants, their entries), as of the last heartbeat."},
     {"pathways_scheduler_rounds_total", "counter", "Scheduling rounds sent to the island's hosts."},
     {"pathways_scheduler_released_runs_total", "counter", "Runs the island scheduler released to its hosts."},
-    {"pathways_scheduler_release_wait_seconds", "histogram",
-     "Time runs waited at the island scheduler between submission and release."},
+    {"pathways_scheduler_release_wait_seconds", "histogram", "Time runs waited at the island scheduler between submission and release."},
     {"pathways_scheduler_queued_runs", "gauge", "Runs submitted and not yet released."},
     {"pathways_scheduler_outstanding_runs", "gauge", "Proportional share: runs released and not yet reported done."},
-    {"pathways_scheduler_runs_in_flight", "gauge",
-     "Runs in flight on the island's hosts, as its busiest live host counts them (under FIFO runs wait on the devices, "
-     "not at the scheduler)."},
+    {"pathways_scheduler_runs_in_flight", "gauge", "Runs in flight on the island's hosts, as its busiest live host counts them (under FIFO runs wait on the devices, not at the scheduler)."},
     {"pathways_client_weight", "gauge", "The client's stated share weight at the island scheduler."},
-    {"pathways_client_device_share", "gauge",
-     "The client's share of the island's device time over the last seconds (the dashboard's window); clients without "
-     "recent work have none."},
+    {"pathways_client_device_share", "gauge", "The client's share of the island's device time over the last seconds (the dashboard's window); clients without recent work have none."},
     {"pathways_client_queued_runs", "gauge", "The client's runs waiting at the island scheduler."},
     {"pathways_client_released_runs_total", "counter", "The client's runs the island scheduler released."},
-    {"pathways_client_failed_shards_total", "counter",
-     "Shards of the client's runs that failed on the host (inputs lost, refused, out of memory, a failed collective, "
-     "...)."},
+    {"pathways_client_failed_shards_total", "counter", "Shards of the client's runs that failed on the host (inputs lost, refused, out of memory, a failed collective, ...)."},
     {"pathways_live_clients", "gauge", "Clients whose lease holds."},
     {"pathways_slices", "gauge", "Virtual slices allocated."},
     {"pathways_slice_devices", "gauge", "Devices the allocated slices map to, counted once per slice."},
+    // clang-format on
 };
 
 std::string PrometheusText(const rpc::ClusterStatus& status) {
